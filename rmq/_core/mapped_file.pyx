@@ -1,0 +1,331 @@
+# cython: language_level=3, embedsignature=True
+"""MappedFile: one fixed-size, fully allocated, MAP_SHARED file (SPEC.md §1.1, §6.7).
+
+The file is ``posix_fallocate``\\ d to its full size *before* it is mapped, so a
+full disk is a clear :class:`rmq.errors.StoreDiskFullError` at creation and
+never a SIGBUS on a later write into a hole.  ``flush()`` is the one place in
+rmq that calls ``msync``; it moves ``flushed_position`` only after the call
+returned 0, and a failure is sticky (``write_error``).
+"""
+import os
+
+from cpython.buffer cimport PyBUF_WRITABLE, PyBuffer_FillInfo
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
+from libc.errno cimport errno
+from libc.stdint cimport int64_t
+from libc.string cimport memcpy, memset
+
+from rmq._core.layout cimport OS_PAGE_SIZE
+
+from rmq.errors import StoreClosedError, StoreDiskFullError, StoreError
+
+
+cdef extern from "<sys/mman.h>" nogil:
+    void* mmap(void* addr, size_t length, int prot, int flags, int fd, long offset)
+    int munmap(void* addr, size_t length)
+    int msync(void* addr, size_t length, int flags)
+    int madvise(void* addr, size_t length, int advice)
+    int mlock(const void* addr, size_t length)
+    int munlock(const void* addr, size_t length)
+    int PROT_READ, PROT_WRITE, MAP_SHARED, MS_SYNC, MADV_WILLNEED
+    void* MAP_FAILED
+
+cdef extern from "<fcntl.h>" nogil:
+    int open(const char* path, int flags, int mode)
+    int posix_fallocate(int fd, long offset, long length)
+    int O_RDWR, O_CREAT, O_CLOEXEC
+
+cdef extern from "<unistd.h>" nogil:
+    int close(int fd)
+
+cdef extern from "<sys/stat.h>" nogil:
+    cdef struct stat:
+        long st_size
+    int fstat(int fd, stat* buf)
+
+cdef extern from "<string.h>" nogil:
+    char* strerror(int errnum)
+
+cdef extern from "<errno.h>":
+    int ENOSPC, EDQUOT
+
+
+cdef class MappedFile:
+    """A fixed-size file mapped read/write (RocketMQ ``MappedFile``).
+
+    Parameters
+    ----------
+    file_name : str
+        Path of the file.  Its base name is the 20-digit, zero-padded start
+        offset in its queue (SPEC.md §0.4).
+    file_size : int
+        Size in bytes.  A new file is fully allocated to this size; an
+        existing file must have exactly this size.
+    create : bool
+        Create the file if it does not exist (else a missing file raises).
+
+    Raises
+    ------
+    StoreDiskFullError
+        The file could not be allocated (ENOSPC / EDQUOT); nothing is left behind.
+    StoreError
+        Any other failure to open, allocate or map, or a size mismatch.
+
+    Concurrency: one writer (the owning actor); readers in other processes map
+    the same file.  Durability: bytes are durable once ``flushed_position``
+    passes them.
+    """
+
+    def __cinit__(self, str file_name, int64_t file_size, bint create=True):
+        self.fd = -1
+        self.base = NULL
+        self.exports = 0
+        self.write_error = False
+        self.file_name = file_name
+        self.file_size = file_size
+        self.wrote_position = 0
+        self.flushed_position = 0
+        self.store_timestamp_last = 0
+        if file_size <= 0:
+            raise StoreError(f"mapped file size must be > 0, got {file_size} for {file_name}")
+        base_name = os.path.basename(file_name)
+        try:
+            self.file_from_offset = int(base_name)
+        except ValueError:
+            self.file_from_offset = 0
+        cdef bytes path = os.fsencode(file_name)
+        cdef const char* c_path = path
+        cdef int flags = O_RDWR | O_CLOEXEC
+        cdef bint existed = os.path.exists(file_name)
+        if not existed and not create:
+            raise StoreError(f"mapped file {file_name} does not exist")
+        if not existed:
+            flags |= O_CREAT
+        cdef int fd
+        cdef int rc
+        cdef stat st
+        cdef void* m
+        with nogil:
+            fd = open(c_path, flags, 0o644)
+        if fd < 0:
+            raise StoreError(f"cannot open {file_name}: {os.strerror(errno)}")
+        if fstat(fd, &st) != 0:
+            close(fd)
+            raise StoreError(f"cannot stat {file_name}: {os.strerror(errno)}")
+        if existed and st.st_size != file_size:
+            close(fd)
+            raise StoreError(
+                f"{file_name} is {st.st_size} bytes, expected {file_size} (mapped file size)")
+        if not existed or st.st_size < file_size:
+            with nogil:
+                rc = posix_fallocate(fd, 0, file_size)
+            if rc != 0:
+                close(fd)
+                if not existed:
+                    try:
+                        os.unlink(file_name)
+                    except OSError:
+                        pass
+                if rc == ENOSPC or rc == EDQUOT:
+                    raise StoreDiskFullError(
+                        f"no space left to allocate {file_size} bytes for {file_name}")
+                raise StoreError(f"cannot allocate {file_name}: {os.strerror(rc)}")
+        with nogil:
+            m = mmap(NULL, <size_t>file_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
+        if m == MAP_FAILED:
+            close(fd)
+            raise StoreError(f"cannot mmap {file_name}: {os.strerror(errno)}")
+        self.fd = fd
+        self.base = <unsigned char*>m
+
+    def __dealloc__(self):
+        if self.base != NULL:
+            munmap(self.base, <size_t>self.file_size)
+            self.base = NULL
+        if self.fd >= 0:
+            close(self.fd)
+            self.fd = -1
+
+    cdef int _check_open(self) except -1:
+        if self.base == NULL:
+            raise StoreClosedError(f"mapped file {self.file_name} is closed")
+        return 0
+
+    # -- buffer protocol: memoryview(mapped_file) is the whole mapping ----------
+    def __getbuffer__(self, Py_buffer* buffer, int flags):
+        self._check_open()
+        PyBuffer_FillInfo(buffer, self, self.base, self.file_size, 0, flags)
+        self.exports += 1
+
+    def __releasebuffer__(self, Py_buffer* buffer):
+        self.exports -= 1
+
+    @property
+    def closed(self):
+        """True once ``close()`` or ``destroy()`` ran."""
+        return self.base == NULL
+
+    @property
+    def writable_bytes(self):
+        """Bytes left after ``wrote_position``."""
+        return self.file_size - self.wrote_position
+
+    def is_full(self):
+        """True when ``wrote_position`` reached the end of the file."""
+        return self.wrote_position >= self.file_size
+
+    def append(self, const unsigned char[::1] data):
+        """Copy ``data`` at ``wrote_position`` and advance it.
+
+        Returns
+        -------
+        int
+            The position (bytes, within this file) the data was written at, or
+            -1 when it does not fit (nothing written).
+        """
+        self._check_open()
+        cdef Py_ssize_t n = data.shape[0]
+        cdef int64_t pos = self.wrote_position
+        if pos + n > self.file_size:
+            return -1
+        if n:
+            with nogil:
+                memcpy(self.base + pos, &data[0], n)
+        self.wrote_position = pos + n
+        return pos
+
+    def write_at(self, int64_t pos, const unsigned char[::1] data):
+        """Copy ``data`` at ``pos`` (bytes within this file) without moving positions.
+
+        Raises
+        ------
+        ValueError
+            ``pos`` / length out of the file.
+        """
+        self._check_open()
+        cdef Py_ssize_t n = data.shape[0]
+        if pos < 0 or pos + n > self.file_size:
+            raise ValueError(f"write of {n} bytes at {pos} outside {self.file_name} ({self.file_size} bytes)")
+        if n:
+            with nogil:
+                memcpy(self.base + pos, &data[0], n)
+
+    def read(self, int64_t pos, int64_t size):
+        """Copy ``size`` bytes at ``pos`` (within this file) into a new ``bytes``.
+
+        Raises
+        ------
+        ValueError
+            The range is outside the file.
+        """
+        self._check_open()
+        if pos < 0 or size < 0 or pos + size > self.file_size:
+            raise ValueError(f"read of {size} bytes at {pos} outside {self.file_name} ({self.file_size} bytes)")
+        cdef bytes out = PyBytes_FromStringAndSize(NULL, size)
+        if size:
+            memcpy(PyBytes_AS_STRING(out), self.base + pos, size)
+        return out
+
+    cdef int _flush_range(self, int64_t start, int64_t end) except -1:
+        cdef int64_t aligned = start - start % OS_PAGE_SIZE
+        cdef int rc
+        if end <= start:
+            return 0
+        with nogil:
+            rc = msync(self.base + aligned, <size_t>(end - aligned), MS_SYNC)
+        if rc != 0:
+            self.write_error = True
+            raise StoreError(f"msync of {self.file_name} [{aligned}, {end}) failed: {os.strerror(errno)}")
+        return 0
+
+    def flush(self, int least_pages=0):
+        """Make ``[flushed_position, wrote_position)`` durable (msync, GIL released).
+
+        Parameters
+        ----------
+        least_pages : int
+            Flush only when at least this many 4 KiB pages are dirty, or the
+            file is full, or ``least_pages <= 0`` (SPEC.md §6.5).
+
+        Returns
+        -------
+        int
+            The new ``flushed_position`` (bytes within the file).
+
+        Raises
+        ------
+        StoreError
+            msync failed; ``flushed_position`` stays where it was and
+            ``write_error`` is set (sticky).
+        """
+        self._check_open()
+        if self.write_error:
+            raise StoreError(f"{self.file_name} had a failed flush; no more flushes until recovery")
+        cdef int64_t wrote = self.wrote_position
+        cdef int64_t flushed = self.flushed_position
+        if wrote <= flushed:
+            return flushed
+        if least_pages > 0 and wrote < self.file_size:
+            if (wrote // OS_PAGE_SIZE - flushed // OS_PAGE_SIZE) < least_pages:
+                return flushed
+        self._flush_range(flushed, wrote)
+        self.flushed_position = wrote
+        return wrote
+
+    def warm_up(self, bint lock=False):
+        """Touch every 4 KiB page after ``wrote_position`` and advise WILLNEED.
+
+        RocketMQ's ``warmMapedFileEnable`` (SPEC.md §6.7): first-touch page
+        faults move out of the append path.  ``lock`` additionally mlocks the
+        mapping (best effort: a refused mlock is ignored).
+        """
+        self._check_open()
+        cdef int64_t pos = self.wrote_position
+        cdef int64_t size = self.file_size
+        cdef unsigned char* base = self.base
+        pos = pos - pos % OS_PAGE_SIZE + (OS_PAGE_SIZE if pos % OS_PAGE_SIZE else 0)
+        with nogil:
+            while pos < size:
+                base[pos] = 0
+                pos += OS_PAGE_SIZE
+            madvise(base, <size_t>size, MADV_WILLNEED)
+            if lock:
+                mlock(base, <size_t>size)
+
+    def zero_from(self, int64_t pos):
+        """Zero the bytes from ``pos`` to the end of the file (recovery truncation).
+
+        Stale bytes after a truncation point could otherwise be read back as
+        records by a later recovery; zeroing them makes the cut final.
+        """
+        self._check_open()
+        if pos < 0 or pos > self.file_size:
+            raise ValueError(f"zero_from({pos}) outside {self.file_name}")
+        cdef int64_t n = self.file_size - pos
+        if n > 0:
+            with nogil:
+                memset(self.base + pos, 0, <size_t>n)
+            self._flush_range(pos, self.file_size)
+
+    def close(self):
+        """Unmap and close.  Raises BufferError while memoryviews of it are alive."""
+        if self.exports > 0:
+            raise BufferError(f"{self.file_name}: {self.exports} memoryview(s) still export the mapping")
+        if self.base != NULL:
+            munmap(self.base, <size_t>self.file_size)
+            self.base = NULL
+        if self.fd >= 0:
+            close(self.fd)
+            self.fd = -1
+
+    def destroy(self):
+        """Close and delete the file."""
+        self.close()
+        try:
+            os.unlink(self.file_name)
+        except FileNotFoundError:
+            pass
+
+    def __repr__(self):
+        return (f"MappedFile({self.file_name!r}, size={self.file_size}, "
+                f"wrote={self.wrote_position}, flushed={self.flushed_position})")

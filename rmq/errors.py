@@ -1,0 +1,47 @@
+"""The whole rmq exception tree (STYLE.md §7.7).
+
+Every error message carries the values involved (file, position, expected,
+found) so that a log line alone tells what went wrong.
+"""
+
+
+class RmqError(Exception):
+    """Base of every rmq error."""
+
+
+class StoreError(RmqError):
+    """A failure of the message store (files, recovery, limits)."""
+
+
+class StoreClosedError(StoreError):
+    """The store, or one of its mapped files, is already shut down."""
+
+
+class StoreDiskFullError(StoreError):
+    """A file could not be allocated: the disk (or quota) is full."""
+
+
+class StoreLockedError(StoreError):
+    """Another process holds the store directory's ``lock`` file."""
+
+
+class CorruptRecordError(StoreError, ValueError):
+    """A CommitLog record failed its magic, length or CRC checks."""
+
+
+class MessageIllegalError(StoreError, ValueError):
+    """A message breaks a limit or a naming rule (RocketMQ MESSAGE_ILLEGAL).
+
+    Attributes
+    ----------
+    status : str
+        The PutMessageStatus name (``MESSAGE_ILLEGAL`` or ``PROPERTIES_SIZE_EXCEEDED``).
+    """
+
+    def __init__(self, message: str, status: str = "MESSAGE_ILLEGAL"):
+        super().__init__(message)
+        self.status = status
+
+
+class IndexOverflowError(StoreError):
+    """An IndexFile is full; the caller rolls to a new one."""
