@@ -1,0 +1,712 @@
+# cython: language_level=3, embedsignature=True
+"""CommitLog records: batch encode + append, check, scan, decode (SPEC.md §1).
+
+Every message of every topic is one record in RocketMQ's V1 layout (V2 only
+for topics longer than 127 bytes).  ``append_batch`` takes a whole batch in
+RocketMQ's batch encoding (SPEC.md §1.11) and writes every record, with its
+physical offset, queue offset, store timestamp, body CRC and whole-record
+``__CRC32#`` property, in one nogil loop.  ``check_record`` is RocketMQ's
+``checkMessageAndReturnSize``; recovery and dispatch scan with it.
+"""
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
+from libc.stdint cimport int16_t, int32_t, int64_t, uint16_t, uint32_t
+from libc.string cimport memcmp, memcpy
+
+from array import array
+
+from rmq._core.crc cimport rmq_crc32_java
+from rmq._core.hton cimport load_be16, load_be32, load_be64, store_be16, store_be32, store_be64
+from rmq._core.jhash cimport java_hash
+from rmq._core.layout cimport *
+from rmq._core.mapped_file cimport MappedFile
+
+from rmq.errors import CorruptRecordError, MessageIllegalError
+
+# AppendMessageStatus (SPEC.md §6.2), the outcomes append_batch returns
+PUT_OK = 0
+END_OF_FILE = 1
+
+cdef const unsigned char* CRC32_PROPERTY = <const unsigned char*>b"__CRC32#\x01"   # 9 bytes
+cdef int CRC32_PREFIX_LENGTH = 9
+
+
+# -- record geometry ----------------------------------------------------------------
+cdef inline int32_t host_length(int32_t sys_flag, int32_t v6_bit) noexcept nogil:
+    return IPV6_HOST_LENGTH if (sys_flag & v6_bit) else IPV4_HOST_LENGTH
+
+
+cdef inline int32_t store_timestamp_position(int32_t sys_flag) noexcept nogil:
+    return MSG_BORN_HOST_OFFSET + host_length(sys_flag, BORNHOST_V6_FLAG)
+
+
+cdef inline int32_t body_length_position(int32_t sys_flag) noexcept nogil:
+    # STORETIMESTAMP 8, STOREHOST, RECONSUMETIMES 4, PREPARED_TX_OFFSET 8
+    return (store_timestamp_position(sys_flag) + 8
+            + host_length(sys_flag, STOREHOSTADDRESS_V6_FLAG) + 4 + 8)
+
+
+cdef inline int32_t record_length(int32_t sys_flag, int32_t body_len, int32_t topic_len,
+                                  int32_t props_len) noexcept nogil:
+    """calMsgLength (SPEC.md §1.2): V2 (2-byte topic length) above 127 topic bytes."""
+    return (body_length_position(sys_flag) + 4 + body_len
+            + (1 if topic_len <= TOPIC_MAX_LENGTH else 2) + topic_len + 2 + props_len)
+
+
+cdef inline bint has_crc_property(const unsigned char* props, int32_t props_len) noexcept nogil:
+    if props_len < CRC32_RESERVED_LENGTH:
+        return False
+    cdef const unsigned char* tail = props + props_len - CRC32_RESERVED_LENGTH
+    if memcmp(tail, CRC32_PROPERTY, CRC32_PREFIX_LENGTH) != 0:
+        return False
+    if tail[CRC32_RESERVED_LENGTH - 1] != PROPERTY_SEPARATOR:
+        return False
+    if props_len > CRC32_RESERVED_LENGTH and props[props_len - CRC32_RESERVED_LENGTH - 1] != PROPERTY_SEPARATOR:
+        return False
+    return True
+
+
+cdef inline void write_crc_digits(unsigned char* p, int32_t crc) noexcept nogil:
+    """10 ASCII digits, least significant first, zero padded (SPEC.md §1.7)."""
+    cdef int i
+    for i in range(CRC32_DIGITS):
+        if crc > 0:
+            p[i] = 48 + crc % 10
+            crc = crc // 10
+        else:
+            p[i] = 48
+
+
+cdef inline int32_t read_crc_digits(const unsigned char* p) noexcept nogil:
+    cdef int64_t v = 0, mult = 1
+    cdef int i
+    for i in range(CRC32_DIGITS):
+        if p[i] < 48 or p[i] > 57:
+            return -1
+        v += (p[i] - 48) * mult
+        mult *= 10
+    if v > 0x7FFFFFFF:
+        return -1
+    return <int32_t>v
+
+
+cdef int check_record(const unsigned char* p, int64_t avail, bint check_crc,
+                      RecordView* out) noexcept nogil:
+    """Parse and validate the record at ``p`` (RocketMQ checkMessageAndReturnSize).
+
+    ``avail`` is the number of readable bytes from ``p``.  Returns a
+    CheckResult; on RECORD_OK / RECORD_BLANK ``out.total_size`` is the size.
+    """
+    cdef int32_t total, magic, sys_flag, blp, body_len, tpos, topic_len, tlen_size, ppos, props_len
+    if avail < END_FILE_MIN_BLANK_LENGTH:
+        return RECORD_TRUNCATED
+    total = load_be32(p + MSG_TOTAL_SIZE_OFFSET)
+    magic = load_be32(p + MSG_MAGIC_CODE_OFFSET)
+    out.total_size = total
+    out.magic = magic
+    if magic == BLANK_MAGIC_CODE:
+        return RECORD_BLANK
+    if magic != MESSAGE_MAGIC_CODE and magic != MESSAGE_MAGIC_CODE_V2:
+        return RECORD_BAD_MAGIC
+    if total < MSG_FIXED_LENGTH_IPV4_V1:
+        return RECORD_BAD_LENGTH
+    if total > avail:
+        return RECORD_TRUNCATED
+    sys_flag = load_be32(p + MSG_SYS_FLAG_OFFSET)
+    blp = body_length_position(sys_flag)
+    if blp + 4 > total:
+        return RECORD_BAD_LENGTH
+    body_len = load_be32(p + blp)
+    if body_len < 0 or body_len > total - blp - 4:
+        return RECORD_BAD_LENGTH
+    tpos = blp + 4 + body_len
+    if magic == MESSAGE_MAGIC_CODE:
+        if tpos + 1 > total:
+            return RECORD_BAD_LENGTH
+        topic_len = p[tpos]
+        tlen_size = 1
+    else:
+        if tpos + 2 > total:
+            return RECORD_BAD_LENGTH
+        topic_len = <uint16_t>load_be16(p + tpos)
+        tlen_size = 2
+    ppos = tpos + tlen_size + topic_len
+    if ppos + 2 > total:
+        return RECORD_BAD_LENGTH
+    props_len = load_be16(p + ppos)
+    if props_len < 0 or ppos + 2 + props_len != total:
+        return RECORD_BAD_LENGTH
+    out.sys_flag = sys_flag
+    out.queue_id = load_be32(p + MSG_QUEUE_ID_OFFSET)
+    out.queue_offset = load_be64(p + MSG_QUEUE_OFFSET_OFFSET)
+    out.physical_offset = load_be64(p + MSG_PHYSICAL_OFFSET_OFFSET)
+    out.store_timestamp = load_be64(p + store_timestamp_position(sys_flag))
+    out.body_pos = blp + 4
+    out.body_len = body_len
+    out.topic_pos = tpos + tlen_size
+    out.topic_len = topic_len
+    out.props_pos = ppos + 2
+    out.props_len = props_len
+    if check_crc:
+        if rmq_crc32_java(p + out.body_pos, body_len) != load_be32(p + MSG_BODY_CRC_OFFSET):
+            return RECORD_BAD_CRC
+        if has_crc_property(p + out.props_pos, props_len):
+            if rmq_crc32_java(p, total - CRC32_RESERVED_LENGTH) != read_crc_digits(
+                    p + total - CRC32_RESERVED_LENGTH + CRC32_PREFIX_LENGTH):
+                return RECORD_BAD_CRC
+    return RECORD_OK
+
+
+cdef int find_property(const unsigned char* props, int32_t props_len,
+                       const char* name, int32_t name_len,
+                       int32_t* value_pos, int32_t* value_len) noexcept nogil:
+    """Find ``name`` in a properties string (SPEC.md §1.6); 1 if found.
+
+    Segments are split on \\x02; a segment ``name \\x01 value`` matches.  The
+    value position is relative to ``props``.
+    """
+    cdef int32_t start = 0, end, i
+    while start < props_len:
+        end = start
+        while end < props_len and props[end] != PROPERTY_SEPARATOR:
+            end += 1
+        if (end - start > name_len and props[start + name_len] == NAME_VALUE_SEPARATOR
+                and memcmp(props + start, name, name_len) == 0):
+            value_pos[0] = start + name_len + 1
+            value_len[0] = end - start - name_len - 1
+            return 1
+        start = end + 1
+    return 0
+
+
+# -- batch encoding (client side of SEND_BATCH_MESSAGE, SPEC.md §1.11) ---------------------
+def encode_properties(dict properties):
+    """Encode a properties dict: ``name \\x01 value \\x02`` per item, UTF-8 (SPEC.md §1.6).
+
+    Raises
+    ------
+    MessageIllegalError
+        A name or value contains the separators \\x01 / \\x02.
+    """
+    if not properties:
+        return b""
+    parts = []
+    for k, v in properties.items():
+        if v is None:
+            continue
+        k = str(k)
+        v = str(v)
+        if "\x01" in k or "\x02" in k or "\x01" in v or "\x02" in v:
+            raise MessageIllegalError(f"property {k!r} contains a \\x01 or \\x02 separator")
+        parts.append(f"{k}\x01{v}\x02")
+    return "".join(parts).encode("utf-8")
+
+
+def decode_properties(const unsigned char[::1] data):
+    """Parse a properties string into a dict (SPEC.md §1.6 parsing rules).
+
+    Accepts both the trailing-\\x02 and the 4.9.1-5.1 form.
+    """
+    cdef str s = bytes(data).decode("utf-8", "replace")
+    out = {}
+    for item in s.split("\x02"):
+        if len(item) < 3:
+            continue
+        i = item.find("\x01")
+        if i <= 0 or i == len(item) - 1:
+            continue
+        out[item[:i]] = item[i + 1:]
+    return out
+
+
+def encode_batch(messages):
+    """Encode ``[(body: bytes, properties: bytes, flag: int), ...]`` in RocketMQ's batch
+    encoding (SPEC.md §1.11): TOTALSIZE 4 | MAGIC 4 (0) | BODYCRC 4 (0) | FLAG 4 |
+    BODYLEN 4 + BODY | PROPLEN 2 + PROPS, concatenated.
+
+    Raises
+    ------
+    MessageIllegalError
+        Properties longer than 32767 bytes.
+    """
+    cdef Py_ssize_t total = 0
+    cdef Py_ssize_t n
+    for body, props, flag in messages:
+        if len(props) > PROPERTIES_MAX_LENGTH:
+            raise MessageIllegalError(
+                f"properties are {len(props)} bytes, over the {PROPERTIES_MAX_LENGTH}-byte limit",
+                "PROPERTIES_SIZE_EXCEEDED")
+        total += BATCH_FIXED_LENGTH + len(body) + len(props)
+    cdef bytes out = PyBytes_FromStringAndSize(NULL, total)
+    cdef unsigned char* p = <unsigned char*>PyBytes_AS_STRING(out)
+    cdef const unsigned char[::1] bv
+    cdef const unsigned char[::1] pv
+    for body, props, flag in messages:
+        bv = body
+        pv = props
+        n = BATCH_FIXED_LENGTH + bv.shape[0] + pv.shape[0]
+        store_be32(p + BATCH_TOTAL_SIZE_OFFSET, <int32_t>n)
+        store_be32(p + BATCH_MAGIC_CODE_OFFSET, 0)
+        store_be32(p + BATCH_BODY_CRC_OFFSET, 0)
+        store_be32(p + BATCH_FLAG_OFFSET, <int32_t>flag)
+        store_be32(p + BATCH_BODY_LENGTH_OFFSET, <int32_t>bv.shape[0])
+        if bv.shape[0]:
+            memcpy(p + BATCH_BODY_OFFSET, &bv[0], bv.shape[0])
+        store_be16(p + BATCH_BODY_OFFSET + bv.shape[0], <int16_t>pv.shape[0])
+        if pv.shape[0]:
+            memcpy(p + BATCH_BODY_OFFSET + bv.shape[0] + 2, &pv[0], pv.shape[0])
+        p += n
+    return out
+
+
+cdef struct MergedProps:
+    int32_t total       # bytes of the stored properties string
+    int32_t sep1        # 1 if a \x02 goes between element and batch properties
+    int32_t sep2        # 1 if a \x02 goes before the __CRC32# property
+
+
+cdef inline MergedProps merge_props(const unsigned char* elem, int32_t elem_len,
+                                    const unsigned char* extra, int32_t extra_len,
+                                    bint prop_crc) noexcept nogil:
+    cdef MergedProps m
+    cdef int32_t mid
+    cdef unsigned char last = PROPERTY_SEPARATOR
+    m.sep1 = 1 if (elem_len > 0 and extra_len > 0 and elem[elem_len - 1] != PROPERTY_SEPARATOR) else 0
+    mid = elem_len + m.sep1 + extra_len
+    if extra_len > 0:
+        last = extra[extra_len - 1]
+    elif elem_len > 0:
+        last = elem[elem_len - 1]
+    m.sep2 = 1 if (prop_crc and mid > 0 and last != PROPERTY_SEPARATOR) else 0
+    m.total = mid + m.sep2 + (CRC32_RESERVED_LENGTH if prop_crc else 0)
+    return m
+
+
+def validate_batch(const unsigned char[::1] batch, const unsigned char[::1] extra_props,
+                   int32_t topic_len, int32_t sys_flag, int64_t max_body_size, bint prop_crc):
+    """Check every element of a batch before anything is written.
+
+    Returns
+    -------
+    (count, total_bytes) : (int, int)
+        Number of messages and the bytes their CommitLog records will take.
+
+    Raises
+    ------
+    MessageIllegalError
+        Malformed element (lengths that do not add up), empty batch, body over
+        ``max_body_size`` (MESSAGE_ILLEGAL) or stored properties over 32767
+        bytes (PROPERTIES_SIZE_EXCEEDED).  Nothing is written.
+    """
+    cdef Py_ssize_t blen = batch.shape[0]
+    cdef const unsigned char* b = &batch[0] if blen else NULL
+    cdef const unsigned char* x = &extra_props[0] if extra_props.shape[0] else NULL
+    cdef int32_t xlen = <int32_t>extra_props.shape[0]
+    cdef Py_ssize_t pos = 0
+    cdef int64_t count = 0, total_bytes = 0
+    cdef int32_t tot, body_len, plen
+    cdef MergedProps m
+    while pos < blen:
+        if blen - pos < BATCH_FIXED_LENGTH:
+            raise MessageIllegalError(
+                f"batch element #{count} at byte {pos}: {blen - pos} bytes left, "
+                f"a batch element takes at least {BATCH_FIXED_LENGTH}")
+        tot = load_be32(b + pos + BATCH_TOTAL_SIZE_OFFSET)
+        if tot < BATCH_FIXED_LENGTH or tot > blen - pos:
+            raise MessageIllegalError(
+                f"batch element #{count} at byte {pos}: TOTALSIZE {tot} outside [{BATCH_FIXED_LENGTH}, {blen - pos}]")
+        body_len = load_be32(b + pos + BATCH_BODY_LENGTH_OFFSET)
+        if body_len < 0 or body_len > tot - BATCH_FIXED_LENGTH:
+            raise MessageIllegalError(
+                f"batch element #{count} at byte {pos}: body length {body_len} does not fit TOTALSIZE {tot}")
+        if body_len > max_body_size:
+            raise MessageIllegalError(
+                f"message #{count} body is {body_len} bytes, over maxMessageSize {max_body_size}")
+        plen = <uint16_t>load_be16(b + pos + BATCH_BODY_OFFSET + body_len)
+        if BATCH_FIXED_LENGTH + body_len + plen != tot:
+            raise MessageIllegalError(
+                f"batch element #{count} at byte {pos}: properties length {plen} does not add up to TOTALSIZE {tot}")
+        m = merge_props(b + pos + BATCH_BODY_OFFSET + body_len + 2, plen, x, xlen, prop_crc)
+        if m.total > PROPERTIES_MAX_LENGTH:
+            raise MessageIllegalError(
+                f"message #{count} properties would be {m.total} bytes, over the {PROPERTIES_MAX_LENGTH}-byte limit",
+                "PROPERTIES_SIZE_EXCEEDED")
+        total_bytes += record_length(sys_flag, body_len, topic_len, m.total)
+        pos += tot
+        count += 1
+    if count == 0:
+        raise MessageIllegalError("empty batch: no message to store")
+    return count, total_bytes
+
+
+def append_batch(MappedFile mf, const unsigned char[::1] batch, const unsigned char[::1] topic,
+                 int32_t queue_id, int64_t queue_offset, int32_t sys_flag,
+                 int64_t born_timestamp, const unsigned char[::1] born_host,
+                 const unsigned char[::1] store_host, int64_t store_timestamp,
+                 const unsigned char[::1] extra_props, bint prop_crc,
+                 int32_t reconsume_times, int64_t prepared_transaction_offset,
+                 int64_t max_body_size, int64_t[::1] out_physical_offsets):
+    """Append a whole batch as CommitLog records at ``mf.wrote_position``.
+
+    Parameters
+    ----------
+    mf : MappedFile
+        The last CommitLog file.
+    batch : bytes-like
+        Messages in RocketMQ's batch encoding (SPEC.md §1.11); a single send is a
+        batch of one.
+    topic : bytes
+        UTF-8 topic, 1..255 bytes (V2 record magic above 127 bytes).
+    queue_id, queue_offset : int
+        Queue and the queue offset (entries) of the first message.
+    sys_flag : int
+        SYSFLAG without the host bits (set here from the host lengths).
+    born_host, store_host : bytes
+        8 bytes (IPv4 + port) or 20 bytes (IPv6 + port).
+    store_timestamp : int
+        ms; every record of the batch gets it.
+    extra_props : bytes
+        Batch-level properties appended to each element's (SPEC.md §1.11).
+    prop_crc : bool
+        Append the ``__CRC32#`` whole-record CRC property (SPEC.md §1.7).
+    max_body_size : int
+        maxMessageSize, bytes.
+    out_physical_offsets : int64 buffer
+        Receives the physical offset of each record (length >= count).
+
+    Returns
+    -------
+    (status, count, wrote_bytes, queue_offset_increment)
+        status PUT_OK, or END_OF_FILE when the batch does not fit the rest of
+        the file: a blank record then fills the file and nothing else is
+        written; the caller rolls to the next file and appends again
+        (batches never span files, as in RocketMQ).
+
+    Raises
+    ------
+    MessageIllegalError
+        Invalid batch, topic or hosts, or a batch larger than a whole file.
+        Nothing is written.
+    """
+    mf._check_open()
+    cdef int32_t topic_len = <int32_t>topic.shape[0]
+    cdef int32_t bh_len = <int32_t>born_host.shape[0]
+    cdef int32_t sh_len = <int32_t>store_host.shape[0]
+    if topic_len <= 0 or topic_len > TOPIC_MAX_LENGTH_SYSTEM:
+        raise MessageIllegalError(f"topic is {topic_len} bytes, must be 1..{TOPIC_MAX_LENGTH_SYSTEM}")
+    if bh_len != IPV4_HOST_LENGTH and bh_len != IPV6_HOST_LENGTH:
+        raise MessageIllegalError(f"born host must be {IPV4_HOST_LENGTH} or {IPV6_HOST_LENGTH} bytes, got {bh_len}")
+    if sh_len != IPV4_HOST_LENGTH and sh_len != IPV6_HOST_LENGTH:
+        raise MessageIllegalError(f"store host must be {IPV4_HOST_LENGTH} or {IPV6_HOST_LENGTH} bytes, got {sh_len}")
+    sys_flag &= ~(BORNHOST_V6_FLAG | STOREHOSTADDRESS_V6_FLAG)
+    if bh_len == IPV6_HOST_LENGTH:
+        sys_flag |= BORNHOST_V6_FLAG
+    if sh_len == IPV6_HOST_LENGTH:
+        sys_flag |= STOREHOSTADDRESS_V6_FLAG
+    count, total_bytes = validate_batch(batch, extra_props, topic_len, sys_flag, max_body_size, prop_crc)
+    if out_physical_offsets.shape[0] < count:
+        raise ValueError(f"out_physical_offsets holds {out_physical_offsets.shape[0]} offsets, batch has {count}")
+    cdef int64_t file_size = mf.file_size
+    if total_bytes + END_FILE_MIN_BLANK_LENGTH > file_size:
+        raise MessageIllegalError(
+            f"batch of {count} messages takes {total_bytes} bytes, more than a CommitLog file "
+            f"({file_size} bytes) can hold")
+    cdef int64_t wrote = mf.wrote_position
+    cdef unsigned char* base = mf.ptr()
+    cdef int64_t free_bytes = file_size - wrote
+    if total_bytes + END_FILE_MIN_BLANK_LENGTH > free_bytes:
+        store_be32(base + wrote + MSG_TOTAL_SIZE_OFFSET, <int32_t>free_bytes)
+        store_be32(base + wrote + MSG_MAGIC_CODE_OFFSET, BLANK_MAGIC_CODE)
+        mf.wrote_position = file_size
+        return END_OF_FILE, 0, free_bytes, 0
+
+    cdef bint count_queue = (sys_flag & TRANSACTION_TYPE_MASK) not in (TRANSACTION_PREPARED_TYPE,
+                                                                      TRANSACTION_ROLLBACK_TYPE)
+    cdef const unsigned char* b = &batch[0]
+    cdef const unsigned char* t = &topic[0]
+    cdef const unsigned char* x = &extra_props[0] if extra_props.shape[0] else NULL
+    cdef int32_t xlen = <int32_t>extra_props.shape[0]
+    cdef const unsigned char* bh = &born_host[0]
+    cdef const unsigned char* sh = &store_host[0]
+    cdef int64_t* out = &out_physical_offsets[0]
+    cdef int64_t file_from = mf.file_from_offset
+    cdef int32_t magic = MESSAGE_MAGIC_CODE if topic_len <= TOPIC_MAX_LENGTH else MESSAGE_MAGIC_CODE_V2
+    cdef Py_ssize_t n = count
+    cdef Py_ssize_t i
+    cdef Py_ssize_t bpos = 0
+    cdef int64_t qo = queue_offset
+    cdef int32_t body_len, plen, total, q, flag
+    cdef const unsigned char* elem
+    cdef unsigned char* p
+    cdef MergedProps m
+    with nogil:
+        for i in range(n):
+            elem = b + bpos
+            flag = load_be32(elem + BATCH_FLAG_OFFSET)
+            body_len = load_be32(elem + BATCH_BODY_LENGTH_OFFSET)
+            plen = <uint16_t>load_be16(elem + BATCH_BODY_OFFSET + body_len)
+            m = merge_props(elem + BATCH_BODY_OFFSET + body_len + 2, plen, x, xlen, prop_crc)
+            total = record_length(sys_flag, body_len, topic_len, m.total)
+            p = base + wrote
+            store_be32(p + MSG_TOTAL_SIZE_OFFSET, total)
+            store_be32(p + MSG_MAGIC_CODE_OFFSET, magic)
+            store_be32(p + MSG_QUEUE_ID_OFFSET, queue_id)
+            store_be32(p + MSG_FLAG_OFFSET, flag)
+            store_be64(p + MSG_QUEUE_OFFSET_OFFSET, qo if count_queue else 0)
+            store_be64(p + MSG_PHYSICAL_OFFSET_OFFSET, file_from + wrote)
+            store_be32(p + MSG_SYS_FLAG_OFFSET, sys_flag)
+            store_be64(p + MSG_BORN_TIMESTAMP_OFFSET, born_timestamp)
+            memcpy(p + MSG_BORN_HOST_OFFSET, bh, bh_len)
+            q = MSG_BORN_HOST_OFFSET + bh_len
+            store_be64(p + q, store_timestamp)
+            q += 8
+            memcpy(p + q, sh, sh_len)
+            q += sh_len
+            store_be32(p + q, reconsume_times)
+            q += 4
+            store_be64(p + q, prepared_transaction_offset)
+            q += 8
+            store_be32(p + q, body_len)
+            q += 4
+            if body_len:
+                memcpy(p + q, elem + BATCH_BODY_OFFSET, body_len)
+            store_be32(p + MSG_BODY_CRC_OFFSET, rmq_crc32_java(elem + BATCH_BODY_OFFSET, body_len))
+            q += body_len
+            if magic == MESSAGE_MAGIC_CODE:
+                p[q] = <unsigned char>topic_len
+                q += 1
+            else:
+                store_be16(p + q, <int16_t>topic_len)
+                q += 2
+            memcpy(p + q, t, topic_len)
+            q += topic_len
+            store_be16(p + q, <int16_t>m.total)
+            q += 2
+            if plen:
+                memcpy(p + q, elem + BATCH_BODY_OFFSET + body_len + 2, plen)
+                q += plen
+            if m.sep1:
+                p[q] = PROPERTY_SEPARATOR
+                q += 1
+            if xlen:
+                memcpy(p + q, x, xlen)
+                q += xlen
+            if m.sep2:
+                p[q] = PROPERTY_SEPARATOR
+                q += 1
+            if prop_crc:
+                memcpy(p + q, CRC32_PROPERTY, CRC32_PREFIX_LENGTH)
+                write_crc_digits(p + q + CRC32_PREFIX_LENGTH, rmq_crc32_java(p, total - CRC32_RESERVED_LENGTH))
+                p[q + CRC32_RESERVED_LENGTH - 1] = PROPERTY_SEPARATOR
+            out[i] = file_from + wrote
+            wrote += total
+            bpos += load_be32(elem + BATCH_TOTAL_SIZE_OFFSET)
+            if count_queue:
+                qo += 1
+    mf.wrote_position = wrote
+    return PUT_OK, count, total_bytes, (count if count_queue else 0)
+
+
+# -- scanning -------------------------------------------------------------------------------
+CHECK_RESULT_NAMES = {
+    RECORD_OK: "OK", RECORD_BLANK: "BLANK", RECORD_TRUNCATED: "TRUNCATED",
+    RECORD_BAD_MAGIC: "BAD_MAGIC", RECORD_BAD_LENGTH: "BAD_LENGTH", RECORD_BAD_CRC: "BAD_CRC",
+}
+
+
+def check_message(const unsigned char[::1] data, int64_t pos=0, bint check_crc=True):
+    """Check the record at ``pos`` of ``data``.
+
+    Returns
+    -------
+    (result, size) : (str, int)
+        result is one of OK, BLANK, TRUNCATED, BAD_MAGIC, BAD_LENGTH, BAD_CRC;
+        size is the record's TOTALSIZE (bytes; the rest of the file for BLANK).
+    """
+    cdef RecordView rv
+    cdef int64_t avail = data.shape[0] - pos
+    if pos < 0 or avail < 0:
+        raise ValueError(f"position {pos} outside a buffer of {data.shape[0]} bytes")
+    rv.total_size = 0
+    cdef int r = check_record(&data[0] + pos if avail else NULL, avail, check_crc, &rv)
+    return CHECK_RESULT_NAMES[r], rv.total_size
+
+
+def scan_valid(MappedFile mf, int64_t pos, bint check_crc):
+    """Walk records from ``pos`` (bytes within ``mf``) while they check.
+
+    Used by recovery (SPEC.md §5.2).
+
+    Returns
+    -------
+    (end_pos, result, count, last_store_timestamp)
+        ``end_pos`` is just past the last whole record (within the file);
+        ``result`` is the CheckResult name that stopped the walk (BLANK means
+        the file ended with its end-of-file record: continue with the next
+        file); ``count`` is the number of records walked.
+    """
+    mf._check_open()
+    cdef const unsigned char* base = mf.ptr()
+    cdef int64_t size = mf.file_size
+    cdef int64_t count = 0, last_ts = 0
+    cdef RecordView rv
+    cdef int r = RECORD_TRUNCATED
+    with nogil:
+        while pos < size:
+            r = check_record(base + pos, size - pos, check_crc, &rv)
+            if r != RECORD_OK:
+                break
+            if rv.physical_offset != mf.file_from_offset + pos:
+                r = RECORD_BAD_LENGTH
+                break
+            last_ts = rv.store_timestamp
+            pos += rv.total_size
+            count += 1
+    return pos, CHECK_RESULT_NAMES[r], count, last_ts
+
+
+def first_store_timestamp(MappedFile mf):
+    """Store timestamp (ms) of the file's first record, 0 if it is not a whole record."""
+    mf._check_open()
+    cdef RecordView rv
+    if check_record(mf.ptr(), mf.file_size, False, &rv) != RECORD_OK:
+        return 0
+    return rv.store_timestamp
+
+
+def store_timestamp_at(MappedFile mf, int64_t pos):
+    """Store timestamp (ms) of the record at ``pos`` (bytes within ``mf``), -1 if invalid."""
+    mf._check_open()
+    cdef RecordView rv
+    if pos < 0 or pos >= mf.file_size:
+        return -1
+    if check_record(mf.ptr() + pos, mf.file_size - pos, False, &rv) != RECORD_OK:
+        return -1
+    return rv.store_timestamp
+
+
+# -- message ids (SPEC.md §1.8) ------------------------------------------------------------
+def create_message_id(const unsigned char[::1] store_host, int64_t physical_offset):
+    """Offset message id: store host IP + port + physical offset, upper-case hex."""
+    cdef unsigned char buf[28]
+    cdef Py_ssize_t n = store_host.shape[0]
+    if n != IPV4_HOST_LENGTH and n != IPV6_HOST_LENGTH:
+        raise ValueError(f"store host must be 8 or 20 bytes, got {n}")
+    memcpy(buf, &store_host[0], n)
+    store_be64(buf + n, physical_offset)
+    return (<bytes>buf[:n + 8]).hex().upper()
+
+
+def decode_message_id(str msg_id):
+    """Inverse of :func:`create_message_id`: ``(store_host bytes, physical_offset)``.
+
+    Raises
+    ------
+    ValueError
+        Not 32 (IPv4) or 56 (IPv6) hex characters.
+    """
+    if len(msg_id) not in (32, 56):
+        raise ValueError(f"offset message id must be 32 or 56 hex characters, got {len(msg_id)}")
+    raw = bytes.fromhex(msg_id)
+    return raw[:-8], int.from_bytes(raw[-8:], "big", signed=True)
+
+
+# -- decoding -------------------------------------------------------------------------------
+cdef class MessageExt:
+    """One stored message, decoded from its CommitLog record (RocketMQ ``MessageExt``)."""
+    cdef public str topic
+    cdef public object body                 # bytes (None when not read)
+    cdef public int flag
+    cdef public dict properties
+    cdef public int queue_id
+    cdef public long long queue_offset      # entries
+    cdef public long long commitlog_offset  # physical offset, bytes
+    cdef public int store_size              # TOTALSIZE, bytes
+    cdef public int body_crc
+    cdef public int sys_flag
+    cdef public long long born_timestamp    # ms
+    cdef public bytes born_host             # ip + port (8 or 20 bytes)
+    cdef public long long store_timestamp   # ms
+    cdef public bytes store_host
+    cdef public int reconsume_times
+    cdef public long long prepared_transaction_offset
+
+    @property
+    def tags(self):
+        return self.properties.get("TAGS")
+
+    @property
+    def keys(self):
+        """KEYS split on single spaces (SPEC.md §1.6)."""
+        k = self.properties.get("KEYS")
+        return [x for x in k.split(" ") if x] if k else []
+
+    @property
+    def uniq_key(self):
+        return self.properties.get("UNIQ_KEY")
+
+    @property
+    def msg_id(self):
+        """Offset message id (store host + physical offset), SPEC.md §1.8."""
+        return create_message_id(self.store_host, self.commitlog_offset)
+
+    def __repr__(self):
+        return (f"MessageExt(topic={self.topic!r}, queue_id={self.queue_id}, queue_offset={self.queue_offset}, "
+                f"commitlog_offset={self.commitlog_offset}, size={self.store_size})")
+
+
+cdef MessageExt _decode_one(const unsigned char* p, RecordView* rv, bint read_body):
+    cdef MessageExt m = MessageExt.__new__(MessageExt)
+    cdef int32_t bh = host_length(rv.sys_flag, BORNHOST_V6_FLAG)
+    cdef int32_t sh = host_length(rv.sys_flag, STOREHOSTADDRESS_V6_FLAG)
+    cdef int32_t stp = store_timestamp_position(rv.sys_flag)
+    m.topic = (<const char*>p)[rv.topic_pos:rv.topic_pos + rv.topic_len].decode("utf-8", "replace")
+    m.body = (<const char*>p)[rv.body_pos:rv.body_pos + rv.body_len] if read_body else None
+    m.flag = load_be32(p + MSG_FLAG_OFFSET)
+    m.properties = decode_properties((<const char*>p)[rv.props_pos:rv.props_pos + rv.props_len]) if rv.props_len else {}
+    m.queue_id = rv.queue_id
+    m.queue_offset = rv.queue_offset
+    m.commitlog_offset = rv.physical_offset
+    m.store_size = rv.total_size
+    m.body_crc = load_be32(p + MSG_BODY_CRC_OFFSET)
+    m.sys_flag = rv.sys_flag
+    m.born_timestamp = load_be64(p + MSG_BORN_TIMESTAMP_OFFSET)
+    m.born_host = (<const char*>p)[MSG_BORN_HOST_OFFSET:MSG_BORN_HOST_OFFSET + bh]
+    m.store_timestamp = rv.store_timestamp
+    m.store_host = (<const char*>p)[stp + 8:stp + 8 + sh]
+    m.reconsume_times = load_be32(p + stp + 8 + sh)
+    m.prepared_transaction_offset = load_be64(p + stp + 8 + sh + 4)
+    return m
+
+
+def decode_records(const unsigned char[::1] data, bint read_body=True, bint check_crc=False):
+    """Decode concatenated CommitLog records (a pull result) into MessageExt objects.
+
+    Raises
+    ------
+    CorruptRecordError
+        A record does not check (position and reason in the message).
+    """
+    cdef Py_ssize_t n = data.shape[0]
+    cdef Py_ssize_t pos = 0
+    cdef RecordView rv
+    cdef int r
+    out = []
+    while pos < n:
+        r = check_record(&data[0] + pos, n - pos, check_crc, &rv)
+        if r != RECORD_OK:
+            raise CorruptRecordError(
+                f"record at byte {pos} of {n}: {CHECK_RESULT_NAMES[r]} (TOTALSIZE {rv.total_size})")
+        out.append(_decode_one(&data[0] + pos, &rv, read_body))
+        pos += rv.total_size
+    return out
+
+
+def read_record(MappedFile mf, int64_t pos, bint check_crc=True):
+    """Copy the whole record at ``pos`` (bytes within ``mf``) if it checks, else None."""
+    mf._check_open()
+    cdef RecordView rv
+    if pos < 0 or pos >= mf.file_size:
+        return None
+    if check_record(mf.ptr() + pos, mf.file_size - pos, check_crc, &rv) != RECORD_OK:
+        return None
+    return (<const char*>mf.ptr())[pos:pos + rv.total_size]

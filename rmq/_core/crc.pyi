@@ -1,0 +1,9 @@
+"""Type stubs for rmq._core.crc (IEEE CRC-32, identical to zlib.crc32)."""
+
+from typing_extensions import Buffer
+
+__all__ = ["crc32", "crc32_combine", "java_crc32"]
+
+def crc32(data: Buffer, value: int = 0) -> int: ...
+def crc32_combine(crc1: int, crc2: int, len2: int) -> int: ...
+def java_crc32(data: Buffer) -> int: ...

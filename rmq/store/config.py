@@ -1,0 +1,137 @@
+"""MessageStoreConfig: the store's settings, with RocketMQ's names and defaults.
+
+Field names are RocketMQ's ``MessageStoreConfig`` names in snake_case
+(``mappedFileSizeCommitLog`` -> ``mapped_file_size_commit_log``); a
+``broker.conf`` in RocketMQ's camelCase key=value form loads through
+:meth:`MessageStoreConfig.from_properties`.  Defaults: SPEC.md §0.6.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass, field, fields
+from typing import Any, Mapping
+
+from rmq._core.layout import CQ_ENTRIES_PER_FILE_DEFAULT, CQ_STORE_UNIT_SIZE, MAX_MESSAGE_SIZE_DEFAULT
+
+ASYNC_FLUSH = "ASYNC_FLUSH"
+SYNC_FLUSH = "SYNC_FLUSH"
+FLUSH_DISK_TYPES = (ASYNC_FLUSH, SYNC_FLUSH)
+BROKER_ROLES = ("ASYNC_MASTER", "SYNC_MASTER", "SLAVE")
+
+# RocketMQ keeps a few misspellings in its property names; both spellings load.
+_ALIASES = {"warm_maped_file_enable": "warm_mapped_file_enable",
+            "destroy_maped_file_interval_forcibly": "destroy_mapped_file_interval_forcibly"}
+
+
+def camel_to_snake(name: str) -> str:
+    """``mappedFileSizeCommitLog`` -> ``mapped_file_size_commit_log``."""
+    s = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", name)
+    s = re.sub(r"([A-Z]+)([A-Z][a-z])", r"\1_\2", s)
+    return s.lower()
+
+
+@dataclass
+class MessageStoreConfig:
+    """Settings of one MessageStore.  Units are in the comments (SPEC.md §0.6)."""
+
+    store_path_root_dir: str = "./rmq-data"
+    store_path_commit_log: str = ""          # default: <root>/commitlog
+    mapped_file_size_commit_log: int = 1024 * 1024 * 1024   # bytes per CommitLog file
+    mapped_file_size_consume_queue: int = CQ_ENTRIES_PER_FILE_DEFAULT * CQ_STORE_UNIT_SIZE  # bytes
+    max_hash_slot_num: int = 5_000_000       # IndexFile hash slots
+    max_index_num: int = 5_000_000 * 4       # IndexFile entries
+    max_msgs_num_batch: int = 64             # index query cap (messages)
+    message_index_enable: bool = True
+    max_message_size: int = MAX_MESSAGE_SIZE_DEFAULT   # bytes of one body (and of one batch)
+    flush_disk_type: str = ASYNC_FLUSH
+    broker_role: str = "ASYNC_MASTER"
+    flush_interval_commit_log: int = 500     # ms
+    flush_commit_log_least_pages: int = 4    # 4 KiB pages
+    flush_commit_log_thorough_interval: int = 10_000   # ms
+    flush_interval_consume_queue: int = 1000   # ms
+    flush_consume_queue_least_pages: int = 2
+    flush_consume_queue_thorough_interval: int = 60_000   # ms
+    sync_flush_timeout: int = 5000           # ms
+    check_crc_on_recover: bool = True
+    check_crc_on_read: bool = True           # rmq: every served record is CRC-checked
+    enabled_append_prop_crc: bool = True     # rmq default ON (SPEC.md header)
+    warm_mapped_file_enable: bool = False
+    os_page_cache_busy_time_out_mills: int = 1000   # ms
+    file_reserved_time: int = 72             # hours
+    delete_when: str = "04"
+    disk_max_used_space_ratio: int = 75      # percent
+    clean_file_forcibly_enable: bool = True
+    max_transfer_bytes_on_message_in_memory: int = 256 * 1024
+    max_transfer_count_on_message_in_memory: int = 32
+    max_transfer_bytes_on_message_in_disk: int = 64 * 1024
+    max_transfer_count_on_message_in_disk: int = 8
+    access_message_in_memory_max_ratio: int = 40     # percent of RAM
+    store_host: str = "127.0.0.1:10911"      # brokerIP1:listenPort, written in every record
+    extra: dict = field(default_factory=dict)   # unknown properties, kept for the broker
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ValueError naming the property when a value is out of range."""
+        if self.flush_disk_type not in FLUSH_DISK_TYPES:
+            raise ValueError(f"flushDiskType must be one of {FLUSH_DISK_TYPES}, got {self.flush_disk_type!r}")
+        if self.broker_role not in BROKER_ROLES:
+            raise ValueError(f"brokerRole must be one of {BROKER_ROLES}, got {self.broker_role!r}")
+        if self.mapped_file_size_commit_log < 4096:
+            raise ValueError(f"mappedFileSizeCommitLog must be >= 4096 bytes, got {self.mapped_file_size_commit_log}")
+        if self.mapped_file_size_consume_queue < CQ_STORE_UNIT_SIZE:
+            raise ValueError("mappedFileSizeConsumeQueue must hold at least one 20-byte entry")
+        # RocketMQ rounds the ConsumeQueue file size up to a multiple of 20 (SPEC.md §2.1)
+        rem = self.mapped_file_size_consume_queue % CQ_STORE_UNIT_SIZE
+        if rem:
+            self.mapped_file_size_consume_queue += CQ_STORE_UNIT_SIZE - rem
+        if not 0 < self.max_message_size <= 1024 * 1024 * 1024:
+            raise ValueError(f"maxMessageSize must be in (0, 1 GiB], got {self.max_message_size}")
+        if self.max_hash_slot_num <= 0 or self.max_index_num <= 1:
+            raise ValueError("maxHashSlotNum must be > 0 and maxIndexNum > 1")
+        self.disk_max_used_space_ratio = min(95, max(10, self.disk_max_used_space_ratio))
+
+    @classmethod
+    def from_properties(cls, props: Mapping[str, Any], **overrides: Any) -> "MessageStoreConfig":
+        """Build from RocketMQ-style properties (camelCase names, string values).
+
+        Unknown names are kept in ``extra``.  Raises ValueError for a value that
+        does not parse to the field's type.
+        """
+        known = {f.name: f for f in fields(cls)}
+        kwargs: dict[str, Any] = {}
+        extra: dict[str, Any] = {}
+        for key, raw in props.items():
+            name = camel_to_snake(key)
+            name = _ALIASES.get(name, name)
+            f = known.get(name)
+            if f is None or name == "extra":
+                extra[key] = raw
+                continue
+            kwargs[name] = _coerce(key, raw, f.type if isinstance(f.type, type) else type(f.default))
+        kwargs.update(overrides)
+        kwargs.setdefault("extra", {}).update(extra)
+        return cls(**kwargs)
+
+    def replace(self, **changes: Any) -> "MessageStoreConfig":
+        return dataclasses.replace(self, **changes)
+
+
+def _coerce(key: str, raw: Any, typ: Any) -> Any:
+    if typ in ("bool", bool):
+        if isinstance(raw, bool):
+            return raw
+        s = str(raw).strip().lower()
+        if s in ("true", "1", "yes"):
+            return True
+        if s in ("false", "0", "no"):
+            return False
+        raise ValueError(f"{key}: expected true/false, got {raw!r}")
+    if typ in ("int", int):
+        try:
+            return int(str(raw).strip())
+        except ValueError:
+            raise ValueError(f"{key}: expected an integer, got {raw!r}") from None
+    return str(raw).strip() if not isinstance(raw, (dict, list)) else raw

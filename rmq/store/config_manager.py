@@ -1,0 +1,225 @@
+"""JSON metadata under ``<root>/config/`` (SPEC.md §4.4).
+
+Written as standard JSON, atomically: new content to ``FILE.tmp`` (fsync'd),
+the previous file kept as ``FILE.bak``, then ``FILE.tmp`` renamed over
+``FILE`` and the directory fsync'd.  Loading falls back to ``FILE.bak`` when
+``FILE`` is missing, empty or unparsable.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import threading
+import time
+from typing import Any, Optional
+
+log = logging.getLogger(__name__)
+
+
+def write_file_atomically(path: str, text: str) -> None:
+    """Replace ``path`` with ``text`` so that a crash leaves the old or the new content."""
+    d = os.path.dirname(path) or "."
+    os.makedirs(d, exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    if os.path.exists(path):
+        shutil.copyfile(path, path + ".bak")
+    os.replace(tmp, path)
+    fd = os.open(d, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_json_with_backup(path: str) -> Optional[Any]:
+    """Parse ``path``, else ``path.bak``; None when neither holds valid JSON."""
+    for p in (path, path + ".bak"):
+        try:
+            with open(p, encoding="utf-8") as f:
+                text = f.read()
+            if text.strip():
+                return json.loads(text)
+        except FileNotFoundError:
+            continue
+        except (OSError, ValueError) as e:
+            log.warning("cannot load %s: %s", p, e)
+    return None
+
+
+class DataVersion:
+    """``{"timestamp": ms, "counter": n}``: bumped on every change (SPEC.md §4.4)."""
+
+    def __init__(self, timestamp: int = 0, counter: int = 0):
+        self.timestamp = timestamp or int(time.time() * 1000)
+        self.counter = counter
+
+    def next_version(self) -> None:
+        self.timestamp = int(time.time() * 1000)
+        self.counter += 1
+
+    def to_json(self) -> dict:
+        return {"timestamp": self.timestamp, "counter": self.counter}
+
+    @classmethod
+    def from_json(cls, d: Optional[dict]) -> "DataVersion":
+        d = d or {}
+        return cls(int(d.get("timestamp", 0)), int(d.get("counter", 0)))
+
+
+class ConfigManager:
+    """Base of the JSON tables: ``encode()`` / ``decode()`` and atomic ``persist()``."""
+
+    file_name = ""
+
+    def __init__(self, config_dir: str):
+        self.path = os.path.join(config_dir, self.file_name)
+        self._lock = threading.RLock()
+
+    def load(self) -> None:
+        data = read_json_with_backup(self.path)
+        if data is not None:
+            self.decode(data)
+
+    def persist(self) -> None:
+        with self._lock:
+            text = json.dumps(self.encode(), indent=2, sort_keys=True)
+        write_file_atomically(self.path, text)
+
+    def encode(self) -> dict:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def decode(self, data: dict) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+PERM_PRIORITY = 0x1 << 3
+PERM_READ = 0x1 << 2
+PERM_WRITE = 0x1 << 1
+PERM_INHERIT = 0x1 << 0
+DEFAULT_QUEUE_NUMS = 8          # mqadmin updateTopic -r/-w default
+
+
+class TopicConfigManager(ConfigManager):
+    """``topics.json``: ``{"topicConfigTable": {name: TopicConfig}, "dataVersion": {...}}``."""
+
+    file_name = "topics.json"
+
+    def __init__(self, config_dir: str):
+        super().__init__(config_dir)
+        self.topic_config_table: dict[str, dict] = {}
+        self.data_version = DataVersion()
+
+    @staticmethod
+    def new_topic_config(topic: str, read_queue_nums: int = DEFAULT_QUEUE_NUMS,
+                         write_queue_nums: int = DEFAULT_QUEUE_NUMS, perm: int = PERM_READ | PERM_WRITE,
+                         order: bool = False) -> dict:
+        return {"topicName": topic, "readQueueNums": read_queue_nums, "writeQueueNums": write_queue_nums,
+                "perm": perm, "topicFilterType": "SINGLE_TAG", "topicSysFlag": 0, "order": order}
+
+    def update_topic_config(self, cfg: dict) -> None:
+        with self._lock:
+            self.topic_config_table[cfg["topicName"]] = cfg
+            self.data_version.next_version()
+        self.persist()
+
+    def delete_topic_config(self, topic: str) -> bool:
+        with self._lock:
+            found = self.topic_config_table.pop(topic, None) is not None
+            if found:
+                self.data_version.next_version()
+        if found:
+            self.persist()
+        return found
+
+    def select_topic_config(self, topic: str) -> Optional[dict]:
+        return self.topic_config_table.get(topic)
+
+    def encode(self) -> dict:
+        return {"topicConfigTable": self.topic_config_table, "dataVersion": self.data_version.to_json()}
+
+    def decode(self, data: dict) -> None:
+        self.topic_config_table = dict(data.get("topicConfigTable", {}))
+        self.data_version = DataVersion.from_json(data.get("dataVersion"))
+
+
+class ConsumerOffsetManager(ConfigManager):
+    """``consumerOffset.json``: ``{"offsetTable": {"topic@group": {queueId: offset}}}``.
+
+    Offsets are queue offsets (entries).  Queue ids are JSON object keys, so
+    strings on disk; fastjson's unquoted integer keys are accepted on load.
+    """
+
+    file_name = "consumerOffset.json"
+    TOPIC_GROUP_SEPARATOR = "@"
+
+    def __init__(self, config_dir: str):
+        super().__init__(config_dir)
+        self.offset_table: dict[str, dict[int, int]] = {}
+        self.data_version = DataVersion()
+
+    def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        with self._lock:
+            self.offset_table.setdefault(f"{topic}{self.TOPIC_GROUP_SEPARATOR}{group}", {})[queue_id] = offset
+            self.data_version.next_version()
+
+    def query_offset(self, group: str, topic: str, queue_id: int) -> int:
+        """The committed offset, or -1 when the group never committed one."""
+        return self.offset_table.get(f"{topic}{self.TOPIC_GROUP_SEPARATOR}{group}", {}).get(queue_id, -1)
+
+    def encode(self) -> dict:
+        return {"offsetTable": {k: {str(q): o for q, o in v.items()} for k, v in self.offset_table.items()},
+                "dataVersion": self.data_version.to_json()}
+
+    def decode(self, data: dict) -> None:
+        self.offset_table = {k: {int(q): int(o) for q, o in v.items()}
+                             for k, v in data.get("offsetTable", {}).items()}
+        self.data_version = DataVersion.from_json(data.get("dataVersion"))
+
+
+class SubscriptionGroupManager(ConfigManager):
+    """``subscriptionGroup.json``: ``{"subscriptionGroupTable": {group: config}}`` (SPEC.md §4.4)."""
+
+    file_name = "subscriptionGroup.json"
+
+    def __init__(self, config_dir: str):
+        super().__init__(config_dir)
+        self.subscription_group_table: dict[str, dict] = {}
+        self.data_version = DataVersion()
+
+    @staticmethod
+    def new_group_config(group: str) -> dict:
+        return {"groupName": group, "consumeEnable": True, "consumeFromMinEnable": True,
+                "consumeBroadcastEnable": True, "retryQueueNums": 1, "retryMaxTimes": 16,
+                "brokerId": 0, "whichBrokerWhenConsumeSlowly": 1, "notifyConsumerIdsChangedEnable": True}
+
+    def update_subscription_group_config(self, cfg: dict) -> None:
+        with self._lock:
+            self.subscription_group_table[cfg["groupName"]] = cfg
+            self.data_version.next_version()
+        self.persist()
+
+    def delete_subscription_group_config(self, group: str) -> bool:
+        with self._lock:
+            found = self.subscription_group_table.pop(group, None) is not None
+            if found:
+                self.data_version.next_version()
+        if found:
+            self.persist()
+        return found
+
+    def find_subscription_group_config(self, group: str) -> Optional[dict]:
+        return self.subscription_group_table.get(group)
+
+    def encode(self) -> dict:
+        return {"subscriptionGroupTable": self.subscription_group_table,
+                "dataVersion": self.data_version.to_json()}
+
+    def decode(self, data: dict) -> None:
+        self.subscription_group_table = dict(data.get("subscriptionGroupTable", {}))
+        self.data_version = DataVersion.from_json(data.get("dataVersion"))
