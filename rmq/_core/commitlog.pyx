@@ -710,3 +710,149 @@ def read_record(MappedFile mf, int64_t pos, bint check_crc=True):
     if check_record(mf.ptr() + pos, mf.file_size - pos, check_crc, &rv) != RECORD_OK:
         return None
     return (<const char*>mf.ptr())[pos:pos + rv.total_size]
+
+
+# -- the read path of getMessage (SPEC.md §13.2) ------------------------------------------
+from libc.stdlib cimport free, malloc
+
+from rmq._core.layout cimport CQ_PHYSICAL_OFFSET_OFFSET, CQ_SIZE_OFFSET, CQ_STORE_UNIT_SIZE, CQ_TAGS_CODE_OFFSET
+
+# gather_records outcomes
+GATHER_FOUND = 0
+GATHER_NO_MATCHED_MESSAGE = 1
+GATHER_MESSAGE_WAS_REMOVING = 2
+GATHER_CORRUPT = 3
+cdef int32_t BLANK_UNIT_SIZE = 0x7FFFFFFF     # fillPreBlank units (0, Integer.MAX_VALUE, 0)
+
+
+def gather_records(list files, int64_t file_size, const unsigned char[::1] cq_units,
+                   codes, int64_t max_msgs, int64_t max_bytes,
+                   int64_t min_physical_offset, int64_t max_physical_offset, bint check_crc):
+    """Copy the CommitLog records that ConsumeQueue units point at into one ``bytes``.
+
+    Parameters
+    ----------
+    files : list[MappedFile]
+        The CommitLog files, in order (``MappedFileQueue.files``).
+    file_size : int
+        CommitLog file size, bytes.
+    cq_units : bytes-like
+        Raw 20-byte ConsumeQueue units, in queue order.
+    codes : int32 buffer or None
+        tagsCode set of the subscription (``(int)tagsCode`` must be in it), None = all.
+    max_msgs, max_bytes : int
+        Batch limits: stop before the message that would exceed either
+        (at least one message is always taken).
+    min_physical_offset, max_physical_offset : int
+        CommitLog range still held / readable (bytes).
+    check_crc : bool
+        Verify body and whole-record CRC of every record served.
+
+    Returns
+    -------
+    (records, count, scanned_units, outcome, detail)
+        ``records``: concatenated records; ``scanned_units``: units consumed
+        (the next begin offset advances by this); ``outcome``: GATHER_FOUND,
+        GATHER_NO_MATCHED_MESSAGE, GATHER_MESSAGE_WAS_REMOVING, or
+        GATHER_CORRUPT (``detail`` = physical offset of the bad record; records
+        before it are still returned).
+    """
+    cdef Py_ssize_t n_units = cq_units.shape[0] // CQ_STORE_UNIT_SIZE
+    cdef const int32_t[::1] code_view
+    cdef const int32_t* cset = NULL
+    cdef Py_ssize_t n_codes = 0
+    if codes is not None:
+        code_view = codes
+        n_codes = code_view.shape[0]
+        if n_codes:
+            cset = &code_view[0]
+    if n_units == 0 or not files:
+        return b"", 0, 0, GATHER_NO_MATCHED_MESSAGE, 0
+    cdef const unsigned char* units = &cq_units[0]
+    cdef const unsigned char** ptrs = <const unsigned char**>malloc(n_units * sizeof(void*))
+    cdef int32_t* lens = <int32_t*>malloc(n_units * sizeof(int32_t))
+    if ptrs == NULL or lens == NULL:
+        free(ptrs)
+        free(lens)
+        raise MemoryError()
+    cdef int64_t first_index = (<MappedFile>files[0]).file_from_offset // file_size
+    cdef Py_ssize_t n_files = len(files)
+    cdef Py_ssize_t i, j, count = 0, scanned = 0
+    cdef int64_t total = 0, phy, fidx, detail = 0
+    cdef int32_t size, tag32
+    cdef int outcome = GATHER_NO_MATCHED_MESSAGE
+    cdef bint removing = False, matched
+    cdef MappedFile mf
+    cdef RecordView rv
+    cdef int r
+    cdef bytes out
+    cdef unsigned char* p
+    try:
+        for i in range(n_units):
+            phy = load_be64(units + i * CQ_STORE_UNIT_SIZE + CQ_PHYSICAL_OFFSET_OFFSET)
+            size = load_be32(units + i * CQ_STORE_UNIT_SIZE + CQ_SIZE_OFFSET)
+            if size == BLANK_UNIT_SIZE and phy == 0:
+                scanned += 1
+                continue
+            if size <= 0 or phy < 0 or phy + size > max_physical_offset:
+                break
+            if phy < min_physical_offset:
+                removing = True
+                scanned += 1
+                continue
+            if count > 0 and (count >= max_msgs or total + size > max_bytes):
+                break
+            if n_codes:
+                tag32 = <int32_t>load_be64(units + i * CQ_STORE_UNIT_SIZE + CQ_TAGS_CODE_OFFSET)
+                matched = False
+                for j in range(n_codes):
+                    if cset[j] == tag32:
+                        matched = True
+                        break
+                if not matched:
+                    scanned += 1
+                    continue
+            fidx = phy // file_size - first_index
+            if fidx < 0 or fidx >= n_files:
+                removing = True
+                scanned += 1
+                continue
+            mf = <MappedFile>files[fidx]
+            if mf.base == NULL:
+                removing = True
+                scanned += 1
+                continue
+            r = check_record(mf.base + (phy - mf.file_from_offset), file_size - (phy - mf.file_from_offset),
+                             check_crc, &rv)
+            if r != RECORD_OK or rv.total_size != size or rv.physical_offset != phy:
+                outcome = GATHER_CORRUPT
+                detail = phy
+                break
+            ptrs[count] = mf.base + (phy - mf.file_from_offset)
+            lens[count] = size
+            total += size
+            count += 1
+            scanned += 1
+        out = PyBytes_FromStringAndSize(NULL, total)
+        p = <unsigned char*>PyBytes_AS_STRING(out)
+        with nogil:
+            for i in range(count):
+                memcpy(p, ptrs[i], lens[i])
+                p += lens[i]
+    finally:
+        free(ptrs)
+        free(lens)
+    if outcome != GATHER_CORRUPT:
+        if count > 0:
+            outcome = GATHER_FOUND
+        elif removing:
+            outcome = GATHER_MESSAGE_WAS_REMOVING
+    return out, count, scanned, outcome, detail
+
+
+def tags_string_to_tags_code(str tags):
+    """tagsCode of a TAGS value: Java ``String.hashCode`` (SPEC.md §2.2); 0 for None/empty."""
+    if not tags:
+        return 0
+    cdef bytes b = tags.encode("utf-8")
+    return java_hash(<const unsigned char*>PyBytes_AS_STRING(b), len(b))

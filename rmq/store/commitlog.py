@@ -1,0 +1,243 @@
+"""CommitLog: the one append-only log of every message (SPEC.md §1, §5.2, §6).
+
+Owns the CommitLog MappedFileQueue: batch append (the Cython ``append_batch``
+does the records), roll to the next file, flush, and normal / abnormal
+recovery with CRC checks and truncation of a torn tail.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from array import array
+from typing import Optional
+
+from rmq._core import commitlog as _cl
+from rmq.errors import StoreDiskFullError, StoreError
+from rmq.store.config import MessageStoreConfig
+from rmq.store.mapped_file_queue import AllocateMappedFileService, MappedFileQueue
+
+log = logging.getLogger(__name__)
+
+
+def host_to_bytes(host: str) -> bytes:
+    """``"ip:port"`` -> 8 bytes (IPv4) or 20 bytes (IPv6) as stored in records (SPEC.md §1.2)."""
+    import ipaddress
+    addr, _, port = host.rpartition(":")
+    ip = ipaddress.ip_address(addr.strip("[]"))
+    return ip.packed + int(port).to_bytes(4, "big", signed=True)
+
+
+class AppendResult:
+    """Where a batch went: first physical offset, bytes, count and per-record offsets."""
+
+    __slots__ = ("wrote_offset", "wrote_bytes", "msg_num", "queue_offset", "store_timestamp",
+                 "physical_offsets", "store_host")
+
+    def __init__(self, wrote_offset, wrote_bytes, msg_num, queue_offset, store_timestamp,
+                 physical_offsets, store_host):
+        self.wrote_offset = wrote_offset          # physical offset of the first record, bytes
+        self.wrote_bytes = wrote_bytes
+        self.msg_num = msg_num
+        self.queue_offset = queue_offset          # queue offset of the first message, entries
+        self.store_timestamp = store_timestamp    # ms
+        self.physical_offsets = physical_offsets  # array('q'), one per record
+        self.store_host = store_host
+
+    @property
+    def msg_ids(self) -> list[str]:
+        """Offset message ids of the records (SPEC.md §1.8)."""
+        return [_cl.create_message_id(self.store_host, o) for o in self.physical_offsets]
+
+
+class CommitLog:
+    """The CommitLog of one store (RocketMQ ``CommitLog``).
+
+    Concurrency: one writer (the broker).  Durability: a record is durable once
+    ``flushed_offset`` passes its end.
+    """
+
+    def __init__(self, config: MessageStoreConfig, store_path: str):
+        self.config = config
+        self.store_path = store_path
+        allocator = AllocateMappedFileService(config.mapped_file_size_commit_log,
+                                              warm=config.warm_mapped_file_enable)
+        self.mapped_file_queue = MappedFileQueue(store_path, config.mapped_file_size_commit_log, allocator)
+        self.store_host = host_to_bytes(config.store_host)
+        self.last_store_timestamp = 0         # ms, store time of the last record appended
+        self.flushed_store_timestamp = 0      # ms, store time of the last record made durable
+        self.begin_time_in_lock = 0.0         # s (monotonic), 0 when no append runs (page-cache busy check)
+
+    @property
+    def file_size(self) -> int:
+        return self.mapped_file_queue.mapped_file_size
+
+    # -- offsets -----------------------------------------------------------------
+    def get_min_offset(self) -> int:
+        """First physical offset still held, bytes."""
+        return self.mapped_file_queue.get_min_offset()
+
+    def get_max_offset(self) -> int:
+        """Physical offset just past the last record, bytes."""
+        return self.mapped_file_queue.get_max_offset()
+
+    @property
+    def flushed_offset(self) -> int:
+        return self.mapped_file_queue.flushed_where
+
+    # -- append ------------------------------------------------------------------
+    def append(self, topic: bytes, queue_id: int, queue_offset: int, batch: bytes, *,
+               sys_flag: int = 0, born_timestamp: int = 0, born_host: Optional[bytes] = None,
+               extra_props: bytes = b"", reconsume_times: int = 0,
+               prepared_transaction_offset: int = 0, count_hint: int = 0) -> AppendResult:
+        """Append a batch (RocketMQ batch encoding) as CommitLog records.
+
+        Raises
+        ------
+        MessageIllegalError
+            Bad batch / topic / sizes: nothing written.
+        StoreDiskFullError, StoreError
+            The next file could not be created: nothing written.
+        """
+        out = array("q", bytes(8 * max(count_hint, 1)))
+        store_ts = max(int(time.time() * 1000), self.last_store_timestamp)
+        bh = born_host if born_host is not None else self.store_host
+        mfq = self.mapped_file_queue
+        self.begin_time_in_lock = time.monotonic()
+        try:
+            for _attempt in range(2):   # at most one roll: a batch never spans files
+                mf = mfq.get_last_mapped_file(0, need_create=True)
+                try:
+                    status, count, wrote, qinc = _cl.append_batch(
+                        mf, batch, topic, queue_id, queue_offset, sys_flag, born_timestamp, bh,
+                        self.store_host, store_ts, extra_props, self.config.enabled_append_prop_crc,
+                        reconsume_times, prepared_transaction_offset, self.config.max_message_size, out)
+                except ValueError as e:
+                    if "out_physical_offsets" not in str(e):
+                        raise
+                    n, _ = _cl.validate_batch(batch, extra_props, len(topic), sys_flag,
+                                              self.config.max_message_size,
+                                              self.config.enabled_append_prop_crc)
+                    out = array("q", bytes(8 * n))
+                    continue
+                if status == _cl.PUT_OK:
+                    del out[count:]
+                    self.last_store_timestamp = store_ts
+                    return AppendResult(out[0], wrote, count, queue_offset, store_ts, out, self.store_host)
+            raise StoreError("batch did not fit a fresh CommitLog file")   # unreachable: size checked first
+        finally:
+            self.begin_time_in_lock = 0.0
+
+    def is_os_page_cache_busy(self) -> bool:
+        """True while an append has run longer than osPageCacheBusyTimeOutMills (SPEC.md §6.3)."""
+        begin = self.begin_time_in_lock
+        if not begin:
+            return False
+        diff_ms = (time.monotonic() - begin) * 1000
+        return self.config.os_page_cache_busy_time_out_mills < diff_ms < 10_000_000
+
+    # -- read --------------------------------------------------------------------
+    def get_message(self, physical_offset: int, check_crc: bool = True) -> Optional[bytes]:
+        """The whole record at ``physical_offset`` (bytes) if it is held and checks, else None."""
+        mf = self.mapped_file_queue.find_mapped_file_by_offset(physical_offset)
+        if mf is None or physical_offset >= self.get_max_offset():
+            return None
+        return _cl.read_record(mf, physical_offset - mf.file_from_offset, check_crc)
+
+    def pickup_store_timestamp(self, physical_offset: int, size: int = 0) -> int:
+        """Store timestamp (ms) of the record at ``physical_offset``; -1 if it cannot be read."""
+        mf = self.mapped_file_queue.find_mapped_file_by_offset(physical_offset)
+        if mf is None:
+            return -1
+        return _cl.store_timestamp_at(mf, physical_offset - mf.file_from_offset)
+
+    # -- flush -------------------------------------------------------------------
+    def flush(self, least_pages: int = 0) -> bool:
+        """msync from the flushed offset on; True if something new became durable."""
+        ts = self.last_store_timestamp
+        flushed = self.mapped_file_queue.flush(least_pages)
+        if self.flushed_offset >= self.get_max_offset():
+            self.flushed_store_timestamp = ts
+        return flushed
+
+    # -- recovery (SPEC.md §5.2) -----------------------------------------------------
+    def load(self) -> None:
+        self.mapped_file_queue.load()
+
+    def _scan_from(self, index: int) -> tuple[int, int]:
+        """Walk files from ``index``; return (process_offset, records)."""
+        files = self.mapped_file_queue.files
+        check_crc = self.config.check_crc_on_recover
+        process_offset = files[index].file_from_offset
+        records = 0
+        while index < len(files):
+            mf = files[index]
+            end_pos, result, count, last_ts = _cl.scan_valid(mf, 0, check_crc)
+            records += count
+            if count:
+                self.last_store_timestamp = max(self.last_store_timestamp, last_ts)
+            if result == "BLANK":
+                process_offset = mf.file_from_offset + self.file_size
+                index += 1
+                continue
+            process_offset = mf.file_from_offset + end_pos
+            if result != "BAD_MAGIC" or not _all_zero_tail(mf, end_pos):
+                log.warning("CommitLog recovery stops at %d (%s in %s at %d)",
+                            process_offset, result, os.path.basename(mf.file_name), end_pos)
+            break
+        return process_offset, records
+
+    def recover_normally(self) -> int:
+        """Clean-exit recovery: scan from the third-last file, truncate after the last whole record.
+
+        Returns
+        -------
+        int
+            The recovered max physical offset (bytes).
+        """
+        files = self.mapped_file_queue.files
+        if not files:
+            return 0
+        process_offset, _ = self._scan_from(max(0, len(files) - 3))
+        self.truncate(process_offset)
+        return process_offset
+
+    def recover_abnormally(self, min_timestamp: int) -> tuple[int, int]:
+        """Crash recovery: from the newest file whose first record was stored by
+        ``min_timestamp`` (ms, the checkpoint's), scan and truncate.
+
+        Returns
+        -------
+        (redispatch_from, max_offset) : (int, int)
+            Physical offsets: where re-dispatch must start, and the recovered end.
+        """
+        files = self.mapped_file_queue.files
+        if not files:
+            return 0, 0
+        index = len(files) - 1
+        while index >= 0:
+            ts = _cl.first_store_timestamp(files[index])
+            if ts != 0 and ts <= min_timestamp:
+                break
+            index -= 1
+        index = max(index, 0)
+        start = files[index].file_from_offset
+        process_offset, _ = self._scan_from(index)
+        self.truncate(process_offset)
+        return start, process_offset
+
+    def truncate(self, offset: int) -> int:
+        """Cut the log at ``offset`` (bytes); returns bytes dropped."""
+        dropped = self.mapped_file_queue.truncate_dirty_files(offset)
+        self.mapped_file_queue.flushed_where = offset
+        return dropped
+
+    def shutdown(self) -> None:
+        self.mapped_file_queue.shutdown()
+
+
+def _all_zero_tail(mf, pos: int) -> bool:
+    """True when the 8 bytes at ``pos`` are zero (a clean end, not damage)."""
+    if pos + 8 > mf.file_size:
+        return True
+    return mf.read(pos, 8) == b"\0" * 8

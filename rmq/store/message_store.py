@@ -1,0 +1,640 @@
+"""MessageStore: the embedded, in-process store (RocketMQ ``DefaultMessageStore``).
+
+Layout under ``store_path`` (SPEC.md §0.5)::
+
+    commitlog/00000000000000000000 ...   CommitLog files
+    consumequeue/TOPIC/QUEUEID/...       ConsumeQueue files
+    index/yyyyMMddHHmmssSSS              IndexFiles
+    checkpoint  abort  lock              StoreCheckpoint, dirty-exit marker, process lock
+    config/topics.json consumerOffset.json subscriptionGroup.json   (+ .bak)
+
+No network: the broker actor wraps the same class.  Appends, ``dispatch()``
+(the reput step), reads and ``flush()`` are called by their owners; in a test
+or a script one object does all of it.
+"""
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import threading
+import time
+from array import array
+from dataclasses import dataclass, field
+from typing import Iterable, Optional, Union
+
+from rmq._core import commitlog as _cl
+from rmq._core.dispatch import build_index, run_is_dispatched, scan_dispatch
+from rmq._core.layout import COMPRESSED_FLAG
+from rmq.errors import (CorruptRecordError, MessageIllegalError, StoreClosedError, StoreDiskFullError,
+                        StoreError, StoreLockedError)
+from rmq.status import GetMessageStatus, PutMessageStatus
+from rmq.store.checkpoint import StoreCheckpoint
+from rmq.store.commitlog import AppendResult, CommitLog
+from rmq.store.config import SYNC_FLUSH, MessageStoreConfig
+from rmq.store.config_manager import ConsumerOffsetManager, SubscriptionGroupManager, TopicConfigManager
+from rmq.store.consume_queue import ConsumeQueue
+from rmq.store.index_service import IndexService
+from rmq.store.validators import check_queue_id, check_topic
+
+log = logging.getLogger(__name__)
+
+DISPATCH_BATCH_RECORDS = 8192      # records per scan_dispatch call (bounded memory per reput step)
+MIN_CQ_UNITS_PER_READ = 16000 // 20  # RocketMQ reads max(16000 B, maxMsgNums*20) of CQ per getMessage
+
+
+def _total_physical_memory() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return 8 * 1024 ** 3
+
+
+@dataclass
+class PutMessageResult:
+    """Outcome of a put: status (PutMessageStatus), remark, and where the records went."""
+    status: PutMessageStatus
+    remark: str = ""
+    append: Optional[AppendResult] = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status.is_stored
+
+    @property
+    def queue_offset(self) -> int:
+        return self.append.queue_offset if self.append else -1
+
+    @property
+    def wrote_offset(self) -> int:
+        return self.append.wrote_offset if self.append else -1
+
+    @property
+    def msg_ids(self) -> list[str]:
+        return self.append.msg_ids if self.append else []
+
+    @property
+    def msg_id(self) -> str:
+        """Offset message id(s), comma-joined for a batch (SPEC.md §1.8)."""
+        return ",".join(self.msg_ids)
+
+
+@dataclass
+class GetMessageResult:
+    """Outcome of ``get_messages`` (RocketMQ ``GetMessageResult``).
+
+    ``records`` holds the raw CommitLog records concatenated (what a pull reply
+    carries); :meth:`messages` decodes them.
+    """
+    status: GetMessageStatus
+    next_begin_offset: int
+    min_offset: int
+    max_offset: int
+    records: bytes = b""
+    message_count: int = 0
+    suggest_pulling_from_slave: bool = False
+
+    def messages(self) -> list:
+        return _cl.decode_records(self.records) if self.records else []
+
+
+@dataclass
+class QueryMessageResult:
+    """Records found by key (``query_message``): raw records and index freshness."""
+    records: list = field(default_factory=list)
+    index_last_update_timestamp: int = 0
+    index_last_update_phyoffset: int = 0
+
+    def messages(self) -> list:
+        return [_cl.decode_records(r)[0] for r in self.records]
+
+
+def tag_codes(tags: Union[None, str, Iterable[str]]) -> Optional[array]:
+    """tagsCode set of a subscription: None for ``*`` / empty, else the hashes of
+    ``"a || b"`` tokens or of an iterable of tags (SPEC.md §2.2)."""
+    if tags is None:
+        return None
+    if isinstance(tags, str):
+        s = tags.strip()
+        if s in ("", "*"):
+            return None
+        items = [t.strip() for t in s.split("||")]
+    else:
+        items = [str(t).strip() for t in tags]
+    items = [t for t in items if t]
+    if not items:
+        return None
+    return array("i", sorted({_cl.tags_string_to_tags_code(t) for t in items}))
+
+
+class MessageStore:
+    """An embedded RocketMQ-style message store.
+
+    Parameters
+    ----------
+    store_path : str, optional
+        Root directory (``storePathRootDir``); overrides ``config``'s.
+    config : MessageStoreConfig, optional
+    **overrides
+        Any MessageStoreConfig field, e.g. ``mapped_file_size_commit_log=65536``.
+
+    Raises
+    ------
+    StoreLockedError
+        Another MessageStore (this process or another) has the directory open.
+    StoreError
+        Files of the wrong size, holes between files.
+
+    Opening loads and recovers (SPEC.md §5): normal recovery after a clean
+    shutdown, abnormal recovery (the ``abort`` file is present) otherwise, then
+    dispatches whatever the ConsumeQueues miss.  ``shutdown()`` flushes,
+    writes the checkpoint, removes ``abort`` and releases the lock.
+    """
+
+    def __init__(self, store_path: Optional[str] = None, config: Optional[MessageStoreConfig] = None,
+                 **overrides):
+        config = config or MessageStoreConfig()
+        if store_path is not None:
+            overrides["store_path_root_dir"] = store_path
+        if overrides:
+            config = config.replace(**overrides)
+        self.config = config
+        self.root = os.path.abspath(config.store_path_root_dir)
+        os.makedirs(self.root, exist_ok=True)
+        self._lock_fd = self._take_lock()
+        self._shutdown = False
+        self._mutex = threading.RLock()
+        self.total_physical_memory = _total_physical_memory()
+        try:
+            self._open()
+        except BaseException:
+            self._release_lock()
+            raise
+
+    # -- paths -------------------------------------------------------------------
+    @property
+    def commitlog_dir(self) -> str:
+        return self.config.store_path_commit_log or os.path.join(self.root, "commitlog")
+
+    @property
+    def consume_queue_dir(self) -> str:
+        return os.path.join(self.root, "consumequeue")
+
+    @property
+    def abort_file(self) -> str:
+        return os.path.join(self.root, "abort")
+
+    # -- lock (SPEC.md §4.3) -------------------------------------------------------------
+    def _take_lock(self) -> int:
+        path = os.path.join(self.root, "lock")
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise StoreLockedError(f"store {self.root} is locked: another MessageStore (broker) has it open "
+                                   f"(lock file {path})") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, b"lock")
+        os.fsync(fd)
+        return fd
+
+    def _release_lock(self) -> None:
+        if self._lock_fd >= 0:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+
+    # -- load + recover (SPEC.md §5) ----------------------------------------------------------
+    def _open(self) -> None:
+        cfg = self.config
+        self.last_exit_ok = not os.path.exists(self.abort_file)
+        config_dir = os.path.join(self.root, "config")
+        self.topic_config_manager = TopicConfigManager(config_dir)
+        self.consumer_offset_manager = ConsumerOffsetManager(config_dir)
+        self.subscription_group_manager = SubscriptionGroupManager(config_dir)
+        for m in (self.topic_config_manager, self.consumer_offset_manager, self.subscription_group_manager):
+            m.load()
+        self.commitlog = CommitLog(cfg, self.commitlog_dir)
+        self.commitlog.load()
+        self.consume_queue_table: dict[tuple[str, int], ConsumeQueue] = {}
+        self._load_consume_queues()
+        self.checkpoint = StoreCheckpoint(os.path.join(self.root, "checkpoint"))
+        self.index_service = self._new_index_service()
+        self.index_service.load(self.last_exit_ok, self.checkpoint.index_msg_timestamp)
+        self._recover()
+        # the abort file marks "running": a crash from here on means abnormal recovery
+        with open(self.abort_file, "wb") as f:
+            os.fsync(f.fileno())
+
+    def _new_index_service(self) -> IndexService:
+        cfg = self.config
+        return IndexService(os.path.join(self.root, "index"), cfg.max_hash_slot_num, cfg.max_index_num,
+                            cfg.message_index_enable, cfg.max_msgs_num_batch,
+                            on_file_full=self._on_index_file_full)
+
+    def _on_index_file_full(self, end_timestamp: int) -> None:
+        # a full IndexFile was flushed: abnormal recovery may keep it (SPEC.md §3.4, §4.1)
+        self.checkpoint.index_msg_timestamp = end_timestamp
+        self.checkpoint.flush()
+
+    def _load_consume_queues(self) -> None:
+        root = self.consume_queue_dir
+        if not os.path.isdir(root):
+            return
+        for topic in sorted(os.listdir(root)):
+            tdir = os.path.join(root, topic)
+            if not os.path.isdir(tdir):
+                continue
+            for qid in sorted(os.listdir(tdir)):
+                if not qid.isdigit():
+                    continue     # RocketMQ skips names that are not a queue id
+                cq = ConsumeQueue(self.root, topic, int(qid), self.config.mapped_file_size_consume_queue)
+                cq.load()
+                self.consume_queue_table[(topic, int(qid))] = cq
+
+    def _recover(self) -> None:
+        max_phy_of_cq = 0
+        for cq in self.consume_queue_table.values():
+            cq.recover()
+            max_phy_of_cq = max(max_phy_of_cq, cq.get_max_physic_offset())
+        if not self.commitlog.mapped_file_queue.files:
+            for cq in self.consume_queue_table.values():
+                cq.destroy()
+            self.consume_queue_table.clear()
+            self.index_service.destroy()
+            self.index_service = self._new_index_service()
+            self.reput_from_offset = 0
+        elif self.last_exit_ok:
+            end = self.commitlog.recover_normally()
+            self.reput_from_offset = min(max(max_phy_of_cq, self.commitlog.get_min_offset()), end)
+        else:
+            start, end = self.commitlog.recover_abnormally(self.checkpoint.get_min_timestamp())
+            self.reput_from_offset = min(max(min(start, max_phy_of_cq), self.commitlog.get_min_offset()), end)
+        max_offset = self.commitlog.get_max_offset()
+        if max_phy_of_cq > max_offset:
+            for cq in self.consume_queue_table.values():
+                cq.truncate_dirty_logic_files(max_offset)
+            self.reput_from_offset = min(self.reput_from_offset, max_offset)
+        self._recover_topic_queue_table()
+        # like RocketMQ's start(): block until reput caught up with the CommitLog
+        self.dispatch()
+        self.commitlog.mapped_file_queue.flushed_where = self.commitlog.get_max_offset()
+
+    def _recover_topic_queue_table(self) -> None:
+        min_phy = self.commitlog.get_min_offset()
+        self.topic_queue_table: dict[tuple[str, int], int] = {}
+        for key, cq in self.consume_queue_table.items():
+            self.topic_queue_table[key] = cq.get_max_offset_in_queue()
+            cq.correct_min_offset(min_phy)
+
+    # -- consume queues ----------------------------------------------------------------
+    def find_consume_queue(self, topic: str, queue_id: int, create: bool = True) -> Optional[ConsumeQueue]:
+        key = (topic, queue_id)
+        cq = self.consume_queue_table.get(key)
+        if cq is None and create:
+            cq = ConsumeQueue(self.root, topic, queue_id, self.config.mapped_file_size_consume_queue)
+            cq.load()
+            self.consume_queue_table[key] = cq
+        return cq
+
+    # -- put ---------------------------------------------------------------------
+    def _check_store_status(self) -> Optional[PutMessageResult]:
+        if self._shutdown:
+            return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE, "message store is shut down")
+        if self.config.broker_role == "SLAVE":
+            return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE, "a SLAVE store is read-only")
+        if any(mf.write_error for mf in self.commitlog.mapped_file_queue.files[-1:]):
+            return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE,
+                                    "a CommitLog flush failed; the store is not writeable until restart")
+        if self.commitlog.is_os_page_cache_busy():
+            return PutMessageResult(PutMessageStatus.OS_PAGE_CACHE_BUSY, "[PC_SYNCHRONIZED]broker busy")
+        return None
+
+    def put_message(self, topic: str, body: bytes, queue_id: int = 0, *, tags: Optional[str] = None,
+                    keys: Union[None, str, Iterable[str]] = None, properties: Optional[dict] = None,
+                    flag: int = 0, sys_flag: int = 0, born_timestamp: Optional[int] = None,
+                    born_host: Optional[bytes] = None, reconsume_times: int = 0) -> PutMessageResult:
+        """Store one message (a batch of one).
+
+        Parameters
+        ----------
+        topic : str
+            TopicValidator rules (SPEC.md §1.9).
+        body : bytes
+            At most ``max_message_size`` bytes.
+        queue_id : int
+            ``0 <= queue_id < MAX_QUEUE_NUMS``.
+        tags, keys, properties
+            Stored in the properties string as TAGS, KEYS (space-joined) and the rest.
+
+        Returns
+        -------
+        PutMessageResult
+            ``status`` PUT_OK (SYNC_FLUSH: durable), or the reason nothing was
+            written (MESSAGE_ILLEGAL, PROPERTIES_SIZE_EXCEEDED,
+            CREATE_MAPPED_FILE_FAILED, SERVICE_NOT_AVAILABLE, ...).
+        """
+        props = dict(properties or {})
+        if tags:
+            props["TAGS"] = tags
+        if keys:
+            props["KEYS"] = keys if isinstance(keys, str) else " ".join(keys)
+        try:
+            if not isinstance(body, (bytes, bytearray, memoryview)):
+                raise MessageIllegalError(f"body must be bytes, got {type(body).__name__}")
+            batch = _cl.encode_batch([(body, _cl.encode_properties(props), flag)])
+        except MessageIllegalError as e:
+            return PutMessageResult(PutMessageStatus(e.status), str(e))
+        return self.put_messages(topic, queue_id, batch, sys_flag=sys_flag, born_timestamp=born_timestamp,
+                                 born_host=born_host, reconsume_times=reconsume_times, count_hint=1)
+
+    def put_messages(self, topic: str, queue_id: int, batch: bytes, *, properties: Optional[dict] = None,
+                     sys_flag: int = 0, born_timestamp: Optional[int] = None, born_host: Optional[bytes] = None,
+                     reconsume_times: int = 0, count_hint: int = 0) -> PutMessageResult:
+        """Store a batch in RocketMQ's batch encoding (SPEC.md §1.11) for one topic and queue.
+
+        The batch is written whole or not at all, in one CommitLog file, with
+        consecutive queue offsets.  ``properties`` are added to every message.
+        Transactions and delay levels are refused for batches (MESSAGE_ILLEGAL).
+        """
+        status = self._check_store_status()
+        if status is not None:
+            return status
+        try:
+            tb = check_topic(topic)
+            check_queue_id(queue_id)
+            if len(batch) > self.config.max_message_size + 64 * 1024 * (count_hint == 1):
+                raise MessageIllegalError(
+                    f"batch is {len(batch)} bytes, over maxMessageSize {self.config.max_message_size}")
+            if sys_flag & ~0x7FF:
+                raise MessageIllegalError(f"sys flag {sys_flag:#x} has unknown bits")
+            extra = _cl.encode_properties(properties) if properties else b""
+            if properties and "DELAY" in properties:
+                raise MessageIllegalError("delay levels are not supported for batches")
+        except MessageIllegalError as e:
+            return PutMessageResult(PutMessageStatus(e.status), str(e))
+        with self._mutex:
+            key = (topic, queue_id)
+            qo = self.topic_queue_table.get(key, 0)
+            try:
+                res = self.commitlog.append(
+                    tb, queue_id, qo, batch, sys_flag=sys_flag & ~COMPRESSED_FLAG | (sys_flag & COMPRESSED_FLAG),
+                    born_timestamp=born_timestamp if born_timestamp is not None else int(time.time() * 1000),
+                    born_host=born_host, extra_props=extra, reconsume_times=reconsume_times,
+                    count_hint=count_hint)
+            except MessageIllegalError as e:
+                return PutMessageResult(PutMessageStatus(e.status), str(e))
+            except StoreDiskFullError as e:
+                return PutMessageResult(PutMessageStatus.CREATE_MAPPED_FILE_FAILED, str(e))
+            except StoreError as e:
+                return PutMessageResult(PutMessageStatus.CREATE_MAPPED_FILE_FAILED, str(e))
+            if (sys_flag & 0xC) not in (0x4, 0xC):
+                self.topic_queue_table[key] = qo + res.msg_num
+        result = PutMessageResult(PutMessageStatus.PUT_OK, "", res)
+        if self.config.flush_disk_type == SYNC_FLUSH:
+            try:
+                self.commitlog.flush(0)
+            except StoreError as e:
+                result = PutMessageResult(PutMessageStatus.FLUSH_DISK_TIMEOUT, str(e), res)
+        return result
+
+    # -- reput / dispatch (SPEC.md §7) ---------------------------------------------------------
+    def reput_end_offset(self) -> int:
+        """Dispatch bound: under SYNC_FLUSH only what is flushed (5.x confirm offset)."""
+        if self.config.flush_disk_type == SYNC_FLUSH:
+            return self.commitlog.flushed_offset
+        return self.commitlog.get_max_offset()
+
+    def dispatch_behind_bytes(self) -> int:
+        return max(0, self.reput_end_offset() - self.reput_from_offset)
+
+    def dispatch(self, max_records: Optional[int] = None) -> int:
+        """Build ConsumeQueues and IndexFiles from the CommitLog, from the reput offset on.
+
+        Returns
+        -------
+        int
+            Records dispatched.
+        """
+        total = 0
+        clog = self.commitlog
+        mfq = clog.mapped_file_queue
+        with self._mutex:
+            end = self.reput_end_offset()
+            while self.reput_from_offset < end and (max_records is None or total < max_records):
+                if self.reput_from_offset < clog.get_min_offset():
+                    log.warning("reput offset %d below CommitLog min offset %d: expired before dispatch",
+                                self.reput_from_offset, clog.get_min_offset())
+                    self.reput_from_offset = clog.get_min_offset()
+                mf = mfq.find_mapped_file_by_offset(self.reput_from_offset)
+                if mf is None:
+                    break
+                pos = self.reput_from_offset - mf.file_from_offset
+                file_end = min(mf.wrote_position, end - mf.file_from_offset)
+                cap = DISPATCH_BATCH_RECORDS if max_records is None else min(DISPATCH_BATCH_RECORDS,
+                                                                              max_records - total)
+                db = scan_dispatch(mf, pos, file_end, cap)
+                if db.count:
+                    self._dispatch_batch(db)
+                    total += db.count
+                if db.result == "BLANK":
+                    self.reput_from_offset = mfq.roll_next_file(self.reput_from_offset)
+                    continue
+                self.reput_from_offset = mf.file_from_offset + db.end_position
+                if db.count == 0:
+                    if db.end_position >= mf.file_size:
+                        self.reput_from_offset = mfq.roll_next_file(self.reput_from_offset - 1)
+                        continue
+                    break
+        return total
+
+    def _dispatch_batch(self, db) -> None:
+        runs = db.runs
+        for k in range(0, len(runs), 2):
+            start, n = runs[k], runs[k + 1]
+            if not run_is_dispatched(db, start):
+                continue
+            cq = self.find_consume_queue(db.topics[db.topic_ids[start]], db.queue_ids[start])
+            cq.put_batch(db.physical_offsets, db.sizes, db.tags_codes, db.queue_offsets[start], start, n)
+        if self.config.message_index_enable:
+            row, key = 0, 0
+            while row < db.count:
+                index_file = self.index_service.get_and_create_last_index_file()
+                row, key = build_index(db, index_file, row, key)
+        self.checkpoint.logics_msg_timestamp = db.store_timestamps[db.count - 1]
+
+    # -- get (SPEC.md §13) -------------------------------------------------------------------
+    def get_messages(self, group: str, topic: str, queue_id: int, queue_offset: int, max_msgs: int,
+                     tags: Union[None, str, Iterable[str]] = None) -> GetMessageResult:
+        """Read up to ``max_msgs`` messages of a queue from ``queue_offset`` (entries).
+
+        ``tags``: ``None`` / ``"*"`` for all, ``"a || b"`` or an iterable of tags;
+        matched on tagsCode as RocketMQ's broker does (exact tags are re-checked
+        by clients).  ``group`` names the consumer (for statistics; reads do not
+        depend on it).
+
+        Returns
+        -------
+        GetMessageResult
+            ``status`` from GetMessageStatus and ``next_begin_offset`` as
+            RocketMQ's ``getMessage`` (SPEC.md §13.1 table).
+
+        Raises
+        ------
+        StoreClosedError
+        CorruptRecordError
+            The first record to serve fails its CRC: it is never served.
+        """
+        if self._shutdown:
+            raise StoreClosedError("message store is shut down")
+        cfg = self.config
+        clog = self.commitlog
+        min_phy = clog.get_min_offset()
+        max_phy = clog.get_max_offset()
+        cq = self.consume_queue_table.get((topic, queue_id))
+        if cq is None:
+            return GetMessageResult(GetMessageStatus.NO_MATCHED_LOGIC_QUEUE, 0 if queue_offset else queue_offset,
+                                    0, 0)
+        min_off = cq.get_min_offset_in_queue()
+        max_off = cq.get_max_offset_in_queue()
+        if max_off == 0:
+            return GetMessageResult(GetMessageStatus.NO_MESSAGE_IN_QUEUE, 0, min_off, max_off)
+        if queue_offset < min_off:
+            return GetMessageResult(GetMessageStatus.OFFSET_TOO_SMALL, min_off, min_off, max_off)
+        if queue_offset == max_off:
+            return GetMessageResult(GetMessageStatus.OFFSET_OVERFLOW_ONE, queue_offset, min_off, max_off)
+        if queue_offset > max_off:
+            nxt = min_off if min_off == 0 else max_off
+            return GetMessageResult(GetMessageStatus.OFFSET_OVERFLOW_BADLY, nxt, min_off, max_off)
+        raw = cq.read_raw(queue_offset, max(MIN_CQ_UNITS_PER_READ, max_msgs))
+        if not raw:
+            return GetMessageResult(GetMessageStatus.OFFSET_FOUND_NULL, cq.roll_next_file(queue_offset),
+                                    min_off, max_off)
+        first_phy = int.from_bytes(raw[:8], "big", signed=True)
+        memory = self.total_physical_memory * cfg.access_message_in_memory_max_ratio // 100
+        in_disk = (max_phy - first_phy) > memory
+        max_bytes = cfg.max_transfer_bytes_on_message_in_disk if in_disk else cfg.max_transfer_bytes_on_message_in_memory
+        max_count = cfg.max_transfer_count_on_message_in_disk if in_disk else cfg.max_transfer_count_on_message_in_memory
+        records, count, scanned, outcome, detail = _cl.gather_records(
+            clog.mapped_file_queue.files, clog.file_size, raw, tag_codes(tags), min(max_msgs, max_count),
+            max_bytes, min_phy, max_phy, cfg.check_crc_on_read)
+        if outcome == _cl.GATHER_CORRUPT and count == 0:
+            mf = clog.mapped_file_queue.find_mapped_file_by_offset(detail)
+            where = f"{mf.file_name} at {detail - mf.file_from_offset}" if mf else f"offset {detail}"
+            raise CorruptRecordError(
+                f"record of {topic}/{queue_id} queue offset {queue_offset} fails its checks: {where}")
+        if count:
+            status = GetMessageStatus.FOUND
+        elif outcome == _cl.GATHER_MESSAGE_WAS_REMOVING:
+            status = GetMessageStatus.MESSAGE_WAS_REMOVING
+        else:
+            status = GetMessageStatus.NO_MATCHED_MESSAGE
+        last_phy = int.from_bytes(raw[(scanned - 1) * 20:(scanned - 1) * 20 + 8], "big") if scanned else first_phy
+        return GetMessageResult(status, queue_offset + scanned, min_off, max_off, records, count,
+                                (max_phy - last_phy) > memory)
+
+    # -- look-ups ------------------------------------------------------------------------------
+    def look_message_by_offset(self, physical_offset: int):
+        """The message (MessageExt) stored at ``physical_offset`` (bytes), or None."""
+        rec = self.commitlog.get_message(physical_offset, self.config.check_crc_on_read)
+        return _cl.decode_records(rec)[0] if rec else None
+
+    def look_message_by_msg_id(self, msg_id: str):
+        """The message of an offset message id (store host + physical offset), or None.
+
+        Raises ValueError for a malformed id.
+        """
+        _host, offset = _cl.decode_message_id(msg_id)
+        return self.look_message_by_offset(offset)
+
+    def query_message(self, topic: str, key: str, max_num: int = 32, begin_ms: int = 0,
+                      end_ms: Optional[int] = None) -> QueryMessageResult:
+        """Messages of ``topic`` whose UNIQ_KEY or one of whose KEYS is ``key``, stored in
+        ``[begin_ms, end_ms]`` (IndexFile look-up, SPEC.md §3.5; hash collisions removed)."""
+        end_ms = end_ms if end_ms is not None else int(time.time() * 1000) + 1000
+        res = self.index_service.query_offset(topic, key, min(max_num, self.config.max_msgs_num_batch),
+                                              begin_ms, end_ms)
+        phys, last_ts, last_phy = res[0], res[1], res[2]
+        out = QueryMessageResult([], last_ts, last_phy)
+        for phy in phys:
+            rec = self.commitlog.get_message(phy, self.config.check_crc_on_read)
+            if rec is None:
+                continue
+            m = _cl.decode_records(rec, False)[0]
+            if m.topic == topic and (m.uniq_key == key or key in m.keys):
+                out.records.append(rec)
+        return out
+
+    # -- offsets ------------------------------------------------------------------------------
+    def get_min_offset_in_queue(self, topic: str, queue_id: int) -> int:
+        cq = self.consume_queue_table.get((topic, queue_id))
+        return cq.get_min_offset_in_queue() if cq else 0
+
+    def get_max_offset_in_queue(self, topic: str, queue_id: int) -> int:
+        cq = self.consume_queue_table.get((topic, queue_id))
+        return cq.get_max_offset_in_queue() if cq else 0
+
+    def get_offset_in_queue_by_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        """Queue offset (entries) of the first message stored at ``timestamp_ms`` or nearest (SPEC.md §2.3)."""
+        cq = self.consume_queue_table.get((topic, queue_id))
+        if cq is None:
+            return 0
+        return cq.get_offset_in_queue_by_time(timestamp_ms, self.commitlog.pickup_store_timestamp,
+                                              self.commitlog.get_min_offset())
+
+    def get_min_phy_offset(self) -> int:
+        return self.commitlog.get_min_offset()
+
+    def get_max_phy_offset(self) -> int:
+        return self.commitlog.get_max_offset()
+
+    min_offset = get_min_offset_in_queue
+    max_offset = get_max_offset_in_queue
+    offset_by_time = get_offset_in_queue_by_time
+
+    # -- flush / shutdown --------------------------------------------------------------------
+    def flush(self) -> None:
+        """Flush CommitLog, ConsumeQueues and IndexFiles, then write the checkpoint."""
+        with self._mutex:
+            self.commitlog.flush(0)
+            logics_ts = self.checkpoint.logics_msg_timestamp
+            for cq in list(self.consume_queue_table.values()):
+                cq.flush(0)
+            self.index_service.flush()
+            self.checkpoint.physic_msg_timestamp = self.commitlog.flushed_store_timestamp or \
+                self.checkpoint.physic_msg_timestamp
+            self.checkpoint.logics_msg_timestamp = logics_ts
+            self.checkpoint.master_flushed_offset = self.commitlog.flushed_offset
+            self.checkpoint.flush()
+
+    def shutdown(self) -> None:
+        """Clean stop: dispatch what is left, flush everything, checkpoint, remove ``abort``, unlock."""
+        if self._shutdown:
+            return
+        try:
+            self.dispatch()
+            self.flush()
+            for m in (self.topic_config_manager, self.consumer_offset_manager, self.subscription_group_manager):
+                m.persist()
+            clean = self.dispatch_behind_bytes() == 0 and not any(
+                mf.write_error for mf in self.commitlog.mapped_file_queue.files)
+            self._shutdown = True
+            self.index_service.shutdown()
+            for cq in self.consume_queue_table.values():
+                cq.shutdown()
+            self.commitlog.shutdown()
+            self.checkpoint.shutdown()
+            if clean and os.path.exists(self.abort_file):
+                os.unlink(self.abort_file)
+        finally:
+            self._shutdown = True
+            self._release_lock()
+
+    close = shutdown
+
+    def __enter__(self) -> "MessageStore":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()

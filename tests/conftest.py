@@ -1,0 +1,69 @@
+"""Shared fixtures.  The compiled core is asserted, so CI cannot silently test a
+missing build (STYLE.md §7.7)."""
+import importlib.machinery
+import os
+
+import pytest
+
+import rmq._core.commitlog
+import rmq._core.consume_queue
+import rmq._core.dispatch
+import rmq._core.index_file
+import rmq._core.mapped_file
+
+for _mod in (rmq._core.commitlog, rmq._core.consume_queue, rmq._core.dispatch,
+             rmq._core.index_file, rmq._core.mapped_file):
+    assert _mod.__file__.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES)), \
+        f"{_mod.__name__} is not the compiled extension: build with `pip install -e .`"
+
+from rmq.store.message_store import MessageStore  # noqa: E402
+
+# Tiny geometry so a few hundred messages roll many files.
+SMALL = dict(mapped_file_size_commit_log=16 * 1024, mapped_file_size_consume_queue=20 * 64,
+             max_hash_slot_num=64, max_index_num=512)
+
+
+@pytest.fixture
+def store_dir(tmp_path):
+    d = tmp_path / "store"
+    d.mkdir()
+    return str(d)
+
+
+@pytest.fixture
+def open_store(store_dir):
+    """``open_store(**overrides)`` opens a MessageStore on ``store_dir`` with small files;
+    every store opened is shut down at teardown."""
+    opened = []
+
+    def _open(path=None, **overrides):
+        kw = dict(SMALL)
+        kw.update(overrides)
+        s = MessageStore(path or store_dir, **kw)
+        opened.append(s)
+        return s
+
+    yield _open
+    for s in opened:
+        s.shutdown()
+
+
+def crash(store):
+    """Simulate kill -9 of the process holding ``store``: nothing flushed, no checkpoint,
+    the abort file stays; only the lock is released (the OS does that for a dead process)."""
+    store._shutdown = True
+    store._release_lock()
+    # unmap without flushing: page cache keeps what was written, like a process crash
+    for mf in store.commitlog.mapped_file_queue.files:
+        mf.close()
+    for cq in store.consume_queue_table.values():
+        for mf in cq.mapped_file_queue.files:
+            mf.close()
+    for f in store.index_service.files:
+        f.close()
+    if store.commitlog.mapped_file_queue.allocator is not None:
+        store.commitlog.mapped_file_queue.allocator.shutdown()
+
+
+def env_int(name, default):
+    return int(os.environ.get(name, default))
