@@ -49,20 +49,8 @@ def open_store(store_dir):
 
 
 def crash(store):
-    """Simulate kill -9 of the process holding ``store``: nothing flushed, no checkpoint,
-    the abort file stays; only the lock is released (the OS does that for a dead process)."""
-    store._shutdown = True
-    store._release_lock()
-    # unmap without flushing: page cache keeps what was written, like a process crash
-    for mf in store.commitlog.mapped_file_queue.files:
-        mf.close()
-    for cq in store.consume_queue_table.values():
-        for mf in cq.mapped_file_queue.files:
-            mf.close()
-    for f in store.index_service.files:
-        f.close()
-    if store.commitlog.mapped_file_queue.allocator is not None:
-        store.commitlog.mapped_file_queue.allocator.shutdown()
+    """Simulate kill -9 of the process holding ``store`` (see MessageStore.abandon)."""
+    store.abandon()
 
 
 def env_int(name, default):

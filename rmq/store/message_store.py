@@ -633,6 +633,25 @@ class MessageStore:
 
     close = shutdown
 
+    def abandon(self) -> None:
+        """Drop the store as a killed process would: no flush, no checkpoint, ``abort`` stays.
+
+        Written bytes stay in the page cache (MAP_SHARED), exactly as after
+        ``kill -9``; the next open runs abnormal recovery.  For tests and demos.
+        """
+        if self._shutdown:
+            return
+        self._shutdown = True
+        self.commitlog.mapped_file_queue.allocator.shutdown()
+        for mf in self.commitlog.mapped_file_queue.files:
+            mf.close()
+        for cq in self.consume_queue_table.values():
+            for mf in cq.mapped_file_queue.files:
+                mf.close()
+        for f in self.index_service.files:
+            f.close()
+        self._release_lock()
+
     def __enter__(self) -> "MessageStore":
         return self
 
