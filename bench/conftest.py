@@ -3,7 +3,7 @@
 * ``bench_*.py`` files are collected as test modules (the project's pytest
   config only collects ``test_*.py`` under ``tests/``), so
   ``python -m pytest bench --benchmark-only`` runs every benchmark here;
-* ``ceiling_mb_s(kind, nbytes)``: the memcpy ceiling (MB/s, median of the
+* ``ceiling_mb_s(kind, nbytes, span=None)``: the memcpy ceiling (MB/s, median of the
   rounds) of ``nbytes`` into ("write") / out of ("read") a same-kind mapping,
   measured once per (kind, size) in this session;
 * a terminal summary of the store benchmarks as msgs/s, MB/s and ratio to
@@ -29,10 +29,10 @@ def ceiling_mb_s():
 
     cache: dict = {}
 
-    def get(kind: str, nbytes: int) -> float:
-        key = (kind, nbytes)
+    def get(kind: str, nbytes: int, span=None) -> float:
+        key = (kind, nbytes, span)
         if key not in cache:
-            sc = bs.ceiling_scenario(kind, nbytes)
+            sc = bs.ceiling_scenario(kind, nbytes, span)
             secs = [bs.time_round(sc) for _ in range(bs.ROUNDS)]
             cache[key] = nbytes / statistics.median(secs) / bs.MB
         return cache[key]

@@ -31,7 +31,13 @@ cdef enum CheckResult:
     RECORD_BAD_CRC = -4       # body CRC or __CRC32# whole-record CRC mismatch
 
 
-cdef int check_record(const unsigned char* p, int64_t avail, bint check_crc,
+cdef enum CrcMode:
+    CRC_NONE = 0          # lengths and magic only (reput)
+    CRC_BODY = 1          # + body CRC, and the __CRC32# whole-record CRC when the record has one
+    CRC_STRICT = 2        # + the record must carry __CRC32# (forceVerifyPropCRC)
+
+
+cdef int check_record(const unsigned char* p, int64_t avail, int crc_mode,
                       RecordView* out) noexcept nogil
 
 cdef int find_property(const unsigned char* props, int32_t props_len,

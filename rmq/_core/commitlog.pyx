@@ -89,7 +89,7 @@ cdef inline int32_t read_crc_digits(const unsigned char* p) noexcept nogil:
     return <int32_t>v
 
 
-cdef int check_record(const unsigned char* p, int64_t avail, bint check_crc,
+cdef int check_record(const unsigned char* p, int64_t avail, int crc_mode,
                       RecordView* out) noexcept nogil:
     """Parse and validate the record at ``p`` (RocketMQ checkMessageAndReturnSize).
 
@@ -146,14 +146,22 @@ cdef int check_record(const unsigned char* p, int64_t avail, bint check_crc,
     out.topic_len = topic_len
     out.props_pos = ppos + 2
     out.props_len = props_len
-    if check_crc:
+    if crc_mode != CRC_NONE:
         if rmq_crc32_java(p + out.body_pos, body_len) != load_be32(p + MSG_BODY_CRC_OFFSET):
             return RECORD_BAD_CRC
         if has_crc_property(p + out.props_pos, props_len):
             if rmq_crc32_java(p, total - CRC32_RESERVED_LENGTH) != read_crc_digits(
                     p + total - CRC32_RESERVED_LENGTH + CRC32_PREFIX_LENGTH):
                 return RECORD_BAD_CRC
+        elif crc_mode == CRC_STRICT:
+            return RECORD_BAD_CRC
     return RECORD_OK
+
+
+cdef inline int crc_mode_of(bint check_crc, bint require_prop_crc) noexcept nogil:
+    if not check_crc:
+        return CRC_NONE
+    return CRC_STRICT if require_prop_crc else CRC_BODY
 
 
 cdef int find_property(const unsigned char* props, int32_t props_len,
@@ -513,7 +521,8 @@ CHECK_RESULT_NAMES = {
 }
 
 
-def check_message(const unsigned char[::1] data, int64_t pos=0, bint check_crc=True):
+def check_message(const unsigned char[::1] data, int64_t pos=0, bint check_crc=True,
+                  bint require_prop_crc=False):
     """Check the record at ``pos`` of ``data``.
 
     Returns
@@ -527,11 +536,12 @@ def check_message(const unsigned char[::1] data, int64_t pos=0, bint check_crc=T
     if pos < 0 or avail < 0:
         raise ValueError(f"position {pos} outside a buffer of {data.shape[0]} bytes")
     rv.total_size = 0
-    cdef int r = check_record(&data[0] + pos if avail else NULL, avail, check_crc, &rv)
+    cdef int r = check_record(&data[0] + pos if avail else NULL, avail,
+                              crc_mode_of(check_crc, require_prop_crc), &rv)
     return CHECK_RESULT_NAMES[r], rv.total_size
 
 
-def scan_valid(MappedFile mf, int64_t pos, bint check_crc):
+def scan_valid(MappedFile mf, int64_t pos, bint check_crc, bint require_prop_crc=False):
     """Walk records from ``pos`` (bytes within ``mf``) while they check.
 
     Used by recovery (SPEC.md §5.2).
@@ -550,9 +560,10 @@ def scan_valid(MappedFile mf, int64_t pos, bint check_crc):
     cdef int64_t count = 0, last_ts = 0
     cdef RecordView rv
     cdef int r = RECORD_TRUNCATED
+    cdef int mode = crc_mode_of(check_crc, require_prop_crc)
     with nogil:
         while pos < size:
-            r = check_record(base + pos, size - pos, check_crc, &rv)
+            r = check_record(base + pos, size - pos, mode, &rv)
             if r != RECORD_OK:
                 break
             if rv.physical_offset != mf.file_from_offset + pos:
@@ -568,7 +579,7 @@ def first_store_timestamp(MappedFile mf):
     """Store timestamp (ms) of the file's first record, 0 if it is not a whole record."""
     mf._check_open()
     cdef RecordView rv
-    if check_record(mf.ptr(), mf.file_size, False, &rv) != RECORD_OK:
+    if check_record(mf.ptr(), mf.file_size, CRC_NONE, &rv) != RECORD_OK:
         return 0
     return rv.store_timestamp
 
@@ -579,7 +590,7 @@ def store_timestamp_at(MappedFile mf, int64_t pos):
     cdef RecordView rv
     if pos < 0 or pos >= mf.file_size:
         return -1
-    if check_record(mf.ptr() + pos, mf.file_size - pos, False, &rv) != RECORD_OK:
+    if check_record(mf.ptr() + pos, mf.file_size - pos, CRC_NONE, &rv) != RECORD_OK:
         return -1
     return rv.store_timestamp
 
@@ -678,7 +689,8 @@ cdef MessageExt _decode_one(const unsigned char* p, RecordView* rv, bint read_bo
     return m
 
 
-def decode_records(const unsigned char[::1] data, bint read_body=True, bint check_crc=False):
+def decode_records(const unsigned char[::1] data, bint read_body=True, bint check_crc=False,
+                   bint require_prop_crc=False):
     """Decode concatenated CommitLog records (a pull result) into MessageExt objects.
 
     Raises
@@ -692,7 +704,7 @@ def decode_records(const unsigned char[::1] data, bint read_body=True, bint chec
     cdef int r
     out = []
     while pos < n:
-        r = check_record(&data[0] + pos, n - pos, check_crc, &rv)
+        r = check_record(&data[0] + pos, n - pos, crc_mode_of(check_crc, require_prop_crc), &rv)
         if r != RECORD_OK:
             raise CorruptRecordError(
                 f"record at byte {pos} of {n}: {CHECK_RESULT_NAMES[r]} (TOTALSIZE {rv.total_size})")
@@ -701,13 +713,14 @@ def decode_records(const unsigned char[::1] data, bint read_body=True, bint chec
     return out
 
 
-def read_record(MappedFile mf, int64_t pos, bint check_crc=True):
+def read_record(MappedFile mf, int64_t pos, bint check_crc=True, bint require_prop_crc=False):
     """Copy the whole record at ``pos`` (bytes within ``mf``) if it checks, else None."""
     mf._check_open()
     cdef RecordView rv
     if pos < 0 or pos >= mf.file_size:
         return None
-    if check_record(mf.ptr() + pos, mf.file_size - pos, check_crc, &rv) != RECORD_OK:
+    if check_record(mf.ptr() + pos, mf.file_size - pos, crc_mode_of(check_crc, require_prop_crc),
+                    &rv) != RECORD_OK:
         return None
     return (<const char*>mf.ptr())[pos:pos + rv.total_size]
 
@@ -727,7 +740,8 @@ cdef int32_t BLANK_UNIT_SIZE = 0x7FFFFFFF     # fillPreBlank units (0, Integer.M
 
 def gather_records(list files, int64_t file_size, const unsigned char[::1] cq_units,
                    codes, int64_t max_msgs, int64_t max_bytes,
-                   int64_t min_physical_offset, int64_t max_physical_offset, bint check_crc):
+                   int64_t min_physical_offset, int64_t max_physical_offset, bint check_crc,
+                   bint require_prop_crc=False):
     """Copy the CommitLog records that ConsumeQueue units point at into one ``bytes``.
 
     Parameters
@@ -787,6 +801,7 @@ def gather_records(list files, int64_t file_size, const unsigned char[::1] cq_un
     cdef int r
     cdef bytes out
     cdef unsigned char* p
+    cdef int crc_mode = crc_mode_of(check_crc, require_prop_crc)
     try:
         for i in range(n_units):
             phy = load_be64(units + i * CQ_STORE_UNIT_SIZE + CQ_PHYSICAL_OFFSET_OFFSET)
@@ -823,7 +838,7 @@ def gather_records(list files, int64_t file_size, const unsigned char[::1] cq_un
                 scanned += 1
                 continue
             r = check_record(mf.base + (phy - mf.file_from_offset), file_size - (phy - mf.file_from_offset),
-                             check_crc, &rv)
+                             crc_mode, &rv)
             if r != RECORD_OK or rv.total_size != size or rv.physical_offset != phy:
                 outcome = GATHER_CORRUPT
                 detail = phy

@@ -14,7 +14,7 @@ from libc.string cimport memcmp
 
 import array as _array
 
-from rmq._core.commitlog cimport RECORD_BLANK, RECORD_OK, RecordView, check_record, find_property
+from rmq._core.commitlog cimport CRC_NONE, RECORD_BLANK, RECORD_OK, RecordView, check_record, find_property
 from rmq._core.index_file cimport IndexFile
 from rmq._core.jhash cimport index_key_hash, java_hash
 from rmq._core.layout cimport (TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE, TRANSACTION_TYPE_MASK)
@@ -126,7 +126,7 @@ def scan_dispatch(MappedFile mf, int64_t pos, int64_t end, Py_ssize_t max_record
     cdef Py_ssize_t run_start = 0
     while n < cap and pos < end:
         p = base + pos
-        r = check_record(p, end - pos, False, &rv)
+        r = check_record(p, end - pos, CRC_NONE, &rv)
         if r != RECORD_OK:
             break
         phys[n] = file_from + pos

@@ -142,7 +142,8 @@ class CommitLog:
         mf = self.mapped_file_queue.find_mapped_file_by_offset(physical_offset)
         if mf is None or physical_offset >= self.get_max_offset():
             return None
-        return _cl.read_record(mf, physical_offset - mf.file_from_offset, check_crc)
+        return _cl.read_record(mf, physical_offset - mf.file_from_offset, check_crc,
+                               self.config.require_prop_crc)
 
     def pickup_store_timestamp(self, physical_offset: int, size: int = 0) -> int:
         """Store timestamp (ms) of the record at ``physical_offset``; -1 if it cannot be read."""
@@ -172,7 +173,7 @@ class CommitLog:
         records = 0
         while index < len(files):
             mf = files[index]
-            end_pos, result, count, last_ts = _cl.scan_valid(mf, 0, check_crc)
+            end_pos, result, count, last_ts = _cl.scan_valid(mf, 0, check_crc, self.config.require_prop_crc)
             records += count
             if count:
                 self.last_store_timestamp = max(self.last_store_timestamp, last_ts)

@@ -56,6 +56,7 @@ class MessageStoreConfig:
     check_crc_on_recover: bool = True
     check_crc_on_read: bool = True           # rmq: every served record is CRC-checked
     enabled_append_prop_crc: bool = True     # rmq default ON (SPEC.md header)
+    force_verify_prop_crc: bool = True       # records must carry __CRC32# (when appended with it)
     warm_mapped_file_enable: bool = False
     os_page_cache_busy_time_out_mills: int = 1000   # ms
     file_reserved_time: int = 72             # hours
@@ -114,6 +115,11 @@ class MessageStoreConfig:
         kwargs.update(overrides)
         kwargs.setdefault("extra", {}).update(extra)
         return cls(**kwargs)
+
+    @property
+    def require_prop_crc(self) -> bool:
+        """Reads and recovery demand the whole-record CRC property (forceVerifyPropCRC)."""
+        return self.enabled_append_prop_crc and self.force_verify_prop_crc
 
     def replace(self, **changes: Any) -> "MessageStoreConfig":
         return dataclasses.replace(self, **changes)

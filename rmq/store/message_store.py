@@ -276,9 +276,11 @@ class MessageStore:
             for cq in self.consume_queue_table.values():
                 cq.truncate_dirty_logic_files(max_offset)
             self.reput_from_offset = min(self.reput_from_offset, max_offset)
-        self._recover_topic_queue_table()
-        # like RocketMQ's start(): block until reput caught up with the CommitLog
+        # like RocketMQ's start(): block until reput caught up with the CommitLog, then
+        # rebuild the topic queue table from the ConsumeQueues
+        self.topic_queue_table = {}
         self.dispatch()
+        self._recover_topic_queue_table()
         self.commitlog.mapped_file_queue.flushed_where = self.commitlog.get_max_offset()
 
     def _recover_topic_queue_table(self) -> None:
@@ -518,7 +520,7 @@ class MessageStore:
         max_count = cfg.max_transfer_count_on_message_in_disk if in_disk else cfg.max_transfer_count_on_message_in_memory
         records, count, scanned, outcome, detail = _cl.gather_records(
             clog.mapped_file_queue.files, clog.file_size, raw, tag_codes(tags), min(max_msgs, max_count),
-            max_bytes, min_phy, max_phy, cfg.check_crc_on_read)
+            max_bytes, min_phy, max_phy, cfg.check_crc_on_read, cfg.require_prop_crc)
         if outcome == _cl.GATHER_CORRUPT and count == 0:
             mf = clog.mapped_file_queue.find_mapped_file_by_offset(detail)
             where = f"{mf.file_name} at {detail - mf.file_from_offset}" if mf else f"offset {detail}"
@@ -557,7 +559,8 @@ class MessageStore:
                                               begin_ms, end_ms)
         phys, last_ts, last_phy = res[0], res[1], res[2]
         out = QueryMessageResult([], last_ts, last_phy)
-        for phy in phys:
+        # a record re-dispatched after recovery may be indexed twice: serve it once
+        for phy in dict.fromkeys(phys):
             rec = self.commitlog.get_message(phy, self.config.check_crc_on_read)
             if rec is None:
                 continue
