@@ -47,7 +47,7 @@ cdef extern from "<string.h>" nogil:
     char* strerror(int errnum)
 
 cdef extern from "<errno.h>":
-    int ENOSPC, EDQUOT
+    int ENOSPC, EDQUOT, EFBIG
 
 
 cdef class MappedFile:
@@ -67,7 +67,8 @@ cdef class MappedFile:
     Raises
     ------
     StoreDiskFullError
-        The file could not be allocated (ENOSPC / EDQUOT); nothing is left behind.
+        The file could not be allocated (ENOSPC, EDQUOT, or EFBIG from a file
+        size limit); nothing is left behind.
     StoreError
         Any other failure to open, allocate or map, or a size mismatch.
 
@@ -126,9 +127,9 @@ cdef class MappedFile:
                         os.unlink(file_name)
                     except OSError:
                         pass
-                if rc == ENOSPC or rc == EDQUOT:
+                if rc == ENOSPC or rc == EDQUOT or rc == EFBIG:
                     raise StoreDiskFullError(
-                        f"no space left to allocate {file_size} bytes for {file_name}")
+                        f"no space left to allocate {file_size} bytes for {file_name}: {os.strerror(rc)}")
                 raise StoreError(f"cannot allocate {file_name}: {os.strerror(rc)}")
         with nogil:
             m = mmap(NULL, <size_t>file_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
