@@ -23,6 +23,7 @@ This module is also the scenario library of ``bench/report.py``: the
 """
 from __future__ import annotations
 
+import atexit
 import gc
 import os
 import shutil
@@ -294,6 +295,9 @@ class _SharedStore:
         for store, path, _n in cls._cache.values():
             close_store(store, path)
         cls._cache.clear()
+
+
+atexit.register(_SharedStore.close_all)     # safety net for scripts that forget
 
 
 def cq_read_scenario(body: int = 100, passes: int = CQ_PASSES) -> Scenario:

@@ -33,7 +33,9 @@ cdef extern from "<sys/mman.h>" nogil:
 cdef extern from "<fcntl.h>" nogil:
     int open(const char* path, int flags, int mode)
     int posix_fallocate(int fd, long offset, long length)
-    int O_RDWR, O_CREAT, O_CLOEXEC
+    int O_RDWR, O_CREAT, O_CLOEXEC, O_TRUNC
+
+TMP_SUFFIX = ".tmp"      # a file being created; never loaded
 
 cdef extern from "<unistd.h>" nogil:
     int close(int fd)
@@ -94,14 +96,17 @@ cdef class MappedFile:
             self.file_from_offset = int(base_name)
         except ValueError:
             self.file_from_offset = 0
-        cdef bytes path = os.fsencode(file_name)
-        cdef const char* c_path = path
-        cdef int flags = O_RDWR | O_CLOEXEC
+        # A new file is made as FILE.tmp, fully allocated, then renamed: a crash
+        # never leaves a short file under a real name (loaders drop *.tmp).
         cdef bint existed = os.path.exists(file_name)
         if not existed and not create:
             raise StoreError(f"mapped file {file_name} does not exist")
+        cdef str open_name = file_name if existed else file_name + TMP_SUFFIX
+        cdef bytes path = os.fsencode(open_name)
+        cdef const char* c_path = path
+        cdef int flags = O_RDWR | O_CLOEXEC
         if not existed:
-            flags |= O_CREAT
+            flags |= O_CREAT | O_TRUNC
         cdef int fd
         cdef int rc
         cdef stat st
@@ -109,24 +114,28 @@ cdef class MappedFile:
         with nogil:
             fd = open(c_path, flags, 0o644)
         if fd < 0:
-            raise StoreError(f"cannot open {file_name}: {os.strerror(errno)}")
+            raise StoreError(f"cannot open {open_name}: {os.strerror(errno)}")
         if fstat(fd, &st) != 0:
             close(fd)
-            raise StoreError(f"cannot stat {file_name}: {os.strerror(errno)}")
+            raise StoreError(f"cannot stat {open_name}: {os.strerror(errno)}")
         if existed and st.st_size != file_size:
             close(fd)
             raise StoreError(
                 f"{file_name} is {st.st_size} bytes, expected {file_size} (mapped file size)")
-        if not existed or st.st_size < file_size:
+        if not existed:
             with nogil:
                 rc = posix_fallocate(fd, 0, file_size)
+            if rc == 0:
+                try:
+                    os.rename(open_name, file_name)
+                except OSError as e:
+                    rc = e.errno or -1
             if rc != 0:
                 close(fd)
-                if not existed:
-                    try:
-                        os.unlink(file_name)
-                    except OSError:
-                        pass
+                try:
+                    os.unlink(open_name)
+                except OSError:
+                    pass
                 if rc == ENOSPC or rc == EDQUOT or rc == EFBIG:
                     raise StoreDiskFullError(
                         f"no space left to allocate {file_size} bytes for {file_name}: {os.strerror(rc)}")

@@ -26,6 +26,7 @@ from rmq._core.layout import (
     TRANSACTION_ROLLBACK_TYPE,
     TRANSACTION_TYPE_MASK,
 )
+from rmq._core.mapped_file import TMP_SUFFIX
 from rmq.errors import StoreError
 
 log = logging.getLogger(__name__)
@@ -149,6 +150,9 @@ class IndexService:
             for name in sorted(os.listdir(self.index_dir)):
                 path = os.path.join(self.index_dir, name)
                 if not os.path.isfile(path):
+                    continue
+                if name.endswith(TMP_SUFFIX):
+                    os.unlink(path)     # creation cut short by a crash
                     continue
                 f = IndexFile(path, self.hash_slot_num, self.index_num, 0, 0)
                 if not last_exit_ok and f.end_timestamp > index_msg_timestamp:

@@ -10,7 +10,7 @@ import threading
 import time
 from typing import Callable, Optional
 
-from rmq._core.mapped_file import MappedFile
+from rmq._core.mapped_file import TMP_SUFFIX, MappedFile
 from rmq.errors import StoreError
 
 FILE_NAME_DIGITS = 20  # SPEC.md §0.4
@@ -120,6 +120,9 @@ class MappedFileQueue:
         for name in names:
             path = os.path.join(self.store_path, name)
             if not os.path.isfile(path):
+                continue
+            if name.endswith(TMP_SUFFIX):
+                os.unlink(path)     # a creation cut short by a crash: never part of the log
                 continue
             if len(name) != FILE_NAME_DIGITS or not name.isdigit():
                 raise StoreError(f"unexpected file {path} in a mapped file queue")

@@ -173,3 +173,19 @@ def test_abort_file_marks_running_store(tmp_path):
     s = MessageStore(base, **SMALL)
     assert not s.last_exit_ok
     s.shutdown()
+
+
+def test_file_creation_cut_by_a_crash_leaves_no_short_file(tmp_path):
+    """New files are allocated as FILE.tmp and renamed; a leftover .tmp is dropped on load."""
+    base = str(tmp_path / "base")
+    fill(base)
+    size = SMALL["mapped_file_size_commit_log"]
+    names = sorted(os.listdir(os.path.join(base, "commitlog")))
+    nxt = int(names[-1]) + size
+    with open(os.path.join(base, "commitlog", f"{nxt:020d}.tmp"), "wb") as f:
+        f.write(b"\0" * 100)                     # short: fallocate never finished
+    with open(os.path.join(base, "index", "20990101000000000.tmp"), "wb"):
+        pass
+    check_store(base, N)
+    assert not [n for n in os.listdir(os.path.join(base, "commitlog")) if n.endswith(".tmp")]
+    assert not [n for n in os.listdir(os.path.join(base, "index")) if n.endswith(".tmp")]
