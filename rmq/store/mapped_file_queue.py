@@ -169,6 +169,8 @@ class MappedFileQueue:
             mf = self.allocator.take(path)
         if mf is None:
             mf = MappedFile(path, self.mapped_file_size, True)
+            if self.allocator is not None and self.allocator.warm:
+                mf.warm_up()      # warmMapedFileEnable covers the first file too
         if self.allocator is not None:
             self.allocator.request(os.path.join(self.store_path,
                                                 offset_to_file_name(offset + self.mapped_file_size)))
