@@ -25,7 +25,7 @@ from typing import Iterable, Optional, Union
 
 from rmq._core import commitlog as _cl
 from rmq._core.dispatch import build_index, run_is_dispatched, scan_dispatch
-from rmq._core.layout import COMPRESSED_FLAG
+from rmq._core.layout import TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE, TRANSACTION_TYPE_MASK
 from rmq.errors import (CorruptRecordError, MessageIllegalError, StoreClosedError, StoreDiskFullError,
                         StoreError, StoreLockedError)
 from rmq.status import GetMessageStatus, PutMessageStatus
@@ -39,6 +39,7 @@ from rmq.store.validators import check_queue_id, check_topic
 
 log = logging.getLogger(__name__)
 
+KNOWN_SYS_FLAG_BITS = 0x7FF          # MessageSysFlag bits 0..10 (SPEC.md §1.5)
 DISPATCH_BATCH_RECORDS = 8192      # records per scan_dispatch call (bounded memory per reput step)
 MIN_CQ_UNITS_PER_READ = 16000 // 20  # RocketMQ reads max(16000 B, maxMsgNums*20) of CQ per getMessage
 
@@ -348,8 +349,7 @@ class MessageStore:
             batch = _cl.encode_batch([(body, _cl.encode_properties(props), flag)])
         except MessageIllegalError as e:
             return PutMessageResult(PutMessageStatus(e.status), str(e))
-        return self.put_messages(topic, queue_id, batch, sys_flag=sys_flag, born_timestamp=born_timestamp,
-                                 born_host=born_host, reconsume_times=reconsume_times, count_hint=1)
+        return self._put(topic, queue_id, batch, None, sys_flag, born_timestamp, born_host, reconsume_times, 1)
 
     def put_messages(self, topic: str, queue_id: int, batch: bytes, *, properties: Optional[dict] = None,
                      sys_flag: int = 0, born_timestamp: Optional[int] = None, born_host: Optional[bytes] = None,
@@ -360,16 +360,22 @@ class MessageStore:
         consecutive queue offsets.  ``properties`` are added to every message.
         Transactions and delay levels are refused for batches (MESSAGE_ILLEGAL).
         """
+        if len(batch) > self.config.max_message_size:
+            # DefaultMessageStore.checkMessages: a batch body is at most maxMessageSize
+            return PutMessageResult(PutMessageStatus.MESSAGE_ILLEGAL,
+                                    f"batch is {len(batch)} bytes, over maxMessageSize {self.config.max_message_size}")
+        return self._put(topic, queue_id, batch, properties, sys_flag, born_timestamp, born_host,
+                         reconsume_times, count_hint)
+
+    def _put(self, topic, queue_id, batch, properties, sys_flag, born_timestamp, born_host,
+             reconsume_times, count_hint) -> PutMessageResult:
         status = self._check_store_status()
         if status is not None:
             return status
         try:
             tb = check_topic(topic)
             check_queue_id(queue_id)
-            if len(batch) > self.config.max_message_size + 64 * 1024 * (count_hint == 1):
-                raise MessageIllegalError(
-                    f"batch is {len(batch)} bytes, over maxMessageSize {self.config.max_message_size}")
-            if sys_flag & ~0x7FF:
+            if sys_flag & ~KNOWN_SYS_FLAG_BITS:
                 raise MessageIllegalError(f"sys flag {sys_flag:#x} has unknown bits")
             extra = _cl.encode_properties(properties) if properties else b""
             if properties and "DELAY" in properties:
@@ -381,7 +387,7 @@ class MessageStore:
             qo = self.topic_queue_table.get(key, 0)
             try:
                 res = self.commitlog.append(
-                    tb, queue_id, qo, batch, sys_flag=sys_flag & ~COMPRESSED_FLAG | (sys_flag & COMPRESSED_FLAG),
+                    tb, queue_id, qo, batch, sys_flag=sys_flag,
                     born_timestamp=born_timestamp if born_timestamp is not None else int(time.time() * 1000),
                     born_host=born_host, extra_props=extra, reconsume_times=reconsume_times,
                     count_hint=count_hint)
@@ -391,7 +397,7 @@ class MessageStore:
                 return PutMessageResult(PutMessageStatus.CREATE_MAPPED_FILE_FAILED, str(e))
             except StoreError as e:
                 return PutMessageResult(PutMessageStatus.CREATE_MAPPED_FILE_FAILED, str(e))
-            if (sys_flag & 0xC) not in (0x4, 0xC):
+            if (sys_flag & TRANSACTION_TYPE_MASK) not in (TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE):
                 self.topic_queue_table[key] = qo + res.msg_num
         result = PutMessageResult(PutMessageStatus.PUT_OK, "", res)
         if self.config.flush_disk_type == SYNC_FLUSH:
