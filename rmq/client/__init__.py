@@ -1,0 +1,1 @@
+"""Clients that speak the wire (never the files)."""

@@ -1,0 +1,37 @@
+"""The actor base as a real process: requests, errors, deferred replies, clean stop."""
+import os
+
+import msgpack
+import pytest
+
+from rmq import protocol as P
+from rmq.client.remoting import RemotingClient
+from rmq.protocol import Frame, RequestCode, ResponseCode
+
+pytestmark = pytest.mark.integration
+
+
+def test_request_error_and_stop(actors, tmp_path):
+    a = actors("-m", "tests.integration.echo_actor", str(tmp_path))
+    with RemotingClient() as c:
+        r = c.invoke(a.endpoint, Frame(RequestCode.HEART_BEAT, fields={"x": 1}, bodies=[b"body"]))
+        assert r.code == ResponseCode.SUCCESS and r.fields == {"x": 1} and bytes(r.bodies[0]) == b"body"
+        r = c.invoke(a.endpoint, Frame(12345))
+        assert r.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED and "12345" in r.remark
+        r = c.invoke(a.endpoint, Frame(RequestCode.QUERY_MESSAGE))
+        assert r.code == ResponseCode.SYSTEM_ERROR and "handler exploded" in r.remark
+        r = c.invoke(a.endpoint, Frame(RequestCode.PULL_MESSAGE))
+        assert r.remark == "later"
+        # hostile frames: each answered with an error, the actor keeps serving
+        for parts in ([P.PROTOCOL_MAGIC, b"\xc1\xc1"], [P.PROTOCOL_MAGIC, msgpack.packb([1])],
+                      [P.PROTOCOL_MAGIC, msgpack.packb({"code": "x"})], [b"GET / HTTP/1.1"],
+                      [P.PROTOCOL_MAGIC, msgpack.packb({"code": 34}), *([b"x"] * (P.MAX_BODY_PARTS + 1))]):
+            c.send_raw(a.endpoint, parts)
+            resp = c.recv_raw(a.endpoint)
+            assert resp is not None and resp.code != ResponseCode.SUCCESS and resp.remark
+        r = c.invoke(a.endpoint, Frame(RequestCode.HEART_BEAT))
+        assert r.code == ResponseCode.SUCCESS
+    assert a.terminate() == 0
+    with open(os.path.join(tmp_path, "stopped")) as f:
+        assert f.read() == "ok"
+    assert os.path.exists(os.path.join(tmp_path, "logs", "echo.log"))
