@@ -265,11 +265,12 @@ class MappedFileQueue:
 
     def delete_expired_file_by_time(self, expired_ms: int, delete_interval_s: float,
                                     clean_immediately: bool, max_files: int = 10,
-                                    now_ms: Optional[int] = None) -> int:
+                                    now_ms: Optional[int] = None, max_end_offset: Optional[int] = None) -> int:
         """Delete old files, oldest first, never the last one (SPEC.md §8.2).
 
         A file is deleted when its last modification is ``expired_ms`` ago or
-        ``clean_immediately``; deletion stops at the first file kept (no holes).
+        ``clean_immediately``; deletion stops at the first file kept (no holes),
+        and at a file that ends after ``max_end_offset`` (bytes; e.g. not yet dispatched).
 
         Returns
         -------
@@ -280,6 +281,8 @@ class MappedFileQueue:
         deleted = 0
         while len(self.files) > 1 and deleted < max_files:
             mf = self.files[0]
+            if max_end_offset is not None and mf.file_from_offset + self.mapped_file_size > max_end_offset:
+                break
             mtime_ms = int(os.path.getmtime(mf.file_name) * 1000)
             if not (now >= mtime_ms + expired_ms or clean_immediately):
                 break

@@ -164,6 +164,7 @@ class MessageStore:
         os.makedirs(self.root, exist_ok=True)
         self._lock_fd = self._take_lock()
         self._shutdown = False
+        self.disk_full = False          # set by the cleaner's disk check (RunningFlags DISK_FULL)
         self._mutex = threading.RLock()
         self.total_physical_memory = _total_physical_memory()
         try:
@@ -310,6 +311,9 @@ class MessageStore:
         if any(mf.write_error for mf in self.commitlog.mapped_file_queue.files[-1:]):
             return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE,
                                     "a CommitLog flush failed; the store is not writeable until restart")
+        if self.disk_full:
+            return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE,
+                                    "disk usage above the warning level (DISK_FULL): writes refused until space returns")
         if self.commitlog.is_os_page_cache_busy():
             return PutMessageResult(PutMessageStatus.OS_PAGE_CACHE_BUSY, "[PC_SYNCHRONIZED]broker busy")
         return None
@@ -601,6 +605,25 @@ class MessageStore:
     min_offset = get_min_offset_in_queue
     max_offset = get_max_offset_in_queue
     offset_by_time = get_offset_in_queue_by_time
+
+    # -- expiry (SPEC.md §8; decisions in rmq.store.cleaner) -----------------------------------
+    def delete_expired_commitlog_files(self, expired_ms: int, delete_interval_s: float, clean_immediately: bool,
+                                       max_files: int, now_ms: Optional[int] = None) -> int:
+        """Delete CommitLog files older than ``expired_ms`` (or all but the last when
+        ``clean_immediately``), oldest first, never the last file.  Returns files deleted."""
+        with self._mutex:
+            # never delete what reput has not dispatched yet
+            return self.commitlog.mapped_file_queue.delete_expired_file_by_time(
+                expired_ms, delete_interval_s, clean_immediately, max_files, now_ms,
+                max_end_offset=self.reput_from_offset)
+
+    def delete_expired_queue_files(self, commitlog_min_offset: int) -> tuple[int, int]:
+        """Delete ConsumeQueue and IndexFiles wholly below ``commitlog_min_offset`` (SPEC.md §8.3)."""
+        with self._mutex:
+            cq_files = sum(cq.delete_expired_file(commitlog_min_offset)
+                           for cq in self.consume_queue_table.values())
+            index_files = self.index_service.delete_expired_file(commitlog_min_offset)
+        return cq_files, index_files
 
     # -- flush / shutdown --------------------------------------------------------------------
     def flush(self) -> None:
