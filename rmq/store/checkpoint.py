@@ -1,4 +1,10 @@
-"""StoreCheckpoint: one mapped 4 KiB page of timestamps (SPEC.md §4.1)."""
+"""StoreCheckpoint: one mapped 4 KiB page of timestamps and offsets (SPEC.md §4.1).
+
+Every field is read from and written to the shared mapping directly, so the
+actors of one broker (each the single writer of its own fields: flush writes
+physicMsgTimestamp, reput logicsMsgTimestamp and indexMsgTimestamp) share one
+page without overwriting each other.  ``flush()`` msyncs the page.
+"""
 from __future__ import annotations
 
 import os
@@ -14,35 +20,37 @@ _LONG = struct.Struct(">q")
 MIN_TIMESTAMP_MARGIN_MS = 3000
 
 
+def _field(offset: int, doc: str) -> property:
+    def get(self) -> int:
+        return _LONG.unpack(self._file.read(offset, 8))[0]
+
+    def set(self, value: int) -> None:
+        self._file.write_at(offset, _LONG.pack(int(value)))
+    return property(get, set, doc=doc)
+
+
 class StoreCheckpoint:
-    """``<root>/checkpoint``: physicMsgTimestamp, logicsMsgTimestamp, indexMsgTimestamp (ms),
-    and the 5.x masterFlushedOffset / confirmPhyOffset longs (bytes).
+    """``<root>/checkpoint`` (SPEC.md §4.1).  Values in ms (timestamps) or bytes (offsets)."""
 
-    Values are kept in memory and written + msync'd by :meth:`flush`.
-    """
-
-    FIELDS = {
-        "physic_msg_timestamp": CHECKPOINT_PHYSIC_MSG_TIMESTAMP_OFFSET,
-        "logics_msg_timestamp": CHECKPOINT_LOGICS_MSG_TIMESTAMP_OFFSET,
-        "index_msg_timestamp": CHECKPOINT_INDEX_MSG_TIMESTAMP_OFFSET,
-        "master_flushed_offset": CHECKPOINT_MASTER_FLUSHED_OFFSET_OFFSET,
-        "confirm_phy_offset": CHECKPOINT_CONFIRM_PHY_OFFSET_OFFSET,
-    }
+    physic_msg_timestamp = _field(CHECKPOINT_PHYSIC_MSG_TIMESTAMP_OFFSET,
+                                  "store time of the last CommitLog record made durable (ms)")
+    logics_msg_timestamp = _field(CHECKPOINT_LOGICS_MSG_TIMESTAMP_OFFSET,
+                                  "store time of the last record dispatched to a ConsumeQueue (ms)")
+    index_msg_timestamp = _field(CHECKPOINT_INDEX_MSG_TIMESTAMP_OFFSET,
+                                 "end time of the last full, flushed IndexFile (ms)")
+    master_flushed_offset = _field(CHECKPOINT_MASTER_FLUSHED_OFFSET_OFFSET,
+                                   "CommitLog offset known durable (bytes; 5.x field)")
+    confirm_phy_offset = _field(CHECKPOINT_CONFIRM_PHY_OFFSET_OFFSET, "confirm offset (bytes; 5.x field)")
 
     def __init__(self, path: str):
         self.path = path
-        existed = os.path.exists(path) and os.path.getsize(path) == CHECKPOINT_FILE_SIZE
-        if os.path.exists(path) and not existed:
+        if os.path.exists(path) and os.path.getsize(path) != CHECKPOINT_FILE_SIZE:
             os.unlink(path)   # a torn checkpoint is worth nothing: recovery falls back to scanning
         self._file = MappedFile(path, CHECKPOINT_FILE_SIZE, True)
-        for name, off in self.FIELDS.items():
-            setattr(self, name, _LONG.unpack(self._file.read(off, 8))[0] if existed else 0)
+        self._file.wrote_position = CHECKPOINT_FILE_SIZE
 
     def flush(self) -> None:
-        """Write every field and msync the page."""
-        for name, off in self.FIELDS.items():
-            self._file.write_at(off, _LONG.pack(getattr(self, name)))
-        self._file.wrote_position = CHECKPOINT_FILE_SIZE
+        """msync the page."""
         self._file.flushed_position = 0
         self._file.flush(0)
 

@@ -165,6 +165,7 @@ class MessageStore:
         self._lock_fd = self._take_lock()
         self._shutdown = False
         self.disk_full = False          # set by the cleaner's disk check (RunningFlags DISK_FULL)
+        self.dispatched_store_timestamp = 0   # ms, store time of the last record dispatched
         self._mutex = threading.RLock()
         self.total_physical_memory = _total_physical_memory()
         try:
@@ -474,7 +475,8 @@ class MessageStore:
             while row < db.count:
                 index_file = self.index_service.get_and_create_last_index_file()
                 row, key = build_index(db, index_file, row, key)
-        self.checkpoint.logics_msg_timestamp = db.store_timestamps[db.count - 1]
+        # persisted only after the ConsumeQueues are flushed (flush()), never ahead of them
+        self.dispatched_store_timestamp = db.store_timestamps[db.count - 1]
 
     # -- get (SPEC.md §13) -------------------------------------------------------------------
     def get_messages(self, group: str, topic: str, queue_id: int, queue_offset: int, max_msgs: int,
@@ -630,13 +632,14 @@ class MessageStore:
         """Flush CommitLog, ConsumeQueues and IndexFiles, then write the checkpoint."""
         with self._mutex:
             self.commitlog.flush(0)
-            logics_ts = self.checkpoint.logics_msg_timestamp
+            logics_ts = self.dispatched_store_timestamp
             for cq in list(self.consume_queue_table.values()):
                 cq.flush(0)
             self.index_service.flush()
             self.checkpoint.physic_msg_timestamp = self.commitlog.flushed_store_timestamp or \
                 self.checkpoint.physic_msg_timestamp
-            self.checkpoint.logics_msg_timestamp = logics_ts
+            if logics_ts:
+                self.checkpoint.logics_msg_timestamp = logics_ts
             self.checkpoint.master_flushed_offset = self.commitlog.flushed_offset
             self.checkpoint.flush()
 
