@@ -283,6 +283,34 @@ def _buffer(p: Any):
     return buf if buf is not None else bytes(p)
 
 
+# msgpack limits for structured bodies (route data, topic tables): maps / arrays may be large, bins not
+BODY_UNPACK_LIMITS = dict(max_buffer_size=MAX_MESSAGE_SIZE, max_str_len=64 * 1024, max_bin_len=0,
+                          max_array_len=1 << 20, max_map_len=1 << 20, max_ext_len=0)
+
+
+def pack_body(obj) -> bytes:
+    """msgpack of a structured body (str keys, bin type for bytes)."""
+    return msgpack.packb(obj, use_bin_type=True)
+
+
+def unpack_body(frame: Frame, index: int = 0) -> object:
+    """Body part ``index`` of ``frame`` as msgpack, with bounded unpacking.
+
+    Raises
+    ------
+    ProtocolError
+        Missing part or malformed msgpack; the remark names the body part.
+    """
+    if len(frame.bodies) <= index:
+        raise ProtocolError(f"missing body part {index}", opaque=frame.opaque)
+    try:
+        return msgpack.unpackb(bytes(frame.bodies[index]), raw=False, strict_map_key=True, **BODY_UNPACK_LIMITS)
+    except (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, msgpack.OutOfData,
+            ValueError, TypeError, UnicodeDecodeError) as e:
+        raise ProtocolError(f"body part {index} is not valid msgpack: {type(e).__name__}: {e}",
+                            opaque=frame.opaque) from None
+
+
 def field_int(frame: Frame, name: str, default: Optional[int] = None, lo: Optional[int] = None,
               hi: Optional[int] = None) -> int:
     """An int header field, checked; ProtocolError (SYSTEM_ERROR) naming the field otherwise."""

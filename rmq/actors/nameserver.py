@@ -63,13 +63,13 @@ import re
 import sys
 from typing import Optional
 
-import msgpack
 import zmq
 
 from rmq.actors.actor import Actor
 from rmq.actors.route import BROKER_CHANNEL_EXPIRED_TIME_MS, SCAN_NOT_ACTIVE_BROKER_INTERVAL_MS, RouteInfoManager
 from rmq.errors import MessageIllegalError
-from rmq.protocol import Frame, ProtocolError, RequestCode, ResponseCode, field_int, field_str
+from rmq.protocol import (Frame, ProtocolError, RequestCode, ResponseCode, field_int, field_str, pack_body,
+                          unpack_body)
 from rmq.store.validators import MAX_QUEUE_NUMS, check_topic
 
 DEFAULT_LISTEN_PORT = 9876           # NamesrvStartup default
@@ -83,33 +83,6 @@ NAME_PATTERN = re.compile(r"^[%|a-zA-Z0-9_.-]+$")
 # broker address as RocketMQ writes it: "host:port" (IPv4, hostname or [IPv6])
 ADDR_PATTERN = re.compile(r"^(?:[a-zA-Z0-9_.-]+|\[[0-9a-fA-F:.]+\]):([0-9]{1,5})$")
 # msgpack limits for request bodies: a topic table may hold many topics, nothing needs bin/ext
-BODY_UNPACK_LIMITS = dict(max_str_len=64 * 1024, max_bin_len=0, max_array_len=1 << 20, max_map_len=1 << 20,
-                          max_ext_len=0)
-
-
-def pack_body(obj) -> bytes:
-    """msgpack of a response body (str keys, bin type for bytes)."""
-    return msgpack.packb(obj, use_bin_type=True)
-
-
-def unpack_body(frame: Frame, index: int = 0) -> object:
-    """Body part ``index`` of ``frame`` as msgpack, with bounded unpacking.
-
-    Raises
-    ------
-    ProtocolError
-        Missing part or malformed msgpack; the remark names the body part.
-    """
-    if len(frame.bodies) <= index:
-        raise ProtocolError(f"missing body part {index}", opaque=frame.opaque)
-    try:
-        return msgpack.unpackb(bytes(frame.bodies[index]), raw=False, strict_map_key=True, **BODY_UNPACK_LIMITS)
-    except (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, msgpack.OutOfData,
-            ValueError, TypeError, UnicodeDecodeError) as e:
-        raise ProtocolError(f"body part {index} is not valid msgpack: {type(e).__name__}: {e}",
-                            opaque=frame.opaque) from None
-
-
 def field_name(frame: Frame, name: str) -> str:
     """A clusterName / brokerName header field: non-empty, <= 255 characters, NAME_PATTERN."""
     v = field_str(frame, name, max_len=NAME_MAX_LENGTH)

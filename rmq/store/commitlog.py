@@ -13,7 +13,7 @@ from array import array
 from typing import Optional
 
 from rmq._core import commitlog as _cl
-from rmq.errors import StoreDiskFullError, StoreError
+from rmq.errors import StoreError
 from rmq.store.config import MessageStoreConfig
 from rmq.store.mapped_file_queue import AllocateMappedFileService, MappedFileQueue
 
