@@ -284,7 +284,7 @@ def _buffer(p: Any):
 
 
 # msgpack limits for structured bodies (route data, topic tables): maps / arrays may be large, bins not
-BODY_UNPACK_LIMITS = dict(max_buffer_size=MAX_MESSAGE_SIZE, max_str_len=64 * 1024, max_bin_len=0,
+BODY_UNPACK_LIMITS = dict(max_str_len=64 * 1024, max_bin_len=0,
                           max_array_len=1 << 20, max_map_len=1 << 20, max_ext_len=0)
 
 
