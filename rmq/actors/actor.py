@@ -99,6 +99,7 @@ class Actor:
         self._beat_socket: Optional[zmq.Socket] = None
         self.log = self._setup_logging(log_level)
         self.started_at = time.time()
+        self.poll_returned_at = time.monotonic()   # when the current batch of messages was read
 
     # -- setup ----------------------------------------------------------------------
     def _setup_logging(self, level: int) -> logging.Logger:
@@ -183,6 +184,9 @@ class Actor:
         if resp is not None:
             reply.send(resp)
 
+    def after_poll(self) -> None:
+        """Called once after the messages of one poll were handled (coalesced announcements)."""
+
     def on_response(self, frame: Frame) -> None:
         """A response arrived on a served socket (actors that also send requests override)."""
 
@@ -236,9 +240,10 @@ class Actor:
         try:
             events = self.poller.poll(timeout)
         except zmq.ZMQError as e:
-            if e.errno == zmq.EINTR if hasattr(zmq, "EINTR") else False:
+            if e.errno == getattr(zmq, "EINTR", -1):
                 return
             raise
+        self.poll_returned_at = time.monotonic()
         for sock, _ in events:
             handler = self._socket_handlers.get(sock)
             if handler is None:
@@ -250,6 +255,8 @@ class Actor:
                 except zmq.Again:
                     break
                 handler(parts)
+        if events:
+            self.after_poll()
         now = time.monotonic()
         while self._timers and self._timers[0][0] <= now:
             due, seq, interval, fn = heapq.heappop(self._timers)

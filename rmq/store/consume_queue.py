@@ -302,7 +302,7 @@ class ConsumeQueue:
         Durability: page cache only, until :meth:`flush`.
         """
         if phy_offset + size <= self.max_physic_offset:
-            log.warning("maybe try to build consume queue repeatedly maxPhysicOffset=%d phyOffset=%d",
+            log.debug("maybe try to build consume queue repeatedly maxPhysicOffset=%d phyOffset=%d",
                         self.max_physic_offset, phy_offset)
             return True
         try:
@@ -370,7 +370,7 @@ class ConsumeQueue:
         end = start + count
         max_physic_offset = self.max_physic_offset
         if phys[end - 1] + sizes[end - 1] <= max_physic_offset:
-            log.warning("maybe try to build consume queue repeatedly maxPhysicOffset=%d phyOffset=%d..%d",
+            log.debug("maybe try to build consume queue repeatedly maxPhysicOffset=%d phyOffset=%d..%d",
                         max_physic_offset, phys[start], phys[end - 1])
             return 0
         i = start

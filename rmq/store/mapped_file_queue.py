@@ -141,6 +141,35 @@ class MappedFileQueue:
                     f"hole in {self.store_path}: {os.path.basename(nxt.file_name)} does not follow "
                     f"{os.path.basename(prev.file_name)}")
 
+    def refresh(self, readable_end: int) -> None:
+        """Reader side of a queue another process writes: map the files it created,
+        forget the ones deleted (by the cleaner) and expose bytes up to ``readable_end``.
+
+        ``readable_end`` is a queue offset (bytes) the writer announced.
+        """
+        while self.files and not os.path.exists(self.files[0].file_name):
+            self.files.pop(0).close()
+        size = self.mapped_file_size
+        if self.files:
+            nxt = self.files[-1].file_from_offset + size
+        else:
+            try:
+                names = sorted(n for n in os.listdir(self.store_path)
+                               if len(n) == FILE_NAME_DIGITS and n.isdigit())
+            except FileNotFoundError:
+                names = []
+            nxt = int(names[0]) if names else readable_end - readable_end % size
+        while nxt < readable_end:
+            path = os.path.join(self.store_path, offset_to_file_name(nxt))
+            if not os.path.exists(path):
+                break
+            self.files.append(MappedFile(path, size, False))
+            nxt += size
+        for mf in self.files:
+            pos = min(max(readable_end - mf.file_from_offset, 0), size)
+            if pos > mf.wrote_position or mf is self.files[-1]:
+                mf.wrote_position = pos
+
     # -- lookups -----------------------------------------------------------------
     def get_first_mapped_file(self) -> Optional[MappedFile]:
         return self.files[0] if self.files else None

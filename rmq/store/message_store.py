@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from typing import Iterable, Optional, Union
 
 from rmq._core import commitlog as _cl
-from rmq._core.dispatch import build_index, run_is_dispatched, scan_dispatch
 from rmq._core.layout import TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE, TRANSACTION_TYPE_MASK
 from rmq.errors import (CorruptRecordError, MessageIllegalError, StoreClosedError, StoreDiskFullError,
                         StoreError, StoreLockedError)
@@ -35,12 +34,12 @@ from rmq.store.config import SYNC_FLUSH, MessageStoreConfig
 from rmq.store.config_manager import ConsumerOffsetManager, SubscriptionGroupManager, TopicConfigManager
 from rmq.store.consume_queue import ConsumeQueue
 from rmq.store.index_service import IndexService
+from rmq.store.reput import Dispatcher
 from rmq.store.validators import check_queue_id, check_topic
 
 log = logging.getLogger(__name__)
 
 KNOWN_SYS_FLAG_BITS = 0x7FF          # MessageSysFlag bits 0..10 (SPEC.md §1.5)
-DISPATCH_BATCH_RECORDS = 8192      # records per scan_dispatch call (bounded memory per reput step)
 MIN_CQ_UNITS_PER_READ = 16000 // 20  # RocketMQ reads max(16000 B, maxMsgNums*20) of CQ per getMessage
 
 
@@ -279,6 +278,9 @@ class MessageStore:
             for cq in self.consume_queue_table.values():
                 cq.truncate_dirty_logic_files(max_offset)
             self.reput_from_offset = min(self.reput_from_offset, max_offset)
+        self.dispatcher = Dispatcher(self.commitlog.mapped_file_queue, self.find_consume_queue,
+                                     lambda: self.index_service if self.config.message_index_enable else None,
+                                     self.reput_from_offset)
         # like RocketMQ's start(): block until reput caught up with the CommitLog, then
         # rebuild the topic queue table from the ConsumeQueues
         self.topic_queue_table = {}
@@ -423,60 +425,22 @@ class MessageStore:
         return max(0, self.reput_end_offset() - self.reput_from_offset)
 
     def dispatch(self, max_records: Optional[int] = None) -> int:
-        """Build ConsumeQueues and IndexFiles from the CommitLog, from the reput offset on.
+        """Build ConsumeQueues and IndexFiles from the CommitLog, from the reput offset on
+        (in process; the reput actor does it in the multi-process layout).
 
         Returns
         -------
         int
             Records dispatched.
         """
-        total = 0
-        clog = self.commitlog
-        mfq = clog.mapped_file_queue
         with self._mutex:
-            end = self.reput_end_offset()
-            while self.reput_from_offset < end and (max_records is None or total < max_records):
-                if self.reput_from_offset < clog.get_min_offset():
-                    log.warning("reput offset %d below CommitLog min offset %d: expired before dispatch",
-                                self.reput_from_offset, clog.get_min_offset())
-                    self.reput_from_offset = clog.get_min_offset()
-                mf = mfq.find_mapped_file_by_offset(self.reput_from_offset)
-                if mf is None:
-                    break
-                pos = self.reput_from_offset - mf.file_from_offset
-                file_end = min(mf.wrote_position, end - mf.file_from_offset)
-                cap = DISPATCH_BATCH_RECORDS if max_records is None else min(DISPATCH_BATCH_RECORDS,
-                                                                              max_records - total)
-                db = scan_dispatch(mf, pos, file_end, cap)
-                if db.count:
-                    self._dispatch_batch(db)
-                    total += db.count
-                if db.result == "BLANK":
-                    self.reput_from_offset = mfq.roll_next_file(self.reput_from_offset)
-                    continue
-                self.reput_from_offset = mf.file_from_offset + db.end_position
-                if db.count == 0:
-                    if db.end_position >= mf.file_size:
-                        self.reput_from_offset = mfq.roll_next_file(self.reput_from_offset - 1)
-                        continue
-                    break
-        return total
-
-    def _dispatch_batch(self, db) -> None:
-        runs = db.runs
-        for k in range(0, len(runs), 2):
-            start, n = runs[k], runs[k + 1]
-            if not run_is_dispatched(db, start):
-                continue
-            cq = self.find_consume_queue(db.topics[db.topic_ids[start]], db.queue_ids[start])
-            cq.put_batch(db.physical_offsets, db.sizes, db.tags_codes, db.queue_offsets[start], start, n)
-        if self.config.message_index_enable:
-            row, key = 0, 0
-            while row < db.count:
-                index_file = self.index_service.get_and_create_last_index_file()
-                row, key = build_index(db, index_file, row, key)
-        # persisted only after the ConsumeQueues are flushed (flush()), never ahead of them
-        self.dispatched_store_timestamp = db.store_timestamps[db.count - 1]
+            self.dispatcher.reput_from_offset = self.reput_from_offset
+            n = self.dispatcher.dispatch(self.reput_end_offset(), max_records)
+            self.reput_from_offset = self.dispatcher.reput_from_offset
+            if n:
+                self.dispatched_store_timestamp = self.dispatcher.dispatched_store_timestamp
+            self.dispatcher.arrivals.clear()
+            return n
 
     # -- get (SPEC.md §13) -------------------------------------------------------------------
     def get_messages(self, group: str, topic: str, queue_id: int, queue_offset: int, max_msgs: int,
@@ -667,6 +631,40 @@ class MessageStore:
             self._release_lock()
 
     close = shutdown
+
+    def persist_tables(self) -> None:
+        """Write topics, consumer offsets and subscription groups (atomic, with .bak)."""
+        for m in (self.topic_config_manager, self.consumer_offset_manager, self.subscription_group_manager):
+            m.persist()
+
+    def reload_index_for_read(self) -> None:
+        """Re-map the IndexFiles from disk (another process, reput, writes them)."""
+        old = self.index_service
+        fresh = self._new_index_service()
+        fresh.load(True, 0)
+        self.index_service = fresh
+        for f in old.files:
+            f.close()
+
+    def close_for_handoff(self) -> None:
+        """Broker stop in the multi-process layout: flush the CommitLog, unmap, unlock.
+
+        The ``abort`` file stays: reput and flush still finish their work, and the
+        supervisor removes it after every actor stopped cleanly.
+        """
+        if self._shutdown:
+            return
+        try:
+            self.commitlog.flush(0)
+        finally:
+            self._shutdown = True
+            self.commitlog.shutdown()
+            for cq in self.consume_queue_table.values():
+                cq.shutdown()
+            for f in self.index_service.files:
+                f.close()
+            self.checkpoint._file.close()
+            self._release_lock()
 
     def abandon(self) -> None:
         """Drop the store as a killed process would: no flush, no checkpoint, ``abort`` stays.

@@ -1,0 +1,747 @@
+"""Broker actor: the write path, the pull path and the broker's tables (RocketMQ BrokerController).
+
+Responsibility
+    Replaces RocketMQ's ``SendMessageProcessor``, ``PullMessageProcessor`` (+
+    ``PullRequestHoldService``), ``QueryMessageProcessor``, ``AdminBrokerProcessor``,
+    ``ClientManageProcessor`` and ``ConsumerOffsetManager``.  The broker is the
+    only writer of the CommitLog: it recovers the store at start (normal or
+    abnormal recovery, SPEC.md §5) and appends every batch in one Cython call.
+    ConsumeQueues and IndexFiles are written by the reput actor; the broker maps
+    them read-only as reput announces them.
+
+Sockets
+    ROUTER ``tcp://127.0.0.1:LISTEN_PORT``: clients (send, pull, query, offsets, admin).
+    ROUTER ``ipc://STORE/broker.ipc``: internal actors (reput, flush, cleaner) send
+    one-way DISPATCH_ANNOUNCE / FLUSH_ANNOUNCE / CLEAN_ANNOUNCE here.
+    PUB ``ipc://STORE/broker-pub.ipc``: APPEND_ANNOUNCE {end, flushed} after every
+    poll that appended (and every 200 ms), to reput and flush.
+    DEALER per NameServer: REGISTER_BROKER every 30 s and on topic changes.
+
+Files
+    Writes ``commitlog/*``, ``config/{topics,consumerOffset,subscriptionGroup}.json``
+    and the ``abort`` file; reads ``consumequeue/`` and ``index/``.
+
+Timers
+    register with NameServers 30 000 ms; consumer offsets persisted 5 000 ms
+    (flushConsumerOffsetInterval); parked pulls and sync-flush sends expired
+    every 10 ms; client channels idle > 120 s dropped every 10 s; stats every 1 s.
+
+Failure behaviour
+    Bad requests get RocketMQ's response codes with a remark and change
+    nothing; a handler exception gets SYSTEM_ERROR and the broker keeps serving.
+    SYNC_FLUSH sends are answered only once the flush actor reports their end
+    offset durable (FLUSH_DISK_TIMEOUT after syncFlushTimeout).  On SIGTERM the
+    broker stops serving clients, answers what is parked, persists offsets and
+    exits 0; the supervisor then stops reput and flush, which finish their work.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import random
+import socket as _socket
+import sys
+import time
+from collections import deque
+from typing import Optional
+
+import zmq
+
+from rmq import protocol as P
+from rmq._core import commitlog as _cl
+from rmq.actors.actor import Actor, Reply
+from rmq.broker_conf import broker_settings, parse_broker_conf
+from rmq.protocol import Frame, ProtocolError, RequestCode, ResponseCode, field_int, field_str, pack_body, unpack_body
+from rmq.status import GetMessageStatus, PutMessageStatus
+from rmq.store.commitlog import host_to_bytes
+from rmq.store.config import SYNC_FLUSH, MessageStoreConfig
+from rmq.store.config_manager import PERM_READ, PERM_WRITE, TopicConfigManager
+from rmq.store.message_store import MessageStore
+from rmq.store.validators import MAX_QUEUE_NUMS, check_group, check_topic
+
+VERSION = "rmq-0.1"
+REGISTER_NAME_SERVER_PERIOD_MS = 30_000      # registerNameServerPeriod
+FLUSH_CONSUMER_OFFSET_INTERVAL_MS = 5_000    # flushConsumerOffsetInterval
+BROKER_SUSPEND_MAX_TIME_MS = 15_000          # long-poll ceiling (SPEC.md §13.3)
+CHANNEL_EXPIRED_MS = 120_000                 # idle producer/consumer dropped (SPEC.md §15.2)
+CHANNEL_SCAN_MS = 10_000
+HOLD_CHECK_MS = 10                           # expiry of parked pulls / sends
+APPEND_REANNOUNCE_MS = 200
+STATS_INTERVAL_MS = 1000
+MAX_PULL_BATCH = 4096                        # maxMsgNums ceiling per pull (rmq limit)
+
+# PullSysFlag (SPEC.md §13.1)
+PULL_FLAG_COMMIT_OFFSET = 0x1
+PULL_FLAG_SUSPEND = 0x2
+PULL_FLAG_SUBSCRIPTION = 0x4
+
+GET_STATUS_TO_CODE = {
+    GetMessageStatus.FOUND: ResponseCode.SUCCESS,
+    GetMessageStatus.OFFSET_TOO_SMALL: ResponseCode.PULL_OFFSET_MOVED,
+    GetMessageStatus.OFFSET_OVERFLOW_ONE: ResponseCode.PULL_NOT_FOUND,
+    GetMessageStatus.OFFSET_OVERFLOW_BADLY: ResponseCode.PULL_OFFSET_MOVED,
+    GetMessageStatus.OFFSET_FOUND_NULL: ResponseCode.PULL_NOT_FOUND,
+    GetMessageStatus.NO_MATCHED_MESSAGE: ResponseCode.PULL_RETRY_IMMEDIATELY,
+    GetMessageStatus.MESSAGE_WAS_REMOVING: ResponseCode.PULL_RETRY_IMMEDIATELY,
+}
+
+PUT_STATUS_TO_CODE = {
+    PutMessageStatus.PUT_OK: ResponseCode.SUCCESS,
+    PutMessageStatus.FLUSH_DISK_TIMEOUT: ResponseCode.FLUSH_DISK_TIMEOUT,
+    PutMessageStatus.FLUSH_SLAVE_TIMEOUT: ResponseCode.FLUSH_SLAVE_TIMEOUT,
+    PutMessageStatus.SLAVE_NOT_AVAILABLE: ResponseCode.SLAVE_NOT_AVAILABLE,
+    PutMessageStatus.SERVICE_NOT_AVAILABLE: ResponseCode.SERVICE_NOT_AVAILABLE,
+    PutMessageStatus.CREATE_MAPPED_FILE_FAILED: ResponseCode.SYSTEM_ERROR,
+    PutMessageStatus.MESSAGE_ILLEGAL: ResponseCode.MESSAGE_ILLEGAL,
+    PutMessageStatus.PROPERTIES_SIZE_EXCEEDED: ResponseCode.MESSAGE_ILLEGAL,
+    PutMessageStatus.OS_PAGE_CACHE_BUSY: ResponseCode.SYSTEM_ERROR,
+    PutMessageStatus.UNKNOWN_ERROR: ResponseCode.SYSTEM_ERROR,
+}
+
+
+def internal_endpoint(store_path: str) -> str:
+    return f"ipc://{os.path.abspath(store_path)}/broker.ipc"
+
+
+def announce_endpoint(store_path: str) -> str:
+    return f"ipc://{os.path.abspath(store_path)}/broker-pub.ipc"
+
+
+class PullRequest:
+    __slots__ = ("frame", "reply", "offset", "deadline")
+
+    def __init__(self, frame: Frame, reply: Reply, offset: int, deadline: float):
+        self.frame = frame
+        self.reply = reply
+        self.offset = offset
+        self.deadline = deadline
+
+
+class BrokerActor(Actor):
+    name = "broker"
+
+    def __init__(self, settings: dict, store_config: MessageStoreConfig, namesrv_addrs: list[str],
+                 supervisor_endpoint: Optional[str] = None):
+        super().__init__(store_config.store_path_root_dir, supervisor_endpoint)
+        self.settings = settings
+        self.store_config = store_config
+        self.namesrv_addrs = namesrv_addrs
+        self.cluster_name = settings["brokerClusterName"]
+        self.broker_name = settings["brokerName"]
+        self.broker_id = int(settings["brokerId"])
+        self.listen_port = int(settings["listenPort"])
+        self.auto_create_topic = str(settings.get("autoCreateTopicEnable", "true")).lower() == "true"
+        self.auto_create_group = str(settings.get("autoCreateSubscriptionGroup", "true")).lower() == "true"
+        self.default_queue_nums = int(settings.get("defaultTopicQueueNums", 8))
+        self.wait_time_ms_in_send_queue = int(settings.get("waitTimeMillsInSendQueue", 200))
+        self.long_polling = str(settings.get("longPollingEnable", "true")).lower() == "true"
+        self.suspend_max_ms = int(settings.get("brokerSuspendMaxTimeMillis", BROKER_SUSPEND_MAX_TIME_MS))
+        self.broker_permission = int(settings.get("brokerPermission", PERM_READ | PERM_WRITE))
+        self.store: Optional[MessageStore] = None
+        self.pull_holds: dict[tuple, list[PullRequest]] = {}
+        self.sync_waits: deque = deque()        # (end_offset, deadline, reply, frame) in offset order
+        self.flushed_offset = 0
+        self.dispatched_offset = 0
+        self.last_announced = -1
+        self.consumer_table: dict[str, dict[str, dict]] = {}   # group -> clientId -> {seen, subs}
+        self.producer_table: dict[str, dict[str, float]] = {}
+        self.page_cache_busy_until = 0.0
+        self.stats = {"putMessageTotal": 0, "putBytesTotal": 0, "getMessageTotal": 0, "getBytesTotal": 0}
+        self._tps = {"putTps": 0.0, "getTps": 0.0}
+        self._last_stats = (time.monotonic(), 0, 0)
+        self._ns_sockets: list[zmq.Socket] = []
+        self.listen_endpoint = ""
+
+    # -- lifecycle --------------------------------------------------------------------
+    def on_start(self) -> None:
+        self.store = MessageStore(config=self.store_config)     # recovery happens here
+        self.flushed_offset = self.store.commitlog.get_max_offset()
+        self.dispatched_offset = self.store.reput_from_offset
+        host = self.settings.get("brokerIP1", "127.0.0.1")
+        self.client_sock = self.socket(zmq.ROUTER, bind=f"tcp://{host}:{self.listen_port or '*'}")
+        self.listen_endpoint = self.client_sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        port = int(self.listen_endpoint.rsplit(":", 1)[1])
+        self.broker_addr = f"{host}:{port}"
+        self.store.commitlog.store_host = host_to_bytes(self.broker_addr)
+        self.internal_sock = self.socket(zmq.ROUTER, bind=internal_endpoint(self.store_path))
+        self.pub_sock = self.socket(zmq.PUB, bind=announce_endpoint(self.store_path))
+        self.serve(self.client_sock)
+        self.serve(self.internal_sock)
+        for addr in self.namesrv_addrs:
+            s = self.socket(zmq.DEALER, connect=f"tcp://{addr}")
+            self._ns_sockets.append(s)
+            self.add_socket(s, self._on_namesrv_response)
+        h = self.handle
+        h(RequestCode.SEND_MESSAGE, self.on_send)
+        h(RequestCode.SEND_MESSAGE_V2, self.on_send)
+        h(RequestCode.SEND_BATCH_MESSAGE, self.on_send)
+        h(RequestCode.PULL_MESSAGE, self.on_pull)
+        h(RequestCode.QUERY_MESSAGE, self.on_query_message)
+        h(RequestCode.VIEW_MESSAGE_BY_ID, self.on_view_message_by_id)
+        h(RequestCode.QUERY_CONSUMER_OFFSET, self.on_query_consumer_offset)
+        h(RequestCode.UPDATE_CONSUMER_OFFSET, self.on_update_consumer_offset)
+        h(RequestCode.GET_ALL_CONSUMER_OFFSET, self.on_get_all_consumer_offset)
+        h(RequestCode.GET_MAX_OFFSET, self.on_get_max_offset)
+        h(RequestCode.GET_MIN_OFFSET, self.on_get_min_offset)
+        h(RequestCode.SEARCH_OFFSET_BY_TIMESTAMP, self.on_search_offset_by_timestamp)
+        h(RequestCode.GET_EARLIEST_MSG_STORETIME, self.on_earliest_msg_storetime)
+        h(RequestCode.UPDATE_AND_CREATE_TOPIC, self.on_update_topic)
+        h(RequestCode.DELETE_TOPIC_IN_BROKER, self.on_delete_topic)
+        h(RequestCode.GET_ALL_TOPIC_CONFIG, self.on_get_all_topic_config)
+        h(RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, self.on_update_group)
+        h(RequestCode.DELETE_SUBSCRIPTIONGROUP, self.on_delete_group)
+        h(RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG, self.on_get_all_groups)
+        h(RequestCode.HEART_BEAT, self.on_client_heartbeat)
+        h(RequestCode.UNREGISTER_CLIENT, self.on_unregister_client)
+        h(RequestCode.GET_CONSUMER_LIST_BY_GROUP, self.on_consumer_list)
+        h(RequestCode.GET_BROKER_RUNTIME_INFO, self.on_runtime_info)
+        h(RequestCode.GET_TOPIC_STATS_INFO, self.on_topic_stats)
+        h(RequestCode.DISPATCH_ANNOUNCE, self.on_dispatch_announce)
+        h(RequestCode.FLUSH_ANNOUNCE, self.on_flush_announce)
+        self.add_timer(REGISTER_NAME_SERVER_PERIOD_MS, self.register_broker_all, first_ms=0)
+        self.add_timer(FLUSH_CONSUMER_OFFSET_INTERVAL_MS, self.persist_offsets, first_ms=10_000)
+        self.add_timer(HOLD_CHECK_MS, self.check_holds)
+        self.add_timer(APPEND_REANNOUNCE_MS, lambda: self.announce_append(force=True))
+        self.add_timer(CHANNEL_SCAN_MS, self.scan_channels)
+        self.add_timer(STATS_INTERVAL_MS, self.update_stats)
+        print("ready", self.listen_endpoint, flush=True)
+
+    def on_stop(self) -> None:
+        if self.store is None:
+            return
+        # answer what is parked: pulls get "not found", sync sends get what flush reported
+        for reqs in self.pull_holds.values():
+            for pr in reqs:
+                pr.reply.send(self._pull(pr.frame, allow_suspend=False, reply=pr.reply) or Frame(
+                    ResponseCode.PULL_NOT_FOUND, remark="broker stopping"))
+        self.pull_holds.clear()
+        deadline = time.monotonic() + self.store_config.sync_flush_timeout / 1000.0
+        while self.sync_waits and time.monotonic() < deadline:
+            self.announce_append(force=True)
+            if self.internal_sock.poll(50):
+                for _ in range(256):
+                    try:
+                        parts = self.internal_sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                    except zmq.Again:
+                        break
+                    self._on_request(self.internal_sock, parts)
+        self._release_sync_waits(force_timeout=True)
+        self.persist_offsets()
+        self.unregister_broker_all()
+        self.store.persist_tables()
+        self.store.close_for_handoff()
+
+    # -- announcements ---------------------------------------------------------------------
+    def after_poll(self) -> None:
+        self.announce_append()
+
+    def announce_append(self, force: bool = False) -> None:
+        end = self.store.commitlog.get_max_offset()
+        if end == self.last_announced and not force:
+            return
+        self.last_announced = end
+        frame = Frame(RequestCode.APPEND_ANNOUNCE, flag=P.FLAG_ONEWAY,
+                      fields={"end": end, "flushed": self.flushed_offset,
+                              "minOffset": self.store.commitlog.get_min_offset()})
+        try:
+            self.pub_sock.send_multipart(P.encode(frame), flags=zmq.NOBLOCK)
+        except zmq.Again:
+            pass
+
+    def on_dispatch_announce(self, frame: Frame, reply: Reply) -> None:
+        self.dispatched_offset = field_int(frame, "dispatched", lo=0)
+        queues = unpack_body(frame) if frame.bodies else []
+        for topic, queue_id, max_offset in queues:
+            cq = self.store.find_consume_queue(topic, queue_id)
+            cq.mapped_file_queue.refresh(max_offset * 20)
+            self.wake_pulls(topic, queue_id, max_offset)
+        return None
+
+    def on_flush_announce(self, frame: Frame, reply: Reply) -> None:
+        flushed = field_int(frame, "flushed", lo=0)
+        if flushed > self.flushed_offset:
+            self.flushed_offset = flushed
+            self.store.commitlog.mapped_file_queue.flushed_where = flushed
+            self._release_sync_waits()
+        return None
+
+    def _release_sync_waits(self, force_timeout: bool = False) -> None:
+        now = time.monotonic()
+        keep = deque()
+        while self.sync_waits:
+            end, deadline, reply, resp = self.sync_waits.popleft()
+            if end <= self.flushed_offset:
+                reply.send(resp)
+            elif force_timeout or now >= deadline:
+                resp.code = ResponseCode.FLUSH_DISK_TIMEOUT
+                resp.remark = f"not flushed within {self.store_config.sync_flush_timeout} ms"
+                reply.send(resp)
+            else:
+                keep.append((end, deadline, reply, resp))
+        self.sync_waits = keep
+
+    # -- NameServer registration ---------------------------------------------------------------
+    def _topic_table_body(self) -> bytes:
+        tcm = self.store.topic_config_manager
+        return pack_body({"topicConfigTable": tcm.topic_config_table, "dataVersion": tcm.data_version.to_json()})
+
+    def register_broker_all(self) -> None:
+        frame = Frame(RequestCode.REGISTER_BROKER, fields={
+            "clusterName": self.cluster_name, "brokerAddr": self.broker_addr, "brokerName": self.broker_name,
+            "brokerId": self.broker_id, "haServerAddr": ""}, bodies=[self._topic_table_body()])
+        for s in self._ns_sockets:
+            try:
+                s.send_multipart(P.encode(frame), flags=zmq.NOBLOCK)
+            except zmq.Again:
+                self.log.warning("NameServer queue full: registration skipped")
+
+    def unregister_broker_all(self) -> None:
+        frame = Frame(RequestCode.UNREGISTER_BROKER, flag=P.FLAG_ONEWAY, fields={
+            "clusterName": self.cluster_name, "brokerAddr": self.broker_addr, "brokerName": self.broker_name,
+            "brokerId": self.broker_id})
+        for s in self._ns_sockets:
+            try:
+                s.send_multipart(P.encode(frame), flags=zmq.NOBLOCK)
+            except zmq.Again:
+                pass
+
+    def _on_namesrv_response(self, parts: list) -> None:
+        try:
+            f = P.decode(parts)
+        except ProtocolError as e:
+            self.log.warning("bad NameServer response: %s", e)
+            return
+        if f.code != ResponseCode.SUCCESS:
+            self.log.warning("NameServer answered %s: %s", f.code, f.remark)
+
+    # -- topics -----------------------------------------------------------------------------
+    def _topic_config(self, topic: str, create: bool) -> Optional[dict]:
+        tcm = self.store.topic_config_manager
+        cfg = tcm.select_topic_config(topic)
+        if cfg is None and create and (self.auto_create_topic or topic.startswith(("%RETRY%", "%DLQ%"))):
+            n = 1 if topic.startswith(("%RETRY%", "%DLQ%")) else self.default_queue_nums
+            cfg = tcm.new_topic_config(topic, n, n)
+            tcm.update_topic_config(cfg)
+            self.register_broker_all()
+        return cfg
+
+    def on_update_topic(self, frame: Frame, reply: Reply) -> Frame:
+        topic = field_str(frame, "topic")
+        try:
+            check_topic(topic)
+        except ValueError as e:
+            return frame.response(ResponseCode.SYSTEM_ERROR, str(e))
+        r = field_int(frame, "readQueueNums", TopicConfigManager and 8, lo=1, hi=MAX_QUEUE_NUMS)
+        w = field_int(frame, "writeQueueNums", 8, lo=1, hi=MAX_QUEUE_NUMS)
+        perm = field_int(frame, "perm", PERM_READ | PERM_WRITE, lo=0, hi=15)
+        order = bool(frame.fields.get("order", False))
+        tcm = self.store.topic_config_manager
+        tcm.update_topic_config(tcm.new_topic_config(topic, r, w, perm, order))
+        self.register_broker_all()
+        return frame.response()
+
+    def on_delete_topic(self, frame: Frame, reply: Reply) -> Frame:
+        topic = field_str(frame, "topic")
+        self.store.topic_config_manager.delete_topic_config(topic)
+        self.register_broker_all()
+        return frame.response()
+
+    def on_get_all_topic_config(self, frame: Frame, reply: Reply) -> Frame:
+        return frame.response(bodies=[self._topic_table_body()])
+
+    # -- subscription groups ------------------------------------------------------------------
+    def _group_config(self, group: str) -> Optional[dict]:
+        sgm = self.store.subscription_group_manager
+        cfg = sgm.find_subscription_group_config(group)
+        if cfg is None and self.auto_create_group:
+            cfg = sgm.new_group_config(group)
+            sgm.update_subscription_group_config(cfg)
+        return cfg
+
+    def on_update_group(self, frame: Frame, reply: Reply) -> Frame:
+        body = unpack_body(frame) if frame.bodies else {}
+        group = check_group(field_str(frame, "groupName", body.get("groupName") if isinstance(body, dict) else None))
+        sgm = self.store.subscription_group_manager
+        cfg = sgm.new_group_config(group)
+        if isinstance(body, dict):
+            for k in ("consumeEnable", "consumeBroadcastEnable", "retryQueueNums", "retryMaxTimes",
+                      "brokerId", "whichBrokerWhenConsumeSlowly", "consumeFromMinEnable"):
+                if k in body:
+                    cfg[k] = body[k]
+        sgm.update_subscription_group_config(cfg)
+        return frame.response()
+
+    def on_delete_group(self, frame: Frame, reply: Reply) -> Frame:
+        self.store.subscription_group_manager.delete_subscription_group_config(field_str(frame, "groupName"))
+        return frame.response()
+
+    def on_get_all_groups(self, frame: Frame, reply: Reply) -> Frame:
+        sgm = self.store.subscription_group_manager
+        return frame.response(bodies=[pack_body({"subscriptionGroupTable": sgm.subscription_group_table})])
+
+    # -- send ------------------------------------------------------------------------------
+    def on_send(self, frame: Frame, reply: Reply) -> Optional[Frame]:
+        waited_ms = (time.monotonic() - self.poll_returned_at) * 1000.0
+        if waited_ms > self.wait_time_ms_in_send_queue:
+            return frame.response(ResponseCode.SYSTEM_BUSY,
+                                  f"[TIMEOUT_CLEAN_QUEUE]broker busy, start flow control for a while, "
+                                  f"period in queue: {waited_ms:.0f}ms")
+        if time.monotonic() < self.page_cache_busy_until:
+            return frame.response(ResponseCode.SYSTEM_BUSY,
+                                  "[PCBUSY_CLEAN_QUEUE]broker busy, start flow control for a while")
+        if not self.broker_permission & PERM_WRITE:
+            return frame.response(ResponseCode.NO_PERMISSION, f"the broker[{self.broker_name}] sending message is forbidden")
+        topic = field_str(frame, "topic")
+        try:
+            check_topic(topic)
+        except ValueError as e:
+            return frame.response(ResponseCode.MESSAGE_ILLEGAL, str(e))
+        cfg = self._topic_config(topic, create=True)
+        if cfg is None:
+            return frame.response(ResponseCode.TOPIC_NOT_EXIST,
+                                  f"topic[{topic}] not exist, apply first please!")
+        if not cfg["perm"] & PERM_WRITE:
+            return frame.response(ResponseCode.NO_PERMISSION, f"the topic[{topic}] sending message is forbidden")
+        queue_id = field_int(frame, "queueId", -1, lo=-1, hi=MAX_QUEUE_NUMS)
+        if queue_id < 0:
+            queue_id = random.randrange(cfg["writeQueueNums"])
+        if queue_id >= cfg["writeQueueNums"]:
+            return frame.response(ResponseCode.SYSTEM_ERROR,
+                                  f"request queueId[{queue_id}] is illegal, topic writeQueueNums {cfg['writeQueueNums']}")
+        if not frame.bodies:
+            return frame.response(ResponseCode.MESSAGE_ILLEGAL, "no message body part")
+        sys_flag = field_int(frame, "sysFlag", 0, lo=0, hi=0x7FF)
+        born_ts = field_int(frame, "bornTimestamp", int(time.time() * 1000))
+        born_host = None
+        if "bornHost" in frame.fields:
+            try:
+                born_host = host_to_bytes(field_str(frame, "bornHost", max_len=64))
+            except ValueError:
+                return frame.response(ResponseCode.MESSAGE_ILLEGAL, "header field 'bornHost' is not ip:port")
+        reconsume = field_int(frame, "reconsumeTimes", 0, lo=0)
+        t0 = time.monotonic()
+        if frame.code == RequestCode.SEND_BATCH_MESSAGE:
+            batch = frame.bodies[0]
+            props = frame.fields.get("properties") or None
+            if props is not None and not isinstance(props, dict):
+                return frame.response(ResponseCode.MESSAGE_ILLEGAL, "header field 'properties' must be a map")
+            res = self.store.put_messages(topic, queue_id, batch, properties=props, sys_flag=sys_flag,
+                                          born_timestamp=born_ts, born_host=born_host, reconsume_times=reconsume)
+        else:
+            props = frame.fields.get("properties", "")
+            if isinstance(props, dict):
+                props_bytes = _cl.encode_properties(props)
+            elif isinstance(props, str):
+                props_bytes = props.encode("utf-8")
+            else:
+                return frame.response(ResponseCode.MESSAGE_ILLEGAL, "header field 'properties' must be a map or str")
+            flag = field_int(frame, "flag", 0)
+            try:
+                batch = _cl.encode_batch([(frame.bodies[0], props_bytes, flag)])
+            except ValueError as e:
+                return frame.response(ResponseCode.MESSAGE_ILLEGAL, str(e))
+            res = self.store._put(topic, queue_id, batch, None, sys_flag, born_ts, born_host, reconsume, 1)
+        elapsed_ms = (time.monotonic() - t0) * 1000.0
+        if elapsed_ms > self.store_config.os_page_cache_busy_time_out_mills:
+            self.page_cache_busy_until = time.monotonic() + elapsed_ms / 1000.0
+        code = PUT_STATUS_TO_CODE.get(res.status, ResponseCode.SYSTEM_ERROR)
+        if res.status is PutMessageStatus.OS_PAGE_CACHE_BUSY:
+            return frame.response(code, "[PC_SYNCHRONIZED]broker busy, start flow control for a while")
+        if not res.ok:
+            return frame.response(code, res.remark or res.status.value)
+        a = res.append
+        self.stats["putMessageTotal"] += a.msg_num
+        self.stats["putBytesTotal"] += a.wrote_bytes
+        resp = frame.response(ResponseCode.SUCCESS, fields={
+            "msgId": res.msg_id, "queueId": queue_id, "queueOffset": a.queue_offset,
+            "storeTimestamp": a.store_timestamp, "msgNum": a.msg_num})
+        wait = str(frame.fields.get("waitStoreMsgOK", "true")).lower() != "false"
+        if self.store_config.flush_disk_type == SYNC_FLUSH and wait:
+            end = a.wrote_offset + a.wrote_bytes
+            if end > self.flushed_offset:
+                self.sync_waits.append((end, time.monotonic() + self.store_config.sync_flush_timeout / 1000.0,
+                                        reply, resp))
+                return None
+        return resp
+
+    # -- pull -------------------------------------------------------------------------------
+    def on_pull(self, frame: Frame, reply: Reply) -> Optional[Frame]:
+        return self._pull(frame, allow_suspend=True, reply=reply)
+
+    def _pull(self, frame: Frame, allow_suspend: bool, reply: Reply) -> Optional[Frame]:
+        if not self.broker_permission & PERM_READ:
+            return frame.response(ResponseCode.NO_PERMISSION, f"the broker[{self.broker_name}] pulling message is forbidden")
+        group = field_str(frame, "consumerGroup")
+        try:
+            check_group(group)
+        except ValueError as e:
+            return frame.response(ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST, str(e))
+        gcfg = self._group_config(group)
+        if gcfg is None:
+            return frame.response(ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST,
+                                  f"subscription group [{group}] does not exist")
+        if not gcfg.get("consumeEnable", True):
+            return frame.response(ResponseCode.NO_PERMISSION, f"subscription group no permission, {group}")
+        topic = field_str(frame, "topic")
+        cfg = self.store.topic_config_manager.select_topic_config(topic)
+        if cfg is None:
+            return frame.response(ResponseCode.TOPIC_NOT_EXIST, f"topic[{topic}] not exist, apply first please!")
+        if not cfg["perm"] & PERM_READ:
+            return frame.response(ResponseCode.NO_PERMISSION, f"the topic[{topic}] pulling message is forbidden")
+        queue_id = field_int(frame, "queueId", lo=0)
+        if queue_id >= cfg["readQueueNums"]:
+            return frame.response(ResponseCode.SYSTEM_ERROR,
+                                  f"queueId[{queue_id}] is illegal, topic:[{topic}] topicConfig.readQueueNums:"
+                                  f"[{cfg['readQueueNums']}]")
+        offset = field_int(frame, "queueOffset", lo=0)
+        max_nums = field_int(frame, "maxMsgNums", 32, lo=1, hi=MAX_PULL_BATCH)
+        sys_flag = field_int(frame, "sysFlag", 0, lo=0)
+        subscription = frame.fields.get("subscription", "*")
+        if not isinstance(subscription, str):
+            return frame.response(ResponseCode.SUBSCRIPTION_PARSE_FAILED, "header field 'subscription' must be a str")
+        res = self.store.get_messages(group, topic, queue_id, offset, max_nums, subscription)
+        code = GET_STATUS_TO_CODE.get(res.status)
+        if code is None:      # NO_MESSAGE_IN_QUEUE / NO_MATCHED_LOGIC_QUEUE
+            code = ResponseCode.PULL_NOT_FOUND if offset == 0 else ResponseCode.PULL_OFFSET_MOVED
+        if allow_suspend and sys_flag & PULL_FLAG_COMMIT_OFFSET:
+            commit = field_int(frame, "commitOffset", -1)
+            if commit >= 0:
+                self.store.consumer_offset_manager.commit_offset(group, topic, queue_id, commit)
+        fields = {"nextBeginOffset": res.next_begin_offset, "minOffset": res.min_offset,
+                  "maxOffset": res.max_offset, "suggestWhichBrokerId": 0}
+        if code == ResponseCode.SUCCESS:
+            self.stats["getMessageTotal"] += res.message_count
+            self.stats["getBytesTotal"] += len(res.records)
+            return frame.response(code, fields=fields, bodies=[res.records])
+        if code == ResponseCode.PULL_NOT_FOUND and allow_suspend and sys_flag & PULL_FLAG_SUSPEND:
+            suspend_ms = min(field_int(frame, "suspendTimeoutMillis", self.suspend_max_ms, lo=0),
+                             self.suspend_max_ms) if self.long_polling else 1000
+            self.pull_holds.setdefault((topic, queue_id), []).append(
+                PullRequest(frame, reply, offset, time.monotonic() + suspend_ms / 1000.0))
+            return None
+        return frame.response(code, fields=fields)
+
+    def wake_pulls(self, topic: str, queue_id: int, max_offset: int) -> None:
+        reqs = self.pull_holds.get((topic, queue_id))
+        if not reqs:
+            return
+        keep = []
+        for pr in reqs:
+            if max_offset > pr.offset:
+                resp = self._pull(pr.frame, allow_suspend=False, reply=pr.reply)
+                if resp is not None:
+                    pr.reply.send(resp)
+            else:
+                keep.append(pr)
+        if keep:
+            self.pull_holds[(topic, queue_id)] = keep
+        else:
+            del self.pull_holds[(topic, queue_id)]
+
+    def check_holds(self) -> None:
+        now = time.monotonic()
+        for key in list(self.pull_holds):
+            keep = []
+            for pr in self.pull_holds[key]:
+                if now >= pr.deadline:
+                    resp = self._pull(pr.frame, allow_suspend=False, reply=pr.reply)
+                    if resp is not None:
+                        pr.reply.send(resp)
+                else:
+                    keep.append(pr)
+            if keep:
+                self.pull_holds[key] = keep
+            else:
+                del self.pull_holds[key]
+        if self.sync_waits:
+            self._release_sync_waits()
+
+    # -- queries ---------------------------------------------------------------------------
+    def on_query_message(self, frame: Frame, reply: Reply) -> Frame:
+        topic = field_str(frame, "topic")
+        key = field_str(frame, "key")
+        max_num = field_int(frame, "maxNum", 32, lo=1, hi=64)
+        begin = field_int(frame, "beginTimestamp", 0)
+        end = field_int(frame, "endTimestamp", int(time.time() * 1000) + 1000)
+        self.store.reload_index_for_read()
+        res = self.store.query_message(topic, key, max_num, begin, end)
+        if not res.records:
+            return frame.response(ResponseCode.QUERY_NOT_FOUND, f"can not find message, maybe time range not correct")
+        return frame.response(fields={"indexLastUpdateTimestamp": res.index_last_update_timestamp,
+                                      "indexLastUpdatePhyoffset": res.index_last_update_phyoffset},
+                              bodies=[b"".join(res.records)])
+
+    def on_view_message_by_id(self, frame: Frame, reply: Reply) -> Frame:
+        offset = field_int(frame, "offset", lo=0)
+        rec = self.store.commitlog.get_message(offset, self.store_config.check_crc_on_read)
+        if rec is None:
+            return frame.response(ResponseCode.SYSTEM_ERROR, f"can not find message by the offset, {offset}")
+        return frame.response(bodies=[rec])
+
+    # -- offsets -------------------------------------------------------------------------------
+    def on_query_consumer_offset(self, frame: Frame, reply: Reply) -> Frame:
+        group, topic = field_str(frame, "consumerGroup"), field_str(frame, "topic")
+        queue_id = field_int(frame, "queueId", lo=0)
+        off = self.store.consumer_offset_manager.query_offset(group, topic, queue_id)
+        if off >= 0:
+            return frame.response(fields={"offset": off})
+        # RocketMQ: no committed offset yet and the queue still starts at 0 -> 0, else QUERY_NOT_FOUND
+        if self.store.get_min_offset_in_queue(topic, queue_id) <= 0:
+            return frame.response(fields={"offset": 0})
+        return frame.response(ResponseCode.QUERY_NOT_FOUND, "Not found, V3_0_6_SNAPSHOT maybe this group consumer boot first")
+
+    def on_update_consumer_offset(self, frame: Frame, reply: Reply) -> Frame:
+        group, topic = field_str(frame, "consumerGroup"), field_str(frame, "topic")
+        check_group(group)
+        queue_id = field_int(frame, "queueId", lo=0, hi=MAX_QUEUE_NUMS - 1)
+        off = field_int(frame, "commitOffset", lo=0)
+        self.store.consumer_offset_manager.commit_offset(group, topic, queue_id, off)
+        return frame.response()
+
+    def on_get_all_consumer_offset(self, frame: Frame, reply: Reply) -> Frame:
+        return frame.response(bodies=[pack_body(self.store.consumer_offset_manager.encode())])
+
+    def on_get_max_offset(self, frame: Frame, reply: Reply) -> Frame:
+        return frame.response(fields={"offset": self.store.get_max_offset_in_queue(
+            field_str(frame, "topic"), field_int(frame, "queueId", lo=0))})
+
+    def on_get_min_offset(self, frame: Frame, reply: Reply) -> Frame:
+        return frame.response(fields={"offset": self.store.get_min_offset_in_queue(
+            field_str(frame, "topic"), field_int(frame, "queueId", lo=0))})
+
+    def on_search_offset_by_timestamp(self, frame: Frame, reply: Reply) -> Frame:
+        return frame.response(fields={"offset": self.store.get_offset_in_queue_by_time(
+            field_str(frame, "topic"), field_int(frame, "queueId", lo=0), field_int(frame, "timestamp"))})
+
+    def on_earliest_msg_storetime(self, frame: Frame, reply: Reply) -> Frame:
+        topic, queue_id = field_str(frame, "topic"), field_int(frame, "queueId", lo=0)
+        res = self.store.get_messages("%EARLIEST%", topic, queue_id,
+                                      self.store.get_min_offset_in_queue(topic, queue_id), 1)
+        msgs = res.messages()
+        return frame.response(fields={"timestamp": msgs[0].store_timestamp if msgs else -1})
+
+    # -- clients ------------------------------------------------------------------------------
+    def on_client_heartbeat(self, frame: Frame, reply: Reply) -> Frame:
+        body = unpack_body(frame)
+        if not isinstance(body, dict) or not isinstance(body.get("clientID"), str):
+            return frame.response(ResponseCode.SYSTEM_ERROR, "heartbeat body must be a map with a clientID")
+        client = body["clientID"]
+        now = time.monotonic()
+        changed_groups = []
+        for c in body.get("consumerDataSet", []) or []:
+            group = check_group(c.get("groupName"))
+            self._group_config(group)
+            members = self.consumer_table.setdefault(group, {})
+            if client not in members:
+                changed_groups.append(group)
+            members[client] = {"seen": now, "data": c}
+        for pdata in body.get("producerDataSet", []) or []:
+            self.producer_table.setdefault(check_group(pdata.get("groupName")), {})[client] = now
+        return frame.response()
+
+    def on_unregister_client(self, frame: Frame, reply: Reply) -> Frame:
+        client = field_str(frame, "clientID")
+        group = frame.fields.get("consumerGroup")
+        if isinstance(group, str):
+            self.consumer_table.get(group, {}).pop(client, None)
+        pgroup = frame.fields.get("producerGroup")
+        if isinstance(pgroup, str):
+            self.producer_table.get(pgroup, {}).pop(client, None)
+        return frame.response()
+
+    def on_consumer_list(self, frame: Frame, reply: Reply) -> Frame:
+        group = field_str(frame, "consumerGroup")
+        members = self.consumer_table.get(group)
+        if not members:
+            return frame.response(ResponseCode.SYSTEM_ERROR, f"no consumer for this group, {group}")
+        return frame.response(bodies=[pack_body({"consumerIdList": sorted(members)})])
+
+    def scan_channels(self) -> None:
+        cutoff = time.monotonic() - CHANNEL_EXPIRED_MS / 1000.0
+        for table in (self.consumer_table,):
+            for group in list(table):
+                for client, info in list(table[group].items()):
+                    if info["seen"] < cutoff:
+                        del table[group][client]
+                        self.log.info("consumer %s of %s expired", client, group)
+        for group in list(self.producer_table):
+            for client, seen in list(self.producer_table[group].items()):
+                if seen < cutoff:
+                    del self.producer_table[group][client]
+
+    # -- status -------------------------------------------------------------------------------
+    def update_stats(self) -> None:
+        now = time.monotonic()
+        t, puts, gets = self._last_stats
+        dt = max(now - t, 1e-6)
+        self._tps = {"putTps": (self.stats["putMessageTotal"] - puts) / dt,
+                     "getTps": (self.stats["getMessageTotal"] - gets) / dt}
+        self._last_stats = (now, self.stats["putMessageTotal"], self.stats["getMessageTotal"])
+
+    def runtime_info(self) -> dict:
+        clog = self.store.commitlog
+        return {**self.stats, **self._tps, "commitLogMinOffset": clog.get_min_offset(),
+                "commitLogMaxOffset": clog.get_max_offset(), "flushedOffset": self.flushed_offset,
+                "dispatchedOffset": self.dispatched_offset,
+                "dispatchBehindBytes": max(0, clog.get_max_offset() - self.dispatched_offset),
+                "brokerRole": self.store_config.broker_role, "flushDiskType": self.store_config.flush_disk_type,
+                "brokerName": self.broker_name, "brokerId": self.broker_id, "brokerAddr": self.broker_addr,
+                "clusterName": self.cluster_name, "bootTimestamp": int(self.started_at * 1000),
+                "version": VERSION, "parkedPulls": sum(len(v) for v in self.pull_holds.values()),
+                "parkedSyncSends": len(self.sync_waits)}
+
+    def on_runtime_info(self, frame: Frame, reply: Reply) -> Frame:
+        return frame.response(bodies=[pack_body({"table": self.runtime_info()})])
+
+    def on_topic_stats(self, frame: Frame, reply: Reply) -> Frame:
+        topic = field_str(frame, "topic")
+        cfg = self.store.topic_config_manager.select_topic_config(topic)
+        if cfg is None:
+            return frame.response(ResponseCode.TOPIC_NOT_EXIST, f"topic[{topic}] not exist")
+        table = []
+        for q in range(cfg["readQueueNums"]):
+            table.append({"queueId": q, "minOffset": self.store.get_min_offset_in_queue(topic, q),
+                          "maxOffset": self.store.get_max_offset_in_queue(topic, q)})
+        return frame.response(bodies=[pack_body({"offsetTable": table})])
+
+    def persist_offsets(self) -> None:
+        try:
+            self.store.consumer_offset_manager.persist()
+        except OSError as e:
+            self.log.error("cannot persist consumer offsets: %s", e)
+
+
+def main(argv: Optional[list] = None) -> int:
+    """``python -m rmq.actors.broker [options]``; prints ``ready ENDPOINT`` once serving."""
+    p = argparse.ArgumentParser(prog="python -m rmq.actors.broker", description=__doc__.split("\n")[0])
+    p.add_argument("-c", "--config", default=None, help="broker.conf (RocketMQ key=value form)")
+    p.add_argument("--store-path", default=None, help="storePathRootDir")
+    p.add_argument("--listen-port", type=int, default=None, help="listenPort, 0 = ephemeral")
+    p.add_argument("--namesrv-addr", default=None, help="NameServer addresses, host:port;host:port")
+    p.add_argument("--supervisor", default=None, help="supervisor endpoint for liveness beats")
+    args = p.parse_args(argv)
+    props = parse_broker_conf(args.config) if args.config else {}
+    overrides = {}
+    if args.store_path is not None:
+        overrides["storePathRootDir"] = args.store_path
+    if args.listen_port is not None:
+        overrides["listenPort"] = str(args.listen_port)
+    if args.namesrv_addr is not None:
+        overrides["namesrvAddr"] = args.namesrv_addr
+    settings = broker_settings(props, overrides)
+    store_config = store_config_from_settings(settings)
+    namesrv = [a.strip() for a in (settings.get("namesrvAddr") or "").split(";") if a.strip()]
+    BrokerActor(settings, store_config, namesrv, args.supervisor).run()
+    return 0
+
+
+def store_config_from_settings(settings: dict) -> MessageStoreConfig:
+    """MessageStoreConfig from broker settings (RocketMQ property names; unknown keys kept in ``extra``)."""
+    props = dict(settings)
+    props["storeHost"] = f"{settings.get('brokerIP1', '127.0.0.1')}:{settings.get('listenPort', 10911)}"
+    return MessageStoreConfig.from_properties(props)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
