@@ -37,10 +37,8 @@ Failure behaviour
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import random
-import socket as _socket
 import sys
 import time
 from collections import deque
@@ -51,12 +49,12 @@ import zmq
 from rmq import protocol as P
 from rmq._core import commitlog as _cl
 from rmq.actors.actor import Actor, Reply
-from rmq.broker_conf import broker_settings, parse_broker_conf
+from rmq.broker_conf import broker_settings, load_broker_conf
 from rmq.protocol import Frame, ProtocolError, RequestCode, ResponseCode, field_int, field_str, pack_body, unpack_body
 from rmq.status import GetMessageStatus, PutMessageStatus
 from rmq.store.commitlog import host_to_bytes
 from rmq.store.config import SYNC_FLUSH, MessageStoreConfig
-from rmq.store.config_manager import PERM_READ, PERM_WRITE, TopicConfigManager
+from rmq.store.config_manager import DEFAULT_QUEUE_NUMS, PERM_READ, PERM_WRITE
 from rmq.store.message_store import MessageStore
 from rmq.store.validators import MAX_QUEUE_NUMS, check_group, check_topic
 
@@ -156,6 +154,7 @@ class BrokerActor(Actor):
     # -- lifecycle --------------------------------------------------------------------
     def on_start(self) -> None:
         self.store = MessageStore(config=self.store_config)     # recovery happens here
+        self.store.sync_flush_inline = False     # the flush actor does group commit
         self.flushed_offset = self.store.commitlog.get_max_offset()
         self.dispatched_offset = self.store.reput_from_offset
         host = self.settings.get("brokerIP1", "127.0.0.1")
@@ -243,7 +242,8 @@ class BrokerActor(Actor):
         self.last_announced = end
         frame = Frame(RequestCode.APPEND_ANNOUNCE, flag=P.FLAG_ONEWAY,
                       fields={"end": end, "flushed": self.flushed_offset,
-                              "minOffset": self.store.commitlog.get_min_offset()})
+                              "minOffset": self.store.commitlog.get_min_offset(),
+                              "storeTimestamp": self.store.commitlog.last_store_timestamp})
         try:
             self.pub_sock.send_multipart(P.encode(frame), flags=zmq.NOBLOCK)
         except zmq.Again:
@@ -332,8 +332,8 @@ class BrokerActor(Actor):
             check_topic(topic)
         except ValueError as e:
             return frame.response(ResponseCode.SYSTEM_ERROR, str(e))
-        r = field_int(frame, "readQueueNums", TopicConfigManager and 8, lo=1, hi=MAX_QUEUE_NUMS)
-        w = field_int(frame, "writeQueueNums", 8, lo=1, hi=MAX_QUEUE_NUMS)
+        r = field_int(frame, "readQueueNums", DEFAULT_QUEUE_NUMS, lo=1, hi=MAX_QUEUE_NUMS)
+        w = field_int(frame, "writeQueueNums", DEFAULT_QUEUE_NUMS, lo=1, hi=MAX_QUEUE_NUMS)
         perm = field_int(frame, "perm", PERM_READ | PERM_WRITE, lo=0, hi=15)
         order = bool(frame.fields.get("order", False))
         tcm = self.store.topic_config_manager
@@ -567,7 +567,7 @@ class BrokerActor(Actor):
         self.store.reload_index_for_read()
         res = self.store.query_message(topic, key, max_num, begin, end)
         if not res.records:
-            return frame.response(ResponseCode.QUERY_NOT_FOUND, f"can not find message, maybe time range not correct")
+            return frame.response(ResponseCode.QUERY_NOT_FOUND, "can not find message, maybe time range not correct")
         return frame.response(fields={"indexLastUpdateTimestamp": res.index_last_update_timestamp,
                                       "indexLastUpdatePhyoffset": res.index_last_update_phyoffset},
                               bodies=[b"".join(res.records)])
@@ -721,7 +721,7 @@ def main(argv: Optional[list] = None) -> int:
     p.add_argument("--namesrv-addr", default=None, help="NameServer addresses, host:port;host:port")
     p.add_argument("--supervisor", default=None, help="supervisor endpoint for liveness beats")
     args = p.parse_args(argv)
-    props = parse_broker_conf(args.config) if args.config else {}
+    props = load_broker_conf(args.config) if args.config else {}
     overrides = {}
     if args.store_path is not None:
         overrides["storePathRootDir"] = args.store_path

@@ -165,6 +165,7 @@ class MessageStore:
         self._shutdown = False
         self.disk_full = False          # set by the cleaner's disk check (RunningFlags DISK_FULL)
         self.dispatched_store_timestamp = 0   # ms, store time of the last record dispatched
+        self.sync_flush_inline = True         # SYNC_FLUSH puts msync before returning (embedded use)
         self._mutex = threading.RLock()
         self.total_physical_memory = _total_physical_memory()
         try:
@@ -407,7 +408,7 @@ class MessageStore:
             if (sys_flag & TRANSACTION_TYPE_MASK) not in (TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE):
                 self.topic_queue_table[key] = qo + res.msg_num
         result = PutMessageResult(PutMessageStatus.PUT_OK, "", res)
-        if self.config.flush_disk_type == SYNC_FLUSH:
+        if self.config.flush_disk_type == SYNC_FLUSH and self.sync_flush_inline:
             try:
                 self.commitlog.flush(0)
             except StoreError as e:

@@ -1,0 +1,212 @@
+"""RocketMQ ``broker.conf`` files and the broker's effective settings.
+
+A ``broker.conf`` is RocketMQ's key=value properties file with RocketMQ's own
+property names (camelCase)::
+
+    # one broker group of the default cluster
+    brokerClusterName = DefaultCluster
+    brokerName = broker-a
+    brokerId = 0
+    namesrvAddr = 127.0.0.1:9876;127.0.0.2:9876
+    brokerRole = ASYNC_MASTER
+    flushDiskType = ASYNC_FLUSH
+    mappedFileSizeCommitLog = 1073741824
+
+Format: one ``key=value`` per line; whitespace around key and value is trimmed;
+blank lines and lines starting with ``#`` or ``!`` are skipped; the value is
+everything after the first ``=`` (so ``namesrvAddr=h:9876`` works) and may be
+empty; a key given twice keeps the later value.  Backslash escapes and line
+continuations of Java properties are not interpreted.  A line without ``=`` or
+with an empty or malformed key is an error naming the file and line number.
+
+:func:`broker_settings` merges a parsed file with command-line overrides
+(flags win) and fills RocketMQ's defaults for the broker-level settings; every
+other property passes through untouched, for
+:meth:`rmq.store.config.MessageStoreConfig.from_properties`.
+"""
+from __future__ import annotations
+
+import os
+import re
+from typing import Any, Mapping, Optional
+
+from rmq.store.config import BROKER_ROLES, FLUSH_DISK_TYPES
+
+DEFAULT_CLUSTER_NAME = "DefaultCluster"
+DEFAULT_BROKER_NAME = "broker-a"
+DEFAULT_LISTEN_PORT = 10911                 # RocketMQ's broker port
+DEFAULT_NAMESRV_ADDR = "127.0.0.1:9876"     # the NameServer `rmq start` runs by default
+DEFAULT_STORE_PATH = "./rmq-data"
+MASTER_ID = 0                               # RocketMQ MixAll.MASTER_ID
+
+# RocketMQ property names: letters, digits, '.', '_' and '-' (no spaces)
+KEY_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
+# brokerClusterName / brokerName: what the NameServer accepts
+NAME_PATTERN = re.compile(r"^[%|a-zA-Z0-9_.-]+$")
+# one NameServer address: host:port (IPv4, hostname or [IPv6])
+ADDR_PATTERN = re.compile(r"^(?:[a-zA-Z0-9_.-]+|\[[0-9a-fA-F:.]+\]):([0-9]{1,5})$")
+
+
+class BrokerConfError(ValueError):
+    """A broker.conf line or a setting that cannot be used; the message names it."""
+
+
+def parse_broker_conf(text: str, source: str = "broker.conf") -> dict:
+    """Parse the text of a broker.conf into ``{key: value}`` (str values, later keys win).
+
+    Parameters
+    ----------
+    text : str
+        The file's contents.
+    source : str
+        Name used in error messages (the file path).
+
+    Raises
+    ------
+    BrokerConfError
+        ``"<source>:<line>: ..."`` for a line without ``=`` or with a bad key.
+    """
+    props: dict = {}
+    for lineno, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line[0] in "#!":
+            continue
+        if "=" not in line:
+            raise BrokerConfError(f"{source}:{lineno}: expected key=value, got {line[:80]!r}")
+        key, _, value = line.partition("=")
+        key = key.strip()
+        if not KEY_PATTERN.match(key):
+            raise BrokerConfError(f"{source}:{lineno}: bad property name {key[:80]!r} "
+                                  "(letters, digits, '.', '_', '-'; no spaces)")
+        props[key] = value.strip()
+    return props
+
+
+def load_broker_conf(path: str) -> dict:
+    """Read and parse the broker.conf at ``path`` (UTF-8).
+
+    Raises
+    ------
+    BrokerConfError
+        The file cannot be read or decoded, or has a malformed line (path and line number).
+    """
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise BrokerConfError(f"cannot read broker config {path}: {e.strerror or e}") from None
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise BrokerConfError(f"{path}: not UTF-8 text ({e})") from None
+    return parse_broker_conf(text, path)
+
+
+def _int(key: str, value: Any, lo: int, hi: int) -> int:
+    if isinstance(value, bool):
+        raise BrokerConfError(f"{key} must be an integer, got {value!r}")
+    try:
+        v = int(str(value).strip())
+    except ValueError:
+        raise BrokerConfError(f"{key} must be an integer, got {value!r}") from None
+    if not lo <= v <= hi:
+        raise BrokerConfError(f"{key}={v} outside [{lo}, {hi}]")
+    return v
+
+
+def check_namesrv_addr(value: str) -> str:
+    """``"h:p;h:p"`` (RocketMQ's separator is ';'); entries trimmed, empty entries dropped.
+
+    Raises
+    ------
+    BrokerConfError
+        An entry is not ``host:port`` with 1 <= port <= 65535, or nothing is left.
+    """
+    parts = [p.strip() for p in str(value).split(";") if p.strip()]
+    if not parts:
+        raise BrokerConfError(f"namesrvAddr must list at least one host:port, got {value!r}")
+    for p in parts:
+        m = ADDR_PATTERN.match(p)
+        if m is None or not 1 <= int(m.group(1)) <= 65535:
+            raise BrokerConfError(f"namesrvAddr entry {p!r} must be host:port with a port in [1, 65535]")
+    return ";".join(parts)
+
+
+def broker_settings(props: Optional[Mapping[str, Any]] = None,
+                    overrides: Optional[Mapping[str, Any]] = None) -> dict:
+    """The broker's effective settings: file ``props``, then ``overrides`` (flags; None = not given).
+
+    Parameters
+    ----------
+    props : mapping, optional
+        Parsed broker.conf (:func:`load_broker_conf`).
+    overrides : mapping, optional
+        Command-line values under RocketMQ's property names (``storePathRootDir``,
+        ``listenPort``, ``namesrvAddr``, ...); entries whose value is None are ignored.
+
+    Returns
+    -------
+    dict
+        Every property given, plus the defaults of ``brokerClusterName`` (DefaultCluster),
+        ``brokerName`` (broker-a), ``brokerId`` (0, int), ``listenPort`` (10911, int; 0 =
+        ephemeral), ``namesrvAddr`` (127.0.0.1:9876, normalised ``h:p;h:p``),
+        ``storePathRootDir`` (./rmq-data, ``~`` expanded), ``brokerRole`` (ASYNC_MASTER),
+        ``flushDiskType`` (ASYNC_FLUSH).  As in RocketMQ's BrokerStartup a master's brokerId
+        is forced to 0.  Other properties are returned untouched (for
+        MessageStoreConfig.from_properties).
+
+    Raises
+    ------
+    BrokerConfError
+        A setting has a bad value (named), or a SLAVE has brokerId <= 0.
+    """
+    s: dict = {"brokerClusterName": DEFAULT_CLUSTER_NAME, "brokerName": DEFAULT_BROKER_NAME,
+               "brokerId": MASTER_ID, "listenPort": DEFAULT_LISTEN_PORT, "namesrvAddr": DEFAULT_NAMESRV_ADDR,
+               "storePathRootDir": DEFAULT_STORE_PATH, "brokerRole": "ASYNC_MASTER",
+               "flushDiskType": "ASYNC_FLUSH"}
+    s.update(props or {})
+    s.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    for key in ("brokerClusterName", "brokerName"):
+        v = str(s[key]).strip()
+        if not NAME_PATTERN.match(v) or len(v) > 255:
+            raise BrokerConfError(f"{key}={v[:80]!r} must be 1..255 characters of [%|a-zA-Z0-9_.-]")
+        s[key] = v
+    s["brokerId"] = _int("brokerId", s["brokerId"], 0, 2 ** 31 - 1)
+    s["listenPort"] = _int("listenPort", s["listenPort"], 0, 65535)
+    s["namesrvAddr"] = check_namesrv_addr(s["namesrvAddr"])
+    store = str(s["storePathRootDir"]).strip()
+    if not store:
+        raise BrokerConfError("storePathRootDir must not be empty")
+    s["storePathRootDir"] = os.path.expanduser(store)
+    for key, allowed in (("brokerRole", BROKER_ROLES), ("flushDiskType", FLUSH_DISK_TYPES)):
+        v = str(s[key]).strip()
+        if v not in allowed:
+            raise BrokerConfError(f"{key} must be one of {', '.join(allowed)}, got {v!r}")
+        s[key] = v
+    if s["brokerRole"] == "SLAVE":
+        if s["brokerId"] <= 0:
+            raise BrokerConfError(f"a SLAVE's brokerId must be > 0, got {s['brokerId']}")
+    else:
+        s["brokerId"] = MASTER_ID
+    return s
+
+
+def format_broker_conf(settings: Mapping[str, Any], header: str = "") -> str:
+    """``settings`` as broker.conf text (one ``key=value`` a line, sorted) that
+    :func:`parse_broker_conf` reads back to the same strings.
+
+    Raises
+    ------
+    BrokerConfError
+        A key or value cannot be written on one line.
+    """
+    lines = [f"# {h}" for h in header.splitlines()] if header else []
+    for key in sorted(settings):
+        value = settings[key]
+        if isinstance(value, bool):
+            value = "true" if value else "false"
+        value = str(value)
+        if not KEY_PATTERN.match(key) or "\n" in value or "\r" in value or value != value.strip():
+            raise BrokerConfError(f"cannot write property {key!r}={value[:80]!r} as one key=value line")
+        lines.append(f"{key}={value}")
+    return "\n".join(lines) + "\n"

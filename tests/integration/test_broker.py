@@ -1,0 +1,186 @@
+"""Broker group over the wire: send / pull round trips, tags, long polling, offsets, SYNC_FLUSH."""
+import time
+
+import msgpack
+import pytest
+
+from rmq import protocol as P
+from rmq._core import commitlog as cl
+from rmq.client.remoting import RemotingClient
+from rmq.protocol import Frame, RequestCode, ResponseCode
+from tests.integration.cluster import Cluster
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    c = Cluster(tmp_path / "store")
+    yield c
+    c.close()
+
+
+def send(c, addr, topic, body, queue_id=0, tags=None, keys=None, timeout_ms=5000):
+    props = {}
+    if tags:
+        props["TAGS"] = tags
+    if keys:
+        props["KEYS"] = " ".join(keys)
+    return c.invoke(addr, Frame(RequestCode.SEND_MESSAGE, fields={
+        "producerGroup": "pg", "topic": topic, "queueId": queue_id, "properties": props,
+        "bornTimestamp": int(time.time() * 1000)}, bodies=[body]), timeout_ms)
+
+
+def pull(c, addr, topic, queue_id, offset, max_nums=32, sub="*", suspend_ms=0, timeout_ms=5000, commit=-1):
+    flag = (0x2 if suspend_ms else 0) | (0x1 if commit >= 0 else 0)
+    return c.invoke(addr, Frame(RequestCode.PULL_MESSAGE, fields={
+        "consumerGroup": "cg", "topic": topic, "queueId": queue_id, "queueOffset": offset,
+        "maxMsgNums": max_nums, "sysFlag": flag, "suspendTimeoutMillis": suspend_ms, "subscription": sub,
+        "commitOffset": commit}), timeout_ms)
+
+
+def pull_all(c, addr, topic, queue_id, sub="*", deadline_s=5.0):
+    out, off = [], 0
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        r = pull(c, addr, topic, queue_id, off, sub=sub)
+        if r.code == ResponseCode.SUCCESS:
+            out.extend(cl.decode_records(bytes(r.bodies[0])))
+            off = r.fields["nextBeginOffset"]
+        elif r.code == ResponseCode.PULL_RETRY_IMMEDIATELY:
+            off = r.fields["nextBeginOffset"]
+        else:
+            return out, r
+    raise AssertionError("pull_all did not reach the end")
+
+
+def wait_for(pred, timeout_s=5.0):
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        v = pred()
+        if v:
+            return v
+        time.sleep(0.02)
+    raise AssertionError("condition not met in time")
+
+
+def test_send_pull_round_trip_across_topics_and_queues(cluster):
+    with RemotingClient() as c:
+        sent = {}
+        for i in range(60):
+            topic = f"Topic{i % 2}"
+            q = i % 4
+            r = send(c, cluster.broker, topic, b"msg-%d" % i, q, tags=f"T{i % 3}", keys=[f"k{i}"])
+            assert r.code == ResponseCode.SUCCESS, r.remark
+            assert r.fields["queueId"] == q
+            sent.setdefault((topic, q), []).append(b"msg-%d" % i)
+        for (topic, q), bodies in sent.items():
+            msgs = wait_for(lambda: (lambda m: m if len(m) == len(bodies) else None)(
+                pull_all(c, cluster.broker, topic, q)[0]))
+            assert [m.body for m in msgs] == bodies
+            assert [m.queue_offset for m in msgs] == list(range(len(bodies)))
+            assert all(m.store_host and m.msg_id for m in msgs)
+
+
+def test_tag_filter_over_the_wire(cluster):
+    with RemotingClient() as c:
+        for i in range(30):
+            assert send(c, cluster.broker, "TagTopic", b"%d" % i, 0, tags=f"T{i % 3}").code == ResponseCode.SUCCESS
+        msgs = wait_for(lambda: (lambda m: m if len(m) == 10 else None)(
+            pull_all(c, cluster.broker, "TagTopic", 0, sub="T1")[0]))
+        assert {m.tags for m in msgs} == {"T1"}
+
+
+def test_long_polling_wakes_on_arrival(cluster):
+    with RemotingClient() as c, RemotingClient() as c2:
+        assert send(c, cluster.broker, "LP", b"first", 0).code == ResponseCode.SUCCESS
+        wait_for(lambda: pull(c, cluster.broker, "LP", 0, 0).code == ResponseCode.SUCCESS)
+        # park a pull at offset 1 with a long suspend, then send: the pull must be answered with it
+        s = c2._socket(cluster.broker)
+        f = Frame(RequestCode.PULL_MESSAGE, opaque=77, fields={
+            "consumerGroup": "cg", "topic": "LP", "queueId": 0, "queueOffset": 1, "maxMsgNums": 8,
+            "sysFlag": 0x2, "suspendTimeoutMillis": 10_000, "subscription": "*"})
+        s.send_multipart(P.encode(f))
+        assert not s.poll(300), "a pull with nothing new must be parked, not answered"
+        assert send(c, cluster.broker, "LP", b"second", 0).code == ResponseCode.SUCCESS
+        assert s.poll(5000), "parked pull was not woken by the arrival"
+        resp = P.decode(s.recv_multipart())
+        assert resp.code == ResponseCode.SUCCESS
+        assert [m.body for m in cl.decode_records(bytes(resp.bodies[0]))] == [b"second"]
+
+
+def test_parked_pull_times_out_with_not_found(cluster):
+    with RemotingClient() as c:
+        assert send(c, cluster.broker, "LP2", b"x", 0).code == ResponseCode.SUCCESS
+        wait_for(lambda: pull(c, cluster.broker, "LP2", 0, 0).code == ResponseCode.SUCCESS)
+        t0 = time.monotonic()
+        r = pull(c, cluster.broker, "LP2", 0, 1, suspend_ms=300)
+        assert r.code == ResponseCode.PULL_NOT_FOUND and time.monotonic() - t0 >= 0.25
+
+
+def test_pull_statuses(cluster):
+    with RemotingClient() as c:
+        r = pull(c, cluster.broker, "NoSuchTopic", 0, 0)
+        assert r.code == ResponseCode.TOPIC_NOT_EXIST
+        assert send(c, cluster.broker, "St", b"x", 0).code == ResponseCode.SUCCESS
+        wait_for(lambda: pull(c, cluster.broker, "St", 0, 0).code == ResponseCode.SUCCESS)
+        assert pull(c, cluster.broker, "St", 0, 1).code == ResponseCode.PULL_NOT_FOUND
+        assert pull(c, cluster.broker, "St", 0, 5).code == ResponseCode.PULL_OFFSET_MOVED
+        assert pull(c, cluster.broker, "St", 99, 0).code == ResponseCode.SYSTEM_ERROR
+
+
+def test_offsets_persist_across_restart(cluster):
+    with RemotingClient() as c:
+        assert c.invoke(cluster.broker, Frame(RequestCode.UPDATE_CONSUMER_OFFSET, fields={
+            "consumerGroup": "cg", "topic": "Off", "queueId": 2, "commitOffset": 42})).code == 0
+    assert cluster.stop_group() == {"broker": 0, "reput": 0, "flush": 0}
+    cluster.start_group()
+    with RemotingClient() as c:
+        r = c.invoke(cluster.broker, Frame(RequestCode.QUERY_CONSUMER_OFFSET, fields={
+            "consumerGroup": "cg", "topic": "Off", "queueId": 2}))
+        assert r.code == 0 and r.fields["offset"] == 42
+
+
+def test_messages_survive_clean_restart_and_kill9(cluster):
+    with RemotingClient() as c:
+        for i in range(20):
+            assert send(c, cluster.broker, "Dur", b"%d" % i, 0).code == ResponseCode.SUCCESS
+    cluster.stop_group()
+    cluster.start_group()
+    with RemotingClient() as c:
+        for i in range(20, 30):
+            assert send(c, cluster.broker, "Dur", b"%d" % i, 0).code == ResponseCode.SUCCESS
+    cluster.kill_group()
+    cluster.start_group()
+    with RemotingClient() as c:
+        msgs = wait_for(lambda: (lambda m: m if len(m) == 30 else None)(pull_all(c, cluster.broker, "Dur", 0)[0]))
+        assert [m.body for m in msgs] == [b"%d" % i for i in range(30)]
+
+
+def test_bad_requests_change_nothing(cluster):
+    with RemotingClient() as c:
+        for fields in ({"topic": "../etc", "queueId": 0}, {"topic": "T", "queueId": "x"},
+                       {"topic": 5}, {"queueId": 0}, {"topic": "T", "queueId": 10_000}):
+            r = c.invoke(cluster.broker, Frame(RequestCode.SEND_MESSAGE, fields=fields, bodies=[b"x"]))
+            assert r.code != ResponseCode.SUCCESS and r.remark
+        r = c.invoke(cluster.broker, Frame(RequestCode.SEND_MESSAGE, fields={"topic": "T", "queueId": 0}))
+        assert r.code == ResponseCode.MESSAGE_ILLEGAL
+        r = c.invoke(cluster.broker, Frame(RequestCode.SEND_BATCH_MESSAGE, fields={"topic": "T", "queueId": 0},
+                                           bodies=[b"\x00\x00\x00\x30garbage"]))
+        assert r.code == ResponseCode.MESSAGE_ILLEGAL
+        r = c.invoke(cluster.broker, Frame(RequestCode.GET_BROKER_RUNTIME_INFO))
+        table = msgpack.unpackb(bytes(r.bodies[0]))["table"]
+        assert table["putMessageTotal"] == 0 and table["commitLogMaxOffset"] == 0
+
+
+def test_batch_send(cluster):
+    with RemotingClient() as c:
+        batch = cl.encode_batch([(b"b%d" % i, cl.encode_properties({"KEYS": f"bk{i}"}), 0) for i in range(100)])
+        r = c.invoke(cluster.broker, Frame(RequestCode.SEND_BATCH_MESSAGE,
+                                           fields={"topic": "Batch", "queueId": 1}, bodies=[batch]))
+        assert r.code == 0 and r.fields["msgNum"] == 100 and r.fields["msgId"].count(",") == 99
+        msgs = wait_for(lambda: (lambda m: m if len(m) == 100 else None)(pull_all(c, cluster.broker, "Batch", 1)[0]))
+        assert [m.body for m in msgs] == [b"b%d" % i for i in range(100)]
+        r = wait_for(lambda: (lambda r: r if r.code == 0 else None)(c.invoke(cluster.broker, Frame(
+            RequestCode.QUERY_MESSAGE, fields={"topic": "Batch", "key": "bk42"}))))
+        assert [m.body for m in cl.decode_records(bytes(r.bodies[0]))] == [b"b42"]
