@@ -114,26 +114,30 @@ def _int(key: str, value: Any, lo: int, hi: int) -> int:
     return v
 
 
-def check_namesrv_addr(value: str) -> str:
+def check_namesrv_addr(value: str, allow_port_zero: bool = False) -> str:
     """``"h:p;h:p"`` (RocketMQ's separator is ';'); entries trimmed, empty entries dropped.
+
+    ``allow_port_zero`` accepts port 0 (ephemeral), which only means something to
+    ``rmq start``: the NameServer it runs binds any free port and the broker is told the real one.
 
     Raises
     ------
     BrokerConfError
-        An entry is not ``host:port`` with 1 <= port <= 65535, or nothing is left.
+        An entry is not ``host:port`` with 1 <= port <= 65535 (0 too if allowed), or nothing is left.
     """
     parts = [p.strip() for p in str(value).split(";") if p.strip()]
     if not parts:
         raise BrokerConfError(f"namesrvAddr must list at least one host:port, got {value!r}")
     for p in parts:
         m = ADDR_PATTERN.match(p)
-        if m is None or not 1 <= int(m.group(1)) <= 65535:
-            raise BrokerConfError(f"namesrvAddr entry {p!r} must be host:port with a port in [1, 65535]")
+        lo = 0 if allow_port_zero else 1
+        if m is None or not lo <= int(m.group(1)) <= 65535:
+            raise BrokerConfError(f"namesrvAddr entry {p!r} must be host:port with a port in [{lo}, 65535]")
     return ";".join(parts)
 
 
 def broker_settings(props: Optional[Mapping[str, Any]] = None,
-                    overrides: Optional[Mapping[str, Any]] = None) -> dict:
+                    overrides: Optional[Mapping[str, Any]] = None, ephemeral_ports: bool = False) -> dict:
     """The broker's effective settings: file ``props``, then ``overrides`` (flags; None = not given).
 
     Parameters
@@ -143,6 +147,8 @@ def broker_settings(props: Optional[Mapping[str, Any]] = None,
     overrides : mapping, optional
         Command-line values under RocketMQ's property names (``storePathRootDir``,
         ``listenPort``, ``namesrvAddr``, ...); entries whose value is None are ignored.
+    ephemeral_ports : bool
+        Accept port 0 in ``namesrvAddr`` (``rmq start``'s own NameServer on any free port).
 
     Returns
     -------
@@ -173,7 +179,7 @@ def broker_settings(props: Optional[Mapping[str, Any]] = None,
         s[key] = v
     s["brokerId"] = _int("brokerId", s["brokerId"], 0, 2 ** 31 - 1)
     s["listenPort"] = _int("listenPort", s["listenPort"], 0, 65535)
-    s["namesrvAddr"] = check_namesrv_addr(s["namesrvAddr"])
+    s["namesrvAddr"] = check_namesrv_addr(s["namesrvAddr"], ephemeral_ports)
     store = str(s["storePathRootDir"]).strip()
     if not store:
         raise BrokerConfError("storePathRootDir must not be empty")

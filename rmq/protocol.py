@@ -102,6 +102,7 @@ class RequestCode(IntEnum):
     FLUSH_REQUEST = 9002           # broker -> flush: make offset X durable
     FLUSH_ANNOUNCE = 9003          # flush -> broker: durable offset
     DISPATCH_ANNOUNCE = 9004       # reput -> broker: dispatched offset + queue arrivals
+    CLEAN_ANNOUNCE = 9005          # cleaner -> broker: CommitLog min offset, DISK_FULL
 
 
 class ResponseCode(IntEnum):

@@ -198,6 +198,7 @@ class BrokerActor(Actor):
         h(RequestCode.GET_TOPIC_STATS_INFO, self.on_topic_stats)
         h(RequestCode.DISPATCH_ANNOUNCE, self.on_dispatch_announce)
         h(RequestCode.FLUSH_ANNOUNCE, self.on_flush_announce)
+        h(RequestCode.CLEAN_ANNOUNCE, self.on_clean_announce)
         self.add_timer(REGISTER_NAME_SERVER_PERIOD_MS, self.register_broker_all, first_ms=0)
         self.add_timer(FLUSH_CONSUMER_OFFSET_INTERVAL_MS, self.persist_offsets, first_ms=10_000)
         self.add_timer(HOLD_CHECK_MS, self.check_holds)
@@ -241,7 +242,7 @@ class BrokerActor(Actor):
             return
         self.last_announced = end
         frame = Frame(RequestCode.APPEND_ANNOUNCE, flag=P.FLAG_ONEWAY,
-                      fields={"end": end, "flushed": self.flushed_offset,
+                      fields={"end": end, "flushed": self.flushed_offset, "dispatched": self.dispatched_offset,
                               "minOffset": self.store.commitlog.get_min_offset(),
                               "storeTimestamp": self.store.commitlog.last_store_timestamp})
         try:
@@ -264,6 +265,16 @@ class BrokerActor(Actor):
             self.flushed_offset = flushed
             self.store.commitlog.mapped_file_queue.flushed_where = flushed
             self._release_sync_waits()
+        return None
+
+    def on_clean_announce(self, frame: Frame, reply: Reply) -> None:
+        self.store.disk_full = bool(frame.fields.get("diskFull", False))
+        min_offset = field_int(frame, "minOffset", 0, lo=0)
+        mfq = self.store.commitlog.mapped_file_queue
+        if mfq.drop_missing_head():
+            for cq in self.store.consume_queue_table.values():
+                cq.correct_min_offset(min_offset)
+        self.announce_append(force=True)      # reput learns the new min offset and cleans its files
         return None
 
     def _release_sync_waits(self, force_timeout: bool = False) -> None:

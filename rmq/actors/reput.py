@@ -59,6 +59,7 @@ class ReputActor(Actor):
         self.end = 0
         self.flushed = 0
         self.caught_up = True
+        self.commitlog_min_offset = 0
         self._last_thorough = time.monotonic()
 
     def on_start(self) -> None:
@@ -84,6 +85,21 @@ class ReputActor(Actor):
             return
         self.end = max(self.end, int(f.fields.get("end", 0)))
         self.flushed = max(self.flushed, int(f.fields.get("flushed", 0)))
+        min_offset = int(f.fields.get("minOffset", 0))
+        if min_offset > self.commitlog_min_offset:
+            self.clean_queues(min_offset)
+
+    def clean_queues(self, min_offset: int) -> None:
+        """The cleaner deleted CommitLog files: drop ConsumeQueue / IndexFiles below ``min_offset``
+        (CleanConsumeQueueService, SPEC.md §8.3) and announce the queues' new min offsets."""
+        self.commitlog_min_offset = min_offset
+        self.view.commitlog.drop_missing_head()
+        cq_files = sum(cq.delete_expired_file(min_offset) for cq in self.view.consume_queue_table.values())
+        index_files = self.view.index_service.delete_expired_file(min_offset)
+        if self.dispatcher.reput_from_offset < min_offset:
+            self.dispatcher.reput_from_offset = min_offset
+        self.log.info("CommitLog min offset %d: %d ConsumeQueue and %d index file(s) deleted",
+                      min_offset, cq_files, index_files)
 
     def limit(self) -> int:
         return self.flushed if self.config.flush_disk_type == SYNC_FLUSH else self.end

@@ -141,14 +141,21 @@ class MappedFileQueue:
                     f"hole in {self.store_path}: {os.path.basename(nxt.file_name)} does not follow "
                     f"{os.path.basename(prev.file_name)}")
 
+    def drop_missing_head(self) -> int:
+        """Unmap leading files another process (the cleaner) deleted; returns how many."""
+        n = 0
+        while len(self.files) > 1 and not os.path.exists(self.files[0].file_name):
+            self.files.pop(0).close()
+            n += 1
+        return n
+
     def refresh(self, readable_end: int) -> None:
         """Reader side of a queue another process writes: map the files it created,
         forget the ones deleted (by the cleaner) and expose bytes up to ``readable_end``.
 
         ``readable_end`` is a queue offset (bytes) the writer announced.
         """
-        while self.files and not os.path.exists(self.files[0].file_name):
-            self.files.pop(0).close()
+        self.drop_missing_head()
         size = self.mapped_file_size
         if self.files:
             nxt = self.files[-1].file_from_offset + size

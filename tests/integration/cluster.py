@@ -6,7 +6,7 @@ from tests.integration.conftest import ActorProcess
 
 
 class Cluster:
-    def __init__(self, store_path, conf=None, with_namesrv=True):
+    def __init__(self, store_path, conf=None, with_namesrv=True, with_cleaner=False, namesrv_args=()):
         self.store_path = str(store_path)
         self.conf_path = os.path.join(self.store_path, "broker.conf")
         os.makedirs(self.store_path, exist_ok=True)
@@ -18,8 +18,9 @@ class Cluster:
         self.conf.update(conf or {})
         with open(self.conf_path, "w") as f:
             f.write("".join(f"{k}={v}\n" for k, v in self.conf.items()))
+        self.with_cleaner = with_cleaner
         self.namesrv = ActorProcess(["-m", "rmq.actors.nameserver", "--listen-port", "0",
-                                     "--store-path", self.store_path]) if with_namesrv else None
+                                     "--store-path", self.store_path, *namesrv_args]) if with_namesrv else None
         self.namesrv_addr = self.namesrv.endpoint.replace("tcp://", "") if self.namesrv else ""
         self.procs = {}
         self.start_group()
@@ -34,17 +35,19 @@ class Cluster:
         self.broker_addr = self.broker.replace("tcp://", "")
         self.procs["reput"] = ActorProcess(["-m", "rmq.actors.reput", *common])
         self.procs["flush"] = ActorProcess(["-m", "rmq.actors.flush", *common])
+        if self.with_cleaner:
+            self.procs["cleaner"] = ActorProcess(["-m", "rmq.actors.cleaner", *common])
 
     def stop_group(self):
         codes = {}
-        for name in ("broker", "reput", "flush"):
+        for name in ("broker", "reput", "flush", "cleaner"):
             p = self.procs.pop(name, None)
             if p is not None:
                 codes[name] = p.terminate()
         return codes
 
     def kill_group(self):
-        for name in ("broker", "reput", "flush"):
+        for name in ("broker", "reput", "flush", "cleaner"):
             p = self.procs.pop(name, None)
             if p is not None:
                 p.kill()

@@ -1,0 +1,141 @@
+"""Cleaner actor: CommitLog expiry and disk protection (RocketMQ CleanCommitLogService, SPEC.md §8).
+
+Responsibility
+    Every cleanResourceInterval (10 s; first run after cleanResourceInitialDelay,
+    60 s, an rmq setting) it deletes expired CommitLog files: when the hour is
+    in deleteWhen, or disk usage is above diskMaxUsedSpaceRatio, or an admin
+    asked; a file goes when it is older than fileReservedTime hours, or
+    regardless of age above the clean-forcibly ratio (85 %); oldest first, never
+    the newest file, never a file reput has not dispatched, at most 10 a run.
+    Every 10 s it checks disk usage: above 90 % it tells the broker DISK_FULL
+    (writes refused with SERVICE_NOT_AVAILABLE) until usage falls again.
+    After deleting it announces the new CommitLog min offset; the broker relays
+    it, reput deletes ConsumeQueue and IndexFiles below it (their writer), and
+    every process unmaps the deleted files.
+
+Sockets
+    SUB ``ipc://STORE/broker-pub.ipc``: APPEND_ANNOUNCE {end, dispatched, ...}.
+    DEALER ``ipc://STORE/broker.ipc``: one-way CLEAN_ANNOUNCE {minOffset, diskFull, diskRatio}.
+
+Files
+    Deletes ``commitlog/*`` files.
+
+Timers
+    cleanResourceInterval (10 000 ms), disk check 10 000 ms.
+
+Failure behaviour
+    A file that cannot be deleted stops the run (no holes); the next run retries.
+    Wall-clock ages come from file mtimes; nothing unconsumed by reput is ever deleted.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Optional
+
+import zmq
+
+from rmq import protocol as P
+from rmq.actors.actor import Actor
+from rmq.actors.broker import announce_endpoint, internal_endpoint
+from rmq.actors.reput import settings_from_args
+from rmq.protocol import Frame, ProtocolError, RequestCode
+from rmq.store.cleaner import (DELETE_FILES_BATCH_MAX, HOUR_MS, disk_usage_ratio, is_time_to_delete,
+                               space_decision)
+from rmq.store.config import MessageStoreConfig
+from rmq.store.mapped_file_queue import MappedFileQueue
+
+CLEAN_RESOURCE_INTERVAL_MS = 10_000
+CLEAN_RESOURCE_INITIAL_DELAY_MS = 60_000
+DISK_CHECK_INTERVAL_MS = 10_000
+
+
+class CleanerActor(Actor):
+    name = "cleaner"
+
+    def __init__(self, config: MessageStoreConfig, supervisor_endpoint: Optional[str] = None,
+                 usage=disk_usage_ratio):
+        super().__init__(config.store_path_root_dir, supervisor_endpoint)
+        self.config = config
+        self.usage = usage
+        extra = config.extra
+        self.interval_ms = int(extra.get("cleanResourceInterval", CLEAN_RESOURCE_INTERVAL_MS))
+        self.initial_delay_ms = int(extra.get("cleanResourceInitialDelay", CLEAN_RESOURCE_INITIAL_DELAY_MS))
+        self.disk_check_ms = int(extra.get("diskCheckInterval", DISK_CHECK_INTERVAL_MS))
+        self.end = 0
+        self.dispatched = 0
+        self.disk_full = False
+        self.last_ratio = 0.0
+
+    def on_start(self) -> None:
+        root = os.path.abspath(self.config.store_path_root_dir)
+        self.commitlog = MappedFileQueue(self.config.store_path_commit_log or os.path.join(root, "commitlog"),
+                                         self.config.mapped_file_size_commit_log)
+        self.commitlog.load()
+        for mf in self.commitlog.files:
+            mf.wrote_position = 0
+        self.sub = self.socket(zmq.SUB, connect=announce_endpoint(self.store_path))
+        self.sub.setsockopt(zmq.SUBSCRIBE, b"")
+        self.add_socket(self.sub, self.on_announce)
+        self.out = self.socket(zmq.DEALER, connect=internal_endpoint(self.store_path))
+        self.add_timer(self.interval_ms, self.clean, first_ms=self.initial_delay_ms)
+        self.add_timer(self.disk_check_ms, self.check_disk, first_ms=0)
+        print("ready", internal_endpoint(self.store_path), flush=True)
+
+    def on_announce(self, parts: list) -> None:
+        try:
+            f = P.decode(parts)
+        except ProtocolError as e:
+            self.log.warning("bad announcement: %s", e)
+            return
+        if f.code == RequestCode.APPEND_ANNOUNCE:
+            self.end = max(self.end, int(f.fields.get("end", 0)))
+            self.dispatched = max(self.dispatched, int(f.fields.get("dispatched", 0)))
+
+    def announce(self) -> None:
+        try:
+            self.out.send_multipart(P.encode(Frame(RequestCode.CLEAN_ANNOUNCE, flag=P.FLAG_ONEWAY, fields={
+                "minOffset": self.commitlog.get_min_offset(), "diskFull": self.disk_full,
+                "diskRatio": self.last_ratio})), flags=zmq.NOBLOCK)
+        except zmq.Again:
+            pass
+
+    def check_disk(self):
+        d = space_decision(self.usage(self.commitlog.store_path), self.config.disk_max_used_space_ratio)
+        self.last_ratio = d.ratio
+        if d.disk_full != self.disk_full:
+            self.log.warning("disk usage %.2f: DISK_FULL %s", d.ratio, "set" if d.disk_full else "cleared")
+            self.disk_full = d.disk_full
+            self.announce()
+        return d
+
+    def clean(self) -> int:
+        self.commitlog.refresh(self.end)
+        d = self.check_disk()
+        time_up = is_time_to_delete(self.config.delete_when)
+        if not (time_up or d.space_to_delete):
+            return 0
+        clean_now = self.config.clean_file_forcibly_enable and d.clean_immediately
+        n = self.commitlog.delete_expired_file_by_time(self.config.file_reserved_time * HOUR_MS, 0.1, clean_now,
+                                                       DELETE_FILES_BATCH_MAX, int(time.time() * 1000),
+                                                       max_end_offset=self.dispatched)
+        if n:
+            self.log.info("deleted %d expired CommitLog file(s); min offset now %d", n,
+                          self.commitlog.get_min_offset())
+            self.announce()
+        return n
+
+    def on_stop(self) -> None:
+        for mf in self.commitlog.files:
+            mf.close()
+
+
+def main(argv: Optional[list] = None) -> int:
+    config, supervisor = settings_from_args(argv, "python -m rmq.actors.cleaner")
+    CleanerActor(config, supervisor).run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
