@@ -1,8 +1,11 @@
-"""The ``rmq`` command line: ``rmq demo store`` (more commands arrive with the actors)."""
+"""The ``rmq`` command line: ``rmq start`` / ``rmq stop`` (the supervisor), ``rmq demo store``."""
 from __future__ import annotations
 
 import os
 import shutil
+import signal
+import subprocess
+import sys
 import tempfile
 import time
 
@@ -101,6 +104,128 @@ def demo_store(store_path, messages, body_size, queues, batch) -> None:
     finally:
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+@main.command("start")
+@click.option("-c", "--config", "config", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="broker.conf in RocketMQ's key=value form with RocketMQ's property names; flags override it.")
+@click.option("--store-path", type=click.Path(file_okay=False), default=None,
+              help="Store directory (default: storePathRootDir from the config, else ./rmq-data).")
+@click.option("--namesrv-addr", default=None, metavar="HOST:PORT[;HOST:PORT]",
+              help="NameServer address(es) (default 127.0.0.1:9876).  The NameServer started here listens on "
+                   "the first; with --no-namesrv the broker registers with these.")
+@click.option("--listen-port", type=click.IntRange(0, 65535), default=None,
+              help="Broker port (default 10911; 0 = any free port).")
+@click.option("--no-namesrv", is_flag=True,
+              help="Start only the broker group (a second broker group or a slave joining a cluster).")
+@click.option("--detach", is_flag=True,
+              help="Run in the background: return once every actor is ready; pid in STORE/rmq.pid.")
+def start(config, store_path, namesrv_addr, listen_port, no_namesrv, detach) -> None:
+    """Start a NameServer and one broker group (broker, reput, flush, cleaner) under a supervisor.
+
+    Foreground by default (Ctrl-C stops it in order); `rmq stop` stops it from elsewhere.
+    """
+    from rmq.actors.supervisor import Supervisor, SupervisorError, resolve_settings, supervisor_running
+    from rmq.broker_conf import BrokerConfError
+
+    try:
+        settings = resolve_settings(config, store_path, namesrv_addr, listen_port)
+    except BrokerConfError as e:
+        raise click.ClickException(str(e)) from None
+    store = settings["storePathRootDir"]
+    if not detach:
+        try:
+            code = Supervisor(settings, config, start_namesrv=not no_namesrv).run()
+        except SupervisorError as e:
+            raise click.ClickException(str(e)) from None
+        raise SystemExit(code)
+
+    if supervisor_running(store):
+        raise click.ClickException(f"rmq is already running for store {store}; stop it with: "
+                                   f"rmq stop --store-path {store}")
+    logs = os.path.join(store, "logs")
+    os.makedirs(logs, exist_ok=True)
+    argv = [sys.executable, "-m", "rmq.actors.supervisor", "--store-path", store, "--detached"]
+    if config:
+        argv += ["-c", os.path.abspath(config)]
+    if namesrv_addr is not None:
+        argv += ["--namesrv-addr", namesrv_addr]
+    if listen_port is not None:
+        argv += ["--listen-port", str(listen_port)]
+    if no_namesrv:
+        argv.append("--no-namesrv")
+    err_path = os.path.join(logs, "supervisor.stderr.log")
+    with open(err_path, "ab") as err:
+        offset = err.tell()
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err,
+                                start_new_session=True, close_fds=True, text=True)
+    ready = False
+    with proc.stdout:
+        for line in proc.stdout:
+            line = line.rstrip("\n")
+            click.echo(line)
+            if line.startswith("ready "):
+                ready = True
+                break
+    if not ready:
+        code = proc.wait()
+        with open(err_path, "rb") as f:
+            f.seek(offset)
+            tail = f.read().decode("utf-8", "replace").strip()
+        if tail:
+            click.echo(tail, err=True)
+        raise click.ClickException(f"rmq did not start (supervisor exit code {code}); "
+                                   f"see {os.path.join(logs, 'supervisor.log')}")
+    proc.returncode = 0     # it runs on without us: no "still running" warning when this object goes
+    click.echo(f"rmq running in the background: supervisor pid {proc.pid}, pid file "
+               f"{os.path.join(store, 'rmq.pid')}, logs in {logs}; stop it with: rmq stop --store-path {store}")
+
+
+@main.command("stop")
+@click.option("-c", "--config", "config", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="broker.conf, to find storePathRootDir.")
+@click.option("--store-path", type=click.Path(file_okay=False), default=None,
+              help="Store directory of the rmq to stop (default: storePathRootDir from the config, else ./rmq-data).")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=300.0, show_default=True,
+              help="Seconds to wait for the supervisor's ordered stop.")
+def stop(config, store_path, timeout) -> None:
+    """Stop the rmq running on a store: the broker stops accepting, drains and flushes, then reput,
+    flush, cleaner and the NameServer stop; a clean stop removes the store's abort file."""
+    from rmq.actors.supervisor import ABORT_FILE, PID_FILE, read_pid_file, resolve_settings, supervisor_running
+    from rmq.broker_conf import BrokerConfError
+
+    try:
+        store = resolve_settings(config, store_path)["storePathRootDir"]
+    except BrokerConfError as e:
+        raise click.ClickException(str(e)) from None
+    pid_path = os.path.join(store, PID_FILE)
+    pid = read_pid_file(store)
+    if not supervisor_running(store):
+        stale = os.path.exists(pid_path)
+        if stale:
+            os.unlink(pid_path)
+        raise click.ClickException(f"rmq is not running for store {store}"
+                                   + (" (stale pid file removed)" if stale else " (no pid file)"))
+    if pid is None:
+        raise click.ClickException(f"cannot read the supervisor's pid from {pid_path}")
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    click.echo(f"stopping rmq (supervisor pid {pid}, store {store}) ...")
+    deadline = time.monotonic() + timeout
+    while supervisor_running(store):
+        if time.monotonic() >= deadline:
+            raise click.ClickException(f"the supervisor (pid {pid}) has not stopped within {timeout:g} s; it may "
+                                       f"still be stopping: see {os.path.join(store, 'logs', 'supervisor.log')}")
+        time.sleep(0.1)
+    if os.path.exists(pid_path) and read_pid_file(store) == pid:
+        os.unlink(pid_path)
+    if os.path.exists(os.path.join(store, ABORT_FILE)):
+        click.echo(f"rmq stopped, but not cleanly: {os.path.join(store, ABORT_FILE)} remains, the next start "
+                   f"recovers the store (see {os.path.join(store, 'logs', 'supervisor.log')})", err=True)
+        raise SystemExit(1)
+    click.echo("rmq stopped cleanly")
 
 
 if __name__ == "__main__":

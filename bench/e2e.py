@@ -1,0 +1,1032 @@
+#!/usr/bin/env python
+"""End-to-end produce / consume throughput over loopback, beside the raw pyzmq ceiling
+measured in the same run.
+
+Run::
+
+    python bench/e2e.py                         # the table (about 2 minutes on 2 vCPUs)
+    python bench/e2e.py --messages 300000       # smaller
+    python bench/e2e.py --json e2e.json         # ... and the figures as JSON
+    python bench/e2e.py --profile /tmp/prof     # py-spy record of the broker during each phase
+    python -m pytest bench/bench_e2e.py --benchmark-only -q   # the same scenarios, small sizes
+
+Every load runs in a client process of its own (multiprocessing "spawn"); the benchmark
+process only orchestrates and waits on pipes.  The broker group is the real one:
+``tests.integration.cluster.Cluster`` starts nameserver, broker, reput and flush as
+processes on ephemeral loopback ports.
+
+Ceiling (raw pyzmq, DEALER -> ROUTER, tcp 127.0.0.1, a sink process that only
+receives and answers with pre-built frames of the broker's shapes):
+
+* ``stream``: one multipart ``[RMQ1, SEND_MESSAGE header, body]`` per message, up to
+  STREAM_WINDOW messages unacknowledged (the sink acknowledges each drained burst
+  with one count frame);
+* ``batch``: ``[RMQ1, SEND_BATCH_MESSAGE header, encode_batch(1000 messages)]`` per request,
+  WINDOW requests in flight, each answered with a frame shaped like SEND_OK (a 1000 msgIds
+  header): the very bytes the producer sends and gets back;
+* ``rtt``: one ``[RMQ1, header, body]`` at a time, answered at once: round trip p50/p99;
+* ``pages``: PULL-shaped requests answered with a real page of 1000 CommitLog records
+  (built by a MessageStore), WINDOW in flight: the ceiling of the consume path;
+* ``decode``: ``decode_records`` of that page in a loop, no I/O (the consumer's CPU part).
+
+rmq, per flush type (ASYNC_FLUSH, SYNC_FLUSH) and body size (100 B, 1 KiB), one fresh
+broker group each (CommitLog files of --file-size, warmMapedFileEnable=true):
+
+* ``produce``: SEND_BATCH_MESSAGE batches of 1000 over one DEALER, WINDOW requests in
+  flight, round robin over QUEUES queues; latency = request sent -> SEND_OK;
+* ``consume``: everything back with PULL_MESSAGE maxMsgNums=1000, one pull in flight per
+  queue (QUEUES in flight), every page decoded into MessageExt objects;
+* ``single``: SEND_MESSAGE one at a time, waiting for each ack, for --single-seconds.
+
+MB/s counts payload (message bodies) only; the JSON also has wire bytes.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+import zmq  # noqa: E402
+
+from rmq import protocol as P  # noqa: E402
+from rmq._core import commitlog as _cl  # noqa: E402
+from rmq.protocol import Frame, RequestCode, ResponseCode  # noqa: E402
+
+# -- parameters --------------------------------------------------------------------------------
+MB = 1e6
+BODY_SIZES = (100, 1024)
+FLUSH_TYPES = ("ASYNC_FLUSH", "SYNC_FLUSH")
+BATCH = 1000                     # messages per SEND_BATCH_MESSAGE (and per pull page)
+WINDOW = 4                       # requests in flight (produce, batch ceiling, pulls / page ceiling)
+QUEUES = 4                       # queues the producer round-robins over; one pull in flight per queue
+STREAM_WINDOW = 1000             # unacknowledged messages of the one-frame-per-message ceiling
+DEFAULT_MESSAGES = 1_000_000     # messages per produce run for 100 B bodies; 1 KiB: a quarter
+DEFAULT_FILE_SIZE = 512 << 20    # CommitLog file size: both sizes' runs fit in the first file
+DEFAULT_SINGLE_SECONDS = 2.0
+DEFAULT_CEILING_SECONDS = 1.5
+TOPIC = "E2EBench"
+SINGLE_TOPIC = "E2ESingle"
+IDLE_CPU_FRACTION = 0.05         # the group is "idle" when it uses < 5 % of one core ...
+IDLE_WINDOW_S = 0.3              # ... over this long (the allocator pre-touches the next file)
+IDLE_MAX_WAIT_S = 20.0
+PHASE_TIMEOUT_S = 120.0
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+# PERF.md section 4 floors (this machine, single producer)
+TARGETS = {
+    ("produce", "ASYNC_FLUSH", 100): ("T1", 2_500_000), ("produce", "ASYNC_FLUSH", 1024): ("T1", 600_000),
+    ("produce", "SYNC_FLUSH", 100): ("T2", 1_200_000), ("produce", "SYNC_FLUSH", 1024): ("T2", 400_000),
+    ("consume", "ASYNC_FLUSH", 100): ("T7", 3_000_000), ("consume", "ASYNC_FLUSH", 1024): ("T7", 1_200_000),
+    ("consume", "SYNC_FLUSH", 100): ("T7", 3_000_000), ("consume", "SYNC_FLUSH", 1024): ("T7", 1_200_000),
+    ("single", "SYNC_FLUSH", 100): ("T5", 4_200), ("single", "SYNC_FLUSH", 1024): ("T5", 4_200),
+}
+#: T4: single message, async flush: the broker adds <= 10 us to the raw round trip (p50)
+T4_ADDED_US = 10.0
+
+
+def body_of(size: int) -> bytes:
+    return bytes((i * 131 + 7) & 0xFF for i in range(size))
+
+
+def pct(sorted_vals: list, q: float) -> float:
+    if not sorted_vals:
+        return float("nan")
+    return sorted_vals[min(len(sorted_vals) - 1, int(q * (len(sorted_vals) - 1) + 0.5))]
+
+
+def lat_stats(ns: list) -> dict:
+    """p50 / p99 / p99.9 / max of latencies given in ns, as microseconds."""
+    s = sorted(ns)
+    return {"n": len(s), "p50_us": pct(s, 0.5) / 1e3, "p99_us": pct(s, 0.99) / 1e3,
+            "p999_us": pct(s, 0.999) / 1e3, "max_us": (s[-1] / 1e3) if s else float("nan")}
+
+
+# == worker side (runs in spawned processes) ====================================================
+_CTX: Optional[zmq.Context] = None
+
+
+def _ctx() -> zmq.Context:
+    global _CTX
+    if _CTX is None:
+        _CTX = zmq.Context(io_threads=1)
+    return _CTX
+
+
+def _dealer(endpoint: str, hwm: int = 1000) -> zmq.Socket:
+    s = _ctx().socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 0)
+    s.setsockopt(zmq.SNDHWM, hwm)
+    s.setsockopt(zmq.RCVHWM, hwm)
+    s.setsockopt(zmq.MAXMSGSIZE, P.MAX_MESSAGE_SIZE + 1024)
+    s.connect(endpoint)
+    return s
+
+
+def _recv(s: zmq.Socket, timeout_s: float = 30.0) -> list:
+    if not s.poll(timeout_s * 1000):
+        raise TimeoutError(f"no answer within {timeout_s} s")
+    return s.recv_multipart(copy=False)
+
+
+def _ready(conn, info: Any = None) -> None:
+    """Setup done: tell the orchestrator, wait for its go."""
+    conn.send(("ready", info))
+    if conn.recv() != "go":
+        raise RuntimeError("expected go")
+
+
+def send_frame(code: int, fields: dict, body: Optional[bytes], opaque: int = 1) -> list:
+    return P.encode(Frame(code, opaque, 0, "", fields, [body] if body is not None else []))
+
+
+def send_ok_frame(n: int) -> list:
+    """A SEND_OK response of the broker's shape for a batch of ``n`` (msgId list of n ids)."""
+    return P.encode(Frame(ResponseCode.SUCCESS, 1, P.FLAG_RESPONSE, "", {
+        "msgId": ",".join(["7F00000100002A9F" + "%016X" % i for i in range(n)]), "queueId": 0,
+        "queueOffset": 0, "storeTimestamp": int(time.time() * 1000), "msgNum": n}))
+
+
+def w_sink(conn, mode: str, page: Optional[bytes] = None, batch: int = BATCH) -> dict:
+    """ROUTER sink: the ceiling's receiver.  Polls, drains, answers with pre-built frames,
+    like the actor loop does; stops on any message from the orchestrator."""
+    s = _ctx().socket(zmq.ROUTER)
+    s.setsockopt(zmq.LINGER, 0)
+    s.setsockopt(zmq.SNDHWM, 10000)
+    s.setsockopt(zmq.RCVHWM, 10000)
+    s.setsockopt(zmq.MAXMSGSIZE, P.MAX_MESSAGE_SIZE + 1024)
+    s.bind("tcp://127.0.0.1:*")
+    endpoint = s.getsockopt_string(zmq.LAST_ENDPOINT)
+    if mode == "batch":
+        resp = send_ok_frame(batch)
+    elif mode == "rtt":
+        resp = send_ok_frame(1)
+    elif mode == "pages":
+        resp = P.encode(Frame(ResponseCode.SUCCESS, 1, P.FLAG_RESPONSE, "", {
+            "nextBeginOffset": 0, "minOffset": 0, "maxOffset": 0, "suggestWhichBrokerId": 0}, [page]))
+    poller = zmq.Poller()
+    poller.register(s, zmq.POLLIN)
+    poller.register(conn.fileno(), zmq.POLLIN)
+    conn.send(("ready", endpoint))
+    received = 0
+    while True:
+        events = dict(poller.poll(1000))
+        if conn.fileno() in events:
+            conn.recv()
+            break
+        if s not in events:
+            continue
+        ident = None
+        drained = 0
+        for _ in range(STREAM_WINDOW if mode == "stream" else 256):
+            try:
+                parts = s.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                break
+            drained += 1
+            ident = parts[0]
+            if mode != "stream":
+                s.send_multipart([ident, *resp], copy=False)
+        if mode == "stream" and drained:
+            s.send_multipart([ident, P.PROTOCOL_MAGIC, drained.to_bytes(8, "little")])
+        received += drained
+    s.close(0)
+    return {"received": received}
+
+
+def w_stream(conn, endpoint: str, body_size: int, seconds: float, window: int = STREAM_WINDOW) -> dict:
+    """One frame per message, ``window`` messages unacknowledged (credit acks from the sink)."""
+    body = body_of(body_size)
+    parts = send_frame(RequestCode.SEND_MESSAGE, {"producerGroup": "pg", "topic": TOPIC, "queueId": 0,
+                                                  "properties": {}, "bornTimestamp": int(time.time() * 1000)},
+                       body)
+    s = _dealer(endpoint, hwm=10 * window)
+    for _ in range(10):                    # connect + warm
+        s.send_multipart(parts, copy=False)
+    got = 0
+    while got < 10:
+        got += int.from_bytes(_recv(s)[1].bytes, "little")
+    _ready(conn)
+    inflight = acked = 0
+    t0 = time.perf_counter()
+    stop_at = t0 + seconds
+    stopping = False
+    while True:
+        if not stopping:
+            while inflight < window:
+                s.send_multipart(parts, copy=False)
+                inflight += 1
+        ack = _recv(s)
+        n = int.from_bytes(ack[1].bytes, "little")
+        inflight -= n
+        acked += n
+        if not stopping and time.perf_counter() >= stop_at:
+            stopping = True
+        if stopping and inflight == 0:
+            break
+    el = time.perf_counter() - t0
+    s.close(0)
+    return {"msgs": acked, "seconds": el, "payload_bytes": acked * body_size,
+            "wire_bytes": acked * sum(len(p) for p in parts)}
+
+
+def w_batch(conn, endpoint: str, body_size: int, seconds: float, batch: int = BATCH,
+            window: int = WINDOW) -> dict:
+    """The producer's exact bytes to the sink, ``window`` requests in flight, per-request latency."""
+    body = body_of(body_size)
+    blob = _cl.encode_batch([(body, b"", 0)] * batch)
+    s = _dealer(endpoint)
+    fields = {"producerGroup": "pg", "topic": TOPIC, "queueId": 0, "bornTimestamp": int(time.time() * 1000)}
+    parts = send_frame(RequestCode.SEND_BATCH_MESSAGE, fields, blob)
+    for _ in range(3):
+        s.send_multipart(parts, copy=False)
+        _recv(s)
+    _ready(conn)
+    lat: list = []
+    sent_at: list = []
+    pc = time.perf_counter_ns
+    t0 = time.perf_counter()
+    stop_at = t0 + seconds
+    done = 0
+    while True:
+        if time.perf_counter() < stop_at:
+            while len(sent_at) < window:
+                sent_at.append(pc())
+                s.send_multipart(parts, copy=False)
+        if not sent_at:
+            break
+        _recv(s)
+        lat.append(pc() - sent_at.pop(0))     # the sink answers in order
+        done += 1
+    el = time.perf_counter() - t0
+    s.close(0)
+    return {"msgs": done * batch, "seconds": el, "payload_bytes": done * batch * body_size,
+            "wire_bytes": done * sum(len(p) for p in parts), **lat_stats(lat)}
+
+
+def w_rtt(conn, endpoint: str, body_size: int, seconds: float) -> dict:
+    body = body_of(body_size)
+    parts = send_frame(RequestCode.SEND_MESSAGE, {"producerGroup": "pg", "topic": TOPIC, "queueId": 0,
+                                                  "properties": {}, "bornTimestamp": int(time.time() * 1000)},
+                       body)
+    s = _dealer(endpoint)
+    for _ in range(20):
+        s.send_multipart(parts, copy=False)
+        _recv(s)
+    _ready(conn)
+    lat = []
+    pc = time.perf_counter_ns
+    t0 = time.perf_counter()
+    stop_at = t0 + seconds
+    while time.perf_counter() < stop_at:
+        a = pc()
+        s.send_multipart(parts, copy=False)
+        _recv(s)
+        lat.append(pc() - a)
+    el = time.perf_counter() - t0
+    s.close(0)
+    return {"msgs": len(lat), "seconds": el, "payload_bytes": len(lat) * body_size, **lat_stats(lat)}
+
+
+def w_pages(conn, endpoint: str, seconds: float, msgs_per_page: int, body_size: int,
+            window: int = WINDOW) -> dict:
+    """PULL-shaped requests answered with a real page; raw transport, no decoding."""
+    s = _dealer(endpoint)
+    parts = send_frame(RequestCode.PULL_MESSAGE, {
+        "consumerGroup": "cg", "topic": TOPIC, "queueId": 0, "queueOffset": 0, "maxMsgNums": msgs_per_page,
+        "sysFlag": 0, "suspendTimeoutMillis": 0, "subscription": "*"}, None)
+    for _ in range(3):
+        s.send_multipart(parts, copy=False)
+        _recv(s)
+    _ready(conn)
+    inflight = pages = nbytes = 0
+    t0 = time.perf_counter()
+    stop_at = t0 + seconds
+    while True:
+        if time.perf_counter() < stop_at:
+            while inflight < window:
+                s.send_multipart(parts, copy=False)
+                inflight += 1
+        if not inflight:
+            break
+        r = _recv(s)
+        inflight -= 1
+        pages += 1
+        nbytes += len(r[-1])
+    el = time.perf_counter() - t0
+    s.close(0)
+    n = pages * msgs_per_page
+    return {"msgs": n, "seconds": el, "payload_bytes": n * body_size, "wire_bytes": nbytes}
+
+
+def w_decode(conn, page: bytes, seconds: float, msgs_per_page: int, body_size: int) -> dict:
+    """``decode_records`` of one real page in a loop: the consumer's CPU ceiling."""
+    assert len(_cl.decode_records(page)) == msgs_per_page
+    _ready(conn)
+    n = 0
+    t0 = time.perf_counter()
+    stop_at = t0 + seconds
+    while time.perf_counter() < stop_at:
+        n += len(_cl.decode_records(page))
+    el = time.perf_counter() - t0
+    return {"msgs": n, "seconds": el, "payload_bytes": n * body_size, "wire_bytes": n // msgs_per_page * len(page)}
+
+
+def w_produce(conn, endpoint: str, topic: str, body_size: int, n_msgs: int, batch: int = BATCH,
+              window: int = WINDOW, queues: int = QUEUES, max_seconds: float = 60.0) -> dict:
+    """SEND_BATCH_MESSAGE batches of ``batch``, ``window`` in flight, round robin over queues.
+    One untimed batch per queue first (creates the topic and the first CommitLog file)."""
+    body = body_of(body_size)
+    blob = _cl.encode_batch([(body, b"", 0)] * batch)
+    s = _dealer(endpoint)
+    opaque = 0
+    per_queue = [0] * queues
+    warm = [0] * queues
+    errors: dict = {}
+
+    def request(q: int) -> list:
+        nonlocal opaque
+        opaque += 1
+        return P.encode(Frame(RequestCode.SEND_BATCH_MESSAGE, opaque, 0, "", {
+            "producerGroup": "pg", "topic": topic, "queueId": q, "bornTimestamp": int(time.time() * 1000)},
+            [blob]))
+
+    for q in range(queues):
+        s.send_multipart(request(q), copy=False)
+        r = P.decode(_recv(s, 60))
+        if r.code != ResponseCode.SUCCESS:
+            raise RuntimeError(f"warm-up batch refused: {r.code} {r.remark}")
+        warm[q] += r.fields["msgNum"]
+    _ready(conn)
+    n_req = n_msgs // batch
+    sent_at: dict = {}
+    queue_of: dict = {}
+    lat = []
+    pc = time.perf_counter_ns
+    issued = done = 0
+    t0 = time.perf_counter()
+    stop_at = t0 + max_seconds
+    while done < issued or issued < n_req:
+        while len(sent_at) < window and issued < n_req and time.perf_counter() < stop_at:
+            q = issued % queues
+            parts = request(q)
+            sent_at[opaque] = pc()
+            queue_of[opaque] = q
+            s.send_multipart(parts, copy=False)
+            issued += 1
+        if not sent_at:
+            break
+        r = P.decode(_recv(s))
+        t = sent_at.pop(r.opaque, None)
+        if t is None:
+            continue
+        q = queue_of.pop(r.opaque)
+        done += 1
+        if r.code == ResponseCode.SUCCESS:
+            lat.append(pc() - t)
+            per_queue[q] += r.fields["msgNum"]
+        else:
+            key = f"{ResponseCode(r.code).name}: {r.remark[:80]}"
+            errors[key] = errors.get(key, 0) + 1
+    el = time.perf_counter() - t0
+    s.close(0)
+    acked = sum(per_queue)
+    return {"msgs": acked, "seconds": el, "payload_bytes": acked * body_size,
+            "wire_bytes": len(lat) * len(blob), "per_queue": [a + b for a, b in zip(per_queue, warm)],
+            "warm_msgs": sum(warm), "requests": done, "errors": errors, **lat_stats(lat)}
+
+
+def w_consume(conn, endpoint: str, topic: str, body_size: int, expected: list, max_nums: int = BATCH,
+              max_seconds: float = 60.0) -> dict:
+    """Pull every queue from 0 to ``expected[q]``, one pull in flight per queue, decoding
+    every page into MessageExt objects."""
+    s = _dealer(endpoint)
+    body = body_of(body_size)
+    opaque = 0
+    offsets = [0] * len(expected)
+    pending: dict = {}
+    statuses: dict = {}
+
+    def pull(q: int) -> None:
+        nonlocal opaque
+        opaque += 1
+        pending[opaque] = q
+        s.send_multipart(P.encode(Frame(RequestCode.PULL_MESSAGE, opaque, 0, "", {
+            "consumerGroup": "cg", "topic": topic, "queueId": q, "queueOffset": offsets[q],
+            "maxMsgNums": max_nums, "sysFlag": 0, "suspendTimeoutMillis": 0, "subscription": "*"})), copy=False)
+
+    # connect + warm: one pull of one message, result dropped
+    s.send_multipart(P.encode(Frame(RequestCode.PULL_MESSAGE, 0, 0, "", {
+        "consumerGroup": "cg", "topic": topic, "queueId": 0, "queueOffset": 0, "maxMsgNums": 1,
+        "sysFlag": 0, "suspendTimeoutMillis": 0, "subscription": "*"})), copy=False)
+    _recv(s)
+    _ready(conn)
+    got = nbytes = pages = 0
+    bad = 0
+    t0 = time.perf_counter()
+    stop_at = t0 + max_seconds
+    for q in range(len(expected)):
+        if expected[q]:
+            pull(q)
+    while pending:
+        r = P.decode(_recv(s))
+        q = pending.pop(r.opaque, None)
+        if q is None:
+            continue
+        if r.code == ResponseCode.SUCCESS:
+            page = r.bodies[0]
+            msgs = _cl.decode_records(page)
+            got += len(msgs)
+            nbytes += len(page)
+            pages += 1
+            if msgs[0].body != body or msgs[-1].body != body or msgs[0].queue_offset != offsets[q]:
+                bad += 1
+            offsets[q] = r.fields["nextBeginOffset"]
+        else:
+            statuses[ResponseCode(r.code).name] = statuses.get(ResponseCode(r.code).name, 0) + 1
+            if r.code not in (ResponseCode.PULL_NOT_FOUND, ResponseCode.PULL_RETRY_IMMEDIATELY):
+                raise RuntimeError(f"pull of queue {q} at {offsets[q]}: {r.code} {r.remark}")
+            if r.code == ResponseCode.PULL_RETRY_IMMEDIATELY:
+                offsets[q] = r.fields.get("nextBeginOffset", offsets[q])
+        if offsets[q] < expected[q] and time.perf_counter() < stop_at:
+            pull(q)
+    el = time.perf_counter() - t0
+    s.close(0)
+    return {"msgs": got, "seconds": el, "payload_bytes": got * body_size, "wire_bytes": nbytes,
+            "pages": pages, "bad_pages": bad, "statuses": statuses, "offsets": offsets}
+
+
+def w_single(conn, endpoint: str, topic: str, body_size: int, seconds: float) -> dict:
+    """SEND_MESSAGE one at a time, waiting for each ack."""
+    body = body_of(body_size)
+    s = _dealer(endpoint)
+    opaque = 0
+
+    def request() -> list:
+        nonlocal opaque
+        opaque += 1
+        return P.encode(Frame(RequestCode.SEND_MESSAGE, opaque, 0, "", {
+            "producerGroup": "pg", "topic": topic, "queueId": 0, "properties": {},
+            "bornTimestamp": int(time.time() * 1000)}, [body]))
+
+    for _ in range(20):
+        s.send_multipart(request(), copy=False)
+        r = P.decode(_recv(s))
+        if r.code != ResponseCode.SUCCESS:
+            raise RuntimeError(f"warm-up send refused: {r.code} {r.remark}")
+    _ready(conn)
+    lat = []
+    errors = 0
+    pc = time.perf_counter_ns
+    t0 = time.perf_counter()
+    stop_at = t0 + seconds
+    while time.perf_counter() < stop_at:
+        parts = request()
+        a = pc()
+        s.send_multipart(parts, copy=False)
+        r = P.decode(_recv(s))
+        b = pc()
+        if r.code == ResponseCode.SUCCESS:
+            lat.append(b - a)
+        else:
+            errors += 1
+    el = time.perf_counter() - t0
+    s.close(0)
+    return {"msgs": len(lat), "seconds": el, "payload_bytes": len(lat) * body_size, "errors": errors,
+            **lat_stats(lat)}
+
+
+WORKER_COMMANDS = {"sink": w_sink, "stream": w_stream, "batch": w_batch, "rtt": w_rtt, "pages": w_pages,
+                   "decode": w_decode, "produce": w_produce, "consume": w_consume, "single": w_single}
+
+
+def _worker_main(conn) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)        # the orchestrator handles ^C
+    while True:
+        try:
+            msg = conn.recv()
+        except EOFError:
+            break
+        if msg is None:
+            break
+        name, kw = msg
+        try:
+            conn.send(("done", WORKER_COMMANDS[name](conn, **kw)))
+        except Exception:  # noqa: BLE001 - reported to the orchestrator
+            conn.send(("error", traceback.format_exc()))
+    if _CTX is not None:
+        _CTX.destroy(0)
+
+
+# == orchestrator side ==========================================================================
+class Worker:
+    """A spawned process running commands (``WORKER_COMMANDS``) one at a time."""
+
+    def __init__(self, name: str):
+        ctx = mp.get_context("spawn")
+        self.name = name
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_worker_main, args=(child,), name=f"e2e-{name}", daemon=True)
+        self.proc.start()
+        child.close()
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def _get(self, timeout: float):
+        if not self.conn.poll(timeout):
+            raise TimeoutError(f"worker {self.name}: nothing within {timeout} s")
+        kind, val = self.conn.recv()
+        if kind == "error":
+            raise RuntimeError(f"worker {self.name} failed:\n{val}")
+        return kind, val
+
+    def start(self, command: str, timeout: float = PHASE_TIMEOUT_S, **kw) -> Any:
+        """Send a command; return what its setup reports (``ready`` info)."""
+        self.conn.send((command, kw))
+        kind, val = self._get(timeout)
+        if kind != "ready":
+            raise RuntimeError(f"worker {self.name}: expected ready, got {kind}")
+        return val
+
+    def go(self) -> None:
+        self.conn.send("go")
+
+    def stop_sink(self) -> dict:
+        self.conn.send("stop")
+        return self.result(30)
+
+    def result(self, timeout: float = PHASE_TIMEOUT_S) -> dict:
+        kind, val = self._get(timeout)
+        if kind != "done":
+            raise RuntimeError(f"worker {self.name}: expected done, got {kind}")
+        return val
+
+    def close(self) -> None:
+        try:
+            self.conn.send(None)
+        except (OSError, BrokenPipeError):
+            pass
+        self.proc.join(10)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join(5)
+        self.conn.close()
+
+
+def cpu_seconds(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / CLK_TCK
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+class CpuMeter:
+    """CPU use (% of one core) of named processes between start() and stop()."""
+
+    def __init__(self, pids: dict):
+        self.pids = pids
+
+    def start(self) -> None:
+        self.t0 = time.monotonic()
+        self.c0 = {k: cpu_seconds(p) for k, p in self.pids.items()}
+
+    def stop(self) -> dict:
+        dt = max(time.monotonic() - self.t0, 1e-6)
+        return {k: round(100.0 * (cpu_seconds(p) - self.c0[k]) / dt, 1) for k, p in self.pids.items()}
+
+
+def wait_idle(pids: list, max_wait_s: float = IDLE_MAX_WAIT_S) -> float:
+    """Wait until the processes together use < IDLE_CPU_FRACTION of a core; seconds waited."""
+    t_start = time.monotonic()
+    while time.monotonic() - t_start < max_wait_s:
+        c0 = sum(cpu_seconds(p) for p in pids)
+        time.sleep(IDLE_WINDOW_S)
+        if sum(cpu_seconds(p) for p in pids) - c0 < IDLE_CPU_FRACTION * IDLE_WINDOW_S + 1.0 / CLK_TCK:
+            break
+    return time.monotonic() - t_start
+
+
+class Profiler:
+    """``py-spy record`` of some processes for the duration of a phase (raw collapsed stacks)."""
+
+    def __init__(self, out_dir: Optional[str], native: bool = False, rate: int = 200):
+        self.out_dir = out_dir
+        self.native = native
+        self.rate = rate
+        self.procs: list = []
+        if out_dir:
+            os.makedirs(out_dir, exist_ok=True)
+
+    def start(self, label: str, pids: dict) -> None:
+        if not self.out_dir:
+            return
+        for name, pid in pids.items():
+            out = os.path.join(self.out_dir, f"{label}.{name}.txt")
+            cmd = ["py-spy", "record", "--pid", str(pid), "--rate", str(self.rate), "--format", "raw",
+                   "--idle", "--nonblocking", "--output", out]
+            if self.native:
+                cmd.append("--native")
+            self.procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        time.sleep(0.3)      # let py-spy attach before the timed part
+
+    def stop(self) -> None:
+        for p in self.procs:
+            p.send_signal(signal.SIGINT)
+        for p in self.procs:
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        self.procs = []
+
+
+@dataclass
+class Params:
+    messages: int = DEFAULT_MESSAGES          # per produce run, 100 B bodies
+    messages_1k: Optional[int] = None         # per produce run, 1 KiB bodies (default messages // 4)
+    single_seconds: float = DEFAULT_SINGLE_SECONDS
+    ceiling_seconds: float = DEFAULT_CEILING_SECONDS
+    file_size: int = DEFAULT_FILE_SIZE
+    sizes: tuple = BODY_SIZES
+    flush_types: tuple = FLUSH_TYPES
+    batch: int = BATCH
+    window: int = WINDOW
+    queues: int = QUEUES
+    store_dir: Optional[str] = None
+    profile_dir: Optional[str] = None
+    profile_procs: tuple = ("broker",)
+    profile_native: bool = False
+    max_phase_seconds: float = 60.0
+
+    def n_msgs(self, body_size: int) -> int:
+        n = self.messages if body_size <= 100 else (
+            self.messages_1k if self.messages_1k is not None else self.messages // 4)
+        return max(self.batch * self.queues, n // self.batch * self.batch)
+
+
+def build_page(body_size: int, n: int = BATCH) -> bytes:
+    """A real pull page: ``n`` CommitLog records of ``body_size`` bodies as ``get_messages``
+    returns them (same store defaults as the broker: __CRC32# property on)."""
+    from rmq.store.message_store import MessageStore
+
+    d = tempfile.mkdtemp(prefix="rmq-e2e-page-")
+    try:
+        store = MessageStore(d, mapped_file_size_commit_log=16 << 20,
+                             max_transfer_count_on_message_in_memory=n,
+                             max_transfer_bytes_on_message_in_memory=64 << 20)
+        try:
+            store.commitlog.store_host = b"\x7f\x00\x00\x01\x00\x00\x2a\x9f"
+            res = store.put_messages(TOPIC, 0, _cl.encode_batch([(body_of(body_size), b"", 0)] * n))
+            assert res.ok, res
+            store.dispatch()
+            got = store.get_messages("cg", TOPIC, 0, 0, n)
+            page = bytes(got.records)
+            assert got.message_count == n, got
+        finally:
+            store.shutdown()
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+    return page
+
+
+def rate_row(res: dict) -> dict:
+    el = res["seconds"]
+    out = {"msgs": res["msgs"], "seconds": round(el, 4), "msgs_per_s": res["msgs"] / el if el else 0.0,
+           "mb_per_s": res["payload_bytes"] / el / MB if el else 0.0}
+    if "wire_bytes" in res:
+        out["wire_mb_per_s"] = res["wire_bytes"] / el / MB if el else 0.0
+    for k in ("p50_us", "p99_us", "p999_us", "max_us"):
+        if k in res:
+            out[k] = res[k]
+    return out
+
+
+def measure_ceilings(p: Params, log=print) -> dict:
+    """The raw pyzmq ceilings (plus decode-only), keyed (kind, body_size)."""
+    out: dict = {}
+    sink, client = Worker("sink"), Worker("client")
+    try:
+        for size in p.sizes:
+            page = build_page(size, p.batch)
+            out[("record_bytes", size)] = len(page) / p.batch
+            for kind in ("stream", "batch", "rtt", "pages"):
+                kw = {"mode": kind}
+                if kind == "pages":
+                    kw["page"] = page
+                if kind == "batch":
+                    kw["batch"] = p.batch
+                endpoint = sink.start("sink", **kw)
+                ckw: dict = {"endpoint": endpoint, "seconds": p.ceiling_seconds}
+                if kind == "pages":
+                    ckw.update(msgs_per_page=p.batch, body_size=size, window=p.window)
+                else:
+                    ckw["body_size"] = size
+                if kind == "batch":
+                    ckw.update(batch=p.batch, window=p.window)
+                client.start(kind, **ckw)
+                meter = CpuMeter({"sink": sink.pid, "client": client.pid})
+                meter.start()
+                client.go()
+                res = client.result()
+                cpu = meter.stop()
+                sink.stop_sink()
+                row = rate_row(res)
+                row["cpu"] = cpu
+                out[(kind, size)] = row
+                log(f"  ceiling {kind:<6} {size:>5} B: {row['msgs_per_s']:>13,.0f} msgs/s "
+                    f"{row['mb_per_s']:>8,.1f} MB/s" + (f"  p50 {row['p50_us']:.0f} us p99 {row['p99_us']:.0f} us"
+                                                          if "p50_us" in row else ""))
+            client.start("decode", page=page, seconds=p.ceiling_seconds, msgs_per_page=p.batch, body_size=size)
+            client.go()
+            row = rate_row(client.result())
+            out[("decode", size)] = row
+            log(f"  ceiling decode {size:>5} B: {row['msgs_per_s']:>13,.0f} msgs/s {row['mb_per_s']:>8,.1f} MB/s")
+    finally:
+        sink.close()
+        client.close()
+    return out
+
+
+def cluster_conf(p: Params, flush: str) -> dict:
+    return {"flushDiskType": flush, "mappedFileSizeCommitLog": str(p.file_size), "warmMapedFileEnable": "true",
+            "maxTransferCountOnMessageInMemory": str(p.batch),
+            "maxTransferBytesOnMessageInMemory": str(64 << 20),
+            "mappedFileSizeConsumeQueue": str(300_000 * 20)}       # RocketMQ's default, not the tests' 1000
+
+
+class ClusterBench:
+    """One broker group (flush type, body size) and a client process driving it."""
+
+    def __init__(self, p: Params, flush: str, body_size: int, log=print):
+        from tests.integration.cluster import Cluster
+
+        self.p, self.flush, self.size, self.log = p, flush, body_size, log
+        self.dir = tempfile.mkdtemp(prefix=f"rmq-e2e-{flush[:4].lower()}-{body_size}-", dir=p.store_dir)
+        self.cluster = Cluster(os.path.join(self.dir, "store"), conf=cluster_conf(p, flush))
+        self.client = Worker(f"client-{flush}-{body_size}")
+        self.produced: Optional[dict] = None
+        self.profiler = Profiler(p.profile_dir, p.profile_native)
+        self.label = f"{flush.split('_')[0].lower()}-{body_size}"
+
+    def pids(self) -> dict:
+        d = {name: ap.proc.pid for name, ap in self.cluster.procs.items()}
+        d["client"] = self.client.pid
+        return d
+
+    def group_pids(self) -> list:
+        return [ap.proc.pid for ap in self.cluster.procs.values()]
+
+    def _timed(self, phase: str) -> tuple:
+        waited = wait_idle(self.group_pids())
+        meter = CpuMeter(self.pids())
+        self.profiler.start(f"{phase}-{self.label}",
+                            {k: v for k, v in self.pids().items() if k in self.p.profile_procs})
+        meter.start()
+        self.client.go()
+        try:
+            res = self.client.result(PHASE_TIMEOUT_S + self.p.max_phase_seconds)
+        finally:
+            cpu = meter.stop()
+            self.profiler.stop()
+        return res, cpu, waited
+
+    def produce(self) -> dict:
+        p = self.p
+        self.client.start("produce", timeout=PHASE_TIMEOUT_S, endpoint=self.cluster.broker, topic=TOPIC,
+                          body_size=self.size, n_msgs=p.n_msgs(self.size), batch=p.batch, window=p.window,
+                          queues=p.queues, max_seconds=p.max_phase_seconds)
+        res, cpu, waited = self._timed("produce")
+        row = rate_row(res)
+        row.update(cpu=cpu, idle_wait_s=round(waited, 2), errors=res["errors"], requests=res["requests"])
+        self.produced = res
+        return row
+
+    def wait_dispatched(self, timeout_s: float = 60.0) -> float:
+        """Until every queue's max offset (ConsumeQueue, via the broker) covers what was acked."""
+        from rmq.client.remoting import RemotingClient
+
+        t0 = time.monotonic()
+        want = self.produced["per_queue"]
+        with RemotingClient(zmq.Context()) as c:
+            try:
+                while time.monotonic() - t0 < timeout_s:
+                    have = [c.invoke(self.cluster.broker, Frame(RequestCode.GET_MAX_OFFSET, fields={
+                        "topic": TOPIC, "queueId": q})).fields["offset"] for q in range(len(want))]
+                    if all(h >= w for h, w in zip(have, want)):
+                        return time.monotonic() - t0
+                    time.sleep(0.05)
+            finally:
+                c.close()
+                c.ctx.term()
+        raise TimeoutError(f"dispatch did not reach {want} within {timeout_s} s")
+
+    def consume(self) -> dict:
+        if self.produced is None:
+            self.produce()
+        dispatch_s = self.wait_dispatched()
+        expected = self.produced["per_queue"]
+        self.client.start("consume", endpoint=self.cluster.broker, topic=TOPIC, body_size=self.size,
+                          expected=expected, max_nums=self.p.batch, max_seconds=self.p.max_phase_seconds)
+        res, cpu, waited = self._timed("consume")
+        row = rate_row(res)
+        row.update(cpu=cpu, idle_wait_s=round(waited, 2), dispatch_wait_s=round(dispatch_s, 2),
+                   expected=sum(expected), bad_pages=res["bad_pages"], statuses=res["statuses"])
+        if res["msgs"] != sum(expected) or res["bad_pages"]:
+            row["error"] = f"consumed {res['msgs']} of {sum(expected)}, {res['bad_pages']} bad pages"
+        return row
+
+    def single(self) -> dict:
+        self.client.start("single", endpoint=self.cluster.broker, topic=SINGLE_TOPIC, body_size=self.size,
+                          seconds=self.p.single_seconds)
+        res, cpu, waited = self._timed("single")
+        row = rate_row(res)
+        row.update(cpu=cpu, idle_wait_s=round(waited, 2), errors=res["errors"])
+        return row
+
+    def close(self) -> None:
+        try:
+            self.client.close()
+        finally:
+            self.cluster.close()
+            # unlink before the kernel writes the warmed (dirty) zero pages back
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def attach_ceiling(row: dict, ceil: dict, ceil_name: str) -> dict:
+    row["ceiling"] = ceil_name
+    row["ceiling_msgs_per_s"] = ceil["msgs_per_s"]
+    row["ceiling_mb_per_s"] = ceil["mb_per_s"]
+    row["ratio"] = row["msgs_per_s"] / ceil["msgs_per_s"] if ceil["msgs_per_s"] else float("nan")
+    for k in ("p50_us", "p99_us"):
+        if k in ceil:
+            row[f"ceiling_{k}"] = ceil[k]
+    if "p50_us" in row and "p50_us" in ceil:
+        row["p50_ratio"] = row["p50_us"] / ceil["p50_us"]
+        row["p99_ratio"] = row["p99_us"] / ceil["p99_us"]
+    return row
+
+
+def attach_target(row: dict, kind: str, flush: str, size: int) -> dict:
+    t = TARGETS.get((kind, flush, size))
+    if t is not None:
+        row["target"] = f"{t[0]} >= {t[1]:,} msgs/s"
+        row["target_met"] = row["msgs_per_s"] >= t[1]
+    elif kind == "single" and flush == "ASYNC_FLUSH" and "ceiling_p50_us" in row:
+        limit = row["ceiling_p50_us"] + T4_ADDED_US
+        row["target"] = f"T4 p50 <= rtt p50 + {T4_ADDED_US:.0f} us ({limit:.0f} us)"
+        row["target_met"] = row["p50_us"] <= limit
+    return row
+
+
+CEILING_FOR = {"produce": "batch", "consume": "pages", "single": "rtt"}
+
+
+def run_cluster_scenarios(p: Params, flush: str, size: int, ceilings: dict, log=print) -> list:
+    rows = []
+    cb = ClusterBench(p, flush, size, log)
+    try:
+        for kind in ("produce", "consume", "single"):
+            row = getattr(cb, kind)()
+            row.update(kind=kind, flush=flush, body_size=size,
+                       scenario=f"{kind} {flush} {size} B")
+            attach_ceiling(row, ceilings[(CEILING_FOR[kind], size)], CEILING_FOR[kind])
+            if kind == "consume":
+                row["decode_msgs_per_s"] = ceilings[("decode", size)]["msgs_per_s"]
+                row["ratio_to_decode"] = row["msgs_per_s"] / row["decode_msgs_per_s"]
+            attach_target(row, kind, flush, size)
+            rows.append(row)
+            lat = f"  p50 {row['p50_us']:.0f} us p99 {row['p99_us']:.0f} us" if "p50_us" in row else ""
+            log(f"  {row['scenario']:<28} {row['msgs_per_s']:>12,.0f} msgs/s {row['mb_per_s']:>8,.1f} MB/s"
+                f"{lat}  ratio {row['ratio']:.1%}  cpu {row['cpu']}")
+    finally:
+        cb.close()
+    return rows
+
+
+def run_all(p: Params, log=print) -> dict:
+    t0 = time.monotonic()
+    load_before = os.getloadavg()
+    log("ceilings (raw pyzmq loopback, same frame shapes):")
+    ceilings = measure_ceilings(p, log)
+    rows = []
+    for flush in p.flush_types:
+        for size in p.sizes:
+            log(f"broker group {flush}, {size} B bodies, {p.n_msgs(size):,} messages:")
+            rows += run_cluster_scenarios(p, flush, size, ceilings, log)
+    return {"params": {**asdict(p), "n_msgs": {s: p.n_msgs(s) for s in p.sizes}},
+            "ceilings": [{"kind": k, "body_size": s, **v} if isinstance(v, dict) else
+                         {"kind": k, "body_size": s, "value": v} for (k, s), v in ceilings.items()],
+            "rows": rows, "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
+            "wall_seconds": round(time.monotonic() - t0, 1), "cpus": os.cpu_count()}
+
+
+# == presentation ================================================================================
+def _f(v, fmt="{:,.0f}") -> str:
+    return "-" if v is None or v != v else fmt.format(v)
+
+
+def print_report(report: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=200)
+    ceil = {(c["kind"], c["body_size"]): c for c in report["ceilings"]}
+    t = Table(title="Raw pyzmq loopback ceilings (DEALER -> ROUTER, tcp 127.0.0.1, sink in its own process)",
+              title_justify="left")
+    for col, j in (("ceiling", "left"), ("body", "right"), ("msgs/s", "right"), ("MB/s payload", "right"),
+                   ("MB/s wire", "right"), ("p50 µs", "right"), ("p99 µs", "right"), ("what", "left")):
+        t.add_column(col, justify=j)
+    what = {"stream": f"1 frame/msg, {STREAM_WINDOW} unacked", "batch": f"{report['params']['batch']} msgs/frame, "
+            f"{report['params']['window']} in flight, SEND_OK-shaped replies",
+            "rtt": "one request at a time", "pages": f"pull pages of {report['params']['batch']} real records, "
+            f"{report['params']['window']} in flight", "decode": "decode_records of a page, no I/O"}
+    for (kind, size), c in ceil.items():
+        if kind == "record_bytes":
+            continue
+        t.add_row(kind, f"{size} B", _f(c["msgs_per_s"]), _f(c["mb_per_s"], "{:,.1f}"),
+                  _f(c.get("wire_mb_per_s"), "{:,.1f}"), _f(c.get("p50_us")), _f(c.get("p99_us")), what[kind])
+    console.print(t)
+    t = Table(title="rmq end to end (broker group of 4 processes + 1 client process), beside the ceiling",
+              title_justify="left")
+    for col, j in (("scenario", "left"), ("msgs/s", "right"), ("MB/s", "right"), ("p50 µs", "right"),
+                   ("p99 µs", "right"), ("ceiling", "left"), ("ceil msgs/s", "right"), ("ratio", "right"),
+                   ("ceil p50/p99 µs", "right"), ("target", "left"), ("met", "left"),
+                   ("CPU % broker/reput/flush/client", "right")):
+        t.add_column(col, justify=j)
+    for r in report["rows"]:
+        cp = r.get("cpu", {})
+        cpu = "/".join(_f(cp.get(k)) for k in ("broker", "reput", "flush", "client"))
+        ce_lat = (f"{r['ceiling_p50_us']:.0f}/{r['ceiling_p99_us']:.0f}" if "ceiling_p50_us" in r else "-")
+        met = "-" if "target_met" not in r else ("[green]MET[/]" if r["target_met"] else "[red]MISSED[/]")
+        name = r["scenario"] + (" [red](errors)[/]" if r.get("errors") or r.get("error") else "")
+        ratio = f"{r['ratio']:.1%}"
+        if r["kind"] == "consume":
+            ratio += f" ({r['ratio_to_decode']:.0%} of decode)"
+        t.add_row(name, _f(r["msgs_per_s"]), _f(r["mb_per_s"], "{:,.1f}"), _f(r.get("p50_us")),
+                  _f(r.get("p99_us")), r["ceiling"], _f(r["ceiling_msgs_per_s"]), ratio, ce_lat,
+                  r.get("target", ""), met, cpu)
+    console.print(t)
+    for r in report["rows"]:
+        if r.get("errors") or r.get("error"):
+            console.print(f"[red]{r['scenario']}: {r.get('errors') or r.get('error')}[/]")
+    rb = {c["body_size"]: c["value"] for c in report["ceilings"] if c["kind"] == "record_bytes"}
+    console.print(f"CommitLog record bytes per message: {rb}.  Load average before {report['loadavg_before']}, "
+                  f"after {report['loadavg_after']}; wall {report['wall_seconds']} s on {report['cpus']} CPUs.")
+
+
+def main(argv: Optional[list] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--messages", type=int, default=DEFAULT_MESSAGES,
+                    help="messages per produce run with 100 B bodies (1 KiB: a quarter)")
+    ap.add_argument("--messages-1k", type=int, default=None, help="messages per produce run with 1 KiB bodies")
+    ap.add_argument("--single-seconds", type=float, default=DEFAULT_SINGLE_SECONDS)
+    ap.add_argument("--ceiling-seconds", type=float, default=DEFAULT_CEILING_SECONDS)
+    ap.add_argument("--file-size", type=int, default=DEFAULT_FILE_SIZE, help="mappedFileSizeCommitLog")
+    ap.add_argument("--sizes", default=",".join(map(str, BODY_SIZES)), help="body sizes, e.g. 100,1024")
+    ap.add_argument("--flush", default=",".join(FLUSH_TYPES), help="ASYNC_FLUSH,SYNC_FLUSH")
+    ap.add_argument("--window", type=int, default=WINDOW)
+    ap.add_argument("--queues", type=int, default=QUEUES)
+    ap.add_argument("--dir", default=None, help="where the stores go (default: the system temp dir)")
+    ap.add_argument("--json", default=None, help="write the figures as JSON to this file")
+    ap.add_argument("--profile", default=None, metavar="DIR",
+                    help="py-spy record (raw collapsed stacks, idle included) during every timed phase")
+    ap.add_argument("--profile-procs", default="broker", help="of broker,reput,flush,namesrv,client")
+    ap.add_argument("--profile-native", action="store_true", help="py-spy --native (Cython frames too)")
+    ap.add_argument("--fail-on-miss", action="store_true", help="exit 1 if a PERF.md target is missed")
+    a = ap.parse_args(argv)
+    p = Params(messages=a.messages, messages_1k=a.messages_1k, single_seconds=a.single_seconds,
+               ceiling_seconds=a.ceiling_seconds, file_size=a.file_size,
+               sizes=tuple(int(s) for s in a.sizes.split(",")), flush_types=tuple(a.flush.split(",")),
+               window=a.window, queues=a.queues, store_dir=a.dir, profile_dir=a.profile,
+               profile_procs=tuple(a.profile_procs.split(",")), profile_native=a.profile_native)
+    report = run_all(p, log=lambda s: print(s, flush=True))
+    print_report(report)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(report, f, indent=1, default=str)
+    missed = [r["scenario"] for r in report["rows"] if r.get("target_met") is False]
+    failed = [r["scenario"] for r in report["rows"] if r.get("errors") or r.get("error")]
+    return 1 if failed or (a.fail_on_miss and missed) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
