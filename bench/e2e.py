@@ -182,15 +182,20 @@ def w_sink(conn, mode: str, page: Optional[bytes] = None, batch: int = BATCH) ->
     poller.register(s, zmq.POLLIN)
     poller.register(conn.fileno(), zmq.POLLIN)
     conn.send(("ready", endpoint))
-    received = 0
+    received = unacked = 0
+    ident = None
+    ack_every = STREAM_WINDOW // 4
     while True:
-        events = dict(poller.poll(1000))
+        # stream mode: credit goes back every STREAM_WINDOW/4 messages, or after 1 ms of quiet
+        events = dict(poller.poll(1 if unacked else 1000))
         if conn.fileno() in events:
             conn.recv()
             break
         if s not in events:
+            if unacked:
+                s.send_multipart([ident, P.PROTOCOL_MAGIC, unacked.to_bytes(8, "little")])
+                unacked = 0
             continue
-        ident = None
         drained = 0
         for _ in range(STREAM_WINDOW if mode == "stream" else 256):
             try:
@@ -201,9 +206,12 @@ def w_sink(conn, mode: str, page: Optional[bytes] = None, batch: int = BATCH) ->
             ident = parts[0]
             if mode != "stream":
                 s.send_multipart([ident, *resp], copy=False)
-        if mode == "stream" and drained:
-            s.send_multipart([ident, P.PROTOCOL_MAGIC, drained.to_bytes(8, "little")])
         received += drained
+        if mode == "stream":
+            unacked += drained
+            if unacked >= ack_every:
+                s.send_multipart([ident, P.PROTOCOL_MAGIC, unacked.to_bytes(8, "little")])
+                unacked = 0
     s.close(0)
     return {"received": received}
 
@@ -231,9 +239,14 @@ def w_stream(conn, endpoint: str, body_size: int, seconds: float, window: int = 
                 s.send_multipart(parts, copy=False)
                 inflight += 1
         ack = _recv(s)
-        n = int.from_bytes(ack[1].bytes, "little")
-        inflight -= n
-        acked += n
+        while True:
+            n = int.from_bytes(ack[1].bytes, "little")
+            inflight -= n
+            acked += n
+            try:
+                ack = s.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                break
         if not stopping and time.perf_counter() >= stop_at:
             stopping = True
         if stopping and inflight == 0:
@@ -346,6 +359,21 @@ def w_decode(conn, page: bytes, seconds: float, msgs_per_page: int, body_size: i
     return {"msgs": n, "seconds": el, "payload_bytes": n * body_size, "wire_bytes": n // msgs_per_page * len(page)}
 
 
+def _send_retrying_busy(s: zmq.Socket, make, counts: list, q: int, max_wait_s: float = 60.0) -> None:
+    """An untimed warm-up send; SYSTEM_BUSY (e.g. PCBUSY while the broker pre-touches its first
+    CommitLog file inside the first append) is retried, as a RocketMQ client would."""
+    deadline = time.monotonic() + max_wait_s
+    while True:
+        s.send_multipart(make(), copy=False)
+        r = P.decode(_recv(s, max_wait_s))
+        if r.code == ResponseCode.SUCCESS:
+            counts[q] += r.fields.get("msgNum", 1)
+            return
+        if r.code != ResponseCode.SYSTEM_BUSY or time.monotonic() > deadline:
+            raise RuntimeError(f"warm-up send refused: {r.code} {r.remark}")
+        time.sleep(0.05)
+
+
 def w_produce(conn, endpoint: str, topic: str, body_size: int, n_msgs: int, batch: int = BATCH,
               window: int = WINDOW, queues: int = QUEUES, max_seconds: float = 60.0) -> dict:
     """SEND_BATCH_MESSAGE batches of ``batch``, ``window`` in flight, round robin over queues.
@@ -366,11 +394,7 @@ def w_produce(conn, endpoint: str, topic: str, body_size: int, n_msgs: int, batc
             [blob]))
 
     for q in range(queues):
-        s.send_multipart(request(q), copy=False)
-        r = P.decode(_recv(s, 60))
-        if r.code != ResponseCode.SUCCESS:
-            raise RuntimeError(f"warm-up batch refused: {r.code} {r.remark}")
-        warm[q] += r.fields["msgNum"]
+        _send_retrying_busy(s, lambda: request(q), warm, q)
     _ready(conn)
     n_req = n_msgs // batch
     sent_at: dict = {}
@@ -483,11 +507,9 @@ def w_single(conn, endpoint: str, topic: str, body_size: int, seconds: float) ->
             "producerGroup": "pg", "topic": topic, "queueId": 0, "properties": {},
             "bornTimestamp": int(time.time() * 1000)}, [body]))
 
+    warm = [0]
     for _ in range(20):
-        s.send_multipart(request(), copy=False)
-        r = P.decode(_recv(s))
-        if r.code != ResponseCode.SUCCESS:
-            raise RuntimeError(f"warm-up send refused: {r.code} {r.remark}")
+        _send_retrying_busy(s, request, warm, 0)
     _ready(conn)
     lat = []
     errors = 0

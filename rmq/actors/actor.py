@@ -148,18 +148,17 @@ class Actor:
 
     # -- request path -------------------------------------------------------------------
     def _on_request(self, sock: zmq.Socket, parts: list) -> None:
-        raw = [p.bytes if len(p) <= 8 else None for p in parts]
-        magic_at = next((i for i, b in enumerate(raw) if b == P.PROTOCOL_MAGIC), None)
-        if magic_at is None:
-            # no protocol magic at all: answer on the first frame's route, if it looks like one
-            env = [parts[0]] if sock.socket_type == zmq.ROUTER and parts else []
-            if env or sock.socket_type != zmq.ROUTER:
-                Reply(sock, env, 0, False).error(ResponseCode.VERSION_NOT_SUPPORTED,
-                                                 f"no {P.PROTOCOL_MAGIC!r} frame: not an rmq request")
-            return
-        envelope = parts[:magic_at]
+        # envelope: the peer identity a ROUTER prepends, plus a REQ-style empty delimiter if present
+        envelope: list = []
+        rest = parts
+        if sock.socket_type == zmq.ROUTER:
+            if not parts:
+                return
+            envelope, rest = parts[:1], parts[1:]
+            if rest and len(rest[0]) == 0:
+                envelope, rest = envelope + rest[:1], rest[1:]
         try:
-            frame = P.decode(parts[magic_at:])
+            frame = P.decode(rest)
         except ProtocolError as e:
             Reply(sock, envelope, e.opaque, False).error(e.code, e.remark)
             return

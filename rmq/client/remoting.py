@@ -81,7 +81,10 @@ class RemotingClient:
         s = self._socket(addr)
         if not s.poll(timeout_ms):
             return None
-        return P.decode(s.recv_multipart(copy=False))
+        parts = s.recv_multipart()
+        while parts and parts[0] == b"":      # a reply routed back with a REQ-style delimiter
+            parts = parts[1:]
+        return P.decode(parts)
 
     def close(self) -> None:
         for s in self._sockets.values():
