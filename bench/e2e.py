@@ -81,9 +81,9 @@ DEFAULT_SINGLE_SECONDS = 2.0
 DEFAULT_CEILING_SECONDS = 1.5
 TOPIC = "E2EBench"
 SINGLE_TOPIC = "E2ESingle"
-IDLE_CPU_FRACTION = 0.05         # the group is "idle" when it uses < 5 % of one core ...
+IDLE_CPU_FRACTION = 0.15         # the group is "idle" when it uses < 15 % of one core ...
 IDLE_WINDOW_S = 0.3              # ... over this long (the allocator pre-touches the next file)
-IDLE_MAX_WAIT_S = 20.0
+IDLE_MAX_WAIT_S = 10.0
 PHASE_TIMEOUT_S = 120.0
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -216,12 +216,14 @@ def w_sink(conn, mode: str, page: Optional[bytes] = None, batch: int = BATCH) ->
     return {"received": received}
 
 
-def w_stream(conn, endpoint: str, body_size: int, seconds: float, window: int = STREAM_WINDOW) -> dict:
-    """One frame per message, ``window`` messages unacknowledged (credit acks from the sink)."""
+def w_stream(conn, endpoint: str, body_size: int, seconds: float, window: int = STREAM_WINDOW,
+             bare: bool = False) -> dict:
+    """One message per multipart, ``window`` messages unacknowledged (credit acks from the sink).
+    ``bare``: a single zmq frame holding the body; else rmq's shape [RMQ1, header, body]."""
     body = body_of(body_size)
-    parts = send_frame(RequestCode.SEND_MESSAGE, {"producerGroup": "pg", "topic": TOPIC, "queueId": 0,
-                                                  "properties": {}, "bornTimestamp": int(time.time() * 1000)},
-                       body)
+    parts = [body] if bare else send_frame(
+        RequestCode.SEND_MESSAGE, {"producerGroup": "pg", "topic": TOPIC, "queueId": 0, "properties": {},
+                                   "bornTimestamp": int(time.time() * 1000)}, body)
     s = _dealer(endpoint, hwm=10 * window)
     for _ in range(10):                    # connect + warm
         s.send_multipart(parts, copy=False)
@@ -611,28 +613,48 @@ class Worker:
         self.conn.close()
 
 
-def cpu_seconds(pid: int) -> float:
+def cpu_seconds(pid: int, main_thread: bool = False) -> float:
+    """CPU seconds (user + system) of a process, all threads, or its main thread alone."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
+        with open(f"/proc/{pid}/task/{pid}/stat" if main_thread else f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / CLK_TCK
     except (OSError, IndexError, ValueError):
         return 0.0
 
 
+def machine_busy_seconds() -> float:
+    """CPU seconds all CPUs spent busy (not idle / iowait) since boot, from /proc/stat."""
+    try:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        return (sum(v[:8]) - v[3] - v[4]) / CLK_TCK        # user..steal minus idle, iowait
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
 class CpuMeter:
-    """CPU use (% of one core) of named processes between start() and stop()."""
+    """CPU use (% of one core) of named processes between start() and stop(), and
+    ``others``: what every other process on the machine used meanwhile (other work
+    on a shared 2-vCPU VM moves every figure; see PERF.md section 0)."""
 
     def __init__(self, pids: dict):
         self.pids = pids
 
     def start(self) -> None:
         self.t0 = time.monotonic()
+        self.m0 = machine_busy_seconds()
         self.c0 = {k: cpu_seconds(p) for k, p in self.pids.items()}
+        self.b0 = cpu_seconds(self.pids["broker"], main_thread=True) if "broker" in self.pids else 0.0
 
     def stop(self) -> dict:
         dt = max(time.monotonic() - self.t0, 1e-6)
-        return {k: round(100.0 * (cpu_seconds(p) - self.c0[k]) / dt, 1) for k, p in self.pids.items()}
+        out = {k: round(100.0 * (cpu_seconds(p) - self.c0[k]) / dt, 1) for k, p in self.pids.items()}
+        busy = 100.0 * (machine_busy_seconds() - self.m0) / dt
+        out["others"] = round(max(0.0, busy - sum(out.values())), 1)
+        if "broker" in self.pids:     # the Python thread alone (the rest: zmq I/O + allocator threads)
+            out["broker_main"] = round(100.0 * (cpu_seconds(self.pids["broker"], True) - self.b0) / dt, 1)
+        return out
 
 
 def wait_idle(pids: list, max_wait_s: float = IDLE_MAX_WAIT_S) -> float:
@@ -663,9 +685,10 @@ class Profiler:
         for name, pid in pids.items():
             out = os.path.join(self.out_dir, f"{label}.{name}.txt")
             cmd = ["py-spy", "record", "--pid", str(pid), "--rate", str(self.rate), "--format", "raw",
-                   "--idle", "--nonblocking", "--output", out]
-            if self.native:
-                cmd.append("--native")
+                   "--idle", "--output", out]
+            # --native cannot sample without pausing the process (py-spy refuses --nonblocking):
+            # it shows Cython / libzmq frames but slows the target down
+            cmd.append("--native" if self.native else "--nonblocking")
             self.procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         time.sleep(0.3)      # let py-spy attach before the timed part
 
@@ -742,49 +765,77 @@ def rate_row(res: dict) -> dict:
     return out
 
 
-def measure_ceilings(p: Params, log=print) -> dict:
-    """The raw pyzmq ceilings (plus decode-only), keyed (kind, body_size)."""
-    out: dict = {}
-    sink, client = Worker("sink"), Worker("client")
-    try:
-        for size in p.sizes:
-            page = build_page(size, p.batch)
-            out[("record_bytes", size)] = len(page) / p.batch
-            for kind in ("stream", "batch", "rtt", "pages"):
-                kw = {"mode": kind}
-                if kind == "pages":
-                    kw["page"] = page
-                if kind == "batch":
-                    kw["batch"] = p.batch
-                endpoint = sink.start("sink", **kw)
-                ckw: dict = {"endpoint": endpoint, "seconds": p.ceiling_seconds}
-                if kind == "pages":
-                    ckw.update(msgs_per_page=p.batch, body_size=size, window=p.window)
-                else:
-                    ckw["body_size"] = size
-                if kind == "batch":
-                    ckw.update(batch=p.batch, window=p.window)
-                client.start(kind, **ckw)
-                meter = CpuMeter({"sink": sink.pid, "client": client.pid})
-                meter.start()
-                client.go()
-                res = client.result()
-                cpu = meter.stop()
-                sink.stop_sink()
-                row = rate_row(res)
-                row["cpu"] = cpu
-                out[(kind, size)] = row
-                log(f"  ceiling {kind:<6} {size:>5} B: {row['msgs_per_s']:>13,.0f} msgs/s "
-                    f"{row['mb_per_s']:>8,.1f} MB/s" + (f"  p50 {row['p50_us']:.0f} us p99 {row['p99_us']:.0f} us"
-                                                          if "p50_us" in row else ""))
-            client.start("decode", page=page, seconds=p.ceiling_seconds, msgs_per_page=p.batch, body_size=size)
+CEILING_KINDS = ("frame", "stream", "batch", "rtt", "pages", "decode")
+
+
+class CeilingBench:
+    """The raw pyzmq ceilings: a sink process and a client process, one measurement at a time."""
+
+    def __init__(self, p: Params):
+        self.p = p
+        self.sink, self.client = Worker("sink"), Worker("client")
+        self.pages: dict = {}
+
+    def page(self, size: int) -> bytes:
+        if size not in self.pages:
+            self.pages[size] = build_page(size, self.p.batch)
+        return self.pages[size]
+
+    def measure(self, kind: str, size: int) -> dict:
+        p, sink, client = self.p, self.sink, self.client
+        if kind == "decode":
+            client.start("decode", page=self.page(size), seconds=p.ceiling_seconds, msgs_per_page=p.batch,
+                         body_size=size)
+            meter = CpuMeter({"client": client.pid})
+            meter.start()
             client.go()
             row = rate_row(client.result())
-            out[("decode", size)] = row
-            log(f"  ceiling decode {size:>5} B: {row['msgs_per_s']:>13,.0f} msgs/s {row['mb_per_s']:>8,.1f} MB/s")
+            row["cpu"] = meter.stop()
+            return row
+        kw: dict = {"mode": "stream" if kind == "frame" else kind}
+        ckw: dict = {"seconds": p.ceiling_seconds, "body_size": size}
+        if kind == "pages":
+            kw["page"] = self.page(size)
+            ckw.update(msgs_per_page=p.batch, window=p.window)
+        elif kind == "batch":
+            kw["batch"] = p.batch
+            ckw.update(batch=p.batch, window=p.window)
+        elif kind == "frame":
+            ckw["bare"] = True
+        ckw["endpoint"] = sink.start("sink", **kw)
+        client.start("stream" if kind == "frame" else kind, **ckw)
+        meter = CpuMeter({"sink": sink.pid, "client": client.pid})
+        meter.start()
+        client.go()
+        try:
+            res = client.result()
+        finally:
+            cpu = meter.stop()
+            sink.stop_sink()
+        row = rate_row(res)
+        row["cpu"] = cpu
+        return row
+
+    def close(self) -> None:
+        self.sink.close()
+        self.client.close()
+
+
+def measure_ceilings(p: Params, log=print) -> dict:
+    """The raw pyzmq ceilings (plus decode-only), keyed (kind, body_size); also
+    ("record_bytes", size): CommitLog bytes per message of a real page."""
+    out: dict = {}
+    cb = CeilingBench(p)
+    try:
+        for size in p.sizes:
+            out[("record_bytes", size)] = len(cb.page(size)) / p.batch
+            for kind in CEILING_KINDS:
+                row = out[(kind, size)] = cb.measure(kind, size)
+                log(f"  ceiling {kind:<6} {size:>5} B: {row['msgs_per_s']:>13,.0f} msgs/s "
+                    f"{row['mb_per_s']:>8,.1f} MB/s" + (f"  p50 {row['p50_us']:.0f} us p99 {row['p99_us']:.0f} us"
+                                                          if "p50_us" in row else "") + f"  cpu {row['cpu']}")
     finally:
-        sink.close()
-        client.close()
+        cb.close()
     return out
 
 
@@ -884,6 +935,19 @@ class ClusterBench:
         row.update(cpu=cpu, idle_wait_s=round(waited, 2), errors=res["errors"])
         return row
 
+    def diagnose(self) -> str:
+        """Exit codes of the group's processes and the tail of their logs (for a failed phase)."""
+        lines = []
+        for name, ap in self.cluster.procs.items():
+            lines.append(f"{name} pid {ap.proc.pid}: exit code {ap.proc.poll()}")
+            log = os.path.join(self.cluster.store_path, "logs", f"{name}.log")
+            try:
+                with open(log) as f:
+                    lines += ["    " + ln.rstrip() for ln in f.readlines()[-8:]]
+            except OSError:
+                pass
+        return "\n".join(lines)
+
     def close(self) -> None:
         try:
             self.client.close()
@@ -922,20 +986,26 @@ def attach_target(row: dict, kind: str, flush: str, size: int) -> dict:
 CEILING_FOR = {"produce": "batch", "consume": "pages", "single": "rtt"}
 
 
+def finish_row(row: dict, kind: str, flush: str, size: int, ceilings: dict) -> dict:
+    """Label a scenario row, put its ceiling and ratio beside it, and its PERF.md target."""
+    row.update(kind=kind, flush=flush, body_size=size, scenario=f"{kind} {flush} {size} B")
+    attach_ceiling(row, ceilings[(CEILING_FOR[kind], size)], CEILING_FOR[kind])
+    if kind == "consume" and ("decode", size) in ceilings:
+        row["decode_msgs_per_s"] = ceilings[("decode", size)]["msgs_per_s"]
+        row["ratio_to_decode"] = row["msgs_per_s"] / row["decode_msgs_per_s"]
+    return attach_target(row, kind, flush, size)
+
+
 def run_cluster_scenarios(p: Params, flush: str, size: int, ceilings: dict, log=print) -> list:
     rows = []
     cb = ClusterBench(p, flush, size, log)
     try:
         for kind in ("produce", "consume", "single"):
-            row = getattr(cb, kind)()
-            row.update(kind=kind, flush=flush, body_size=size,
-                       scenario=f"{kind} {flush} {size} B")
-            attach_ceiling(row, ceilings[(CEILING_FOR[kind], size)], CEILING_FOR[kind])
-            if kind == "consume":
-                row["decode_msgs_per_s"] = ceilings[("decode", size)]["msgs_per_s"]
-                row["ratio_to_decode"] = row["msgs_per_s"] / row["decode_msgs_per_s"]
-            attach_target(row, kind, flush, size)
-            rows.append(row)
+            try:
+                row = getattr(cb, kind)()
+            except (RuntimeError, TimeoutError) as e:
+                raise RuntimeError(f"{kind} {flush} {size} B failed: {e}\n{cb.diagnose()}") from None
+            rows.append(finish_row(row, kind, flush, size, ceilings))
             lat = f"  p50 {row['p50_us']:.0f} us p99 {row['p99_us']:.0f} us" if "p50_us" in row else ""
             log(f"  {row['scenario']:<28} {row['msgs_per_s']:>12,.0f} msgs/s {row['mb_per_s']:>8,.1f} MB/s"
                 f"{lat}  ratio {row['ratio']:.1%}  cpu {row['cpu']}")
@@ -975,33 +1045,39 @@ def print_report(report: dict) -> None:
     t = Table(title="Raw pyzmq loopback ceilings (DEALER -> ROUTER, tcp 127.0.0.1, sink in its own process)",
               title_justify="left")
     for col, j in (("ceiling", "left"), ("body", "right"), ("msgs/s", "right"), ("MB/s payload", "right"),
-                   ("MB/s wire", "right"), ("p50 µs", "right"), ("p99 µs", "right"), ("what", "left")):
+                   ("MB/s wire", "right"), ("p50 µs", "right"), ("p99 µs", "right"),
+                   ("CPU % sink/client/others", "right"), ("what", "left")):
         t.add_column(col, justify=j)
-    what = {"stream": f"1 frame/msg, {STREAM_WINDOW} unacked", "batch": f"{report['params']['batch']} msgs/frame, "
+    what = {"frame": f"1 zmq frame/msg (body only), {STREAM_WINDOW} unacked",
+            "stream": f"1 multipart/msg [RMQ1, header, body], {STREAM_WINDOW} unacked", "batch": f"{report['params']['batch']} msgs/frame, "
             f"{report['params']['window']} in flight, SEND_OK-shaped replies",
             "rtt": "one request at a time", "pages": f"pull pages of {report['params']['batch']} real records, "
             f"{report['params']['window']} in flight", "decode": "decode_records of a page, no I/O"}
     for (kind, size), c in ceil.items():
         if kind == "record_bytes":
             continue
+        cp = c.get("cpu", {})
         t.add_row(kind, f"{size} B", _f(c["msgs_per_s"]), _f(c["mb_per_s"], "{:,.1f}"),
-                  _f(c.get("wire_mb_per_s"), "{:,.1f}"), _f(c.get("p50_us")), _f(c.get("p99_us")), what[kind])
+                  _f(c.get("wire_mb_per_s"), "{:,.1f}"), _f(c.get("p50_us")), _f(c.get("p99_us")),
+                  "/".join(_f(cp.get(k)) for k in ("sink", "client", "others")) if cp else "-", what[kind])
     console.print(t)
     t = Table(title="rmq end to end (broker group of 4 processes + 1 client process), beside the ceiling",
               title_justify="left")
     for col, j in (("scenario", "left"), ("msgs/s", "right"), ("MB/s", "right"), ("p50 µs", "right"),
                    ("p99 µs", "right"), ("ceiling", "left"), ("ceil msgs/s", "right"), ("ratio", "right"),
                    ("ceil p50/p99 µs", "right"), ("target", "left"), ("met", "left"),
-                   ("CPU % broker/reput/flush/client", "right")):
+                   ("CPU % broker (main thread)/reput/flush/client/others", "right")):
         t.add_column(col, justify=j)
     for r in report["rows"]:
         cp = r.get("cpu", {})
-        cpu = "/".join(_f(cp.get(k)) for k in ("broker", "reput", "flush", "client"))
+        cpu = "/".join(_f(cp.get(k)) for k in ("broker", "reput", "flush", "client", "others"))
+        if "broker_main" in cp:
+            cpu = cpu.replace("/", f" ({_f(cp['broker_main'])})/", 1)
         ce_lat = (f"{r['ceiling_p50_us']:.0f}/{r['ceiling_p99_us']:.0f}" if "ceiling_p50_us" in r else "-")
         met = "-" if "target_met" not in r else ("[green]MET[/]" if r["target_met"] else "[red]MISSED[/]")
         name = r["scenario"] + (" [red](errors)[/]" if r.get("errors") or r.get("error") else "")
         ratio = f"{r['ratio']:.1%}"
-        if r["kind"] == "consume":
+        if "ratio_to_decode" in r:
             ratio += f" ({r['ratio_to_decode']:.0%} of decode)"
         t.add_row(name, _f(r["msgs_per_s"]), _f(r["mb_per_s"], "{:,.1f}"), _f(r.get("p50_us")),
                   _f(r.get("p99_us")), r["ceiling"], _f(r["ceiling_msgs_per_s"]), ratio, ce_lat,

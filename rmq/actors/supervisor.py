@@ -19,7 +19,7 @@ Responsibility
     an ephemeral port (0) is resolved, so every actor reads the same values.  The
     broker recovers the store when it starts; it creates ``S/abort``.
 
-    Stop (SIGTERM / SIGINT, ``rmq stop``): SIGTERM to the broker first and wait for
+    Stop (SIGTERM / SIGINT, SIGHUP in the foreground, ``rmq stop``): SIGTERM to the broker first and wait for
     it to exit (it stops accepting, drains and flushes), then reput, flush,
     cleaner, and last the NameServer, each waited for ``stop_timeout_s`` (then
     SIGKILL, reported).  When every actor of the broker group exited 0, the store
@@ -389,11 +389,16 @@ class Supervisor:
     def run(self) -> int:
         """Start everything, supervise until stopped, stop in order.  Returns the exit code:
         0 after a clean stop, 1 after a failed start, a given-up group or an unclean stop."""
-        os.makedirs(self.store, exist_ok=True)
-        self.pid_file.acquire()         # raises SupervisorError before anything else changes
+        try:
+            os.makedirs(os.path.join(self.store, "logs"), exist_ok=True)
+            self.pid_file.acquire()     # raises SupervisorError before anything else changes
+        except OSError as e:
+            raise SupervisorError(f"cannot use store {self.store}: {e}") from None
         try:
             self._setup_logging()
+            # SIGHUP: in the foreground the terminal went away (stop in order); detached, ignore it
             old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+            old[signal.SIGHUP] = signal.signal(signal.SIGHUP, signal.SIG_IGN if self.detached else self._on_signal)
             try:
                 return self._run()
             finally:
@@ -658,11 +663,11 @@ class Supervisor:
         log.info("%s[%d]: %s", child.name, child.pid, line)
 
     def _drain(self, child: Child) -> None:
-        if child.fd >= 0 and child.fd in self.by_fd:
+        if self.by_fd.get(child.fd) is child:      # (a closed pipe's fd number may be another child's now)
             self._read(child)
 
     def _close_pipe(self, child: Child) -> None:
-        if child.fd in self.by_fd:
+        if self.by_fd.get(child.fd) is child:
             self.poller.unregister(child.fd)
             del self.by_fd[child.fd]
         if child.proc.stdout is not None and not child.proc.stdout.closed:

@@ -333,13 +333,13 @@ def test_no_namesrv_joins_a_cluster_and_exits_when_nothing_is_left(supervisor, s
 
 
 def test_hung_actor_is_killed_and_restarted(supervisor, store):
-    sup = supervisor("--restart-backoff-ms", "100", "--heartbeat-liveness", "2",
+    sup = supervisor("--restart-backoff-ms", "100", "--heartbeat-liveness", "3",
                      env={"FAKE_ACTOR_HANG": "flush:0.3:once"})
     started = sup.ready()
     wait_for(lambda: [n for n, _ in of(events(store), "start")].count("flush") == 2, what="flush restarted")
     assert ("hang", "flush", str(started["flush"][0])) in events(store)
     assert not alive(started["flush"][0])
-    assert re.search(r"flush \(pid %d\): no beat for [\d.]+ s \(liveness 2 s\): SIGKILL" % started["flush"][0],
+    assert re.search(r"flush \(pid %d\): no beat for [\d.]+ s \(liveness 3 s\): SIGKILL" % started["flush"][0],
                      sup.stderr())
     assert sup.stop() == 0
 
@@ -368,10 +368,10 @@ def test_actor_exiting_before_ready_is_reported(supervisor, store):
 
 
 def test_stop_timeout_kills_and_keeps_abort(supervisor, store):
-    sup = supervisor("--stop-timeout-s", "1", env={"FAKE_ACTOR_SLOW_STOP": "reput:30"})
+    sup = supervisor("--stop-timeout-s", "3", env={"FAKE_ACTOR_SLOW_STOP": "reput:30"})  # others stop in < 1.1 s
     started = sup.ready()
     assert sup.stop() == 1
-    assert "reput (pid %d) did not stop within 1 s: SIGKILL" % started["reput"][0] in sup.stderr()
+    assert "reput (pid %d) did not stop within 3 s: SIGKILL" % started["reput"][0] in sup.stderr()
     assert [n for n, _ in of(events(store), "stop")] == ["broker", "flush", "cleaner"]
     assert not alive(started["reput"][0])
     assert os.path.exists(os.path.join(store, "abort"))
