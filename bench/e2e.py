@@ -54,7 +54,7 @@ import sys
 import tempfile
 import time
 import traceback
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -75,10 +75,15 @@ BATCH = 1000                     # messages per SEND_BATCH_MESSAGE (and per pull
 WINDOW = 4                       # requests in flight (produce, batch ceiling, pulls / page ceiling)
 QUEUES = 4                       # queues the producer round-robins over; one pull in flight per queue
 STREAM_WINDOW = 1000             # unacknowledged messages of the one-frame-per-message ceiling
-DEFAULT_MESSAGES = 1_000_000     # messages per produce run for 100 B bodies; 1 KiB: a quarter
-DEFAULT_FILE_SIZE = 512 << 20    # CommitLog file size: both sizes' runs fit in the first file
-DEFAULT_SINGLE_SECONDS = 2.0
-DEFAULT_CEILING_SECONDS = 1.5
+DEFAULT_MESSAGES = 800_000       # messages per produce round for 100 B bodies; 1 KiB: a quarter
+DEFAULT_ROUNDS = 3               # rounds of every measurement; the median is reported
+#: CommitLog file size.  All rounds of one group fit in its first file (3 x 804k x 219 B,
+#: 3 x 204k x 1143 B), so no roll happens while timing; the store warms that file and its
+#: allocator pre-touches the next one: 2 x 768 MiB of dirty page cache stays under
+#: vm.dirty_background_ratio (10 % of 24 GiB), so no kernel writeback of zero pages starts
+DEFAULT_FILE_SIZE = 768 << 20
+DEFAULT_SINGLE_SECONDS = 1.5
+DEFAULT_CEILING_SECONDS = 1.0
 TOPIC = "E2EBench"
 SINGLE_TOPIC = "E2ESingle"
 IDLE_CPU_FRACTION = 0.15         # the group is "idle" when it uses < 15 % of one core ...
@@ -706,8 +711,9 @@ class Profiler:
 
 @dataclass
 class Params:
-    messages: int = DEFAULT_MESSAGES          # per produce run, 100 B bodies
-    messages_1k: Optional[int] = None         # per produce run, 1 KiB bodies (default messages // 4)
+    messages: int = DEFAULT_MESSAGES          # per produce round, 100 B bodies
+    messages_1k: Optional[int] = None         # per produce round, 1 KiB bodies (default messages // 4)
+    rounds: int = DEFAULT_ROUNDS
     single_seconds: float = DEFAULT_SINGLE_SECONDS
     ceiling_seconds: float = DEFAULT_CEILING_SECONDS
     file_size: int = DEFAULT_FILE_SIZE
@@ -762,6 +768,33 @@ def rate_row(res: dict) -> dict:
     for k in ("p50_us", "p99_us", "p999_us", "max_us"):
         if k in res:
             out[k] = res[k]
+    return out
+
+
+def median_row(rows: list) -> dict:
+    """Median of each figure over rounds; ``rounds``, ``msgs_per_s_min/max`` and ``spread``
+    ((max - min) / median of msgs/s) beside it; errors of every round kept."""
+    out = dict(rows[-1])
+    for k, v in rows[0].items():
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            vals = [r[k] for r in rows if isinstance(r.get(k), (int, float))]
+            out[k] = statistics.median(vals)
+    if isinstance(rows[0].get("cpu"), dict):
+        out["cpu"] = {k: round(statistics.median(r["cpu"].get(k, 0.0) for r in rows), 1) for k in rows[0]["cpu"]}
+    rates = [r["msgs_per_s"] for r in rows]
+    out.update(rounds=len(rows), msgs_per_s_min=min(rates), msgs_per_s_max=max(rates),
+               spread=(max(rates) - min(rates)) / out["msgs_per_s"] if out["msgs_per_s"] else 0.0,
+               msgs_per_s_rounds=rates)
+    errs: dict = {}
+    for r in rows:
+        for k, v in (r.get("errors") or {}).items():
+            errs[k] = errs.get(k, 0) + v
+    if "errors" in out:
+        out["errors"] = errs
+    bad = [r["error"] for r in rows if r.get("error")]
+    out.pop("error", None)
+    if bad:
+        out["error"] = "; ".join(bad)
     return out
 
 
@@ -822,20 +855,28 @@ class CeilingBench:
 
 
 def measure_ceilings(p: Params, log=print) -> dict:
-    """The raw pyzmq ceilings (plus decode-only), keyed (kind, body_size); also
+    """The raw pyzmq ceilings (plus decode-only), keyed (kind, body_size), median of
+    ``p.rounds`` rounds taken in turn (round 1 of every kind, then round 2, ...); also
     ("record_bytes", size): CommitLog bytes per message of a real page."""
     out: dict = {}
+    runs: dict = {}
     cb = CeilingBench(p)
     try:
         for size in p.sizes:
             out[("record_bytes", size)] = len(cb.page(size)) / p.batch
-            for kind in CEILING_KINDS:
-                row = out[(kind, size)] = cb.measure(kind, size)
-                log(f"  ceiling {kind:<6} {size:>5} B: {row['msgs_per_s']:>13,.0f} msgs/s "
-                    f"{row['mb_per_s']:>8,.1f} MB/s" + (f"  p50 {row['p50_us']:.0f} us p99 {row['p99_us']:.0f} us"
-                                                          if "p50_us" in row else "") + f"  cpu {row['cpu']}")
+        for rnd in range(p.rounds):
+            for size in p.sizes:
+                for kind in CEILING_KINDS:
+                    row = cb.measure(kind, size)
+                    runs.setdefault((kind, size), []).append(row)
+                    log(f"  ceiling round {rnd + 1} {kind:<6} {size:>5} B: {row['msgs_per_s']:>13,.0f} msgs/s "
+                        f"{row['mb_per_s']:>8,.1f} MB/s"
+                        + (f"  p50 {row['p50_us']:.0f} us p99 {row['p99_us']:.0f} us" if "p50_us" in row else "")
+                        + f"  cpu {row['cpu']}")
     finally:
         cb.close()
+    for key, rows in runs.items():
+        out[key] = median_row(rows)
     return out
 
 
@@ -846,8 +887,18 @@ def cluster_conf(p: Params, flush: str) -> dict:
             "mappedFileSizeConsumeQueue": str(300_000 * 20)}       # RocketMQ's default, not the tests' 1000
 
 
+def topic_of(rnd: int) -> str:
+    return f"{TOPIC}{rnd}"
+
+
 class ClusterBench:
-    """One broker group (flush type, body size) and a client process driving it."""
+    """One broker group (flush type, body size) and a client process driving it.
+
+    A scenario is ``stage(kind, rnd)`` (untimed: client setup and warm-up requests, then
+    wait until the group is idle), ``fire()`` (the timed part: go, wait for the client's
+    figures) and ``finish()`` (the row).  ``run(kind, rnd)`` does all three.  Round
+    ``rnd`` of produce writes topic E2EBench<rnd>, which round ``rnd`` of consume reads.
+    """
 
     def __init__(self, p: Params, flush: str, body_size: int, log=print):
         from tests.integration.cluster import Cluster
@@ -856,9 +907,11 @@ class ClusterBench:
         self.dir = tempfile.mkdtemp(prefix=f"rmq-e2e-{flush[:4].lower()}-{body_size}-", dir=p.store_dir)
         self.cluster = Cluster(os.path.join(self.dir, "store"), conf=cluster_conf(p, flush))
         self.client = Worker(f"client-{flush}-{body_size}")
-        self.produced: Optional[dict] = None
+        self.produced: dict = {}          # round -> the produce worker's result
         self.profiler = Profiler(p.profile_dir, p.profile_native)
         self.label = f"{flush.split('_')[0].lower()}-{body_size}"
+        self._staged: Optional[tuple] = None
+        self._fired: Optional[tuple] = None
 
     def pids(self) -> dict:
         d = {name: ap.proc.pid for name, ap in self.cluster.procs.items()}
@@ -868,10 +921,32 @@ class ClusterBench:
     def group_pids(self) -> list:
         return [ap.proc.pid for ap in self.cluster.procs.values()]
 
-    def _timed(self, phase: str) -> tuple:
-        waited = wait_idle(self.group_pids())
+    # -- stage / fire / finish -------------------------------------------------------------
+    def stage(self, kind: str, rnd: int = 0) -> None:
+        p, extra = self.p, {}
+        if kind == "produce":
+            self.client.start("produce", endpoint=self.cluster.broker, topic=topic_of(rnd), body_size=self.size,
+                              n_msgs=p.n_msgs(self.size), batch=p.batch, window=p.window, queues=p.queues,
+                              max_seconds=p.max_phase_seconds)
+        elif kind == "consume":
+            if rnd not in self.produced:
+                self.run("produce", rnd)          # untimed here: consume needs something to read
+            extra["dispatch_wait_s"] = round(self.wait_dispatched(rnd), 2)
+            self.client.start("consume", endpoint=self.cluster.broker, topic=topic_of(rnd), body_size=self.size,
+                              expected=self.produced[rnd]["per_queue"], max_nums=p.batch,
+                              max_seconds=p.max_phase_seconds)
+        elif kind == "single":
+            self.client.start("single", endpoint=self.cluster.broker, topic=SINGLE_TOPIC, body_size=self.size,
+                              seconds=p.single_seconds)
+        else:
+            raise ValueError(kind)
+        extra["idle_wait_s"] = round(wait_idle(self.group_pids()), 2)
+        self._staged = (kind, rnd, extra)
+
+    def fire(self) -> dict:
+        kind, rnd, _extra = self._staged
         meter = CpuMeter(self.pids())
-        self.profiler.start(f"{phase}-{self.label}",
+        self.profiler.start(f"{kind}-{self.label}-r{rnd + 1}",
                             {k: v for k, v in self.pids().items() if k in self.p.profile_procs})
         meter.start()
         self.client.go()
@@ -880,60 +955,60 @@ class ClusterBench:
         finally:
             cpu = meter.stop()
             self.profiler.stop()
-        return res, cpu, waited
+        self._fired = (res, cpu)
+        return res
 
-    def produce(self) -> dict:
-        p = self.p
-        self.client.start("produce", timeout=PHASE_TIMEOUT_S, endpoint=self.cluster.broker, topic=TOPIC,
-                          body_size=self.size, n_msgs=p.n_msgs(self.size), batch=p.batch, window=p.window,
-                          queues=p.queues, max_seconds=p.max_phase_seconds)
-        res, cpu, waited = self._timed("produce")
+    def finish(self) -> dict:
+        kind, rnd, extra = self._staged
+        res, cpu = self._fired
+        self._staged = self._fired = None
         row = rate_row(res)
-        row.update(cpu=cpu, idle_wait_s=round(waited, 2), errors=res["errors"], requests=res["requests"])
-        self.produced = res
+        row.update(cpu=cpu, round=rnd + 1, **extra)
+        if kind == "produce":
+            self.produced[rnd] = res
+            row.update(errors=res["errors"], requests=res["requests"])
+        elif kind == "consume":
+            expected = sum(self.produced[rnd]["per_queue"])
+            row.update(expected=expected, bad_pages=res["bad_pages"], statuses=res["statuses"])
+            if res["msgs"] != expected or res["bad_pages"]:
+                row["error"] = f"consumed {res['msgs']} of {expected}, {res['bad_pages']} bad pages"
+        else:
+            row["errors"] = {"not SEND_OK": res["errors"]} if res["errors"] else {}
         return row
 
-    def wait_dispatched(self, timeout_s: float = 60.0) -> float:
+    def run(self, kind: str, rnd: int = 0) -> dict:
+        self.stage(kind, rnd)
+        self.fire()
+        return self.finish()
+
+    def wait_dispatched(self, rnd: int, timeout_s: float = 60.0) -> float:
         """Until every queue's max offset (ConsumeQueue, via the broker) covers what was acked."""
-        from rmq.client.remoting import RemotingClient
-
         t0 = time.monotonic()
-        want = self.produced["per_queue"]
-        with RemotingClient(zmq.Context()) as c:
-            try:
-                while time.monotonic() - t0 < timeout_s:
-                    have = [c.invoke(self.cluster.broker, Frame(RequestCode.GET_MAX_OFFSET, fields={
-                        "topic": TOPIC, "queueId": q})).fields["offset"] for q in range(len(want))]
-                    if all(h >= w for h, w in zip(have, want)):
-                        return time.monotonic() - t0
-                    time.sleep(0.05)
-            finally:
-                c.close()
-                c.ctx.term()
+        want = self.produced[rnd]["per_queue"]
+        ctx = zmq.Context()
+        s = ctx.socket(zmq.DEALER)
+        s.setsockopt(zmq.LINGER, 0)
+        s.connect(self.cluster.broker)
+        opaque = 0
+        try:
+            while time.monotonic() - t0 < timeout_s:
+                have = []
+                for q in range(len(want)):
+                    opaque += 1
+                    s.send_multipart(P.encode(Frame(RequestCode.GET_MAX_OFFSET, opaque, 0, "", {
+                        "topic": topic_of(rnd), "queueId": q})))
+                    while True:
+                        r = P.decode(_recv(s, 10))
+                        if r.opaque == opaque:
+                            break
+                    have.append(r.fields["offset"])
+                if all(h >= w for h, w in zip(have, want)):
+                    return time.monotonic() - t0
+                time.sleep(0.05)
+        finally:
+            s.close(0)
+            ctx.term()
         raise TimeoutError(f"dispatch did not reach {want} within {timeout_s} s")
-
-    def consume(self) -> dict:
-        if self.produced is None:
-            self.produce()
-        dispatch_s = self.wait_dispatched()
-        expected = self.produced["per_queue"]
-        self.client.start("consume", endpoint=self.cluster.broker, topic=TOPIC, body_size=self.size,
-                          expected=expected, max_nums=self.p.batch, max_seconds=self.p.max_phase_seconds)
-        res, cpu, waited = self._timed("consume")
-        row = rate_row(res)
-        row.update(cpu=cpu, idle_wait_s=round(waited, 2), dispatch_wait_s=round(dispatch_s, 2),
-                   expected=sum(expected), bad_pages=res["bad_pages"], statuses=res["statuses"])
-        if res["msgs"] != sum(expected) or res["bad_pages"]:
-            row["error"] = f"consumed {res['msgs']} of {sum(expected)}, {res['bad_pages']} bad pages"
-        return row
-
-    def single(self) -> dict:
-        self.client.start("single", endpoint=self.cluster.broker, topic=SINGLE_TOPIC, body_size=self.size,
-                          seconds=self.p.single_seconds)
-        res, cpu, waited = self._timed("single")
-        row = rate_row(res)
-        row.update(cpu=cpu, idle_wait_s=round(waited, 2), errors=res["errors"])
-        return row
 
     def diagnose(self) -> str:
         """Exit codes of the group's processes and the tail of their logs (for a failed phase)."""
@@ -996,22 +1071,28 @@ def finish_row(row: dict, kind: str, flush: str, size: int, ceilings: dict) -> d
     return attach_target(row, kind, flush, size)
 
 
+SCENARIO_KINDS = ("produce", "consume", "single")
+
+
 def run_cluster_scenarios(p: Params, flush: str, size: int, ceilings: dict, log=print) -> list:
-    rows = []
+    """Every scenario of one broker group, ``p.rounds`` rounds each (produce, consume and
+    single in turn), as median rows beside their ceilings."""
+    runs: dict = {k: [] for k in SCENARIO_KINDS}
     cb = ClusterBench(p, flush, size, log)
     try:
-        for kind in ("produce", "consume", "single"):
-            try:
-                row = getattr(cb, kind)()
-            except (RuntimeError, TimeoutError) as e:
-                raise RuntimeError(f"{kind} {flush} {size} B failed: {e}\n{cb.diagnose()}") from None
-            rows.append(finish_row(row, kind, flush, size, ceilings))
-            lat = f"  p50 {row['p50_us']:.0f} us p99 {row['p99_us']:.0f} us" if "p50_us" in row else ""
-            log(f"  {row['scenario']:<28} {row['msgs_per_s']:>12,.0f} msgs/s {row['mb_per_s']:>8,.1f} MB/s"
-                f"{lat}  ratio {row['ratio']:.1%}  cpu {row['cpu']}")
+        for rnd in range(p.rounds):
+            for kind in SCENARIO_KINDS:
+                try:
+                    row = cb.run(kind, rnd)
+                except (RuntimeError, TimeoutError) as e:
+                    raise RuntimeError(f"{kind} {flush} {size} B failed: {e}\n{cb.diagnose()}") from None
+                runs[kind].append(row)
+                lat = f"  p50 {row['p50_us']:.0f} us p99 {row['p99_us']:.0f} us" if "p50_us" in row else ""
+                log(f"  round {rnd + 1} {kind:<7} {row['msgs_per_s']:>12,.0f} msgs/s {row['mb_per_s']:>8,.1f} MB/s"
+                    f"{lat}  cpu {row['cpu']}")
     finally:
         cb.close()
-    return rows
+    return [finish_row(median_row(runs[kind]), kind, flush, size, ceilings) for kind in SCENARIO_KINDS]
 
 
 def run_all(p: Params, log=print) -> dict:
@@ -1022,7 +1103,7 @@ def run_all(p: Params, log=print) -> dict:
     rows = []
     for flush in p.flush_types:
         for size in p.sizes:
-            log(f"broker group {flush}, {size} B bodies, {p.n_msgs(size):,} messages:")
+            log(f"broker group {flush}, {size} B bodies, {p.n_msgs(size):,} messages per produce round:")
             rows += run_cluster_scenarios(p, flush, size, ceilings, log)
     return {"params": {**asdict(p), "n_msgs": {s: p.n_msgs(s) for s in p.sizes}},
             "ceilings": [{"kind": k, "body_size": s, **v} if isinstance(v, dict) else
@@ -1040,62 +1121,67 @@ def print_report(report: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console(width=200)
+    console = Console(width=max(160, shutil.get_terminal_size((200, 40)).columns))
+    prm = report["params"]
     ceil = {(c["kind"], c["body_size"]): c for c in report["ceilings"]}
-    t = Table(title="Raw pyzmq loopback ceilings (DEALER -> ROUTER, tcp 127.0.0.1, sink in its own process)",
-              title_justify="left")
-    for col, j in (("ceiling", "left"), ("body", "right"), ("msgs/s", "right"), ("MB/s payload", "right"),
-                   ("MB/s wire", "right"), ("p50 µs", "right"), ("p99 µs", "right"),
-                   ("CPU % sink/client/others", "right"), ("what", "left")):
-        t.add_column(col, justify=j)
-    what = {"frame": f"1 zmq frame/msg (body only), {STREAM_WINDOW} unacked",
-            "stream": f"1 multipart/msg [RMQ1, header, body], {STREAM_WINDOW} unacked", "batch": f"{report['params']['batch']} msgs/frame, "
-            f"{report['params']['window']} in flight, SEND_OK-shaped replies",
-            "rtt": "one request at a time", "pages": f"pull pages of {report['params']['batch']} real records, "
-            f"{report['params']['window']} in flight", "decode": "decode_records of a page, no I/O"}
+    t = Table(title=f"Raw pyzmq loopback ceilings (DEALER -> ROUTER, tcp 127.0.0.1, sink in its own process; "
+                    f"median of {prm['rounds']})", title_justify="left")
+    for col in ("ceiling", "body", "msgs/s", "spread", "MB/s payload", "MB/s wire", "p50 µs", "p99 µs",
+                "CPU % sink/client/others", "what"):
+        t.add_column(col, justify="left" if col in ("ceiling", "what") else "right")
+    what = {"frame": f"1 zmq frame per message (body only), {STREAM_WINDOW} unacked",
+            "stream": f"1 multipart per message [RMQ1, header, body], {STREAM_WINDOW} unacked",
+            "batch": f"{prm['batch']} msgs per request, {prm['window']} in flight, SEND_OK-shaped replies",
+            "rtt": "one request at a time",
+            "pages": f"pull pages of {prm['batch']} real records, {prm['window']} in flight",
+            "decode": "decode_records of one page in a loop, no I/O"}
     for (kind, size), c in ceil.items():
         if kind == "record_bytes":
             continue
         cp = c.get("cpu", {})
-        t.add_row(kind, f"{size} B", _f(c["msgs_per_s"]), _f(c["mb_per_s"], "{:,.1f}"),
-                  _f(c.get("wire_mb_per_s"), "{:,.1f}"), _f(c.get("p50_us")), _f(c.get("p99_us")),
-                  "/".join(_f(cp.get(k)) for k in ("sink", "client", "others")) if cp else "-", what[kind])
+        t.add_row(kind, f"{size} B", _f(c["msgs_per_s"]), _f(c.get("spread"), "{:.0%}"),
+                  _f(c["mb_per_s"], "{:,.1f}"), _f(c.get("wire_mb_per_s"), "{:,.1f}"), _f(c.get("p50_us")),
+                  _f(c.get("p99_us")), "/".join(_f(cp.get(k)) for k in ("sink", "client", "others")), what[kind])
     console.print(t)
-    t = Table(title="rmq end to end (broker group of 4 processes + 1 client process), beside the ceiling",
-              title_justify="left")
-    for col, j in (("scenario", "left"), ("msgs/s", "right"), ("MB/s", "right"), ("p50 µs", "right"),
-                   ("p99 µs", "right"), ("ceiling", "left"), ("ceil msgs/s", "right"), ("ratio", "right"),
-                   ("ceil p50/p99 µs", "right"), ("target", "left"), ("met", "left"),
-                   ("CPU % broker (main thread)/reput/flush/client/others", "right")):
-        t.add_column(col, justify=j)
+    t = Table(title=f"rmq end to end: broker group (nameserver, broker, reput, flush) + 1 client process; "
+                    f"median of {prm['rounds']}; ratio = msgs/s / ceiling msgs/s", title_justify="left")
+    for col in ("scenario", "msgs/s", "spread", "MB/s", "p50 µs", "p99 µs", "ceiling msgs/s", "ratio",
+                "ceiling p50/p99 µs", "target (PERF.md §4)", "CPU % broker (main)/reput/flush/client/others"):
+        t.add_column(col, justify="left" if col in ("scenario", "target (PERF.md §4)") else "right")
     for r in report["rows"]:
         cp = r.get("cpu", {})
         cpu = "/".join(_f(cp.get(k)) for k in ("broker", "reput", "flush", "client", "others"))
         if "broker_main" in cp:
             cpu = cpu.replace("/", f" ({_f(cp['broker_main'])})/", 1)
-        ce_lat = (f"{r['ceiling_p50_us']:.0f}/{r['ceiling_p99_us']:.0f}" if "ceiling_p50_us" in r else "-")
-        met = "-" if "target_met" not in r else ("[green]MET[/]" if r["target_met"] else "[red]MISSED[/]")
+        ce_lat = f"{r['ceiling_p50_us']:,.0f}/{r['ceiling_p99_us']:,.0f}" if "ceiling_p50_us" in r else "-"
+        tgt = r.get("target", "")
+        if "target_met" in r:
+            tgt += " [green]MET[/]" if r["target_met"] else " [red]MISSED[/]"
         name = r["scenario"] + (" [red](errors)[/]" if r.get("errors") or r.get("error") else "")
         ratio = f"{r['ratio']:.1%}"
         if "ratio_to_decode" in r:
-            ratio += f" ({r['ratio_to_decode']:.0%} of decode)"
-        t.add_row(name, _f(r["msgs_per_s"]), _f(r["mb_per_s"], "{:,.1f}"), _f(r.get("p50_us")),
-                  _f(r.get("p99_us")), r["ceiling"], _f(r["ceiling_msgs_per_s"]), ratio, ce_lat,
-                  r.get("target", ""), met, cpu)
+            ratio += f"\n{r['ratio_to_decode']:.0%} of decode"
+        t.add_row(name, _f(r["msgs_per_s"]), _f(r.get("spread"), "{:.0%}"), _f(r["mb_per_s"], "{:,.1f}"),
+                  _f(r.get("p50_us")), _f(r.get("p99_us")), f"{r['ceiling']} {_f(r['ceiling_msgs_per_s'])}",
+                  ratio, ce_lat, tgt, cpu)
     console.print(t)
     for r in report["rows"]:
         if r.get("errors") or r.get("error"):
             console.print(f"[red]{r['scenario']}: {r.get('errors') or r.get('error')}[/]")
     rb = {c["body_size"]: c["value"] for c in report["ceilings"] if c["kind"] == "record_bytes"}
-    console.print(f"CommitLog record bytes per message: {rb}.  Load average before {report['loadavg_before']}, "
-                  f"after {report['loadavg_after']}; wall {report['wall_seconds']} s on {report['cpus']} CPUs.")
+    la, lb = report["loadavg_before"], report["loadavg_after"]
+    console.print(f"Messages per produce round: {prm['n_msgs']}; CommitLog bytes per message: {rb}. "
+                  f"Load average before {la[0]:.2f} {la[1]:.2f} {la[2]:.2f}, after {lb[0]:.2f} {lb[1]:.2f} {lb[2]:.2f}; "
+                  f"wall {report['wall_seconds']} s on {report['cpus']} CPUs.  'others' = CPU used by every other "
+                  f"process on the machine meanwhile (% of one core).")
 
 
 def main(argv: Optional[list] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--messages", type=int, default=DEFAULT_MESSAGES,
-                    help="messages per produce run with 100 B bodies (1 KiB: a quarter)")
-    ap.add_argument("--messages-1k", type=int, default=None, help="messages per produce run with 1 KiB bodies")
+                    help="messages per produce round with 100 B bodies (1 KiB: a quarter)")
+    ap.add_argument("--messages-1k", type=int, default=None, help="messages per produce round with 1 KiB bodies")
+    ap.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS, help="rounds of everything; medians reported")
     ap.add_argument("--single-seconds", type=float, default=DEFAULT_SINGLE_SECONDS)
     ap.add_argument("--ceiling-seconds", type=float, default=DEFAULT_CEILING_SECONDS)
     ap.add_argument("--file-size", type=int, default=DEFAULT_FILE_SIZE, help="mappedFileSizeCommitLog")
@@ -1107,11 +1193,12 @@ def main(argv: Optional[list] = None) -> int:
     ap.add_argument("--json", default=None, help="write the figures as JSON to this file")
     ap.add_argument("--profile", default=None, metavar="DIR",
                     help="py-spy record (raw collapsed stacks, idle included) during every timed phase")
-    ap.add_argument("--profile-procs", default="broker", help="of broker,reput,flush,namesrv,client")
-    ap.add_argument("--profile-native", action="store_true", help="py-spy --native (Cython frames too)")
+    ap.add_argument("--profile-procs", default="broker", help="comma list of broker,reput,flush,client")
+    ap.add_argument("--profile-native", action="store_true",
+                    help="py-spy --native (Cython and libzmq frames too; pauses the process at every sample)")
     ap.add_argument("--fail-on-miss", action="store_true", help="exit 1 if a PERF.md target is missed")
     a = ap.parse_args(argv)
-    p = Params(messages=a.messages, messages_1k=a.messages_1k, single_seconds=a.single_seconds,
+    p = Params(messages=a.messages, messages_1k=a.messages_1k, rounds=max(1, a.rounds), single_seconds=a.single_seconds,
                ceiling_seconds=a.ceiling_seconds, file_size=a.file_size,
                sizes=tuple(int(s) for s in a.sizes.split(",")), flush_types=tuple(a.flush.split(",")),
                window=a.window, queues=a.queues, store_dir=a.dir, profile_dir=a.profile,

@@ -45,3 +45,35 @@ class MessageIllegalError(StoreError, ValueError):
 
 class IndexOverflowError(StoreError):
     """An IndexFile is full; the caller rolls to a new one."""
+
+
+class MQClientError(RmqError):
+    """A client-side failure (RocketMQ MQClientException).
+
+    Attributes
+    ----------
+    response_code : int
+        RocketMQ ResponseCode when the failure came from a server, else -1.
+    remark : str
+    """
+
+    def __init__(self, remark: str, response_code: int = -1):
+        super().__init__(f"CODE: {response_code} DESC: {remark}" if response_code >= 0 else remark)
+        self.response_code = response_code
+        self.remark = remark
+
+
+class MQBrokerError(MQClientError):
+    """The broker answered with an error code (RocketMQ MQBrokerException)."""
+
+    def __init__(self, remark: str, response_code: int, broker_addr: str = ""):
+        super().__init__(remark, response_code)
+        self.broker_addr = broker_addr
+
+
+class RemotingError(MQClientError):
+    """The request could not be sent or answered (RocketMQ RemotingException)."""
+
+
+class RemotingTimeoutError(RemotingError):
+    """No response within the timeout (RocketMQ RemotingTimeoutException)."""

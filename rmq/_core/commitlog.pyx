@@ -656,9 +656,21 @@ cdef class MessageExt:
         return self.properties.get("UNIQ_KEY")
 
     @property
-    def msg_id(self):
+    def offset_msg_id(self):
         """Offset message id (store host + physical offset), SPEC.md §1.8."""
         return create_message_id(self.store_host, self.commitlog_offset)
+
+    @property
+    def msg_id(self):
+        """The message id users see (RocketMQ MessageClientExt): UNIQ_KEY when the producer set
+        one, else the offset message id (SPEC.md §1.8)."""
+        u = self.properties.get("UNIQ_KEY")
+        return u if u else create_message_id(self.store_host, self.commitlog_offset)
+
+    @property
+    def delay_time_level(self):
+        d = self.properties.get("DELAY")
+        return int(d) if d and d.isdigit() else 0
 
     def __repr__(self):
         return (f"MessageExt(topic={self.topic!r}, queue_id={self.queue_id}, queue_offset={self.queue_offset}, "

@@ -14,14 +14,12 @@ from typing import Optional
 import zmq
 
 from rmq import protocol as P
-from rmq.errors import RmqError
+from rmq.errors import RemotingTimeoutError
 from rmq.protocol import Frame
 
 DEFAULT_TIMEOUT_MS = 3000
 
-
-class RemotingTimeoutError(RmqError):
-    """No response within the timeout."""
+__all__ = ["RemotingClient", "RemotingTimeoutError", "DEFAULT_TIMEOUT_MS"]
 
 
 class RemotingClient:

@@ -120,7 +120,7 @@ def test_ipv6_hosts_set_sysflag_bits(mf, tmp_path):
     rec = ref.decode(mf.read(0, wrote))
     assert rec["sys_flag"] & 0x30 == 0x30 and rec["born_host"] == v6 and rec["store_host"] == v6
     m = cl.decode_records(mf.read(0, wrote), True, True)[0]
-    assert len(m.msg_id) == 56 and cl.decode_message_id(m.msg_id) == (v6, 0)
+    assert len(m.offset_msg_id) == 56 and cl.decode_message_id(m.offset_msg_id) == (v6, 0)
 
 
 def test_end_of_file_blank_record(tmp_path):

@@ -100,7 +100,7 @@ def test_query_by_key_uniq_key_msg_id_and_offset(open_store):
     assert s.query_message("TopicA", "absent").records == []
     assert s.query_message("OtherTopic", "order17").records == []
     m = s.look_message_by_msg_id(results[9].msg_id)
-    assert m.body == b"m9" and m.msg_id == results[9].msg_id
+    assert m.body == b"m9" and m.offset_msg_id == results[9].msg_id
     assert s.look_message_by_offset(results[3].wrote_offset).body == b"m3"
     assert s.look_message_by_offset(results[3].wrote_offset + 1) is None
 
@@ -252,7 +252,7 @@ def test_hypothesis_round_trip_encode_append_scan_get(tmp_path_factory, msgs):
                 assert m.body == body and m.topic == topic and m.queue_id == q
                 assert m.tags == (tags or None)
                 assert m.keys == keys
-                assert m.msg_id == msg_id
+                assert m.offset_msg_id == msg_id
                 for k, v in props.items():
                     assert m.properties[k] == v
             for body, tags, keys, props, msg_id in exp:

@@ -1,0 +1,218 @@
+"""Client-side message types, named after RocketMQ's Java client in snake_case.
+
+``Message`` (what a producer sends), ``SendResult`` / ``SendStatus``,
+``MessageQueue``, ``PullResult`` / ``PullStatus``.  Consumed messages are
+:class:`rmq._core.commitlog.MessageExt` objects decoded in C (body, tags,
+keys, properties, queue_id, queue_offset, msg_id, store_timestamp,
+born_timestamp, reconsume_times, ...).
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Iterable, Optional, Union
+
+from rmq._core.commitlog import MessageExt
+from rmq.errors import MQClientError
+
+# Property names (SPEC.md §1.6, MessageConst)
+PROPERTY_KEYS = "KEYS"
+PROPERTY_TAGS = "TAGS"
+PROPERTY_WAIT_STORE_MSG_OK = "WAIT"
+PROPERTY_DELAY_TIME_LEVEL = "DELAY"
+PROPERTY_RETRY_TOPIC = "RETRY_TOPIC"
+PROPERTY_REAL_TOPIC = "REAL_TOPIC"
+PROPERTY_REAL_QUEUE_ID = "REAL_QID"
+PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX = "UNIQ_KEY"
+PROPERTY_ORIGIN_MESSAGE_ID = "ORIGIN_MESSAGE_ID"
+PROPERTY_RECONSUME_TIME = "RECONSUME_TIME"
+PROPERTY_MAX_RECONSUME_TIMES = "MAX_RECONSUME_TIMES"
+PROPERTY_SHARDING_KEY = "__SHARDINGKEY"
+KEY_SEPARATOR = " "
+MAX_DELAY_LEVEL = 18          # messageDelayLevel has 18 levels (SPEC.md §10.1)
+RESERVED_PROPERTIES = (PROPERTY_TAGS, PROPERTY_KEYS, PROPERTY_DELAY_TIME_LEVEL,
+                       PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, PROPERTY_WAIT_STORE_MSG_OK)
+
+
+class Message:
+    """A message to send (RocketMQ ``Message``).
+
+    Parameters
+    ----------
+    topic : str
+    body : bytes
+        At most the producer's ``max_message_size`` (4 MiB by default).
+    tags : str, optional
+        One tag (hashed into the ConsumeQueue tagsCode for server-side filtering).
+    keys : str or list of str, optional
+        Indexed keys (look-up with ``query_message``); no spaces inside a key.
+    properties : dict, optional
+        User properties (str -> str).
+    delay_time_level : int
+        0 (none) or 1..18 (SPEC.md §10.1).
+    flag : int
+        Opaque user int stored in the record.
+    """
+
+    __slots__ = ("topic", "body", "properties", "flag")
+
+    def __init__(self, topic: str, body: bytes, tags: Optional[str] = None,
+                 keys: Union[None, str, Iterable[str]] = None, properties: Optional[dict] = None,
+                 delay_time_level: int = 0, flag: int = 0, wait_store_msg_ok: bool = True):
+        if not isinstance(body, (bytes, bytearray, memoryview)):
+            raise MQClientError(f"message body must be bytes, got {type(body).__name__}")
+        self.topic = topic
+        self.body = bytes(body)
+        self.properties: dict = {str(k): str(v) for k, v in (properties or {}).items()}
+        self.flag = flag
+        if tags:
+            self.tags = tags
+        if keys:
+            self.keys = keys
+        if delay_time_level:
+            self.delay_time_level = delay_time_level
+        if not wait_store_msg_ok:
+            self.properties[PROPERTY_WAIT_STORE_MSG_OK] = "false"
+
+    @property
+    def tags(self) -> Optional[str]:
+        return self.properties.get(PROPERTY_TAGS)
+
+    @tags.setter
+    def tags(self, value: Optional[str]) -> None:
+        if value:
+            self.properties[PROPERTY_TAGS] = value
+        else:
+            self.properties.pop(PROPERTY_TAGS, None)
+
+    @property
+    def keys(self) -> list:
+        k = self.properties.get(PROPERTY_KEYS)
+        return [x for x in k.split(KEY_SEPARATOR) if x] if k else []
+
+    @keys.setter
+    def keys(self, value: Union[None, str, Iterable[str]]) -> None:
+        if not value:
+            self.properties.pop(PROPERTY_KEYS, None)
+            return
+        items = [value] if isinstance(value, str) else [str(v) for v in value]
+        self.properties[PROPERTY_KEYS] = KEY_SEPARATOR.join(items)
+
+    @property
+    def delay_time_level(self) -> int:
+        d = self.properties.get(PROPERTY_DELAY_TIME_LEVEL)
+        return int(d) if d else 0
+
+    @delay_time_level.setter
+    def delay_time_level(self, level: int) -> None:
+        if not isinstance(level, int) or not 0 <= level <= MAX_DELAY_LEVEL:
+            raise MQClientError(f"delay_time_level must be 0..{MAX_DELAY_LEVEL}, got {level!r}")
+        if level:
+            self.properties[PROPERTY_DELAY_TIME_LEVEL] = str(level)
+        else:
+            self.properties.pop(PROPERTY_DELAY_TIME_LEVEL, None)
+
+    def put_user_property(self, name: str, value: str) -> None:
+        if name in RESERVED_PROPERTIES:
+            raise MQClientError(f"the property {name!r} is used by the system")
+        self.properties[name] = str(value)
+
+    def __repr__(self) -> str:
+        return f"Message(topic={self.topic!r}, body={len(self.body)} bytes, properties={self.properties})"
+
+
+@dataclass(frozen=True, order=True)
+class MessageQueue:
+    """One queue of a topic on one broker (RocketMQ ``MessageQueue``)."""
+    topic: str
+    broker_name: str
+    queue_id: int
+
+    def key(self) -> str:
+        """``topic/brokerName/queueId`` (the Spark connector's offset key)."""
+        return f"{self.topic}/{self.broker_name}/{self.queue_id}"
+
+
+class SendStatus(str, Enum):
+    """RocketMQ ``SendStatus``: every one means the message is stored."""
+    SEND_OK = "SEND_OK"
+    FLUSH_DISK_TIMEOUT = "FLUSH_DISK_TIMEOUT"
+    FLUSH_SLAVE_TIMEOUT = "FLUSH_SLAVE_TIMEOUT"
+    SLAVE_NOT_AVAILABLE = "SLAVE_NOT_AVAILABLE"
+
+
+@dataclass
+class SendResult:
+    """Outcome of a send (RocketMQ ``SendResult``).
+
+    ``msg_id`` is the client-generated unique id (UNIQ_KEY); ``offset_msg_id`` the
+    broker's (store host + physical offset).  For a batch both are comma-joined.
+    """
+    status: SendStatus
+    msg_id: str
+    message_queue: MessageQueue
+    queue_offset: int
+    offset_msg_id: str = ""
+    region_id: str = "DefaultRegion"
+
+    @property
+    def queue_id(self) -> int:
+        return self.message_queue.queue_id
+
+    @property
+    def queue(self) -> MessageQueue:
+        return self.message_queue
+
+
+class PullStatus(str, Enum):
+    """RocketMQ ``PullStatus``."""
+    FOUND = "FOUND"
+    NO_NEW_MSG = "NO_NEW_MSG"
+    NO_MATCHED_MSG = "NO_MATCHED_MSG"
+    OFFSET_ILLEGAL = "OFFSET_ILLEGAL"
+
+
+@dataclass
+class PullResult:
+    """Outcome of a pull (RocketMQ ``PullResult``); ``msg_found_list`` holds MessageExt objects."""
+    pull_status: PullStatus
+    next_begin_offset: int
+    min_offset: int
+    max_offset: int
+    msg_found_list: list = field(default_factory=list)
+
+
+# -- unique message ids (MessageClientIDSetter, SPEC.md §1.8) -------------------------------------
+_counter = itertools.count(int.from_bytes(os.urandom(2), "big"))
+_lock = threading.Lock()
+
+
+def _ip_bytes() -> bytes:
+    try:
+        return socket.inet_aton(socket.gethostbyname(socket.gethostname()))
+    except OSError:
+        return bytes([127, 0, 0, 1])
+
+
+_FIX = _ip_bytes() + (os.getpid() & 0xFFFF).to_bytes(2, "big") + os.urandom(4)
+
+
+def create_uniq_id() -> str:
+    """32 hex chars: IP (4) + pid (2) + random per process (4, RocketMQ's class-loader hash)
+    + ms since the start of the month (4) + counter (2)."""
+    now = time.time()
+    lt = time.gmtime(now)
+    month_start = time.mktime((lt.tm_year, lt.tm_mon, 1, 0, 0, 0, 0, 0, 0)) - time.timezone
+    with _lock:
+        n = next(_counter) & 0xFFFF
+    ms = int((now - month_start) * 1000) & 0xFFFFFFFF
+    return (_FIX + ms.to_bytes(4, "big") + n.to_bytes(2, "big")).hex().upper()
+
+
+__all__ = ["Message", "MessageExt", "MessageQueue", "SendResult", "SendStatus", "PullResult", "PullStatus",
+           "create_uniq_id"]
