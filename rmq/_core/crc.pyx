@@ -2,15 +2,26 @@
 """IEEE CRC-32 of the storage core (zlib / ``java.util.zip.CRC32``).
 
 Results are identical to :func:`zlib.crc32`; the C implementation
-(``crc32.h``) folds with PCLMULQDQ on x86 and uses slicing-by-8 tables
-elsewhere.  Cython modules call the C functions directly::
+(``crc32.h``) folds with VPCLMULQDQ (AVX-512) or PCLMULQDQ on x86 and uses
+slicing-by-8 tables elsewhere.  Cython modules call the C functions
+directly::
 
-    from rmq._core.crc cimport rmq_crc32, rmq_crc32_combine, rmq_crc32_java
+    from rmq._core.crc cimport rmq_crc32, rmq_crc32_copy, rmq_crc32_combine
 """
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
-from libc.stdint cimport int64_t, uint32_t
+from libc.stdint cimport int64_t, uint32_t, uintptr_t
+from libc.string cimport memmove
 
-__all__ = ["crc32", "crc32_combine", "java_crc32"]
+__all__ = ["crc32", "crc32_copy", "crc32_combine", "java_crc32"]
+
+
+cdef extern from "crc32.h" nogil:
+    # test hooks: the engine in use in this module's copy of crc32.h
+    int rmq_crc32_engine() noexcept
+    int rmq_crc32_set_engine(int engine) noexcept
+
+# RMQ_CRC32_ENGINE_TABLE, _CLMUL, _VPCLMUL
+_ENGINES = ("table", "pclmul", "vpclmul")
 
 # Buffers at least this long are checksummed with the GIL released.
 cdef Py_ssize_t _NOGIL_MIN = 5 * 1024
@@ -80,11 +91,81 @@ def crc32(data, value=0):
     return _crc_any(crc, data)
 
 
+cdef inline unsigned char[::1] _writable_byte_view(object data):
+    """A contiguous, writable byte view of any buffer object."""
+    cdef object mv
+    if data is None:
+        raise TypeError("dst must be a writable bytes-like object, not 'NoneType'")
+    mv = memoryview(data)    # TypeError for non-buffers
+    if mv.readonly:
+        raise TypeError(f"dst must be a writable bytes-like object, not {type(data).__name__!r}")
+    try:
+        return data
+    except ValueError:
+        return mv.cast("B")  # other item formats: their raw bytes
+
+
+def crc32_copy(dst, src, value=0):
+    """Copy `src` to the start of `dst` and return the CRC-32 of `src`.
+
+    ``crc32_copy(dst, src, value)`` does ``dst[:len(src)] = src`` (in bytes)
+    and returns ``zlib.crc32(src, value)``, reading `src` only once (the C
+    ``rmq_crc32_copy``).  Bytes of `dst` past ``len(src)`` are not touched.
+
+    Parameters
+    ----------
+    dst : writable bytes-like
+        ``bytearray``, writable ``memoryview``, ``mmap.mmap``, ...; at least
+        as long as `src`.  Overlapping `src` is allowed here (it is copied
+        as by ``memmove``; the C function itself requires disjoint buffers).
+    src : bytes-like
+        Any C-contiguous buffer, as for :func:`crc32`.  Buffers of 5 KiB or
+        more are processed with the GIL released.
+    value : int, optional
+        CRC of the preceding data (default 0), taken modulo 2**32.
+
+    Returns
+    -------
+    int
+        The unsigned 32-bit CRC of `src`, continuing from `value`.
+
+    Raises
+    ------
+    TypeError
+        If `dst` is not a writable buffer or `src` not a buffer.
+    ValueError
+        If `dst` is shorter than `src`.
+    """
+    cdef uint32_t crc = <uint32_t>(value & 0xFFFFFFFF)
+    cdef const unsigned char[::1] s = _byte_view(src)
+    cdef unsigned char[::1] d = _writable_byte_view(dst)
+    cdef Py_ssize_t n = s.shape[0]
+    cdef const unsigned char* sp
+    cdef unsigned char* dp
+    if d.shape[0] < n:
+        raise ValueError(f"dst is shorter than src ({d.shape[0]} < {n} bytes)")
+    if n == 0:
+        return crc
+    sp = &s[0]
+    dp = &d[0]
+    if <uintptr_t>dp < <uintptr_t>(sp + n) and <uintptr_t>sp < <uintptr_t>(dp + n):
+        # overlapping views of one buffer: CRC first, then memmove
+        with nogil:
+            crc = rmq_crc32(crc, sp, <size_t>n)
+            memmove(dp, sp, <size_t>n)
+        return crc
+    if n >= _NOGIL_MIN:
+        with nogil:
+            crc = rmq_crc32_copy(crc, dp, sp, <size_t>n)
+        return crc
+    return rmq_crc32_copy(crc, dp, sp, <size_t>n)
+
+
 def crc32_combine(crc1, crc2, len2):
     """Compute the CRC-32 of ``A + B`` from the CRCs of `A` and `B`.
 
-    Runs in O(log len2) time without touching the data (zlib's
-    ``crc32_combine``).
+    Runs in constant time (a few carry-less multiplies) without touching
+    the data; same result as zlib's ``crc32_combine``.
 
     Parameters
     ----------
@@ -136,3 +217,22 @@ def java_crc32(data):
     else:
         crc = _crc_any(0, data)
     return <int>(crc & 0x7FFFFFFF)
+
+
+def _engine():
+    """The CRC engine in use in this module: "table", "pclmul" or "vpclmul".
+
+    Test hook.  Other extension modules (commitlog, ...) have their own copy
+    of crc32.h and always use the best engine of the CPU.
+    """
+    return _ENGINES[rmq_crc32_engine()]
+
+
+def _set_engine(engine):
+    """Use `engine` (a name of :data:`_ENGINES`) from now on in this module.
+
+    Test hook: the request is clamped to what the CPU (and the build)
+    supports, and the engine actually in use is returned.  Not meant to be
+    called while other threads compute CRCs with this module.
+    """
+    return _ENGINES[rmq_crc32_set_engine(_ENGINES.index(engine))]

@@ -23,6 +23,7 @@ class DispatchBatch:
     topic_pos: array
     topic_len: array
     runs: array
+    delay_levels: array
     mapped_file: MappedFile
     def row(self, i: int) -> dict: ...
 

@@ -28,6 +28,7 @@ cdef array.array _I = _array.array("i")
 cdef const char* PROP_TAGS = b"TAGS"
 cdef const char* PROP_KEYS = b"KEYS"
 cdef const char* PROP_UNIQ_KEY = b"UNIQ_KEY"
+cdef const char* PROP_DELAY = b"DELAY"
 
 
 cdef class DispatchBatch:
@@ -47,6 +48,7 @@ cdef class DispatchBatch:
     cdef public array.array physical_offsets, sizes, tags_codes, queue_ids, queue_offsets
     cdef public array.array store_timestamps, sys_flags, topic_ids
     cdef public array.array uniq_pos, uniq_len, keys_pos, keys_len, topic_pos, topic_len
+    cdef public array.array delay_levels   # DELAY property (0 = none): SCHEDULE_TOPIC_XXXX tagsCode
     cdef public array.array runs
     cdef public MappedFile mapped_file
 
@@ -95,6 +97,7 @@ def scan_dispatch(MappedFile mf, int64_t pos, int64_t end, Py_ssize_t max_record
     db.keys_len = array.clone(_I, cap, False)
     db.topic_pos = array.clone(_I, cap, False)
     db.topic_len = array.clone(_I, cap, False)
+    db.delay_levels = array.clone(_I, cap, False)
     db.runs = array.clone(_Q, 0, False)
     db.topics = []
     cdef dict topic_ids = {}
@@ -114,6 +117,8 @@ def scan_dispatch(MappedFile mf, int64_t pos, int64_t end, Py_ssize_t max_record
     cdef int32_t* klen = <int32_t*>db.keys_len.data.as_ints
     cdef int32_t* tpos = <int32_t*>db.topic_pos.data.as_ints
     cdef int32_t* tlen = <int32_t*>db.topic_len.data.as_ints
+    cdef int32_t* dlev = <int32_t*>db.delay_levels.data.as_ints
+    cdef int32_t k, level
     cdef Py_ssize_t n = 0
     cdef int r = RECORD_OK
     cdef RecordView rv
@@ -158,6 +163,14 @@ def scan_dispatch(MappedFile mf, int64_t pos, int64_t end, Py_ssize_t max_record
         else:
             upos[n] = 0
             ulen[n] = 0
+        level = 0
+        if find_property(props, rv.props_len, PROP_DELAY, 5, &vpos, &vlen) and 0 < vlen < 4:
+            for k in range(vlen):
+                if props[vpos + k] < 48 or props[vpos + k] > 57:
+                    level = 0
+                    break
+                level = level * 10 + (props[vpos + k] - 48)
+        dlev[n] = level
         if find_property(props, rv.props_len, PROP_KEYS, 4, &vpos, &vlen):
             kpos[n] = rv.props_pos + vpos
             klen[n] = vlen
@@ -183,7 +196,7 @@ def scan_dispatch(MappedFile mf, int64_t pos, int64_t end, Py_ssize_t max_record
     db.result = CHECK_RESULT_NAMES[r] if (r != RECORD_OK) else "OK"
     for arr in (db.physical_offsets, db.sizes, db.tags_codes, db.queue_ids, db.queue_offsets,
                 db.store_timestamps, db.sys_flags, db.topic_ids, db.uniq_pos, db.uniq_len,
-                db.keys_pos, db.keys_len, db.topic_pos, db.topic_len):
+                db.keys_pos, db.keys_len, db.topic_pos, db.topic_len, db.delay_levels):
         array.resize(arr, n)
     db.runs = _array.array("q", runs)
     return db

@@ -56,7 +56,9 @@ from rmq.store.commitlog import host_to_bytes
 from rmq.store.config import SYNC_FLUSH, MessageStoreConfig
 from rmq.store.config_manager import DEFAULT_QUEUE_NUMS, PERM_READ, PERM_WRITE
 from rmq.store.message_store import MessageStore
+from rmq.store.schedule import transform_delay
 from rmq.store.validators import MAX_QUEUE_NUMS, check_group, check_topic
+from rmq._core.layout import TRANSACTION_COMMIT_TYPE, TRANSACTION_TYPE_MASK
 
 VERSION = "rmq-0.1"
 REGISTER_NAME_SERVER_PERIOD_MS = 30_000      # registerNameServerPeriod
@@ -68,6 +70,10 @@ HOLD_CHECK_MS = 10                           # expiry of parked pulls / sends
 APPEND_REANNOUNCE_MS = 200
 STATS_INTERVAL_MS = 1000
 MAX_PULL_BATCH = 4096                        # maxMsgNums ceiling per pull (rmq limit)
+SCHEDULE_DELIVER_INTERVAL_MS = 100           # DELAY_FOR_A_WHILE (SPEC.md §10.3)
+FLUSH_DELAY_OFFSET_INTERVAL_MS = 10_000      # flushDelayOffsetInterval
+REBALANCE_LOCK_MAX_LIVE_TIME_MS = 60_000     # rocketmq.broker.rebalance.lockMaxLiveTime (SPEC.md §15.2)
+MAX_RECONSUME_TIMES_DEFAULT = 16
 
 # PullSysFlag (SPEC.md §13.1)
 PULL_FLAG_COMMIT_OFFSET = 0x1
@@ -150,6 +156,7 @@ class BrokerActor(Actor):
         self._last_stats = (time.monotonic(), 0, 0)
         self._ns_sockets: list[zmq.Socket] = []
         self.listen_endpoint = ""
+        self.mq_locks: dict[tuple, tuple[str, float]] = {}   # (group, topic, broker, qid) -> (clientId, last renewal)
 
     # -- lifecycle --------------------------------------------------------------------
     def on_start(self) -> None:
@@ -199,12 +206,17 @@ class BrokerActor(Actor):
         h(RequestCode.DISPATCH_ANNOUNCE, self.on_dispatch_announce)
         h(RequestCode.FLUSH_ANNOUNCE, self.on_flush_announce)
         h(RequestCode.CLEAN_ANNOUNCE, self.on_clean_announce)
+        h(RequestCode.CONSUMER_SEND_MSG_BACK, self.on_send_back)
+        h(RequestCode.LOCK_BATCH_MQ, self.on_lock_batch_mq)
+        h(RequestCode.UNLOCK_BATCH_MQ, self.on_unlock_batch_mq)
         self.add_timer(REGISTER_NAME_SERVER_PERIOD_MS, self.register_broker_all, first_ms=0)
         self.add_timer(FLUSH_CONSUMER_OFFSET_INTERVAL_MS, self.persist_offsets, first_ms=10_000)
         self.add_timer(HOLD_CHECK_MS, self.check_holds)
         self.add_timer(APPEND_REANNOUNCE_MS, lambda: self.announce_append(force=True))
         self.add_timer(CHANNEL_SCAN_MS, self.scan_channels)
         self.add_timer(STATS_INTERVAL_MS, self.update_stats)
+        self.add_timer(SCHEDULE_DELIVER_INTERVAL_MS, self.deliver_delayed)
+        self.add_timer(FLUSH_DELAY_OFFSET_INTERVAL_MS, self.persist_delay_offsets, first_ms=10_000)
         print("ready", self.listen_endpoint, flush=True)
 
     def on_stop(self) -> None:
@@ -228,6 +240,7 @@ class BrokerActor(Actor):
                     self._on_request(self.internal_sock, parts)
         self._release_sync_waits(force_timeout=True)
         self.persist_offsets()
+        self.persist_delay_offsets()
         self.unregister_broker_all()
         self.store.persist_tables()
         self.store.close_for_handoff()
@@ -266,6 +279,90 @@ class BrokerActor(Actor):
             self.store.commitlog.mapped_file_queue.flushed_where = flushed
             self._release_sync_waits()
         return None
+
+    # -- delayed messages, retries, queue locks -------------------------------------------------
+    def deliver_delayed(self) -> None:
+        if self.store_config.broker_role != "SLAVE":
+            self.store.deliver_delayed()
+
+    def persist_delay_offsets(self) -> None:
+        try:
+            self.store.delay_offset_manager.persist()
+        except OSError as e:
+            self.log.error("cannot persist delay offsets: %s", e)
+
+    def on_send_back(self, frame: Frame, reply: Reply) -> Frame:
+        """CONSUMER_SEND_MSG_BACK (SPEC.md §12.2): a message the consumer failed goes to
+        %RETRY%group with a delay level, or to %DLQ%group after maxReconsumeTimes."""
+        offset = field_int(frame, "offset", lo=0)
+        group = check_group(field_str(frame, "group"))
+        delay_level = field_int(frame, "delayLevel", 0)
+        gcfg = self._group_config(group)
+        if gcfg is None:
+            return frame.response(ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST, f"subscription group not exist, {group}")
+        if not self.broker_permission & PERM_WRITE:
+            return frame.response(ResponseCode.NO_PERMISSION, f"the broker[{self.broker_name}] sending message is forbidden")
+        if int(gcfg.get("retryQueueNums", 1)) <= 0:
+            return frame.response()
+        rec = self.store.commitlog.get_message(offset, self.store_config.check_crc_on_read)
+        if rec is None:
+            return frame.response(ResponseCode.SYSTEM_ERROR, f"look message by offset failed, {offset}")
+        m = _cl.decode_records(rec)[0]
+        props = {k: v for k, v in m.properties.items() if k not in ("__CRC32#", "DELAY", "REAL_TOPIC", "REAL_QID")}
+        props.setdefault("RETRY_TOPIC", m.topic)
+        max_times = field_int(frame, "maxReconsumeTimes", int(gcfg.get("retryMaxTimes", MAX_RECONSUME_TIMES_DEFAULT)))
+        origin = frame.fields.get("originMsgId") if isinstance(frame.fields.get("originMsgId"), str) else ""
+        props["ORIGIN_MESSAGE_ID"] = props.get("ORIGIN_MESSAGE_ID") or origin or m.msg_id
+        props["WAIT"] = "false"
+        if m.reconsume_times >= max_times or delay_level < 0:
+            topic, queue_id = f"%DLQ%{group}", 0
+        else:
+            topic, queue_id = f"%RETRY%{group}", 0
+            props["DELAY"] = str(delay_level if delay_level > 0 else 3 + m.reconsume_times)
+        cfg = self._topic_config(topic, create=True)
+        if cfg is None:
+            return frame.response(ResponseCode.SYSTEM_ERROR, f"topic[{topic}] not exist")
+        topic_s, queue_s, props = transform_delay(topic, queue_id, props, len(self.store_config.delay_levels_ms))
+        batch = _cl.encode_batch([(m.body, _cl.encode_properties(props), m.flag)])
+        res = self.store._put(topic_s, queue_s, batch, None, m.sys_flag & ~TRANSACTION_TYPE_MASK, m.born_timestamp,
+                              m.born_host, m.reconsume_times + 1, 1)
+        if not res.ok:
+            return frame.response(PUT_STATUS_TO_CODE.get(res.status, ResponseCode.SYSTEM_ERROR), res.remark)
+        return frame.response()
+
+    def _lock_body(self, frame: Frame):
+        body = unpack_body(frame)
+        if not isinstance(body, dict):
+            raise ProtocolError("lock body must be a map", opaque=frame.opaque)
+        group = check_group(body.get("consumerGroup"))
+        client = body.get("clientId")
+        mqs = body.get("mqSet", [])
+        if not isinstance(client, str) or not isinstance(mqs, list) or not all(
+                isinstance(x, list) and len(x) == 3 for x in mqs):
+            raise ProtocolError("lock body needs clientId (str) and mqSet ([[topic, brokerName, queueId]])",
+                                opaque=frame.opaque)
+        return group, client, [tuple(x) for x in mqs]
+
+    def on_lock_batch_mq(self, frame: Frame, reply: Reply) -> Frame:
+        """LOCK_BATCH_MQ: lock queues of a group for one client (orderly consumption, SPEC.md §15.2)."""
+        group, client, mqs = self._lock_body(frame)
+        now = time.monotonic()
+        ok = []
+        for mq in mqs:
+            key = (group, *mq)
+            owner = self.mq_locks.get(key)
+            if owner is None or owner[0] == client or now - owner[1] > REBALANCE_LOCK_MAX_LIVE_TIME_MS / 1000.0:
+                self.mq_locks[key] = (client, now)
+                ok.append(list(mq))
+        return frame.response(bodies=[pack_body({"lockOKMQSet": ok})])
+
+    def on_unlock_batch_mq(self, frame: Frame, reply: Reply) -> Frame:
+        group, client, mqs = self._lock_body(frame)
+        for mq in mqs:
+            key = (group, *mq)
+            if self.mq_locks.get(key, ("",))[0] == client:
+                del self.mq_locks[key]
+        return frame.response()
 
     def on_clean_announce(self, frame: Frame, reply: Reply) -> None:
         self.store.disk_full = bool(frame.fields.get("diskFull", False))
@@ -440,13 +537,18 @@ class BrokerActor(Actor):
             res = self.store.put_messages(topic, queue_id, batch, properties=props, sys_flag=sys_flag,
                                           born_timestamp=born_ts, born_host=born_host, reconsume_times=reconsume)
         else:
-            props = frame.fields.get("properties", "")
-            if isinstance(props, dict):
-                props_bytes = _cl.encode_properties(props)
-            elif isinstance(props, str):
-                props_bytes = props.encode("utf-8")
-            else:
+            props = frame.fields.get("properties", {})
+            if isinstance(props, str):
+                props = _cl.decode_properties(props.encode("utf-8"))
+            if not isinstance(props, dict):
                 return frame.response(ResponseCode.MESSAGE_ILLEGAL, "header field 'properties' must be a map or str")
+            if "DELAY" in props and (sys_flag & TRANSACTION_TYPE_MASK) in (0, TRANSACTION_COMMIT_TYPE):
+                topic, queue_id, props = transform_delay(topic, queue_id, props,
+                                                         len(self.store_config.delay_levels_ms))
+            try:
+                props_bytes = _cl.encode_properties(props)
+            except ValueError as e:
+                return frame.response(ResponseCode.MESSAGE_ILLEGAL, str(e))
             flag = field_int(frame, "flag", 0)
             try:
                 batch = _cl.encode_batch([(frame.bodies[0], props_bytes, flag)])
@@ -643,6 +745,8 @@ class BrokerActor(Actor):
         for c in body.get("consumerDataSet", []) or []:
             group = check_group(c.get("groupName"))
             self._group_config(group)
+            if c.get("messageModel", "CLUSTERING") == "CLUSTERING":
+                self._topic_config(f"%RETRY%{group}", create=True)
             members = self.consumer_table.setdefault(group, {})
             if client not in members:
                 changed_groups.append(group)

@@ -67,7 +67,8 @@ class ReputActor(Actor):
         start = max(self.view.max_physic_offset_of_consume_queues(), self.view.commitlog.get_min_offset())
         self.dispatcher = Dispatcher(self.view.commitlog, self.view.find_consume_queue,
                                      lambda: self.view.index_service if self.config.message_index_enable else None,
-                                     start)
+                                     start,
+                                     delay_levels_ms=self.config.delay_levels_ms)
         self.sub = self.socket(zmq.SUB, connect=announce_endpoint(self.store_path))
         self.sub.setsockopt(zmq.SUBSCRIBE, b"")
         self.add_socket(self.sub, self.on_announce)

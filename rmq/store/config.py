@@ -69,6 +69,7 @@ class MessageStoreConfig:
     max_transfer_count_on_message_in_disk: int = 8
     access_message_in_memory_max_ratio: int = 40     # percent of RAM
     store_host: str = "127.0.0.1:10911"      # brokerIP1:listenPort, written in every record
+    message_delay_level: str = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"   # SPEC.md §10.1
     extra: dict = field(default_factory=dict)   # unknown properties, kept for the broker
 
     def __post_init__(self) -> None:
@@ -93,6 +94,8 @@ class MessageStoreConfig:
         if self.max_hash_slot_num <= 0 or self.max_index_num <= 1:
             raise ValueError("maxHashSlotNum must be > 0 and maxIndexNum > 1")
         self.disk_max_used_space_ratio = min(95, max(10, self.disk_max_used_space_ratio))
+        from rmq.store.schedule import parse_delay_levels
+        self.delay_levels_ms = parse_delay_levels(self.message_delay_level)
 
     @classmethod
     def from_properties(cls, props: Mapping[str, Any], **overrides: Any) -> "MessageStoreConfig":

@@ -35,6 +35,7 @@ from rmq.store.config_manager import ConsumerOffsetManager, SubscriptionGroupMan
 from rmq.store.consume_queue import ConsumeQueue
 from rmq.store.index_service import IndexService
 from rmq.store.reput import Dispatcher
+from rmq.store.schedule import SCHEDULE_TOPIC, DelayOffsetManager, restore_delayed, transform_delay
 from rmq.store.validators import check_queue_id, check_topic
 
 log = logging.getLogger(__name__)
@@ -216,7 +217,8 @@ class MessageStore:
         self.topic_config_manager = TopicConfigManager(config_dir)
         self.consumer_offset_manager = ConsumerOffsetManager(config_dir)
         self.subscription_group_manager = SubscriptionGroupManager(config_dir)
-        for m in (self.topic_config_manager, self.consumer_offset_manager, self.subscription_group_manager):
+        self.delay_offset_manager = DelayOffsetManager(config_dir)
+        for m in self._tables():
             m.load()
         self.commitlog = CommitLog(cfg, self.commitlog_dir)
         self.commitlog.load()
@@ -281,7 +283,8 @@ class MessageStore:
             self.reput_from_offset = min(self.reput_from_offset, max_offset)
         self.dispatcher = Dispatcher(self.commitlog.mapped_file_queue, self.find_consume_queue,
                                      lambda: self.index_service if self.config.message_index_enable else None,
-                                     self.reput_from_offset)
+                                     self.reput_from_offset,
+                                     delay_levels_ms=self.config.delay_levels_ms)
         # like RocketMQ's start(): block until reput caught up with the CommitLog, then
         # rebuild the topic queue table from the ConsumeQueues
         self.topic_queue_table = {}
@@ -351,6 +354,8 @@ class MessageStore:
             props["TAGS"] = tags
         if keys:
             props["KEYS"] = keys if isinstance(keys, str) else " ".join(keys)
+        if "DELAY" in props and (sys_flag & TRANSACTION_TYPE_MASK) in (0, 0x8):
+            topic, queue_id, props = transform_delay(topic, queue_id, props, len(self.config.delay_levels_ms))
         try:
             if not isinstance(body, (bytes, bytearray, memoryview)):
                 raise MessageIllegalError(f"body must be bytes, got {type(body).__name__}")
@@ -615,7 +620,7 @@ class MessageStore:
         try:
             self.dispatch()
             self.flush()
-            for m in (self.topic_config_manager, self.consumer_offset_manager, self.subscription_group_manager):
+            for m in self._tables():
                 m.persist()
             clean = self.dispatch_behind_bytes() == 0 and not any(
                 mf.write_error for mf in self.commitlog.mapped_file_queue.files)
@@ -633,10 +638,61 @@ class MessageStore:
 
     close = shutdown
 
+    def _tables(self) -> tuple:
+        return (self.topic_config_manager, self.consumer_offset_manager, self.subscription_group_manager,
+                self.delay_offset_manager)
+
     def persist_tables(self) -> None:
-        """Write topics, consumer offsets and subscription groups (atomic, with .bak)."""
-        for m in (self.topic_config_manager, self.consumer_offset_manager, self.subscription_group_manager):
+        """Write topics, consumer, delay offsets and subscription groups (atomic, with .bak)."""
+        for m in self._tables():
             m.persist()
+
+    # -- delayed messages (SPEC.md §10.3) ------------------------------------------------------
+    def deliver_delayed(self, now_ms: Optional[int] = None, max_per_level: int = 1000) -> int:
+        """Re-put due messages of SCHEDULE_TOPIC_XXXX to their real topic and queue.
+
+        One pass of RocketMQ's per-level DeliverDelayedMessageTimerTask: for each
+        level, from its stored offset, every entry whose delivery time (the CQ
+        tagsCode) has come is rebuilt without DELAY and stored again; the pass
+        stops at the first entry not yet due.  A delivery time further ahead than
+        the level's delay (a clock jump) counts as due now.  Returns messages moved.
+        """
+        now = now_ms if now_ms is not None else int(time.time() * 1000)
+        levels = self.config.delay_levels_ms
+        moved = 0
+        for level in range(1, len(levels) + 1):
+            cq = self.consume_queue_table.get((SCHEDULE_TOPIC, level - 1))
+            if cq is None:
+                continue
+            lo, hi = cq.get_min_offset_in_queue(), cq.get_max_offset_in_queue()
+            off = min(max(self.delay_offset_manager.offset_table.get(level, lo), lo), hi)
+            done = 0
+            while off < hi and done < max_per_level:
+                entry = cq.get_entry(off)
+                if entry is None:
+                    break
+                phy, _size, deliver_ts = entry
+                if deliver_ts > now + levels[level - 1]:
+                    deliver_ts = now
+                if deliver_ts > now:
+                    break
+                rec = self.commitlog.get_message(phy, self.config.check_crc_on_read)
+                if rec is not None:
+                    m = _cl.decode_records(rec)[0]
+                    target = restore_delayed(m.properties)
+                    if target is not None:
+                        topic, qid, props = target
+                        batch = _cl.encode_batch([(m.body, _cl.encode_properties(props), m.flag)])
+                        res = self._put(topic, qid, batch, None, m.sys_flag & ~TRANSACTION_TYPE_MASK,
+                                        m.born_timestamp, m.born_host, m.reconsume_times, 1)
+                        if not res.ok:
+                            log.warning("delayed message at %d not delivered: %s %s", phy, res.status, res.remark)
+                            break
+                        moved += 1
+                off += 1
+                done += 1
+            self.delay_offset_manager.offset_table[level] = off
+        return moved
 
     def reload_index_for_read(self) -> None:
         """Re-map the IndexFiles from disk (another process, reput, writes them)."""

@@ -13,6 +13,7 @@ from typing import Callable, Optional
 
 from rmq._core.dispatch import build_index, run_is_dispatched, scan_dispatch
 from rmq.store.mapped_file_queue import MappedFileQueue
+from rmq.store.schedule import SCHEDULE_TOPIC, parse_delay_levels
 
 log = logging.getLogger(__name__)
 
@@ -33,13 +34,14 @@ class Dispatcher:
     """
 
     def __init__(self, commitlog: MappedFileQueue, consume_queue: Callable, index_service: Callable,
-                 reput_from_offset: int = 0):
+                 reput_from_offset: int = 0, delay_levels_ms: Optional[list] = None):
         self.commitlog = commitlog
         self.consume_queue = consume_queue
         self.index_service = index_service
         self.reput_from_offset = reput_from_offset
         self.dispatched_store_timestamp = 0          # ms, last record dispatched
         self.arrivals: dict[tuple[str, int], int] = {}  # (topic, queue_id) -> max queue offset, since last take
+        self.delay_levels_ms = delay_levels_ms or parse_delay_levels()
 
     def take_arrivals(self) -> dict:
         """Queues that got entries since the last call, with their new max offsets (entries)."""
@@ -82,6 +84,14 @@ class Dispatcher:
                 break
         return total
 
+    def _delivery_times(self, db, start: int, n: int) -> None:
+        """SCHEDULE_TOPIC_XXXX tagsCode = store time + delay of the level (SPEC.md §2.2)."""
+        levels = self.delay_levels_ms
+        for i in range(start, start + n):
+            level = db.delay_levels[i]
+            delay = levels[min(level, len(levels)) - 1] if level > 0 else 1000
+            db.tags_codes[i] = db.store_timestamps[i] + delay
+
     def _dispatch_batch(self, db) -> None:
         runs = db.runs
         for k in range(0, len(runs), 2):
@@ -89,6 +99,8 @@ class Dispatcher:
             if not run_is_dispatched(db, start):
                 continue
             key = (db.topics[db.topic_ids[start]], db.queue_ids[start])
+            if key[0] == SCHEDULE_TOPIC:
+                self._delivery_times(db, start, n)
             cq = self.consume_queue(*key)
             cq.put_batch(db.physical_offsets, db.sizes, db.tags_codes, db.queue_offsets[start], start, n)
             self.arrivals[key] = cq.get_max_offset_in_queue()

@@ -1,4 +1,9 @@
-"""rmq._core.crc against zlib.crc32 (IEEE CRC-32, java.util.zip.CRC32)."""
+"""rmq._core.crc against zlib.crc32 (IEEE CRC-32, java.util.zip.CRC32).
+
+Every test runs once per CRC engine the CPU supports ("vpclmul": AVX-512
+VPCLMULQDQ, "pclmul": 128-bit PCLMULQDQ, "table": portable slicing-by-8),
+selected at run time in the crc module's copy of crc32.h.
+"""
 import array
 import mmap
 import os
@@ -10,9 +15,29 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rmq._core.crc import crc32, crc32_combine, java_crc32
+from rmq._core.crc import _ENGINES, _engine, _set_engine, crc32, crc32_combine, crc32_copy, java_crc32
 
 u32 = st.integers(min_value=0, max_value=0xFFFFFFFF)
+
+_BEST = _engine()
+ENGINES = list(_ENGINES[:_ENGINES.index(_BEST) + 1])
+
+
+@pytest.fixture(autouse=True, scope="module", params=ENGINES[::-1])
+def engine(request):
+    assert _set_engine(request.param) == request.param
+    yield request.param
+    _set_engine(_BEST)
+
+
+def test_engine_hooks():
+    assert _BEST in _ENGINES
+    assert _set_engine("table") == "table"
+    assert _engine() == "table"
+    assert _set_engine("vpclmul") == _BEST  # clamped to what the CPU has
+    assert _engine() == _BEST
+    with pytest.raises(ValueError):
+        _set_engine("nope")
 
 
 def test_check_value():
@@ -86,7 +111,7 @@ def test_combine_large_lengths():
     c = crc32(a)
     z = crc32(bytes(1 << 20))
     assert crc32_combine(crc32_combine(c, z, 1 << 20), z, 1 << 20) == crc32(a + bytes(2 << 20))
-    assert 0 <= crc32_combine(c, 0x12345678, (1 << 63) - 1) <= 0xFFFFFFFF
+    assert crc32_combine(c, 0x12345678, (1 << 63) - 1) == _combine_ref(c, 0x12345678, (1 << 63) - 1)
 
 
 def test_combine_edges():
@@ -160,6 +185,191 @@ def test_concurrent_threads_large_buffers():
 
     def work():
         results.append(all(crc32(data) == expected for _ in range(20)))
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == [True] * 4
+
+
+# --- a pure-Python crc32_combine (zlib's algorithm) for lengths too big to
+# --- materialise.  Reflected GF(2)[x] mod P, bit 31 = x^0.
+
+def _multmodp(a, b):
+    p = 0
+    m = 1 << 31
+    while m:
+        if a & m:
+            p ^= b
+        m >>= 1
+        b = (b >> 1) ^ (0xEDB88320 if b & 1 else 0)
+    return p
+
+
+def _combine_ref(crc1, crc2, len2):
+    p = 1 << 31  # x^0
+    s = 1 << 30  # x^1
+    n = 8 * len2
+    while n:  # square-and-multiply for x^n
+        if n & 1:
+            p = _multmodp(p, s)
+        s = _multmodp(s, s)
+        n >>= 1
+    return _multmodp(p, crc1) ^ crc2
+
+
+# A shared pool of random bytes for the combine tests (lengths up to 10**6).
+_POOL = random.Random(2024).randbytes(10**6 + 4000)
+
+
+@settings(max_examples=150, deadline=None)
+@given(la=st.integers(0, 3000), lb=st.integers(0, 10**6), off=st.integers(0, 999), value=u32)
+def test_combine_random_lengths_vs_zlib(la, lb, off, value):
+    a = memoryview(_POOL)[off:off + la]
+    b = memoryview(_POOL)[off + la:off + la + lb]
+    ca = zlib.crc32(a, value)
+    assert crc32_combine(ca, zlib.crc32(b), lb) == zlib.crc32(b, ca)
+    assert crc32_combine(ca, crc32(b), lb) == _combine_ref(ca, zlib.crc32(b), lb)
+
+
+@settings(max_examples=300)
+@given(crc1=u32, crc2=u32, len2=st.integers(0, (1 << 63) - 1))
+def test_combine_any_length_vs_reference(crc1, crc2, len2):
+    # exponents past 2**32 - 1 (x's period mod P) included
+    assert crc32_combine(crc1, crc2, len2) == _combine_ref(crc1, crc2, len2)
+
+
+def test_combine_around_period():
+    for n in (0xFFFFFFFE, 0xFFFFFFFF, 0x100000000, 0x1FFFFFFFE, 0x1FFFFFFFF, 0x200000000,
+              1 << 32, (1 << 40) + 5, 255, 256, 65535, 65536, 1 << 24, (1 << 24) - 1):
+        for c1, c2 in ((0x12345678, 0x9ABCDEF0), (0xFFFFFFFF, 0), (1, 0xFFFFFFFF)):
+            assert crc32_combine(c1, c2, n) == _combine_ref(c1, c2, n), (n, c1, c2)
+
+
+# --- crc32_copy -------------------------------------------------------------
+
+GUARD = 0xA5
+
+
+def test_copy_and_crc_every_length_and_offset():
+    """Lengths 0..1100 x src offsets 0..63, dst offsets varying independently."""
+    rnd = random.Random(4321)
+    big = rnd.randbytes(64 + 1100 + 64)
+    src = memoryview(big)
+    pattern = bytes(rnd.randrange(256) for _ in range(1100 + 128))
+    dbuf = bytearray([GUARD]) * (64 + 1100 + 64)
+    guard = bytes(dbuf)
+    dst = memoryview(dbuf)
+    for n in range(1101):
+        for so in range(64):
+            do = (so * 37 + n * 11) % 64
+            data = big[so:so + n]
+            init = (n * 2654435761 + so) & 0xFFFFFFFF
+            expect = zlib.crc32(data, init)
+            assert crc32(src[so:so + n], init) == expect, (n, so)
+            dbuf[do:do + n] = pattern[so:so + n]  # stale bytes differ from src
+            assert crc32_copy(dst[do:do + n], src[so:so + n], init) == expect, (n, so, do)
+            assert dbuf[do:do + n] == data, (n, so, do)
+            assert dbuf.count(GUARD, 0, do) == do, (n, so, do)
+            assert dbuf.count(GUARD, do + n) == len(dbuf) - do - n, (n, so, do)
+            dbuf[do:do + n] = guard[:n]
+    assert crc32(big) == zlib.crc32(big)
+
+
+@pytest.mark.parametrize("n", [0, 1, 15, 16, 17, 63, 64, 65, 127, 128, 191, 255, 256, 257, 1023, 1100])
+def test_copy_all_offset_pairs(n):
+    big = random.Random(n).randbytes(n + 64)
+    expect = {so: zlib.crc32(big[so:so + n]) for so in range(64)}
+    for do in range(64):
+        dbuf = bytearray([GUARD]) * (n + 128)
+        for so in range(64):
+            dbuf[do:do + n] = bytes(n)
+            assert crc32_copy(memoryview(dbuf)[do:do + n], memoryview(big)[so:so + n]) == expect[so]
+            assert dbuf[do:do + n] == big[so:so + n]
+            assert dbuf[:do] == bytes([GUARD]) * do and dbuf[do + n:] == bytes([GUARD]) * (128 - do)
+
+
+@pytest.mark.parametrize("n", [1 << 20, (4 << 20) + 7, 5 * 1024, 5 * 1024 - 1])
+def test_copy_large(n):
+    data = os.urandom(n)
+    dbuf = bytearray(n + 100)
+    assert crc32_copy(memoryview(dbuf)[3:], data, 0xDEADBEEF) == zlib.crc32(data, 0xDEADBEEF)
+    assert dbuf[3:3 + n] == data and dbuf[:3] == bytes(3) and dbuf[3 + n:] == bytes(97)
+    assert crc32(memoryview(data)[1:]) == zlib.crc32(data[1:])
+
+
+@settings(max_examples=300)
+@given(data=st.binary(max_size=3000), extra=st.integers(0, 70), value=u32)
+def test_copy_matches_zlib(data, extra, value):
+    dbuf = bytearray(b"\x5a") * (len(data) + extra)
+    assert crc32_copy(dbuf, data, value) == zlib.crc32(data, value)
+    assert dbuf[:len(data)] == data
+    assert dbuf[len(data):] == b"\x5a" * extra
+
+
+def test_copy_chaining():
+    rnd = random.Random(3)
+    parts = [rnd.randbytes(rnd.randrange(0, 700)) for _ in range(20)]
+    dbuf = bytearray(sum(map(len, parts)))
+    crc = pos = 0
+    for p in parts:
+        crc = crc32_copy(memoryview(dbuf)[pos:], p, crc)
+        pos += len(p)
+    assert crc == zlib.crc32(b"".join(parts)) and dbuf == b"".join(parts)
+
+
+def test_copy_buffer_kinds(tmp_path):
+    data = random.Random(8).randbytes(3 * 4096 + 77)
+    with mmap.mmap(-1, 4 * 4096) as m:  # into a writable mapping, as the CommitLog does
+        assert crc32_copy(m, data) == zlib.crc32(data)
+        assert m[:len(data)] == data and m[len(data):] == bytes(4 * 4096 - len(data))
+    arr = array.array("I", bytes(4096))  # other item formats: raw bytes
+    assert crc32_copy(arr, array.array("H", data[:4000])) == zlib.crc32(data[:4000])
+    assert arr.tobytes()[:4000] == data[:4000]
+    assert crc32_copy(bytearray(), b"") == 0
+    assert crc32_copy(bytearray(5), b"", 1234) == 1234
+
+
+def test_copy_overlapping_views():
+    data = random.Random(9).randbytes(5000)
+    for shift in (-1000, -65, -1, 1, 64, 1000):
+        buf = bytearray(data)
+        mv = memoryview(buf)
+        a, b = (shift, 0) if shift > 0 else (0, -shift)
+        n = 3000
+        expect = zlib.crc32(data[b:b + n])
+        assert crc32_copy(mv[a:a + n], mv[b:b + n]) == expect  # like memmove
+        assert buf[a:a + n] == data[b:b + n]
+    buf = bytearray(data)
+    assert crc32_copy(buf, buf) == zlib.crc32(data) and buf == data
+
+
+def test_copy_errors():
+    with pytest.raises(ValueError):
+        crc32_copy(bytearray(99), bytes(100))
+    with pytest.raises(TypeError):
+        crc32_copy(b"x" * 100, b"abc")  # read-only dst
+    with pytest.raises(TypeError):
+        crc32_copy(memoryview(bytearray(10)).toreadonly(), b"abc")
+    for bad in (None, "str", 1):
+        with pytest.raises(TypeError):
+            crc32_copy(bad, b"abc")
+        with pytest.raises(TypeError):
+            crc32_copy(bytearray(10), bad)
+    with pytest.raises((TypeError, ValueError, BufferError)):
+        crc32_copy(memoryview(bytearray(20))[::2], b"abc")
+
+
+def test_copy_concurrent_threads():
+    data = os.urandom(1 << 20)
+    expected = zlib.crc32(data)
+    results = []
+
+    def work():
+        dbuf = bytearray(len(data))
+        results.append(all(crc32_copy(dbuf, data) == expected for _ in range(10)) and dbuf == data)
 
     threads = [threading.Thread(target=work) for _ in range(4)]
     for t in threads:

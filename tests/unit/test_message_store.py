@@ -260,3 +260,30 @@ def test_hypothesis_round_trip_encode_append_scan_get(tmp_path_factory, msgs):
                     assert any(m.body == body for m in s.query_message(topic, k).messages())
     finally:
         s.shutdown()
+
+
+def test_delayed_message_is_delivered_after_its_level(open_store):
+    s = open_store(message_delay_level="100ms 200ms 1s")
+    r = s.put_message("TopicD", b"later", 2, properties={"DELAY": "2"}, keys=["dk"])
+    assert r.ok
+    s.dispatch()
+    assert s.get_max_offset_in_queue("TopicD", 2) == 0           # parked in SCHEDULE_TOPIC_XXXX queue 1
+    assert s.get_max_offset_in_queue("SCHEDULE_TOPIC_XXXX", 1) == 1
+    assert s.deliver_delayed() == 0                              # not due yet
+    time.sleep(0.25)
+    assert s.deliver_delayed() == 1
+    s.dispatch()
+    m = s.get_messages("g", "TopicD", 2, 0, 1).messages()[0]
+    assert m.body == b"later" and "DELAY" not in m.properties and m.properties["REAL_TOPIC"] == "TopicD"
+    assert s.deliver_delayed() == 0                              # offsets advanced: nothing twice
+    s.shutdown()
+    s = open_store(message_delay_level="100ms 200ms 1s")
+    assert s.delay_offset_manager.offset_table[2] == 1
+
+
+def test_delay_levels_parse():
+    from rmq.store.schedule import parse_delay_levels
+    assert parse_delay_levels()[:3] == [1000, 5000, 10000] and parse_delay_levels()[-1] == 7_200_000
+    assert len(parse_delay_levels()) == 18
+    with pytest.raises(ValueError, match="bad token"):
+        parse_delay_levels("1s 5x")
