@@ -1,6 +1,5 @@
 """Cleaner actor expiry over the wire, and NameServer registration / expiry of a real broker."""
 import os
-import time
 
 import msgpack
 import pytest
