@@ -228,5 +228,9 @@ def stop(config, store_path, timeout) -> None:
     click.echo("rmq stopped cleanly")
 
 
+from rmq.admin_cli import admin as _admin_group  # noqa: E402  (``rmq admin``: mqadmin commands)
+main.add_command(_admin_group)
+
+
 if __name__ == "__main__":
     main()

@@ -8,6 +8,7 @@ directly::
 
     from rmq._core.crc cimport rmq_crc32, rmq_crc32_copy, rmq_crc32_combine
 """
+from cpython.buffer cimport PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 from libc.stdint cimport int64_t, uint32_t, uintptr_t
 from libc.string cimport memmove
@@ -91,20 +92,6 @@ def crc32(data, value=0):
     return _crc_any(crc, data)
 
 
-cdef inline unsigned char[::1] _writable_byte_view(object data):
-    """A contiguous, writable byte view of any buffer object."""
-    cdef object mv
-    if data is None:
-        raise TypeError("dst must be a writable bytes-like object, not 'NoneType'")
-    mv = memoryview(data)    # TypeError for non-buffers
-    if mv.readonly:
-        raise TypeError(f"dst must be a writable bytes-like object, not {type(data).__name__!r}")
-    try:
-        return data
-    except ValueError:
-        return mv.cast("B")  # other item formats: their raw bytes
-
-
 def crc32_copy(dst, src, value=0):
     """Copy `src` to the start of `dst` and return the CRC-32 of `src`.
 
@@ -115,9 +102,10 @@ def crc32_copy(dst, src, value=0):
     Parameters
     ----------
     dst : writable bytes-like
-        ``bytearray``, writable ``memoryview``, ``mmap.mmap``, ...; at least
-        as long as `src`.  Overlapping `src` is allowed here (it is copied
-        as by ``memmove``; the C function itself requires disjoint buffers).
+        ``bytearray``, writable ``memoryview``, ``mmap.mmap``, ...
+        (C-contiguous, any item format, taken as raw bytes); at least as long
+        as `src`.  Overlapping `src` is allowed here (it is then copied as by
+        ``memmove``; the C function itself requires disjoint buffers).
     src : bytes-like
         Any C-contiguous buffer, as for :func:`crc32`.  Buffers of 5 KiB or
         more are processed with the GIL released.
@@ -132,33 +120,46 @@ def crc32_copy(dst, src, value=0):
     Raises
     ------
     TypeError
-        If `dst` is not a writable buffer or `src` not a buffer.
+        If `dst` is not a writable contiguous buffer, or `src` not a buffer.
     ValueError
         If `dst` is shorter than `src`.
     """
     cdef uint32_t crc = <uint32_t>(value & 0xFFFFFFFF)
-    cdef const unsigned char[::1] s = _byte_view(src)
-    cdef unsigned char[::1] d = _writable_byte_view(dst)
-    cdef Py_ssize_t n = s.shape[0]
+    cdef Py_buffer s
+    cdef Py_buffer d
     cdef const unsigned char* sp
     cdef unsigned char* dp
-    if d.shape[0] < n:
-        raise ValueError(f"dst is shorter than src ({d.shape[0]} < {n} bytes)")
-    if n == 0:
-        return crc
-    sp = &s[0]
-    dp = &d[0]
-    if <uintptr_t>dp < <uintptr_t>(sp + n) and <uintptr_t>sp < <uintptr_t>(dp + n):
-        # overlapping views of one buffer: CRC first, then memmove
-        with nogil:
-            crc = rmq_crc32(crc, sp, <size_t>n)
-            memmove(dp, sp, <size_t>n)
-        return crc
-    if n >= _NOGIL_MIN:
-        with nogil:
-            crc = rmq_crc32_copy(crc, dp, sp, <size_t>n)
-        return crc
-    return rmq_crc32_copy(crc, dp, sp, <size_t>n)
+    cdef Py_ssize_t n
+    # Py_buffer directly: a typed memoryview costs ~100 ns per argument.
+    PyObject_GetBuffer(src, &s, PyBUF_SIMPLE)
+    try:
+        try:
+            PyObject_GetBuffer(dst, &d, PyBUF_SIMPLE | PyBUF_WRITABLE)
+        except BufferError as e:
+            raise TypeError(f"dst must be a writable, contiguous bytes-like object ({e})") from None
+        try:
+            n = s.len
+            if d.len < n:
+                raise ValueError(f"dst is shorter than src ({d.len} < {n} bytes)")
+            sp = <const unsigned char*>s.buf
+            dp = <unsigned char*>d.buf
+            if n == 0:
+                pass
+            elif <uintptr_t>dp < <uintptr_t>(sp + n) and <uintptr_t>sp < <uintptr_t>(dp + n):
+                # overlapping views of one buffer: CRC first, then memmove
+                with nogil:
+                    crc = rmq_crc32(crc, sp, <size_t>n)
+                    memmove(dp, sp, <size_t>n)
+            elif n >= _NOGIL_MIN:
+                with nogil:
+                    crc = rmq_crc32_copy(crc, dp, sp, <size_t>n)
+            else:
+                crc = rmq_crc32_copy(crc, dp, sp, <size_t>n)
+        finally:
+            PyBuffer_Release(&d)
+    finally:
+        PyBuffer_Release(&s)
+    return crc
 
 
 def crc32_combine(crc1, crc2, len2):

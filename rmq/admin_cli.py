@@ -1,0 +1,501 @@
+"""``rmq admin``: mqadmin's most used commands over :class:`rmq.client.admin.Admin` (SPEC.md §16).
+
+Each command answers to RocketMQ's camelCase name (``updateTopic``) and to a
+kebab alias (``update-topic``; ``update_topic`` works too), takes RocketMQ's
+option letters, prints a table (rich) or, with ``--json``, one JSON object with
+stable snake_case keys.  ``-n/--namesrv-addr`` is accepted before the command
+(``rmq admin -n H:P topicList``) and after it, as with mqadmin
+(``rmq admin topicList -n H:P``).  Errors print ``Error: ...`` on stderr and
+exit with code 1.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import functools
+import json
+import re
+import sys
+import time
+from typing import Any, Callable, Optional
+
+import click
+
+DEFAULT_NAMESRV_ADDR = "127.0.0.1:9876"
+DEFAULT_TIMEOUT_MS = 3000
+LIST_BODY_CHARS = 80          # body shown per row in message lists (full body with --json / single views)
+PIPE_WIDTH = 400              # rich width when stdout is not a terminal: never wrap table cells
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 110}
+
+
+# -- the group: camelCase names + aliases -------------------------------------------------------
+class AliasedGroup(click.Group):
+    """A group whose commands also answer to aliases (kebab-case and snake_case of the name)."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.aliases: dict[str, str] = {}
+
+    def add_aliased(self, cmd: click.Command, *aliases: str) -> None:
+        self.add_command(cmd)
+        for a in aliases:
+            self.aliases[a] = cmd.name
+            self.aliases[a.replace("-", "_")] = cmd.name
+
+    def get_command(self, ctx: click.Context, name: str) -> Optional[click.Command]:
+        cmd = super().get_command(ctx, name)
+        if cmd is None and name in self.aliases:
+            cmd = super().get_command(ctx, self.aliases[name])
+        return cmd
+
+    def resolve_command(self, ctx: click.Context, args: list):
+        _, cmd, rest = super().resolve_command(ctx, args)
+        return (cmd.name if cmd else None), cmd, rest
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = []
+        inverse: dict[str, list] = {}
+        for alias, name in self.aliases.items():
+            if "_" not in alias:
+                inverse.setdefault(name, []).append(alias)
+        for name in self.list_commands(ctx):
+            cmd = self.get_command(ctx, name)
+            if cmd is None or cmd.hidden:
+                continue
+            label = ", ".join([name] + inverse.get(name, []))
+            rows.append((label, cmd.get_short_help_str(limit=90)))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+@click.group("admin", cls=AliasedGroup, context_settings=CONTEXT)
+@click.option("-n", "--namesrv-addr", envvar="NAMESRV_ADDR", default=DEFAULT_NAMESRV_ADDR, show_default=True,
+              metavar="HOST:PORT[;HOST:PORT]", help="NameServer address(es); env NAMESRV_ADDR.")
+@click.option("--timeout-ms", type=click.IntRange(1, 600_000), default=DEFAULT_TIMEOUT_MS, show_default=True,
+              help="Per-request timeout, ms.")
+@click.option("--json", "as_json", is_flag=True, help="JSON output for the command (same as its --json).")
+@click.pass_context
+def admin(ctx: click.Context, namesrv_addr: str, timeout_ms: int, as_json: bool) -> None:
+    """mqadmin commands: topics, routes, cluster and broker status, consumer progress and offsets,
+    message look-ups, test send and consume.
+
+    Commands answer to RocketMQ's camelCase names and to kebab-case aliases; every command
+    takes --json and -h/--help.
+    """
+    ctx.obj = {"namesrv_addr": namesrv_addr, "timeout_ms": timeout_ms, "json": as_json}
+
+
+# -- plumbing ------------------------------------------------------------------------------------
+def _command(name: str, alias: str, **kw) -> Callable:
+    """Register ``f`` as ``name`` + ``alias`` with the common -n/--json options and error mapping."""
+
+    def deco(f: Callable) -> click.Command:
+        @functools.wraps(f)
+        def wrapper(*args, namesrv_addr_override=None, as_json=False, **kwargs):
+            ctx = click.get_current_context()
+            obj = ctx.find_object(dict) or {}
+            ctx.meta["rmq.admin"] = {
+                "namesrv_addr": namesrv_addr_override or obj.get("namesrv_addr", DEFAULT_NAMESRV_ADDR),
+                "timeout_ms": obj.get("timeout_ms", DEFAULT_TIMEOUT_MS),
+                "json": as_json or obj.get("json", False)}
+            from rmq.errors import RmqError
+            try:
+                return f(*args, **kwargs)
+            except RmqError as e:
+                raise click.ClickException(str(e)) from None
+
+        cmd = click.command(name, context_settings=CONTEXT, **kw)(wrapper)
+        cmd.params.append(click.Option(["-n", "--namesrv-addr", "namesrv_addr_override"], default=None,
+                                       metavar="HOST:PORT[;HOST:PORT]",
+                                       help="NameServer address(es), overrides `rmq admin -n`."))
+        cmd.params.append(click.Option(["--json", "as_json"], is_flag=True,
+                                       help="Print one JSON object (stable snake_case keys) instead of a table."))
+        admin.add_aliased(cmd, alias)
+        return cmd
+
+    return deco
+
+
+def _settings() -> dict:
+    return click.get_current_context().meta["rmq.admin"]
+
+
+def _client():
+    from rmq.client.admin import Admin
+    s = _settings()
+    return Admin(s["namesrv_addr"], s["timeout_ms"])
+
+
+def _console():
+    from rich.console import Console
+    out = sys.stdout
+    tty = hasattr(out, "isatty") and out.isatty()
+    return Console(file=out, width=None if tty else PIPE_WIDTH, markup=False, highlight=False, emoji=False,
+                   soft_wrap=False)
+
+
+def _table(title: Optional[str], columns: list, rows: list, right: tuple = ()):
+    from rich.table import Table
+    t = Table(title=title, title_justify="left")
+    for c in columns:
+        t.add_column(c, justify="right" if c in right else "left", no_wrap=False, overflow="fold")
+    for r in rows:
+        t.add_row(*["" if v is None else str(v) for v in r])
+    return t
+
+
+def _emit(data: Any, render: Callable) -> None:
+    """``--json``: ``data`` as JSON; else ``render(console)``."""
+    if _settings()["json"]:
+        from rmq.client.admin import to_jsonable
+        click.echo(json.dumps(to_jsonable(data), indent=2, ensure_ascii=False))
+    else:
+        render(_console())
+
+
+def fmt_ts(ms: int) -> str:
+    """ms since the epoch -> local ``yyyy-MM-dd HH:mm:ss.SSS`` ("" for 0 / negative)."""
+    if not ms or ms <= 0:
+        return ""
+    return f"{_dt.datetime.fromtimestamp(ms // 1000):%Y-%m-%d %H:%M:%S}.{ms % 1000:03d}"
+
+
+def parse_timestamp(text: str) -> int:
+    """``now`` | ms since the epoch | ``yyyy-MM-dd#HH:mm:ss:SSS`` (local time, RocketMQ) | ISO 8601 -> ms.
+
+    Raises
+    ------
+    click.ClickException
+        Anything else (exit code 1).
+    """
+    s = text.strip()
+    if s.lower() == "now":
+        return int(time.time() * 1000)
+    if re.fullmatch(r"\d{1,16}", s):
+        return int(s)
+    for parse in (lambda x: _dt.datetime.strptime(x, "%Y-%m-%d#%H:%M:%S:%f"),
+                  lambda x: _dt.datetime.strptime(x, "%Y-%m-%d#%H:%M:%S"), _dt.datetime.fromisoformat):
+        try:
+            d = parse(s)
+        except ValueError:
+            continue
+        # whole seconds + milliseconds in integers: no float rounding of the ms part
+        return int(d.replace(microsecond=0).timestamp()) * 1000 + d.microsecond // 1000
+    raise click.ClickException(f"bad timestamp {text!r}: expected 'now', milliseconds since the epoch, "
+                               f"or yyyy-MM-dd#HH:mm:ss:SSS (e.g. 2024-05-01#13:45:00:000)")
+
+
+def _perm_str(perm: int) -> str:
+    return f"{perm} ({'R' if perm & 4 else '-'}{'W' if perm & 2 else '-'})"
+
+
+def _short(text: str, n: int = LIST_BODY_CHARS) -> str:
+    text = text.replace("\n", "\\n")
+    return text if len(text) <= n else text[:n - 1] + "…"
+
+
+def _render_message(console, m) -> None:
+    rows = [("Message ID", m.msg_id), ("Offset Message ID", m.offset_msg_id), ("Topic", m.topic),
+            ("Tags", m.tags), ("Keys", " ".join(m.keys)), ("Broker Name", m.broker_name), ("Queue ID", m.queue_id),
+            ("Queue Offset", m.queue_offset), ("CommitLog Offset", m.commitlog_offset),
+            ("Reconsume Times", m.reconsume_times), ("Born Timestamp", fmt_ts(m.born_timestamp)),
+            ("Store Timestamp", fmt_ts(m.store_timestamp)), ("Born Host", m.born_host),
+            ("Store Host", m.store_host), ("System Flag", m.sys_flag), ("Store Size", m.store_size),
+            ("Properties", json.dumps(m.properties, ensure_ascii=False, sort_keys=True)),
+            ("Message Body", m.body_text)]
+    console.print(_table(None, ["Field", "Value"], rows))
+
+
+def _render_messages(console, title: str, msgs: list) -> None:
+    console.print(_table(title, ["Message ID", "Broker Name", "QID", "Queue Offset", "Tags", "Keys",
+                                 "Store Time", "Body"],
+                         [(m.msg_id, m.broker_name, m.queue_id, m.queue_offset, m.tags, " ".join(m.keys),
+                           fmt_ts(m.store_timestamp), _short(m.body_text)) for m in msgs],
+                         right=("QID", "Queue Offset")))
+
+
+# -- topics ------------------------------------------------------------------------------------------
+@_command("updateTopic", "update-topic")
+@click.option("-t", "--topic", required=True, help="Topic name.")
+@click.option("-c", "--cluster-name", "cluster", default=None,
+              help="Create on every master of this cluster (default: the only cluster).")
+@click.option("-b", "--broker-addr", default=None, metavar="HOST:PORT",
+              help="Create on this broker only (wins over -c).")
+@click.option("-r", "--read-queue-nums", type=click.IntRange(1, 1024), default=8, show_default=True)
+@click.option("-w", "--write-queue-nums", type=click.IntRange(1, 1024), default=8, show_default=True)
+@click.option("-p", "--perm", type=click.IntRange(0, 15), default=6, show_default=True,
+              help="Permission: 2 = write, 4 = read, 6 = read + write.")
+@click.option("-o", "--order", type=click.BOOL, default=False, show_default=True, metavar="true|false",
+              help="Ordered topic.")
+def update_topic(topic, cluster, broker_addr, read_queue_nums, write_queue_nums, perm, order) -> None:
+    """Create or update a topic on a broker (-b) or on every master of a cluster (-c).
+
+    JSON: {"topic", "brokers": [{"broker_name", "broker_addr", "topic", "read_queue_nums",
+    "write_queue_nums", "perm", "order"}]}
+    """
+    with _client() as a:
+        res = a.create_topic(topic, read_queue_nums, write_queue_nums, perm, order, cluster, broker_addr)
+    _emit({"topic": topic, "brokers": res}, lambda c: c.print(_table(
+        f"topic {topic} created / updated", ["Broker Name", "Broker Addr", "Topic", "Read Queues", "Write Queues",
+                                             "Perm", "Order"],
+        [(u.broker_name, u.broker_addr, u.topic, u.read_queue_nums, u.write_queue_nums, _perm_str(u.perm),
+          str(u.order).lower()) for u in res], right=("Read Queues", "Write Queues"))))
+
+
+@_command("deleteTopic", "delete-topic")
+@click.option("-t", "--topic", required=True, help="Topic name.")
+@click.option("-c", "--cluster-name", "cluster", default=None,
+              help="Delete on every master of this cluster (default: the brokers of the topic's route).")
+def delete_topic(topic, cluster) -> None:
+    """Delete a topic from its brokers and from every NameServer.
+
+    JSON: {"topic", "broker_addrs": [...], "namesrv_addrs": [...]}
+    """
+    with _client() as a:
+        res = a.delete_topic(topic, cluster)
+    _emit(res, lambda c: c.print(_table(f"topic {topic} deleted", ["Where", "Address"],
+                                        [("broker", x) for x in res.broker_addrs]
+                                        + [("nameserver", x) for x in res.namesrv_addrs])))
+
+
+@_command("topicList", "topic-list")
+def topic_list() -> None:
+    """List every topic the NameServer knows.
+
+    JSON: {"topics": [...]}
+    """
+    with _client() as a:
+        topics = a.topic_list()
+    _emit({"topics": topics}, lambda c: c.print(_table(f"{len(topics)} topics", ["Topic"], [(t,) for t in topics])))
+
+
+@_command("topicRoute", "topic-route")
+@click.option("-t", "--topic", required=True, help="Topic name.")
+def topic_route(topic) -> None:
+    """Show a topic's route: its broker groups (addresses) and queue counts / permission.
+
+    JSON: {"topic", "queue_datas": [{"broker_name", "read_queue_nums", "write_queue_nums", "perm",
+    "topic_sys_flag"}], "broker_datas": [{"cluster", "broker_name", "broker_addrs": {id: addr}}]}
+    """
+    with _client() as a:
+        r = a.topic_route(topic)
+
+    def render(c):
+        c.print(_table(f"brokers of topic {topic}", ["Cluster", "Broker Name", "Broker ID", "Broker Addr"],
+                       [(b.cluster, b.broker_name, bid, addr) for b in r.broker_datas
+                        for bid, addr in sorted(b.broker_addrs.items())]))
+        c.print(_table(f"queues of topic {topic}", ["Broker Name", "Read Queues", "Write Queues", "Perm",
+                                                     "Topic Sys Flag"],
+                       [(q.broker_name, q.read_queue_nums, q.write_queue_nums, _perm_str(q.perm), q.topic_sys_flag)
+                        for q in r.queue_datas], right=("Read Queues", "Write Queues")))
+    _emit(r, render)
+
+
+@_command("topicStatus", "topic-status")
+@click.option("-t", "--topic", required=True, help="Topic name.")
+def topic_status(topic) -> None:
+    """Per broker and queue: min offset, max offset and the store time of the last message.
+
+    JSON: {"topic", "queues": [{"broker_name", "queue_id", "min_offset", "max_offset",
+    "last_update_timestamp"}]}
+    """
+    with _client() as a:
+        rows = a.topic_status(topic)
+    _emit({"topic": topic, "queues": rows}, lambda c: c.print(_table(
+        f"status of topic {topic}", ["Broker Name", "QID", "Min Offset", "Max Offset", "Last Updated"],
+        [(s.broker_name, s.queue_id, s.min_offset, s.max_offset, fmt_ts(s.last_update_timestamp)) for s in rows],
+        right=("QID", "Min Offset", "Max Offset"))))
+
+
+# -- cluster / broker ---------------------------------------------------------------------------------
+@_command("clusterList", "cluster-list")
+@click.option("-c", "--cluster-name", "cluster", default=None, help="Only this cluster.")
+def cluster_list(cluster) -> None:
+    """List clusters and their brokers with runtime stats (TPS, totals, CommitLog size, version).
+
+    JSON: {"brokers": [{"cluster", "broker_name", "broker_id", "broker_addr", "version", "put_tps",
+    "get_tps", "put_message_total", "get_message_total", "commitlog_max_offset", "boot_timestamp",
+    "runtime": {...}, "error"}]}
+    """
+    with _client() as a:
+        rows = a.cluster_list(cluster)
+    _emit({"brokers": rows}, lambda c: c.print(_table(
+        "clusters", ["Cluster Name", "Broker Name", "BID", "Addr", "Version", "InTPS", "OutTPS", "Put Total",
+                     "Get Total", "CommitLog Max Offset", "Boot Time", "Error"],
+        [(b.cluster, b.broker_name, b.broker_id, b.broker_addr, b.version, f"{b.put_tps:.2f}", f"{b.get_tps:.2f}",
+          b.put_message_total, b.get_message_total, b.commitlog_max_offset, fmt_ts(b.boot_timestamp), b.error)
+         for b in rows], right=("BID", "InTPS", "OutTPS", "Put Total", "Get Total", "CommitLog Max Offset"))))
+
+
+@_command("brokerStatus", "broker-status")
+@click.option("-b", "--broker-addr", default=None, metavar="HOST:PORT", help="Broker address.")
+@click.option("-c", "--cluster-name", "cluster", default=None, help="Every master of this cluster.")
+def broker_status(broker_addr, cluster) -> None:
+    """Show a broker's runtime info (-b), or that of every master of a cluster (-c).
+
+    JSON: {"brokers": [{"broker_addr", "status": {runtime key: value}}]}
+    """
+    if not broker_addr and not cluster:
+        raise click.ClickException("give a broker address (-b HOST:PORT) or a cluster (-c NAME)")
+    with _client() as a:
+        addrs = [broker_addr] if broker_addr else a.cluster_broker_addrs(cluster)
+        res = [{"broker_addr": addr, "status": a.broker_status(addr)} for addr in addrs]
+
+    def render(c):
+        for r in res:
+            c.print(_table(f"broker {r['broker_addr']}", ["Key", "Value"], sorted(r["status"].items())))
+    _emit({"brokers": res}, render)
+
+
+# -- consumers -----------------------------------------------------------------------------------------
+@_command("consumerProgress", "consumer-progress")
+@click.option("-g", "--group", "group", required=True, help="Consumer group.")
+@click.option("-t", "--topic", default=None, help="Only this topic (default: every topic the group consumed).")
+def consumer_progress(group, topic) -> None:
+    """Per queue: broker offset, the group's consumer offset and the difference (lag).
+
+    JSON: {"group", "total_diff", "queues": [{"topic", "broker_name", "queue_id", "broker_offset",
+    "consumer_offset", "diff", "last_timestamp"}]}
+    """
+    with _client() as a:
+        p = a.consumer_progress(group, topic)
+
+    def render(c):
+        c.print(_table(f"progress of consumer group {group}",
+                       ["Topic", "Broker Name", "QID", "Broker Offset", "Consumer Offset", "Diff", "LastTime"],
+                       [(q.topic, q.broker_name, q.queue_id, q.broker_offset, q.consumer_offset, q.diff,
+                         fmt_ts(q.last_timestamp)) for q in p.queues],
+                       right=("QID", "Broker Offset", "Consumer Offset", "Diff")))
+        c.print(f"Diff Total: {p.total_diff}")
+    _emit({"group": p.group, "total_diff": p.total_diff, "queues": p.queues}, render)
+
+
+@_command("resetOffsetByTime", "reset-offset-by-time")
+@click.option("-g", "--group", "group", required=True, help="Consumer group.")
+@click.option("-t", "--topic", required=True, help="Topic name.")
+@click.option("-s", "--timestamp", "timestamp", required=True, metavar="now|MILLIS|yyyy-MM-dd#HH:mm:ss:SSS",
+              help="Reset to the first message stored at or after this time (local time).")
+@click.option("-f", "--force", type=click.BOOL, default=True, show_default=True, metavar="true|false",
+              help="false: only move offsets backwards.")
+def reset_offset_by_time(group, topic, timestamp, force) -> None:
+    """Reset a consumer group's offsets of a topic to a point in time (stop its consumers first).
+
+    JSON: {"group", "topic", "timestamp", "force", "online_consumers": [...], "queues": [{"topic",
+    "broker_name", "queue_id", "broker_offset", "consumer_offset", "timestamp_offset", "reset_offset",
+    "updated"}]}
+    """
+    ts = parse_timestamp(timestamp)
+    with _client() as a:
+        online = a.consumer_connection(group)
+        rows = a.reset_offset_by_time(group, topic, ts, force)
+    if online:
+        click.echo(f"warning: consumer group {group} has online consumers ({', '.join(online)}); they may "
+                   f"commit their in-memory offsets over the reset; restart them", err=True)
+
+    def render(c):
+        c.print(_table(f"offsets of {group} on {topic} reset to {ts} ms ({fmt_ts(ts) or 'epoch'})",
+                       ["Broker Name", "QID", "Broker Offset", "Consumer Offset", "Timestamp Offset",
+                        "Reset Offset", "Updated"],
+                       [(r.broker_name, r.queue_id, r.broker_offset, r.consumer_offset, r.timestamp_offset,
+                         r.reset_offset, str(r.updated).lower()) for r in rows],
+                       right=("QID", "Broker Offset", "Consumer Offset", "Timestamp Offset", "Reset Offset")))
+    _emit({"group": group, "topic": topic, "timestamp": ts, "force": force, "online_consumers": online,
+           "queues": rows}, render)
+
+
+# -- messages ----------------------------------------------------------------------------------------
+@_command("queryMsgById", "query-msg-by-id")
+@click.option("-i", "--msg-id", "msg_id", required=True,
+              help="Offset message id or unique key (UNIQ_KEY); several separated by commas.")
+@click.option("-t", "--topic", default=None, help="Topic of a unique key (default: search every topic).")
+def query_msg_by_id(msg_id, topic) -> None:
+    """Look a message up by id: an offset id is decoded to broker + CommitLog offset; a unique
+    key is searched in the index.
+
+    JSON: {"messages": [{"topic", "msg_id", "offset_msg_id", "broker_name", "queue_id", "queue_offset",
+    "commitlog_offset", "tags", "keys", "body", "body_base64", "properties", "born_timestamp",
+    "store_timestamp", "born_host", "store_host", "reconsume_times", "sys_flag", "flag", "store_size",
+    "body_crc"}]}
+    """
+    ids = [x.strip() for x in msg_id.split(",") if x.strip()]
+    if not ids:
+        raise click.ClickException("no message id given")
+    with _client() as a:
+        msgs = [m for i in ids for m in a.query_msg_by_id(i, topic)]
+    _emit({"messages": msgs}, lambda c: [_render_message(c, m) for m in msgs])
+
+
+@_command("queryMsgByKey", "query-msg-by-key")
+@click.option("-t", "--topic", required=True, help="Topic name.")
+@click.option("-k", "--msg-key", "key", required=True, help="Message key (KEYS).")
+@click.option("-m", "--max-num", type=click.IntRange(1, 64), default=32, show_default=True)
+@click.option("-b", "--begin-timestamp", default=None, metavar="TIME", help="Stored at or after (default: 0).")
+@click.option("-e", "--end-timestamp", default=None, metavar="TIME", help="Stored at or before (default: now).")
+def query_msg_by_key(topic, key, max_num, begin_timestamp, end_timestamp) -> None:
+    """Look messages up by key in the index of every broker of the topic.
+
+    JSON: {"topic", "key", "messages": [message, see queryMsgById]}
+    """
+    begin = parse_timestamp(begin_timestamp) if begin_timestamp else 0
+    end = parse_timestamp(end_timestamp) if end_timestamp else None
+    with _client() as a:
+        msgs = a.query_msg_by_key(topic, key, max_num, begin, end)
+    _emit({"topic": topic, "key": key, "messages": msgs},
+          lambda c: _render_messages(c, f"{len(msgs)} messages of topic {topic} with key {key}", msgs))
+
+
+@_command("queryMsgByOffset", "query-msg-by-offset")
+@click.option("-t", "--topic", required=True, help="Topic name.")
+@click.option("-b", "--broker-name", required=True, help="Broker name.")
+@click.option("-i", "--queue-id", type=click.IntRange(0, 1023), required=True, help="Queue id.")
+@click.option("-o", "--offset", type=click.IntRange(0), required=True, help="Queue offset.")
+def query_msg_by_offset(topic, broker_name, queue_id, offset) -> None:
+    """Read the message at a queue offset of a topic / broker / queue.
+
+    JSON: {"messages": [message, see queryMsgById]}
+    """
+    with _client() as a:
+        m = a.query_msg_by_offset(topic, broker_name, queue_id, offset)
+    _emit({"messages": [m]}, lambda c: _render_message(c, m))
+
+
+@_command("sendMessage", "send-message")
+@click.option("-t", "--topic", required=True, help="Topic name.")
+@click.option("-p", "--body", required=True, help="Message body (UTF-8 text).")
+@click.option("-k", "--keys", default=None, help="Message keys, space separated.")
+@click.option("-c", "--tags", default=None, help="Message tag.")
+@click.option("-b", "--broker-name", default=None, help="Send to this broker.")
+@click.option("-i", "--queue-id", type=click.IntRange(0, 1023), default=None, help="Send to this queue.")
+def send_message(topic, body, keys, tags, broker_name, queue_id) -> None:
+    """Send one test message.
+
+    JSON: {"status", "msg_id", "offset_msg_id", "topic", "broker_name", "queue_id", "queue_offset"}
+    """
+    with _client() as a:
+        r = a.send_message(topic, body, tags=tags, keys=keys.split() if keys else None, broker_name=broker_name,
+                           queue_id=queue_id)
+    _emit(r, lambda c: c.print(_table(f"sent to {topic}", ["Broker Name", "QID", "Queue Offset", "Send Result",
+                                                          "MsgId", "Offset MsgId"],
+                                      [(r.message_queue.broker_name, r.queue_id, r.queue_offset, r.status.value,
+                                        r.msg_id, r.offset_msg_id)], right=("QID", "Queue Offset"))))
+
+
+@_command("consumeMessage", "consume-message")
+@click.option("-t", "--topic", required=True, help="Topic name.")
+@click.option("-g", "--group", "group", default=None,
+              help="Consumer group: start at its offsets (default: the min offsets, as TOOLS_CONSUMER).")
+@click.option("-b", "--broker-name", default=None, help="Only this broker.")
+@click.option("-i", "--queue-id", type=click.IntRange(0, 1023), default=None, help="Only this queue.")
+@click.option("-o", "--offset", type=click.IntRange(0), default=None, help="Start at this queue offset.")
+@click.option("-c", "--count", "count", type=click.IntRange(1, 100_000), default=128, show_default=True,
+              help="Messages to read at most.")
+def consume_message(topic, group, broker_name, queue_id, offset, count) -> None:
+    """Read messages of a topic (nothing is committed).
+
+    JSON: {"topic", "group", "messages": [message, see queryMsgById]}
+    """
+    with _client() as a:
+        msgs = a.consume_message(topic, group, queue_id, offset, count, broker_name)
+    _emit({"topic": topic, "group": group, "messages": msgs},
+          lambda c: _render_messages(c, f"{len(msgs)} messages of topic {topic}", msgs))

@@ -1,0 +1,924 @@
+"""``Admin``: the mqadmin operations as Python methods (SPEC.md §16).
+
+Every method talks to the NameServer(s) for routes and cluster membership and
+to the brokers for the rest, over :class:`rmq.client.remoting.RemotingClient`;
+``rmq admin ...`` (:mod:`rmq.admin_cli`) is a thin layer over this class.
+
+=================================  ====================================================
+method                             returns
+=================================  ====================================================
+``create_topic``                   list of :class:`TopicUpdate` (one per broker)
+``delete_topic``                   :class:`TopicDeletion`
+``topic_list``                     sorted list of topic names
+``topic_route``                    :class:`TopicRoute`
+``topic_status``                   list of :class:`QueueStatus`
+``cluster_list``                   list of :class:`BrokerInfo`
+``broker_status``                  dict, the broker's runtime table (RocketMQ key names)
+``consumer_progress``              :class:`ConsumerProgress`
+``consumer_connection``            sorted list of online client ids of a group
+``query_msg_by_id``                list of :class:`MessageView`
+``query_msg_by_key``               list of :class:`MessageView`
+``query_msg_by_offset``            :class:`MessageView`
+``reset_offset_by_time``           list of :class:`OffsetReset`
+``send_message``                   :class:`rmq.client.message.SendResult`
+``consume_message``                list of :class:`MessageView`
+=================================  ====================================================
+
+Results are dataclasses; :func:`to_jsonable` turns any of them into plain
+JSON-able dicts and lists (the ``--json`` output of the CLI, stable keys).
+
+Errors: :class:`rmq.errors.MQBrokerError` when a broker or NameServer answers
+with an error code (its remark and code in the message),
+:class:`rmq.errors.RemotingTimeoutError` when nobody answers in ``timeout_ms``,
+:class:`rmq.errors.MQClientError` for bad arguments and unknown topics, clusters,
+brokers or messages.
+
+Concurrency: one ``Admin`` per thread (one DEALER socket per address).
+"""
+from __future__ import annotations
+
+import base64
+import dataclasses
+import enum
+import ipaddress
+import random
+import time
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Optional, Union
+
+from rmq._core import commitlog as _cl
+from rmq.client.message import MessageQueue, SendResult, SendStatus, create_uniq_id
+from rmq.client.remoting import DEFAULT_TIMEOUT_MS, RemotingClient
+from rmq.errors import MQBrokerError, MQClientError, RemotingTimeoutError, RmqError
+from rmq.protocol import Frame, ProtocolError, RequestCode, ResponseCode, unpack_body
+from rmq.store.validators import MAX_QUEUE_NUMS, check_group, check_topic
+
+__all__ = ["Admin", "TopicUpdate", "TopicDeletion", "QueueData", "BrokerData", "TopicRoute", "QueueStatus",
+           "BrokerInfo", "QueueProgress", "ConsumerProgress", "MessageView", "OffsetReset", "to_jsonable",
+           "TOOLS_CONSUMER_GROUP", "TOOLS_PRODUCER_GROUP", "DEFAULT_NAMESRV_ADDR"]
+
+DEFAULT_NAMESRV_ADDR = "127.0.0.1:9876"
+TOOLS_CONSUMER_GROUP = "TOOLS_CONSUMER"     # MixAll.TOOLS_CONSUMER_GROUP: pulls made by admin tools
+TOOLS_PRODUCER_GROUP = "TOOLS_PRODUCER"     # producer group of sendMessage
+MASTER_ID = 0
+PERM_WRITE = 2
+PERM_READ = 4
+PERM_MAX = 0xF                              # PRIORITY | READ | WRITE | INHERIT
+DEFAULT_TOPIC_QUEUE_NUMS = 4                # producer defaultTopicQueueNums, for a topic without a route
+QUERY_MAX_NUM = 64                          # the broker's ceiling for QUERY_MESSAGE maxNum
+PULL_BATCH = 32                             # pullBatchSize
+MAX_PULL_BATCH = 4096                       # the broker's maxMsgNums ceiling
+SYSFLAG_COMPRESSED = 0x1                    # MessageSysFlag.COMPRESSED_FLAG
+
+
+# -- result types ----------------------------------------------------------------------------
+@dataclass
+class TopicUpdate:
+    """A topic config written to one broker (``updateTopic``)."""
+    broker_name: str
+    broker_addr: str
+    topic: str
+    read_queue_nums: int
+    write_queue_nums: int
+    perm: int
+    order: bool
+
+
+@dataclass
+class TopicDeletion:
+    """Where a topic was deleted (``deleteTopic``)."""
+    topic: str
+    broker_addrs: list
+    namesrv_addrs: list
+
+
+@dataclass
+class QueueData:
+    """One broker group's queues of a topic (RocketMQ ``QueueData``)."""
+    broker_name: str
+    read_queue_nums: int
+    write_queue_nums: int
+    perm: int
+    topic_sys_flag: int = 0
+
+
+@dataclass
+class BrokerData:
+    """One broker group (RocketMQ ``BrokerData``); ``broker_addrs``: broker id (0 = master) -> "host:port"."""
+    cluster: str
+    broker_name: str
+    broker_addrs: dict
+
+    @property
+    def master_addr(self) -> Optional[str]:
+        return self.broker_addrs.get(MASTER_ID)
+
+
+@dataclass
+class TopicRoute:
+    """A topic's route (RocketMQ ``TopicRouteData``)."""
+    topic: str
+    queue_datas: list
+    broker_datas: list
+
+
+@dataclass
+class QueueStatus:
+    """One queue of ``topicStatus``: offsets in entries; last update = store time (ms) of the
+    last message, 0 if none."""
+    broker_name: str
+    queue_id: int
+    min_offset: int
+    max_offset: int
+    last_update_timestamp: int
+
+
+@dataclass
+class BrokerInfo:
+    """One broker of ``clusterList``; ``runtime`` is its whole runtime table, ``error`` set when it did not answer."""
+    cluster: str
+    broker_name: str
+    broker_id: int
+    broker_addr: str
+    version: str = ""
+    put_tps: float = 0.0
+    get_tps: float = 0.0
+    put_message_total: int = 0
+    get_message_total: int = 0
+    commitlog_max_offset: int = 0
+    boot_timestamp: int = 0
+    runtime: dict = field(default_factory=dict)
+    error: str = ""
+
+
+@dataclass
+class QueueProgress:
+    """One queue of ``consumerProgress``: offsets in entries, ``diff`` = broker - consumer offset,
+    ``last_timestamp`` = store time (ms) of the last consumed message, 0 if none."""
+    topic: str
+    broker_name: str
+    queue_id: int
+    broker_offset: int
+    consumer_offset: int
+    diff: int
+    last_timestamp: int = 0
+
+
+@dataclass
+class ConsumerProgress:
+    """``consumerProgress`` of a group: per-queue rows and the total lag (messages)."""
+    group: str
+    queues: list
+    total_diff: int
+
+
+@dataclass
+class MessageView:
+    """A stored message as the admin commands show it.
+
+    ``msg_id`` is the UNIQ_KEY when the producer set one, else the offset message id;
+    ``offset_msg_id`` encodes the store host and ``commitlog_offset`` (bytes);
+    ``queue_offset`` is in entries; timestamps are ms since the epoch.
+    """
+    topic: str
+    msg_id: str
+    offset_msg_id: str
+    broker_name: str
+    queue_id: int
+    queue_offset: int
+    commitlog_offset: int
+    tags: str
+    keys: list
+    body: bytes
+    properties: dict
+    born_timestamp: int
+    store_timestamp: int
+    born_host: str
+    store_host: str
+    reconsume_times: int
+    sys_flag: int
+    flag: int
+    store_size: int
+    body_crc: int
+
+    @property
+    def body_text(self) -> str:
+        return self.body.decode("utf-8", "replace")
+
+    def to_dict(self) -> dict:
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        d["body"] = self.body_text
+        d["body_base64"] = base64.b64encode(self.body).decode("ascii")
+        return d
+
+
+@dataclass
+class OffsetReset:
+    """One queue of ``resetOffsetByTime`` (RocketMQ ``RollbackStats``): offsets in entries.
+
+    ``timestamp_offset`` is the first message stored at or after the timestamp (the max
+    offset if none); ``reset_offset`` the offset now stored for the group (``updated``).
+    """
+    topic: str
+    broker_name: str
+    queue_id: int
+    broker_offset: int
+    consumer_offset: int
+    timestamp_offset: int
+    reset_offset: int
+    updated: bool
+
+
+def to_jsonable(obj: Any) -> Any:
+    """Results -> plain dicts / lists / str / numbers (dataclass fields as keys, bytes as UTF-8 text)."""
+    if isinstance(obj, MessageView):
+        return to_jsonable(obj.to_dict())
+    if isinstance(obj, SendResult):
+        return {"status": obj.status.value, "msg_id": obj.msg_id, "offset_msg_id": obj.offset_msg_id,
+                "topic": obj.message_queue.topic, "broker_name": obj.message_queue.broker_name,
+                "queue_id": obj.message_queue.queue_id, "queue_offset": obj.queue_offset}
+    if isinstance(obj, MessageQueue):
+        return {"topic": obj.topic, "broker_name": obj.broker_name, "queue_id": obj.queue_id}
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, dict):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_jsonable(v) for v in obj]
+    if isinstance(obj, enum.Enum):
+        return obj.value
+    if isinstance(obj, (bytes, bytearray, memoryview)):
+        return bytes(obj).decode("utf-8", "replace")
+    return obj
+
+
+def host_to_str(host: bytes) -> str:
+    """8-byte (IPv4) or 20-byte (IPv6) store/born host -> ``"ip:port"`` ("" if malformed)."""
+    if len(host) == 8:
+        return f"{ipaddress.IPv4Address(host[:4])}:{int.from_bytes(host[4:], 'big', signed=True)}"
+    if len(host) == 20:
+        return f"[{ipaddress.IPv6Address(host[:16])}]:{int.from_bytes(host[16:], 'big', signed=True)}"
+    return ""
+
+
+def _addr_to_host(addr: str) -> Optional[bytes]:
+    """``"ip:port"`` -> the host bytes stored in records, None for a hostname or a bad address."""
+    ip, _, port = addr.rpartition(":")
+    try:
+        return ipaddress.ip_address(ip.strip("[]")).packed + int(port).to_bytes(4, "big", signed=True)
+    except ValueError:
+        return None
+
+
+def _split_addrs(addrs: Union[str, Iterable[str]]) -> list:
+    items = addrs.split(";") if isinstance(addrs, str) else list(addrs)
+    out = [a.strip() for a in items if a and a.strip()]
+    if not out:
+        raise MQClientError(f"no NameServer address in {addrs!r}; expected HOST:PORT[;HOST:PORT]")
+    return out
+
+
+def _check_topic(topic: str) -> str:
+    try:
+        check_topic(topic)
+    except (RmqError, ValueError) as e:
+        raise MQClientError(f"invalid topic: {e}") from None
+    return topic
+
+
+def _check_group(group: str) -> str:
+    try:
+        check_group(group)
+    except (RmqError, ValueError) as e:
+        raise MQClientError(f"invalid consumer group: {e}") from None
+    return group
+
+
+def _body(frame: Frame, what: str) -> Any:
+    try:
+        return unpack_body(frame)
+    except ProtocolError as e:
+        raise MQClientError(f"malformed {what} response: {e.remark}") from None
+
+
+class Admin:
+    """The mqadmin operations (see the module docstring for the result shapes).
+
+    Parameters
+    ----------
+    namesrv_addr : str or list of str
+        ``"host:port[;host:port]"``; reads go to the first that answers, deletes to all.
+    timeout_ms : int
+        Per-request timeout, ms.
+
+    Concurrency: not thread-safe; use one per thread.  A context manager (closes its sockets).
+    """
+
+    def __init__(self, namesrv_addr: Union[str, Iterable[str]] = DEFAULT_NAMESRV_ADDR,
+                 timeout_ms: int = DEFAULT_TIMEOUT_MS):
+        self.namesrv_addrs = _split_addrs(namesrv_addr)
+        if timeout_ms <= 0:
+            raise MQClientError(f"timeout_ms must be positive, got {timeout_ms}")
+        self.timeout_ms = int(timeout_ms)
+        self._rc = RemotingClient()
+
+    def close(self) -> None:
+        self._rc.close()
+
+    def __enter__(self) -> "Admin":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- transport ------------------------------------------------------------------------
+    def _invoke(self, addr: str, code: int, fields: Optional[dict] = None, bodies: Optional[list] = None,
+                what: str = "broker") -> Frame:
+        try:
+            return self._rc.invoke(addr, Frame(int(code), fields=dict(fields or {}), bodies=list(bodies or [])),
+                                   self.timeout_ms)
+        except RemotingTimeoutError:
+            raise RemotingTimeoutError(f"{what} {addr} did not answer {RequestCode(code).name} within "
+                                       f"{self.timeout_ms} ms (is it running and reachable?)") from None
+        except ProtocolError as e:
+            raise MQClientError(f"malformed response from {what} {addr}: {e.remark}") from None
+
+    def _broker(self, addr: str, code: int, fields: Optional[dict] = None, bodies: Optional[list] = None,
+                ok: tuple = (ResponseCode.SUCCESS,)) -> Frame:
+        """A broker request; MQBrokerError unless the response code is in ``ok``."""
+        resp = self._invoke(addr, code, fields, bodies)
+        if resp.code not in ok:
+            raise MQBrokerError(f"{resp.remark or ResponseCode(resp.code).name} (broker {addr})", resp.code, addr)
+        return resp
+
+    def _namesrv(self, code: int, fields: Optional[dict] = None, ok: tuple = (ResponseCode.SUCCESS,)) -> Frame:
+        """A NameServer read: the first NameServer that answers; MQBrokerError on an error code."""
+        timeouts = []
+        for addr in self.namesrv_addrs:
+            try:
+                resp = self._invoke(addr, code, fields, what="NameServer")
+            except RemotingTimeoutError:
+                timeouts.append(addr)
+                continue
+            if resp.code not in ok:
+                raise MQBrokerError(resp.remark or ResponseCode(resp.code).name, resp.code, addr)
+            return resp
+        raise RemotingTimeoutError(f"no NameServer answered {RequestCode(code).name} within {self.timeout_ms} ms: "
+                                   f"{';'.join(timeouts)} (is it running? check --namesrv-addr / NAMESRV_ADDR)")
+
+    # -- routes and membership ---------------------------------------------------------------
+    def _find_route(self, topic: str) -> Optional[TopicRoute]:
+        """The route of ``topic``, None when the NameServer has none."""
+        _check_topic(topic)
+        resp = self._namesrv(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": topic},
+                             ok=(ResponseCode.SUCCESS, ResponseCode.TOPIC_NOT_EXIST))
+        if resp.code == ResponseCode.TOPIC_NOT_EXIST:
+            return None
+        raw = _body(resp, "route")
+        if not isinstance(raw, dict):
+            raise MQClientError(f"malformed route of topic {topic}: {raw!r:.200}")
+        qds = [QueueData(q["brokerName"], q["readQueueNums"], q["writeQueueNums"], q["perm"],
+                         q.get("topicSysFlag", 0)) for q in raw.get("queueDatas", [])]
+        bds = [BrokerData(b["cluster"], b["brokerName"], {int(k): v for k, v in b.get("brokerAddrs", {}).items()})
+               for b in raw.get("brokerDatas", [])]
+        return TopicRoute(topic, sorted(qds, key=lambda q: q.broker_name), sorted(bds, key=lambda b: b.broker_name))
+
+    def topic_route(self, topic: str) -> TopicRoute:
+        """The route of ``topic`` (queue datas and broker datas, sorted by broker name).
+
+        Raises
+        ------
+        MQClientError
+            Unknown topic (code TOPIC_NOT_EXIST); RemotingTimeoutError when no NameServer answers.
+        """
+        route = self._find_route(topic)
+        if route is None:
+            raise MQClientError(f"topic [{topic}] does not exist: no route in the NameServer",
+                                ResponseCode.TOPIC_NOT_EXIST)
+        return route
+
+    def _cluster_info(self) -> tuple[dict, dict]:
+        """(brokerName -> BrokerData, clusterName -> [brokerName])."""
+        body = _body(self._namesrv(RequestCode.GET_BROKER_CLUSTER_INFO), "cluster info")
+        brokers = {name: BrokerData(b["cluster"], name, {int(k): v for k, v in b.get("brokerAddrs", {}).items()})
+                   for name, b in (body.get("brokerAddrTable") or {}).items()}
+        clusters = {c: sorted(names) for c, names in (body.get("clusterAddrTable") or {}).items()}
+        return brokers, clusters
+
+    def _masters_of_cluster(self, cluster: str) -> list:
+        """[(broker_name, master_addr)] of ``cluster``."""
+        brokers, clusters = self._cluster_info()
+        if cluster not in clusters:
+            raise MQClientError(f"cluster [{cluster}] not found; known clusters: {sorted(clusters) or 'none'}")
+        return [(n, brokers[n].master_addr) for n in clusters[cluster] if n in brokers and brokers[n].master_addr]
+
+    def _broker_name_of(self, addr: str) -> str:
+        brokers, _ = self._cluster_info()
+        for b in brokers.values():
+            if addr in b.broker_addrs.values():
+                return b.broker_name
+        return ""
+
+    def _route_queues(self, route: TopicRoute, need_perm: int) -> list:
+        """[(broker_name, master_addr, QueueData)] of the route's brokers with a master and ``need_perm``."""
+        masters = {b.broker_name: b.master_addr for b in route.broker_datas if b.master_addr}
+        return [(q.broker_name, masters[q.broker_name], q) for q in route.queue_datas
+                if q.broker_name in masters and q.perm & need_perm == need_perm]
+
+    def _master_of(self, route: TopicRoute, broker_name: str) -> str:
+        for b in route.broker_datas:
+            if b.broker_name == broker_name:
+                if not b.master_addr:
+                    raise MQClientError(f"broker [{broker_name}] of topic [{route.topic}] has no master")
+                return b.master_addr
+        raise MQClientError(f"broker [{broker_name}] does not serve topic [{route.topic}]; it is served by "
+                            f"{[b.broker_name for b in route.broker_datas]}")
+
+    # -- topics ------------------------------------------------------------------------------
+    def create_topic(self, topic: str, read_queue_nums: int = 8, write_queue_nums: int = 8, perm: int = 6,
+                     order: bool = False, cluster: Optional[str] = None,
+                     broker_addr: Optional[str] = None) -> list:
+        """Create or update ``topic`` on one broker (``broker_addr``, wins) or on every master of ``cluster``
+        (default: the only cluster).  Returns one :class:`TopicUpdate` per broker written.
+
+        Raises
+        ------
+        MQClientError
+            Bad name or numbers, unknown cluster, several clusters and none chosen; MQBrokerError
+            when a broker refuses (the others may already be updated).
+        """
+        _check_topic(topic)
+        for name, v in (("read_queue_nums", read_queue_nums), ("write_queue_nums", write_queue_nums)):
+            if not isinstance(v, int) or not 1 <= v <= MAX_QUEUE_NUMS:
+                raise MQClientError(f"{name} must be 1..{MAX_QUEUE_NUMS}, got {v!r}")
+        if not isinstance(perm, int) or not 0 <= perm <= PERM_MAX:
+            raise MQClientError(f"perm must be 2 (W), 4 (R) or 6 (RW), got {perm!r}")
+        if broker_addr:
+            targets = [(self._broker_name_of(broker_addr), broker_addr)]
+        else:
+            if cluster is None:
+                _, clusters = self._cluster_info()
+                if len(clusters) != 1:
+                    raise MQClientError(f"choose a cluster or a broker address: the NameServer knows clusters "
+                                        f"{sorted(clusters) or 'none'}")
+                cluster = next(iter(clusters))
+            targets = self._masters_of_cluster(cluster)
+            if not targets:
+                raise MQClientError(f"cluster [{cluster}] has no master broker")
+        out = []
+        for name, addr in targets:
+            self._broker(addr, RequestCode.UPDATE_AND_CREATE_TOPIC, {
+                "topic": topic, "readQueueNums": read_queue_nums, "writeQueueNums": write_queue_nums,
+                "perm": perm, "order": bool(order)})
+            out.append(TopicUpdate(name, addr, topic, read_queue_nums, write_queue_nums, perm, bool(order)))
+        return out
+
+    def delete_topic(self, topic: str, cluster: Optional[str] = None) -> TopicDeletion:
+        """Delete ``topic`` on every master of ``cluster`` (default: the masters of its route),
+        then on every NameServer.
+
+        Raises
+        ------
+        MQClientError
+            Unknown topic (no cluster given) or cluster; MQBrokerError / RemotingTimeoutError
+            when a broker or a NameServer fails (after trying all NameServers).
+        """
+        _check_topic(topic)
+        if cluster:
+            targets = [a for _, a in self._masters_of_cluster(cluster)]
+        else:
+            route = self.topic_route(topic)
+            targets = sorted({b.master_addr for b in route.broker_datas if b.master_addr})
+        for addr in targets:
+            self._broker(addr, RequestCode.DELETE_TOPIC_IN_BROKER, {"topic": topic})
+        fields = {"topic": topic}
+        if cluster:
+            fields["clusterName"] = cluster
+        done, failed = [], []
+        for addr in self.namesrv_addrs:
+            try:
+                resp = self._invoke(addr, RequestCode.DELETE_TOPIC_IN_NAMESRV, fields, what="NameServer")
+            except RemotingTimeoutError as e:
+                failed.append(str(e))
+                continue
+            if resp.code != ResponseCode.SUCCESS:
+                failed.append(f"NameServer {addr}: {resp.remark}")
+            else:
+                done.append(addr)
+        if failed:
+            raise MQClientError(f"topic [{topic}] deleted on brokers {targets} but not on every NameServer: "
+                                + "; ".join(failed))
+        return TopicDeletion(topic, targets, done)
+
+    def topic_list(self) -> list:
+        """Every topic the NameServer knows, sorted."""
+        body = _body(self._namesrv(RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER), "topic list")
+        return sorted(body.get("topicList") or [])
+
+    def topic_status(self, topic: str) -> list:
+        """Per broker and queue: min / max offset and the store time of the last message.
+
+        Raises
+        ------
+        MQClientError
+            Unknown topic; MQBrokerError when a broker does not know it.
+        """
+        route = self.topic_route(topic)
+        out = []
+        for name, addr, _q in self._route_queues(route, 0):
+            body = _body(self._broker(addr, RequestCode.GET_TOPIC_STATS_INFO, {"topic": topic}), "topic stats")
+            for e in sorted(body.get("offsetTable") or [], key=lambda e: e["queueId"]):
+                last = e.get("lastUpdateTimestamp")
+                if last is None:
+                    last = self._store_timestamp(addr, topic, e["queueId"], e["maxOffset"] - 1)
+                out.append(QueueStatus(name, e["queueId"], e["minOffset"], e["maxOffset"], max(int(last), 0)))
+        return out
+
+    # -- cluster / brokers ---------------------------------------------------------------------
+    def cluster_list(self, cluster: Optional[str] = None) -> list:
+        """Every broker (or those of ``cluster``) with its runtime stats; a broker that does not
+        answer is listed with ``error`` set."""
+        brokers, clusters = self._cluster_info()
+        if cluster is not None and cluster not in clusters:
+            raise MQClientError(f"cluster [{cluster}] not found; known clusters: {sorted(clusters) or 'none'}")
+        out = []
+        for c in sorted(clusters):
+            if cluster is not None and c != cluster:
+                continue
+            for name in clusters[c]:
+                bd = brokers.get(name)
+                if bd is None:
+                    continue
+                for bid, addr in sorted(bd.broker_addrs.items()):
+                    info = BrokerInfo(c, name, bid, addr)
+                    try:
+                        t = self.broker_status(addr)
+                    except MQClientError as e:
+                        info.error = str(e)
+                    else:
+                        info.runtime = t
+                        info.version = str(t.get("version", ""))
+                        info.put_tps = float(t.get("putTps", 0.0))
+                        info.get_tps = float(t.get("getTps", 0.0))
+                        info.put_message_total = int(t.get("putMessageTotal", 0))
+                        info.get_message_total = int(t.get("getMessageTotal", 0))
+                        info.commitlog_max_offset = int(t.get("commitLogMaxOffset", 0))
+                        info.boot_timestamp = int(t.get("bootTimestamp", 0))
+                    out.append(info)
+        return out
+
+    def broker_status(self, broker_addr: str) -> dict:
+        """The broker's runtime table (GET_BROKER_RUNTIME_INFO; RocketMQ key names)."""
+        body = _body(self._broker(broker_addr, RequestCode.GET_BROKER_RUNTIME_INFO), "runtime info")
+        table = body.get("table") if isinstance(body, dict) else None
+        if not isinstance(table, dict):
+            raise MQClientError(f"malformed runtime info from broker {broker_addr}")
+        return table
+
+    def cluster_broker_addrs(self, cluster: str) -> list:
+        """Master addresses of ``cluster``."""
+        return [a for _, a in self._masters_of_cluster(cluster)]
+
+    # -- consumers -----------------------------------------------------------------------------
+    def _all_masters(self) -> list:
+        brokers, _ = self._cluster_info()
+        return sorted((n, b.master_addr) for n, b in brokers.items() if b.master_addr)
+
+    def _store_timestamp(self, addr: str, topic: str, queue_id: int, offset: int) -> int:
+        """Store time (ms) of the message at queue ``offset``; 0 when there is none or it cannot be read."""
+        if offset < 0:
+            return 0
+        try:
+            resp = self._invoke(addr, RequestCode.PULL_MESSAGE, {
+                "consumerGroup": TOOLS_CONSUMER_GROUP, "topic": topic, "queueId": queue_id,
+                "queueOffset": offset, "maxMsgNums": 1, "sysFlag": 0, "subscription": "*"})
+        except MQClientError:
+            return 0
+        if resp.code != ResponseCode.SUCCESS or not resp.bodies:
+            return 0
+        msgs = _cl.decode_records(bytes(resp.bodies[0]), False)
+        return msgs[0].store_timestamp if msgs else 0
+
+    def consumer_progress(self, group: str, topic: Optional[str] = None) -> ConsumerProgress:
+        """Per queue: broker (max) offset, the group's offset (0 if none, like RocketMQ) and the diff,
+        for ``topic`` or every topic the group has offsets for (incl. its retry topic).
+
+        Raises
+        ------
+        MQClientError
+            Unknown topic; a group without any offset (and no topic given).
+        """
+        _check_group(group)
+        tables = {}
+        for name, addr in self._all_masters():
+            body = _body(self._broker(addr, RequestCode.GET_ALL_CONSUMER_OFFSET), "consumer offsets")
+            tables[name] = body.get("offsetTable") or {}
+        if topic is not None:
+            topics = [_check_topic(topic)]
+        else:
+            suffix = f"@{group}"
+            topics = sorted({k[:-len(suffix)] for t in tables.values() for k in t if k.endswith(suffix)})
+            if not topics:
+                raise MQClientError(f"consumer group [{group}] has no consume offsets on any broker: unknown "
+                                    f"group, or it has not consumed anything yet")
+        rows = []
+        for t in topics:
+            route = self.topic_route(t) if topic is not None else self._find_route(t)
+            if route is None:            # the topic is gone; its offsets linger
+                continue
+            for name, addr, q in self._route_queues(route, 0):
+                offsets = tables.get(name, {}).get(f"{t}@{group}", {})
+                for qid in range(q.read_queue_nums):
+                    bo = self._broker(addr, RequestCode.GET_MAX_OFFSET, {"topic": t, "queueId": qid}).fields["offset"]
+                    co = offsets.get(str(qid), offsets.get(qid, -1))
+                    co = max(int(co), 0)
+                    rows.append(QueueProgress(t, name, qid, bo, co, bo - co,
+                                              self._store_timestamp(addr, t, qid, co - 1)))
+        rows.sort(key=lambda r: (r.topic, r.broker_name, r.queue_id))
+        return ConsumerProgress(group, rows, sum(r.diff for r in rows))
+
+    def consumer_connection(self, group: str) -> list:
+        """Client ids of ``group`` online on any master (heartbeats seen in the last 120 s), sorted."""
+        _check_group(group)
+        ids = set()
+        for _, addr in self._all_masters():
+            resp = self._invoke(addr, RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": group})
+            if resp.code == ResponseCode.SUCCESS:
+                ids.update(_body(resp, "consumer list").get("consumerIdList") or [])
+        return sorted(ids)
+
+    def reset_offset_by_time(self, group: str, topic: str, timestamp_ms: int, force: bool = True) -> list:
+        """Reset ``group``'s offsets of ``topic`` to the first message stored at or after ``timestamp_ms``
+        (-1 = the max offset), on every queue of every master (RocketMQ's resetOffsetByTimestampOld).
+
+        Without ``force`` a queue is only moved backwards (never past the group's offset).  Online
+        consumers keep their in-memory offsets and may commit over the reset: stop them first
+        (see :meth:`consumer_connection`).
+
+        Returns
+        -------
+        list of OffsetReset, by broker name and queue id.
+
+        Raises
+        ------
+        MQClientError
+            Unknown topic, bad group; MQBrokerError when a broker refuses.
+        """
+        _check_group(group)
+        if not isinstance(timestamp_ms, int) or timestamp_ms < -1:
+            raise MQClientError(f"timestamp must be ms since the epoch (or -1 for now), got {timestamp_ms!r}")
+        route = self.topic_route(topic)
+        out = []
+        for name, addr, q in self._route_queues(route, 0):
+            for qid in range(q.read_queue_nums):
+                f = {"topic": topic, "queueId": qid}
+                max_off = self._broker(addr, RequestCode.GET_MAX_OFFSET, f).fields["offset"]
+                resp = self._broker(addr, RequestCode.QUERY_CONSUMER_OFFSET, {**f, "consumerGroup": group},
+                                    ok=(ResponseCode.SUCCESS, ResponseCode.QUERY_NOT_FOUND))
+                consumer = resp.fields.get("offset", -1) if resp.code == ResponseCode.SUCCESS else -1
+                if timestamp_ms == -1:
+                    ts_off = max_off
+                else:
+                    ts_off = self._broker(addr, RequestCode.SEARCH_OFFSET_BY_TIMESTAMP,
+                                          {**f, "timestamp": timestamp_ms}).fields["offset"]
+                    # the store answers the nearest message; step past one stored before the timestamp
+                    if ts_off < max_off and 0 < self._store_timestamp(addr, topic, qid, ts_off) < timestamp_ms:
+                        ts_off += 1
+                    ts_off = min(ts_off, max_off)
+                update = force or consumer < 0 or ts_off <= consumer
+                new = ts_off if update else consumer
+                if update:
+                    self._broker(addr, RequestCode.UPDATE_CONSUMER_OFFSET, {**f, "consumerGroup": group,
+                                                                            "commitOffset": new})
+                out.append(OffsetReset(topic, name, qid, max_off, consumer, ts_off, new, update))
+        return out
+
+    # -- messages ---------------------------------------------------------------------------------
+    def _view(self, m, broker_name: str = "") -> MessageView:
+        body = m.body or b""
+        if m.sys_flag & SYSFLAG_COMPRESSED:
+            try:
+                body = zlib.decompress(body)
+            except zlib.error:
+                pass
+        return MessageView(m.topic, m.msg_id, m.offset_msg_id, broker_name, m.queue_id, m.queue_offset,
+                           m.commitlog_offset, m.tags or "", list(m.keys), body, dict(m.properties),
+                           m.born_timestamp, m.store_timestamp, host_to_str(m.born_host), host_to_str(m.store_host),
+                           m.reconsume_times, m.sys_flag, m.flag, m.store_size, m.body_crc)
+
+    def query_msg_by_id(self, msg_id: str, topic: Optional[str] = None) -> list:
+        """Messages with id ``msg_id``: an offset message id is decoded to its broker and CommitLog
+        offset (VIEW_MESSAGE_BY_ID); otherwise it is taken as a UNIQ_KEY and looked up in the index
+        of every broker of ``topic`` (default: of every topic).
+
+        Raises
+        ------
+        MQClientError
+            Not found (or an unknown ``topic``).
+        """
+        msg_id = msg_id.strip().upper()
+        brokers, _ = self._cluster_info()
+        host = None
+        if len(msg_id) in (32, 56):
+            try:
+                host, phys = _cl.decode_message_id(msg_id)
+            except ValueError:
+                host = None
+        if host is not None:
+            for b in brokers.values():
+                for addr in b.broker_addrs.values():
+                    if _addr_to_host(addr) != host:
+                        continue
+                    resp = self._broker(addr, RequestCode.VIEW_MESSAGE_BY_ID, {"offset": phys},
+                                        ok=(ResponseCode.SUCCESS, ResponseCode.SYSTEM_ERROR))
+                    if resp.code == ResponseCode.SUCCESS and resp.bodies:
+                        msgs = [self._view(m, b.broker_name) for m in _cl.decode_records(bytes(resp.bodies[0]))]
+                        if msgs and (topic is None or msgs[0].topic == topic):
+                            return msgs[:1]
+        routes = [self.topic_route(topic)] if topic else [self._find_route(t) for t in self.topic_list()]
+        found = []
+        for route in routes:
+            if route is not None:
+                found += [m for m in self._query_key(route, msg_id, QUERY_MAX_NUM, 0, None)
+                          if m.properties.get("UNIQ_KEY", "").upper() == msg_id]
+        if not found:
+            raise MQClientError(f"no message with id {msg_id}" + (f" in topic [{topic}]" if topic else "")
+                                + ": neither an offset id of a known broker nor an indexed unique key")
+        return found
+
+    def query_msg_by_key(self, topic: str, key: str, max_num: int = 32, begin_timestamp: int = 0,
+                         end_timestamp: Optional[int] = None) -> list:
+        """Messages of ``topic`` whose KEYS (or UNIQ_KEY) contain ``key``, stored in
+        [``begin_timestamp``, ``end_timestamp``] ms, from every master; sorted by store time.
+
+        Raises
+        ------
+        MQClientError
+            Unknown topic.
+        """
+        if not key:
+            raise MQClientError("key is empty")
+        return self._query_key(self.topic_route(topic), key, max_num, begin_timestamp, end_timestamp)
+
+    def _query_key(self, route: TopicRoute, key: str, max_num: int, begin_timestamp: int,
+                   end_timestamp: Optional[int]) -> list:
+        topic = route.topic
+        fields = {"topic": topic, "key": key, "maxNum": max(1, min(int(max_num), QUERY_MAX_NUM)),
+                  "beginTimestamp": int(begin_timestamp)}
+        if end_timestamp is not None:
+            fields["endTimestamp"] = int(end_timestamp)
+        out = []
+        for name, addr in sorted({(n, a) for n, a, _ in self._route_queues(route, 0)}):
+            resp = self._broker(addr, RequestCode.QUERY_MESSAGE, fields,
+                                ok=(ResponseCode.SUCCESS, ResponseCode.QUERY_NOT_FOUND))
+            if resp.code == ResponseCode.SUCCESS and resp.bodies:
+                out += [self._view(m, name) for m in _cl.decode_records(bytes(resp.bodies[0]))]
+        out.sort(key=lambda m: (m.store_timestamp, m.broker_name, m.commitlog_offset))
+        return out[:max_num]
+
+    def _pull(self, addr: str, group: str, topic: str, queue_id: int, offset: int, max_nums: int) -> Frame:
+        return self._broker(addr, RequestCode.PULL_MESSAGE, {
+            "consumerGroup": group, "topic": topic, "queueId": queue_id, "queueOffset": offset,
+            "maxMsgNums": max_nums, "sysFlag": 0, "subscription": "*"},
+            ok=(ResponseCode.SUCCESS, ResponseCode.PULL_NOT_FOUND, ResponseCode.PULL_RETRY_IMMEDIATELY,
+                ResponseCode.PULL_OFFSET_MOVED))
+
+    def query_msg_by_offset(self, topic: str, broker_name: str, queue_id: int, offset: int) -> MessageView:
+        """The message at queue ``offset`` (entries) of ``topic`` / ``broker_name`` / ``queue_id``.
+
+        Raises
+        ------
+        MQClientError
+            Unknown topic or broker; no message at that offset.
+        """
+        route = self.topic_route(topic)
+        addr = self._master_of(route, broker_name)
+        resp = self._pull(addr, TOOLS_CONSUMER_GROUP, topic, int(queue_id), int(offset), 1)
+        if resp.code == ResponseCode.SUCCESS and resp.bodies:
+            msgs = _cl.decode_records(bytes(resp.bodies[0]))
+            if msgs and msgs[0].queue_offset == offset:
+                return self._view(msgs[0], broker_name)
+        rng = (f"; queue offsets are [{resp.fields['minOffset']}, {resp.fields['maxOffset']})"
+               if "minOffset" in resp.fields else "")
+        raise MQClientError(f"no message at offset {offset} of {topic}/{broker_name}/{queue_id}{rng}",
+                            resp.code if resp.code != ResponseCode.SUCCESS else -1)
+
+    def send_message(self, topic: str, body: Union[bytes, str], tags: Optional[str] = None,
+                     keys: Union[None, str, Iterable[str]] = None, broker_name: Optional[str] = None,
+                     queue_id: Optional[int] = None) -> SendResult:
+        """Send one message (with a fresh UNIQ_KEY) to a queue of ``topic``: the given broker / queue,
+        else a random writable one.  A topic without a route goes to a master of the cluster, which
+        creates it if its ``autoCreateTopicEnable`` is on.
+
+        Raises
+        ------
+        MQClientError
+            Bad topic or queue, unknown broker; MQBrokerError when the broker refuses.
+        """
+        _check_topic(topic)
+        if isinstance(body, str):
+            body = body.encode("utf-8")
+        route = self._find_route(topic)
+        if route is not None:
+            candidates = [(n, a, q.write_queue_nums) for n, a, q in self._route_queues(route, PERM_WRITE)]
+            if broker_name is not None:
+                candidates = [c for c in candidates if c[0] == broker_name]
+                if not candidates:
+                    raise MQClientError(f"broker [{broker_name}] has no writable queue of topic [{topic}]")
+            if not candidates:
+                raise MQClientError(f"topic [{topic}] has no writable queue")
+        else:
+            masters = self._all_masters()
+            if broker_name is not None:
+                masters = [m for m in masters if m[0] == broker_name]
+            if not masters:
+                raise MQClientError(f"topic [{topic}] has no route and no broker "
+                                    + (f"[{broker_name}] " if broker_name else "") + "is known to the NameServer")
+            candidates = [(n, a, DEFAULT_TOPIC_QUEUE_NUMS) for n, a in masters]
+        name, addr, nums = random.choice(candidates)
+        if queue_id is None:
+            queue_id = random.randrange(nums)
+        elif not 0 <= queue_id < nums:
+            raise MQClientError(f"queue id {queue_id} outside [0, {nums}) of topic [{topic}] on broker [{name}]")
+        uniq = create_uniq_id()
+        props = {"UNIQ_KEY": uniq, "WAIT": "true"}
+        if tags:
+            props["TAGS"] = tags
+        if keys:
+            props["KEYS"] = keys if isinstance(keys, str) else " ".join(keys)
+        resp = self._broker(addr, RequestCode.SEND_MESSAGE, {
+            "producerGroup": TOOLS_PRODUCER_GROUP, "topic": topic, "queueId": int(queue_id), "properties": props,
+            "bornTimestamp": int(time.time() * 1000), "sysFlag": 0, "flag": 0},
+            bodies=[bytes(body)], ok=(ResponseCode.SUCCESS, ResponseCode.FLUSH_DISK_TIMEOUT,
+                                      ResponseCode.FLUSH_SLAVE_TIMEOUT, ResponseCode.SLAVE_NOT_AVAILABLE))
+        status = {ResponseCode.SUCCESS: SendStatus.SEND_OK, ResponseCode.FLUSH_DISK_TIMEOUT:
+                  SendStatus.FLUSH_DISK_TIMEOUT, ResponseCode.FLUSH_SLAVE_TIMEOUT: SendStatus.FLUSH_SLAVE_TIMEOUT,
+                  ResponseCode.SLAVE_NOT_AVAILABLE: SendStatus.SLAVE_NOT_AVAILABLE}[ResponseCode(resp.code)]
+        return SendResult(status, uniq, MessageQueue(topic, name, int(resp.fields.get("queueId", queue_id))),
+                          int(resp.fields.get("queueOffset", -1)), str(resp.fields.get("msgId", "")))
+
+    def consume_message(self, topic: str, group: Optional[str] = None,
+                        queue: Union[None, int, MessageQueue] = None, offset: Optional[int] = None,
+                        count: int = 128, broker_name: Optional[str] = None) -> list:
+        """Read up to ``count`` messages of ``topic`` without committing anything.
+
+        Queues: ``queue`` (a queue id, or a MessageQueue) of ``broker_name``, else every readable
+        queue, in (broker, queue id) order.  Each starts at ``offset`` if given, else at ``group``'s
+        committed offset if a group is given, else at the queue's min offset.  Pulls are made as
+        ``group`` (default TOOLS_CONSUMER).
+
+        Raises
+        ------
+        MQClientError
+            Unknown topic, broker or queue; MQBrokerError when a broker refuses.
+        """
+        if isinstance(queue, MessageQueue):
+            broker_name, queue = queue.broker_name, queue.queue_id
+        if group is not None:
+            _check_group(group)
+        if count < 1:
+            raise MQClientError(f"count must be >= 1, got {count}")
+        route = self.topic_route(topic)
+        queues = []
+        for name, addr, q in self._route_queues(route, PERM_READ):
+            if broker_name is not None and name != broker_name:
+                continue
+            for qid in range(q.read_queue_nums):
+                if queue is None or qid == queue:
+                    queues.append((name, addr, qid))
+        if not queues:
+            raise MQClientError(f"topic [{topic}] has no readable queue" + (
+                f" {queue}" if queue is not None else "") + (f" on broker [{broker_name}]" if broker_name else ""))
+        out = []
+        for name, addr, qid in queues:
+            if len(out) >= count:
+                break
+            if offset is not None:
+                off = int(offset)
+            else:
+                off = -1
+                if group is not None:
+                    resp = self._broker(addr, RequestCode.QUERY_CONSUMER_OFFSET,
+                                        {"consumerGroup": group, "topic": topic, "queueId": qid},
+                                        ok=(ResponseCode.SUCCESS, ResponseCode.QUERY_NOT_FOUND))
+                    off = resp.fields.get("offset", -1) if resp.code == ResponseCode.SUCCESS else -1
+                if off < 0:
+                    off = self._broker(addr, RequestCode.GET_MIN_OFFSET,
+                                       {"topic": topic, "queueId": qid}).fields["offset"]
+            moved = False
+            while len(out) < count:
+                resp = self._pull(addr, group or TOOLS_CONSUMER_GROUP, topic, qid, off,
+                                  min(count - len(out), MAX_PULL_BATCH))
+                nxt = int(resp.fields.get("nextBeginOffset", off))
+                if resp.code == ResponseCode.SUCCESS and resp.bodies:
+                    out += [self._view(m, name) for m in _cl.decode_records(bytes(resp.bodies[0]))]
+                elif resp.code == ResponseCode.PULL_OFFSET_MOVED and not moved and off < resp.fields.get(
+                        "minOffset", 0):
+                    moved = True          # below the min offset: start at the min offset, once
+                elif resp.code != ResponseCode.PULL_RETRY_IMMEDIATELY:
+                    break
+                if nxt <= off:
+                    break
+                off = nxt
+        return out[:count]

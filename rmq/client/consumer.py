@@ -1,0 +1,1334 @@
+"""Consumers: ``PullConsumer`` (you pick queues and offsets) and ``PushConsumer`` (a group member
+that is given queues and called back), after RocketMQ's ``DefaultMQPullConsumer`` /
+``DefaultLitePullConsumer`` and ``DefaultMQPushConsumer`` (SPEC.md §12, §13, §15.2).
+
+PullConsumer::
+
+    with PullConsumer("127.0.0.1:9876", group="cg") as c:
+        for mq in c.fetch_subscribe_message_queues("flights"):
+            res = c.pull(mq, "*", offset=0, max_nums=32)
+            for m in res.msg_found_list: ...
+        c.assign(c.fetch_subscribe_message_queues("flights"))
+        msgs = c.poll(1000)            # long polling over the assigned queues
+        c.commit_sync()
+
+PushConsumer::
+
+    c = PushConsumer("127.0.0.1:9876", "cg")
+    c.subscribe("flights", "tagA || tagB")
+    c.register_message_listener(lambda msgs, ctx: ConsumeConcurrentlyStatus.CONSUME_SUCCESS)
+    c.start(); ...; c.shutdown()
+
+PushConsumer threads and sockets
+    ``rmq-pull-<group>``       the pull service: every queue's long-polling PULL_MESSAGE in flight at
+                               once over one DEALER per broker (:class:`RequestMux`), delayed pulls,
+                               decoding and tag re-filtering; hands messages to the consume pool.
+    ``rmq-rebalance-<group>``  rebalance every ``rebalance_interval_ms`` (routes, GET_CONSUMER_LIST_BY_GROUP,
+                               allocation, queue locks), heartbeats, offset persistence, lock renewal.
+    ``rmq-consume-<group>_N``  the listener pool (``consume_thread_max`` threads); a send-back to the
+                               retry topic is made from the consuming thread.
+    Each thread that makes blocking calls has its own DEALER sockets (``ConsumerAPI``).
+
+Delivery: at-least-once.  A queue's committed offset is the lowest offset still in
+flight in its ProcessQueue, so a crash between processing and commit redelivers.
+Rebalancing may redeliver (concurrent mode); with stable membership nothing is
+delivered twice.  Orderly mode locks each queue on its broker before consuming it
+and, when a queue moves, finishes the running batch, commits and unlocks before the
+new owner can lock it, so order per queue holds across a rebalance.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import enum
+import heapq
+import inspect
+import itertools
+import logging
+import os
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Optional, Union
+
+from rmq.client.consumer_api import (BROKER_SUSPEND_MAX_TIME_MS, CONSUMER_TIMEOUT_MS_WHEN_SUSPEND, ConsumerAPI,
+                                     RequestMux, SubscriptionData, build_pull_frame, consumer_data,
+                                     default_client_id, dlq_topic, parse_pull_response, retry_topic)
+from rmq.client.consumer_process_queue import ProcessQueue
+from rmq.client.message import MessageExt, MessageQueue, PullResult, PullStatus
+from rmq.client.offset_store import LocalFileOffsetStore, OffsetStore, ReadOffsetType, RemoteBrokerOffsetStore
+from rmq.client.rebalance import (AllocateMessageQueueAveragely, AllocateMessageQueueAveragelyByCircle,
+                                  AllocateMessageQueueByConfig, AllocateMessageQueueByMachineRoom,
+                                  AllocateMessageQueueConsistentHash, AllocateMachineRoomNearby, resolve_strategy)
+from rmq.client.remoting import DEFAULT_TIMEOUT_MS
+from rmq.errors import MQClientError
+
+log = logging.getLogger("rmq.client.consumer")
+
+# DefaultMQPushConsumer defaults (SPEC.md §15.2)
+PULL_BATCH_SIZE = 32
+CONSUME_THREAD_MAX = 20
+PULL_THRESHOLD_FOR_QUEUE = 1000                 # messages cached per queue before pulls pause
+PULL_THRESHOLD_SIZE_FOR_QUEUE_MB = 100          # MiB cached per queue before pulls pause
+CONSUME_CONCURRENTLY_MAX_SPAN = 2000            # offsets between first and last cached message
+SUSPEND_CURRENT_QUEUE_TIME_MS = 1000            # orderly back-off after SUSPEND_CURRENT_QUEUE_A_MOMENT
+PERSIST_CONSUMER_OFFSET_INTERVAL_MS = 5000
+HEARTBEAT_BROKER_INTERVAL_MS = 30_000
+POLL_NAME_SERVER_INTERVAL_MS = 30_000
+REBALANCE_INTERVAL_MS = 20_000                  # rocketmq.client.rebalance.waitInterval
+REBALANCE_LOCK_INTERVAL_MS = 20_000             # rocketmq.client.rebalance.lockInterval
+PULL_TIME_DELAY_MS_WHEN_EXCEPTION = 3000
+PULL_TIME_DELAY_MS_WHEN_FLOW_CONTROL = 50
+PULL_TIME_DELAY_MS_WHEN_SUSPEND = 1000
+MAX_TIME_CONSUME_CONTINUOUSLY_MS = 60_000       # one orderly task keeps a queue at most this long
+RECONSUME_LATER_LOCALLY_MS = 5000               # failed send-back: consume again here after this
+SHUTDOWN_AWAIT_MS = 10_000                      # how long shutdown waits for running listeners
+ORDERLY_MAX_RECONSUME_TIMES = 2 ** 31 - 1       # Integer.MAX_VALUE: orderly retries locally forever
+CONCURRENT_MAX_RECONSUME_TIMES = 16
+
+__all__ = ["PullConsumer", "PushConsumer", "MessageModel", "ConsumeFromWhere", "ConsumeConcurrentlyStatus",
+           "ConsumeOrderlyStatus", "ConsumeConcurrentlyContext", "ConsumeOrderlyContext", "MessageExt",
+           "MessageQueue", "PullResult", "PullStatus", "AllocateMessageQueueAveragely",
+           "AllocateMessageQueueAveragelyByCircle", "AllocateMessageQueueConsistentHash",
+           "AllocateMessageQueueByConfig", "AllocateMessageQueueByMachineRoom", "AllocateMachineRoomNearby",
+           "retry_topic", "dlq_topic"]
+
+
+class MessageModel(str, enum.Enum):
+    CLUSTERING = "CLUSTERING"
+    BROADCASTING = "BROADCASTING"
+
+
+class ConsumeFromWhere(str, enum.Enum):
+    """Where a queue starts when the group has no stored offset for it (SPEC.md §15.2)."""
+    CONSUME_FROM_LAST_OFFSET = "CONSUME_FROM_LAST_OFFSET"
+    CONSUME_FROM_FIRST_OFFSET = "CONSUME_FROM_FIRST_OFFSET"
+    CONSUME_FROM_TIMESTAMP = "CONSUME_FROM_TIMESTAMP"
+    # deprecated names, treated as LAST_OFFSET (as RocketMQ)
+    CONSUME_FROM_LAST_OFFSET_AND_FROM_MIN_WHEN_BOOT_FIRST = "CONSUME_FROM_LAST_OFFSET_AND_FROM_MIN_WHEN_BOOT_FIRST"
+    CONSUME_FROM_MIN_OFFSET = "CONSUME_FROM_MIN_OFFSET"
+    CONSUME_FROM_MAX_OFFSET = "CONSUME_FROM_MAX_OFFSET"
+
+
+class ConsumeConcurrentlyStatus(str, enum.Enum):
+    CONSUME_SUCCESS = "CONSUME_SUCCESS"
+    RECONSUME_LATER = "RECONSUME_LATER"
+
+
+class ConsumeOrderlyStatus(str, enum.Enum):
+    SUCCESS = "SUCCESS"
+    SUSPEND_CURRENT_QUEUE_A_MOMENT = "SUSPEND_CURRENT_QUEUE_A_MOMENT"
+
+
+@dataclass
+class ConsumeConcurrentlyContext:
+    """Passed to a concurrent listener.
+
+    ``delay_level_when_next_consume``: 0 lets the broker pick ``3 + reconsumeTimes``; -1 sends
+    failed messages straight to the DLQ; 1..18 a level.  ``ack_index``: with CONSUME_SUCCESS,
+    the messages after this index still count as failed (partial success).
+    """
+    message_queue: MessageQueue
+    delay_level_when_next_consume: int = 0
+    ack_index: int = 2 ** 31 - 1
+
+
+@dataclass
+class ConsumeOrderlyContext:
+    """Passed to an orderly listener; ``suspend_current_queue_time_millis`` overrides the back-off."""
+    message_queue: MessageQueue
+    auto_commit: bool = True
+    suspend_current_queue_time_millis: int = -1
+
+
+def _enum(cls, value, what: str):
+    try:
+        return cls(value.value if isinstance(value, enum.Enum) else value)
+    except ValueError:
+        raise MQClientError(f"{what} must be one of {[e.value for e in cls]}, got {value!r}") from None
+
+
+def compute_pull_from_where(consume_from_where: ConsumeFromWhere, last_offset: int, mq: MessageQueue,
+                            max_offset: Callable[[MessageQueue], int], search_offset: Callable[[MessageQueue, int], int],
+                            consume_timestamp_ms: int) -> int:
+    """RocketMQ's ``RebalancePushImpl.computePullFromWhere``: the stored offset when there is one
+    (``last_offset >= 0``); with none (-1) the queue's max offset (LAST; 0 for a retry topic),
+    0 (FIRST) or the offset at ``consume_timestamp_ms`` (TIMESTAMP; max offset for a retry topic);
+    -1 when the stored offset could not be read (-2) or the broker could not be asked.
+    """
+    if last_offset >= 0:
+        return last_offset
+    if last_offset != -1:
+        return -1
+    is_retry = mq.topic.startswith("%RETRY%")
+    try:
+        if consume_from_where is ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET:
+            return 0
+        if consume_from_where is ConsumeFromWhere.CONSUME_FROM_TIMESTAMP:
+            return max_offset(mq) if is_retry else search_offset(mq, consume_timestamp_ms)
+        return 0 if is_retry else max_offset(mq)
+    except MQClientError as e:
+        log.warning("cannot compute the start offset of %s: %s", mq, e)
+        return -1
+
+
+def _is_coroutine_fn(fn) -> bool:
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
+
+
+# ==================================================================================================
+# PullConsumer
+# ==================================================================================================
+class PullConsumer:
+    """Pull messages from queues you choose (RocketMQ DefaultMQPullConsumer + the assign /
+    seek / poll / commit side of DefaultLitePullConsumer).
+
+    Parameters
+    ----------
+    namesrv_addr : str
+        ``host:port[;host:port]``.
+    group : str
+        Consumer group (offsets are stored under it).
+    pull_batch_size : int
+        Messages asked per queue per pull by :meth:`poll` (32).
+    consume_from_where : str
+        Start of an assigned queue with no committed offset: ``CONSUME_FROM_LAST_OFFSET`` (the end),
+        ``CONSUME_FROM_FIRST_OFFSET`` (the queue's min offset) or ``CONSUME_FROM_TIMESTAMP``.
+        Note the broker reports offset 0 for a group new to a queue that was never cleaned (as RocketMQ).
+    consume_timestamp_ms : int, optional
+        For CONSUME_FROM_TIMESTAMP (default: 30 minutes ago).
+    auto_commit : bool
+        Commit the positions every ``auto_commit_interval_ms`` during :meth:`poll` and on close.
+    timeout_ms : int
+        Network timeout of one request (3000).
+
+    Concurrency: :meth:`pull`, :meth:`fetch_subscribe_message_queues`, offset queries and
+    commits are thread-safe; ``assign`` / ``seek`` / ``poll`` keep per-consumer positions and
+    must be called from one thread at a time (as KafkaConsumer).
+    """
+
+    def __init__(self, namesrv_addr: str, group: str = "DEFAULT_CONSUMER", *, pull_batch_size: int = PULL_BATCH_SIZE,
+                 consume_from_where: Union[str, ConsumeFromWhere] = ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET,
+                 consume_timestamp_ms: Optional[int] = None, auto_commit: bool = True,
+                 auto_commit_interval_ms: int = PERSIST_CONSUMER_OFFSET_INTERVAL_MS,
+                 timeout_ms: int = DEFAULT_TIMEOUT_MS, instance_name: Optional[str] = None):
+        if not 1 <= pull_batch_size <= 1024:
+            raise MQClientError(f"pull_batch_size must be in [1, 1024], got {pull_batch_size}")
+        self.namesrv_addr = namesrv_addr
+        self.group = group
+        self.pull_batch_size = pull_batch_size
+        self.consume_from_where = _enum(ConsumeFromWhere, consume_from_where, "consume_from_where")
+        self.consume_timestamp_ms = consume_timestamp_ms
+        self.auto_commit = auto_commit
+        self.auto_commit_interval_ms = auto_commit_interval_ms
+        self.timeout_ms = timeout_ms
+        self.client_id = default_client_id(instance_name)
+        self.api: Optional[ConsumerAPI] = None
+        self._assigned: list[MessageQueue] = []
+        self._subs: dict[str, SubscriptionData] = {}
+        self._positions: dict[MessageQueue, int] = {}
+        self._committed: dict[MessageQueue, int] = {}
+        self._inflight: dict[MessageQueue, tuple] = {}     # mq -> token (mq, offset, seq) of the pull in flight
+        self._seq = itertools.count()
+        self._mux: Optional[RequestMux] = None
+        self._last_commit = time.monotonic()
+        self._closed = False
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def start(self) -> "PullConsumer":
+        if self._closed:
+            raise MQClientError("the consumer is shut down")
+        if self.api is None:
+            self.api = ConsumerAPI(self.namesrv_addr, self.timeout_ms)
+        return self
+
+    def _started(self) -> ConsumerAPI:
+        if self.api is None:
+            self.start()
+        return self.api
+
+    def shutdown(self) -> None:
+        """Commit (with auto_commit) and close the sockets; idempotent."""
+        if self._closed:
+            return
+        try:
+            if self.auto_commit and self.api is not None and self._positions:
+                try:
+                    self.commit_sync()
+                except MQClientError as e:
+                    log.warning("commit on close failed: %s", e)
+        finally:
+            self._closed = True
+            if self._mux is not None:
+                self._mux.close()
+                self._mux = None
+            if self.api is not None:
+                self.api.close()
+
+    close = shutdown
+
+    def __enter__(self) -> "PullConsumer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+    # -- queues and single pulls ----------------------------------------------------------------
+    def fetch_subscribe_message_queues(self, topic: str) -> list:
+        """The topic's readable queues, sorted.
+
+        Raises
+        ------
+        MQClientError
+            The NameServer does not know the topic.
+        """
+        route = self._started().fetch_route(topic)
+        if route is None:
+            raise MQClientError(f"can not find message queue for this topic, {topic}", 17)
+        return route.subscribe_queues()
+
+    def pull(self, mq: MessageQueue, sub_expression: str = "*", offset: int = 0, max_nums: int = PULL_BATCH_SIZE,
+             timeout_ms: Optional[int] = None) -> PullResult:
+        """One pull, answered at once (no long polling).
+
+        Returns
+        -------
+        PullResult
+            ``msg_found_list`` holds MessageExt (bodies inflated, exact tag match).
+
+        Raises
+        ------
+        MQBrokerError
+            The broker refused (TOPIC_NOT_EXIST, ...).
+        RemotingError
+            No answer in ``timeout_ms``.
+        """
+        if offset < 0:
+            raise MQClientError(f"offset < 0: {offset}")
+        sub = SubscriptionData.build(mq.topic, sub_expression)
+        return self._started().pull(self.group, mq, offset, max_nums, sub, 0, timeout_ms)
+
+    def pull_block_if_not_found(self, mq: MessageQueue, sub_expression: str = "*", offset: int = 0,
+                                max_nums: int = PULL_BATCH_SIZE, timeout_ms: int = BROKER_SUSPEND_MAX_TIME_MS) -> PullResult:
+        """Like :meth:`pull`, but the broker holds the request up to ``timeout_ms`` until a
+        message arrives (long polling)."""
+        sub = SubscriptionData.build(mq.topic, sub_expression)
+        suspend = max(1, min(int(timeout_ms), BROKER_SUSPEND_MAX_TIME_MS))
+        return self._started().pull(self.group, mq, offset, max_nums, sub, suspend, suspend + self.timeout_ms)
+
+    def min_offset(self, mq: MessageQueue) -> int:
+        return self._started().min_offset(mq)
+
+    def max_offset(self, mq: MessageQueue) -> int:
+        """The offset after the last message of ``mq``."""
+        return self._started().max_offset(mq)
+
+    def search_offset(self, mq: MessageQueue, timestamp_ms: int) -> int:
+        """SEARCH_OFFSET_BY_TIMESTAMP: the first offset stored at or after ``timestamp_ms``."""
+        return self._started().search_offset(mq, timestamp_ms)
+
+    def fetch_consume_offset(self, mq: MessageQueue) -> int:
+        """The group's committed offset of ``mq`` on the broker (-1 when none)."""
+        return self._started().query_consumer_offset(self.group, mq)
+
+    committed = fetch_consume_offset
+
+    def update_consume_offset(self, mq: MessageQueue, offset: int) -> None:
+        """Store ``offset`` (next to consume) for the group on the broker now."""
+        self._started().update_consumer_offset(self.group, mq, offset)
+        self._committed[mq] = offset
+
+    # -- assign / seek / poll ------------------------------------------------------------------------
+    def assign(self, mqs: Iterable[MessageQueue], sub_expression: Union[str, dict] = "*") -> None:
+        """Consume exactly ``mqs`` with :meth:`poll` (replaces the previous assignment).
+
+        ``sub_expression`` is one expression for all topics or ``{topic: expression}``.
+        Positions of queues that stay assigned are kept.
+        """
+        mqs = list(dict.fromkeys(mqs))
+        topics = {mq.topic for mq in mqs}
+        if isinstance(sub_expression, dict):
+            self._subs = {t: SubscriptionData.build(t, sub_expression.get(t, "*")) for t in topics}
+        else:
+            self._subs = {t: SubscriptionData.build(t, sub_expression) for t in topics}
+        keep = set(mqs)
+        for mq in list(self._positions):
+            if mq not in keep:
+                self._positions.pop(mq, None)
+                self._inflight.pop(mq, None)
+        self._assigned = mqs
+
+    def assignment(self) -> list:
+        return list(self._assigned)
+
+    def seek(self, mq: MessageQueue, offset: int) -> None:
+        """Next :meth:`poll` reads ``mq`` from ``offset``."""
+        if mq not in self._assigned:
+            raise MQClientError(f"{mq} is not assigned")
+        if offset < 0:
+            raise MQClientError(f"offset < 0: {offset}")
+        self._positions[mq] = int(offset)
+        self._inflight.pop(mq, None)
+
+    def seek_by_time(self, mq: MessageQueue, timestamp_ms: int) -> int:
+        """Seek to the first message stored at or after ``timestamp_ms``; returns that offset."""
+        off = self.search_offset(mq, timestamp_ms)
+        self.seek(mq, off)
+        return off
+
+    def seek_to_begin(self, mq: MessageQueue) -> None:
+        self.seek(mq, self.min_offset(mq))
+
+    def seek_to_end(self, mq: MessageQueue) -> None:
+        self.seek(mq, self.max_offset(mq))
+
+    def position(self, mq: MessageQueue) -> int:
+        """Offset of the next message :meth:`poll` returns from ``mq``."""
+        off = self._positions.get(mq)
+        if off is None:
+            off = self._initial_position(mq)
+        return off
+
+    def _initial_position(self, mq: MessageQueue) -> int:
+        api = self._started()
+        last = api.query_consumer_offset(self.group, mq)
+        if last >= 0:
+            off = last
+            self._committed[mq] = last
+        elif self.consume_from_where is ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET:
+            off = api.min_offset(mq)
+        elif self.consume_from_where is ConsumeFromWhere.CONSUME_FROM_TIMESTAMP:
+            ts = self.consume_timestamp_ms or int(time.time() * 1000) - 30 * 60 * 1000
+            off = api.search_offset(mq, ts)
+        else:
+            off = api.max_offset(mq)
+        self._positions[mq] = off
+        return off
+
+    def poll(self, timeout_ms: int = 1000) -> list:
+        """Messages from the assigned queues, waiting up to ``timeout_ms`` for some (long polling
+        on every assigned queue at once).  Positions advance past what is returned.
+
+        Returns
+        -------
+        list of MessageExt
+            Possibly empty (nothing arrived in time).
+
+        Raises
+        ------
+        MQBrokerError
+            A broker refused a pull (e.g. TOPIC_NOT_EXIST).
+        """
+        api = self._started()
+        if self._closed:
+            raise MQClientError("the consumer is shut down")
+        if self.auto_commit and (time.monotonic() - self._last_commit) * 1000 >= self.auto_commit_interval_ms:
+            self.commit_sync()
+        if not self._assigned:
+            time.sleep(timeout_ms / 1000.0)
+            return []
+        if self._mux is None:
+            self._mux = RequestMux()
+        for mq in self._assigned:
+            if mq not in self._positions:
+                self._initial_position(mq)
+        deadline = time.monotonic() + timeout_ms / 1000.0
+        out: list = []
+        error: Optional[Exception] = None
+        failed: set = set()                 # queues that failed in this call: not asked again
+        while True:
+            left_ms = int((deadline - time.monotonic()) * 1000)
+            if not out:
+                for mq in self._assigned:
+                    if mq in self._inflight or mq in failed:
+                        continue
+                    suspend = min(max(left_ms, 0), BROKER_SUSPEND_MAX_TIME_MS)
+                    off = self._positions[mq]
+                    frame = build_pull_frame(self.group, mq, off, self.pull_batch_size,
+                                             self._subs[mq.topic].sub_string, -1, suspend)
+                    token = (mq, off, next(self._seq))
+                    try:
+                        addr = api.broker_addr(mq.broker_name, mq.topic)
+                        self._mux.send(addr, frame, suspend + self.timeout_ms, token)
+                    except MQClientError as e:
+                        error = e
+                        failed.add(mq)
+                        continue
+                    self._inflight[mq] = token
+            done, _ = self._mux.poll(0 if out else max(0, min(left_ms, 100)))
+            for token, resp, addr in done:
+                mq, off = token[0], token[1]
+                if self._inflight.get(mq) is not token:
+                    continue                                   # superseded (seek, re-assign)
+                del self._inflight[mq]
+                if self._positions.get(mq) != off:
+                    continue                                   # seeked meanwhile
+                if isinstance(resp, Exception):
+                    error = resp
+                    failed.add(mq)
+                    continue
+                try:
+                    res = parse_pull_response(resp, self._subs.get(mq.topic), addr)
+                except MQClientError as e:
+                    error = e
+                    failed.add(mq)
+                    continue
+                self._positions[mq] = res.next_begin_offset
+                if res.msg_found_list:
+                    out.extend(res.msg_found_list)
+            if out:
+                if not done:
+                    return out
+                continue            # drain what else is ready, without waiting
+            if time.monotonic() >= deadline or len(failed) == len(self._assigned):
+                if error is not None:
+                    raise error
+                return out
+
+    def __iter__(self):
+        """Messages forever (poll in a loop); stop with ``break`` or :meth:`shutdown`."""
+        while not self._closed:
+            yield from self.poll(1000)
+
+    def commit_sync(self, offsets: Optional[dict] = None) -> None:
+        """Store positions on the broker: ``offsets`` ({mq: offset}) or every assigned queue's
+        position (skipping unchanged ones).
+
+        Raises
+        ------
+        MQClientError
+            A broker refused or did not answer.
+        """
+        api = self._started()
+        todo = offsets if offsets is not None else {mq: off for mq, off in self._positions.items()
+                                                     if self._committed.get(mq) != off}
+        for mq, off in todo.items():
+            api.update_consumer_offset(self.group, mq, off)
+            self._committed[mq] = off
+        self._last_commit = time.monotonic()
+
+
+# ==================================================================================================
+# PushConsumer
+# ==================================================================================================
+@dataclass(eq=False)
+class PullRequest:
+    """One queue's pull cursor (RocketMQ ``PullRequest``)."""
+    group: str
+    mq: MessageQueue
+    pq: ProcessQueue
+    next_offset: int
+    previously_locked: bool = False
+    opaque: int = 0
+
+
+class _PullService(threading.Thread):
+    """The pull thread: every queue's PULL_MESSAGE in flight, plus a timer heap for delayed pulls
+    and light tasks.  Other threads hand it work with :meth:`call_soon` / :meth:`call_later`,
+    which wake it through a pipe."""
+
+    def __init__(self, consumer: "PushConsumer"):
+        super().__init__(name=f"rmq-pull-{consumer.group}", daemon=True)
+        self.c = consumer
+        self._lock = threading.Lock()
+        self._timers: list = []
+        self._seq = itertools.count()
+        self._rfd, self._wfd = os.pipe()
+        os.set_blocking(self._rfd, False)
+        os.set_blocking(self._wfd, False)
+        self._stopping = False
+
+    def call_later(self, delay_ms: float, fn: Callable) -> None:
+        with self._lock:
+            if self._stopping:
+                return
+            heapq.heappush(self._timers, (time.monotonic() + delay_ms / 1000.0, next(self._seq), fn))
+        self._wake()
+
+    def call_soon(self, fn: Callable) -> None:
+        self.call_later(0, fn)
+
+    def _wake(self) -> None:
+        try:
+            os.write(self._wfd, b"x")
+        except (BlockingIOError, OSError):
+            pass
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopping = True
+        self._wake()
+
+    def run(self) -> None:
+        self.mux = RequestMux()
+        self.mux.register_fd(self._rfd)
+        try:
+            while not self._stopping:
+                now = time.monotonic()
+                due = []
+                with self._lock:
+                    while self._timers and self._timers[0][0] <= now:
+                        due.append(heapq.heappop(self._timers)[2])
+                    next_timer = self._timers[0][0] if self._timers else now + 1.0
+                for fn in due:
+                    try:
+                        fn()
+                    except Exception:           # a task must never kill the pull thread
+                        log.exception("pull service task failed")
+                nd = self.mux.next_deadline()
+                wait = min(next_timer, nd if nd is not None else next_timer) - time.monotonic()
+                done, fds = self.mux.poll(max(0, min(wait, 1.0)) * 1000 if not due else 0)
+                if self._rfd in fds:
+                    try:
+                        while os.read(self._rfd, 4096):
+                            pass
+                    except BlockingIOError:
+                        pass
+                for pr, resp, addr in done:
+                    try:
+                        self.c._on_pull_response(pr, resp, addr)
+                    except Exception:
+                        log.exception("pull response handling failed for %s", pr.mq)
+        finally:
+            self.mux.close()
+            os.close(self._rfd)
+            os.close(self._wfd)
+
+
+class PushConsumer:
+    """A consumer-group member that is assigned queues and called back with their messages
+    (RocketMQ DefaultMQPushConsumer).
+
+    Parameters
+    ----------
+    namesrv_addr : str
+        ``host:port[;host:port]``.
+    group : str
+        Consumer group.
+    message_model : str
+        ``CLUSTERING`` (queues divided among the group, offsets on the broker, failures to
+        ``%RETRY%group``) or ``BROADCASTING`` (every member takes every queue, offsets in a
+        local file, failures dropped).
+    consume_from_where : str
+        Start of a queue without a stored offset (see :class:`ConsumeFromWhere`).
+    consume_timestamp_ms : int, optional
+        For CONSUME_FROM_TIMESTAMP (default: 30 minutes before start).
+    allocate_strategy : strategy, callable or name
+        Queue allocation (default AllocateMessageQueueAveragely, see rmq.client.rebalance).
+    consume_thread_max : int
+        Listener threads (20).
+    pull_batch_size : int
+        Messages per pull (32).
+    consume_message_batch_max_size : int
+        Messages per listener call (1).
+    max_reconsume_times : int
+        Deliveries before the DLQ; -1 = 16 (concurrent) or unlimited local retries (orderly).
+    rebalance_interval_ms : int
+        Rebalance period (20 000 ms; tests use ~500).
+    persist_consumer_offset_interval_ms, heartbeat_broker_interval_ms, poll_name_server_interval_ms,
+    lock_interval_ms : int
+        Periods (5 000, 30 000, 30 000, 20 000 ms).
+    pull_threshold_for_queue, pull_threshold_size_for_queue_mb, consume_concurrently_max_span : int
+        Flow control per queue (1000 messages, 100 MiB, 2000 offsets).
+    suspend_current_queue_time_millis : int
+        Orderly back-off after SUSPEND_CURRENT_QUEUE_A_MOMENT (1000 ms).
+    instance_name : str, optional
+        The client id is ``ip@instance_name`` (default ``pid#n``); set it to keep a BROADCASTING
+        consumer's local offsets across restarts.
+    offset_store_dir : str, optional
+        Root of BROADCASTING offset files (default ``$RMQ_OFFSET_STORE_DIR`` or ``~/.rmq_offsets``).
+    shutdown_await_ms : int
+        How long :meth:`shutdown` waits for running listener calls (10 000 ms).
+
+    Concurrency: ``subscribe`` / ``register_message_listener*`` before ``start``; ``start`` /
+    ``shutdown`` from one thread.  The listener runs on the consume threads.
+    """
+
+    def __init__(self, namesrv_addr: str, group: str, message_model: Union[str, MessageModel] = "CLUSTERING",
+                 consume_from_where: Union[str, ConsumeFromWhere] = ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET,
+                 allocate_strategy=None, consume_thread_max: int = CONSUME_THREAD_MAX,
+                 pull_batch_size: int = PULL_BATCH_SIZE, consume_message_batch_max_size: int = 1,
+                 max_reconsume_times: int = -1, rebalance_interval_ms: int = REBALANCE_INTERVAL_MS, *,
+                 consume_timestamp_ms: Optional[int] = None, consume_thread_min: int = CONSUME_THREAD_MAX,
+                 pull_interval_ms: int = 0, pull_threshold_for_queue: int = PULL_THRESHOLD_FOR_QUEUE,
+                 pull_threshold_size_for_queue_mb: int = PULL_THRESHOLD_SIZE_FOR_QUEUE_MB,
+                 consume_concurrently_max_span: int = CONSUME_CONCURRENTLY_MAX_SPAN,
+                 suspend_current_queue_time_millis: int = SUSPEND_CURRENT_QUEUE_TIME_MS,
+                 persist_consumer_offset_interval_ms: int = PERSIST_CONSUMER_OFFSET_INTERVAL_MS,
+                 heartbeat_broker_interval_ms: int = HEARTBEAT_BROKER_INTERVAL_MS,
+                 poll_name_server_interval_ms: int = POLL_NAME_SERVER_INTERVAL_MS,
+                 lock_interval_ms: int = REBALANCE_LOCK_INTERVAL_MS, instance_name: Optional[str] = None,
+                 offset_store_dir: Optional[str] = None, timeout_ms: int = DEFAULT_TIMEOUT_MS,
+                 shutdown_await_ms: int = SHUTDOWN_AWAIT_MS):
+        if not 1 <= consume_message_batch_max_size <= 1024:
+            raise MQClientError(f"consume_message_batch_max_size must be in [1, 1024], got "
+                                f"{consume_message_batch_max_size}")
+        if not 1 <= pull_batch_size <= 1024:
+            raise MQClientError(f"pull_batch_size must be in [1, 1024], got {pull_batch_size}")
+        if not 1 <= consume_thread_max <= 1000:
+            raise MQClientError(f"consume_thread_max must be in [1, 1000], got {consume_thread_max}")
+        if not group or group == "DEFAULT_CONSUMER":
+            raise MQClientError("consumer group must be set (and not DEFAULT_CONSUMER)")
+        self.namesrv_addr = namesrv_addr
+        self.group = group
+        self.message_model = _enum(MessageModel, message_model, "message_model")
+        self.consume_from_where = _enum(ConsumeFromWhere, consume_from_where, "consume_from_where")
+        self.consume_timestamp_ms = consume_timestamp_ms
+        self.allocate_strategy = resolve_strategy(allocate_strategy)
+        self.consume_thread_max = consume_thread_max
+        self.consume_thread_min = consume_thread_min
+        self.pull_batch_size = pull_batch_size
+        self.consume_message_batch_max_size = consume_message_batch_max_size
+        self.max_reconsume_times = max_reconsume_times
+        self.rebalance_interval_ms = rebalance_interval_ms
+        self.pull_interval_ms = pull_interval_ms
+        self.pull_threshold_for_queue = pull_threshold_for_queue
+        self.pull_threshold_size_for_queue_mb = pull_threshold_size_for_queue_mb
+        self.consume_concurrently_max_span = consume_concurrently_max_span
+        self.suspend_current_queue_time_millis = suspend_current_queue_time_millis
+        self.persist_consumer_offset_interval_ms = persist_consumer_offset_interval_ms
+        self.heartbeat_broker_interval_ms = heartbeat_broker_interval_ms
+        self.poll_name_server_interval_ms = poll_name_server_interval_ms
+        self.lock_interval_ms = lock_interval_ms
+        self.offset_store_dir = offset_store_dir
+        self.timeout_ms = timeout_ms
+        self.shutdown_await_ms = shutdown_await_ms
+        self.client_id = default_client_id(instance_name)
+        self.subscriptions: dict[str, SubscriptionData] = {}
+        self.listener: Optional[Callable] = None
+        self.orderly = False
+        self.process_queue_table: dict[MessageQueue, ProcessQueue] = {}
+        self._pq_lock = threading.RLock()
+        self._mq_locks: dict[MessageQueue, threading.Lock] = {}
+        self.api: Optional[ConsumerAPI] = None
+        self.offset_store: Optional[OffsetStore] = None
+        self._pull: Optional[_PullService] = None
+        self._executor: Optional[concurrent.futures.ThreadPoolExecutor] = None
+        self._inflight: set = set()
+        self._inflight_lock = threading.Lock()
+        self._service: Optional[threading.Thread] = None
+        self._wakeup = threading.Event()
+        self._state = "CREATED"
+        self.stats = {"consumed_ok": 0, "consumed_failed": 0, "sent_back": 0, "send_back_failed": 0, "pulls": 0}
+        self._stats_lock = threading.Lock()
+
+    # -- configuration ------------------------------------------------------------------------
+    def subscribe(self, topic: str, sub_expression: str = "*") -> None:
+        """Consume ``topic`` filtered by tags: ``"*"`` or ``"tagA || tagB"``."""
+        self.subscriptions[topic] = SubscriptionData.build(topic, sub_expression)
+        if self._state == "RUNNING":
+            self._heartbeat_all()
+            self.rebalance_immediately()
+
+    def unsubscribe(self, topic: str) -> None:
+        self.subscriptions.pop(topic, None)
+        if self._state == "RUNNING":
+            self.rebalance_immediately()
+
+    def register_message_listener(self, fn: Callable) -> Callable:
+        """Concurrent listener ``fn(msgs, context) -> ConsumeConcurrentlyStatus`` (or its name;
+        None counts as CONSUME_SUCCESS, an exception as RECONSUME_LATER).  Usable as a decorator."""
+        if _is_coroutine_fn(fn):
+            raise MQClientError("a coroutine listener needs rmq.aio.consumer.PushConsumer")
+        self.listener, self.orderly = fn, False
+        return fn
+
+    def register_message_listener_orderly(self, fn: Callable) -> Callable:
+        """Orderly listener ``fn(msgs, context) -> ConsumeOrderlyStatus`` (None counts as SUCCESS,
+        an exception as SUSPEND_CURRENT_QUEUE_A_MOMENT).  Messages of one queue arrive one batch
+        at a time, in queue order."""
+        if _is_coroutine_fn(fn):
+            raise MQClientError("a coroutine listener needs rmq.aio.consumer.PushConsumer")
+        self.listener, self.orderly = fn, True
+        return fn
+
+    @property
+    def clustering(self) -> bool:
+        return self.message_model is MessageModel.CLUSTERING
+
+    def _max_reconsume_times(self) -> int:
+        if self.max_reconsume_times >= 0:
+            return self.max_reconsume_times
+        return ORDERLY_MAX_RECONSUME_TIMES if self.orderly else CONCURRENT_MAX_RECONSUME_TIMES
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def start(self) -> "PushConsumer":
+        """Connect, announce the group membership and begin rebalancing and consuming.
+
+        Raises
+        ------
+        MQClientError
+            No listener or subscription, already started, or no NameServer reachable.
+        """
+        if self._state != "CREATED":
+            raise MQClientError(f"the consumer is {self._state}, it can be started once")
+        if self.listener is None:
+            raise MQClientError("register a message listener before start()")
+        if not self.subscriptions:
+            raise MQClientError("subscribe to a topic before start()")
+        self.api = ConsumerAPI(self.namesrv_addr, self.timeout_ms)
+        if self.clustering:
+            self.subscriptions.setdefault(retry_topic(self.group), SubscriptionData.build(retry_topic(self.group), "*"))
+            self.offset_store = RemoteBrokerOffsetStore(self.group, self.api.query_consumer_offset,
+                                                        self.api.update_consumer_offset)
+        else:
+            self.offset_store = LocalFileOffsetStore(self.group, self.client_id, self.offset_store_dir)
+        self.offset_store.load()
+        if self.consume_timestamp_ms is None:
+            self.consume_timestamp_ms = int(time.time() * 1000) - 30 * 60 * 1000
+        self._executor = concurrent.futures.ThreadPoolExecutor(self.consume_thread_max,
+                                                               thread_name_prefix=f"rmq-consume-{self.group}")
+        self._pull = _PullService(self)
+        self._pull.start()
+        self._state = "RUNNING"
+        for topic in list(self.subscriptions):
+            try:
+                self.api.route(topic)
+            except MQClientError as e:
+                log.warning("route of %s: %s", topic, e)
+        self._heartbeat_all()
+        self._service = threading.Thread(target=self._service_loop, name=f"rmq-rebalance-{self.group}", daemon=True)
+        self._service.start()
+        return self
+
+    def shutdown(self) -> None:
+        """Stop pulling, wait up to ``shutdown_await_ms`` for running listener calls, persist
+        offsets, release queue locks, leave the group and close the sockets.  Messages pulled but
+        not processed are not committed (the group gets them again).  Idempotent."""
+        if self._state != "RUNNING":
+            self._state = "SHUTDOWN"
+            return
+        self._state = "STOPPING"
+        self._wakeup.set()
+        if self._service is not None:
+            self._service.join(30)
+        if self._pull is not None:
+            self._pull.stop()
+            self._pull.join(10)
+        with self._inflight_lock:
+            pending = list(self._inflight)
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        concurrent.futures.wait(pending, timeout=self.shutdown_await_ms / 1000.0)
+        with self._pq_lock:
+            items = list(self.process_queue_table.items())
+        for _, pq in items:
+            pq.dropped = True
+        try:
+            self.offset_store.persist_all([mq for mq, _ in items])
+            if self.orderly and self.clustering:
+                self._unlock_all([mq for mq, _ in items])
+            for addr in self.api.all_broker_addrs():
+                try:
+                    self.api.unregister(addr, self.client_id, self.group)
+                except MQClientError as e:
+                    log.info("unregister from %s: %s", addr, e)
+        finally:
+            self._state = "SHUTDOWN"
+            self.api.close()
+
+    close = shutdown
+
+    def __enter__(self) -> "PushConsumer":
+        if self._state == "CREATED":
+            self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+    @property
+    def running(self) -> bool:
+        return self._state == "RUNNING"
+
+    def assigned_message_queues(self, topic: Optional[str] = None) -> list:
+        """Queues this member consumes now (not being dropped), sorted; retry topics included
+        unless ``topic`` is given."""
+        with self._pq_lock:
+            return sorted(mq for mq, pq in self.process_queue_table.items()
+                          if not pq.dropped and (topic is None or mq.topic == topic))
+
+    def rebalance_immediately(self) -> None:
+        self._wakeup.set()
+
+    # -- the service thread: rebalance, heartbeats, offsets, locks --------------------------------------
+    def _service_loop(self) -> None:
+        now = time.monotonic()
+        next_rebalance = now
+        next_persist = now + max(self.persist_consumer_offset_interval_ms, 0) / 1000.0
+        next_heartbeat = now + self.heartbeat_broker_interval_ms / 1000.0
+        next_lock = now + self.lock_interval_ms / 1000.0
+        while self._state == "RUNNING":
+            now = time.monotonic()
+            try:
+                if self._wakeup.is_set() or now >= next_rebalance:
+                    self._wakeup.clear()
+                    self.do_rebalance()
+                    next_rebalance = time.monotonic() + self.rebalance_interval_ms / 1000.0
+                if now >= next_heartbeat:
+                    self._heartbeat_all()
+                    next_heartbeat = now + self.heartbeat_broker_interval_ms / 1000.0
+                if now >= next_persist:
+                    self.persist_consumer_offset()
+                    next_persist = now + self.persist_consumer_offset_interval_ms / 1000.0
+                if self.orderly and self.clustering and now >= next_lock:
+                    self._lock_all()
+                    next_lock = now + self.lock_interval_ms / 1000.0
+            except Exception:                    # keep the member alive whatever one step does
+                log.exception("consumer %s service step failed", self.group)
+            if self._state != "RUNNING":
+                break
+            nxt = min(next_rebalance, next_persist, next_heartbeat,
+                      next_lock if self.orderly and self.clustering else next_rebalance)
+            self._wakeup.wait(max(0.0, min(nxt - time.monotonic(), 1.0)))
+
+    def persist_consumer_offset(self) -> None:
+        self.offset_store.persist_all(self.assigned_message_queues())
+
+    def _consumer_datas(self) -> list:
+        return [consumer_data(self.group, "CONSUME_PASSIVELY", self.message_model.value,
+                              self.consume_from_where.value, self.subscriptions.values())]
+
+    def _heartbeat_all(self) -> None:
+        for topic in list(self.subscriptions):
+            try:
+                self.api.route(topic, self.poll_name_server_interval_ms)
+            except MQClientError:
+                pass
+        datas = self._consumer_datas()
+        for addr in self.api.all_broker_addrs():
+            try:
+                self.api.heartbeat(addr, self.client_id, datas)
+            except MQClientError as e:
+                log.warning("heartbeat to %s failed: %s", addr, e)
+
+    def do_rebalance(self) -> None:
+        """One rebalance of every subscribed topic (RocketMQ ``RebalanceImpl.doRebalance``)."""
+        for topic in list(self.subscriptions):
+            try:
+                self._rebalance_by_topic(topic)
+            except MQClientError as e:
+                log.warning("rebalance of %s for %s: %s", topic, self.group, e)
+        with self._pq_lock:
+            stale = [(mq, pq) for mq, pq in self.process_queue_table.items() if mq.topic not in self.subscriptions]
+        for mq, pq in stale:
+            pq.dropped = True
+            if self._remove_unnecessary_message_queue(mq, pq):
+                with self._pq_lock:
+                    if self.process_queue_table.get(mq) is pq:
+                        del self.process_queue_table[mq]
+
+    def _rebalance_by_topic(self, topic: str) -> None:
+        route = self.api.route(topic, self.poll_name_server_interval_ms)
+        if route is None:
+            return                     # e.g. the retry topic before the first send-back
+        mq_all = route.subscribe_queues()
+        if not self.clustering:
+            self._update_process_queue_table(topic, set(mq_all))
+            return
+        addrs = route.all_master_addrs()
+        if not addrs or not mq_all:
+            return
+        cids = self.api.consumer_id_list(random.choice(addrs), self.group)
+        if self.client_id not in cids:
+            # the broker does not know us (yet, or it restarted): tell it and keep what we have
+            self._heartbeat_all()
+            return
+        cids.sort()
+        try:
+            allocated = self.allocate_strategy(self.group, self.client_id, sorted(mq_all), cids)
+        except Exception:
+            log.exception("allocate strategy %r failed", self.allocate_strategy)
+            return
+        self._update_process_queue_table(topic, set(allocated))
+
+    def _update_process_queue_table(self, topic: str, mq_set: set) -> bool:
+        changed = False
+        with self._pq_lock:
+            items = [(mq, pq) for mq, pq in self.process_queue_table.items() if mq.topic == topic]
+        for mq, pq in items:
+            if mq not in mq_set or pq.dropped or pq.is_pull_expired():
+                if mq in mq_set and not pq.dropped:
+                    log.warning("%s: no pull for %d s, dropping its process queue", mq,
+                                int(time.monotonic() - pq.last_pull_timestamp))
+                pq.dropped = True
+                if self._remove_unnecessary_message_queue(mq, pq):
+                    with self._pq_lock:
+                        if self.process_queue_table.get(mq) is pq:
+                            del self.process_queue_table[mq]
+                    changed = True
+        new_requests = []
+        for mq in sorted(mq_set):
+            with self._pq_lock:
+                if mq in self.process_queue_table:
+                    continue
+            locked = False
+            if self.orderly and self.clustering:
+                if not self._lock_one(mq):
+                    log.debug("%s: lock held by another member, will retry", mq)
+                    continue
+                locked = True
+            self.offset_store.remove_offset(mq)
+            pq = ProcessQueue()
+            if locked:
+                pq.locked = True
+                pq.last_lock_timestamp = time.monotonic()
+            last = self.offset_store.read_offset(mq, ReadOffsetType.READ_FROM_STORE)
+            next_offset = compute_pull_from_where(self.consume_from_where, last, mq, self.api.max_offset,
+                                                  self.api.search_offset, self.consume_timestamp_ms)
+            if next_offset < 0:
+                log.warning("%s: start offset unknown, retrying at the next rebalance", mq)
+                if locked:
+                    self._unlock_all([mq])
+                continue
+            self.offset_store.update_offset(mq, next_offset, increase_only=False)
+            with self._pq_lock:
+                self.process_queue_table[mq] = pq
+            new_requests.append(PullRequest(self.group, mq, pq, next_offset, previously_locked=True))
+            changed = True
+            log.info("%s: %s takes %s from offset %d", self.group, self.client_id, mq, next_offset)
+        for pr in new_requests:
+            self._pull.call_soon(lambda pr=pr: self._pull_message(pr))
+        return changed
+
+    def _remove_unnecessary_message_queue(self, mq: MessageQueue, pq: ProcessQueue) -> bool:
+        """Commit what ``mq`` processed and forget it; an orderly clustering member first waits
+        (1 s at most) for the running batch, then unlocks the queue on the broker.  False when
+        the batch is still running (the next rebalance tries again)."""
+        if self.orderly and self.clustering:
+            if not pq.consume_lock.acquire(timeout=1.0):
+                pq.try_unlock_times += 1
+                return False
+            try:
+                self.offset_store.persist(mq)
+                self.offset_store.remove_offset(mq)
+                self._unlock_all([mq])
+                pq.locked = False
+                return True
+            finally:
+                pq.consume_lock.release()
+        self.offset_store.persist(mq)
+        self.offset_store.remove_offset(mq)
+        return True
+
+    # -- queue locks (orderly, clustering) ------------------------------------------------------------
+    def _lock_one(self, mq: MessageQueue) -> bool:
+        try:
+            addr = self.api.broker_addr(mq.broker_name, mq.topic)
+            return mq in self.api.lock_batch_mq(addr, self.group, self.client_id, [mq])
+        except MQClientError as e:
+            log.warning("lock %s failed: %s", mq, e)
+            return False
+
+    def _by_broker(self, mqs: Iterable[MessageQueue]) -> dict:
+        out: dict = {}
+        for mq in mqs:
+            out.setdefault(mq.broker_name, []).append(mq)
+        return out
+
+    def _lock_all(self) -> None:
+        """Renew every queue lock (RocketMQ ``RebalanceImpl.lockAll``)."""
+        with self._pq_lock:
+            table = {mq: pq for mq, pq in self.process_queue_table.items() if not pq.dropped}
+        for broker, mqs in self._by_broker(table).items():
+            try:
+                addr = self.api.broker_addr(broker, mqs[0].topic)
+                ok = self.api.lock_batch_mq(addr, self.group, self.client_id, mqs)
+            except MQClientError as e:
+                log.warning("lock renewal on %s failed: %s", broker, e)
+                continue
+            now = time.monotonic()
+            for mq in mqs:
+                pq = table[mq]
+                if mq in ok:
+                    if not pq.locked:
+                        log.info("%s locked again", mq)
+                    pq.locked = True
+                    pq.last_lock_timestamp = now
+                else:
+                    if pq.locked:
+                        log.warning("%s: lock lost", mq)
+                    pq.locked = False
+
+    def _unlock_all(self, mqs: Iterable[MessageQueue]) -> None:
+        for broker, group_mqs in self._by_broker(mqs).items():
+            try:
+                addr = self.api.broker_addr(broker, group_mqs[0].topic)
+                self.api.unlock_batch_mq(addr, self.group, self.client_id, group_mqs)
+            except MQClientError as e:
+                log.warning("unlock %s failed: %s", group_mqs, e)
+
+    # -- pulling (pull thread) ----------------------------------------------------------------------------
+    def _pull_later(self, pr: PullRequest, delay_ms: float) -> None:
+        if self._state == "RUNNING" and not pr.pq.dropped:
+            self._pull.call_later(delay_ms, lambda: self._pull_message(pr))
+
+    def _pull_message(self, pr: PullRequest) -> None:
+        """Send one PULL_MESSAGE for ``pr`` (pull thread only); RocketMQ ``pullMessage``."""
+        pq = pr.pq
+        if pq.dropped or self._state != "RUNNING":
+            return
+        pq.last_pull_timestamp = time.monotonic()
+        if pq.msg_count > self.pull_threshold_for_queue or \
+                pq.msg_size > self.pull_threshold_size_for_queue_mb * 1024 * 1024:
+            self._pull_later(pr, PULL_TIME_DELAY_MS_WHEN_FLOW_CONTROL)
+            return
+        if not self.orderly:
+            if pq.max_span() > self.consume_concurrently_max_span:
+                self._pull_later(pr, PULL_TIME_DELAY_MS_WHEN_FLOW_CONTROL)
+                return
+        elif self.clustering and not pq.locked:
+            self._pull_later(pr, PULL_TIME_DELAY_MS_WHEN_EXCEPTION)
+            return
+        sub = self.subscriptions.get(pr.mq.topic)
+        if sub is None:
+            self._pull_later(pr, PULL_TIME_DELAY_MS_WHEN_EXCEPTION)
+            return
+        commit_offset = self.offset_store.read_memory(pr.mq) if self.clustering else -1
+        frame = build_pull_frame(self.group, pr.mq, pr.next_offset, self.pull_batch_size, sub.sub_string,
+                                 commit_offset if commit_offset > 0 else -1, BROKER_SUSPEND_MAX_TIME_MS)
+        try:
+            addr = self.api.broker_addr(pr.mq.broker_name)
+            pr.opaque = self._pull.mux.send(addr, frame, CONSUMER_TIMEOUT_MS_WHEN_SUSPEND, pr)
+            self.stats["pulls"] += 1
+        except MQClientError as e:
+            log.warning("pull of %s not sent: %s", pr.mq, e)
+            self._pull_later(pr, PULL_TIME_DELAY_MS_WHEN_EXCEPTION)
+
+    def _on_pull_response(self, pr: PullRequest, resp, addr: str) -> None:
+        pq = pr.pq
+        if pq.dropped or self._state != "RUNNING":
+            return
+        if isinstance(resp, Exception):
+            log.warning("pull of %s from %s failed: %s", pr.mq, addr, resp)
+            self._pull_later(pr, PULL_TIME_DELAY_MS_WHEN_EXCEPTION)
+            return
+        sub = self.subscriptions.get(pr.mq.topic)
+        try:
+            res = parse_pull_response(resp, sub, addr, retry_topic(self.group) if self.clustering else None)
+        except MQClientError as e:
+            log.warning("pull of %s from %s: %s", pr.mq, addr, e)
+            self._pull_later(pr, PULL_TIME_DELAY_MS_WHEN_EXCEPTION)
+            return
+        status = res.pull_status
+        if status is PullStatus.FOUND:
+            pr.next_offset = res.next_begin_offset
+            msgs = res.msg_found_list
+            if not msgs:
+                self._correct_tags_offset(pr)
+                self._pull_message(pr)
+                return
+            dispatch = pq.put_message(msgs)
+            self._submit_consume(msgs, pq, pr.mq, dispatch)
+            if self.pull_interval_ms > 0:
+                self._pull_later(pr, self.pull_interval_ms)
+            else:
+                self._pull_message(pr)
+        elif status in (PullStatus.NO_NEW_MSG, PullStatus.NO_MATCHED_MSG):
+            pr.next_offset = res.next_begin_offset
+            self._correct_tags_offset(pr)
+            self._pull_message(pr)
+        else:                                       # OFFSET_ILLEGAL
+            log.warning("%s: offset %d illegal, moving to %d", pr.mq, pr.next_offset, res.next_begin_offset)
+            pr.next_offset = res.next_begin_offset
+            pq.dropped = True
+            self._pull.call_later(1000, lambda: self._executor_submit(self._fix_illegal_offset, pr))
+
+    def _fix_illegal_offset(self, pr: PullRequest) -> None:
+        self.offset_store.update_offset(pr.mq, pr.next_offset, increase_only=False)
+        self.offset_store.persist(pr.mq)
+        with self._pq_lock:
+            if self.process_queue_table.get(pr.mq) is pr.pq:
+                del self.process_queue_table[pr.mq]
+        self.rebalance_immediately()
+
+    def _correct_tags_offset(self, pr: PullRequest) -> None:
+        # nothing in flight: the queue's position may move past filtered-out messages
+        if pr.pq.msg_count == 0:
+            self.offset_store.update_offset(pr.mq, pr.next_offset, increase_only=True)
+
+    # -- consuming ----------------------------------------------------------------------------------------
+    def _executor_submit(self, fn: Callable, *args) -> None:
+        if self._state not in ("RUNNING", "STOPPING") or self._executor is None:
+            return
+        try:
+            fut = self._executor.submit(fn, *args)
+        except RuntimeError:                    # executor shut down
+            return
+        with self._inflight_lock:
+            self._inflight.add(fut)
+        fut.add_done_callback(self._forget_future)
+
+    def _forget_future(self, fut) -> None:
+        with self._inflight_lock:
+            self._inflight.discard(fut)
+        if not fut.cancelled() and fut.exception() is not None:
+            log.error("consume task failed: %r", fut.exception())
+
+    def _submit_consume(self, msgs: list, pq: ProcessQueue, mq: MessageQueue, dispatch: bool) -> None:
+        if self.orderly:
+            if dispatch:
+                self._executor_submit(self._consume_orderly, pq, mq)
+            return
+        n = self.consume_message_batch_max_size
+        for i in range(0, len(msgs), n):
+            self._executor_submit(self._consume_concurrently, msgs[i:i + n], pq, mq)
+
+    def _submit_consume_later(self, msgs: list, pq: ProcessQueue, mq: MessageQueue, delay_ms: float) -> None:
+        self._pull.call_later(delay_ms, lambda: self._executor_submit(self._consume_concurrently, msgs, pq, mq))
+
+    def _consume_concurrently(self, msgs: list, pq: ProcessQueue, mq: MessageQueue) -> None:
+        """One listener call (RocketMQ ``ConsumeMessageConcurrentlyService.ConsumeRequest``)."""
+        if pq.dropped:
+            return
+        ctx = ConsumeConcurrentlyContext(mq)
+        try:
+            status = self.listener(msgs, ctx)
+            status = ConsumeConcurrentlyStatus.CONSUME_SUCCESS if status is None else \
+                ConsumeConcurrentlyStatus(status.value if isinstance(status, enum.Enum) else status)
+        except Exception:
+            log.exception("listener failed on %d message(s) of %s", len(msgs), mq)
+            status = ConsumeConcurrentlyStatus.RECONSUME_LATER
+        if pq.dropped:
+            log.info("%s dropped while consuming; %d message(s) will be redelivered", mq, len(msgs))
+            return
+        self._process_concurrent_result(status, ctx, msgs, pq, mq)
+
+    def _process_concurrent_result(self, status, ctx: ConsumeConcurrentlyContext, msgs: list, pq: ProcessQueue,
+                                   mq: MessageQueue) -> None:
+        if status is ConsumeConcurrentlyStatus.CONSUME_SUCCESS:
+            ack = min(max(ctx.ack_index, -1), len(msgs) - 1)
+        else:
+            ack = -1
+        self._count("consumed_ok", ack + 1)
+        self._count("consumed_failed", len(msgs) - ack - 1)
+        done = msgs
+        if ack < len(msgs) - 1:
+            failed = msgs[ack + 1:]
+            if not self.clustering:
+                for m in failed:
+                    log.warning("BROADCASTING: dropping failed message %s", m.msg_id)
+            else:
+                again = []
+                for m in failed:
+                    if not self._send_message_back(m, mq, ctx.delay_level_when_next_consume):
+                        m.reconsume_times += 1
+                        again.append(m)
+                if again:
+                    keep = {id(m) for m in again}
+                    done = [m for m in msgs if id(m) not in keep]
+                    self._submit_consume_later(again, pq, mq, RECONSUME_LATER_LOCALLY_MS)
+        offset = pq.remove_message(done)
+        if offset >= 0 and not pq.dropped:
+            self.offset_store.update_offset(mq, offset, increase_only=True)
+
+    def _count(self, name: str, n: int = 1) -> None:
+        with self._stats_lock:
+            self.stats[name] += n
+
+    def _send_message_back(self, msg, mq: MessageQueue, delay_level: int) -> bool:
+        try:
+            self.api.send_message_back(self.group, mq, msg, delay_level, self._max_reconsume_times())
+            self._count("sent_back")
+            return True
+        except MQClientError as e:
+            self._count("send_back_failed")
+            log.warning("send back of %s failed: %s", msg.msg_id, e)
+            return False
+
+    # -- orderly -------------------------------------------------------------------------------------------
+    def _mq_lock(self, mq: MessageQueue) -> threading.Lock:
+        with self._pq_lock:
+            lk = self._mq_locks.get(mq)
+            if lk is None:
+                lk = self._mq_locks[mq] = threading.Lock()
+            return lk
+
+    def _submit_orderly_later(self, pq: ProcessQueue, mq: MessageQueue, delay_ms: float) -> None:
+        self._pull.call_later(delay_ms, lambda: self._executor_submit(self._consume_orderly, pq, mq))
+
+    def _try_lock_later_and_reconsume(self, pq: ProcessQueue, mq: MessageQueue, delay_ms: float) -> None:
+        def relock():
+            if pq.dropped:
+                return
+            if self._lock_one(mq):
+                pq.locked = True
+                pq.last_lock_timestamp = time.monotonic()
+                self._submit_orderly_later(pq, mq, 10)
+            else:
+                self._submit_orderly_later(pq, mq, PULL_TIME_DELAY_MS_WHEN_EXCEPTION)
+        self._pull.call_later(delay_ms, lambda: self._executor_submit(relock))
+
+    def _consume_orderly(self, pq: ProcessQueue, mq: MessageQueue) -> None:
+        """Consume ``mq`` in order while it is locked (RocketMQ ``ConsumeMessageOrderlyService.ConsumeRequest``)."""
+        if pq.dropped:
+            return
+        with self._mq_lock(mq):
+            if self.clustering and (not pq.locked or pq.is_lock_expired()):
+                if not pq.dropped:
+                    self._try_lock_later_and_reconsume(pq, mq, 100)
+                return
+            begin = time.monotonic()
+            while True:
+                if pq.dropped:
+                    return
+                if self.clustering and (not pq.locked or pq.is_lock_expired()):
+                    self._try_lock_later_and_reconsume(pq, mq, 10)
+                    return
+                if (time.monotonic() - begin) * 1000 > MAX_TIME_CONSUME_CONTINUOUSLY_MS:
+                    self._submit_orderly_later(pq, mq, 10)
+                    return
+                msgs = pq.take_messages(self.consume_message_batch_max_size)
+                if not msgs:
+                    return
+                with pq.consume_lock:
+                    if pq.dropped:
+                        return
+                    ctx = ConsumeOrderlyContext(mq)
+                    try:
+                        status = self.listener(msgs, ctx)
+                        status = ConsumeOrderlyStatus.SUCCESS if status is None else \
+                            ConsumeOrderlyStatus(status.value if isinstance(status, enum.Enum) else status)
+                    except Exception:
+                        log.exception("orderly listener failed on %d message(s) of %s", len(msgs), mq)
+                        status = ConsumeOrderlyStatus.SUSPEND_CURRENT_QUEUE_A_MOMENT
+                    if not self._process_orderly_result(status, ctx, msgs, pq, mq):
+                        return
+
+    def _process_orderly_result(self, status, ctx: ConsumeOrderlyContext, msgs: list, pq: ProcessQueue,
+                                mq: MessageQueue) -> bool:
+        """Commit or put back; True to keep consuming.  Caller holds ``pq.consume_lock`` (so the
+        offset is recorded before a rebalance persists it and unlocks the queue)."""
+        commit_offset = -1
+        if status is ConsumeOrderlyStatus.SUCCESS:
+            self._count("consumed_ok", len(msgs))
+            commit_offset = pq.commit()
+            cont = True
+        else:
+            self._count("consumed_failed", len(msgs))
+            if self._check_reconsume_times(msgs, mq):
+                pq.make_message_to_consume_again(msgs)
+                delay = ctx.suspend_current_queue_time_millis
+                self._submit_orderly_later(pq, mq, delay if delay >= 0 else self.suspend_current_queue_time_millis)
+                return False
+            commit_offset = pq.commit()
+            cont = True
+        if commit_offset >= 0:
+            self.offset_store.update_offset(mq, commit_offset, increase_only=False)
+        return cont
+
+    def _check_reconsume_times(self, msgs: list, mq: MessageQueue) -> bool:
+        """True when the batch must be retried here; messages over max_reconsume_times go to the
+        DLQ (if that fails they are retried too)."""
+        suspend = False
+        limit = self._max_reconsume_times()
+        for m in msgs:
+            if m.reconsume_times >= limit and self.clustering:
+                if not self._send_message_back(m, mq, -1):
+                    suspend = True
+                    m.reconsume_times += 1
+            elif m.reconsume_times >= limit:
+                log.warning("BROADCASTING: dropping message %s after %d attempts", m.msg_id, m.reconsume_times)
+            else:
+                suspend = True
+                m.reconsume_times += 1
+        return suspend

@@ -1,0 +1,1628 @@
+"""Producer: route look-up, queue selection, retries, sync / async / one-way / batch sends.
+
+::
+
+    from rmq import Producer, Message
+    with Producer("127.0.0.1:9876", group="pg") as p:
+        r = p.send(Message("flights", b"{...}", tags="UA", keys=["N14228"]))
+        fut = p.send_async(Message("flights", b"..."))        # concurrent.futures.Future[SendResult]
+        p.send_batch([Message("flights", b"a"), Message("flights", b"b")])
+
+Behaviour follows RocketMQ's ``DefaultMQProducer`` (SPEC.md §15.1): a 3 000 ms
+budget per send including retries, 2 retries on another broker, zlib
+compression (level 5) of bodies of 4 096 bytes or more, a 4 MiB body limit
+checked before sending, routes polled from the NameServer every 30 s, latency
+fault avoidance with RocketMQ 4.9's tables (off by default, as in RocketMQ).
+Every message gets a client unique id (``UNIQ_KEY``, :func:`create_uniq_id`),
+which is :attr:`SendResult.msg_id`; the broker's offset id is
+:attr:`SendResult.offset_msg_id`.
+
+Client-side batching (Kafka's ``linger_ms`` / ``batch_size``): with batching
+on, :meth:`Producer.send_async` appends messages to an accumulator per topic
+(per queue for ordered messages); a batch ships as one SEND_BATCH_MESSAGE when
+it reaches ``batch_size`` bytes, when ``linger_ms`` has passed since its first
+message, or on :meth:`flush` / :meth:`close`.  Each message's future gets its
+own :class:`SendResult` (its own queue offset and ids).
+
+Threads and sockets
+    One I/O thread per producer owns every ZeroMQ socket (pyzmq sockets are not
+    thread-safe): a DEALER per NameServer, a DEALER per broker address
+    (``IMMEDIATE`` so nothing is queued towards a broker that is not
+    connected, plus a monitor socket that reports disconnects), and the read
+    end of a wake-up pipe.  Caller threads prepare messages (validation, unique
+    id, compression), append them to a deque and wake the I/O thread; sync
+    sends wait on a future.  Requests are pipelined: up to ``max_in_flight``
+    requests are outstanding at once, matched to responses by ``opaque``.
+    Future callbacks run in the I/O thread: keep them short, and never call a
+    blocking producer method (``send``, ``flush``, ``close``) from one.
+
+Failure behaviour
+    A request that times out, meets a closed connection or gets a retryable
+    broker code (TOPIC_NOT_EXIST, SERVICE_NOT_AVAILABLE, SYSTEM_ERROR,
+    NO_PERMISSION, ...) is retried on a queue of another broker while attempts
+    and time remain; then the send fails with the last error's type
+    (:class:`MQBrokerError`, :class:`RemotingTimeoutError`,
+    :class:`RemotingError`) and a message naming the attempts, the time spent
+    and the brokers tried.  Ordered sends (selector / sharding key / explicit
+    queue) are never retried elsewhere.  No message is dropped silently: each
+    one's future gets a result or an exception, :meth:`Producer.flush` waits
+    for all of them, and :meth:`Producer.close` raises (or logs, when an
+    exception is already propagating) if messages queued before it failed.
+"""
+from __future__ import annotations
+
+import collections
+import heapq
+import itertools
+import logging
+import os
+import random
+import socket
+import threading
+import time
+import weakref
+import zlib
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeoutError
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Optional, Sequence
+
+import zmq
+from zmq.utils.monitor import parse_monitor_message
+
+from rmq import protocol as P
+from rmq._core.commitlog import encode_batch, encode_properties, tags_string_to_tags_code
+from rmq.client.message import (PROPERTY_DELAY_TIME_LEVEL, PROPERTY_SHARDING_KEY,
+                                PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, PROPERTY_WAIT_STORE_MSG_OK, Message,
+                                MessageQueue, SendResult, SendStatus, create_uniq_id)
+from rmq.client.route import (LATENCY_MAX_49, NOT_AVAILABLE_DURATION_49, ISOLATION_LATENCY_MS_49, BrokerData,
+                              MQFaultStrategy, RouteCache, TopicPublishInfo, cluster_info_request,
+                              parse_cluster_info, parse_route_response, route_request, split_namesrv_addr)
+from rmq.errors import MQBrokerError, MQClientError, RemotingError, RemotingTimeoutError
+from rmq.protocol import Frame, ProtocolError, RequestCode, ResponseCode
+from rmq.store.validators import check_group, check_topic   # pure functions: the client never touches files
+
+log = logging.getLogger("rmq.producer")
+
+# -- defaults (SPEC.md §15.1, DefaultMQProducer) -------------------------------------------------
+SEND_MSG_TIMEOUT_MS = 3000                 # total budget of one send, retries included
+RETRY_TIMES_WHEN_SEND_FAILED = 2           # sync: up to 3 attempts
+RETRY_TIMES_WHEN_SEND_ASYNC_FAILED = 2
+COMPRESS_MSG_BODY_OVER_HOWMUCH = 4096      # bytes; body >= this is compressed (never inside a batch)
+COMPRESS_LEVEL = 5                         # rocketmq.message.compressLevel
+MAX_MESSAGE_SIZE = 4 * 1024 * 1024         # bytes of body (of the whole batch body for send_batch)
+POLL_NAME_SERVER_INTERVAL_MS = 30_000      # route refresh period
+HEARTBEAT_BROKER_INTERVAL_MS = 30_000      # HEART_BEAT to every broker in use
+DEFAULT_TOPIC_QUEUE_NUMS = 4               # queues asked for when the broker auto-creates a topic
+CREATE_TOPIC_KEY = "TBW102"                # RocketMQ's auto-create template topic (sent as a hint)
+CONNECT_TIMEOUT_MS = 1000                  # an attempt waits this long for a broker connection (IMMEDIATE)
+MAX_IN_FLIGHT = 32                         # outstanding requests per producer (pipelining)
+MAX_PENDING_MESSAGES = 50_000              # accepted but unanswered messages before send_async blocks
+DEFAULT_BATCH_SIZE = 16 * 1024             # bytes; Kafka's batch.size, used when only linger_ms is set
+PROVISIONAL_REFRESH_MS = 100               # min gap between route look-ups of an auto-created topic
+BATCH_ELEMENT_OVERHEAD = 22                # TOTALSIZE+MAGIC+BODYCRC+FLAG+BODYLEN+PROPLEN (SPEC.md §1.11)
+
+COMPRESSED_FLAG = 0x1                      # MessageSysFlag (SPEC.md §1.5)
+COMPRESSION_ZLIB_TYPE = 0x300
+NO_BUYER_ID = 204                          # RocketMQ ResponseCode values not in rmq.protocol
+NOT_IN_CURRENT_UNIT = 205
+RETRY_RESPONSE_CODES = frozenset({
+    int(ResponseCode.TOPIC_NOT_EXIST), int(ResponseCode.SERVICE_NOT_AVAILABLE), int(ResponseCode.SYSTEM_ERROR),
+    int(ResponseCode.NO_PERMISSION), NO_BUYER_ID, NOT_IN_CURRENT_UNIT})
+SEND_STATUS_BY_CODE = {
+    int(ResponseCode.SUCCESS): SendStatus.SEND_OK,
+    int(ResponseCode.FLUSH_DISK_TIMEOUT): SendStatus.FLUSH_DISK_TIMEOUT,
+    int(ResponseCode.FLUSH_SLAVE_TIMEOUT): SendStatus.FLUSH_SLAVE_TIMEOUT,
+    int(ResponseCode.SLAVE_NOT_AVAILABLE): SendStatus.SLAVE_NOT_AVAILABLE,
+}
+
+Selector = Callable[[list, Message, Any], MessageQueue]
+
+
+@dataclass
+class ProducerOptions:
+    """Every producer setting (keyword arguments of :class:`Producer` and :class:`rmq.aio.Producer`).
+
+    Times are milliseconds, sizes bytes.  RocketMQ names in brackets.
+    """
+    send_msg_timeout_ms: int = SEND_MSG_TIMEOUT_MS                       # [sendMsgTimeout]
+    retry_times_when_send_failed: int = RETRY_TIMES_WHEN_SEND_FAILED     # [retryTimesWhenSendFailed]
+    retry_times_when_send_async_failed: int = RETRY_TIMES_WHEN_SEND_ASYNC_FAILED
+    compress_msg_body_over_howmuch: int = COMPRESS_MSG_BODY_OVER_HOWMUCH  # [compressMsgBodyOverHowmuch]
+    compress_level: int = COMPRESS_LEVEL
+    max_message_size: int = MAX_MESSAGE_SIZE                              # [maxMessageSize]
+    poll_name_server_interval_ms: int = POLL_NAME_SERVER_INTERVAL_MS     # [pollNameServerInterval]
+    heartbeat_broker_interval_ms: int = HEARTBEAT_BROKER_INTERVAL_MS     # [heartbeatBrokerInterval]
+    send_latency_fault_enable: bool = False                              # [sendLatencyFaultEnable]
+    latency_max: Sequence[int] = LATENCY_MAX_49
+    not_available_duration: Sequence[int] = NOT_AVAILABLE_DURATION_49
+    isolation_latency_ms: int = ISOLATION_LATENCY_MS_49
+    retry_response_codes: frozenset = RETRY_RESPONSE_CODES
+    default_topic_queue_nums: int = DEFAULT_TOPIC_QUEUE_NUMS             # [defaultTopicQueueNums]
+    linger_ms: float = 0.0              # batching: wait up to this long for a batch to fill
+    batch_size: int = 0                 # batching: ship a batch at this many bytes (0 and linger 0 = off)
+    max_in_flight: int = MAX_IN_FLIGHT  # outstanding requests
+    max_pending_messages: int = MAX_PENDING_MESSAGES  # send_async blocks above this many unanswered messages
+    connect_timeout_ms: int = CONNECT_TIMEOUT_MS
+
+    def __post_init__(self) -> None:
+        def positive(name, allow_zero=False):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0 or (v == 0 and not allow_zero):
+                raise MQClientError(f"producer option {name} must be a {'non-negative' if allow_zero else 'positive'}"
+                                    f" number, got {v!r}")
+        for n in ("send_msg_timeout_ms", "max_message_size", "poll_name_server_interval_ms",
+                  "heartbeat_broker_interval_ms", "max_in_flight", "max_pending_messages", "connect_timeout_ms",
+                  "default_topic_queue_nums"):
+            positive(n)
+        for n in ("retry_times_when_send_failed", "retry_times_when_send_async_failed",
+                  "compress_msg_body_over_howmuch", "linger_ms", "batch_size"):
+            positive(n, allow_zero=True)
+        if not 0 <= self.compress_level <= 9:
+            raise MQClientError(f"compress_level must be 0..9, got {self.compress_level}")
+        if self.max_message_size > P.MAX_MESSAGE_SIZE - P.MAX_HEADER_SIZE:
+            raise MQClientError(f"max_message_size {self.max_message_size} exceeds the wire limit "
+                                f"{P.MAX_MESSAGE_SIZE - P.MAX_HEADER_SIZE}")
+        if self.linger_ms > 0 and self.batch_size == 0:
+            self.batch_size = DEFAULT_BATCH_SIZE
+        if self.batch_size > self.max_message_size:
+            raise MQClientError(f"batch_size {self.batch_size} exceeds max_message_size {self.max_message_size}")
+        self.retry_response_codes = frozenset(int(c) for c in self.retry_response_codes)
+
+    @property
+    def batching(self) -> bool:
+        return self.batch_size > 0
+
+
+# -- message preparation (caller thread) ------------------------------------------------------------
+class PreparedMessage:
+    """A validated message ready for the wire: its (maybe compressed) body, sysFlag and encoded
+    properties (as of preparation: later changes to the Message are not sent)."""
+
+    __slots__ = ("msg", "body", "sys_flag", "uniq_id", "wait", "size", "batchable", "props")
+
+    def __init__(self, msg: Message, body: bytes, sys_flag: int, uniq_id: str, wait: bool, batchable: bool):
+        self.msg = msg
+        self.body = body
+        self.sys_flag = sys_flag
+        self.uniq_id = uniq_id
+        self.wait = wait
+        self.batchable = batchable
+        self.props = encode_properties(msg.properties)
+        self.size = len(body) + len(self.props) + BATCH_ELEMENT_OVERHEAD   # bytes in a batch body
+
+
+_valid_topics: set = set()         # topics that passed check_topic (bounded: cleared at 10 000)
+
+
+def _check_message(msg: Message, opts: ProducerOptions) -> None:
+    if not isinstance(msg, Message):
+        raise MQClientError(f"expected an rmq.Message, got {type(msg).__name__}", ResponseCode.MESSAGE_ILLEGAL)
+    topic = msg.topic
+    if topic not in _valid_topics:
+        try:
+            check_topic(topic)
+        except ValueError as e:
+            raise MQClientError(str(e), ResponseCode.MESSAGE_ILLEGAL) from None
+        if len(_valid_topics) >= 10_000:
+            _valid_topics.clear()
+        _valid_topics.add(topic)
+    if not msg.body:
+        raise MQClientError("the message body length is zero", ResponseCode.MESSAGE_ILLEGAL)
+    if len(msg.body) > opts.max_message_size:
+        raise MQClientError(f"the message body size over max value, MAX: {opts.max_message_size} "
+                            f"(body is {len(msg.body)} bytes; topic {msg.topic})", ResponseCode.MESSAGE_ILLEGAL)
+
+
+def prepare_message(msg: Message, opts: ProducerOptions) -> PreparedMessage:
+    """Validate ``msg``, give it a ``UNIQ_KEY`` (kept if already set), compress a large body.
+
+    Raises
+    ------
+    MQClientError
+        Bad topic, empty body or body over ``max_message_size`` (code MESSAGE_ILLEGAL).
+    """
+    _check_message(msg, opts)
+    props = msg.properties
+    uniq = props.get(PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX)
+    if not uniq:
+        uniq = props[PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX] = create_uniq_id()
+    body, sys_flag = msg.body, 0
+    if len(body) >= opts.compress_msg_body_over_howmuch:
+        body = zlib.compress(body, opts.compress_level)
+        sys_flag = COMPRESSED_FLAG | COMPRESSION_ZLIB_TYPE
+    wait = props.get(PROPERTY_WAIT_STORE_MSG_OK, "true") != "false"
+    batchable = sys_flag == 0 and PROPERTY_DELAY_TIME_LEVEL not in props
+    return PreparedMessage(msg, body, sys_flag, uniq, wait, batchable)
+
+
+def prepare_batch(msgs: Iterable[Message], opts: ProducerOptions) -> list:
+    """Validate a user batch: one topic, no delay level, total body within ``max_message_size``.
+    Bodies are not compressed (as RocketMQ).
+
+    Raises
+    ------
+    MQClientError
+    """
+    msgs = list(msgs)
+    if not msgs:
+        raise MQClientError("send_batch needs at least one message", ResponseCode.MESSAGE_ILLEGAL)
+    out, total = [], 0
+    topic = msgs[0].topic if isinstance(msgs[0], Message) else None
+    for m in msgs:
+        _check_message(m, opts)
+        if m.topic != topic:
+            raise MQClientError(f"the topic of the messages in one batch should be the same: "
+                                f"{topic!r} and {m.topic!r}", ResponseCode.MESSAGE_ILLEGAL)
+        if PROPERTY_DELAY_TIME_LEVEL in m.properties:
+            raise MQClientError("TimeDelayLevel is not supported for batching", ResponseCode.MESSAGE_ILLEGAL)
+        if m.topic.startswith("%RETRY%"):
+            raise MQClientError("Retry Group is not supported for batching", ResponseCode.MESSAGE_ILLEGAL)
+        uniq = m.properties.get(PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX)
+        if not uniq:
+            uniq = m.properties[PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX] = create_uniq_id()
+        p = PreparedMessage(m, m.body, 0, uniq, m.properties.get(PROPERTY_WAIT_STORE_MSG_OK, "true") != "false",
+                            True)
+        total += p.size
+        out.append(p)
+    if total > opts.max_message_size:
+        raise MQClientError(f"the batch size over max value, MAX: {opts.max_message_size} "
+                            f"(batch of {len(out)} messages is about {total} bytes)", ResponseCode.MESSAGE_ILLEGAL)
+    return out
+
+
+# -- queue selectors (ordered messages) ----------------------------------------------------------------
+def java_hash(value: Any) -> int:
+    """Java ``hashCode`` of a str (SPEC.md §0.2) or an int (``Long.hashCode``): stable across processes,
+    unlike Python's ``hash``."""
+    if isinstance(value, bool):
+        return 1231 if value else 1237
+    if isinstance(value, int):
+        v = value & 0xFFFFFFFFFFFFFFFF
+        h = (v ^ (v >> 32)) & 0xFFFFFFFF
+        return h - (1 << 32) if h >= 1 << 31 else h
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "surrogateescape")
+    return tags_string_to_tags_code(str(value))
+
+
+def select_by_hash(mqs: list, msg: Message, arg: Any) -> MessageQueue:
+    """RocketMQ ``SelectMessageQueueByHash``: ``abs(arg.hashCode() % len(mqs))``."""
+    return mqs[abs(java_hash(arg)) % len(mqs)]
+
+
+def select_by_random(mqs: list, msg: Message, arg: Any) -> MessageQueue:
+    """RocketMQ ``SelectMessageQueueByRandom``."""
+    return random.choice(mqs)
+
+
+# -- wire helpers (shared with rmq.aio) --------------------------------------------------------------
+def send_request(preps: Sequence[PreparedMessage], queue_id: int, group: str, batch: bool,
+                 oneway: bool = False, batch_body: Optional[bytes] = None,
+                 default_topic_queue_nums: int = DEFAULT_TOPIC_QUEUE_NUMS) -> Frame:
+    """SEND_MESSAGE (one message) or SEND_BATCH_MESSAGE (``batch``) for ``preps``, to ``queue_id``
+    (-1: the broker picks).  ``batch_body`` reuses an earlier :func:`encode_batch` of the same messages."""
+    first = preps[0]
+    fields = {"producerGroup": group, "topic": first.msg.topic, "queueId": queue_id,
+              "bornTimestamp": int(time.time() * 1000), "reconsumeTimes": 0,
+              "waitStoreMsgOK": all(p.wait for p in preps),
+              "defaultTopic": CREATE_TOPIC_KEY, "defaultTopicQueueNums": default_topic_queue_nums}
+    if batch:
+        if batch_body is None:
+            batch_body = batch_body_of(preps)
+        fields.update(sysFlag=0, flag=0, properties={})
+        body = batch_body
+        code = RequestCode.SEND_BATCH_MESSAGE
+    else:
+        fields.update(sysFlag=first.sys_flag, flag=first.msg.flag, properties=first.msg.properties)
+        body = first.body
+        code = RequestCode.SEND_MESSAGE
+    return Frame(code, flag=P.FLAG_ONEWAY if oneway else 0, fields=fields, bodies=[body])
+
+
+def batch_body_of(preps: Sequence[PreparedMessage]) -> bytes:
+    """The SEND_BATCH_MESSAGE body (SPEC.md §1.11) of ``preps``."""
+    return encode_batch([(p.body, p.props, p.msg.flag) for p in preps])
+
+
+def parse_send_response(resp: Frame, topic: str, broker_name: str, broker_addr: str,
+                        preps: Sequence[PreparedMessage]) -> list:
+    """One :class:`SendResult` per message of the request (queue offset = base + index).
+
+    Raises
+    ------
+    MQBrokerError
+        The broker answered an error code (``response_code``, ``broker_addr`` set).
+    """
+    status = SEND_STATUS_BY_CODE.get(resp.code)
+    if status is None:
+        raise MQBrokerError(f"{resp.remark or 'error'} (broker {broker_name} at {broker_addr}, topic {topic})",
+                            resp.code, broker_addr)
+    f = resp.fields
+    queue_id = f.get("queueId")
+    base = f.get("queueOffset")
+    if not isinstance(queue_id, int) or not isinstance(base, int):
+        raise MQBrokerError(f"malformed send response from {broker_addr}: queueId={queue_id!r} "
+                            f"queueOffset={base!r}", int(ResponseCode.SYSTEM_ERROR), broker_addr)
+    mq = MessageQueue(topic, broker_name, queue_id)
+    offset_ids = str(f.get("msgId") or "").split(",")
+    if len(offset_ids) != len(preps):
+        offset_ids = [offset_ids[0] if len(preps) == 1 else ""] * len(preps)
+    return [SendResult(status, p.uniq_id, mq, base + i, offset_ids[i]) for i, p in enumerate(preps)]
+
+
+def merge_results(results: list) -> SendResult:
+    """The single SendResult of a user batch: comma-joined ids, the first queue offset."""
+    first = results[0]
+    if len(results) == 1:
+        return first
+    return SendResult(first.status, ",".join(r.msg_id for r in results), first.message_queue, first.queue_offset,
+                      ",".join(r.offset_msg_id for r in results))
+
+
+def is_retryable(exc: BaseException, opts: ProducerOptions) -> bool:
+    """Whether a failed attempt may be retried on another queue (RocketMQ ``sendDefaultImpl``)."""
+    if isinstance(exc, MQBrokerError):
+        return exc.response_code in opts.retry_response_codes
+    return isinstance(exc, RemotingError) or (isinstance(exc, MQClientError) and exc.response_code < 0)
+
+
+def final_error(last: BaseException, attempts: int, cost_ms: float, topic: str, brokers: list) -> BaseException:
+    """The error a send ends with after ``attempts`` tries: ``last``'s type, with RocketMQ's
+    "Send [N] times, still failed" description (``last`` as the cause)."""
+    info = (f"Send [{attempts}] times, still failed, cost [{cost_ms:.0f}]ms, Topic: {topic}, "
+            f"BrokersSent: {brokers}: {getattr(last, 'remark', None) or last}")
+    if isinstance(last, MQBrokerError):
+        err: BaseException = MQBrokerError(info, last.response_code, last.broker_addr)
+    elif isinstance(last, MQClientError):
+        err = type(last)(info, last.response_code) if type(last) in (MQClientError, RemotingError,
+                                                                      RemotingTimeoutError) else last
+    else:
+        err = MQClientError(info)
+    if err is not last:
+        err.__cause__ = last
+    return err
+
+
+def selector_for(selector: Optional[Selector], arg: Any, sharding_key: Any, msg: Message):
+    """(selector, arg) for an ordered send, or (None, None)."""
+    if sharding_key is not None:
+        if selector is not None:
+            raise MQClientError("pass either selector or sharding_key, not both")
+        if isinstance(msg, Message):
+            msg.properties[PROPERTY_SHARDING_KEY] = str(sharding_key)
+        return select_by_hash, sharding_key
+    if selector is not None and not callable(selector):
+        raise MQClientError(f"selector must be callable(mqs, msg, arg), got {type(selector).__name__}")
+    return selector, arg
+
+
+def apply_selector(selector: Selector, info: TopicPublishInfo, msg: Message, arg: Any) -> MessageQueue:
+    """Run a user selector over the writable queues.
+
+    Raises
+    ------
+    MQClientError
+        The topic has no route yet (ordered sends need an existing topic), or the
+        selector failed or returned something that is not one of the queues.
+    """
+    if info.provisional or not info.message_queue_list:
+        raise MQClientError(f"No route info of this topic: {info.topic}; ordered sends need the topic to "
+                            f"exist (create it first, or send an unordered message to auto-create it)",
+                            int(ResponseCode.TOPIC_NOT_EXIST))
+    mqs = list(info.message_queue_list)
+    try:
+        mq = selector(mqs, msg, arg)
+    except Exception as e:  # noqa: BLE001 - user code
+        raise MQClientError(f"message queue selector failed: {type(e).__name__}: {e}") from e
+    if not isinstance(mq, MessageQueue):
+        raise MQClientError(f"message queue selector returned {mq!r}, not a MessageQueue")
+    return mq
+
+
+def client_id() -> str:
+    """``ip@pid#n`` (RocketMQ's clientId is ip@instanceName)."""
+    try:
+        ip = socket.gethostbyname(socket.gethostname())
+    except OSError:
+        ip = "127.0.0.1"
+    return f"{ip}@{os.getpid()}#{next(_CLIENT_SEQ)}"
+
+
+_CLIENT_SEQ = itertools.count(1)
+
+
+def heartbeat_request(client: str, group: str) -> Frame:
+    return Frame(RequestCode.HEART_BEAT, flag=P.FLAG_ONEWAY, bodies=[P.pack_body(
+        {"clientID": client, "producerDataSet": [{"groupName": group}], "consumerDataSet": []})])
+
+
+# -- I/O thread ------------------------------------------------------------------------------------
+SYNC, ASYNC, ONEWAY = 0, 1, 2
+
+
+class _Pending:
+    """What one caller handed over: one message, or a user batch (one future, one merged result)."""
+
+    __slots__ = ("preps", "future", "mode", "deadline", "selector", "arg", "queue", "whole", "started")
+
+    def __init__(self, preps: list, future: Future, mode: int, deadline: float, selector=None, arg=None,
+                 queue: Optional[MessageQueue] = None, whole: bool = False):
+        self.preps = preps
+        self.future = future
+        self.mode = mode
+        self.deadline = deadline          # time.monotonic() seconds
+        self.selector = selector
+        self.arg = arg
+        self.queue = queue
+        self.whole = whole
+        self.started = time.monotonic()
+
+    @property
+    def topic(self) -> str:
+        return self.preps[0].msg.topic
+
+
+class _Request:
+    """One request on the wire (a message, a user batch, or an accumulated batch) and its attempts."""
+
+    __slots__ = ("items", "topic", "mode", "fixed", "batch", "max_attempts", "attempt", "deadline", "started",
+                 "mq", "addr", "opaque", "sent_at", "brokers_sent", "last_broker", "batch_body", "park_deadline",
+                 "preps")
+
+    def __init__(self, items: list, fixed: Optional[MessageQueue], opts: ProducerOptions):
+        self.items = items
+        first = items[0]
+        self.topic = first.topic
+        self.mode = first.mode
+        self.fixed = fixed
+        self.preps = [p for it in items for p in it.preps]
+        self.batch = first.whole or len(self.preps) > 1
+        if fixed is not None or self.mode == ONEWAY:
+            self.max_attempts = 1
+        elif self.mode == SYNC:
+            self.max_attempts = 1 + opts.retry_times_when_send_failed
+        else:
+            self.max_attempts = 1 + opts.retry_times_when_send_async_failed
+        self.attempt = 0
+        self.deadline = min(it.deadline for it in items)
+        self.started = min(it.started for it in items)
+        self.mq: Optional[MessageQueue] = None
+        self.addr = ""
+        self.opaque = 0
+        self.sent_at = 0.0
+        self.brokers_sent: list = []
+        self.last_broker: Optional[str] = None
+        self.batch_body: Optional[bytes] = None
+        self.park_deadline = 0.0
+
+
+class _Accumulator:
+    __slots__ = ("items", "nbytes", "created")
+
+    def __init__(self, now: float):
+        self.items: list = []
+        self.nbytes = 0
+        self.created = now
+
+
+class _Conn:
+    """A DEALER to one broker address (owned by the I/O thread)."""
+
+    __slots__ = ("addr", "sock", "monitor", "parked", "need_heartbeat", "pollout")
+
+    def __init__(self, addr: str, sock: zmq.Socket, monitor: Optional[zmq.Socket]):
+        self.addr = addr
+        self.sock = sock
+        self.monitor = monitor
+        self.parked: collections.deque = collections.deque()
+        self.need_heartbeat = True
+        self.pollout = False
+
+
+def _socket(ctx: zmq.Context, immediate: bool) -> zmq.Socket:
+    s = ctx.socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 0)
+    s.setsockopt(zmq.MAXMSGSIZE, P.MAX_MESSAGE_SIZE + 1024)
+    s.setsockopt(zmq.SNDHWM, 10_000)
+    s.setsockopt(zmq.RCVHWM, 10_000)
+    if immediate:
+        s.setsockopt(zmq.IMMEDIATE, 1)
+    return s
+
+
+class _Sender(threading.Thread):
+    """The producer's I/O thread: every socket, the route cache, accumulators, in-flight requests.
+
+    Caller threads use only :meth:`submit`, :meth:`call`, :meth:`wake` and the
+    ``cond`` / ``pending`` pair; everything else runs in this thread.
+    """
+
+    def __init__(self, namesrv_addrs: list, group: str, client: str, opts: ProducerOptions):
+        super().__init__(name=f"rmq-producer-{group}", daemon=True)
+        self.namesrv_addrs = namesrv_addrs
+        self.group = group
+        self.client = client
+        self.opts = opts
+        self.route_cache = RouteCache()
+        self.fault = MQFaultStrategy(opts.send_latency_fault_enable, opts.latency_max, opts.not_available_duration,
+                                     opts.isolation_latency_ms)
+        self.stats = {"requests": 0, "batch_requests": 0, "messages": 0, "retries": 0, "failed_messages": 0,
+                      "route_requests": 0}
+        # caller <-> I/O thread
+        self._cmds: collections.deque = collections.deque()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        # closed when the sender is garbage (never earlier: a late wake() must not write to a reused fd)
+        weakref.finalize(self, _close_fds, self._wake_r, self._wake_w)
+        self._wake_pending = False
+        self.cond = threading.Condition()
+        self.pending = 0                  # messages accepted and not yet completed (under cond)
+        self.flushing = 0                 # flush() calls in progress (under cond)
+        self.record_failures = False      # set by close(): collect async failures
+        self.failures: list = []
+        self.started_evt = threading.Event()
+        self.fatal: Optional[BaseException] = None
+        # I/O-thread-only state
+        self._ctx: Optional[zmq.Context] = None
+        self._poller = zmq.Poller()
+        self._conns: dict = {}            # addr -> _Conn
+        self._by_sock: dict = {}          # socket -> handler
+        self._ns: list = []               # DEALERs to the NameServers
+        self._ns_next = 0
+        self._ns_pending: dict = {}       # opaque -> (kind, topic, deadline, ns index, tries)
+        self._route_fetching: set = set()
+        self._route_waiters: dict = {}    # topic -> [_Pending]
+        self._route_queries: dict = {}    # topic -> [Future of TopicPublishInfo] (fetch_publish_message_queues)
+        self._route_last_fetch: dict = {}  # topic -> monotonic s
+        self._cluster_fetching = False
+        self._cluster_waiters: set = set()  # topics waiting for the cluster's broker list
+        self._inflight: dict = {}         # opaque -> _Request
+        self._parked_n = 0
+        self._timeouts: list = []         # heap (deadline, opaque, request)
+        self._ready: collections.deque = collections.deque()
+        self._accs: dict = {}             # (topic, fixed MessageQueue or None) -> _Accumulator
+        self._opaque = itertools.count(1)
+        self._done = 0                    # messages completed in this loop turn
+        self._stopping = False
+        self._next_refresh = 0.0
+        self._next_heartbeat = 0.0
+
+    # -- caller side ---------------------------------------------------------------------------
+    def wake(self) -> None:
+        if not self._wake_pending:
+            self._wake_pending = True
+            try:
+                os.write(self._wake_w, b"x")
+            except (BlockingIOError, OSError):
+                pass
+
+    def submit(self, pending: _Pending) -> None:
+        self._cmds.append(("send", pending))
+        self.wake()
+
+    def call(self, fn: Callable[[], Any]) -> Future:
+        """Run ``fn`` in the I/O thread; its return value (or exception) lands in the future."""
+        fut: Future = Future()
+        self._cmds.append(("call", (fn, fut)))
+        self.wake()
+        return fut
+
+    def stop(self) -> None:
+        self._cmds.append(("stop", None))
+        self.wake()
+
+    # -- loop -------------------------------------------------------------------------------
+    def run(self) -> None:
+        try:
+            self._ctx = zmq.Context()
+            for addr in self.namesrv_addrs:
+                s = _socket(self._ctx, immediate=False)
+                s.connect(f"tcp://{addr}")
+                self._ns.append(s)
+                self._register(s, self._on_ns_readable)
+            self._poller.register(self._wake_r, zmq.POLLIN)
+            now = time.monotonic()
+            self._next_refresh = now + self.opts.poll_name_server_interval_ms / 1000.0
+            self._next_heartbeat = now + self.opts.heartbeat_broker_interval_ms / 1000.0
+            self.started_evt.set()
+            while True:
+                self._turn()
+                if self._stopping and self._idle():
+                    break
+        except BaseException as e:  # noqa: BLE001 - report, fail everything, never hang callers
+            self.fatal = e
+            log.exception("producer I/O thread failed")
+        finally:
+            self.started_evt.set()
+            self._shutdown()
+
+    def _idle(self) -> bool:
+        return not (self._inflight or self._parked_n or self._ready or self._accs or self._route_waiters
+                    or self._cmds)
+
+    def _turn(self) -> None:
+        timeout = self._poll_timeout_ms()
+        events = self._poller.poll(timeout)
+        for sock, ev in events:
+            if sock == self._wake_r:
+                try:
+                    while os.read(self._wake_r, 4096):
+                        pass
+                except BlockingIOError:
+                    pass
+                continue
+            handler = self._by_sock.get(sock)
+            if handler is not None:
+                handler(sock, ev)
+        self._wake_pending = False
+        self._drain_commands()
+        now = time.monotonic()
+        self._expire(now)
+        self._timers(now)
+        self._close_batches(now)
+        self._pump()
+        self._release_done()
+
+    def _poll_timeout_ms(self) -> float:
+        if self._cmds or (self._ready and self._room()):
+            return 0
+        now = time.monotonic()
+        t = now + 1.0
+        if self._timeouts:
+            t = min(t, self._timeouts[0][0])
+        for conn in self._conns.values():
+            if conn.parked:
+                t = min(t, conn.parked[0][0].park_deadline)
+        for (_, _, deadline, _, _) in self._ns_pending.values():
+            t = min(t, deadline)
+        if self._accs and self._room():
+            linger = self.opts.linger_ms / 1000.0
+            if self.flushing or self._stopping:
+                return 0
+            for acc in self._accs.values():
+                t = min(t, acc.created + linger)
+        t = min(t, self._next_refresh, self._next_heartbeat)
+        return max(0.0, (t - now) * 1000.0 + 0.5)
+
+    def _drain_commands(self) -> None:
+        cmds = self._cmds
+        while cmds:
+            kind, arg = cmds.popleft()
+            if kind == "send":
+                self._accept(arg)
+            elif kind == "call":
+                fn, fut = arg
+                try:
+                    fut.set_result(fn())
+                except BaseException as e:  # noqa: BLE001
+                    fut.set_exception(e)
+            elif kind == "stop":
+                self._stopping = True
+
+    def _release_done(self) -> None:
+        if self._done:
+            with self.cond:
+                self.pending -= self._done
+                self.cond.notify_all()
+            self._done = 0
+
+    # -- completion ------------------------------------------------------------------------
+    def _complete(self, pending: _Pending, result: Any) -> None:
+        self._done += len(pending.preps)
+        self.stats["messages"] += len(pending.preps)
+        try:
+            pending.future.set_result(result)
+        except Exception:  # noqa: BLE001 - InvalidStateError: nothing to deliver to
+            pass
+
+    def _fail(self, pending: _Pending, exc: BaseException) -> None:
+        self._done += len(pending.preps)
+        self.stats["failed_messages"] += len(pending.preps)
+        if pending.mode == ASYNC and self.record_failures:
+            self.failures.append((pending, exc))
+        try:
+            pending.future.set_exception(exc)
+        except Exception:  # noqa: BLE001
+            pass
+
+    def _fail_request(self, req: _Request, exc: BaseException) -> None:
+        for it in req.items:
+            self._fail(it, exc)
+
+    # -- accepting messages -------------------------------------------------------------------
+    def _accept(self, pending: _Pending) -> None:
+        if self._stopping and self._ctx is None:
+            self._fail(pending, MQClientError("producer is closed"))
+            return
+        topic = pending.topic
+        info = self.route_cache.publish_info(topic)
+        if info is None or not info.ok:
+            self._route_waiters.setdefault(topic, []).append(pending)
+            self._fetch_route(topic)
+            return
+        self._place(pending, info)
+
+    def _place(self, pending: _Pending, info: TopicPublishInfo) -> None:
+        fixed = pending.queue
+        if fixed is None and pending.selector is not None:
+            try:
+                fixed = apply_selector(pending.selector, info, pending.preps[0].msg, pending.arg)
+            except MQClientError as e:
+                self._fail(pending, e)
+                return
+        if (self.opts.batching and pending.mode == ASYNC and not pending.whole
+                and pending.preps[0].batchable):
+            key = (pending.topic, fixed)
+            size = pending.preps[0].size
+            acc = self._accs.get(key)
+            if acc is not None and acc.items and acc.nbytes + size > self.opts.batch_size:
+                self._ship(key, acc)
+                acc = None
+            if acc is None:
+                acc = self._accs[key] = _Accumulator(time.monotonic())
+            acc.items.append(pending)
+            acc.nbytes += size
+            if acc.nbytes >= self.opts.batch_size:
+                self._ship(key, acc)
+            return
+        if self.opts.batching and pending.mode == ASYNC:
+            # an unbatchable message (compressed, delayed, user batch) goes after what is queued for its queue
+            key = (pending.topic, fixed)
+            acc = self._accs.get(key)
+            if acc is not None:
+                self._ship(key, acc)
+        self._ready.append(_Request([pending], fixed, self.opts))
+
+    def _ship(self, key: tuple, acc: _Accumulator) -> None:
+        del self._accs[key]
+        self._ready.append(_Request(acc.items, key[1], self.opts))
+
+    def _close_batches(self, now: float) -> None:
+        if not self._accs:
+            return
+        force = self.flushing > 0 or self._stopping
+        if not force and not self._room():
+            return                          # keep filling while the pipeline is full
+        linger = self.opts.linger_ms / 1000.0
+        for key, acc in list(self._accs.items()):
+            if force or now >= acc.created + linger:
+                self._ship(key, acc)
+
+    # -- sending ------------------------------------------------------------------------------
+    def _room(self) -> bool:
+        return len(self._inflight) + self._parked_n < self.opts.max_in_flight
+
+    def _pump(self) -> None:
+        while self._ready and self._room():
+            self._attempt(self._ready.popleft())
+
+    def _attempt(self, req: _Request) -> None:
+        """Select a queue and send ``req`` (or park it until its broker is connected)."""
+        now = time.monotonic()
+        if now >= req.deadline:
+            err = RemotingTimeoutError(f"send of {len(req.preps)} message(s) to topic {req.topic} timed out after "
+                                       f"{(now - req.started) * 1000:.0f} ms before it could be sent"
+                                       f"{' (attempt %d)' % (req.attempt + 1) if req.attempt else ''}")
+            self._give_up(req, err, now)
+            return
+        try:
+            if req.fixed is not None:
+                mq = req.fixed
+            else:
+                info = self.route_cache.publish_info(req.topic)
+                if info is None:
+                    raise MQClientError(f"No route info of this topic: {req.topic}")
+                mq = self.fault.select_one_message_queue(info, req.last_broker)
+            addr = self.route_cache.find_broker_addr(mq.broker_name)
+            if addr is None:
+                raise MQClientError(f"The broker[{mq.broker_name}] not exist (no master address)")
+        except MQClientError as e:
+            self._give_up(req, e, now)
+            return
+        req.mq = mq
+        req.addr = addr
+        req.attempt += 1
+        if req.attempt > 1:
+            self.stats["retries"] += 1
+        if mq.broker_name not in req.brokers_sent:
+            req.brokers_sent.append(mq.broker_name)
+        if req.batch and req.batch_body is None:
+            req.batch_body = batch_body_of(req.preps)
+        frame = send_request(req.preps, mq.queue_id, self.group, req.batch, req.mode == ONEWAY, req.batch_body,
+                             self.opts.default_topic_queue_nums)
+        req.opaque = frame.opaque = next(self._opaque)
+        try:
+            parts = P.encode(frame)
+        except ProtocolError as e:
+            self._give_up(req, MQClientError(f"cannot encode the send request: {e.remark}",
+                                             int(ResponseCode.MESSAGE_ILLEGAL)), now)
+            return
+        conn = self._conn(addr)
+        req.sent_at = now
+        if conn.parked or not self._try_send(conn, parts):
+            req.park_deadline = min(req.deadline, now + self.opts.connect_timeout_ms / 1000.0)
+            conn.parked.append((req, parts))
+            self._parked_n += 1
+            self._set_pollout(conn, True)
+            return
+        self._sent(req, now)
+
+    def _sent(self, req: _Request, now: float) -> None:
+        self.stats["requests"] += 1
+        if req.batch:
+            self.stats["batch_requests"] += 1
+        if req.mode == ONEWAY:
+            for it in req.items:
+                self._complete(it, None)
+            return
+        self._inflight[req.opaque] = req
+        heapq.heappush(self._timeouts, (req.deadline, req.opaque, req))
+
+    def _try_send(self, conn: _Conn, parts: list) -> bool:
+        if conn.need_heartbeat:
+            try:
+                conn.sock.send_multipart(P.encode(heartbeat_request(self.client, self.group)), zmq.NOBLOCK)
+                conn.need_heartbeat = False
+            except zmq.Again:
+                return False
+        try:
+            conn.sock.send_multipart(parts, zmq.NOBLOCK, copy=False)
+            return True
+        except zmq.Again:
+            return False
+
+    def _set_pollout(self, conn: _Conn, on: bool) -> None:
+        if conn.pollout != on:
+            conn.pollout = on
+            self._poller.modify(conn.sock, zmq.POLLIN | (zmq.POLLOUT if on else 0))
+
+    def _flush_parked(self, conn: _Conn) -> None:
+        now = time.monotonic()
+        while conn.parked:
+            req, parts = conn.parked[0]
+            if not self._try_send(conn, parts):
+                break
+            conn.parked.popleft()
+            self._parked_n -= 1
+            req.sent_at = now
+            self._sent(req, now)
+        self._set_pollout(conn, bool(conn.parked))
+
+    def _conn(self, addr: str) -> _Conn:
+        conn = self._conns.get(addr)
+        if conn is None:
+            s = _socket(self._ctx, immediate=True)
+            mon = s.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+            s.connect(f"tcp://{addr}")
+            conn = self._conns[addr] = _Conn(addr, s, mon)
+            self._register(s, lambda sock, ev, c=conn: self._on_broker_readable(c, ev))
+            self._register(mon, lambda sock, ev, c=conn: self._on_monitor(c))
+        return conn
+
+    def _register(self, sock: zmq.Socket, handler: Callable) -> None:
+        self._by_sock[sock] = handler
+        self._poller.register(sock, zmq.POLLIN)
+
+    # -- responses ------------------------------------------------------------------------------
+    def _on_broker_readable(self, conn: _Conn, ev: int) -> None:
+        if ev & zmq.POLLIN:
+            self._drain_broker(conn)
+        if ev & zmq.POLLOUT and conn.parked:
+            self._flush_parked(conn)
+
+    def _drain_broker(self, conn: _Conn, limit: int = 4096) -> None:
+        for _ in range(limit):
+            try:
+                parts = conn.sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            try:
+                resp = P.decode(parts)
+            except ProtocolError as e:
+                log.warning("undecodable response from broker %s: %s", conn.addr, e)
+                continue
+            req = self._inflight.pop(resp.opaque, None)
+            if req is None:
+                continue                       # late answer to a request that timed out, or a heartbeat
+            self._on_response(req, resp)
+
+    def _on_response(self, req: _Request, resp: Frame) -> None:
+        now = time.monotonic()
+        latency_ms = (now - req.sent_at) * 1000.0
+        mq = req.mq
+        try:
+            results = parse_send_response(resp, req.topic, mq.broker_name, req.addr, req.preps)
+        except MQBrokerError as e:
+            self.fault.update_fault_item(mq.broker_name, latency_ms, True)
+            if resp.code in (ResponseCode.TOPIC_NOT_EXIST, ResponseCode.NO_PERMISSION):
+                self._fetch_route(req.topic)
+            self._retry_or_fail(req, e, now)
+            return
+        self.fault.update_fault_item(mq.broker_name, latency_ms, False)
+        i = 0
+        for it in req.items:
+            n = len(it.preps)
+            part = results[i:i + n]
+            i += n
+            self._complete(it, merge_results(part) if it.whole else part[0])
+        info = self.route_cache.publish_info(req.topic)
+        if info is not None and info.provisional:
+            last = self._route_last_fetch.get(req.topic, 0.0)
+            if now - last >= PROVISIONAL_REFRESH_MS / 1000.0:
+                self._fetch_route(req.topic)
+
+    def _on_monitor(self, conn: _Conn) -> None:
+        disconnected = False
+        while True:
+            try:
+                msg = conn.monitor.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            try:
+                if parse_monitor_message(msg)["event"] == zmq.EVENT_DISCONNECTED:
+                    disconnected = True
+            except Exception:  # noqa: BLE001 - malformed monitor frame: ignore
+                pass
+        if not disconnected:
+            return
+        conn.need_heartbeat = True
+        self._drain_broker(conn)              # answers that made it before the connection closed
+        now = time.monotonic()
+        lost = [r for r in self._inflight.values() if r.addr == conn.addr]
+        for req in lost:
+            del self._inflight[req.opaque]
+        for req in lost:
+            self._retry_or_fail(req, RemotingError(
+                f"connection to broker {req.mq.broker_name} at {conn.addr} closed with the request in flight"), now)
+
+    def _retry_or_fail(self, req: _Request, exc: BaseException, now: float) -> None:
+        if not isinstance(exc, MQBrokerError):
+            self.fault.update_fault_item(req.mq.broker_name, (now - req.sent_at) * 1000.0, True)
+        if (req.attempt < req.max_attempts and now < req.deadline and is_retryable(exc, self.opts)):
+            req.last_broker = req.mq.broker_name
+            log.debug("retrying send to topic %s after: %s", req.topic, exc)
+            self._attempt(req)
+            return
+        self._give_up(req, exc, now)
+
+    def _give_up(self, req: _Request, exc: BaseException, now: float) -> None:
+        if req.attempt > 1 or (req.attempt == 1 and req.max_attempts > 1 and is_retryable(exc, self.opts)):
+            exc = final_error(exc, req.attempt, (now - req.started) * 1000.0, req.topic, req.brokers_sent)
+        self._fail_request(req, exc)
+
+    def _expire(self, now: float) -> None:
+        heap = self._timeouts
+        while heap and heap[0][0] <= now:
+            _, opaque, req = heapq.heappop(heap)
+            if self._inflight.get(opaque) is req:
+                del self._inflight[opaque]
+                self._retry_or_fail(req, RemotingTimeoutError(
+                    f"wait response from broker {req.mq.broker_name} at {req.addr} timed out after "
+                    f"{(now - req.sent_at) * 1000:.0f} ms (topic {req.topic}, {len(req.preps)} message(s))"), now)
+        for conn in list(self._conns.values()):
+            while conn.parked and conn.parked[0][0].park_deadline <= now:
+                req, _ = conn.parked.popleft()
+                self._parked_n -= 1
+                self._retry_or_fail(req, RemotingError(
+                    f"cannot connect to broker {req.mq.broker_name} at {conn.addr} "
+                    f"(waited {(now - req.sent_at) * 1000:.0f} ms)"), now)
+            self._set_pollout(conn, bool(conn.parked))
+        for opaque, (kind, topic, deadline, idx, tries) in list(self._ns_pending.items()):
+            if deadline <= now:
+                del self._ns_pending[opaque]
+                self._on_ns_failure(kind, topic, idx, tries, RemotingTimeoutError(
+                    f"NameServer {self.namesrv_addrs[idx]} did not answer within "
+                    f"{self.opts.send_msg_timeout_ms} ms"))
+
+    def _timers(self, now: float) -> None:
+        if now >= self._next_refresh:
+            self._next_refresh = now + self.opts.poll_name_server_interval_ms / 1000.0
+            for topic in self.route_cache.topics():
+                self._fetch_route(topic)
+        if now >= self._next_heartbeat:
+            self._next_heartbeat = now + self.opts.heartbeat_broker_interval_ms / 1000.0
+            for conn in self._conns.values():
+                conn.need_heartbeat = True
+                if not conn.parked:
+                    try:
+                        conn.sock.send_multipart(P.encode(heartbeat_request(self.client, self.group)), zmq.NOBLOCK)
+                        conn.need_heartbeat = False
+                    except zmq.Again:
+                        pass
+
+    # -- NameServer ------------------------------------------------------------------------------
+    def _ns_send(self, kind: str, topic: str, frame: Frame, tries: int = 0) -> None:
+        idx = (self._ns_next + tries) % len(self._ns)
+        frame.opaque = next(self._opaque)
+        deadline = time.monotonic() + self.opts.send_msg_timeout_ms / 1000.0
+        self._ns_pending[frame.opaque] = (kind, topic, deadline, idx, tries)
+        self.stats["route_requests"] += 1
+        try:
+            self._ns[idx].send_multipart(P.encode(frame), zmq.NOBLOCK)
+        except zmq.Again:
+            del self._ns_pending[frame.opaque]
+            self._on_ns_failure(kind, topic, idx, tries, RemotingError(
+                f"NameServer {self.namesrv_addrs[idx]}: send queue full"))
+
+    def _fetch_route(self, topic: str, tries: int = 0) -> None:
+        if topic in self._route_fetching and tries == 0:
+            return
+        self._route_fetching.add(topic)
+        self._route_last_fetch[topic] = time.monotonic()
+        self._ns_send("route", topic, route_request(topic), tries)
+
+    def _fetch_cluster(self, tries: int = 0) -> None:
+        if self._cluster_fetching and tries == 0:
+            return
+        self._cluster_fetching = True
+        self._ns_send("cluster", "", cluster_info_request(), tries)
+
+    def _on_ns_readable(self, sock: zmq.Socket, ev: int) -> None:
+        for _ in range(1024):
+            try:
+                parts = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            try:
+                resp = P.decode(parts)
+            except ProtocolError as e:
+                log.warning("undecodable NameServer response: %s", e)
+                continue
+            entry = self._ns_pending.pop(resp.opaque, None)
+            if entry is None:
+                continue
+            kind, topic, _, idx, tries = entry
+            self._ns_next = idx              # stick to a NameServer that answers
+            if kind == "route":
+                self._on_route(topic, resp, idx, tries)
+            else:
+                self._on_cluster(resp, idx, tries)
+
+    def query_route(self, topic: str, answer: Future) -> None:
+        """(I/O thread) Fetch ``topic``'s route; ``answer`` gets its TopicPublishInfo or an MQClientError."""
+        self._route_queries.setdefault(topic, []).append(answer)
+        self._fetch_route(topic)
+
+    def _answer_queries(self, topic: str, exc: Optional[BaseException] = None) -> None:
+        info = self.route_cache.publish_info(topic)
+        for fut in self._route_queries.pop(topic, None) or []:
+            if exc is None and (info is None or info.provisional):
+                exc = MQClientError(f"No route info of this topic: {topic}", int(ResponseCode.TOPIC_NOT_EXIST))
+            if exc is not None:
+                fut.set_exception(exc)
+            else:
+                fut.set_result(info)
+
+    def _on_route(self, topic: str, resp: Frame, idx: int, tries: int) -> None:
+        try:
+            route = parse_route_response(resp, topic)
+        except MQClientError as e:
+            self._on_ns_failure("route", topic, idx, tries, e)
+            return
+        self._route_fetching.discard(topic)
+        if route is None:
+            self._answer_queries(topic)
+            info = self.route_cache.publish_info(topic)
+            if info is not None and info.ok:
+                self._release_route_waiters(topic)
+                return                       # known (maybe provisional): keep using it
+            if not self._route_waiters.get(topic):
+                return
+            self._cluster_waiters.add(topic)
+            self._fetch_cluster()
+            return
+        if self.route_cache.update(topic, route):
+            log.debug("route of topic %s: %s", topic, self.route_cache.publish_info(topic))
+        self._answer_queries(topic)
+        self._release_route_waiters(topic)
+
+    def _release_route_waiters(self, topic: str) -> None:
+        waiters = self._route_waiters.pop(topic, None)
+        if not waiters:
+            return
+        info = self.route_cache.publish_info(topic)
+        for p in waiters:
+            if info is None or not info.ok:
+                self._fail(p, MQClientError(f"No route info of this topic: {topic} (no writable queue on a "
+                                            f"broker with a master)", int(ResponseCode.TOPIC_NOT_EXIST)))
+            else:
+                self._place(p, info)
+
+    def _on_cluster(self, resp: Frame, idx: int, tries: int) -> None:
+        try:
+            brokers = parse_cluster_info(resp)
+        except MQClientError as e:
+            self._on_ns_failure("cluster", "", idx, tries, e)
+            return
+        self._cluster_fetching = False
+        self.route_cache.update_brokers(brokers)
+        topics, self._cluster_waiters = self._cluster_waiters, set()
+        for topic in topics:
+            if not any(b.master_addr() for b in brokers):
+                self._fail_waiters(topic, MQClientError(
+                    f"No route info of this topic: {topic}, and the NameServer knows no broker with a master",
+                    int(ResponseCode.TOPIC_NOT_EXIST)))
+                continue
+            self._provisional(topic, brokers)
+
+    def _provisional(self, topic: str, brokers: list) -> None:
+        """The NameServer has no route: send to the cluster's brokers, which auto-create the topic."""
+        if self.route_cache.publish_info(topic) is None:
+            self.route_cache.set_provisional(topic, brokers)
+        self._release_route_waiters(topic)
+
+    def _fail_waiters(self, topic: str, exc: BaseException) -> None:
+        for p in self._route_waiters.pop(topic, None) or []:
+            self._fail(p, exc)
+
+    def _on_ns_failure(self, kind: str, topic: str, idx: int, tries: int, exc: BaseException) -> None:
+        if tries + 1 < len(self._ns):
+            if kind == "route":
+                self._fetch_route(topic, tries + 1)
+            else:
+                self._fetch_cluster(tries + 1)
+            return
+        log.warning("NameServer request %s %s failed: %s", kind, topic, exc)
+        if kind == "route":
+            self._route_fetching.discard(topic)
+            self._answer_queries(topic, MQClientError(f"route of topic {topic}: {exc}",
+                                                      getattr(exc, "response_code", -1)))
+            info = self.route_cache.publish_info(topic)
+            if info is not None and info.ok:
+                self._release_route_waiters(topic)
+                return
+            self._fail_waiters(topic, MQClientError(f"No route info of this topic: {topic}: {exc}",
+                                                    getattr(exc, "response_code", -1)))
+        else:
+            self._cluster_fetching = False
+            topics, self._cluster_waiters = self._cluster_waiters, set()
+            for t in topics:
+                self._fail_waiters(t, MQClientError(f"No route info of this topic: {t}, and the cluster "
+                                                    f"info could not be read: {exc}"))
+
+    # -- shutdown -----------------------------------------------------------------------------
+    def _shutdown(self) -> None:
+        closed = MQClientError("producer closed before the message was sent")
+        try:
+            self._drain_commands()
+        except BaseException:  # noqa: BLE001
+            pass
+        for topic in list(self._route_waiters):
+            self._fail_waiters(topic, closed)
+        for topic in list(self._route_queries):
+            self._answer_queries(topic, closed)
+        for acc in self._accs.values():
+            for it in acc.items:
+                self._fail(it, closed)
+        self._accs.clear()
+        while self._ready:
+            self._fail_request(self._ready.popleft(), closed)
+        for conn in self._conns.values():
+            while conn.parked:
+                self._fail_request(conn.parked.popleft()[0], closed)
+        self._parked_n = 0
+        for req in self._inflight.values():
+            self._fail_request(req, RemotingError(f"producer closed while waiting for broker {req.addr}"))
+        self._inflight.clear()
+        while self._cmds:
+            kind, arg = self._cmds.popleft()
+            if kind == "send":
+                self._fail(arg, closed)
+            elif kind == "call":
+                arg[1].set_exception(closed)
+        self._release_done()
+        for conn in self._conns.values():
+            try:
+                conn.sock.send_multipart(P.encode(Frame(RequestCode.UNREGISTER_CLIENT, flag=P.FLAG_ONEWAY, fields={
+                    "clientID": self.client, "producerGroup": self.group})), zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass
+            try:
+                conn.sock.disable_monitor()
+            except zmq.ZMQError:
+                pass
+            conn.monitor.close(0)
+            conn.sock.close(linger=100)
+        for s in self._ns:
+            s.close(0)
+        self._conns.clear()
+        self._ns.clear()
+        if self._ctx is not None:
+            self._ctx.term()
+            self._ctx = None
+
+
+# -- public API --------------------------------------------------------------------------------------
+class Producer:
+    """A RocketMQ-style producer (``DefaultMQProducer``), thread-safe.
+
+    Parameters
+    ----------
+    namesrv_addr : str
+        ``"host:port"``, or several separated by ``;``.
+    group : str
+        Producer group.
+    send_msg_timeout_ms : int
+        Budget of one send, retries included (3 000).
+    retry_times_when_send_failed, retry_times_when_send_async_failed : int
+        Retries on another broker (2 each).
+    compress_msg_body_over_howmuch : int
+        Bodies of at least this many bytes are zlib-compressed (4 096).
+    compress_level : int
+        zlib level (5).
+    max_message_size : int
+        Largest body (4 MiB); larger raises :class:`MQClientError` before anything is sent.
+    send_latency_fault_enable : bool
+        Isolate slow / failing brokers for a while (RocketMQ's tables, see
+        :class:`rmq.client.route.MQFaultStrategy`); False by default, as in RocketMQ.
+    linger_ms, batch_size : float, int
+        Client-side batching of :meth:`send_async` (off when both are 0). With only
+        ``linger_ms`` set, ``batch_size`` is 16 KiB.
+    max_in_flight : int
+        Requests outstanding at once (pipelining; 32).
+    max_pending_messages : int
+        :meth:`send_async` blocks (up to ``send_msg_timeout_ms``) while this many
+        messages are unanswered (50 000).
+    **options
+        Any other :class:`ProducerOptions` field (``poll_name_server_interval_ms``,
+        ``latency_max``, ``not_available_duration``, ``connect_timeout_ms``, ...).
+
+    Raises
+    ------
+    MQClientError
+        A bad address, group or option.
+    """
+
+    def __init__(self, namesrv_addr: str, group: str = "DEFAULT_PRODUCER", *,
+                 send_msg_timeout_ms: int = SEND_MSG_TIMEOUT_MS,
+                 retry_times_when_send_failed: int = RETRY_TIMES_WHEN_SEND_FAILED,
+                 retry_times_when_send_async_failed: int = RETRY_TIMES_WHEN_SEND_ASYNC_FAILED,
+                 compress_msg_body_over_howmuch: int = COMPRESS_MSG_BODY_OVER_HOWMUCH,
+                 compress_level: int = COMPRESS_LEVEL, max_message_size: int = MAX_MESSAGE_SIZE,
+                 send_latency_fault_enable: bool = False, linger_ms: float = 0.0, batch_size: int = 0,
+                 max_in_flight: int = MAX_IN_FLIGHT, max_pending_messages: int = MAX_PENDING_MESSAGES,
+                 **options: Any):
+        try:
+            check_group(group)
+        except ValueError as e:
+            raise MQClientError(f"producer group: {e}") from None
+        try:
+            self.options = ProducerOptions(
+                send_msg_timeout_ms=send_msg_timeout_ms, retry_times_when_send_failed=retry_times_when_send_failed,
+                retry_times_when_send_async_failed=retry_times_when_send_async_failed,
+                compress_msg_body_over_howmuch=compress_msg_body_over_howmuch, compress_level=compress_level,
+                max_message_size=max_message_size, send_latency_fault_enable=send_latency_fault_enable,
+                linger_ms=linger_ms, batch_size=batch_size, max_in_flight=max_in_flight,
+                max_pending_messages=max_pending_messages, **options)
+        except TypeError as e:
+            raise MQClientError(f"unknown producer option: {e}") from None
+        self.namesrv_addr = namesrv_addr
+        self.namesrv_addrs = split_namesrv_addr(namesrv_addr)
+        self.group = group
+        self.client_id = client_id()
+        self._closed = False
+        self._sender = _Sender(self.namesrv_addrs, group, self.client_id, self.options)
+        self._sender.start()
+        self._sender.started_evt.wait()
+        if self._sender.fatal is not None:
+            raise MQClientError(f"producer I/O thread failed to start: {self._sender.fatal}") from self._sender.fatal
+        self._finalizer = weakref.finalize(self, _finalize, self._sender)
+
+    # -- properties --------------------------------------------------------------------------
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def pending(self) -> int:
+        """Messages accepted and not yet answered."""
+        return self._sender.pending
+
+    @property
+    def stats(self) -> dict:
+        """Counters: requests, batch_requests, messages (acknowledged), retries, failed_messages, route_requests."""
+        return dict(self._sender.stats)
+
+    @property
+    def fault_strategy(self) -> MQFaultStrategy:
+        return self._sender.fault
+
+    @property
+    def route_cache(self) -> RouteCache:
+        return self._sender.route_cache
+
+    # -- sending --------------------------------------------------------------------------------
+    def send(self, msg: Message, *, timeout_ms: Optional[int] = None, selector: Optional[Selector] = None,
+             arg: Any = None, sharding_key: Any = None, queue: Optional[MessageQueue] = None) -> SendResult:
+        """Send and wait for the broker (RocketMQ ``send``).
+
+        Parameters
+        ----------
+        msg : Message
+        timeout_ms : int, optional
+            Budget including retries (default ``send_msg_timeout_ms``).
+        selector : callable(mqs, msg, arg) -> MessageQueue, optional
+            Ordered send: the queue to use (no retry elsewhere).
+        arg : any
+            Passed to ``selector``.
+        sharding_key : str or int, optional
+            Ordered send by key: the same key always goes to the same queue
+            (Java hashCode modulo the writable queue count).
+        queue : MessageQueue, optional
+            Send to this queue (no retry elsewhere).
+
+        Returns
+        -------
+        SendResult
+
+        Raises
+        ------
+        MQClientError
+            Invalid message (nothing sent), no route, or the producer is closed.
+        MQBrokerError
+            The broker refused the message (after retries when the code is retryable).
+        RemotingTimeoutError
+            No answer within the budget.
+        RemotingError
+            The broker could not be reached.
+        """
+        self._not_in_io_thread("send")
+        sel, arg = selector_for(selector, arg, sharding_key, msg)
+        prep = prepare_message(msg, self.options)
+        fut = self._enqueue([prep], SYNC, timeout_ms, sel, arg, queue)
+        return self._wait(fut, timeout_ms)
+
+    def send_async(self, msg: Message, callback: Optional[Callable[[Future], Any]] = None, *,
+                   timeout_ms: Optional[int] = None, selector: Optional[Selector] = None, arg: Any = None,
+                   sharding_key: Any = None, queue: Optional[MessageQueue] = None) -> Future:
+        """Queue ``msg``; the returned future gets its :class:`SendResult` or exception.
+
+        ``callback(future)`` runs when it completes, in the producer's I/O
+        thread (keep it short; do not call blocking producer methods from it).
+        With batching on, the message waits up to ``linger_ms`` for companions.
+        Blocks only when ``max_pending_messages`` are unanswered.
+
+        Raises
+        ------
+        MQClientError
+            Invalid message (nothing queued), producer closed, or still no room
+            in the pending buffer after ``send_msg_timeout_ms``.
+        """
+        sel, arg = selector_for(selector, arg, sharding_key, msg)
+        prep = prepare_message(msg, self.options)
+        fut = self._enqueue([prep], ASYNC, timeout_ms, sel, arg, queue, callback=callback)
+        return fut
+
+    def send_oneway(self, msg: Message, *, selector: Optional[Selector] = None, arg: Any = None,
+                    sharding_key: Any = None, queue: Optional[MessageQueue] = None) -> None:
+        """Send without waiting for the broker's answer (RocketMQ ``sendOneway``): returns once
+        the request is written to the broker's connection.
+
+        Raises
+        ------
+        MQClientError, RemotingError, RemotingTimeoutError
+            Invalid message, no route, or no connection within the budget.
+        """
+        self._not_in_io_thread("send_oneway")
+        sel, arg = selector_for(selector, arg, sharding_key, msg)
+        prep = prepare_message(msg, self.options)
+        self._wait(self._enqueue([prep], ONEWAY, None, sel, arg, queue), None)
+
+    def send_batch(self, msgs: Iterable[Message], *, timeout_ms: Optional[int] = None,
+                   queue: Optional[MessageQueue] = None) -> SendResult:
+        """Send messages of one topic as one SEND_BATCH_MESSAGE to one queue and wait.
+
+        Returns
+        -------
+        SendResult
+            ``msg_id`` / ``offset_msg_id`` comma-joined, ``queue_offset`` of the first message
+            (message ``i`` is at ``queue_offset + i``).
+
+        Raises
+        ------
+        MQClientError
+            Mixed topics, a delay level, or more than ``max_message_size`` bytes in all.
+        MQBrokerError, RemotingTimeoutError, RemotingError
+            As :meth:`send`.
+        """
+        self._not_in_io_thread("send_batch")
+        preps = prepare_batch(msgs, self.options)
+        fut = self._enqueue(preps, SYNC, timeout_ms, None, None, queue, whole=True)
+        return self._wait(fut, timeout_ms)
+
+    def send_batch_async(self, msgs: Iterable[Message], callback: Optional[Callable[[Future], Any]] = None, *,
+                         timeout_ms: Optional[int] = None, queue: Optional[MessageQueue] = None) -> Future:
+        """:meth:`send_batch` without waiting: a future of the batch's :class:`SendResult`."""
+        preps = prepare_batch(msgs, self.options)
+        return self._enqueue(preps, ASYNC, timeout_ms, None, None, queue, whole=True, callback=callback)
+
+    def fetch_publish_message_queues(self, topic: str, timeout_ms: Optional[int] = None) -> list:
+        """The writable queues of ``topic``, freshly read from the NameServer
+        (RocketMQ ``fetchPublishMessageQueues``).
+
+        Raises
+        ------
+        MQClientError
+            Unknown topic (code TOPIC_NOT_EXIST) or NameServer unreachable.
+        """
+        self._not_in_io_thread("fetch_publish_message_queues")
+        self._check_open()
+        timeout = (timeout_ms or self.options.send_msg_timeout_ms) / 1000.0
+        answer: Future = Future()
+        s = self._sender
+        s.call(lambda: s.query_route(topic, answer))
+        try:
+            info = answer.result(timeout + 1.0)
+        except FutureTimeoutError:
+            raise RemotingTimeoutError(f"route of topic {topic}: no answer within {timeout * 1000:.0f} ms") from None
+        return list(info.message_queue_list)
+
+    # -- flush / close ------------------------------------------------------------------------
+    def flush(self, timeout: Optional[float] = None) -> int:
+        """Ship every queued batch now and wait until every message handed over so far has
+        its result (success or exception).
+
+        Parameters
+        ----------
+        timeout : float, optional
+            Seconds; None waits until done (each message has its own send budget, so this ends).
+
+        Returns
+        -------
+        int
+            Messages still unanswered (0 when everything completed).
+        """
+        self._not_in_io_thread("flush")
+        s = self._sender
+        end = None if timeout is None else time.monotonic() + timeout
+        with s.cond:
+            s.flushing += 1
+        try:
+            s.wake()
+            with s.cond:
+                while s.pending > 0 and s.is_alive():
+                    left = None if end is None else end - time.monotonic()
+                    if left is not None and left <= 0:
+                        break
+                    s.cond.wait(0.5 if left is None else min(left, 0.5))
+                return s.pending if s.is_alive() else 0
+        finally:
+            with s.cond:
+                s.flushing -= 1
+
+    def close(self, timeout: Optional[float] = None) -> None:
+        """Flush, then stop the I/O thread and close the sockets (idempotent).
+
+        Messages that cannot be sent get their futures failed; none is dropped silently.
+
+        Raises
+        ------
+        MQClientError
+            Messages queued with :meth:`send_async` before the close failed (count and first
+            error in the message, the first error as ``__cause__``).
+        """
+        self._close(timeout, raise_failures=True)
+
+    shutdown = close        # RocketMQ's name
+
+    def _close(self, timeout: Optional[float], raise_failures: bool) -> None:
+        self._not_in_io_thread("close")
+        s = self._sender
+        with s.cond:
+            if self._closed:
+                return
+            self._closed = True
+            s.record_failures = True
+        try:
+            self.flush(timeout)
+        finally:
+            s.stop()
+            s.join(max(30.0, (timeout or 0) + 5.0))
+            if s.is_alive():
+                log.error("producer %s: I/O thread did not stop (a callback blocking it?)", self.group)
+            self._finalizer.detach()
+        if s.failures:
+            first = s.failures[0][1]
+            n = sum(len(p.preps) for p, _ in s.failures)
+            err = MQClientError(f"{n} message(s) queued before close() of producer {self.group} could not be "
+                                f"sent; first error: {first}")
+            err.__cause__ = first
+            if raise_failures:
+                raise err
+            log.error("%s", err)
+
+    def __enter__(self) -> "Producer":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self._close(None, raise_failures=exc_type is None)
+
+    def __repr__(self) -> str:
+        return (f"Producer(group={self.group!r}, namesrv={self.namesrv_addr!r}, "
+                f"{'closed' if self._closed else 'open'}, pending={self.pending})")
+
+    # -- internals ------------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise MQClientError(f"producer {self.group} is closed")
+        if not self._sender.is_alive():
+            raise MQClientError(f"producer {self.group}: I/O thread is not running"
+                                f"{': %s' % self._sender.fatal if self._sender.fatal else ''}")
+
+    def _not_in_io_thread(self, what: str) -> None:
+        if threading.current_thread() is self._sender:
+            raise MQClientError(f"{what}() called from a send callback would deadlock the producer's I/O thread; "
+                                f"use send_async() there")
+
+    def _enqueue(self, preps: list, mode: int, timeout_ms: Optional[int], selector, arg,
+                 queue: Optional[MessageQueue], whole: bool = False,
+                 callback: Optional[Callable[[Future], Any]] = None) -> Future:
+        if queue is not None and not isinstance(queue, MessageQueue):
+            raise MQClientError(f"queue must be a MessageQueue, got {type(queue).__name__}")
+        if queue is not None and queue.topic != preps[0].msg.topic:
+            raise MQClientError(f"queue {queue} is not of topic {preps[0].msg.topic}")
+        budget_ms = timeout_ms if timeout_ms is not None else self.options.send_msg_timeout_ms
+        if budget_ms <= 0:
+            raise MQClientError(f"timeout_ms must be positive, got {budget_ms}")
+        n = len(preps)
+        s = self._sender
+        in_io = threading.current_thread() is s
+        with s.cond:
+            self._check_open()
+            if not in_io and s.pending + n > self.options.max_pending_messages and s.pending > 0:
+                end = time.monotonic() + budget_ms / 1000.0
+                while s.pending + n > self.options.max_pending_messages and s.pending > 0:
+                    left = end - time.monotonic()
+                    if left <= 0:
+                        raise MQClientError(f"producer buffer full: {s.pending} messages unanswered "
+                                            f"(max_pending_messages={self.options.max_pending_messages}) for "
+                                            f"{budget_ms} ms")
+                    s.cond.wait(min(left, 0.5))
+                    self._check_open()
+            s.pending += n
+        now = time.monotonic()
+        linger = self.options.linger_ms / 1000.0 if mode == ASYNC and self.options.batching else 0.0
+        fut: Future = Future()
+        fut.set_running_or_notify_cancel()    # cannot be cancelled: it is owned by the I/O thread
+        if callback is not None:
+            fut.add_done_callback(callback)
+        s.submit(_Pending(preps, fut, mode, now + budget_ms / 1000.0 + linger, selector, arg, queue, whole))
+        return fut
+
+    def _wait(self, fut: Future, timeout_ms: Optional[int]) -> Any:
+        budget = (timeout_ms if timeout_ms is not None else self.options.send_msg_timeout_ms) / 1000.0
+        try:
+            return fut.result(budget + 5.0)
+        except FutureTimeoutError:
+            raise RemotingTimeoutError(f"no result within {budget * 1000:.0f} ms (+5 s grace): "
+                                       f"is the producer's I/O thread blocked by a callback?") from None
+
+
+def _close_fds(*fds: int) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def _finalize(sender: _Sender) -> None:
+    """A producer garbage-collected (or alive at exit) without close(): flush what it holds."""
+    if sender.is_alive() and threading.current_thread() is not sender:
+        with sender.cond:
+            sender.flushing += 1
+        sender.wake()
+        end = time.monotonic() + SEND_MSG_TIMEOUT_MS / 1000.0 + 1.0
+        with sender.cond:
+            while sender.pending > 0 and sender.is_alive() and time.monotonic() < end:
+                sender.cond.wait(0.1)
+        sender.stop()
+        sender.join(5.0)
+
+
+__all__ = ["Producer", "ProducerOptions", "PreparedMessage", "prepare_message", "prepare_batch", "select_by_hash",
+           "select_by_random", "java_hash", "send_request", "parse_send_response", "merge_results", "final_error",
+           "is_retryable", "SEND_MSG_TIMEOUT_MS", "MAX_MESSAGE_SIZE", "COMPRESSED_FLAG", "COMPRESSION_ZLIB_TYPE",
+           "RETRY_RESPONSE_CODES", "BrokerData"]
