@@ -607,6 +607,36 @@ def create_message_id(const unsigned char[::1] store_host, int64_t physical_offs
     return (<bytes>buf[:n + 8]).hex().upper()
 
 
+cdef const char* HEX_DIGITS = b"0123456789ABCDEF"
+
+
+def create_message_ids(const unsigned char[::1] store_host, const int64_t[::1] physical_offsets):
+    """Offset message ids of many records, comma-joined (a batch's msgId, SPEC.md §1.8), in one pass."""
+    cdef Py_ssize_t hl = store_host.shape[0]
+    cdef Py_ssize_t n = physical_offsets.shape[0]
+    if hl != IPV4_HOST_LENGTH and hl != IPV6_HOST_LENGTH:
+        raise ValueError(f"store host must be 8 or 20 bytes, got {hl}")
+    if n == 0:
+        return ""
+    cdef Py_ssize_t idlen = 2 * (hl + 8)
+    cdef bytes out = PyBytes_FromStringAndSize(NULL, n * (idlen + 1) - 1)
+    cdef unsigned char* o = <unsigned char*>PyBytes_AS_STRING(out)
+    cdef unsigned char raw[28]
+    cdef Py_ssize_t i, j
+    memcpy(raw, &store_host[0], hl)
+    with nogil:
+        for i in range(n):
+            store_be64(raw + hl, physical_offsets[i])
+            for j in range(hl + 8):
+                o[2 * j] = HEX_DIGITS[raw[j] >> 4]
+                o[2 * j + 1] = HEX_DIGITS[raw[j] & 15]
+            o += idlen
+            if i + 1 < n:
+                o[0] = 44      # ','
+                o += 1
+    return out.decode("ascii")
+
+
 def decode_message_id(str msg_id):
     """Inverse of :func:`create_message_id`: ``(store_host bytes, physical_offset)``.
 
@@ -627,7 +657,8 @@ cdef class MessageExt:
     cdef public str topic
     cdef public object body                 # bytes (None when not read)
     cdef public int flag
-    cdef public dict properties
+    cdef dict _properties                   # parsed on first use
+    cdef bytes _props_raw                   # the stored properties string
     cdef public int queue_id
     cdef public long long queue_offset      # entries
     cdef public long long commitlog_offset  # physical offset, bytes
@@ -640,6 +671,17 @@ cdef class MessageExt:
     cdef public bytes store_host
     cdef public int reconsume_times
     cdef public long long prepared_transaction_offset
+
+    @property
+    def properties(self):
+        """User and system properties (dict), parsed from the record on first access."""
+        if self._properties is None:
+            self._properties = _parse_properties(self._props_raw) if self._props_raw else {}
+        return self._properties
+
+    @properties.setter
+    def properties(self, value):
+        self._properties = value
 
     @property
     def tags(self):
@@ -677,15 +719,30 @@ cdef class MessageExt:
                 f"commitlog_offset={self.commitlog_offset}, size={self.store_size})")
 
 
-cdef MessageExt _decode_one(const unsigned char* p, RecordView* rv, bint read_body):
+cdef dict _parse_properties(bytes raw):
+    cdef str s = raw.decode("utf-8", "replace")
+    cdef dict out = {}
+    cdef Py_ssize_t i
+    for item in s.split("\x02"):
+        if len(item) < 3:
+            continue
+        i = item.find("\x01")
+        if i <= 0 or i == len(item) - 1:
+            continue
+        out[item[:i]] = item[i + 1:]
+    return out
+
+
+cdef MessageExt _decode_one(const unsigned char* p, RecordView* rv, bint read_body, str topic=None):
     cdef MessageExt m = MessageExt.__new__(MessageExt)
     cdef int32_t bh = host_length(rv.sys_flag, BORNHOST_V6_FLAG)
     cdef int32_t sh = host_length(rv.sys_flag, STOREHOSTADDRESS_V6_FLAG)
     cdef int32_t stp = store_timestamp_position(rv.sys_flag)
-    m.topic = (<const char*>p)[rv.topic_pos:rv.topic_pos + rv.topic_len].decode("utf-8", "replace")
+    m.topic = topic if topic is not None else \
+        (<const char*>p)[rv.topic_pos:rv.topic_pos + rv.topic_len].decode("utf-8", "replace")
     m.body = (<const char*>p)[rv.body_pos:rv.body_pos + rv.body_len] if read_body else None
     m.flag = load_be32(p + MSG_FLAG_OFFSET)
-    m.properties = decode_properties((<const char*>p)[rv.props_pos:rv.props_pos + rv.props_len]) if rv.props_len else {}
+    m._props_raw = (<const char*>p)[rv.props_pos:rv.props_pos + rv.props_len] if rv.props_len else None
     m.queue_id = rv.queue_id
     m.queue_offset = rv.queue_offset
     m.commitlog_offset = rv.physical_offset
@@ -714,13 +771,24 @@ def decode_records(const unsigned char[::1] data, bint read_body=True, bint chec
     cdef Py_ssize_t pos = 0
     cdef RecordView rv
     cdef int r
+    cdef int mode = crc_mode_of(check_crc, require_prop_crc)
+    cdef const unsigned char* p
+    cdef const unsigned char* last_topic = NULL
+    cdef int32_t last_topic_len = -1
+    cdef str topic = None
     out = []
     while pos < n:
-        r = check_record(&data[0] + pos, n - pos, crc_mode_of(check_crc, require_prop_crc), &rv)
+        p = &data[0] + pos
+        r = check_record(p, n - pos, mode, &rv)
         if r != RECORD_OK:
             raise CorruptRecordError(
                 f"record at byte {pos} of {n}: {CHECK_RESULT_NAMES[r]} (TOTALSIZE {rv.total_size})")
-        out.append(_decode_one(&data[0] + pos, &rv, read_body))
+        if last_topic == NULL or rv.topic_len != last_topic_len or \
+                memcmp(p + rv.topic_pos, last_topic, rv.topic_len) != 0:
+            topic = (<const char*>p)[rv.topic_pos:rv.topic_pos + rv.topic_len].decode("utf-8", "replace")
+            last_topic = p + rv.topic_pos
+            last_topic_len = rv.topic_len
+        out.append(_decode_one(p, &rv, read_body, topic))
         pos += rv.total_size
     return out
 

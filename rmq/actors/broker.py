@@ -104,6 +104,10 @@ PUT_STATUS_TO_CODE = {
 }
 
 
+ANNOUNCE_APPEND = b"A"    # PUB topic: sent after every poll that appended
+ANNOUNCE_TICK = b"T"      # PUB topic: periodic re-announcement
+
+
 def internal_endpoint(store_path: str) -> str:
     return f"ipc://{os.path.abspath(store_path)}/broker.ipc"
 
@@ -162,6 +166,9 @@ class BrokerActor(Actor):
     def on_start(self) -> None:
         self.store = MessageStore(config=self.store_config)     # recovery happens here
         self.store.sync_flush_inline = False     # the flush actor does group commit
+        if self.store_config.warm_mapped_file_enable:
+            # warm the file appends go to now, not inside the first send
+            self.store.commitlog.mapped_file_queue.get_last_mapped_file(0, need_create=True)
         self.flushed_offset = self.store.commitlog.get_max_offset()
         self.dispatched_offset = self.store.reput_from_offset
         host = self.settings.get("brokerIP1", "127.0.0.1")
@@ -250,6 +257,8 @@ class BrokerActor(Actor):
         self.announce_append()
 
     def announce_append(self, force: bool = False) -> None:
+        """PUB the CommitLog end: topic ANNOUNCE_APPEND right after appends (reput; flush under
+        SYNC_FLUSH), topic ANNOUNCE_TICK every 200 ms (everyone, incl. late subscribers)."""
         end = self.store.commitlog.get_max_offset()
         if end == self.last_announced and not force:
             return
@@ -259,7 +268,8 @@ class BrokerActor(Actor):
                               "minOffset": self.store.commitlog.get_min_offset(),
                               "storeTimestamp": self.store.commitlog.last_store_timestamp})
         try:
-            self.pub_sock.send_multipart(P.encode(frame), flags=zmq.NOBLOCK)
+            self.pub_sock.send_multipart([ANNOUNCE_TICK if force else ANNOUNCE_APPEND, *P.encode(frame)],
+                                         flags=zmq.NOBLOCK)
         except zmq.Again:
             pass
 

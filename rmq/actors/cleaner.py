@@ -38,7 +38,7 @@ import zmq
 
 from rmq import protocol as P
 from rmq.actors.actor import Actor
-from rmq.actors.broker import announce_endpoint, internal_endpoint
+from rmq.actors.broker import ANNOUNCE_TICK, announce_endpoint, internal_endpoint
 from rmq.actors.reput import settings_from_args
 from rmq.protocol import Frame, ProtocolError, RequestCode
 from rmq.store.cleaner import (DELETE_FILES_BATCH_MAX, HOUR_MS, disk_usage_ratio, is_time_to_delete,
@@ -76,7 +76,7 @@ class CleanerActor(Actor):
         for mf in self.commitlog.files:
             mf.wrote_position = 0
         self.sub = self.socket(zmq.SUB, connect=announce_endpoint(self.store_path))
-        self.sub.setsockopt(zmq.SUBSCRIBE, b"")
+        self.sub.setsockopt(zmq.SUBSCRIBE, ANNOUNCE_TICK)
         self.add_socket(self.sub, self.on_announce)
         self.out = self.socket(zmq.DEALER, connect=internal_endpoint(self.store_path))
         self.add_timer(self.interval_ms, self.clean, first_ms=self.initial_delay_ms)
@@ -85,7 +85,7 @@ class CleanerActor(Actor):
 
     def on_announce(self, parts: list) -> None:
         try:
-            f = P.decode(parts)
+            f = P.decode(parts[1:])      # parts[0]: the PUB topic
         except ProtocolError as e:
             self.log.warning("bad announcement: %s", e)
             return

@@ -36,13 +36,16 @@ import zmq
 
 from rmq import protocol as P
 from rmq.actors.actor import Actor
-from rmq.actors.broker import announce_endpoint, internal_endpoint
+from rmq.actors.broker import ANNOUNCE_APPEND, ANNOUNCE_TICK, announce_endpoint, internal_endpoint
 from rmq.actors.reput import settings_from_args
 from rmq.errors import StoreError
 from rmq.protocol import Frame, ProtocolError, RequestCode
 from rmq.store.checkpoint import StoreCheckpoint
 from rmq.store.config import SYNC_FLUSH, MessageStoreConfig
 from rmq.store.mapped_file_queue import MappedFileQueue
+
+
+CHECKPOINT_FLUSH_INTERVAL_MS = 1000
 
 
 class FlushActor(Actor):
@@ -56,6 +59,7 @@ class FlushActor(Actor):
         self.announced_flushed = -1
         self.ok = True
         self._last_thorough = time.monotonic()
+        self._last_checkpoint_flush = 0.0
 
     def on_start(self) -> None:
         root = os.path.abspath(self.config.store_path_root_dir)
@@ -67,16 +71,19 @@ class FlushActor(Actor):
             mf.flushed_position = 0
         self.checkpoint = StoreCheckpoint(os.path.join(root, "checkpoint"))
         self.sub = self.socket(zmq.SUB, connect=announce_endpoint(self.store_path))
-        self.sub.setsockopt(zmq.SUBSCRIBE, b"")
+        self.sync = self.config.flush_disk_type == SYNC_FLUSH
+        # under ASYNC_FLUSH every append would wake us for nothing: the periodic tick is enough
+        if self.sync:
+            self.sub.setsockopt(zmq.SUBSCRIBE, ANNOUNCE_APPEND)
+        self.sub.setsockopt(zmq.SUBSCRIBE, ANNOUNCE_TICK)
         self.add_socket(self.sub, self.on_announce)
         self.out = self.socket(zmq.DEALER, connect=internal_endpoint(self.store_path))
-        self.sync = self.config.flush_disk_type == SYNC_FLUSH
         self.add_timer(10 if self.sync else self.config.flush_interval_commit_log, self.flush_timer)
         print("ready", internal_endpoint(self.store_path), flush=True)
 
     def on_announce(self, parts: list) -> None:
         try:
-            f = P.decode(parts)
+            f = P.decode(parts[1:])      # parts[0]: the PUB topic
         except ProtocolError as e:
             self.log.warning("bad announcement: %s", e)
             return
@@ -133,7 +140,12 @@ class FlushActor(Actor):
         if flushed >= self.end and self.end_store_timestamp:
             self.checkpoint.physic_msg_timestamp = self.end_store_timestamp
         self.checkpoint.master_flushed_offset = flushed
-        self.checkpoint.flush()
+        now = time.monotonic()
+        if now - self._last_checkpoint_flush >= CHECKPOINT_FLUSH_INTERVAL_MS / 1000.0:
+            # a second msync per group commit would halve SYNC_FLUSH; the checkpoint only
+            # bounds where abnormal recovery starts, so once a second is enough
+            self._last_checkpoint_flush = now
+            self.checkpoint.flush()
 
     def on_stop(self) -> None:
         deadline = time.monotonic() + 10

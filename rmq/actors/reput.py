@@ -40,7 +40,7 @@ import zmq
 
 from rmq import protocol as P
 from rmq.actors.actor import Actor
-from rmq.actors.broker import announce_endpoint, internal_endpoint, store_config_from_settings
+from rmq.actors.broker import ANNOUNCE_APPEND, ANNOUNCE_TICK, announce_endpoint, internal_endpoint, store_config_from_settings
 from rmq.actors.store_view import StoreView
 from rmq.broker_conf import broker_settings, load_broker_conf
 from rmq.protocol import Frame, ProtocolError, RequestCode, pack_body
@@ -70,7 +70,8 @@ class ReputActor(Actor):
                                      start,
                                      delay_levels_ms=self.config.delay_levels_ms)
         self.sub = self.socket(zmq.SUB, connect=announce_endpoint(self.store_path))
-        self.sub.setsockopt(zmq.SUBSCRIBE, b"")
+        self.sub.setsockopt(zmq.SUBSCRIBE, ANNOUNCE_APPEND)
+        self.sub.setsockopt(zmq.SUBSCRIBE, ANNOUNCE_TICK)
         self.add_socket(self.sub, self.on_announce)
         self.out = self.socket(zmq.DEALER, connect=internal_endpoint(self.store_path))
         self.add_timer(self.config.flush_interval_consume_queue, self.flush_files)
@@ -78,7 +79,7 @@ class ReputActor(Actor):
 
     def on_announce(self, parts: list) -> None:
         try:
-            f = P.decode(parts)
+            f = P.decode(parts[1:])      # parts[0]: the PUB topic
         except ProtocolError as e:
             self.log.warning("bad announcement: %s", e)
             return

@@ -98,6 +98,7 @@ CREATE_TOPIC_KEY = "TBW102"                # RocketMQ's auto-create template top
 CONNECT_TIMEOUT_MS = 1000                  # an attempt waits this long for a broker connection (IMMEDIATE)
 MAX_IN_FLIGHT = 32                         # outstanding requests per producer (pipelining)
 MAX_PENDING_MESSAGES = 50_000              # accepted but unanswered messages before send_async blocks
+DELIVERY_TIMEOUT_MS = 120_000              # send_async: hand-over to final result (Kafka's delivery.timeout.ms)
 DEFAULT_BATCH_SIZE = 16 * 1024             # bytes; Kafka's batch.size, used when only linger_ms is set
 PROVISIONAL_REFRESH_MS = 100               # min gap between route look-ups of an auto-created topic
 BATCH_ELEMENT_OVERHEAD = 22                # TOTALSIZE+MAGIC+BODYCRC+FLAG+BODYLEN+PROPLEN (SPEC.md §1.11)
@@ -144,6 +145,7 @@ class ProducerOptions:
     max_in_flight: int = MAX_IN_FLIGHT  # outstanding requests
     max_pending_messages: int = MAX_PENDING_MESSAGES  # send_async blocks above this many unanswered messages
     connect_timeout_ms: int = CONNECT_TIMEOUT_MS
+    delivery_timeout_ms: int = DELIVERY_TIMEOUT_MS  # send_async: queueing + linger + every attempt
 
     def __post_init__(self) -> None:
         def positive(name, allow_zero=False):
@@ -153,7 +155,7 @@ class ProducerOptions:
                                     f" number, got {v!r}")
         for n in ("send_msg_timeout_ms", "max_message_size", "poll_name_server_interval_ms",
                   "heartbeat_broker_interval_ms", "max_in_flight", "max_pending_messages", "connect_timeout_ms",
-                  "default_topic_queue_nums"):
+                  "default_topic_queue_nums", "delivery_timeout_ms"):
             positive(n)
         for n in ("retry_times_when_send_failed", "retry_times_when_send_async_failed",
                   "compress_msg_body_over_howmuch", "linger_ms", "batch_size"):
@@ -444,14 +446,16 @@ SYNC, ASYNC, ONEWAY = 0, 1, 2
 class _Pending:
     """What one caller handed over: one message, or a user batch (one future, one merged result)."""
 
-    __slots__ = ("preps", "future", "mode", "deadline", "selector", "arg", "queue", "whole", "started")
+    __slots__ = ("preps", "future", "mode", "deadline", "attempt_timeout", "selector", "arg", "queue", "whole",
+                 "started")
 
-    def __init__(self, preps: list, future: Future, mode: int, deadline: float, selector=None, arg=None,
-                 queue: Optional[MessageQueue] = None, whole: bool = False):
+    def __init__(self, preps: list, future: Future, mode: int, deadline: float, attempt_timeout: float,
+                 selector=None, arg=None, queue: Optional[MessageQueue] = None, whole: bool = False):
         self.preps = preps
         self.future = future
         self.mode = mode
-        self.deadline = deadline          # time.monotonic() seconds
+        self.deadline = deadline          # time.monotonic() seconds: the send fails after this
+        self.attempt_timeout = attempt_timeout  # seconds one attempt waits for the broker
         self.selector = selector
         self.arg = arg
         self.queue = queue
@@ -467,6 +471,7 @@ class _Request:
     """One request on the wire (a message, a user batch, or an accumulated batch) and its attempts."""
 
     __slots__ = ("items", "topic", "mode", "fixed", "batch", "max_attempts", "attempt", "deadline", "started",
+                 "attempt_timeout",
                  "mq", "addr", "opaque", "sent_at", "brokers_sent", "last_broker", "batch_body", "park_deadline",
                  "preps")
 
@@ -486,6 +491,7 @@ class _Request:
             self.max_attempts = 1 + opts.retry_times_when_send_async_failed
         self.attempt = 0
         self.deadline = min(it.deadline for it in items)
+        self.attempt_timeout = min(it.attempt_timeout for it in items)
         self.started = min(it.started for it in items)
         self.mq: Optional[MessageQueue] = None
         self.addr = ""
@@ -557,7 +563,7 @@ class _Sender(threading.Thread):
         # closed when the sender is garbage (never earlier: a late wake() must not write to a reused fd)
         weakref.finalize(self, _close_fds, self._wake_r, self._wake_w)
         self._wake_pending = False
-        self.cond = threading.Condition()
+        self.cond = threading.Condition(threading.Lock())
         self.pending = 0                  # messages accepted and not yet completed (under cond)
         self.flushing = 0                 # flush() calls in progress (under cond)
         self.record_failures = False      # set by close(): collect async failures
@@ -575,6 +581,7 @@ class _Sender(threading.Thread):
         self._route_fetching: set = set()
         self._route_waiters: dict = {}    # topic -> [_Pending]
         self._route_queries: dict = {}    # topic -> [Future of TopicPublishInfo] (fetch_publish_message_queues)
+        self._pub: dict = {}              # topic -> TopicPublishInfo: lock-free copy of the cache's, reset on change
         self._route_last_fetch: dict = {}  # topic -> monotonic s
         self._cluster_fetching = False
         self._cluster_waiters: set = set()  # topics waiting for the cluster's broker list
@@ -737,7 +744,11 @@ class _Sender(threading.Thread):
             self._fail(pending, MQClientError("producer is closed"))
             return
         topic = pending.topic
-        info = self.route_cache.publish_info(topic)
+        info = self._pub.get(topic)
+        if info is None:
+            info = self.route_cache.publish_info(topic)
+            if info is not None and info.ok:
+                self._pub[topic] = info
         if info is None or not info.ok:
             self._route_waiters.setdefault(topic, []).append(pending)
             self._fetch_route(topic)
@@ -792,7 +803,9 @@ class _Sender(threading.Thread):
 
     # -- sending ------------------------------------------------------------------------------
     def _room(self) -> bool:
-        return len(self._inflight) + self._parked_n < self.opts.max_in_flight
+        # requests parked on a broker that is not connected do not count: they all wait for the
+        # same connection (at most connect_timeout_ms), so a dead broker cannot stall the queue
+        return len(self._inflight) < self.opts.max_in_flight
 
     def _pump(self) -> None:
         while self._ready and self._room():
@@ -858,7 +871,7 @@ class _Sender(threading.Thread):
                 self._complete(it, None)
             return
         self._inflight[req.opaque] = req
-        heapq.heappush(self._timeouts, (req.deadline, req.opaque, req))
+        heapq.heappush(self._timeouts, (min(req.deadline, now + req.attempt_timeout), req.opaque, req))
 
     def _try_send(self, conn: _Conn, parts: list) -> bool:
         if conn.need_heartbeat:
@@ -1114,6 +1127,7 @@ class _Sender(threading.Thread):
             self._fetch_cluster()
             return
         if self.route_cache.update(topic, route):
+            self._pub.clear()
             log.debug("route of topic %s: %s", topic, self.route_cache.publish_info(topic))
         self._answer_queries(topic)
         self._release_route_waiters(topic)
@@ -1151,6 +1165,7 @@ class _Sender(threading.Thread):
         """The NameServer has no route: send to the cluster's brokers, which auto-create the topic."""
         if self.route_cache.publish_info(topic) is None:
             self.route_cache.set_provisional(topic, brokers)
+            self._pub.clear()
         self._release_route_waiters(topic)
 
     def _fail_waiters(self, topic: str, exc: BaseException) -> None:
@@ -1583,12 +1598,15 @@ class Producer:
                     self._check_open()
             s.pending += n
         now = time.monotonic()
-        linger = self.options.linger_ms / 1000.0 if mode == ASYNC and self.options.batching else 0.0
+        if mode == ASYNC:
+            deadline = now + max(self.options.delivery_timeout_ms, budget_ms) / 1000.0
+        else:
+            deadline = now + budget_ms / 1000.0
         fut: Future = Future()
         fut.set_running_or_notify_cancel()    # cannot be cancelled: it is owned by the I/O thread
         if callback is not None:
             fut.add_done_callback(callback)
-        s.submit(_Pending(preps, fut, mode, now + budget_ms / 1000.0 + linger, selector, arg, queue, whole))
+        s.submit(_Pending(preps, fut, mode, deadline, budget_ms / 1000.0, selector, arg, queue, whole))
         return fut
 
     def _wait(self, fut: Future, timeout_ms: Optional[int]) -> Any:

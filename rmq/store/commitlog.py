@@ -45,9 +45,14 @@ class AppendResult:
         self.store_host = store_host
 
     @property
+    def msg_id(self) -> str:
+        """Offset message ids of the records, comma-joined (SPEC.md §1.8)."""
+        return _cl.create_message_ids(self.store_host, self.physical_offsets)
+
+    @property
     def msg_ids(self) -> list[str]:
         """Offset message ids of the records (SPEC.md §1.8)."""
-        return [_cl.create_message_id(self.store_host, o) for o in self.physical_offsets]
+        return self.msg_id.split(",") if self.msg_num else []
 
 
 class CommitLog:
@@ -99,7 +104,10 @@ class CommitLog:
         StoreDiskFullError, StoreError
             The next file could not be created: nothing written.
         """
-        out = array("q", bytes(8 * max(count_hint, 1)))
+        if count_hint <= 0:
+            count_hint, _ = _cl.validate_batch(batch, extra_props, len(topic), sys_flag,
+                                               self.config.max_message_size, self.config.enabled_append_prop_crc)
+        out = array("q", bytes(8 * count_hint))
         store_ts = max(int(time.time() * 1000), self.last_store_timestamp)
         bh = born_host if born_host is not None else self.store_host
         mfq = self.mapped_file_queue

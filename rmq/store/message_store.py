@@ -77,7 +77,7 @@ class PutMessageResult:
     @property
     def msg_id(self) -> str:
         """Offset message id(s), comma-joined for a batch (SPEC.md §1.8)."""
-        return ",".join(self.msg_ids)
+        return self.append.msg_id if self.append else ""
 
 
 @dataclass

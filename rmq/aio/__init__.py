@@ -1,0 +1,25 @@
+"""asyncio clients, built on pyzmq's asyncio sockets (``zmq.asyncio``).
+
+::
+
+    from rmq.aio import Producer
+    async with Producer("127.0.0.1:9876", group="pg") as p:
+        r = await p.send(Message("orders", b"x"))
+
+Names are imported lazily, so ``import rmq.aio`` stays cheap.
+"""
+
+_LAZY = {
+    "Producer": "rmq.aio.producer",
+    "AsyncProducer": "rmq.aio.producer",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name):
+    mod = _LAZY.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'rmq.aio' has no attribute {name!r}")
+    import importlib
+    return getattr(importlib.import_module(mod), name)
