@@ -14,7 +14,7 @@ from libc.string cimport memcmp, memcpy
 
 from array import array
 
-from rmq._core.crc cimport rmq_crc32_java
+from rmq._core.crc cimport rmq_crc32, rmq_crc32_combine, rmq_crc32_copy, rmq_crc32_java
 from rmq._core.hton cimport load_be16, load_be32, load_be64, store_be16, store_be32, store_be64
 from rmq._core.jhash cimport java_hash
 from rmq._core.layout cimport *
@@ -146,11 +146,18 @@ cdef int check_record(const unsigned char* p, int64_t avail, int crc_mode,
     out.topic_len = topic_len
     out.props_pos = ppos + 2
     out.props_len = props_len
+    cdef uint32_t body_crc, rec_crc
     if crc_mode != CRC_NONE:
-        if rmq_crc32_java(p + out.body_pos, body_len) != load_be32(p + MSG_BODY_CRC_OFFSET):
+        body_crc = rmq_crc32(0, p + out.body_pos, body_len)
+        if <int32_t>(body_crc & 0x7FFFFFFF) != load_be32(p + MSG_BODY_CRC_OFFSET):
             return RECORD_BAD_CRC
         if has_crc_property(p + out.props_pos, props_len):
-            if rmq_crc32_java(p, total - CRC32_RESERVED_LENGTH) != read_crc_digits(
+            # whole record but its last 20 bytes, reusing the body CRC (one pass over the body)
+            rec_crc = rmq_crc32(0, p, out.body_pos)
+            rec_crc = rmq_crc32_combine(rec_crc, body_crc, body_len)
+            rec_crc = rmq_crc32(rec_crc, p + out.body_pos + body_len,
+                                total - CRC32_RESERVED_LENGTH - out.body_pos - body_len)
+            if <int32_t>(rec_crc & 0x7FFFFFFF) != read_crc_digits(
                     p + total - CRC32_RESERVED_LENGTH + CRC32_PREFIX_LENGTH):
                 return RECORD_BAD_CRC
         elif crc_mode == CRC_STRICT:
@@ -442,7 +449,8 @@ def append_batch(MappedFile mf, const unsigned char[::1] batch, const unsigned c
     cdef Py_ssize_t i
     cdef Py_ssize_t bpos = 0
     cdef int64_t qo = queue_offset
-    cdef int32_t body_len, plen, total, q, flag
+    cdef int32_t body_len, plen, total, q, flag, body_pos
+    cdef uint32_t body_crc, rec_crc
     cdef const unsigned char* elem
     cdef unsigned char* p
     cdef MergedProps m
@@ -475,9 +483,10 @@ def append_batch(MappedFile mf, const unsigned char[::1] batch, const unsigned c
             q += 8
             store_be32(p + q, body_len)
             q += 4
-            if body_len:
-                memcpy(p + q, elem + BATCH_BODY_OFFSET, body_len)
-            store_be32(p + MSG_BODY_CRC_OFFSET, rmq_crc32_java(elem + BATCH_BODY_OFFSET, body_len))
+            body_pos = q
+            # one pass over the body: copy + CRC (the whole-record CRC reuses it via combine)
+            body_crc = rmq_crc32_copy(0, p + q, elem + BATCH_BODY_OFFSET, body_len)
+            store_be32(p + MSG_BODY_CRC_OFFSET, <int32_t>(body_crc & 0x7FFFFFFF))
             q += body_len
             if magic == MESSAGE_MAGIC_CODE:
                 p[q] = <unsigned char>topic_len
@@ -503,7 +512,12 @@ def append_batch(MappedFile mf, const unsigned char[::1] batch, const unsigned c
                 q += 1
             if prop_crc:
                 memcpy(p + q, CRC32_PROPERTY, CRC32_PREFIX_LENGTH)
-                write_crc_digits(p + q + CRC32_PREFIX_LENGTH, rmq_crc32_java(p, total - CRC32_RESERVED_LENGTH))
+                # crc(record[0:total-20]) = crc(head) (+) body_crc (+) crc(tail), no second body pass
+                rec_crc = rmq_crc32(0, p, body_pos)
+                rec_crc = rmq_crc32_combine(rec_crc, body_crc, body_len)
+                rec_crc = rmq_crc32(rec_crc, p + body_pos + body_len,
+                                    total - CRC32_RESERVED_LENGTH - body_pos - body_len)
+                write_crc_digits(p + q + CRC32_PREFIX_LENGTH, <int32_t>(rec_crc & 0x7FFFFFFF))
                 p[q + CRC32_RESERVED_LENGTH - 1] = PROPERTY_SEPARATOR
             out[i] = file_from + wrote
             wrote += total

@@ -51,6 +51,20 @@ from rmq.protocol import Frame, ProtocolError, RequestCode, ResponseCode
 log = logging.getLogger("rmq.aio.producer")
 
 PROVISIONAL_REFRESH_S = 0.1        # min gap between route look-ups of an auto-created topic
+PROVISIONAL_POLL_S = 0.5           # route look-up period while a topic's route is provisional
+
+
+def _send_nowait(sock: zmq.asyncio.Socket, parts: list) -> bool:
+    """Best-effort non-blocking send on an asyncio socket; the outcome is consumed (never an
+    unretrieved future exception)."""
+    try:
+        fut = sock.send_multipart(parts, flags=zmq.NOBLOCK)
+    except zmq.ZMQError:
+        return False
+    if not fut.done():
+        fut.cancel()
+        return False
+    return not fut.cancelled() and fut.exception() is None
 
 
 class _Conn:
@@ -134,11 +148,8 @@ class Producer:
             return
         self._closed = True
         for conn in self._conns.values():
-            try:
-                conn.sock.send_multipart(P.encode(Frame(RequestCode.UNREGISTER_CLIENT, flag=P.FLAG_ONEWAY, fields={
-                    "clientID": self.client_id, "producerGroup": self.group})), zmq.NOBLOCK)
-            except zmq.ZMQError:
-                pass
+            _send_nowait(conn.sock, P.encode(Frame(RequestCode.UNREGISTER_CLIENT, flag=P.FLAG_ONEWAY, fields={
+                "clientID": self.client_id, "producerGroup": self.group})))
         conns = list(self._ns) + list(self._conns.values())
         tasks = [c.reader for c in conns] + list(self._tasks)
         for t in tasks:
@@ -377,8 +388,14 @@ class Producer:
         loop = asyncio.get_running_loop()
         next_refresh, next_hb = loop.time() + interval, loop.time() + hb_interval
         while True:
-            await asyncio.sleep(max(0.0, min(next_refresh, next_hb) - loop.time()))
+            await asyncio.sleep(max(0.0, min(next_refresh, next_hb, loop.time() + PROVISIONAL_POLL_S) - loop.time()))
             now = loop.time()
+            for topic in self.route_cache.topics():
+                info = self.route_cache.publish_info(topic)
+                if (info is not None and info.provisional
+                        and now - self._last_fetch.get(topic, 0.0) >= PROVISIONAL_POLL_S):
+                    self._last_fetch[topic] = now
+                    self._spawn(self._refresh(topic))
             if now >= next_refresh:
                 next_refresh = now + interval
                 for topic in self.route_cache.topics():

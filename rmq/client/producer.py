@@ -101,6 +101,7 @@ MAX_PENDING_MESSAGES = 50_000              # accepted but unanswered messages be
 DELIVERY_TIMEOUT_MS = 120_000              # send_async: hand-over to final result (Kafka's delivery.timeout.ms)
 DEFAULT_BATCH_SIZE = 16 * 1024             # bytes; Kafka's batch.size, used when only linger_ms is set
 PROVISIONAL_REFRESH_MS = 100               # min gap between route look-ups of an auto-created topic
+PROVISIONAL_POLL_MS = 500                  # route look-up period while a topic's route is provisional
 BATCH_ELEMENT_OVERHEAD = 22                # TOTALSIZE+MAGIC+BODYCRC+FLAG+BODYLEN+PROPLEN (SPEC.md §1.11)
 
 COMPRESSED_FLAG = 0x1                      # MessageSysFlag (SPEC.md §1.5)
@@ -582,6 +583,7 @@ class _Sender(threading.Thread):
         self._route_waiters: dict = {}    # topic -> [_Pending]
         self._route_queries: dict = {}    # topic -> [Future of TopicPublishInfo] (fetch_publish_message_queues)
         self._pub: dict = {}              # topic -> TopicPublishInfo: lock-free copy of the cache's, reset on change
+        self._provisional_topics: set = set()  # routes made up from the cluster's brokers, polled until known
         self._route_last_fetch: dict = {}  # topic -> monotonic s
         self._cluster_fetching = False
         self._cluster_waiters: set = set()  # topics waiting for the cluster's broker list
@@ -691,6 +693,8 @@ class _Sender(threading.Thread):
             for acc in self._accs.values():
                 t = min(t, acc.created + linger)
         t = min(t, self._next_refresh, self._next_heartbeat)
+        if self._provisional_topics:
+            t = min(t, now + PROVISIONAL_POLL_MS / 1000.0)
         return max(0.0, (t - now) * 1000.0 + 0.5)
 
     def _drain_commands(self) -> None:
@@ -1030,6 +1034,12 @@ class _Sender(threading.Thread):
                     f"{self.opts.send_msg_timeout_ms} ms"))
 
     def _timers(self, now: float) -> None:
+        for topic in list(self._provisional_topics):
+            info = self.route_cache.publish_info(topic)
+            if info is None or not info.provisional:
+                self._provisional_topics.discard(topic)
+            elif now - self._route_last_fetch.get(topic, 0.0) >= PROVISIONAL_POLL_MS / 1000.0:
+                self._fetch_route(topic)
         if now >= self._next_refresh:
             self._next_refresh = now + self.opts.poll_name_server_interval_ms / 1000.0
             for topic in self.route_cache.topics():
@@ -1165,6 +1175,7 @@ class _Sender(threading.Thread):
         """The NameServer has no route: send to the cluster's brokers, which auto-create the topic."""
         if self.route_cache.publish_info(topic) is None:
             self.route_cache.set_provisional(topic, brokers)
+            self._provisional_topics.add(topic)
             self._pub.clear()
         self._release_route_waiters(topic)
 
