@@ -29,77 +29,43 @@ Failure behaviour
 """
 from __future__ import annotations
 
-import os
 import sys
 import time
 from typing import Optional
 
-import zmq
-
-from rmq import protocol as P
-from rmq.actors.actor import Actor
-from rmq.actors.broker import ANNOUNCE_TICK, announce_endpoint, internal_endpoint
-from rmq.actors.reput import settings_from_args
-from rmq.protocol import Frame, ProtocolError, RequestCode
+from rmq.actors.follower import FollowerActor, run_follower
+from rmq.protocol import RequestCode
 from rmq.store.cleaner import (DELETE_FILES_BATCH_MAX, HOUR_MS, disk_usage_ratio, is_time_to_delete,
                                space_decision)
 from rmq.store.config import MessageStoreConfig
-from rmq.store.mapped_file_queue import MappedFileQueue
 
 CLEAN_RESOURCE_INTERVAL_MS = 10_000
 CLEAN_RESOURCE_INITIAL_DELAY_MS = 60_000
 DISK_CHECK_INTERVAL_MS = 10_000
 
 
-class CleanerActor(Actor):
+class CleanerActor(FollowerActor):
     name = "cleaner"
 
     def __init__(self, config: MessageStoreConfig, supervisor_endpoint: Optional[str] = None,
                  usage=disk_usage_ratio):
-        super().__init__(config.store_path_root_dir, supervisor_endpoint)
-        self.config = config
+        super().__init__(config, supervisor_endpoint)
         self.usage = usage
         extra = config.extra
         self.interval_ms = int(extra.get("cleanResourceInterval", CLEAN_RESOURCE_INTERVAL_MS))
         self.initial_delay_ms = int(extra.get("cleanResourceInitialDelay", CLEAN_RESOURCE_INITIAL_DELAY_MS))
         self.disk_check_ms = int(extra.get("diskCheckInterval", DISK_CHECK_INTERVAL_MS))
-        self.end = 0
-        self.dispatched = 0
         self.disk_full = False
         self.last_ratio = 0.0
 
-    def on_start(self) -> None:
-        root = os.path.abspath(self.config.store_path_root_dir)
-        self.commitlog = MappedFileQueue(self.config.store_path_commit_log or os.path.join(root, "commitlog"),
-                                         self.config.mapped_file_size_commit_log)
-        self.commitlog.load()
-        for mf in self.commitlog.files:
-            mf.wrote_position = 0
-        self.sub = self.socket(zmq.SUB, connect=announce_endpoint(self.store_path))
-        self.sub.setsockopt(zmq.SUBSCRIBE, ANNOUNCE_TICK)
-        self.add_socket(self.sub, self.on_announce)
-        self.out = self.socket(zmq.DEALER, connect=internal_endpoint(self.store_path))
+    def on_started(self) -> None:
+        self.commitlog = self.open_commitlog()
         self.add_timer(self.interval_ms, self.clean, first_ms=self.initial_delay_ms)
         self.add_timer(self.disk_check_ms, self.check_disk, first_ms=0)
-        print("ready", internal_endpoint(self.store_path), flush=True)
-
-    def on_announce(self, parts: list) -> None:
-        try:
-            f = P.decode(parts[1:])      # parts[0]: the PUB topic
-        except ProtocolError as e:
-            self.log.warning("bad announcement: %s", e)
-            return
-        if f.code == RequestCode.APPEND_ANNOUNCE:
-            self.end = max(self.end, int(f.fields.get("end", 0)))
-            self.dispatched = max(self.dispatched, int(f.fields.get("dispatched", 0)))
 
     def announce(self) -> None:
-        try:
-            self.out.send_multipart(P.encode(Frame(RequestCode.CLEAN_ANNOUNCE, flag=P.FLAG_ONEWAY, fields={
-                "minOffset": self.commitlog.get_min_offset(), "diskFull": self.disk_full,
-                "diskRatio": self.last_ratio})), flags=zmq.NOBLOCK)
-        except zmq.Again:
-            pass
+        self.tell_broker(RequestCode.CLEAN_ANNOUNCE, {"minOffset": self.commitlog.get_min_offset(),
+                                                      "diskFull": self.disk_full, "diskRatio": self.last_ratio})
 
     def check_disk(self):
         d = space_decision(self.usage(self.commitlog.store_path), self.config.disk_max_used_space_ratio)
@@ -113,8 +79,7 @@ class CleanerActor(Actor):
     def clean(self) -> int:
         self.commitlog.refresh(self.end)
         d = self.check_disk()
-        time_up = is_time_to_delete(self.config.delete_when)
-        if not (time_up or d.space_to_delete):
+        if not (is_time_to_delete(self.config.delete_when) or d.space_to_delete):
             return 0
         clean_now = self.config.clean_file_forcibly_enable and d.clean_immediately
         n = self.commitlog.delete_expired_file_by_time(self.config.file_reserved_time * HOUR_MS, 0.1, clean_now,
@@ -132,9 +97,7 @@ class CleanerActor(Actor):
 
 
 def main(argv: Optional[list] = None) -> int:
-    config, supervisor = settings_from_args(argv, "python -m rmq.actors.cleaner")
-    CleanerActor(config, supervisor).run()
-    return 0
+    return run_follower(CleanerActor, argv)
 
 
 if __name__ == "__main__":

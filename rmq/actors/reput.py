@@ -31,70 +31,38 @@ Failure behaviour
 """
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from typing import Optional
 
-import zmq
-
-from rmq import protocol as P
-from rmq.actors.actor import Actor
-from rmq.actors.broker import ANNOUNCE_APPEND, ANNOUNCE_TICK, announce_endpoint, internal_endpoint, store_config_from_settings
+from rmq.actors.follower import ANNOUNCE_APPEND, ANNOUNCE_TICK, FollowerActor, run_follower
 from rmq.actors.store_view import StoreView
-from rmq.broker_conf import broker_settings, load_broker_conf
-from rmq.protocol import Frame, ProtocolError, RequestCode, pack_body
+from rmq.protocol import RequestCode, pack_body
 from rmq.store.config import SYNC_FLUSH, MessageStoreConfig
 from rmq.store.reput import Dispatcher
 
 DISPATCH_STEP_RECORDS = 65536      # records per loop turn before the actor polls again
 
 
-class ReputActor(Actor):
+class ReputActor(FollowerActor):
     name = "reput"
+    topics = (ANNOUNCE_APPEND, ANNOUNCE_TICK)
 
     def __init__(self, config: MessageStoreConfig, supervisor_endpoint: Optional[str] = None):
-        super().__init__(config.store_path_root_dir, supervisor_endpoint)
-        self.config = config
-        self.end = 0
-        self.flushed = 0
-        self.caught_up = True
-        self.commitlog_min_offset = 0
+        super().__init__(config, supervisor_endpoint)
         self._last_thorough = time.monotonic()
 
-    def on_start(self) -> None:
+    def on_started(self) -> None:
         self.view = StoreView(self.config)
         start = max(self.view.max_physic_offset_of_consume_queues(), self.view.commitlog.get_min_offset())
         self.dispatcher = Dispatcher(self.view.commitlog, self.view.find_consume_queue,
                                      lambda: self.view.index_service if self.config.message_index_enable else None,
-                                     start,
-                                     delay_levels_ms=self.config.delay_levels_ms)
-        self.sub = self.socket(zmq.SUB, connect=announce_endpoint(self.store_path))
-        self.sub.setsockopt(zmq.SUBSCRIBE, ANNOUNCE_APPEND)
-        self.sub.setsockopt(zmq.SUBSCRIBE, ANNOUNCE_TICK)
-        self.add_socket(self.sub, self.on_announce)
-        self.out = self.socket(zmq.DEALER, connect=internal_endpoint(self.store_path))
+                                     start, delay_levels_ms=self.config.delay_levels_ms)
         self.add_timer(self.config.flush_interval_consume_queue, self.flush_files)
-        print("ready", internal_endpoint(self.store_path), flush=True)
 
-    def on_announce(self, parts: list) -> None:
-        try:
-            f = P.decode(parts[1:])      # parts[0]: the PUB topic
-        except ProtocolError as e:
-            self.log.warning("bad announcement: %s", e)
-            return
-        if f.code != RequestCode.APPEND_ANNOUNCE:
-            return
-        self.end = max(self.end, int(f.fields.get("end", 0)))
-        self.flushed = max(self.flushed, int(f.fields.get("flushed", 0)))
-        min_offset = int(f.fields.get("minOffset", 0))
-        if min_offset > self.commitlog_min_offset:
-            self.clean_queues(min_offset)
-
-    def clean_queues(self, min_offset: int) -> None:
+    def on_min_offset(self, min_offset: int) -> None:
         """The cleaner deleted CommitLog files: drop ConsumeQueue / IndexFiles below ``min_offset``
-        (CleanConsumeQueueService, SPEC.md §8.3) and announce the queues' new min offsets."""
-        self.commitlog_min_offset = min_offset
+        (CleanConsumeQueueService, SPEC.md §8.3)."""
         self.view.commitlog.drop_missing_head()
         cq_files = sum(cq.delete_expired_file(min_offset) for cq in self.view.consume_queue_table.values())
         index_files = self.view.index_service.delete_expired_file(min_offset)
@@ -104,6 +72,7 @@ class ReputActor(Actor):
                       min_offset, cq_files, index_files)
 
     def limit(self) -> int:
+        """Dispatch bound: under SYNC_FLUSH only what is flushed (SPEC.md header, 5.x confirm offset)."""
         return self.flushed if self.config.flush_disk_type == SYNC_FLUSH else self.end
 
     def after_poll(self) -> None:
@@ -116,13 +85,8 @@ class ReputActor(Actor):
         self.view.commitlog.refresh(limit)
         n = self.dispatcher.dispatch(limit, max_records)
         arrivals = self.dispatcher.take_arrivals()
-        frame = Frame(RequestCode.DISPATCH_ANNOUNCE, flag=P.FLAG_ONEWAY,
-                      fields={"dispatched": self.dispatcher.reput_from_offset},
-                      bodies=[pack_body([[t, q, m] for (t, q), m in arrivals.items()])])
-        try:
-            self.out.send_multipart(P.encode(frame), flags=zmq.NOBLOCK)
-        except zmq.Again:
-            self.log.warning("broker queue full: dispatch announcement dropped")
+        self.tell_broker(RequestCode.DISPATCH_ANNOUNCE, {"dispatched": self.dispatcher.reput_from_offset},
+                         [pack_body([[t, q, m] for (t, q), m in arrivals.items()])])
         if self.dispatcher.reput_from_offset < limit:
             self.add_timer(0, self.run_dispatch, repeat=False)    # more to do: continue after polling
         return n
@@ -144,33 +108,18 @@ class ReputActor(Actor):
 
     def on_stop(self) -> None:
         # drain what is already announced (the broker stops first), then flush everything
+        self.drain_announcements(30)
         deadline = time.monotonic() + 30
-        while self.sub.poll(100) and time.monotonic() < deadline:
-            self.on_announce(self.sub.recv_multipart(copy=False))
         while self.dispatcher.reput_from_offset < self.limit() and time.monotonic() < deadline:
             if not self.run_dispatch(None):
                 break
-        self.caught_up = self.dispatcher.reput_from_offset >= self.limit()
+        self.exit_code = 0 if self.dispatcher.reput_from_offset >= self.limit() else 1
         self.flush_files(thorough=True)
         self.view.close()
 
 
-def settings_from_args(argv: Optional[list], prog: str):
-    p = argparse.ArgumentParser(prog=prog)
-    p.add_argument("-c", "--config", default=None, help="broker.conf (RocketMQ key=value form)")
-    p.add_argument("--store-path", default=None, help="storePathRootDir")
-    p.add_argument("--supervisor", default=None, help="supervisor endpoint for liveness beats")
-    args = p.parse_args(argv)
-    props = load_broker_conf(args.config) if args.config else {}
-    overrides = {"storePathRootDir": args.store_path} if args.store_path else {}
-    return store_config_from_settings(broker_settings(props, overrides)), args.supervisor
-
-
 def main(argv: Optional[list] = None) -> int:
-    config, supervisor = settings_from_args(argv, "python -m rmq.actors.reput")
-    actor = ReputActor(config, supervisor)
-    actor.run()
-    return 0 if actor.caught_up else 1
+    return run_follower(ReputActor, argv)
 
 
 if __name__ == "__main__":
