@@ -32,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import time
 from typing import Any, Iterable, Optional
 
 import zmq
@@ -41,7 +40,7 @@ import zmq.asyncio
 from rmq import protocol as P
 from rmq.client.message import Message, MessageQueue, SendResult
 from rmq.client.producer import (ProducerOptions, Selector, apply_selector, batch_body_of, check_group, client_id,
-                                 final_error, heartbeat_request, is_retryable, merge_results, parse_send_response,
+                                 final_error, heartbeat_request, merge_results, parse_send_response,
                                  prepare_batch, prepare_message, selector_for, send_request)
 from rmq.client.route import (MQFaultStrategy, RouteCache, TopicPublishInfo, cluster_info_request, parse_cluster_info,
                               parse_route_response, route_request, split_namesrv_addr)

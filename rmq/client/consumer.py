@@ -48,7 +48,7 @@ import os
 import random
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Iterable, Optional, Union
 
 from rmq.client.consumer_api import (BROKER_SUSPEND_MAX_TIME_MS, CONSUMER_TIMEOUT_MS_WHEN_SUSPEND, ConsumerAPI,

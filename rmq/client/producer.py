@@ -64,7 +64,7 @@ import weakref
 import zlib
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeoutError
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Optional, Sequence
 
 import zmq
@@ -75,7 +75,7 @@ from rmq._core.commitlog import encode_batch, encode_properties, tags_string_to_
 from rmq.client.message import (PROPERTY_DELAY_TIME_LEVEL, PROPERTY_SHARDING_KEY,
                                 PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, PROPERTY_WAIT_STORE_MSG_OK, Message,
                                 MessageQueue, SendResult, SendStatus, create_uniq_id)
-from rmq.client.route import (LATENCY_MAX_49, NOT_AVAILABLE_DURATION_49, ISOLATION_LATENCY_MS_49, BrokerData,
+from rmq.client.route import (LATENCY_MAX_49, NOT_AVAILABLE_DURATION_49, ISOLATION_LATENCY_MS_49,
                               MQFaultStrategy, RouteCache, TopicPublishInfo, cluster_info_request,
                               parse_cluster_info, parse_route_response, route_request, split_namesrv_addr)
 from rmq.errors import MQBrokerError, MQClientError, RemotingError, RemotingTimeoutError
@@ -97,7 +97,8 @@ DEFAULT_TOPIC_QUEUE_NUMS = 4               # queues asked for when the broker au
 CREATE_TOPIC_KEY = "TBW102"                # RocketMQ's auto-create template topic (sent as a hint)
 CONNECT_TIMEOUT_MS = 1000                  # an attempt waits this long for a broker connection (IMMEDIATE)
 MAX_IN_FLIGHT = 32                         # outstanding requests per producer (pipelining)
-MAX_PENDING_MESSAGES = 50_000              # accepted but unanswered messages before send_async blocks
+MAX_PENDING_MESSAGES = 10_000              # accepted but unanswered messages before send_async blocks
+                                           # (every pending message is ~15 live objects the GC walks)
 DELIVERY_TIMEOUT_MS = 120_000              # send_async: hand-over to final result (Kafka's delivery.timeout.ms)
 DEFAULT_BATCH_SIZE = 16 * 1024             # bytes; Kafka's batch.size, used when only linger_ms is set
 PROVISIONAL_REFRESH_MS = 100               # min gap between route look-ups of an auto-created topic
@@ -557,7 +558,8 @@ class _Sender(threading.Thread):
         self.stats = {"requests": 0, "batch_requests": 0, "messages": 0, "retries": 0, "failed_messages": 0,
                       "route_requests": 0}
         # caller <-> I/O thread
-        self._cmds: collections.deque = collections.deque()
+        self._cmds: collections.deque = collections.deque()     # ("call" | "stop", arg)
+        self._sends: collections.deque = collections.deque()    # _Pending
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -567,9 +569,12 @@ class _Sender(threading.Thread):
         self.cond = threading.Condition(threading.Lock())
         self.pending = 0                  # messages accepted and not yet completed (under cond)
         self.flushing = 0                 # flush() calls in progress (under cond)
+        self.blocked = 0                  # send_async callers waiting for room (under cond)
+        self.low_water = max(opts.max_pending_messages * 3 // 4, 1)   # ... are woken at or below this
         self.record_failures = False      # set by close(): collect async failures
         self.failures: list = []
         self.started_evt = threading.Event()
+        self.running = False              # True from start until the loop ends (cheaper than is_alive())
         self.fatal: Optional[BaseException] = None
         # I/O-thread-only state
         self._ctx: Optional[zmq.Context] = None
@@ -589,7 +594,8 @@ class _Sender(threading.Thread):
         self._cluster_waiters: set = set()  # topics waiting for the cluster's broker list
         self._inflight: dict = {}         # opaque -> _Request
         self._parked_n = 0
-        self._timeouts: list = []         # heap (deadline, opaque, request)
+        self._timeouts: list = []         # heap (deadline, opaque): stale entries are skipped, and hold
+                                          # no request (a finished request must not stay alive until then)
         self._ready: collections.deque = collections.deque()
         self._accs: dict = {}             # (topic, fixed MessageQueue or None) -> _Accumulator
         self._opaque = itertools.count(1)
@@ -608,8 +614,31 @@ class _Sender(threading.Thread):
                 pass
 
     def submit(self, pending: _Pending) -> None:
-        self._cmds.append(("send", pending))
-        self.wake()
+        self._sends.append(pending)
+        if self.running:
+            self.wake()
+        else:
+            self._fail_orphans()
+
+    def _fail_orphans(self) -> None:
+        """(any thread) Fail sends handed over after the loop ended (it died or was stopped)."""
+        err = MQClientError(f"producer {self.group}: I/O thread is not running"
+                            f"{': %s' % self.fatal if self.fatal else ''}")
+        n = 0
+        while True:
+            try:
+                p = self._sends.popleft()
+            except IndexError:
+                break
+            n += len(p.preps)
+            try:
+                p.future.set_exception(err)
+            except Exception:  # noqa: BLE001
+                pass
+        if n:
+            with self.cond:
+                self.pending -= n
+                self.cond.notify_all()
 
     def call(self, fn: Callable[[], Any]) -> Future:
         """Run ``fn`` in the I/O thread; its return value (or exception) lands in the future."""
@@ -635,6 +664,7 @@ class _Sender(threading.Thread):
             now = time.monotonic()
             self._next_refresh = now + self.opts.poll_name_server_interval_ms / 1000.0
             self._next_heartbeat = now + self.opts.heartbeat_broker_interval_ms / 1000.0
+            self.running = True
             self.started_evt.set()
             while True:
                 self._turn()
@@ -645,11 +675,17 @@ class _Sender(threading.Thread):
             log.exception("producer I/O thread failed")
         finally:
             self.started_evt.set()
-            self._shutdown()
+            try:
+                self._shutdown()
+            finally:
+                with self.cond:
+                    self.running = False
+                    self.cond.notify_all()
+                self._fail_orphans()
 
     def _idle(self) -> bool:
         return not (self._inflight or self._parked_n or self._ready or self._accs or self._route_waiters
-                    or self._cmds)
+                    or self._cmds or self._sends)
 
     def _turn(self) -> None:
         timeout = self._poll_timeout_ms()
@@ -675,7 +711,7 @@ class _Sender(threading.Thread):
         self._release_done()
 
     def _poll_timeout_ms(self) -> float:
-        if self._cmds or (self._ready and self._room()):
+        if self._cmds or self._sends or (self._ready and self._room()):
             return 0
         now = time.monotonic()
         t = now + 1.0
@@ -698,12 +734,14 @@ class _Sender(threading.Thread):
         return max(0.0, (t - now) * 1000.0 + 0.5)
 
     def _drain_commands(self) -> None:
+        sends = self._sends
+        accept = self._accept
+        while sends:
+            accept(sends.popleft())
         cmds = self._cmds
         while cmds:
             kind, arg = cmds.popleft()
-            if kind == "send":
-                self._accept(arg)
-            elif kind == "call":
+            if kind == "call":
                 fn, fut = arg
                 try:
                     fut.set_result(fn())
@@ -716,7 +754,8 @@ class _Sender(threading.Thread):
         if self._done:
             with self.cond:
                 self.pending -= self._done
-                self.cond.notify_all()
+                if (self.blocked and self.pending <= self.low_water) or (self.flushing and self.pending == 0):
+                    self.cond.notify_all()
             self._done = 0
 
     # -- completion ------------------------------------------------------------------------
@@ -875,7 +914,7 @@ class _Sender(threading.Thread):
                 self._complete(it, None)
             return
         self._inflight[req.opaque] = req
-        heapq.heappush(self._timeouts, (min(req.deadline, now + req.attempt_timeout), req.opaque, req))
+        heapq.heappush(self._timeouts, (min(req.deadline, now + req.attempt_timeout), req.opaque))
 
     def _try_send(self, conn: _Conn, parts: list) -> bool:
         if conn.need_heartbeat:
@@ -1012,9 +1051,9 @@ class _Sender(threading.Thread):
     def _expire(self, now: float) -> None:
         heap = self._timeouts
         while heap and heap[0][0] <= now:
-            _, opaque, req = heapq.heappop(heap)
-            if self._inflight.get(opaque) is req:
-                del self._inflight[opaque]
+            _, opaque = heapq.heappop(heap)
+            req = self._inflight.pop(opaque, None)     # opaques are unique per attempt
+            if req is not None:
                 self._retry_or_fail(req, RemotingTimeoutError(
                     f"wait response from broker {req.mq.broker_name} at {req.addr} timed out after "
                     f"{(now - req.sent_at) * 1000:.0f} ms (topic {req.topic}, {len(req.preps)} message(s))"), now)
@@ -1232,11 +1271,11 @@ class _Sender(threading.Thread):
         for req in self._inflight.values():
             self._fail_request(req, RemotingError(f"producer closed while waiting for broker {req.addr}"))
         self._inflight.clear()
+        while self._sends:
+            self._fail(self._sends.popleft(), closed)
         while self._cmds:
             kind, arg = self._cmds.popleft()
-            if kind == "send":
-                self._fail(arg, closed)
-            elif kind == "call":
+            if kind == "call":
                 arg[1].set_exception(closed)
         self._release_done()
         for conn in self._conns.values():
@@ -1290,10 +1329,13 @@ class Producer:
         Requests outstanding at once (pipelining; 32).
     max_pending_messages : int
         :meth:`send_async` blocks (up to ``send_msg_timeout_ms``) while this many
-        messages are unanswered (50 000).
+        messages are unanswered (10 000).
     **options
-        Any other :class:`ProducerOptions` field (``poll_name_server_interval_ms``,
-        ``latency_max``, ``not_available_duration``, ``connect_timeout_ms``, ...).
+        Any other :class:`ProducerOptions` field: ``delivery_timeout_ms`` (120 000: a
+        :meth:`send_async` message fails if it has no result this long after it was
+        handed over), ``connect_timeout_ms`` (1 000: an attempt waits this long for a
+        broker connection), ``poll_name_server_interval_ms``, ``latency_max``,
+        ``not_available_duration``, ``isolation_latency_ms``, ``retry_response_codes``, ...
 
     Raises
     ------
@@ -1408,7 +1450,10 @@ class Producer:
         ``callback(future)`` runs when it completes, in the producer's I/O
         thread (keep it short; do not call blocking producer methods from it).
         With batching on, the message waits up to ``linger_ms`` for companions.
-        Blocks only when ``max_pending_messages`` are unanswered.
+        Blocks only when ``max_pending_messages`` are unanswered.  ``timeout_ms``
+        (default ``send_msg_timeout_ms``) bounds each attempt's wait for the broker;
+        ``delivery_timeout_ms`` bounds the whole (queueing, linger, retries).
+        Selector / sharding key / queue as in :meth:`send`.
 
         Raises
         ------
@@ -1508,12 +1553,12 @@ class Producer:
         try:
             s.wake()
             with s.cond:
-                while s.pending > 0 and s.is_alive():
+                while s.pending > 0 and s.running:
                     left = None if end is None else end - time.monotonic()
                     if left is not None and left <= 0:
                         break
                     s.cond.wait(0.5 if left is None else min(left, 0.5))
-                return s.pending if s.is_alive() else 0
+                return s.pending if s.running else 0
         finally:
             with s.cond:
                 s.flushing -= 1
@@ -1573,12 +1618,12 @@ class Producer:
     def _check_open(self) -> None:
         if self._closed:
             raise MQClientError(f"producer {self.group} is closed")
-        if not self._sender.is_alive():
+        if not self._sender.running:
             raise MQClientError(f"producer {self.group}: I/O thread is not running"
                                 f"{': %s' % self._sender.fatal if self._sender.fatal else ''}")
 
     def _not_in_io_thread(self, what: str) -> None:
-        if threading.current_thread() is self._sender:
+        if threading.get_ident() == self._sender.ident:
             raise MQClientError(f"{what}() called from a send callback would deadlock the producer's I/O thread; "
                                 f"use send_async() there")
 
@@ -1594,19 +1639,23 @@ class Producer:
             raise MQClientError(f"timeout_ms must be positive, got {budget_ms}")
         n = len(preps)
         s = self._sender
-        in_io = threading.current_thread() is s
+        in_io = threading.get_ident() == s.ident
         with s.cond:
             self._check_open()
             if not in_io and s.pending + n > self.options.max_pending_messages and s.pending > 0:
                 end = time.monotonic() + budget_ms / 1000.0
-                while s.pending + n > self.options.max_pending_messages and s.pending > 0:
-                    left = end - time.monotonic()
-                    if left <= 0:
-                        raise MQClientError(f"producer buffer full: {s.pending} messages unanswered "
-                                            f"(max_pending_messages={self.options.max_pending_messages}) for "
-                                            f"{budget_ms} ms")
-                    s.cond.wait(min(left, 0.5))
-                    self._check_open()
+                s.blocked += 1
+                try:
+                    while s.pending + n > self.options.max_pending_messages and s.pending > 0:
+                        left = end - time.monotonic()
+                        if left <= 0:
+                            raise MQClientError(f"producer buffer full: {s.pending} messages unanswered "
+                                                f"(max_pending_messages={self.options.max_pending_messages}) "
+                                                f"for {budget_ms} ms")
+                        s.cond.wait(min(left, 0.5))
+                        self._check_open()
+                finally:
+                    s.blocked -= 1
             s.pending += n
         now = time.monotonic()
         if mode == ASYNC:
@@ -1654,4 +1703,4 @@ def _finalize(sender: _Sender) -> None:
 __all__ = ["Producer", "ProducerOptions", "PreparedMessage", "prepare_message", "prepare_batch", "select_by_hash",
            "select_by_random", "java_hash", "send_request", "parse_send_response", "merge_results", "final_error",
            "is_retryable", "SEND_MSG_TIMEOUT_MS", "MAX_MESSAGE_SIZE", "COMPRESSED_FLAG", "COMPRESSION_ZLIB_TYPE",
-           "RETRY_RESPONSE_CODES", "BrokerData"]
+           "RETRY_RESPONSE_CODES", "SEND_STATUS_BY_CODE"]
