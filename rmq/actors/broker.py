@@ -434,11 +434,13 @@ class BrokerActor(Actor):
             self.log.warning("NameServer answered %s: %s", f.code, f.remark)
 
     # -- topics -----------------------------------------------------------------------------
-    def _topic_config(self, topic: str, create: bool) -> Optional[dict]:
+    def _topic_config(self, topic: str, create: bool, requested_queue_nums: int = 0) -> Optional[dict]:
         tcm = self.store.topic_config_manager
         cfg = tcm.select_topic_config(topic)
         if cfg is None and create and (self.auto_create_topic or topic.startswith(("%RETRY%", "%DLQ%"))):
             n = 1 if topic.startswith(("%RETRY%", "%DLQ%")) else self.default_queue_nums
+            if requested_queue_nums > 0:       # the producer's defaultTopicQueueNums, capped by the broker's
+                n = min(n, requested_queue_nums)
             cfg = tcm.new_topic_config(topic, n, n)
             tcm.update_topic_config(cfg)
             self.register_broker_all()
@@ -515,7 +517,9 @@ class BrokerActor(Actor):
             check_topic(topic)
         except ValueError as e:
             return frame.response(ResponseCode.MESSAGE_ILLEGAL, str(e))
-        cfg = self._topic_config(topic, create=True)
+        cfg = self._topic_config(topic, create=True,
+                                 requested_queue_nums=field_int(frame, "defaultTopicQueueNums", 0, lo=0,
+                                                                hi=MAX_QUEUE_NUMS))
         if cfg is None:
             return frame.response(ResponseCode.TOPIC_NOT_EXIST,
                                   f"topic[{topic}] not exist, apply first please!")

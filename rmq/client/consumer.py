@@ -38,13 +38,13 @@ new owner can lock it, so order per queue holds across a rebalance.
 """
 from __future__ import annotations
 
-import concurrent.futures
 import enum
 import heapq
 import inspect
 import itertools
 import logging
 import os
+import queue
 import random
 import threading
 import time
@@ -120,7 +120,7 @@ class ConsumeOrderlyStatus(str, enum.Enum):
     SUSPEND_CURRENT_QUEUE_A_MOMENT = "SUSPEND_CURRENT_QUEUE_A_MOMENT"
 
 
-@dataclass
+@dataclass(slots=True)
 class ConsumeConcurrentlyContext:
     """Passed to a concurrent listener.
 
@@ -133,7 +133,7 @@ class ConsumeConcurrentlyContext:
     ack_index: int = 2 ** 31 - 1
 
 
-@dataclass
+@dataclass(slots=True)
 class ConsumeOrderlyContext:
     """Passed to an orderly listener; ``suspend_current_queue_time_millis`` overrides the back-off."""
     message_queue: MessageQueue
@@ -595,6 +595,49 @@ class _PullService(threading.Thread):
             os.close(self._wfd)
 
 
+class _ConsumePool:
+    """The listener threads: ``n`` workers on one SimpleQueue of (fn, args) (lighter than a
+    ThreadPoolExecutor: no Future per batch).  Workers are daemon threads, so a listener that
+    never returns cannot keep the interpreter alive after :meth:`shutdown` gave up on it."""
+
+    def __init__(self, n: int, name: str):
+        self._q: queue.SimpleQueue = queue.SimpleQueue()
+        self._closed = False
+        self._threads = [threading.Thread(target=self._work, name=f"{name}_{i}", daemon=True) for i in range(n)]
+        for t in self._threads:
+            t.start()
+
+    def submit(self, fn: Callable, args: tuple) -> None:
+        if not self._closed:
+            self._q.put((fn, args))
+
+    def _work(self) -> None:
+        get = self._q.get
+        while True:
+            item = get()
+            if item is None:
+                return
+            fn, args = item
+            try:
+                fn(*args)
+            except Exception:                   # a consume task must never kill its thread
+                log.exception("consume task %s failed", getattr(fn, "__name__", fn))
+
+    def shutdown(self, timeout_s: float) -> None:
+        """Drop queued tasks, let running ones finish (up to ``timeout_s`` in all), stop the workers."""
+        self._closed = True
+        try:
+            while True:
+                self._q.get_nowait()
+        except queue.Empty:
+            pass
+        for _ in self._threads:
+            self._q.put(None)
+        deadline = time.monotonic() + timeout_s
+        for t in self._threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+
+
 class PushConsumer:
     """A consumer-group member that is assigned queues and called back with their messages
     (RocketMQ DefaultMQPushConsumer).
@@ -703,9 +746,7 @@ class PushConsumer:
         self.api: Optional[ConsumerAPI] = None
         self.offset_store: Optional[OffsetStore] = None
         self._pull: Optional[_PullService] = None
-        self._executor: Optional[concurrent.futures.ThreadPoolExecutor] = None
-        self._inflight: set = set()
-        self._inflight_lock = threading.Lock()
+        self._executor: Optional[_ConsumePool] = None
         self._service: Optional[threading.Thread] = None
         self._wakeup = threading.Event()
         self._state = "CREATED"
@@ -776,8 +817,7 @@ class PushConsumer:
         self.offset_store.load()
         if self.consume_timestamp_ms is None:
             self.consume_timestamp_ms = int(time.time() * 1000) - 30 * 60 * 1000
-        self._executor = concurrent.futures.ThreadPoolExecutor(self.consume_thread_max,
-                                                               thread_name_prefix=f"rmq-consume-{self.group}")
+        self._executor = _ConsumePool(self.consume_thread_max, f"rmq-consume-{self.group}")
         self._pull = _PullService(self)
         self._pull.start()
         self._state = "RUNNING"
@@ -805,10 +845,9 @@ class PushConsumer:
         if self._pull is not None:
             self._pull.stop()
             self._pull.join(10)
-        with self._inflight_lock:
-            pending = list(self._inflight)
-        self._executor.shutdown(wait=False, cancel_futures=True)
-        concurrent.futures.wait(pending, timeout=self.shutdown_await_ms / 1000.0)
+        # queued batches are dropped (not committed: redelivered later); running listener calls
+        # get shutdown_await_ms to finish and record their offsets
+        self._executor.shutdown(self.shutdown_await_ms / 1000.0)
         with self._pq_lock:
             items = list(self.process_queue_table.items())
         for _, pq in items:
@@ -1150,19 +1189,7 @@ class PushConsumer:
     def _executor_submit(self, fn: Callable, *args) -> None:
         if self._state not in ("RUNNING", "STOPPING") or self._executor is None:
             return
-        try:
-            fut = self._executor.submit(fn, *args)
-        except RuntimeError:                    # executor shut down
-            return
-        with self._inflight_lock:
-            self._inflight.add(fut)
-        fut.add_done_callback(self._forget_future)
-
-    def _forget_future(self, fut) -> None:
-        with self._inflight_lock:
-            self._inflight.discard(fut)
-        if not fut.cancelled() and fut.exception() is not None:
-            log.error("consume task failed: %r", fut.exception())
+        self._executor.submit(fn, args)
 
     def _submit_consume(self, msgs: list, pq: ProcessQueue, mq: MessageQueue, dispatch: bool) -> None:
         if self.orderly:
@@ -1183,8 +1210,14 @@ class PushConsumer:
         ctx = ConsumeConcurrentlyContext(mq)
         try:
             status = self.listener(msgs, ctx)
-            status = ConsumeConcurrentlyStatus.CONSUME_SUCCESS if status is None else \
-                ConsumeConcurrentlyStatus(status.value if isinstance(status, enum.Enum) else status)
+            if status is None or status == "CONSUME_SUCCESS":      # the str enum compares equal to its name
+                status = ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+            elif status != "RECONSUME_LATER":
+                log.error("listener returned %r (not a ConsumeConcurrentlyStatus): treated as RECONSUME_LATER",
+                          status)
+                status = ConsumeConcurrentlyStatus.RECONSUME_LATER
+            else:
+                status = ConsumeConcurrentlyStatus.RECONSUME_LATER
         except Exception:
             log.exception("listener failed on %d message(s) of %s", len(msgs), mq)
             status = ConsumeConcurrentlyStatus.RECONSUME_LATER
@@ -1199,8 +1232,9 @@ class PushConsumer:
             ack = min(max(ctx.ack_index, -1), len(msgs) - 1)
         else:
             ack = -1
-        self._count("consumed_ok", ack + 1)
-        self._count("consumed_failed", len(msgs) - ack - 1)
+        with self._stats_lock:
+            self.stats["consumed_ok"] += ack + 1
+            self.stats["consumed_failed"] += len(msgs) - ack - 1
         done = msgs
         if ack < len(msgs) - 1:
             failed = msgs[ack + 1:]

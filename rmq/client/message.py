@@ -8,6 +8,7 @@ born_timestamp, reconsume_times, ...).
 """
 from __future__ import annotations
 
+import calendar
 import itertools
 import os
 import socket
@@ -202,15 +203,25 @@ def _ip_bytes() -> bytes:
 _FIX = _ip_bytes() + (os.getpid() & 0xFFFF).to_bytes(2, "big") + os.urandom(4)
 
 
+_month = [0.0, 0.0]          # [start of the current month (s), start of the next one (s)], UTC
+
+
+def _month_start(now: float) -> float:
+    if not _month[0] <= now < _month[1]:
+        lt = time.gmtime(now)
+        start = calendar.timegm((lt.tm_year, lt.tm_mon, 1, 0, 0, 0))
+        nxt = calendar.timegm((lt.tm_year + lt.tm_mon // 12, lt.tm_mon % 12 + 1, 1, 0, 0, 0))
+        _month[0], _month[1] = start, nxt
+    return _month[0]
+
+
 def create_uniq_id() -> str:
     """32 hex chars: IP (4) + pid (2) + random per process (4, RocketMQ's class-loader hash)
     + ms since the start of the month (4) + counter (2)."""
     now = time.time()
-    lt = time.gmtime(now)
-    month_start = time.mktime((lt.tm_year, lt.tm_mon, 1, 0, 0, 0, 0, 0, 0)) - time.timezone
     with _lock:
         n = next(_counter) & 0xFFFF
-    ms = int((now - month_start) * 1000) & 0xFFFFFFFF
+    ms = int((now - _month_start(now)) * 1000) & 0xFFFFFFFF
     return (_FIX + ms.to_bytes(4, "big") + n.to_bytes(2, "big")).hex().upper()
 
 

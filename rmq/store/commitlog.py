@@ -113,8 +113,11 @@ class CommitLog:
         mfq = self.mapped_file_queue
         self.begin_time_in_lock = time.monotonic()
         try:
-            for _attempt in range(2):   # at most one roll: a batch never spans files
+            rolls = 0
+            while True:
                 mf = mfq.get_last_mapped_file(0, need_create=True)
+                if len(out) < count_hint:
+                    out = array("q", bytes(8 * count_hint))
                 try:
                     status, count, wrote, qinc = _cl.append_batch(
                         mf, batch, topic, queue_id, queue_offset, sys_flag, born_timestamp, bh,
@@ -123,16 +126,18 @@ class CommitLog:
                 except ValueError as e:
                     if "out_physical_offsets" not in str(e):
                         raise
-                    n, _ = _cl.validate_batch(batch, extra_props, len(topic), sys_flag,
-                                              self.config.max_message_size,
-                                              self.config.enabled_append_prop_crc)
-                    out = array("q", bytes(8 * n))
+                    # the caller's count was short: size the output exactly and try again
+                    count_hint, _ = _cl.validate_batch(batch, extra_props, len(topic), sys_flag,
+                                                       self.config.max_message_size,
+                                                       self.config.enabled_append_prop_crc)
                     continue
                 if status == _cl.PUT_OK:
                     del out[count:]
                     self.last_store_timestamp = store_ts
                     return AppendResult(out[0], wrote, count, queue_offset, store_ts, out, self.store_host)
-            raise StoreError("batch did not fit a fresh CommitLog file")   # unreachable: size checked first
+                rolls += 1      # END_OF_FILE: a blank record closed the file; the next one takes the batch
+                if rolls > 1:
+                    raise StoreError("batch did not fit a fresh CommitLog file")   # size is checked first
         finally:
             self.begin_time_in_lock = 0.0
 

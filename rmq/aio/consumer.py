@@ -1,0 +1,1112 @@
+"""asyncio consumers on pyzmq's asyncio sockets: ``AsyncPullConsumer`` and ``AsyncPushConsumer``.
+
+Same behaviour and names as :mod:`rmq.client.consumer` (SPEC.md §12, §13, §15.2), awaitable::
+
+    async with AsyncPullConsumer("127.0.0.1:9876", group="cg") as c:
+        mqs = await c.fetch_subscribe_message_queues("flights")
+        res = await c.pull(mqs[0], "*", offset=0, max_nums=32)
+        c.assign(mqs)
+        async for msg in c:            # long polling over every assigned queue
+            ...
+
+    c = AsyncPushConsumer("127.0.0.1:9876", "cg")
+    c.subscribe("flights", "tagA || tagB")
+
+    @c.register_message_listener
+    async def on_msgs(msgs, ctx):      # a plain function runs in a worker thread
+        return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+
+    await c.start(); ...; await c.shutdown()
+
+Design: one event loop, no threads of its own.  :class:`AsyncRemoting` keeps one
+``zmq.asyncio`` DEALER per broker address with a reader task that resolves
+futures by opaque, so every queue's long-polling pull is in flight at once.  The
+push consumer runs one task per assigned queue (its pull loop), one service task
+(rebalance, heartbeats, offset persistence, lock renewal), concurrent listener
+calls bounded by a semaphore (``consume_thread_max``), and in orderly mode one
+consume task per queue at a time.  The pure parts (allocation strategies,
+ProcessQueue, offset tables, frames, tag filtering, consumeFromWhere) are shared
+with the threaded consumer.
+
+Concurrency: use a consumer from the event loop that started it.
+"""
+from __future__ import annotations
+
+import asyncio
+import enum
+import inspect
+import itertools
+import logging
+import random
+import time
+from typing import Callable, Iterable, Optional, Union
+
+import zmq
+import zmq.asyncio
+
+from rmq import protocol as P
+from rmq.client.consumer import (BROKER_SUSPEND_MAX_TIME_MS, CONCURRENT_MAX_RECONSUME_TIMES, CONSUME_THREAD_MAX,
+                                 HEARTBEAT_BROKER_INTERVAL_MS, MAX_TIME_CONSUME_CONTINUOUSLY_MS,
+                                 ORDERLY_MAX_RECONSUME_TIMES, PERSIST_CONSUMER_OFFSET_INTERVAL_MS,
+                                 POLL_NAME_SERVER_INTERVAL_MS, PULL_BATCH_SIZE, PULL_THRESHOLD_FOR_QUEUE,
+                                 PULL_THRESHOLD_SIZE_FOR_QUEUE_MB, PULL_TIME_DELAY_MS_WHEN_EXCEPTION,
+                                 PULL_TIME_DELAY_MS_WHEN_FLOW_CONTROL, REBALANCE_INTERVAL_MS,
+                                 REBALANCE_LOCK_INTERVAL_MS, RECONSUME_LATER_LOCALLY_MS, SHUTDOWN_AWAIT_MS,
+                                 SUSPEND_CURRENT_QUEUE_TIME_MS, CONSUME_CONCURRENTLY_MAX_SPAN,
+                                 ConsumeConcurrentlyContext, ConsumeConcurrentlyStatus, ConsumeFromWhere,
+                                 ConsumeOrderlyContext, ConsumeOrderlyStatus, MessageModel, _enum,
+                                 compute_pull_from_where)
+from rmq.client.consumer_api import (CONSUMER_TIMEOUT_MS_WHEN_SUSPEND, SUB_ALL, SubscriptionData, TopicRoute, _check,
+                                     build_pull_frame, consumer_data, default_client_id, heartbeat_body,
+                                     mq_set_body, parse_lock_response, parse_pull_response, retry_send_frame,
+                                     retry_topic, send_back_frame)
+from rmq.client.consumer_process_queue import ProcessQueue
+from rmq.client.message import MessageQueue, PullResult, PullStatus
+from rmq.client.offset_store import LocalFileOffsetStore, OffsetStore
+from rmq.client.rebalance import resolve_strategy
+from rmq.client.remoting import DEFAULT_TIMEOUT_MS
+from rmq.errors import MQBrokerError, MQClientError, RemotingError, RemotingTimeoutError
+from rmq.protocol import Frame, ProtocolError, RequestCode, ResponseCode, unpack_body
+
+log = logging.getLogger("rmq.aio.consumer")
+
+__all__ = ["AsyncRemoting", "AsyncConsumerAPI", "AsyncPullConsumer", "AsyncPushConsumer", "PullConsumer",
+           "PushConsumer", "ConsumeConcurrentlyStatus", "ConsumeOrderlyStatus", "MessageModel", "ConsumeFromWhere"]
+
+
+# -- transport ------------------------------------------------------------------------------------
+class AsyncRemoting:
+    """Request / response over ``zmq.asyncio`` DEALER sockets, many requests in flight per socket.
+
+    Concurrency: one event loop.
+    """
+
+    def __init__(self, ctx: Optional[zmq.asyncio.Context] = None):
+        self.ctx = ctx or zmq.asyncio.Context.instance()
+        self._sockets: dict = {}
+        self._readers: dict = {}
+        self._futures: dict = {}
+        self._opaque = itertools.count(1)
+        self._closed = False
+
+    def _socket(self, addr: str):
+        if self._closed:
+            raise MQClientError("consumer client is closed")
+        s = self._sockets.get(addr)
+        if s is None:
+            s = self.ctx.socket(zmq.DEALER)
+            s.setsockopt(zmq.LINGER, 0)
+            s.setsockopt(zmq.MAXMSGSIZE, P.MAX_MESSAGE_SIZE + 1024)
+            s.connect(addr if "://" in addr else f"tcp://{addr}")
+            self._sockets[addr] = s
+            self._readers[addr] = asyncio.get_running_loop().create_task(self._read(addr, s))
+        return s
+
+    async def _read(self, addr: str, s) -> None:
+        while True:
+            try:
+                parts = await s.recv_multipart(copy=False)
+            except (asyncio.CancelledError, zmq.ZMQError):
+                return
+            try:
+                resp = P.decode(parts)
+            except ProtocolError as e:
+                log.warning("undecodable response from %s: %s", addr, e)
+                continue
+            fut = self._futures.pop(resp.opaque, None)
+            if fut is not None and not fut.done():
+                fut.set_result(resp)
+
+    async def invoke(self, addr: str, frame: Frame, timeout_ms: int = DEFAULT_TIMEOUT_MS) -> Frame:
+        """Send ``frame``, await its response.
+
+        Raises
+        ------
+        RemotingTimeoutError
+            No response in ``timeout_ms``.
+        """
+        s = self._socket(addr)
+        frame.opaque = next(self._opaque)
+        frame.flag &= ~P.FLAG_ONEWAY
+        fut = asyncio.get_running_loop().create_future()
+        self._futures[frame.opaque] = fut
+        try:
+            await s.send_multipart(P.encode(frame), copy=False)
+            return await asyncio.wait_for(fut, timeout_ms / 1000.0)
+        except asyncio.TimeoutError:
+            raise RemotingTimeoutError(
+                f"no response from {addr} to request code {frame.code} within {timeout_ms} ms") from None
+        finally:
+            self._futures.pop(frame.opaque, None)
+
+    async def close(self) -> None:
+        self._closed = True
+        for t in self._readers.values():
+            t.cancel()
+        await asyncio.gather(*self._readers.values(), return_exceptions=True)
+        for s in self._sockets.values():
+            s.close(0)
+        for f in self._futures.values():
+            if not f.done():
+                f.cancel()
+        self._readers.clear()
+        self._sockets.clear()
+        self._futures.clear()
+
+
+class AsyncConsumerAPI:
+    """Awaitable twin of :class:`rmq.client.consumer_api.ConsumerAPI` (same frames, same route cache rules)."""
+
+    def __init__(self, namesrv_addr: str, timeout_ms: int = DEFAULT_TIMEOUT_MS):
+        self.namesrv_addrs = [a.strip() for a in (namesrv_addr or "").split(";") if a.strip()]
+        if not self.namesrv_addrs:
+            raise MQClientError("no NameServer address given")
+        self.timeout_ms = timeout_ms
+        self.remoting = AsyncRemoting()
+        self._routes: dict[str, TopicRoute] = {}
+
+    async def invoke(self, addr: str, frame: Frame, timeout_ms: Optional[int] = None) -> Frame:
+        return await self.remoting.invoke(addr, frame, timeout_ms or self.timeout_ms)
+
+    async def close(self) -> None:
+        await self.remoting.close()
+
+    async def fetch_route(self, topic: str) -> Optional[TopicRoute]:
+        last: Optional[Exception] = None
+        for addr in random.sample(self.namesrv_addrs, len(self.namesrv_addrs)):
+            try:
+                resp = await self.invoke(addr, Frame(RequestCode.GET_ROUTEINFO_BY_TOPIC, fields={"topic": topic}))
+            except RemotingError as e:
+                last = e
+                continue
+            if resp.code == ResponseCode.TOPIC_NOT_EXIST:
+                return None
+            _check(resp, addr, f"route of {topic}")
+            route = TopicRoute.from_wire(topic, unpack_body(resp))
+            self._routes[topic] = route
+            return route
+        raise RemotingError(f"no NameServer of {self.namesrv_addrs} answered the route of {topic}: {last}")
+
+    async def route(self, topic: str, max_age_ms: Optional[int] = None) -> Optional[TopicRoute]:
+        r = self._routes.get(topic)
+        if r is not None and (max_age_ms is None or (time.monotonic() - r.fetched_at) * 1000 < max_age_ms):
+            return r
+        try:
+            return await self.fetch_route(topic) or r
+        except RemotingError:
+            if r is not None:
+                return r
+            raise
+
+    async def broker_addr(self, broker_name: str, topic: Optional[str] = None) -> str:
+        for r in self._routes.values():
+            a = r.master_addr(broker_name)
+            if a:
+                return a
+        if topic is not None:
+            r = await self.fetch_route(topic)
+            a = r.master_addr(broker_name) if r else None
+            if a:
+                return a
+        raise MQClientError(f"the broker[{broker_name}] does not exist")
+
+    def all_broker_addrs(self) -> list:
+        return sorted({a for r in self._routes.values() for a in r.all_master_addrs()})
+
+    async def pull(self, group: str, mq: MessageQueue, offset: int, max_nums: int,
+                   sub: Optional[SubscriptionData] = None, suspend_ms: int = 0, timeout_ms: Optional[int] = None,
+                   commit_offset: int = -1, group_retry_topic: Optional[str] = None) -> PullResult:
+        addr = await self.broker_addr(mq.broker_name, mq.topic)
+        frame = build_pull_frame(group, mq, offset, max_nums, sub.sub_string if sub else SUB_ALL, commit_offset,
+                                 suspend_ms)
+        if timeout_ms is None:
+            timeout_ms = suspend_ms + self.timeout_ms if suspend_ms else self.timeout_ms
+        resp = await self.invoke(addr, frame, timeout_ms)
+        return parse_pull_response(resp, sub, addr, group_retry_topic)
+
+    async def _offset_call(self, code: int, mq: MessageQueue, what: str, **fields) -> int:
+        addr = await self.broker_addr(mq.broker_name, mq.topic)
+        resp = await self.invoke(addr, Frame(code, fields={"topic": mq.topic, "queueId": mq.queue_id, **fields}))
+        return int(_check(resp, addr, f"{what} of {mq}").fields.get("offset", 0))
+
+    async def max_offset(self, mq: MessageQueue) -> int:
+        return await self._offset_call(RequestCode.GET_MAX_OFFSET, mq, "max offset")
+
+    async def min_offset(self, mq: MessageQueue) -> int:
+        return await self._offset_call(RequestCode.GET_MIN_OFFSET, mq, "min offset")
+
+    async def search_offset(self, mq: MessageQueue, timestamp_ms: int) -> int:
+        return await self._offset_call(RequestCode.SEARCH_OFFSET_BY_TIMESTAMP, mq, "offset by time",
+                                       timestamp=int(timestamp_ms))
+
+    async def query_consumer_offset(self, group: str, mq: MessageQueue) -> int:
+        addr = await self.broker_addr(mq.broker_name, mq.topic)
+        resp = await self.invoke(addr, Frame(RequestCode.QUERY_CONSUMER_OFFSET, fields={
+            "consumerGroup": group, "topic": mq.topic, "queueId": mq.queue_id}))
+        if resp.code == ResponseCode.QUERY_NOT_FOUND:
+            return -1
+        return int(_check(resp, addr, f"query offset of {mq}").fields.get("offset", -1))
+
+    async def update_consumer_offset(self, group: str, mq: MessageQueue, offset: int) -> None:
+        addr = await self.broker_addr(mq.broker_name, mq.topic)
+        _check(await self.invoke(addr, Frame(RequestCode.UPDATE_CONSUMER_OFFSET, fields={
+            "consumerGroup": group, "topic": mq.topic, "queueId": mq.queue_id, "commitOffset": int(offset)})),
+            addr, f"update offset of {mq}")
+
+    async def heartbeat(self, addr: str, client_id: str, datas: list) -> None:
+        _check(await self.invoke(addr, Frame(RequestCode.HEART_BEAT, bodies=[heartbeat_body(client_id, datas)])),
+               addr, "heartbeat")
+
+    async def unregister(self, addr: str, client_id: str, group: str) -> None:
+        _check(await self.invoke(addr, Frame(RequestCode.UNREGISTER_CLIENT, fields={
+            "clientID": client_id, "consumerGroup": group}), 1000), addr, "unregister")
+
+    async def consumer_id_list(self, addr: str, group: str) -> list:
+        resp = await self.invoke(addr, Frame(RequestCode.GET_CONSUMER_LIST_BY_GROUP, fields={"consumerGroup": group}))
+        if resp.code != ResponseCode.SUCCESS:
+            return []
+        body = unpack_body(resp)
+        return [str(x) for x in (body.get("consumerIdList") if isinstance(body, dict) else None) or []]
+
+    async def lock_batch_mq(self, addr: str, group: str, client_id: str, mqs: Iterable[MessageQueue]) -> set:
+        resp = await self.invoke(addr, Frame(RequestCode.LOCK_BATCH_MQ, bodies=[mq_set_body(group, client_id, mqs)]),
+                                 1000)
+        return parse_lock_response(_check(resp, addr, "lock queues"))
+
+    async def unlock_batch_mq(self, addr: str, group: str, client_id: str, mqs: Iterable[MessageQueue]) -> None:
+        _check(await self.invoke(addr, Frame(RequestCode.UNLOCK_BATCH_MQ,
+                                             bodies=[mq_set_body(group, client_id, mqs)]), 1000), addr, "unlock")
+
+    async def send_message_back(self, group: str, mq: MessageQueue, msg, delay_level: int,
+                                max_reconsume_times: int) -> None:
+        addr = await self.broker_addr(mq.broker_name, mq.topic)
+        try:
+            _check(await self.invoke(addr, send_back_frame(group, msg, delay_level, max_reconsume_times)), addr,
+                   "send message back")
+            return
+        except MQClientError as e:
+            log.warning("send back of %s failed (%s); sending a copy to %s", msg.msg_id, e, retry_topic(group))
+        _check(await self.invoke(addr, retry_send_frame(group, msg, max_reconsume_times, delay_level)), addr,
+               "send to retry topic")
+
+
+# -- pull consumer -------------------------------------------------------------------------------------
+class AsyncPullConsumer:
+    """Awaitable :class:`rmq.client.consumer.PullConsumer` (same parameters and methods;
+    ``assign`` / ``seek`` / ``position`` of a known queue are plain calls)."""
+
+    def __init__(self, namesrv_addr: str, group: str = "DEFAULT_CONSUMER", *, pull_batch_size: int = PULL_BATCH_SIZE,
+                 consume_from_where: Union[str, ConsumeFromWhere] = ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET,
+                 consume_timestamp_ms: Optional[int] = None, auto_commit: bool = True,
+                 auto_commit_interval_ms: int = PERSIST_CONSUMER_OFFSET_INTERVAL_MS,
+                 timeout_ms: int = DEFAULT_TIMEOUT_MS, instance_name: Optional[str] = None):
+        self.namesrv_addr = namesrv_addr
+        self.group = group
+        self.pull_batch_size = pull_batch_size
+        self.consume_from_where = _enum(ConsumeFromWhere, consume_from_where, "consume_from_where")
+        self.consume_timestamp_ms = consume_timestamp_ms
+        self.auto_commit = auto_commit
+        self.auto_commit_interval_ms = auto_commit_interval_ms
+        self.timeout_ms = timeout_ms
+        self.client_id = default_client_id(instance_name)
+        self.api: Optional[AsyncConsumerAPI] = None
+        self._assigned: list = []
+        self._subs: dict = {}
+        self._positions: dict = {}
+        self._committed: dict = {}
+        self._inflight: dict = {}           # mq -> (task, offset)
+        self._last_commit = time.monotonic()
+        self._closed = False
+
+    async def start(self) -> "AsyncPullConsumer":
+        if self._closed:
+            raise MQClientError("the consumer is shut down")
+        if self.api is None:
+            self.api = AsyncConsumerAPI(self.namesrv_addr, self.timeout_ms)
+        return self
+
+    def _api(self) -> AsyncConsumerAPI:
+        if self.api is None:
+            self.api = AsyncConsumerAPI(self.namesrv_addr, self.timeout_ms)
+        return self.api
+
+    async def shutdown(self) -> None:
+        if self._closed:
+            return
+        try:
+            if self.auto_commit and self.api is not None and self._positions:
+                try:
+                    await self.commit_sync()
+                except MQClientError as e:
+                    log.warning("commit on close failed: %s", e)
+        finally:
+            self._closed = True
+            for task, _ in self._inflight.values():
+                task.cancel()
+            await asyncio.gather(*(t for t, _ in self._inflight.values()), return_exceptions=True)
+            self._inflight.clear()
+            if self.api is not None:
+                await self.api.close()
+
+    close = shutdown
+
+    async def __aenter__(self) -> "AsyncPullConsumer":
+        return await self.start()
+
+    async def __aexit__(self, *exc) -> None:
+        await self.shutdown()
+
+    async def fetch_subscribe_message_queues(self, topic: str) -> list:
+        route = await self._api().fetch_route(topic)
+        if route is None:
+            raise MQClientError(f"can not find message queue for this topic, {topic}", 17)
+        return route.subscribe_queues()
+
+    async def pull(self, mq: MessageQueue, sub_expression: str = "*", offset: int = 0,
+                   max_nums: int = PULL_BATCH_SIZE, timeout_ms: Optional[int] = None) -> PullResult:
+        return await self._api().pull(self.group, mq, offset, max_nums, SubscriptionData.build(mq.topic, sub_expression),
+                                      0, timeout_ms)
+
+    async def pull_block_if_not_found(self, mq: MessageQueue, sub_expression: str = "*", offset: int = 0,
+                                      max_nums: int = PULL_BATCH_SIZE,
+                                      timeout_ms: int = BROKER_SUSPEND_MAX_TIME_MS) -> PullResult:
+        suspend = max(1, min(int(timeout_ms), BROKER_SUSPEND_MAX_TIME_MS))
+        return await self._api().pull(self.group, mq, offset, max_nums,
+                                      SubscriptionData.build(mq.topic, sub_expression), suspend,
+                                      suspend + self.timeout_ms)
+
+    async def min_offset(self, mq: MessageQueue) -> int:
+        return await self._api().min_offset(mq)
+
+    async def max_offset(self, mq: MessageQueue) -> int:
+        return await self._api().max_offset(mq)
+
+    async def search_offset(self, mq: MessageQueue, timestamp_ms: int) -> int:
+        return await self._api().search_offset(mq, timestamp_ms)
+
+    async def committed(self, mq: MessageQueue) -> int:
+        return await self._api().query_consumer_offset(self.group, mq)
+
+    fetch_consume_offset = committed
+
+    async def update_consume_offset(self, mq: MessageQueue, offset: int) -> None:
+        await self._api().update_consumer_offset(self.group, mq, offset)
+        self._committed[mq] = offset
+
+    def assign(self, mqs: Iterable[MessageQueue], sub_expression: Union[str, dict] = "*") -> None:
+        mqs = list(dict.fromkeys(mqs))
+        topics = {mq.topic for mq in mqs}
+        if isinstance(sub_expression, dict):
+            self._subs = {t: SubscriptionData.build(t, sub_expression.get(t, "*")) for t in topics}
+        else:
+            self._subs = {t: SubscriptionData.build(t, sub_expression) for t in topics}
+        keep = set(mqs)
+        for mq in list(self._positions):
+            if mq not in keep:
+                self._positions.pop(mq, None)
+                self._forget(mq)
+        self._assigned = mqs
+
+    def assignment(self) -> list:
+        return list(self._assigned)
+
+    def _forget(self, mq: MessageQueue) -> None:
+        entry = self._inflight.pop(mq, None)
+        if entry is not None:
+            entry[0].cancel()
+
+    def seek(self, mq: MessageQueue, offset: int) -> None:
+        if mq not in self._assigned:
+            raise MQClientError(f"{mq} is not assigned")
+        if offset < 0:
+            raise MQClientError(f"offset < 0: {offset}")
+        self._positions[mq] = int(offset)
+        self._forget(mq)
+
+    async def seek_by_time(self, mq: MessageQueue, timestamp_ms: int) -> int:
+        off = await self.search_offset(mq, timestamp_ms)
+        self.seek(mq, off)
+        return off
+
+    async def seek_to_begin(self, mq: MessageQueue) -> None:
+        self.seek(mq, await self.min_offset(mq))
+
+    async def seek_to_end(self, mq: MessageQueue) -> None:
+        self.seek(mq, await self.max_offset(mq))
+
+    async def position(self, mq: MessageQueue) -> int:
+        off = self._positions.get(mq)
+        return off if off is not None else await self._initial_position(mq)
+
+    async def _initial_position(self, mq: MessageQueue) -> int:
+        api = self._api()
+        last = await api.query_consumer_offset(self.group, mq)
+        if last >= 0:
+            off = last
+            self._committed[mq] = last
+        elif self.consume_from_where is ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET:
+            off = await api.min_offset(mq)
+        elif self.consume_from_where is ConsumeFromWhere.CONSUME_FROM_TIMESTAMP:
+            off = await api.search_offset(mq, self.consume_timestamp_ms or int(time.time() * 1000) - 1_800_000)
+        else:
+            off = await api.max_offset(mq)
+        self._positions[mq] = off
+        return off
+
+    async def _pull_one(self, mq: MessageQueue, offset: int, suspend: int) -> tuple:
+        api = self._api()
+        addr = await api.broker_addr(mq.broker_name, mq.topic)
+        frame = build_pull_frame(self.group, mq, offset, self.pull_batch_size, self._subs[mq.topic].sub_string, -1,
+                                 suspend)
+        return await api.invoke(addr, frame, suspend + self.timeout_ms), addr
+
+    async def poll(self, timeout_ms: int = 1000) -> list:
+        """Messages from the assigned queues, awaiting up to ``timeout_ms`` (long polling)."""
+        if self._closed:
+            raise MQClientError("the consumer is shut down")
+        if self.auto_commit and (time.monotonic() - self._last_commit) * 1000 >= self.auto_commit_interval_ms:
+            await self.commit_sync()
+        if not self._assigned:
+            await asyncio.sleep(timeout_ms / 1000.0)
+            return []
+        for mq in self._assigned:
+            if mq not in self._positions:
+                await self._initial_position(mq)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_ms / 1000.0
+        out: list = []
+        error: Optional[Exception] = None
+        failed: set = set()
+        while True:
+            left_ms = int((deadline - loop.time()) * 1000)
+            for mq in self._assigned:
+                if mq in self._inflight or mq in failed:
+                    continue
+                off = self._positions[mq]
+                task = loop.create_task(self._pull_one(mq, off, min(max(left_ms, 0), BROKER_SUSPEND_MAX_TIME_MS)))
+                self._inflight[mq] = (task, off)
+            tasks = {t: mq for mq, (t, _) in self._inflight.items()}
+            done, _ = await asyncio.wait(tasks, timeout=max(0.0, left_ms / 1000.0),
+                                         return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                mq = tasks[task]
+                entry = self._inflight.pop(mq)
+                if self._positions.get(mq) != entry[1]:
+                    continue
+                try:
+                    resp, addr = task.result()
+                    res = parse_pull_response(resp, self._subs.get(mq.topic), addr)
+                except MQClientError as e:
+                    error = e
+                    failed.add(mq)
+                    continue
+                self._positions[mq] = res.next_begin_offset
+                out.extend(res.msg_found_list)
+            if out:
+                return out
+            if loop.time() >= deadline or len(failed) == len(self._assigned):
+                if error is not None:
+                    raise error
+                return out
+
+    def __aiter__(self):
+        return self._iterate()
+
+    async def _iterate(self):
+        while not self._closed:
+            for m in await self.poll(1000):
+                yield m
+
+    async def commit_sync(self, offsets: Optional[dict] = None) -> None:
+        api = self._api()
+        todo = offsets if offsets is not None else {mq: off for mq, off in self._positions.items()
+                                                     if self._committed.get(mq) != off}
+        for mq, off in todo.items():
+            await api.update_consumer_offset(self.group, mq, off)
+            self._committed[mq] = off
+        self._last_commit = time.monotonic()
+
+
+# -- push consumer -------------------------------------------------------------------------------------
+class _AsyncOffsets:
+    """The offset table with awaitable store I/O: on the brokers (CLUSTERING) or in a local file."""
+
+    def __init__(self, table: OffsetStore, api: Optional[AsyncConsumerAPI]):
+        self.table = table
+        self.api = api
+        self._persisted: dict = {}
+
+    async def read_from_store(self, mq: MessageQueue) -> int:
+        if self.api is None:
+            return self.table.read_memory(mq)
+        try:
+            off = await self.api.query_consumer_offset(self.table.group, mq)
+        except MQBrokerError as e:
+            log.warning("query offset of %s: %s", mq, e)
+            return -1
+        except MQClientError as e:
+            log.warning("query offset of %s: %s", mq, e)
+            return -2
+        if off >= 0:
+            self._persisted[mq] = off
+        return off
+
+    async def persist(self, mq: MessageQueue) -> None:
+        await self.persist_all([mq], force=True)
+
+    async def persist_all(self, mqs: Iterable[MessageQueue], force: bool = False) -> None:
+        if self.api is None:
+            self.table.persist_all(mqs)
+            return
+        for mq in mqs:
+            off = self.table.read_memory(mq)
+            if off < 0 or (not force and self._persisted.get(mq) == off):
+                continue
+            try:
+                await self.api.update_consumer_offset(self.table.group, mq, off)
+                self._persisted[mq] = off
+            except MQClientError as e:
+                log.warning("persist offset %d of %s failed: %s", off, mq, e)
+
+    def remove(self, mq: MessageQueue) -> None:
+        self.table.remove_offset(mq)
+        self._persisted.pop(mq, None)
+
+
+class AsyncPushConsumer:
+    """Awaitable :class:`rmq.client.consumer.PushConsumer`: same parameters (``consume_thread_max``
+    bounds concurrent listener calls), ``await start()`` / ``await shutdown()``.  The listener may
+    be a coroutine function (awaited on the loop) or a plain function (run in a worker thread)."""
+
+    def __init__(self, namesrv_addr: str, group: str, message_model: Union[str, MessageModel] = "CLUSTERING",
+                 consume_from_where: Union[str, ConsumeFromWhere] = ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET,
+                 allocate_strategy=None, consume_thread_max: int = CONSUME_THREAD_MAX,
+                 pull_batch_size: int = PULL_BATCH_SIZE, consume_message_batch_max_size: int = 1,
+                 max_reconsume_times: int = -1, rebalance_interval_ms: int = REBALANCE_INTERVAL_MS, *,
+                 consume_timestamp_ms: Optional[int] = None,
+                 pull_threshold_for_queue: int = PULL_THRESHOLD_FOR_QUEUE,
+                 pull_threshold_size_for_queue_mb: int = PULL_THRESHOLD_SIZE_FOR_QUEUE_MB,
+                 consume_concurrently_max_span: int = CONSUME_CONCURRENTLY_MAX_SPAN,
+                 suspend_current_queue_time_millis: int = SUSPEND_CURRENT_QUEUE_TIME_MS,
+                 persist_consumer_offset_interval_ms: int = PERSIST_CONSUMER_OFFSET_INTERVAL_MS,
+                 heartbeat_broker_interval_ms: int = HEARTBEAT_BROKER_INTERVAL_MS,
+                 poll_name_server_interval_ms: int = POLL_NAME_SERVER_INTERVAL_MS,
+                 lock_interval_ms: int = REBALANCE_LOCK_INTERVAL_MS, instance_name: Optional[str] = None,
+                 offset_store_dir: Optional[str] = None, timeout_ms: int = DEFAULT_TIMEOUT_MS,
+                 shutdown_await_ms: int = SHUTDOWN_AWAIT_MS):
+        if not group or group == "DEFAULT_CONSUMER":
+            raise MQClientError("consumer group must be set (and not DEFAULT_CONSUMER)")
+        self.namesrv_addr = namesrv_addr
+        self.group = group
+        self.message_model = _enum(MessageModel, message_model, "message_model")
+        self.consume_from_where = _enum(ConsumeFromWhere, consume_from_where, "consume_from_where")
+        self.consume_timestamp_ms = consume_timestamp_ms
+        self.allocate_strategy = resolve_strategy(allocate_strategy)
+        self.consume_thread_max = consume_thread_max
+        self.pull_batch_size = pull_batch_size
+        self.consume_message_batch_max_size = consume_message_batch_max_size
+        self.max_reconsume_times = max_reconsume_times
+        self.rebalance_interval_ms = rebalance_interval_ms
+        self.pull_threshold_for_queue = pull_threshold_for_queue
+        self.pull_threshold_size_for_queue_mb = pull_threshold_size_for_queue_mb
+        self.consume_concurrently_max_span = consume_concurrently_max_span
+        self.suspend_current_queue_time_millis = suspend_current_queue_time_millis
+        self.persist_consumer_offset_interval_ms = persist_consumer_offset_interval_ms
+        self.heartbeat_broker_interval_ms = heartbeat_broker_interval_ms
+        self.poll_name_server_interval_ms = poll_name_server_interval_ms
+        self.lock_interval_ms = lock_interval_ms
+        self.offset_store_dir = offset_store_dir
+        self.timeout_ms = timeout_ms
+        self.shutdown_await_ms = shutdown_await_ms
+        self.client_id = default_client_id(instance_name)
+        self.subscriptions: dict[str, SubscriptionData] = {}
+        self.listener: Optional[Callable] = None
+        self.orderly = False
+        self.process_queue_table: dict[MessageQueue, ProcessQueue] = {}
+        self._consume_locks: dict = {}            # ProcessQueue -> asyncio.Lock (orderly)
+        self._tasks: set = set()
+        self._pull_tasks: dict = {}
+        self.api: Optional[AsyncConsumerAPI] = None
+        self.offsets: Optional[_AsyncOffsets] = None
+        self.offset_store: Optional[OffsetStore] = None
+        self._sem: Optional[asyncio.Semaphore] = None
+        self._wakeup: Optional[asyncio.Event] = None
+        self._service: Optional[asyncio.Task] = None
+        self._state = "CREATED"
+        self.stats = {"consumed_ok": 0, "consumed_failed": 0, "sent_back": 0, "send_back_failed": 0, "pulls": 0}
+
+    # -- configuration --------------------------------------------------------------------------
+    def subscribe(self, topic: str, sub_expression: str = "*") -> None:
+        self.subscriptions[topic] = SubscriptionData.build(topic, sub_expression)
+        if self._wakeup is not None:
+            self._wakeup.set()
+
+    def unsubscribe(self, topic: str) -> None:
+        self.subscriptions.pop(topic, None)
+        if self._wakeup is not None:
+            self._wakeup.set()
+
+    def register_message_listener(self, fn: Callable) -> Callable:
+        self.listener, self.orderly = fn, False
+        return fn
+
+    def register_message_listener_orderly(self, fn: Callable) -> Callable:
+        self.listener, self.orderly = fn, True
+        return fn
+
+    @property
+    def clustering(self) -> bool:
+        return self.message_model is MessageModel.CLUSTERING
+
+    def _max_reconsume_times(self) -> int:
+        if self.max_reconsume_times >= 0:
+            return self.max_reconsume_times
+        return ORDERLY_MAX_RECONSUME_TIMES if self.orderly else CONCURRENT_MAX_RECONSUME_TIMES
+
+    def assigned_message_queues(self, topic: Optional[str] = None) -> list:
+        return sorted(mq for mq, pq in self.process_queue_table.items()
+                      if not pq.dropped and (topic is None or mq.topic == topic))
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    async def start(self) -> "AsyncPushConsumer":
+        if self._state != "CREATED":
+            raise MQClientError(f"the consumer is {self._state}, it can be started once")
+        if self.listener is None:
+            raise MQClientError("register a message listener before start()")
+        if not self.subscriptions:
+            raise MQClientError("subscribe to a topic before start()")
+        self.api = AsyncConsumerAPI(self.namesrv_addr, self.timeout_ms)
+        if self.clustering:
+            self.subscriptions.setdefault(retry_topic(self.group), SubscriptionData.build(retry_topic(self.group), "*"))
+            self.offset_store = OffsetStore(self.group)
+            self.offsets = _AsyncOffsets(self.offset_store, self.api)
+        else:
+            self.offset_store = LocalFileOffsetStore(self.group, self.client_id, self.offset_store_dir)
+            self.offset_store.load()
+            self.offsets = _AsyncOffsets(self.offset_store, None)
+        if self.consume_timestamp_ms is None:
+            self.consume_timestamp_ms = int(time.time() * 1000) - 30 * 60 * 1000
+        self._sem = asyncio.Semaphore(self.consume_thread_max)
+        self._wakeup = asyncio.Event()
+        self._state = "RUNNING"
+        await self._heartbeat_all()
+        self._service = asyncio.get_running_loop().create_task(self._service_loop())
+        return self
+
+    async def shutdown(self) -> None:
+        if self._state != "RUNNING":
+            self._state = "SHUTDOWN"
+            return
+        self._state = "STOPPING"
+        self._wakeup.set()
+        if self._service is not None:
+            await asyncio.gather(self._service, return_exceptions=True)
+        for t in self._pull_tasks.values():
+            t.cancel()
+        await asyncio.gather(*self._pull_tasks.values(), return_exceptions=True)
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=self.shutdown_await_ms / 1000.0)
+        for t in list(self._tasks):
+            t.cancel()
+        items = list(self.process_queue_table.items())
+        for _, pq in items:
+            pq.dropped = True
+        try:
+            await self.offsets.persist_all([mq for mq, _ in items])
+            if self.orderly and self.clustering:
+                await self._unlock([mq for mq, _ in items])
+            for addr in self.api.all_broker_addrs():
+                try:
+                    await self.api.unregister(addr, self.client_id, self.group)
+                except MQClientError as e:
+                    log.info("unregister from %s: %s", addr, e)
+        finally:
+            self._state = "SHUTDOWN"
+            await self.api.close()
+
+    close = shutdown
+
+    async def __aenter__(self) -> "AsyncPushConsumer":
+        if self._state == "CREATED":
+            await self.start()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.shutdown()
+
+    def _spawn(self, coro) -> asyncio.Task:
+        t = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
+        return t
+
+    # -- service: rebalance, heartbeats, offsets, locks -----------------------------------------------
+    async def _service_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        next_rebalance = now
+        next_persist = now + self.persist_consumer_offset_interval_ms / 1000.0
+        next_heartbeat = now + self.heartbeat_broker_interval_ms / 1000.0
+        next_lock = now + self.lock_interval_ms / 1000.0
+        while self._state == "RUNNING":
+            now = loop.time()
+            try:
+                if self._wakeup.is_set() or now >= next_rebalance:
+                    self._wakeup.clear()
+                    await self.do_rebalance()
+                    next_rebalance = loop.time() + self.rebalance_interval_ms / 1000.0
+                if now >= next_heartbeat:
+                    await self._heartbeat_all()
+                    next_heartbeat = now + self.heartbeat_broker_interval_ms / 1000.0
+                if now >= next_persist:
+                    await self.offsets.persist_all(self.assigned_message_queues())
+                    next_persist = now + self.persist_consumer_offset_interval_ms / 1000.0
+                if self.orderly and self.clustering and now >= next_lock:
+                    await self._lock_all()
+                    next_lock = now + self.lock_interval_ms / 1000.0
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("consumer %s service step failed", self.group)
+            if self._state != "RUNNING":
+                break
+            nxt = min(next_rebalance, next_persist, next_heartbeat)
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), max(0.0, min(nxt - loop.time(), 1.0)))
+            except asyncio.TimeoutError:
+                pass
+
+    async def _heartbeat_all(self) -> None:
+        for topic in list(self.subscriptions):
+            try:
+                await self.api.route(topic, self.poll_name_server_interval_ms)
+            except MQClientError:
+                pass
+        datas = [consumer_data(self.group, "CONSUME_PASSIVELY", self.message_model.value,
+                               self.consume_from_where.value, self.subscriptions.values())]
+        for addr in self.api.all_broker_addrs():
+            try:
+                await self.api.heartbeat(addr, self.client_id, datas)
+            except MQClientError as e:
+                log.warning("heartbeat to %s failed: %s", addr, e)
+
+    async def do_rebalance(self) -> None:
+        for topic in list(self.subscriptions):
+            try:
+                await self._rebalance_by_topic(topic)
+            except MQClientError as e:
+                log.warning("rebalance of %s for %s: %s", topic, self.group, e)
+        for mq, pq in [(mq, pq) for mq, pq in self.process_queue_table.items() if mq.topic not in self.subscriptions]:
+            pq.dropped = True
+            if await self._remove_unnecessary(mq, pq) and self.process_queue_table.get(mq) is pq:
+                del self.process_queue_table[mq]
+
+    async def _rebalance_by_topic(self, topic: str) -> None:
+        route = await self.api.route(topic, self.poll_name_server_interval_ms)
+        if route is None:
+            return
+        mq_all = route.subscribe_queues()
+        if not self.clustering:
+            await self._update_table(topic, set(mq_all))
+            return
+        addrs = route.all_master_addrs()
+        if not addrs or not mq_all:
+            return
+        cids = await self.api.consumer_id_list(random.choice(addrs), self.group)
+        if self.client_id not in cids:
+            await self._heartbeat_all()
+            return
+        cids.sort()
+        try:
+            allocated = self.allocate_strategy(self.group, self.client_id, sorted(mq_all), cids)
+        except Exception:
+            log.exception("allocate strategy %r failed", self.allocate_strategy)
+            return
+        await self._update_table(topic, set(allocated))
+
+    async def _update_table(self, topic: str, mq_set: set) -> None:
+        for mq, pq in [(mq, pq) for mq, pq in self.process_queue_table.items() if mq.topic == topic]:
+            if mq not in mq_set or pq.dropped or pq.is_pull_expired():
+                pq.dropped = True
+                if await self._remove_unnecessary(mq, pq) and self.process_queue_table.get(mq) is pq:
+                    del self.process_queue_table[mq]
+        for mq in sorted(mq_set):
+            if mq in self.process_queue_table:
+                continue
+            locked = False
+            if self.orderly and self.clustering:
+                if not await self._lock_one(mq):
+                    continue
+                locked = True
+            self.offsets.remove(mq)
+            pq = ProcessQueue()
+            if locked:
+                pq.locked, pq.last_lock_timestamp = True, time.monotonic()
+            last = await self.offsets.read_from_store(mq)
+            try:
+                next_offset = await self._start_offset(mq, last)
+            except MQClientError as e:
+                log.warning("cannot compute the start offset of %s: %s", mq, e)
+                next_offset = -1
+            if next_offset < 0:
+                if locked:
+                    await self._unlock([mq])
+                continue
+            self.offset_store.update_offset(mq, next_offset)
+            self.process_queue_table[mq] = pq
+            self._consume_locks[pq] = asyncio.Lock()
+            self._pull_tasks[pq] = asyncio.get_running_loop().create_task(self._pull_loop(mq, pq, next_offset))
+            log.info("%s: %s takes %s from offset %d", self.group, self.client_id, mq, next_offset)
+
+    async def _start_offset(self, mq: MessageQueue, last: int) -> int:
+        # compute_pull_from_where needs sync callables: resolve the one broker value it may need first
+        if last != -1:
+            return compute_pull_from_where(self.consume_from_where, last, mq, lambda m: -1, lambda m, t: -1, 0)
+        where = self.consume_from_where
+        is_retry = mq.topic.startswith("%RETRY%")
+        if where is ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET:
+            return 0
+        if where is ConsumeFromWhere.CONSUME_FROM_TIMESTAMP and not is_retry:
+            return await self.api.search_offset(mq, self.consume_timestamp_ms)
+        if where is ConsumeFromWhere.CONSUME_FROM_TIMESTAMP or not is_retry:
+            return await self.api.max_offset(mq)
+        return 0
+
+    async def _remove_unnecessary(self, mq: MessageQueue, pq: ProcessQueue) -> bool:
+        t = self._pull_tasks.pop(pq, None)
+        if t is not None:
+            t.cancel()
+        if self.orderly and self.clustering:
+            lock = self._consume_locks.get(pq)
+            try:
+                await asyncio.wait_for(lock.acquire(), 1.0)
+            except asyncio.TimeoutError:
+                pq.try_unlock_times += 1
+                return False
+            try:
+                await self.offsets.persist(mq)
+                self.offsets.remove(mq)
+                await self._unlock([mq])
+                pq.locked = False
+            finally:
+                lock.release()
+        else:
+            await self.offsets.persist(mq)
+            self.offsets.remove(mq)
+        self._consume_locks.pop(pq, None)
+        return True
+
+    async def _lock_one(self, mq: MessageQueue) -> bool:
+        try:
+            addr = await self.api.broker_addr(mq.broker_name, mq.topic)
+            return mq in await self.api.lock_batch_mq(addr, self.group, self.client_id, [mq])
+        except MQClientError as e:
+            log.warning("lock %s failed: %s", mq, e)
+            return False
+
+    async def _lock_all(self) -> None:
+        table = {mq: pq for mq, pq in self.process_queue_table.items() if not pq.dropped}
+        by_broker: dict = {}
+        for mq in table:
+            by_broker.setdefault(mq.broker_name, []).append(mq)
+        for broker, mqs in by_broker.items():
+            try:
+                addr = await self.api.broker_addr(broker, mqs[0].topic)
+                ok = await self.api.lock_batch_mq(addr, self.group, self.client_id, mqs)
+            except MQClientError as e:
+                log.warning("lock renewal on %s failed: %s", broker, e)
+                continue
+            for mq in mqs:
+                table[mq].locked = mq in ok
+                if mq in ok:
+                    table[mq].last_lock_timestamp = time.monotonic()
+
+    async def _unlock(self, mqs: list) -> None:
+        by_broker: dict = {}
+        for mq in mqs:
+            by_broker.setdefault(mq.broker_name, []).append(mq)
+        for broker, group_mqs in by_broker.items():
+            try:
+                addr = await self.api.broker_addr(broker, group_mqs[0].topic)
+                await self.api.unlock_batch_mq(addr, self.group, self.client_id, group_mqs)
+            except MQClientError as e:
+                log.warning("unlock %s failed: %s", group_mqs, e)
+
+    # -- pulling ----------------------------------------------------------------------------------------
+    async def _pull_loop(self, mq: MessageQueue, pq: ProcessQueue, next_offset: int) -> None:
+        retry = retry_topic(self.group) if self.clustering else None
+        delay = PULL_TIME_DELAY_MS_WHEN_EXCEPTION / 1000.0
+        while self._state == "RUNNING" and not pq.dropped:
+            pq.last_pull_timestamp = time.monotonic()
+            if pq.msg_count > self.pull_threshold_for_queue or \
+                    pq.msg_size > self.pull_threshold_size_for_queue_mb * 1024 * 1024 or \
+                    (not self.orderly and pq.max_span() > self.consume_concurrently_max_span):
+                await asyncio.sleep(PULL_TIME_DELAY_MS_WHEN_FLOW_CONTROL / 1000.0)
+                continue
+            if self.orderly and self.clustering and not pq.locked:
+                await asyncio.sleep(delay)
+                continue
+            sub = self.subscriptions.get(mq.topic)
+            if sub is None:
+                await asyncio.sleep(delay)
+                continue
+            commit = self.offset_store.read_memory(mq) if self.clustering else -1
+            try:
+                addr = await self.api.broker_addr(mq.broker_name, mq.topic)
+                frame = build_pull_frame(self.group, mq, next_offset, self.pull_batch_size, sub.sub_string,
+                                         commit if commit > 0 else -1, BROKER_SUSPEND_MAX_TIME_MS)
+                self.stats["pulls"] += 1
+                resp = await self.api.invoke(addr, frame, CONSUMER_TIMEOUT_MS_WHEN_SUSPEND)
+                res = parse_pull_response(resp, sub, addr, retry)
+            except MQClientError as e:
+                log.warning("pull of %s failed: %s", mq, e)
+                await asyncio.sleep(delay)
+                continue
+            if pq.dropped:
+                return
+            if res.pull_status is PullStatus.FOUND:
+                next_offset = res.next_begin_offset
+                if res.msg_found_list:
+                    dispatch = pq.put_message(res.msg_found_list)
+                    self._dispatch(res.msg_found_list, pq, mq, dispatch)
+                elif pq.msg_count == 0:
+                    self.offset_store.update_offset(mq, next_offset, increase_only=True)
+            elif res.pull_status in (PullStatus.NO_NEW_MSG, PullStatus.NO_MATCHED_MSG):
+                next_offset = res.next_begin_offset
+                if pq.msg_count == 0:
+                    self.offset_store.update_offset(mq, next_offset, increase_only=True)
+            else:
+                log.warning("%s: offset %d illegal, moving to %d", mq, next_offset, res.next_begin_offset)
+                pq.dropped = True
+                self.offset_store.update_offset(mq, res.next_begin_offset)
+                await self.offsets.persist(mq)
+                if self.process_queue_table.get(mq) is pq:
+                    del self.process_queue_table[mq]
+                self._pull_tasks.pop(pq, None)
+                self._wakeup.set()
+                return
+
+    # -- consuming ----------------------------------------------------------------------------------------
+    async def _call(self, msgs: list, ctx):
+        fn = self.listener
+        if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None)):
+            return await fn(msgs, ctx)
+        return await asyncio.to_thread(fn, msgs, ctx)
+
+    def _dispatch(self, msgs: list, pq: ProcessQueue, mq: MessageQueue, dispatch: bool) -> None:
+        if self.orderly:
+            if dispatch:
+                self._spawn(self._consume_orderly(pq, mq))
+            return
+        n = self.consume_message_batch_max_size
+        for i in range(0, len(msgs), n):
+            self._spawn(self._consume_concurrently(msgs[i:i + n], pq, mq))
+
+    async def _consume_concurrently(self, msgs: list, pq: ProcessQueue, mq: MessageQueue) -> None:
+        async with self._sem:
+            if pq.dropped:
+                return
+            ctx = ConsumeConcurrentlyContext(mq)
+            try:
+                status = await self._call(msgs, ctx)
+                status = ConsumeConcurrentlyStatus.CONSUME_SUCCESS if status is None else \
+                    ConsumeConcurrentlyStatus(status.value if isinstance(status, enum.Enum) else status)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("listener failed on %d message(s) of %s", len(msgs), mq)
+                status = ConsumeConcurrentlyStatus.RECONSUME_LATER
+        if pq.dropped:
+            return
+        ack = min(max(ctx.ack_index, -1), len(msgs) - 1) if status is ConsumeConcurrentlyStatus.CONSUME_SUCCESS else -1
+        self.stats["consumed_ok"] += ack + 1
+        self.stats["consumed_failed"] += len(msgs) - ack - 1
+        done = msgs
+        if ack < len(msgs) - 1 and self.clustering:
+            again = [m for m in msgs[ack + 1:]
+                     if not await self._send_back(m, mq, ctx.delay_level_when_next_consume)]
+            if again:
+                for m in again:
+                    m.reconsume_times += 1
+                keep = {id(m) for m in again}
+                done = [m for m in msgs if id(m) not in keep]
+                self._spawn(self._consume_later(again, pq, mq))
+        offset = pq.remove_message(done)
+        if offset >= 0 and not pq.dropped:
+            self.offset_store.update_offset(mq, offset, increase_only=True)
+
+    async def _consume_later(self, msgs: list, pq: ProcessQueue, mq: MessageQueue) -> None:
+        await asyncio.sleep(RECONSUME_LATER_LOCALLY_MS / 1000.0)
+        await self._consume_concurrently(msgs, pq, mq)
+
+    async def _send_back(self, msg, mq: MessageQueue, delay_level: int) -> bool:
+        try:
+            await self.api.send_message_back(self.group, mq, msg, delay_level, self._max_reconsume_times())
+            self.stats["sent_back"] += 1
+            return True
+        except MQClientError as e:
+            self.stats["send_back_failed"] += 1
+            log.warning("send back of %s failed: %s", msg.msg_id, e)
+            return False
+
+    async def _consume_orderly(self, pq: ProcessQueue, mq: MessageQueue) -> None:
+        lock = self._consume_locks.get(pq)
+        begin = time.monotonic()
+        while not pq.dropped and lock is not None:
+            if self.clustering and (not pq.locked or pq.is_lock_expired()):
+                await asyncio.sleep(0.1)
+                if await self._lock_one(mq):
+                    pq.locked, pq.last_lock_timestamp = True, time.monotonic()
+                else:
+                    await asyncio.sleep(PULL_TIME_DELAY_MS_WHEN_EXCEPTION / 1000.0)
+                continue
+            if (time.monotonic() - begin) * 1000 > MAX_TIME_CONSUME_CONTINUOUSLY_MS:
+                await asyncio.sleep(0.01)          # let other queues run, then go on
+                begin = time.monotonic()
+            msgs = pq.take_messages(self.consume_message_batch_max_size)
+            if not msgs:
+                return
+            async with lock:
+                if pq.dropped:
+                    return
+                ctx = ConsumeOrderlyContext(mq)
+                async with self._sem:
+                    try:
+                        status = await self._call(msgs, ctx)
+                        status = ConsumeOrderlyStatus.SUCCESS if status is None else \
+                            ConsumeOrderlyStatus(status.value if isinstance(status, enum.Enum) else status)
+                    except asyncio.CancelledError:
+                        raise
+                    except Exception:
+                        log.exception("orderly listener failed on %d message(s) of %s", len(msgs), mq)
+                        status = ConsumeOrderlyStatus.SUSPEND_CURRENT_QUEUE_A_MOMENT
+                if status is ConsumeOrderlyStatus.SUCCESS:
+                    self.stats["consumed_ok"] += len(msgs)
+                    commit = pq.commit()
+                else:
+                    self.stats["consumed_failed"] += len(msgs)
+                    suspend = False
+                    limit = self._max_reconsume_times()
+                    for m in msgs:
+                        if m.reconsume_times >= limit and self.clustering:
+                            if not await self._send_back(m, mq, -1):
+                                suspend = True
+                                m.reconsume_times += 1
+                        elif m.reconsume_times < limit:
+                            suspend = True
+                            m.reconsume_times += 1
+                    if suspend:
+                        pq.make_message_to_consume_again(msgs)
+                        commit = -1
+                    else:
+                        commit = pq.commit()
+                if commit >= 0:
+                    self.offset_store.update_offset(mq, commit)
+            if status is not ConsumeOrderlyStatus.SUCCESS and commit < 0:
+                d = ctx.suspend_current_queue_time_millis
+                await asyncio.sleep((d if d >= 0 else self.suspend_current_queue_time_millis) / 1000.0)
+
+
+# names of the threaded module, for ``from rmq.aio.consumer import PushConsumer``
+PullConsumer = AsyncPullConsumer
+PushConsumer = AsyncPushConsumer

@@ -1,0 +1,638 @@
+"""Consumers against a real broker group: PullConsumer (pull, poll, seek, commit), PushConsumer
+(clustering rebalance, broadcasting, orderly through a rebalance, retry / DLQ, crash redelivery),
+and the asyncio variants.  Messages are sent with the raw wire helper of test_broker.py."""
+import asyncio
+import collections
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import zlib
+
+import pytest
+
+from rmq import PullConsumer, PushConsumer
+from rmq.client.consumer import (ConsumeConcurrentlyStatus, ConsumeOrderlyStatus, MessageQueue, PullStatus,
+                                 dlq_topic, retry_topic)
+from rmq.client.remoting import RemotingClient
+from rmq.errors import MQBrokerError
+from rmq.protocol import Frame, RequestCode, ResponseCode
+from tests.integration.cluster import Cluster
+from tests.integration.conftest import ROOT
+from tests.integration.test_broker import send
+
+pytestmark = pytest.mark.integration
+
+# short delay levels so that retries come back in ~0.1-1 s (the broker accepts ms units)
+DELAY_LEVELS = "100ms 200ms 300ms 400ms 500ms 600ms 700ms 800ms 900ms 1s 1s 1s 1s 1s 1s 1s 1s 1s"
+FAST = dict(rebalance_interval_ms=300, persist_consumer_offset_interval_ms=200, heartbeat_broker_interval_ms=1000,
+            poll_name_server_interval_ms=300, consume_thread_max=4, shutdown_await_ms=5000)
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    c = Cluster(tmp_path / "store", conf={"messageDelayLevel": DELAY_LEVELS})
+    yield c
+    c.close()
+
+
+def wait_for(pred, timeout_s=15.0, what="condition"):
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        v = pred()
+        if v:
+            return v
+        time.sleep(0.02)
+    raise AssertionError(f"{what} not met within {timeout_s} s")
+
+
+def create_topic(cluster, topic, queues=8):
+    with RemotingClient() as c:
+        r = c.invoke(cluster.broker, Frame(RequestCode.UPDATE_AND_CREATE_TOPIC, fields={
+            "topic": topic, "readQueueNums": queues, "writeQueueNums": queues}))
+        assert r.code == ResponseCode.SUCCESS, r.remark
+
+        def routed():
+            r = c.invoke(cluster.namesrv.endpoint, Frame(RequestCode.GET_ROUTEINFO_BY_TOPIC, fields={"topic": topic}))
+            return r.code == ResponseCode.SUCCESS
+        wait_for(routed, what=f"route of {topic}")
+
+
+def send_many(cluster, topic, bodies_queues, tags=None):
+    """Send (body, queue_id) pairs; returns the stored (queue_id, queue_offset) of each."""
+    out = []
+    with RemotingClient() as c:
+        for body, q in bodies_queues:
+            r = send(c, cluster.broker, topic, body, q, tags=tags)
+            assert r.code == ResponseCode.SUCCESS, r.remark
+            out.append((r.fields["queueId"], r.fields["queueOffset"]))
+    return out
+
+
+def wait_dispatched(cluster, topic, queues, expected_total, group="probe"):
+    """Wait until reput has put ``expected_total`` messages in the ConsumeQueues of ``topic``."""
+    with PullConsumer(cluster.namesrv_addr, group=group, auto_commit=False) as pc:
+        wait_for(lambda: sum(pc.max_offset(MessageQueue(topic, "broker-a", q)) for q in range(queues))
+                 >= expected_total, what="dispatch")
+
+
+def push_consumer(cluster, group, listener=None, orderly=False, topic="T", expr="*", **kw):
+    opts = {**FAST, **kw}
+    c = PushConsumer(cluster.namesrv_addr, group, **opts)
+    c.subscribe(topic, expr)
+    if orderly:
+        c.register_message_listener_orderly(listener)
+    else:
+        c.register_message_listener(listener)
+    return c
+
+
+def stable_assignment(consumers, topic, n_queues):
+    sets = [set(c.assigned_message_queues(topic)) for c in consumers]
+    return sum(map(len, sets)) == n_queues and len(set().union(*sets)) == n_queues
+
+
+# -- PullConsumer -----------------------------------------------------------------------------------
+def test_pull_consumer_round_trip_tags_seek_by_time_and_commit(cluster):
+    create_topic(cluster, "flights", 4)
+    first = [(b"early-%d" % i, i % 4) for i in range(8)]
+    with RemotingClient() as c:
+        for i, (body, q) in enumerate(first):
+            r = send(c, cluster.broker, "flights", body, q, tags="A" if i % 2 else "B", keys=[f"k{i}", "x"])
+            assert r.code == ResponseCode.SUCCESS
+    time.sleep(0.3)
+    boundary = int(time.time() * 1000)      # SEARCH_OFFSET_BY_TIMESTAMP answers the nearest message:
+    send_many(cluster, "flights", [(b"late-%d" % i, i % 4) for i in range(8)], tags="C")
+    # a zlib-compressed body (sysFlag COMPRESSED) comes back inflated
+    with RemotingClient() as c:
+        r = c.invoke(cluster.broker, Frame(RequestCode.SEND_MESSAGE, fields={
+            "producerGroup": "pg", "topic": "flights", "queueId": 3, "sysFlag": 0x1, "properties": {"TAGS": "Z"},
+            "bornTimestamp": int(time.time() * 1000)}, bodies=[zlib.compress(b"inflated " * 100)]))
+        assert r.code == ResponseCode.SUCCESS
+    wait_dispatched(cluster, "flights", 4, 17)
+
+    with PullConsumer(cluster.namesrv_addr, group="cg") as c:
+        mqs = c.fetch_subscribe_message_queues("flights")
+        assert mqs == [MessageQueue("flights", "broker-a", q) for q in range(4)]
+        seen = {}
+        for mq in mqs:
+            res = c.pull(mq, "*", offset=0, max_nums=32)
+            assert res.pull_status is PullStatus.FOUND
+            assert res.min_offset == 0 and res.next_begin_offset == res.max_offset == len(res.msg_found_list)
+            for m in res.msg_found_list:
+                assert m.queue_id == mq.queue_id and m.topic == "flights"
+                assert m.msg_id and m.store_timestamp >= m.born_timestamp > 0
+                seen[m.body] = m
+            assert [m.queue_offset for m in res.msg_found_list] == list(range(len(res.msg_found_list)))
+        assert seen[b"early-3"].tags == "A" and seen[b"early-3"].keys == ["k3", "x"]
+        assert seen[b"early-3"].properties["KEYS"] == "k3 x"
+        assert seen[b"inflated " * 100].tags == "Z"
+        # tag filter: exact tags only
+        res = c.pull(mqs[1], "A || C", offset=0)
+        assert sorted(m.body for m in res.msg_found_list) == [b"early-1", b"early-5", b"late-1", b"late-5"]
+        assert c.pull(mqs[1], "nope", offset=0).pull_status in (PullStatus.NO_MATCHED_MSG, PullStatus.FOUND)
+        assert c.pull(mqs[1], "*", offset=4).pull_status is PullStatus.NO_NEW_MSG
+        assert c.pull(mqs[1], "*", offset=99).pull_status is PullStatus.OFFSET_ILLEGAL
+        assert c.min_offset(mqs[0]) == 0 and c.max_offset(mqs[0]) == 4
+        with pytest.raises(MQBrokerError):
+            c.pull(MessageQueue("NoSuchTopic", "broker-a", 0), "*", 0)
+
+        # assign + seek_by_time + poll: only what was stored after the boundary
+        c.assign(mqs)
+        for mq in mqs:
+            assert c.seek_by_time(mq, boundary) == 2
+        got = []
+        wait_for(lambda: got.extend(c.poll(500)) or len(got) >= 9, what="poll after seek")
+        assert sorted(m.body for m in got) == sorted([b"late-%d" % i for i in range(8)] + [b"inflated " * 100])
+        assert c.poll(100) == []
+        c.commit_sync()
+        assert [c.committed(mq) for mq in mqs] == [4, 4, 4, 5]
+        c.seek(mqs[0], 0)
+        assert [m.body for m in c.poll(1000)] == [b"early-0", b"early-4", b"late-0", b"late-4"]
+    # auto commit on close stored the position
+    with PullConsumer(cluster.namesrv_addr, group="cg") as c:
+        assert c.committed(mqs[0]) == 4
+
+
+def test_pull_consumer_poll_long_polls_all_assigned_queues(cluster):
+    create_topic(cluster, "LP", 4)
+    with PullConsumer(cluster.namesrv_addr, group="lp") as c:
+        mqs = c.fetch_subscribe_message_queues("LP")
+        c.assign(mqs)
+        t0 = time.monotonic()
+        assert c.poll(300) == [] and time.monotonic() - t0 >= 0.25
+        timer = threading.Timer(0.3, lambda: send_many(cluster, "LP", [(b"wake", 2)]))
+        timer.start()
+        t0 = time.monotonic()
+        got = c.poll(10_000)
+        elapsed = time.monotonic() - t0
+        timer.join()
+        assert [m.body for m in got] == [b"wake"] and got[0].queue_id == 2
+        assert elapsed < 5, f"the parked pull was not woken ({elapsed:.1f} s)"
+        assert c.position(mqs[2]) == 1
+        res = c.pull_block_if_not_found(mqs[2], "*", 1, timeout_ms=300)
+        assert res.pull_status is PullStatus.NO_NEW_MSG
+
+
+# -- PushConsumer, clustering ------------------------------------------------------------------------
+def test_three_push_consumers_share_all_queues_without_gaps_or_duplicates(cluster):
+    create_topic(cluster, "T", 8)
+    counts = collections.Counter()
+    owner = {}
+    lock = threading.Lock()
+
+    def make_listener(name):
+        def listener(msgs, ctx):
+            with lock:
+                for m in msgs:
+                    counts[m.body] += 1
+                    owner.setdefault(m.queue_id, set()).add(name)
+            return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+        return listener
+
+    consumers = [push_consumer(cluster, "share", make_listener(i)) for i in range(3)]
+    try:
+        for c in consumers:
+            c.start()
+        wait_for(lambda: stable_assignment(consumers, "T", 8), what="stable assignment")
+        sizes = sorted(len(c.assigned_message_queues("T")) for c in consumers)
+        assert sizes == [2, 3, 3]                       # AllocateMessageQueueAveragely of 8 over 3
+        n = 1600
+        send_many(cluster, "T", [(b"%d" % i, i % 8) for i in range(n)])
+        wait_for(lambda: len(counts) == n, what="all messages consumed")
+        time.sleep(0.3)
+        assert set(counts) == {b"%d" % i for i in range(n)}             # no gaps
+        dups = {k: v for k, v in counts.items() if v > 1}
+        assert not dups, f"{len(dups)} duplicates with stable membership"
+        assert all(len(v) == 1 for v in owner.values()), owner          # one owner per queue
+        assert sum(c.stats["consumed_ok"] for c in consumers) == n
+    finally:
+        for c in consumers:
+            c.shutdown()
+    # offsets committed on shutdown: every queue at its end
+    with PullConsumer(cluster.namesrv_addr, group="share", auto_commit=False) as pc:
+        for q in range(8):
+            mq = MessageQueue("T", "broker-a", q)
+            assert pc.committed(mq) == pc.max_offset(mq) == n // 8
+
+
+def test_membership_changes_redeliver_but_never_lose(cluster):
+    create_topic(cluster, "T", 8)
+    counts = collections.Counter()
+    lock = threading.Lock()
+
+    def listener(msgs, ctx):
+        time.sleep(0.001)
+        with lock:
+            for m in msgs:
+                counts[m.body] += 1
+
+    stop = threading.Event()
+    sent = []
+
+    def producer():
+        with RemotingClient() as c:
+            i = 0
+            while not stop.is_set():
+                body = b"%d" % i
+                assert send(c, cluster.broker, "T", body, i % 8).code == ResponseCode.SUCCESS
+                sent.append(body)
+                i += 1
+                time.sleep(0.002)
+
+    a = push_consumer(cluster, "churn", listener).start()
+    t = threading.Thread(target=producer)
+    t.start()
+    others = []
+    try:
+        time.sleep(0.5)
+        others = [push_consumer(cluster, "churn", listener).start() for _ in range(2)]
+        wait_for(lambda: stable_assignment([a, *others], "T", 8), what="3-member assignment")
+        time.sleep(0.3)
+        others[0].shutdown()                        # leaves: its queues move to the others
+        wait_for(lambda: stable_assignment([a, others[1]], "T", 8), what="2-member assignment")
+        time.sleep(0.3)
+    finally:
+        stop.set()
+        t.join()
+    try:
+        wait_for(lambda: set(sent) <= set(counts), what="every sent message consumed")
+        redelivered = sum(v - 1 for v in counts.values())
+        print(f"membership churn: {len(sent)} sent, {redelivered} redelivered")
+    finally:
+        for c in (a, *others):
+            c.shutdown()
+
+
+def test_offsets_committed_on_shutdown_resume_in_next_member(cluster):
+    create_topic(cluster, "T", 4)
+    first, second = [], []
+    c1 = push_consumer(cluster, "resume", lambda msgs, ctx: first.extend(m.body for m in msgs)).start()
+    try:
+        wait_for(lambda: len(c1.assigned_message_queues("T")) == 4, what="assignment")
+        send_many(cluster, "T", [(b"a%d" % i, i % 4) for i in range(40)])
+        wait_for(lambda: len(first) == 40, what="first batch")
+    finally:
+        c1.shutdown()
+    send_many(cluster, "T", [(b"b%d" % i, i % 4) for i in range(20)])
+    c2 = push_consumer(cluster, "resume", lambda msgs, ctx: second.extend(m.body for m in msgs)).start()
+    try:
+        wait_for(lambda: len(second) >= 20, what="second batch")
+        time.sleep(0.3)
+        assert sorted(second) == sorted(b"b%d" % i for i in range(20))
+    finally:
+        c2.shutdown()
+
+
+def test_push_consumer_tag_filter_and_batch_listener(cluster):
+    create_topic(cluster, "T", 2)
+    got = []
+    sizes = []
+
+    def listener(msgs, ctx):
+        sizes.append(len(msgs))
+        got.extend((m.tags, m.body) for m in msgs)
+        return "CONSUME_SUCCESS"
+    c = push_consumer(cluster, "tags", listener, expr="A || B", consume_message_batch_max_size=8,
+                      consume_from_where="CONSUME_FROM_FIRST_OFFSET").start()
+    try:
+        with RemotingClient() as rc:
+            for i in range(60):
+                assert send(rc, cluster.broker, "T", b"%d" % i, i % 2, tags="ABC"[i % 3]).code == 0
+        wait_for(lambda: len(got) == 40, what="tagged messages")
+        time.sleep(0.3)
+        assert len(got) == 40 and {t for t, _ in got} == {"A", "B"}
+        assert max(sizes) <= 8
+    finally:
+        c.shutdown()
+
+
+# -- orderly -----------------------------------------------------------------------------------------
+def test_orderly_keeps_per_key_order_through_a_rebalance(cluster):
+    create_topic(cluster, "O", 8)
+    keys = [f"order-{k}" for k in range(12)]
+    per_key = 70
+    log = []
+    lock = threading.Lock()
+    concurrent_queue = []
+    active = collections.Counter()
+
+    def make_listener(name):
+        def listener(msgs, ctx):
+            q = ctx.message_queue.queue_id
+            with lock:
+                active[q] += 1
+                if active[q] > 1:
+                    concurrent_queue.append(q)
+            time.sleep(0.002)
+            with lock:
+                for m in msgs:
+                    key, seq = m.body.decode().rsplit(":", 1)
+                    log.append((key, int(seq), name))
+                active[q] -= 1
+            return ConsumeOrderlyStatus.SUCCESS
+        return listener
+
+    def send_range(lo, hi):
+        with RemotingClient() as c:
+            for seq in range(lo, hi):
+                for key in keys:
+                    q = zlib.crc32(key.encode()) % 8          # queue chosen by the sharding key
+                    assert send(c, cluster.broker, "O", f"{key}:{seq}".encode(), q).code == 0
+
+    a = push_consumer(cluster, "ord", make_listener("a"), orderly=True, topic="O").start()
+    b = c = None
+    try:
+        wait_for(lambda: len(a.assigned_message_queues("O")) == 8, what="a owns all")
+        send_range(0, 20)
+        sender = threading.Thread(target=send_range, args=(20, 40))      # in flight while b joins
+        sender.start()
+        b = push_consumer(cluster, "ord", make_listener("b"), orderly=True, topic="O").start()
+        wait_for(lambda: stable_assignment([a, b], "O", 8), what="a and b share")
+        sender.join()
+        sender = threading.Thread(target=send_range, args=(40, 60))      # in flight while c joins
+        sender.start()
+        c = push_consumer(cluster, "ord", make_listener("c"), orderly=True, topic="O").start()
+        wait_for(lambda: stable_assignment([a, b, c], "O", 8), what="a, b and c share")
+        sender.join()
+        send_range(60, per_key)
+        wait_for(lambda: len(log) >= len(keys) * per_key, what="all ordered messages")
+        time.sleep(0.3)
+    finally:
+        for x in (a, b, c):
+            if x is not None:
+                x.shutdown()
+    by_key = collections.defaultdict(list)
+    for key, seq, name in log:
+        by_key[key].append(seq)
+    for key in keys:
+        assert by_key[key] == list(range(per_key)), f"{key} out of order: {by_key[key][:80]}"
+    assert not concurrent_queue, f"queues consumed by two listeners at once: {concurrent_queue}"
+    assert len({name for _, _, name in log}) == 3
+
+
+def test_orderly_suspend_retries_locally_in_order(cluster):
+    create_topic(cluster, "O", 1)
+    seen = []
+    fails = {b"1": 2}
+
+    def listener(msgs, ctx):
+        m = msgs[0]
+        seen.append((m.body, m.reconsume_times))
+        if fails.get(m.body, 0) > 0:
+            fails[m.body] -= 1
+            ctx.suspend_current_queue_time_millis = 50
+            return ConsumeOrderlyStatus.SUSPEND_CURRENT_QUEUE_A_MOMENT
+        return ConsumeOrderlyStatus.SUCCESS
+    x = push_consumer(cluster, "ordsus", listener, orderly=True, topic="O").start()
+    try:
+        wait_for(lambda: x.assigned_message_queues("O"), what="assignment")
+        send_many(cluster, "O", [(b"%d" % i, 0) for i in range(4)])
+        wait_for(lambda: [b for b, _ in seen][-1:] == [b"3"], what="all consumed")
+        assert seen == [(b"0", 0), (b"1", 0), (b"1", 1), (b"1", 2), (b"2", 0), (b"3", 0)]
+    finally:
+        x.shutdown()
+
+
+# -- broadcasting ------------------------------------------------------------------------------------
+def test_broadcasting_delivers_every_message_to_every_member(cluster, tmp_path):
+    create_topic(cluster, "B", 4)
+    got = [collections.Counter() for _ in range(3)]
+    offsets_dir = str(tmp_path / "offsets")
+
+    def make_listener(i):
+        def listener(msgs, ctx):
+            for m in msgs:
+                got[i][m.body] += 1
+        return listener
+    members = [push_consumer(cluster, "bcast", make_listener(i), topic="B", message_model="BROADCASTING",
+                             instance_name=f"member{i}", offset_store_dir=offsets_dir) for i in range(3)]
+    try:
+        for m in members:
+            m.start()
+        wait_for(lambda: all(len(m.assigned_message_queues("B")) == 4 for m in members), what="every member")
+        assert all(not m.assigned_message_queues(retry_topic("bcast")) for m in members)
+        send_many(cluster, "B", [(b"%d" % i, i % 4) for i in range(200)])
+        wait_for(lambda: all(len(g) == 200 for g in got), what="every member has all")
+        assert all(set(g.values()) == {1} for g in got)
+    finally:
+        for m in members:
+            m.shutdown()
+    for i, m in enumerate(members):
+        with open(m.offset_store.store_path) as f:
+            table = json.load(f)["offsetTable"]
+        assert os.path.dirname(os.path.dirname(os.path.dirname(m.offset_store.store_path))) == offsets_dir
+        assert table == {f"B/broker-a/{q}": 50 for q in range(4)}
+    # a restarted member with the same instance name resumes from its local offsets
+    again = []
+    r = push_consumer(cluster, "bcast", lambda msgs, ctx: again.extend(m.body for m in msgs), topic="B",
+                      message_model="BROADCASTING", instance_name="member0", offset_store_dir=offsets_dir).start()
+    try:
+        send_many(cluster, "B", [(b"new", 1)])
+        wait_for(lambda: again, what="new message")
+        time.sleep(0.3)
+        assert again == [b"new"]
+    finally:
+        r.shutdown()
+
+
+# -- retry and DLQ -----------------------------------------------------------------------------------
+def test_failed_messages_go_to_retry_then_dlq(cluster):
+    create_topic(cluster, "T", 2)
+    deliveries = collections.defaultdict(list)
+    lock = threading.Lock()
+
+    def listener(msgs, ctx):
+        with lock:
+            for m in msgs:
+                deliveries[m.body].append((m.reconsume_times, m.topic))
+        return ConsumeConcurrentlyStatus.RECONSUME_LATER
+    x = push_consumer(cluster, "dlqg", listener, max_reconsume_times=2).start()
+    bodies = [b"fail-%d" % i for i in range(3)]
+    try:
+        wait_for(lambda: len(x.assigned_message_queues("T")) == 2, what="assignment")
+        send_many(cluster, "T", [(b, i % 2) for i, b in enumerate(bodies)])
+        # original delivery + 2 retries (levels 3 and 4: 300 ms and 400 ms here), then the DLQ
+        wait_for(lambda: all(len(deliveries[b]) >= 3 for b in bodies), timeout_s=20, what="3 deliveries each")
+        with PullConsumer(cluster.namesrv_addr, group="dlq-reader") as pc:
+            def dlq_msgs():
+                try:
+                    mqs = pc.fetch_subscribe_message_queues(dlq_topic("dlqg"))
+                except Exception:
+                    return None
+                out = [m for mq in mqs for m in pc.pull(mq, "*", 0).msg_found_list]
+                return out if len(out) == len(bodies) else None
+            dead = wait_for(dlq_msgs, timeout_s=15, what="DLQ copies")
+        time.sleep(0.5)
+        assert x.assigned_message_queues(retry_topic("dlqg"))
+    finally:
+        x.shutdown()
+    for b in bodies:
+        assert deliveries[b] == [(0, "T"), (1, "T"), (2, "T")], deliveries[b]
+    assert sorted(m.body for m in dead) == bodies
+    for m in dead:
+        assert m.topic == dlq_topic("dlqg") and m.properties["RETRY_TOPIC"] == "T"
+        assert m.reconsume_times == 3 and m.properties.get("ORIGIN_MESSAGE_ID")
+
+
+def test_retry_redelivers_with_original_topic_then_succeeds(cluster):
+    create_topic(cluster, "T", 1)
+    seen = []
+
+    def listener(msgs, ctx):
+        m = msgs[0]
+        seen.append((m.body, m.topic, m.reconsume_times, m.properties.get("RETRY_TOPIC")))
+        return "RECONSUME_LATER" if m.reconsume_times == 0 else "CONSUME_SUCCESS"
+    x = push_consumer(cluster, "retryg", listener).start()
+    try:
+        wait_for(lambda: x.assigned_message_queues("T"), what="assignment")
+        send_many(cluster, "T", [(b"once", 0)])
+        wait_for(lambda: len(seen) == 2, what="redelivery")
+        time.sleep(0.5)
+        assert seen == [(b"once", "T", 0, None), (b"once", "T", 1, "T")]
+    finally:
+        x.shutdown()
+
+
+# -- crash: a killed member's uncommitted messages go to the others --------------------------------------
+CHILD = r"""
+import sys, threading, time
+from rmq import PushConsumer
+c = PushConsumer(sys.argv[1], "crash", rebalance_interval_ms=300, persist_consumer_offset_interval_ms=200,
+                 consume_message_batch_max_size=4, consume_thread_max=2, poll_name_server_interval_ms=300)
+c.subscribe("T", "*")
+out = threading.Lock()
+def listener(msgs, ctx):
+    time.sleep(0.05)                      # slow: a SIGKILL lands mid-batch
+    with out:                             # whole lines: the two consume threads must not interleave
+        sys.stdout.write("".join("DONE %s\n" % m.body.decode() for m in msgs))
+        sys.stdout.flush()
+c.register_message_listener(listener)
+c.start()
+print("CID", c.client_id, flush=True)
+while True:
+    time.sleep(1)
+"""
+
+
+def test_killed_consumer_redelivers_uncommitted_to_the_others(cluster):
+    create_topic(cluster, "T", 4)
+    n = 400
+    mine = collections.Counter()
+    lock = threading.Lock()
+
+    def listener(msgs, ctx):
+        with lock:
+            for m in msgs:
+                mine[m.body.decode()] += 1
+    child = subprocess.Popen([sys.executable, "-c", CHILD, cluster.namesrv_addr], cwd=ROOT, stdout=subprocess.PIPE,
+                             text=True)
+    child_done = []
+    survivor = None
+    try:
+        line = child.stdout.readline().split()
+        assert line and line[0] == "CID", line
+        child_cid = line[1]
+        reader = threading.Thread(target=lambda: [child_done.append(ln.split()[1]) for ln in child.stdout
+                                                  if ln.startswith("DONE")], daemon=True)
+        reader.start()
+        survivor = push_consumer(cluster, "crash", listener).start()
+        wait_for(lambda: len(survivor.assigned_message_queues("T")) == 2, what="the survivor's half")
+        send_many(cluster, "T", [(b"%d" % i, i % 4) for i in range(n)])
+        wait_for(lambda: len(child_done) >= 40, what="the child consuming")
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait(10)
+        # ZeroMQ has no per-connection close event: tell the broker the member is gone, as
+        # RocketMQ's broker does when the channel closes (otherwise it expires after 120 s)
+        with RemotingClient() as rc:
+            assert rc.invoke(cluster.broker, Frame(RequestCode.UNREGISTER_CLIENT, fields={
+                "clientID": child_cid, "consumerGroup": "crash"})).code == 0
+        wait_for(lambda: len(survivor.assigned_message_queues("T")) == 4, what="the survivor takes over")
+        expected = {str(i) for i in range(n)}
+        try:
+            wait_for(lambda: expected <= set(mine) | set(child_done), timeout_s=20, what="no message lost")
+        except AssertionError:
+            missing = sorted(expected - set(mine) - set(child_done), key=int)
+            with PullConsumer(cluster.namesrv_addr, group="crash", auto_commit=False) as pc:
+                offs = [(pc.committed(mq), pc.max_offset(mq)) for mq in pc.fetch_subscribe_message_queues("T")]
+            raise AssertionError(f"missing {len(missing)}: {missing[:50]}; offsets {offs}; "
+                                 f"{survivor.process_queue_table}; stats {survivor.stats}")
+        lost_in_flight = expected - set(child_done)
+        assert lost_in_flight <= set(mine)
+        print(f"crash: child processed {len(child_done)}, survivor {len(mine)}, "
+              f"redelivered {len(set(child_done) & set(mine))}")
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        child.stdout.close()
+        if survivor is not None:
+            survivor.shutdown()
+
+
+# -- asyncio ---------------------------------------------------------------------------------------------
+def test_async_pull_consumer_and_push_consumer(cluster):
+    from rmq.aio.consumer import AsyncPullConsumer, AsyncPushConsumer
+    create_topic(cluster, "A", 4)
+    send_many(cluster, "A", [(b"%d" % i, i % 4) for i in range(40)])
+    wait_dispatched(cluster, "A", 4, 40)
+
+    async def pull_side():
+        async with AsyncPullConsumer(cluster.namesrv_addr, group="apull") as c:
+            mqs = await c.fetch_subscribe_message_queues("A")
+            res = await c.pull(mqs[0], "*", offset=0, max_nums=32)
+            assert [m.body for m in res.msg_found_list] == [b"%d" % i for i in range(0, 40, 4)]
+            c.assign(mqs)
+            got = []
+            async for m in c:
+                got.append(m.body)
+                if len(got) == 40:
+                    break
+            await c.commit_sync()
+            assert [await c.committed(mq) for mq in mqs] == [10] * 4
+            assert await c.seek_by_time(mqs[1], 0) == 0
+            return got
+
+    got = asyncio.run(asyncio.wait_for(pull_side(), 30))
+    assert sorted(got) == sorted(b"%d" % i for i in range(40))
+
+    async def push_side():
+        seen = collections.Counter()
+
+        async def listener(msgs, ctx):
+            await asyncio.sleep(0)
+            for m in msgs:
+                seen[m.body] += 1
+            return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+        members = []
+        for _ in range(2):
+            m = AsyncPushConsumer(cluster.namesrv_addr, "apush", rebalance_interval_ms=300,
+                                  persist_consumer_offset_interval_ms=200, poll_name_server_interval_ms=300)
+            m.subscribe("A", "*")
+            m.register_message_listener(listener)
+            await m.start()
+            members.append(m)
+        try:
+            for _ in range(300):
+                a = [set(m.assigned_message_queues("A")) for m in members]
+                if sum(map(len, a)) == 4 and len(a[0] | a[1]) == 4:
+                    break
+                await asyncio.sleep(0.05)
+            await asyncio.to_thread(send_many, cluster, "A", [(b"n%d" % i, i % 4) for i in range(100)])
+            for _ in range(400):
+                if sum(1 for k in seen if k.startswith(b"n")) == 100:
+                    break
+                await asyncio.sleep(0.05)
+        finally:
+            for m in members:
+                await m.shutdown()
+        return seen
+
+    seen = asyncio.run(asyncio.wait_for(push_side(), 60))
+    news = {k: v for k, v in seen.items() if k.startswith(b"n")}
+    assert len(news) == 100 and set(news.values()) == {1}
+    assert len(seen) == 140                        # the 40 earlier ones once too (new group starts at 0)
+

@@ -1,0 +1,414 @@
+"""rmq.Producer and rmq.aio.Producer against a real broker group (nameserver + broker + reput + flush)."""
+import asyncio
+import threading
+import time
+import zlib
+from concurrent.futures import Future
+
+import msgpack
+import pytest
+
+from rmq import Message, Producer, SendStatus
+from rmq.client.message import MessageQueue
+from rmq.client.producer import COMPRESSED_FLAG, COMPRESSION_ZLIB_TYPE
+from rmq.client.remoting import RemotingClient
+from rmq.errors import MQBrokerError, MQClientError, RemotingError
+from rmq.protocol import Frame, RequestCode, ResponseCode
+from tests.integration.cluster import Cluster
+from tests.integration.test_broker import pull_all, wait_for
+
+pytestmark = pytest.mark.integration
+
+WAIT_S = 30.0          # bound of every wait on a future in this module
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    c = Cluster(tmp_path_factory.mktemp("producer") / "store")
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def rc():
+    with RemotingClient() as c:
+        yield c
+
+
+def create_topic(rc, cluster, topic, queues):
+    r = rc.invoke(cluster.broker_addr, Frame(RequestCode.UPDATE_AND_CREATE_TOPIC, fields={
+        "topic": topic, "readQueueNums": queues, "writeQueueNums": queues, "perm": 6}), 5000)
+    assert r.code == ResponseCode.SUCCESS, r.remark
+
+
+def wait_route(p, topic, queues):
+    """Until the NameServer serves the topic's route with ``queues`` queues (the broker registers at once)."""
+    def ok():
+        try:
+            return len(p.fetch_publish_message_queues(topic)) == queues
+        except MQClientError:
+            return False
+    wait_for(ok, 10.0)
+
+
+def pull_queue(rc, cluster, topic, queue_id, expect):
+    """The records of one queue once ``expect`` of them are dispatched."""
+    return wait_for(lambda: (lambda m: m if len(m) >= expect else None)(
+        pull_all(rc, cluster.broker_addr, topic, queue_id)[0]), 15.0)
+
+
+def pull_topic(rc, cluster, topic, queues, expect):
+    def all_records():
+        out = []
+        for q in range(queues):
+            out.extend(pull_all(rc, cluster.broker_addr, topic, q)[0])
+        return out if len(out) >= expect else None
+    return wait_for(all_records, 15.0)
+
+
+def broker_put_total(rc, cluster):
+    r = rc.invoke(cluster.broker_addr, Frame(RequestCode.GET_BROKER_RUNTIME_INFO), 5000)
+    return msgpack.unpackb(bytes(r.bodies[0]), raw=False)["table"]["putMessageTotal"]
+
+
+# -- sync send -----------------------------------------------------------------------------------
+def test_send_round_trip_body_tags_keys_and_ids(cluster, rc):
+    with Producer(cluster.namesrv_addr, group="pg") as p:
+        msg = Message("Flights", b'{"flight": "UA 1"}', tags="UA", keys=["N14228", "KSFO"],
+                      properties={"origin": "SFO"})
+        r = p.send(msg)
+        assert r.status is SendStatus.SEND_OK
+        assert r.msg_id == msg.properties["UNIQ_KEY"] and len(r.msg_id) == 32
+        assert len(r.offset_msg_id) == 32 and r.offset_msg_id != r.msg_id
+        assert r.queue.topic == "Flights" and r.queue.broker_name == "broker-a"
+        assert r.queue_id == r.message_queue.queue_id and r.queue_offset == 0
+    [rec] = pull_queue(rc, cluster, "Flights", r.queue_id, 1)
+    assert rec.body == b'{"flight": "UA 1"}'
+    assert rec.tags == "UA" and rec.keys == ["N14228", "KSFO"]
+    assert rec.properties["UNIQ_KEY"] == r.msg_id and rec.msg_id == r.msg_id
+    assert rec.properties["origin"] == "SFO"
+    assert rec.offset_msg_id == r.offset_msg_id
+    assert rec.queue_offset == r.queue_offset and rec.sys_flag & COMPRESSED_FLAG == 0
+
+
+def test_unknown_topic_is_auto_created_then_route_is_learned(cluster):
+    with Producer(cluster.namesrv_addr, group="pg") as p:
+        with pytest.raises(MQClientError) as ei:
+            p.fetch_publish_message_queues("BrandNew")
+        assert ei.value.response_code == ResponseCode.TOPIC_NOT_EXIST
+        r = p.send(Message("BrandNew", b"first"))
+        assert r.status is SendStatus.SEND_OK and r.queue_id >= 0
+        wait_for(lambda: not p.route_cache.publish_info("BrandNew").provisional, 10.0)
+        assert len(p.fetch_publish_message_queues("BrandNew")) == 8      # broker.conf defaultTopicQueueNums
+
+
+def test_round_robin_over_queues(cluster, rc):
+    create_topic(rc, cluster, "RoundRobin", 4)
+    with Producer(cluster.namesrv_addr, group="pg") as p:
+        wait_route(p, "RoundRobin", 4)
+        qids = [p.send(Message("RoundRobin", b"%d" % i)).queue_id for i in range(12)]
+    first = qids[0]
+    assert qids == [(first + i) % 4 for i in range(12)]
+    assert [p2 for p2 in range(4)] == sorted(set(qids))
+
+
+def test_sharding_key_keeps_order_per_key(cluster, rc):
+    create_topic(rc, cluster, "Ordered", 4)
+    keys = [f"order-{k}" for k in range(8)]
+    with Producer(cluster.namesrv_addr, group="pg") as p:
+        wait_route(p, "Ordered", 4)
+        queue_of = {}
+        futs = []
+        for i in range(200):
+            key = keys[i % len(keys)]
+            body = f"{key}:{i}".encode()
+            if i % 2:
+                r = p.send(Message("Ordered", body), sharding_key=key)
+                assert queue_of.setdefault(key, r.queue_id) == r.queue_id
+            else:
+                futs.append((key, p.send_async(Message("Ordered", body), sharding_key=key)))
+        for key, f in futs:
+            assert queue_of.setdefault(key, f.result(WAIT_S).queue_id) == f.result().queue_id
+        # a selector gets the writable queues and the arg
+        seen = []
+
+        def last_queue(mqs, msg, arg):
+            seen.append((len(mqs), arg))
+            return mqs[-1]
+        assert p.send(Message("Ordered", b"sel"), selector=last_queue, arg=7).queue_id == 3
+        assert seen == [(4, 7)]
+    assert len(set(queue_of.values())) > 1               # 8 keys do not all hash to one queue
+    recs = pull_topic(rc, cluster, "Ordered", 4, 201)
+    by_key = {}
+    for rec in recs:
+        if rec.body == b"sel":
+            continue
+        key, i = rec.body.decode().split(":")
+        assert rec.queue_id == queue_of[key]
+        assert rec.properties["__SHARDINGKEY"] == key
+        by_key.setdefault((rec.queue_id, key), []).append((rec.queue_offset, int(i)))
+    for (_, key), seq in by_key.items():
+        seq.sort()
+        assert [i for _, i in seq] == sorted(i for _, i in seq), f"order broken for {key}"
+        assert len(seq) == 25
+
+
+def test_ordered_send_to_unknown_topic_is_refused(cluster):
+    with Producer(cluster.namesrv_addr, group="pg") as p:
+        with pytest.raises(MQClientError, match="ordered sends need the topic"):
+            p.send(Message("NoSuchOrderedTopic", b"x"), sharding_key="k")
+
+
+def test_send_oneway_and_explicit_queue(cluster, rc):
+    create_topic(rc, cluster, "OneWay", 2)
+    with Producer(cluster.namesrv_addr, group="pg") as p:
+        wait_route(p, "OneWay", 2)
+        q1 = MessageQueue("OneWay", "broker-a", 1)
+        for i in range(5):
+            assert p.send_oneway(Message("OneWay", b"o%d" % i), queue=q1) is None
+        assert p.send(Message("OneWay", b"direct"), queue=q1).queue_id == 1
+    recs = pull_queue(rc, cluster, "OneWay", 1, 6)
+    assert [r.body for r in recs] == [b"o0", b"o1", b"o2", b"o3", b"o4", b"direct"]
+
+
+def test_send_batch_one_queue(cluster, rc):
+    with Producer(cluster.namesrv_addr, group="pg") as p:
+        msgs = [Message("Batch1", b"m%d" % i, keys=[f"k{i}"]) for i in range(10)]
+        r = p.send_batch(msgs)
+        assert r.status is SendStatus.SEND_OK
+        ids = r.msg_id.split(",")
+        assert ids == [m.properties["UNIQ_KEY"] for m in msgs]
+        assert len(r.offset_msg_id.split(",")) == 10
+        with pytest.raises(MQClientError, match="same"):
+            p.send_batch([Message("Batch1", b"a"), Message("Other", b"b")])
+        with pytest.raises(MQClientError, match="TimeDelayLevel"):
+            p.send_batch([Message("Batch1", b"a", delay_time_level=2)])
+    recs = pull_queue(rc, cluster, "Batch1", r.queue_id, 10)
+    assert [x.body for x in recs] == [b"m%d" % i for i in range(10)]
+    assert [x.queue_offset for x in recs] == [r.queue_offset + i for i in range(10)]
+    assert [x.msg_id for x in recs] == ids and [x.keys for x in recs] == [[f"k{i}"] for i in range(10)]
+
+
+# -- async, pipelining, batching ----------------------------------------------------------------------
+def test_send_async_completes_every_future(cluster, rc):
+    n = 5000
+    done = []
+    with Producer(cluster.namesrv_addr, group="pg") as p:
+        p.send(Message("Async5k", b"warm-up"))
+        futs = [p.send_async(Message("Async5k", b"a%d" % i), callback=done.append) for i in range(n)]
+        results = [f.result(WAIT_S) for f in futs]
+        assert p.flush(WAIT_S) == 0
+        st = p.stats
+    assert all(r.status is SendStatus.SEND_OK for r in results)
+    assert len({(r.queue_id, r.queue_offset) for r in results}) == n        # unique offset per queue
+    assert len({r.msg_id for r in results}) == n
+    assert len(done) == n and all(isinstance(f, Future) for f in done)
+    assert st["batch_requests"] == 0 and st["failed_messages"] == 0
+    by_queue = {}
+    for r in results:
+        by_queue.setdefault(r.queue_id, []).append(r.queue_offset)
+    assert len(by_queue) == 8
+    recs = pull_topic(rc, cluster, "Async5k", 8, n + 1)
+    assert len(recs) == n + 1
+
+
+def test_batching_with_linger_uses_batches_and_gives_each_message_its_result(cluster, rc):
+    n = 3000
+    before = broker_put_total(rc, cluster)
+    with Producer(cluster.namesrv_addr, group="pg", linger_ms=20, batch_size=16 * 1024) as p:
+        p.send(Message("Lingered", b"warm-up"))
+        futs = [p.send_async(Message("Lingered", b"L%05d" % i, tags="t")) for i in range(n)]
+        results = [f.result(WAIT_S) for f in futs]
+        st = p.stats
+    assert all(r.status is SendStatus.SEND_OK for r in results)
+    assert len({(r.queue_id, r.queue_offset) for r in results}) == n
+    send_requests = st["requests"] - 1
+    assert st["batch_requests"] >= 1 and send_requests <= n // 20, st
+    assert broker_put_total(rc, cluster) - before == n + 1
+    recs = pull_topic(rc, cluster, "Lingered", 8, n + 1)
+    at = {(x.queue_id, x.queue_offset): x for x in recs}
+    for i, r in enumerate(results):
+        rec = at[(r.queue_id, r.queue_offset)]
+        assert rec.body == b"L%05d" % i and rec.msg_id == r.msg_id
+        assert rec.offset_msg_id == r.offset_msg_id and rec.tags == "t"
+
+
+def test_close_delivers_queued_batches(cluster, rc):
+    p = Producer(cluster.namesrv_addr, group="pg", linger_ms=60_000, batch_size=1024 * 1024)
+    p.send(Message("Closing", b"warm-up"))                # learn the route, so nothing waits for it
+    futs = [p.send_async(Message("Closing", b"c%d" % i)) for i in range(700)]
+    assert not any(f.done() for f in futs)                # waiting for the (long) linger
+    t0 = time.monotonic()
+    p.close()
+    assert time.monotonic() - t0 < 10
+    assert p.closed and all(f.done() and f.result().status is SendStatus.SEND_OK for f in futs)
+    with pytest.raises(MQClientError, match="closed"):
+        p.send(Message("Closing", b"late"))
+    p.close()                                             # idempotent
+    assert len(pull_topic(rc, cluster, "Closing", 8, 701)) == 701
+
+
+def test_flush_ships_lingering_batch(cluster):
+    with Producer(cluster.namesrv_addr, group="pg", linger_ms=60_000) as p:
+        p.send(Message("Flushed", b"warm-up"))
+        futs = [p.send_async(Message("Flushed", b"f%d" % i)) for i in range(50)]
+        assert p.flush(WAIT_S) == 0
+        assert all(f.done() for f in futs) and p.pending == 0
+
+
+# -- compression and limits -----------------------------------------------------------------------------
+def test_compression_round_trip(cluster, rc):
+    body = (b'{"seat": "12A", "fare": 123.45, "class": "economy"}' * 220)[:10 * 1024]
+    assert len(body) == 10 * 1024
+    with Producer(cluster.namesrv_addr, group="pg") as p:
+        big = p.send(Message("Zipped", body))
+        small = p.send(Message("Zipped", b"s" * 4095), queue=big.queue)
+    recs = pull_queue(rc, cluster, "Zipped", big.queue_id, 2)
+    rec = next(x for x in recs if x.msg_id == big.msg_id)
+    assert rec.sys_flag & COMPRESSED_FLAG and rec.sys_flag & 0x700 == COMPRESSION_ZLIB_TYPE
+    assert len(rec.body) < len(body) and zlib.decompress(rec.body) == body
+    small_rec = next(x for x in recs if x.msg_id == small.msg_id)
+    assert small_rec.sys_flag & COMPRESSED_FLAG == 0 and small_rec.body == b"s" * 4095
+
+
+def test_oversize_body_refused_before_sending(cluster):
+    with Producer(cluster.namesrv_addr, group="pg") as p:
+        before = p.stats["requests"]
+        with pytest.raises(MQClientError) as ei:
+            p.send(Message("TooBig", b"x" * (4 * 1024 * 1024 + 1)))
+        assert ei.value.response_code == ResponseCode.MESSAGE_ILLEGAL and "4194304" in str(ei.value)
+        with pytest.raises(MQClientError):
+            p.send_async(Message("TooBig", b"x" * (4 * 1024 * 1024 + 1)))
+        with pytest.raises(MQClientError, match="batch size"):
+            p.send_batch([Message("TooBig", b"x" * (1024 * 1024)) for _ in range(5)])
+        with pytest.raises(MQClientError, match="length is zero"):
+            p.send(Message("TooBig", b""))
+        with pytest.raises(MQClientError, match="characters"):
+            p.send(Message("bad/topic", b"x"))
+        assert p.stats["requests"] == before and p.pending == 0
+
+
+def test_bad_arguments():
+    with pytest.raises(MQClientError):
+        Producer("", group="pg")
+    with pytest.raises(MQClientError):
+        Producer("127.0.0.1:1", group="bad group")
+    with pytest.raises(MQClientError, match="unknown producer option"):
+        Producer("127.0.0.1:1", group="pg", lingerr_ms=5)
+
+
+# -- failures -------------------------------------------------------------------------------------------
+def test_broker_killed_send_fails_clearly_after_retries(tmp_path):
+    c = Cluster(tmp_path / "store")
+    try:
+        with Producer(c.namesrv_addr, group="pg", send_msg_timeout_ms=3000) as p:
+            assert p.send(Message("Doomed", b"ok")).status is SendStatus.SEND_OK
+            c.kill_group()
+            t0 = time.monotonic()
+            with pytest.raises(RemotingError) as ei:
+                p.send(Message("Doomed", b"lost"))
+            took = time.monotonic() - t0
+            assert took < 6.0, took
+            text = str(ei.value)
+            assert "broker-a" in text and ("Send [" in text or "cannot connect" in text), text
+            fut = p.send_async(Message("Doomed", b"lost too"))
+            with pytest.raises(RemotingError):
+                fut.result(WAIT_S)
+    finally:
+        c.close()
+
+
+def test_close_reports_queued_messages_that_failed(tmp_path):
+    c = Cluster(tmp_path / "store")
+    try:
+        p = Producer(c.namesrv_addr, group="pg", linger_ms=60_000, connect_timeout_ms=300)
+        p.send(Message("Lost", b"ok"))
+        c.kill_group()
+        futs = [p.send_async(Message("Lost", b"x%d" % i)) for i in range(20)]
+        t0 = time.monotonic()
+        with pytest.raises(MQClientError, match=r"20 message\(s\) queued before close"):
+            p.close()
+        assert time.monotonic() - t0 < 10
+        assert all(f.done() and isinstance(f.exception(), MQClientError) for f in futs)
+    finally:
+        c.close()
+
+
+def test_auto_create_disabled_gives_broker_error(tmp_path):
+    c = Cluster(tmp_path / "store", conf={"autoCreateTopicEnable": "false"})
+    try:
+        with Producer(c.namesrv_addr, group="pg") as p:
+            with pytest.raises(MQBrokerError) as ei:
+                p.send(Message("NotThere", b"x"))
+            assert ei.value.response_code == ResponseCode.TOPIC_NOT_EXIST
+            assert "Send [3] times" in str(ei.value) and p.stats["retries"] == 2
+    finally:
+        c.close()
+
+
+def test_nameserver_unreachable_fails_within_budget():
+    with Producer("127.0.0.1:1", group="pg", send_msg_timeout_ms=500) as p:
+        t0 = time.monotonic()
+        with pytest.raises(MQClientError, match="No route info"):
+            p.send(Message("T", b"x"))
+        assert time.monotonic() - t0 < 5
+
+
+def test_callbacks_run_and_sync_calls_from_callbacks_are_refused(cluster):
+    errors = []
+    got = threading.Event()
+    with Producer(cluster.namesrv_addr, group="pg") as p:
+        def cb(f):
+            try:
+                p.send(Message("Cb", b"inner"))
+            except MQClientError as e:
+                errors.append(e)
+            got.set()
+        p.send_async(Message("Cb", b"outer"), callback=cb).result(WAIT_S)
+        assert got.wait(WAIT_S)
+    assert errors and "deadlock" in str(errors[0])
+
+
+# -- asyncio --------------------------------------------------------------------------------------------
+def test_aio_producer_round_trip(cluster, rc):
+    from rmq.aio import Producer as AioProducer
+
+    async def main():
+        async with AioProducer(cluster.namesrv_addr, group="pg") as p:
+            r = await p.send(Message("AioTopic", b"hello", tags="a", keys=["k1"]))
+            many = await asyncio.gather(*(p.send(Message("AioTopic", b"m%d" % i)) for i in range(200)))
+            b = await p.send_batch([Message("AioTopic", b"b%d" % i) for i in range(5)])
+            big = await p.send(Message("AioTopic", b"z" * 8192))
+            with pytest.raises(MQClientError):
+                await p.send(Message("AioTopic", b"x" * (4 * 1024 * 1024 + 1)))
+        with pytest.raises(MQClientError, match="closed"):
+            await p.send(Message("AioTopic", b"late"))
+        return r, many, b, big
+
+    r, many, b, big = asyncio.run(asyncio.wait_for(main(), WAIT_S))
+    assert r.status is SendStatus.SEND_OK and all(m.status is SendStatus.SEND_OK for m in many)
+    assert len({(m.queue_id, m.queue_offset) for m in many}) == 200
+    recs = pull_topic(rc, cluster, "AioTopic", 8, 207)
+    by_id = {x.msg_id: x for x in recs}
+    first = by_id[r.msg_id]
+    assert first.body == b"hello" and first.tags == "a" and first.keys == ["k1"]
+    assert [by_id[i].body for i in b.msg_id.split(",")] == [b"b%d" % i for i in range(5)]
+    z = by_id[big.msg_id]
+    assert z.sys_flag & COMPRESSED_FLAG and zlib.decompress(z.body) == b"z" * 8192
+
+
+def test_aio_broker_killed_fails_clearly(tmp_path):
+    from rmq.aio import Producer as AioProducer
+    c = Cluster(tmp_path / "store")
+    try:
+        async def main():
+            async with AioProducer(c.namesrv_addr, group="pg", connect_timeout_ms=300) as p:
+                await p.send(Message("AioDoomed", b"ok"))
+                c.kill_group()
+                t0 = time.monotonic()
+                with pytest.raises(RemotingError, match="broker-a"):
+                    await p.send(Message("AioDoomed", b"lost"))
+                return time.monotonic() - t0
+        assert asyncio.run(asyncio.wait_for(main(), WAIT_S)) < 6.0
+    finally:
+        c.close()
