@@ -46,7 +46,7 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from rmq._core import commitlog as cl  # noqa: E402
-from rmq.client.consumer import MessageQueue, PullConsumer, PushConsumer  # noqa: E402
+from rmq.client.consumer import PullConsumer, PushConsumer  # noqa: E402
 from rmq.client.remoting import RemotingClient  # noqa: E402
 from rmq.protocol import Frame, RequestCode, ResponseCode  # noqa: E402
 

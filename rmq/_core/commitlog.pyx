@@ -65,15 +65,23 @@ cdef inline bint has_crc_property(const unsigned char* props, int32_t props_len)
     return True
 
 
+cdef const char* DIGIT_PAIRS = (b"00010203040506070809101112131415161718192021222324252627282930313233343536"
+                                b"37383940414243444546474849505152535455565758596061626364656667686970717273"
+                                b"74757677787980818283848586878889909192939495969798"
+                                b"99")
+
+
 cdef inline void write_crc_digits(unsigned char* p, int32_t crc) noexcept nogil:
-    """10 ASCII digits, least significant first, zero padded (SPEC.md §1.7)."""
+    """10 ASCII digits, least significant first, zero padded (SPEC.md §1.7); two digits a step."""
+    cdef uint32_t v = <uint32_t>crc
+    cdef uint32_t r
     cdef int i
-    for i in range(CRC32_DIGITS):
-        if crc > 0:
-            p[i] = 48 + crc % 10
-            crc = crc // 10
-        else:
-            p[i] = 48
+    for i in range(0, CRC32_DIGITS, 2):
+        r = v % 100
+        v = v // 100
+        # DIGIT_PAIRS holds "tens, ones"; least significant first means ones, then tens
+        p[i] = DIGIT_PAIRS[2 * r + 1]
+        p[i + 1] = DIGIT_PAIRS[2 * r]
 
 
 cdef inline int32_t read_crc_digits(const unsigned char* p) noexcept nogil:

@@ -634,8 +634,10 @@ class _ConsumePool:
         for _ in self._threads:
             self._q.put(None)
         deadline = time.monotonic() + timeout_s
+        me = threading.current_thread()
         for t in self._threads:
-            t.join(max(0.0, deadline - time.monotonic()))
+            if t is not me:                     # shutdown() called from a listener
+                t.join(max(0.0, deadline - time.monotonic()))
 
 
 class PushConsumer:
@@ -659,7 +661,8 @@ class PushConsumer:
     allocate_strategy : strategy, callable or name
         Queue allocation (default AllocateMessageQueueAveragely, see rmq.client.rebalance).
     consume_thread_max : int
-        Listener threads (20).
+        Listener threads (20); ``consume_thread_min`` is accepted for RocketMQ parity (the pool
+        always has ``consume_thread_max`` threads).
     pull_batch_size : int
         Messages per pull (32).
     consume_message_batch_max_size : int
@@ -799,7 +802,8 @@ class PushConsumer:
         Raises
         ------
         MQClientError
-            No listener or subscription, already started, or no NameServer reachable.
+            No listener or subscription, or already started.  An unreachable NameServer or
+            broker is not an error: the member keeps retrying (and logs).
         """
         if self._state != "CREATED":
             raise MQClientError(f"the consumer is {self._state}, it can be started once")

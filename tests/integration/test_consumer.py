@@ -636,3 +636,44 @@ def test_async_pull_consumer_and_push_consumer(cluster):
     assert len(news) == 100 and set(news.values()) == {1}
     assert len(seen) == 140                        # the 40 earlier ones once too (new group starts at 0)
 
+
+
+def test_async_orderly_push_consumer_keeps_queue_order(cluster):
+    from rmq.aio.consumer import AsyncPushConsumer
+    create_topic(cluster, "AO", 2)
+
+    async def main():
+        seen = collections.defaultdict(list)
+        fail_once = {b"q0-5"}
+
+        async def listener(msgs, ctx):
+            for m in msgs:
+                if m.body in fail_once:
+                    fail_once.discard(m.body)
+                    ctx.suspend_current_queue_time_millis = 50
+                    return ConsumeOrderlyStatus.SUSPEND_CURRENT_QUEUE_A_MOMENT
+            for m in msgs:
+                seen[m.queue_id].append(m.body)
+            return ConsumeOrderlyStatus.SUCCESS
+        c = AsyncPushConsumer(cluster.namesrv_addr, "aord", rebalance_interval_ms=300, consume_message_batch_max_size=3,
+                              persist_consumer_offset_interval_ms=200, poll_name_server_interval_ms=300)
+        c.subscribe("AO", "*")
+        c.register_message_listener_orderly(listener)
+        await c.start()
+        try:
+            for _ in range(300):
+                if len(c.assigned_message_queues("AO")) == 2:
+                    break
+                await asyncio.sleep(0.05)
+            await asyncio.to_thread(send_many, cluster, "AO", [(b"q%d-%d" % (i % 2, i // 2), i % 2) for i in range(60)])
+            for _ in range(400):
+                if sum(map(len, seen.values())) >= 60:
+                    break
+                await asyncio.sleep(0.05)
+        finally:
+            await c.shutdown()
+        return seen
+
+    seen = asyncio.run(asyncio.wait_for(main(), 60))
+    for q in (0, 1):
+        assert seen[q] == [b"q%d-%d" % (q, i) for i in range(30)]
