@@ -146,6 +146,8 @@ class BrokerActor(Actor):
         self.long_polling = str(settings.get("longPollingEnable", "true")).lower() == "true"
         self.suspend_max_ms = int(settings.get("brokerSuspendMaxTimeMillis", BROKER_SUSPEND_MAX_TIME_MS))
         self.broker_permission = int(settings.get("brokerPermission", PERM_READ | PERM_WRITE))
+        # a client silent for longer is dropped (ZeroMQ has no per-connection close event)
+        self.channel_expired_ms = int(settings.get("channelExpiredTimeout", CHANNEL_EXPIRED_MS))
         self.store: Optional[MessageStore] = None
         self.pull_holds: dict[tuple, list[PullRequest]] = {}
         self.sync_waits: deque = deque()        # (end_offset, deadline, reply, frame) in offset order
@@ -220,7 +222,7 @@ class BrokerActor(Actor):
         self.add_timer(FLUSH_CONSUMER_OFFSET_INTERVAL_MS, self.persist_offsets, first_ms=10_000)
         self.add_timer(HOLD_CHECK_MS, self.check_holds)
         self.add_timer(APPEND_REANNOUNCE_MS, lambda: self.announce_append(force=True))
-        self.add_timer(CHANNEL_SCAN_MS, self.scan_channels)
+        self.add_timer(min(CHANNEL_SCAN_MS, max(100, self.channel_expired_ms // 4)), self.scan_channels)
         self.add_timer(STATS_INTERVAL_MS, self.update_stats)
         self.add_timer(SCHEDULE_DELIVER_INTERVAL_MS, self.deliver_delayed)
         self.add_timer(FLUSH_DELAY_OFFSET_INTERVAL_MS, self.persist_delay_offsets, first_ms=10_000)
@@ -787,7 +789,7 @@ class BrokerActor(Actor):
         return frame.response(bodies=[pack_body({"consumerIdList": sorted(members)})])
 
     def scan_channels(self) -> None:
-        cutoff = time.monotonic() - CHANNEL_EXPIRED_MS / 1000.0
+        cutoff = time.monotonic() - self.channel_expired_ms / 1000.0
         for table in (self.consumer_table,):
             for group in list(table):
                 for client, info in list(table[group].items()):

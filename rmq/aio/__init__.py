@@ -12,6 +12,10 @@ Names are imported lazily, so ``import rmq.aio`` stays cheap.
 _LAZY = {
     "Producer": "rmq.aio.producer",
     "AsyncProducer": "rmq.aio.producer",
+    "PullConsumer": "rmq.aio.consumer",
+    "PushConsumer": "rmq.aio.consumer",
+    "AsyncPullConsumer": "rmq.aio.consumer",
+    "AsyncPushConsumer": "rmq.aio.consumer",
 }
 
 __all__ = sorted(_LAZY)
