@@ -13,6 +13,7 @@ from array import array
 from typing import Optional
 
 from rmq._core import commitlog as _cl
+from rmq._core.layout import BATCH_FIXED_LENGTH
 from rmq.errors import StoreError
 from rmq.store.config import MessageStoreConfig
 from rmq.store.mapped_file_queue import AllocateMappedFileService, MappedFileQueue
@@ -72,6 +73,7 @@ class CommitLog:
         self.last_store_timestamp = 0         # ms, store time of the last record appended
         self.flushed_store_timestamp = 0      # ms, store time of the last record made durable
         self.begin_time_in_lock = 0.0         # s (monotonic), 0 when no append runs (page-cache busy check)
+        self._scratch = array("q")            # physical offsets of the batch being appended
 
     @property
     def file_size(self) -> int:
@@ -104,10 +106,12 @@ class CommitLog:
         StoreDiskFullError, StoreError
             The next file could not be created: nothing written.
         """
-        if count_hint <= 0:
-            count_hint, _ = _cl.validate_batch(batch, extra_props, len(topic), sys_flag,
-                                               self.config.max_message_size, self.config.enabled_append_prop_crc)
-        out = array("q", bytes(8 * count_hint))
+        # per-record physical offsets land in a reused scratch array sized by an upper bound on
+        # the count (every batch element takes at least BATCH_FIXED_LENGTH bytes): no extra pass
+        bound = count_hint if count_hint > 0 else len(batch) // BATCH_FIXED_LENGTH + 1
+        if len(self._scratch) < bound:
+            self._scratch = array("q", bytes(8 * max(bound, 2 * len(self._scratch))))
+        out = self._scratch
         store_ts = max(int(time.time() * 1000), self.last_store_timestamp)
         bh = born_host if born_host is not None else self.store_host
         mfq = self.mapped_file_queue
@@ -116,8 +120,6 @@ class CommitLog:
             rolls = 0
             while True:
                 mf = mfq.get_last_mapped_file(0, need_create=True)
-                if len(out) < count_hint:
-                    out = array("q", bytes(8 * count_hint))
                 try:
                     status, count, wrote, qinc = _cl.append_batch(
                         mf, batch, topic, queue_id, queue_offset, sys_flag, born_timestamp, bh,
@@ -127,14 +129,14 @@ class CommitLog:
                     if "out_physical_offsets" not in str(e):
                         raise
                     # the caller's count was short: size the output exactly and try again
-                    count_hint, _ = _cl.validate_batch(batch, extra_props, len(topic), sys_flag,
-                                                       self.config.max_message_size,
-                                                       self.config.enabled_append_prop_crc)
+                    n, _ = _cl.validate_batch(batch, extra_props, len(topic), sys_flag,
+                                              self.config.max_message_size, self.config.enabled_append_prop_crc)
+                    out = self._scratch = array("q", bytes(8 * n))
                     continue
                 if status == _cl.PUT_OK:
-                    del out[count:]
+                    offsets = out[:count]
                     self.last_store_timestamp = store_ts
-                    return AppendResult(out[0], wrote, count, queue_offset, store_ts, out, self.store_host)
+                    return AppendResult(offsets[0], wrote, count, queue_offset, store_ts, offsets, self.store_host)
                 rolls += 1      # END_OF_FILE: a blank record closed the file; the next one takes the batch
                 if rolls > 1:
                     raise StoreError("batch did not fit a fresh CommitLog file")   # size is checked first
