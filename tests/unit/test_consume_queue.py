@@ -163,7 +163,7 @@ def test_single_and_batch_puts_write_the_same_bytes(tmp_path):
 
 
 def test_put_batch_accepts_numpy(tmp_path):
-    np = pytest.importorskip("numpy")
+    import numpy as np
     cq = make_cq(tmp_path)
     phys = np.arange(10, dtype=np.int64) * MSG_SIZE
     assert cq.put_batch(phys, np.full(10, MSG_SIZE, np.int32), np.zeros(10, np.int64), 0) == 10
