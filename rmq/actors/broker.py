@@ -336,7 +336,7 @@ class BrokerActor(Actor):
             return frame.response(ResponseCode.SYSTEM_ERROR, f"topic[{topic}] not exist")
         topic_s, queue_s, props = transform_delay(topic, queue_id, props, len(self.store_config.delay_levels_ms))
         batch = _cl.encode_batch([(m.body, _cl.encode_properties(props), m.flag)])
-        res = self.store._put(topic_s, queue_s, batch, None, m.sys_flag & ~TRANSACTION_TYPE_MASK, m.born_timestamp,
+        res = self.store.put_encoded(topic_s, queue_s, batch, None, m.sys_flag & ~TRANSACTION_TYPE_MASK, m.born_timestamp,
                               m.born_host, m.reconsume_times + 1, 1)
         if not res.ok:
             return frame.response(PUT_STATUS_TO_CODE.get(res.status, ResponseCode.SYSTEM_ERROR), res.remark)
@@ -570,7 +570,7 @@ class BrokerActor(Actor):
                 batch = _cl.encode_batch([(frame.bodies[0], props_bytes, flag)])
             except ValueError as e:
                 return frame.response(ResponseCode.MESSAGE_ILLEGAL, str(e))
-            res = self.store._put(topic, queue_id, batch, None, sys_flag, born_ts, born_host, reconsume, 1)
+            res = self.store.put_encoded(topic, queue_id, batch, None, sys_flag, born_ts, born_host, reconsume, 1)
         elapsed_ms = (time.monotonic() - t0) * 1000.0
         if elapsed_ms > self.store_config.os_page_cache_busy_time_out_mills:
             self.page_cache_busy_until = time.monotonic() + elapsed_ms / 1000.0

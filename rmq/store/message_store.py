@@ -362,7 +362,7 @@ class MessageStore:
             batch = _cl.encode_batch([(body, _cl.encode_properties(props), flag)])
         except MessageIllegalError as e:
             return PutMessageResult(PutMessageStatus(e.status), str(e))
-        return self._put(topic, queue_id, batch, None, sys_flag, born_timestamp, born_host, reconsume_times, 1)
+        return self.put_encoded(topic, queue_id, batch, None, sys_flag, born_timestamp, born_host, reconsume_times, 1)
 
     def put_messages(self, topic: str, queue_id: int, batch: bytes, *, properties: Optional[dict] = None,
                      sys_flag: int = 0, born_timestamp: Optional[int] = None, born_host: Optional[bytes] = None,
@@ -377,11 +377,16 @@ class MessageStore:
             # DefaultMessageStore.checkMessages: a batch body is at most maxMessageSize
             return PutMessageResult(PutMessageStatus.MESSAGE_ILLEGAL,
                                     f"batch is {len(batch)} bytes, over maxMessageSize {self.config.max_message_size}")
-        return self._put(topic, queue_id, batch, properties, sys_flag, born_timestamp, born_host,
+        return self.put_encoded(topic, queue_id, batch, properties, sys_flag, born_timestamp, born_host,
                          reconsume_times, count_hint)
 
-    def _put(self, topic, queue_id, batch, properties, sys_flag, born_timestamp, born_host,
-             reconsume_times, count_hint) -> PutMessageResult:
+    def put_encoded(self, topic: str, queue_id: int, batch, properties: Optional[dict], sys_flag: int,
+                    born_timestamp: Optional[int], born_host: Optional[bytes], reconsume_times: int,
+                    count_hint: int) -> PutMessageResult:
+        """Store messages already in RocketMQ's batch encoding (one or many), without the
+        batch-size check of :meth:`put_messages` (a single message may be a whole
+        ``maxMessageSize`` body).  The broker's send path and the schedule service use it.
+        Same result contract as :meth:`put_message`."""
         status = self._check_store_status()
         if status is not None:
             return status
@@ -683,7 +688,7 @@ class MessageStore:
                     if target is not None:
                         topic, qid, props = target
                         batch = _cl.encode_batch([(m.body, _cl.encode_properties(props), m.flag)])
-                        res = self._put(topic, qid, batch, None, m.sys_flag & ~TRANSACTION_TYPE_MASK,
+                        res = self.put_encoded(topic, qid, batch, None, m.sys_flag & ~TRANSACTION_TYPE_MASK,
                                         m.born_timestamp, m.born_host, m.reconsume_times, 1)
                         if not res.ok:
                             log.warning("delayed message at %d not delivered: %s %s", phy, res.status, res.remark)
