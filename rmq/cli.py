@@ -261,6 +261,9 @@ def stop(config, store_path, timeout) -> None:
 from rmq.admin_cli import admin as _admin_group  # noqa: E402  (``rmq admin``: mqadmin commands)
 main.add_command(_admin_group)
 
+from rmq.bench.cli import bench as _bench_group  # noqa: E402  (``rmq bench``: benchmarks)
+main.add_command(_bench_group)
+
 
 if __name__ == "__main__":
     main()

@@ -1,0 +1,150 @@
+"""``rmq bench produce|consume|e2e|all``."""
+from __future__ import annotations
+
+import functools
+import os
+import time
+
+import click
+from rich.console import Console
+
+console = Console(width=220)
+FLUSH_CHOICES = ("ASYNC_FLUSH", "SYNC_FLUSH")
+
+
+def _sizes(ctx, param, value):
+    try:
+        return tuple(int(s) for s in value.split(",") if s)
+    except ValueError:
+        raise click.BadParameter("comma list of byte counts, e.g. 100,1024") from None
+
+
+def _flushes(ctx, param, value):
+    out = tuple(v.strip().upper() for v in value.split(",") if v.strip())
+    bad = [v for v in out if v not in FLUSH_CHOICES]
+    if bad:
+        raise click.BadParameter(f"{bad}: choose from {FLUSH_CHOICES}")
+    return out
+
+
+def common(f):
+    opts = [
+        click.option("--size", "sizes", default="100,1024", show_default=True, callback=_sizes,
+                     help="Message body sizes, bytes (comma list)."),
+        click.option("--messages", "-n", type=click.IntRange(1), default=None,
+                     help="Messages per scenario (all producers together); default: run for --duration."),
+        click.option("--duration", "-d", type=click.FloatRange(0.1), default=5.0, show_default=True,
+                     help="Seconds per timed scenario (when --messages is not given)."),
+        click.option("--batch", type=click.IntRange(1, 10_000), default=1000, show_default=True,
+                     help="Messages per send request (1: SEND_MESSAGE, one per request)."),
+        click.option("--linger-ms", type=click.FloatRange(0), default=0.0, show_default=True,
+                     help="With --rate: a batch leaves when full or its first message is this old."),
+        click.option("--rate", type=click.FloatRange(0), default=0.0, show_default=True,
+                     help="Messages/s per producer (0: as fast as acks allow)."),
+        click.option("--window", type=click.IntRange(1, 1024), default=4, show_default=True,
+                     help="Send requests in flight per producer."),
+        click.option("--producers", type=click.IntRange(1, 64), default=1, show_default=True,
+                     help="Producer processes."),
+        click.option("--consumers", type=click.IntRange(1, 64), default=1, show_default=True,
+                     help="Consumer processes."),
+        click.option("--queues", type=click.IntRange(1, 1024), default=4, show_default=True,
+                     help="Queues of the topic (split among producers / consumers)."),
+        click.option("--flush", "flush_types", default="ASYNC_FLUSH,SYNC_FLUSH", show_default=True,
+                     callback=_flushes, help="flushDiskType of the broker groups (comma list)."),
+        click.option("--single-seconds", type=click.FloatRange(0.1), default=1.5, show_default=True,
+                     help="Seconds of the single-message (send, wait for the ack) scenario."),
+        click.option("--ceiling-seconds", type=click.FloatRange(0.1), default=1.0, show_default=True,
+                     help="Seconds per ceiling / peer measurement."),
+        click.option("--file-size", type=click.IntRange(1 << 20), default=512 << 20, show_default=True,
+                     help="mappedFileSizeCommitLog of the bench's own cluster."),
+        click.option("--namesrv", default=None,
+                     help="Run against this nameserver's master broker instead of starting a cluster."),
+        click.option("--dir", "store_dir", type=click.Path(file_okay=False), default=None,
+                     help="Where temporary stores go (default: the system temp dir)."),
+        click.option("--ceilings/--no-ceilings", default=None,
+                     help="Measure the ceilings in the same run (default: on for 'all' only)."),
+        click.option("--peers", "peers", default=None,
+                     help="Peers to measure: comma list of redis,nats or 'none' (default: redis,nats for 'all')."),
+        click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
+                     help="Write every figure as JSON to this file."),
+        click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
+                     help="Write throughput over time and the latency CDF to this PNG (matplotlib)."),
+        click.option("--no-progress", is_flag=True, help="No live progress line."),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+@click.group()
+def bench() -> None:
+    """Benchmarks: rmq beside the machine's ceilings and peers (Redis Streams, NATS JetStream)."""
+
+
+def _run(scenarios: tuple, default_extras: bool, **kw) -> None:
+    from rmq.bench import ceilings as C
+    from rmq.bench import peers as PE
+    from rmq.bench import report as R
+    from rmq.bench.runner import Opts, opts_dict, run_rmq
+
+    o = Opts(sizes=kw["sizes"], flush_types=kw["flush_types"], messages=kw["messages"], duration=kw["duration"],
+             batch=kw["batch"], linger_ms=kw["linger_ms"], rate=kw["rate"], window=kw["window"],
+             producers=kw["producers"], consumers=kw["consumers"], queues=kw["queues"],
+             single_seconds=kw["single_seconds"], ceiling_seconds=kw["ceiling_seconds"], file_size=kw["file_size"],
+             namesrv=kw["namesrv"], store_dir=kw["store_dir"], progress=not kw["no_progress"], scenarios=scenarios)
+    want_ceil = default_extras if kw["ceilings"] is None else kw["ceilings"]
+    peer_list = kw["peers"] if kw["peers"] is not None else ("redis,nats" if default_extras else "none")
+    peer_list = tuple(p for p in peer_list.split(",") if p and p != "none")
+    log = functools.partial(console.print, highlight=False)
+    t0 = time.monotonic()
+    report = {"when": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "opts": opts_dict(o), "cpus": os.cpu_count(),
+              "loadavg_before": os.getloadavg(), "ceilings": {}, "peers": {}, "rows": []}
+    if want_ceil:
+        log("[bold]ceilings[/] (memcpy into mmap, append + fdatasync, raw pyzmq loopback):")
+        report["ceilings"] = C.measure(o.sizes, o.batch, o.window, o.ceiling_seconds, o.store_dir, log)
+    report["rows"] = run_rmq(o, log)
+    if peer_list:
+        log(f"[bold]peers[/] ({', '.join(peer_list)}):")
+        report["peers"] = PE.measure(o.sizes, o.flush_types, o.batch, o.ceiling_seconds, o.single_seconds,
+                                     peer_list, o.store_dir, log)
+    report["loadavg_after"] = os.getloadavg()
+    report["wall_seconds"] = round(time.monotonic() - t0, 1)
+    R.annotate(report)
+    R.print_report(report, console)
+    if kw["json_path"]:
+        R.write_json(report, kw["json_path"])
+        log(f"wrote {kw['json_path']}")
+    if kw["plot_path"]:
+        R.plot(report, kw["plot_path"])
+        log(f"wrote {kw['plot_path']}")
+    failed = [r["scenario"] for r in report["rows"] if r.get("error")]
+    if failed:
+        raise SystemExit(1)
+
+
+@bench.command("produce")
+@common
+def produce_cmd(**kw) -> None:
+    """Produce as fast as acks allow (or at --rate): msgs/s, MB/s, send latency, CPU."""
+    _run(("produce",), False, **kw)
+
+
+@bench.command("consume")
+@common
+def consume_cmd(**kw) -> None:
+    """Fill a topic (untimed), then consume it all: msgs/s, MB/s, lag, CPU."""
+    _run(("consume",), False, **kw)
+
+
+@bench.command("e2e")
+@common
+def e2e_cmd(**kw) -> None:
+    """Producers and consumers at once (consume lag), then single-message round trips."""
+    _run(("e2e", "single"), False, **kw)
+
+
+@bench.command("all")
+@common
+def all_cmd(**kw) -> None:
+    """Ceilings, every rmq scenario (produce, consume, e2e, single) per flush type and size, peers."""
+    _run(("produce", "consume", "e2e", "single"), True, **kw)

@@ -1,0 +1,49 @@
+"""Smoke of ``rmq bench all``: a short run produces figures (not what they are).
+
+It starts its own broker group, measures the ceilings, and the peers that this machine
+has (a peer without its server binary or Python client must be reported missing)."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_bench_all_smoke(tmp_path):
+    out = tmp_path / "bench.json"
+    png = tmp_path / "bench.png"
+    cmd = [sys.executable, "-m", "rmq.cli", "bench", "all", "--size", "100", "--flush", "ASYNC_FLUSH",
+           "--duration", "1", "--single-seconds", "0.5", "--ceiling-seconds", "0.3", "--file-size", str(64 << 20),
+           "--dir", str(tmp_path), "--json", str(out), "--plot", str(png), "--no-progress"]
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
+    rep = json.loads(out.read_text())
+    rows = {r["kind"]: r for r in rep["rows"]}
+    assert set(rows) == {"produce", "consume", "e2e", "single"}
+    for kind in ("produce", "consume", "e2e", "single"):
+        assert rows[kind]["msgs_per_s"] > 0, rows[kind]
+        assert not rows[kind].get("error"), rows[kind]
+    for k in ("p50_us", "p99_us", "p999_us", "max_us"):
+        assert rows["produce"][k] > 0
+    assert rows["e2e"]["consume_msgs_per_s"] > 0
+    assert "broker" in rows["produce"]["cpu"] and "producer1" in rows["produce"]["cpu"]
+    # ceilings measured in the same run
+    c = rep["ceilings"]
+    assert c["memcpy_mmap"]["mb_per_s"] > 0
+    assert c["fdatasync"] and all(s["syncs_per_s"] > 0 for s in c["fdatasync"])
+    kinds = {z["kind"] for z in c["pyzmq"]}
+    assert {"batch", "rtt", "pages"} <= kinds
+    assert rows["produce"]["ratio"] > 0
+    # peers: measured, or reported missing -- never silently absent
+    measured = {r["peer"] for r in rep["peers"]["rows"]}
+    missing = rep["peers"]["missing"]
+    for peer in ("redis", "nats"):
+        assert peer in measured or any(k.startswith(peer) for k in missing), (peer, measured, missing)
+    for r in rep["peers"]["rows"]:
+        assert r["msgs_per_s"] > 0, r
+    assert png.stat().st_size > 0
