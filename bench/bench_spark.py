@@ -1,0 +1,206 @@
+"""Spark connector read throughput against a real broker group, beside the broker's raw consume
+throughput measured in the same run.
+
+Run::
+
+    python bench/bench_spark.py                          # a table of rows/s and MB/s
+    RMQ_SPARK_BENCH_MESSAGES=1000000 python bench/bench_spark.py
+    python -m pytest bench/bench_spark.py -q -s          # the same, as a test (asserts the counts)
+
+Setup (untimed): one broker group (nameserver + broker + reput + flush on loopback), topic
+``bench`` with ``RMQ_SPARK_BENCH_QUEUES`` (default 8) queues filled with
+``RMQ_SPARK_BENCH_MESSAGES`` (default 400 000) messages of ``RMQ_SPARK_BENCH_BODY`` (default
+100) bytes with a tag and a UNIQ_KEY (as producers send them), in SEND_BATCH_MESSAGE batches
+of 256; a local[2] SparkSession (UI off, loopback), warmed up with one read of the topic.
+
+Scenarios (MB/s counts message bodies; rows/s counts messages):
+
+================================  ==========================================================================
+``raw pull (broker)``             RemotingClient PULL_MESSAGE, maxMsgNums 1024, queue after queue, records
+                                  not decoded: what the broker serves to one client
+``raw pull + decode``             the same, each page decoded with ``decode_records``: the client ceiling
+``spark rmq -> noop``             ``spark.read.format("rmq")...load().write.format("noop")``: every queue
+                                  a task, pulls + Arrow batches (16 k rows) on 2 cores
+``spark rmq -> noop, no props``   the same with ``includeProperties=false``
+``spark rmq count(body)``         ``select(sum(length(body)))``: Arrow batches cross into the JVM
+================================  ==========================================================================
+
+Each scenario runs ``RMQ_SPARK_BENCH_ROUNDS`` (default 3) times and the best round is reported
+(the machine has 2 cores shared by the broker, Spark's JVM and its Python workers).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from rmq._core import commitlog as cl  # noqa: E402
+from rmq.client.consumer_api import ConsumerAPI  # noqa: E402
+from rmq.client.remoting import RemotingClient  # noqa: E402
+from rmq.protocol import Frame, RequestCode, ResponseCode  # noqa: E402
+
+N_MESSAGES = int(os.environ.get("RMQ_SPARK_BENCH_MESSAGES", "400000"))
+QUEUES = int(os.environ.get("RMQ_SPARK_BENCH_QUEUES", "8"))
+BODY_SIZE = int(os.environ.get("RMQ_SPARK_BENCH_BODY", "100"))
+ROUNDS = int(os.environ.get("RMQ_SPARK_BENCH_ROUNDS", "3"))
+TOPIC = "bench"
+SEND_BATCH = 256
+TIMEOUT_S = 600.0
+
+
+class BenchCluster:
+    """A broker group holding N_MESSAGES over QUEUES queues."""
+
+    def __init__(self, n_messages: int = N_MESSAGES):
+        from tests.integration.cluster import Cluster
+        self.dir = tempfile.mkdtemp(prefix="rmq-bench-spark-", dir=os.environ.get("RMQ_BENCH_DIR") or None)
+        self.cluster = Cluster(os.path.join(self.dir, "store"), conf={
+            "mappedFileSizeCommitLog": str(256 << 20), "mappedFileSizeConsumeQueue": str(300_000 * 20),
+            "maxTransferCountOnMessageInMemory": "1024", "maxTransferBytesOnMessageInMemory": str(4 << 20)})
+        self.namesrv = self.cluster.namesrv_addr
+        self.n = n_messages
+        self._fill()
+
+    def _fill(self) -> None:
+        body = b"x" * BODY_SIZE
+        with RemotingClient() as c:
+            r = c.invoke(self.cluster.broker, Frame(RequestCode.UPDATE_AND_CREATE_TOPIC, fields={
+                "topic": TOPIC, "readQueueNums": QUEUES, "writeQueueNums": QUEUES}))
+            assert r.code == ResponseCode.SUCCESS, r.remark
+            sent = q = 0
+            while sent < self.n:
+                k = min(SEND_BATCH, self.n - sent)
+                batch = cl.encode_batch([(body, cl.encode_properties({"TAGS": "t", "UNIQ_KEY": "%032X" % (sent + i)}),
+                                          0) for i in range(k)])
+                r = c.invoke(self.cluster.broker, Frame(RequestCode.SEND_BATCH_MESSAGE, fields={
+                    "topic": TOPIC, "queueId": q % QUEUES}, bodies=[batch]), 10_000)
+                if r.code == ResponseCode.SYSTEM_BUSY:
+                    time.sleep(0.01)
+                    continue
+                assert r.code == ResponseCode.SUCCESS, r.remark
+                sent += k
+                q += 1
+        api = ConsumerAPI(self.namesrv)
+        try:
+            deadline = time.monotonic() + TIMEOUT_S
+            while True:
+                route = api.fetch_route(TOPIC)
+                if route is not None:
+                    self.mqs = route.subscribe_queues()
+                    self.ends = {mq: api.max_offset(mq) for mq in self.mqs}
+                    if sum(self.ends.values()) >= self.n:
+                        break
+                assert time.monotonic() < deadline, "dispatch did not finish"
+                time.sleep(0.1)
+        finally:
+            api.close()
+
+    def close(self) -> None:
+        self.cluster.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+# -- scenarios -------------------------------------------------------------------------------------------
+def raw_pull(bc: BenchCluster, decode: bool) -> int:
+    n = 0
+    with RemotingClient() as c:
+        for mq in bc.mqs:
+            off = 0
+            while off < bc.ends[mq]:
+                r = c.invoke(bc.cluster.broker, Frame(RequestCode.PULL_MESSAGE, fields={
+                    "consumerGroup": "raw", "topic": TOPIC, "queueId": mq.queue_id, "queueOffset": off,
+                    "maxMsgNums": 1024, "sysFlag": 0, "subscription": "*"}))
+                assert r.code == ResponseCode.SUCCESS, r.remark
+                nxt = r.fields["nextBeginOffset"]
+                n += len(cl.decode_records(r.bodies[0])) if decode else nxt - off
+                off = nxt
+    return n
+
+
+def spark_session():
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
+    from pyspark.sql import SparkSession
+    spark = (SparkSession.builder.master("local[2]").appName("rmq-bench-spark")
+             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+             .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
+             .config("spark.sql.shuffle.partitions", "2").config("spark.sql.session.timeZone", "UTC")
+             .getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    import rmq.spark
+    rmq.spark.register(spark)
+    return spark
+
+
+def spark_noop(spark, bc: BenchCluster, **opts) -> int:
+    r = spark.read.format("rmq").option("nameServer", bc.namesrv).option("topic", TOPIC)
+    for k, v in opts.items():
+        r = r.option(k, v)
+    r.load().write.format("noop").mode("overwrite").save()
+    return bc.n
+
+
+def spark_sum_body(spark, bc: BenchCluster) -> int:
+    from pyspark.sql import functions as F
+    df = spark.read.format("rmq").option("nameServer", bc.namesrv).option("topic", TOPIC).load()
+    total = df.select(F.count("*").alias("n"), F.sum(F.length("body")).alias("b")).collect()[0]
+    assert total.n == bc.n and total.b == bc.n * BODY_SIZE, total
+    return bc.n
+
+
+def best_of(fn, rounds: int = ROUNDS) -> dict:
+    secs = []
+    n = 0
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        n = fn()
+        secs.append(time.perf_counter() - t0)
+    dt = min(secs)
+    return {"rows": n, "seconds": dt, "rows_per_s": n / dt, "mb_per_s": n * BODY_SIZE / dt / 1e6,
+            "rounds": [round(s, 3) for s in secs]}
+
+
+def run(write=print) -> dict:
+    bc = BenchCluster()
+    spark = None
+    try:
+        results = {}
+        results["raw pull (broker)"] = best_of(lambda: raw_pull(bc, decode=False))
+        results["raw pull + decode"] = best_of(lambda: raw_pull(bc, decode=True))
+        spark = spark_session()
+        spark_noop(spark, bc)                                # warm-up: Python workers, planner, routes
+        results["spark rmq -> noop"] = best_of(lambda: spark_noop(spark, bc))
+        results["spark rmq -> noop, no props"] = best_of(lambda: spark_noop(spark, bc, includeProperties="false"))
+        results["spark rmq count(body)"] = best_of(lambda: spark_sum_body(spark, bc))
+        results["raw pull (broker) again"] = best_of(lambda: raw_pull(bc, decode=False))
+        raw = max(results["raw pull (broker)"]["rows_per_s"], results["raw pull (broker) again"]["rows_per_s"])
+        write(f"\n{bc.n} messages x {BODY_SIZE} B over {QUEUES} queues, local[2], best of {ROUNDS}")
+        write(f"{'scenario':32} {'rows/s':>12} {'MB/s':>9} {'vs raw pull':>12}  rounds (s)")
+        for name, r in results.items():
+            write(f"{name:32} {r['rows_per_s']:12,.0f} {r['mb_per_s']:9.1f} {r['rows_per_s'] / raw:12.2f}  "
+                  f"{r['rounds']}")
+        return results
+    finally:
+        if spark is not None:
+            spark.stop()
+        bc.close()
+
+
+def test_spark_connector_throughput():
+    import pytest
+    pytest.importorskip("pyspark")
+    if shutil.which("java") is None:
+        pytest.skip("java is missing")
+    results = run()
+    assert all(r["rows"] == N_MESSAGES for r in results.values())
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,67 @@
+"""Helpers of the Spark tests: topics, producing, offsets over the wire."""
+import time
+
+from rmq.client.consumer_api import ConsumerAPI
+from rmq.client.message import Message, MessageQueue
+from rmq.client.producer import Producer
+from rmq.client.remoting import RemotingClient
+from rmq.protocol import Frame, RequestCode, ResponseCode
+from tests.spark.conftest import wait_for
+
+BROKER = "broker-a"
+
+
+def create_topic(cluster, topic, queues):
+    """Create (or widen) ``topic`` on the broker and wait until the NameServer routes all its queues."""
+    with RemotingClient() as c:
+        r = c.invoke(cluster.broker, Frame(RequestCode.UPDATE_AND_CREATE_TOPIC, fields={
+            "topic": topic, "readQueueNums": queues, "writeQueueNums": queues}))
+        assert r.code == ResponseCode.SUCCESS, r.remark
+    api = ConsumerAPI(cluster.namesrv_addr)
+    try:
+        wait_for(lambda: (lambda r: r is not None and len(r.subscribe_queues()) == queues)(api.fetch_route(topic)),
+                 what=f"route of {topic} with {queues} queues")
+    finally:
+        api.close()
+
+
+def produce(cluster, msgs):
+    """Send ``(Message, queue_id)`` pairs in order; returns their SendResults."""
+    with Producer(cluster.namesrv_addr, "spark-test-pg") as p:
+        futs = [p.send_async(m, queue=MessageQueue(m.topic, BROKER, q)) for m, q in msgs]
+        p.flush()
+        return [f.result() for f in futs]
+
+
+def max_offsets(cluster, topic, queues):
+    api = ConsumerAPI(cluster.namesrv_addr)
+    try:
+        api.fetch_route(topic)
+        return [api.max_offset(MessageQueue(topic, BROKER, q)) for q in range(queues)]
+    finally:
+        api.close()
+
+
+def wait_dispatched(cluster, topic, queues, total):
+    wait_for(lambda: sum(max_offsets(cluster, topic, queues)) >= total, what=f"dispatch of {total} to {topic}")
+
+
+def wait_total(cluster, topic, total):
+    """Wait until the routed queues of ``topic`` (however many) hold ``total`` messages."""
+    api = ConsumerAPI(cluster.namesrv_addr)
+
+    def count():
+        r = api.fetch_route(topic)
+        return r is not None and sum(api.max_offset(mq) for mq in r.subscribe_queues()) >= total
+    try:
+        wait_for(count, what=f"{total} messages in {topic}")
+    finally:
+        api.close()
+
+
+def msg(topic, i, tags=None, keys=None, props=None, body=None):
+    return Message(topic, body if body is not None else b"body-%06d" % i, tags=tags, keys=keys, properties=props)
+
+
+def now_ms():
+    return int(time.time() * 1000)
