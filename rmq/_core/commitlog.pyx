@@ -229,16 +229,7 @@ def decode_properties(const unsigned char[::1] data):
 
     Accepts both the trailing-\\x02 and the 4.9.1-5.1 form.
     """
-    cdef str s = bytes(data).decode("utf-8", "replace")
-    out = {}
-    for item in s.split("\x02"):
-        if len(item) < 3:
-            continue
-        i = item.find("\x01")
-        if i <= 0 or i == len(item) - 1:
-            continue
-        out[item[:i]] = item[i + 1:]
-    return out
+    return _parse_properties(bytes(data))
 
 
 def encode_batch(messages):
