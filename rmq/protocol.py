@@ -312,6 +312,29 @@ def unpack_body(frame: Frame, index: int = 0) -> object:
                             opaque=frame.opaque) from None
 
 
+def endpoint(addr: str) -> str:
+    """``host:port`` -> ``tcp://host:port``; full ZeroMQ endpoints pass through."""
+    return addr if "://" in addr else f"tcp://{addr}"
+
+
+def configure_socket(sock):
+    """rmq's options on every socket: linger 0 and libzmq's own message size limit
+    (a bigger message is dropped by libzmq before it reaches Python).  Returns ``sock``."""
+    import zmq
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_SIZE + 1024)
+    return sock
+
+
+def dealer(ctx, addr=None):
+    """A configured DEALER (client side of every rmq request), connected to ``addr`` if given."""
+    import zmq
+    s = configure_socket(ctx.socket(zmq.DEALER))
+    if addr is not None:
+        s.connect(endpoint(addr))
+    return s
+
+
 def field_int(frame: Frame, name: str, default: Optional[int] = None, lo: Optional[int] = None,
               hi: Optional[int] = None) -> int:
     """An int header field, checked; ProtocolError (SYSTEM_ERROR) naming the field otherwise."""

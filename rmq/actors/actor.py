@@ -116,9 +116,7 @@ class Actor:
 
     def socket(self, kind: int, bind: Optional[str] = None, connect: Optional[str] = None) -> zmq.Socket:
         """A socket with rmq's options: linger 0, max message size, ROUTER_MANDATORY on ROUTERs."""
-        s = self.ctx.socket(kind)
-        s.setsockopt(zmq.LINGER, 0)
-        s.setsockopt(zmq.MAXMSGSIZE, P.MAX_MESSAGE_SIZE + 1024)
+        s = P.configure_socket(self.ctx.socket(kind))
         if kind == zmq.ROUTER:
             s.setsockopt(zmq.ROUTER_MANDATORY, 1)
         if bind:

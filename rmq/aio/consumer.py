@@ -94,10 +94,7 @@ class AsyncRemoting:
             raise MQClientError("consumer client is closed")
         s = self._sockets.get(addr)
         if s is None:
-            s = self.ctx.socket(zmq.DEALER)
-            s.setsockopt(zmq.LINGER, 0)
-            s.setsockopt(zmq.MAXMSGSIZE, P.MAX_MESSAGE_SIZE + 1024)
-            s.connect(addr if "://" in addr else f"tcp://{addr}")
+            s = P.dealer(self.ctx, addr)
             self._sockets[addr] = s
             self._readers[addr] = asyncio.get_running_loop().create_task(self._read(addr, s))
         return s

@@ -339,12 +339,10 @@ class Producer:
                 self._waiters.pop(frame.opaque, None)
 
     def _open(self, addr: str, immediate: bool) -> _Conn:
-        s = self._ctx.socket(zmq.DEALER)
-        s.setsockopt(zmq.LINGER, 0)
-        s.setsockopt(zmq.MAXMSGSIZE, P.MAX_MESSAGE_SIZE + 1024)
+        s = P.dealer(self._ctx)
         if immediate:
-            s.setsockopt(zmq.IMMEDIATE, 1)
-        s.connect(f"tcp://{addr}")
+            s.setsockopt(zmq.IMMEDIATE, 1)     # before connect: only queue to a live peer
+        s.connect(P.endpoint(addr))
         conn = _Conn(addr, s, None)
         conn.reader = asyncio.get_running_loop().create_task(self._reader(conn), name=f"rmq-aio-reader-{addr}")
         return conn

@@ -529,9 +529,7 @@ class _Conn:
 
 
 def _socket(ctx: zmq.Context, immediate: bool) -> zmq.Socket:
-    s = ctx.socket(zmq.DEALER)
-    s.setsockopt(zmq.LINGER, 0)
-    s.setsockopt(zmq.MAXMSGSIZE, P.MAX_MESSAGE_SIZE + 1024)
+    s = P.dealer(ctx)
     s.setsockopt(zmq.SNDHWM, 10_000)
     s.setsockopt(zmq.RCVHWM, 10_000)
     if immediate:

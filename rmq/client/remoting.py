@@ -34,10 +34,7 @@ class RemotingClient:
     def _socket(self, addr: str) -> zmq.Socket:
         s = self._sockets.get(addr)
         if s is None:
-            s = self.ctx.socket(zmq.DEALER)
-            s.setsockopt(zmq.LINGER, 0)
-            s.setsockopt(zmq.MAXMSGSIZE, P.MAX_MESSAGE_SIZE + 1024)
-            s.connect(addr if "://" in addr else f"tcp://{addr}")
+            s = P.dealer(self.ctx, addr)
             self._sockets[addr] = s
         return s
 

@@ -184,3 +184,17 @@ def test_batch_send(cluster):
         r = wait_for(lambda: (lambda r: r if r.code == 0 else None)(c.invoke(cluster.broker, Frame(
             RequestCode.QUERY_MESSAGE, fields={"topic": "Batch", "key": "bk42"}))))
         assert [m.body for m in cl.decode_records(bytes(r.bodies[0]))] == [b"b42"]
+
+
+def test_request_waiting_too_long_gets_system_busy(tmp_path):
+    """Fast failure: a send read longer than waitTimeMillsInSendQueue ago is refused with
+    SYSTEM_BUSY and nothing is stored (0 ms makes every send late)."""
+    c = Cluster(tmp_path / "busy", conf={"waitTimeMillsInSendQueue": "0"}, with_namesrv=False)
+    try:
+        with RemotingClient() as rc:
+            r = send(rc, c.broker, "Busy", b"x", 0)
+            assert r.code == ResponseCode.SYSTEM_BUSY and "[TIMEOUT_CLEAN_QUEUE]" in r.remark
+            table = msgpack.unpackb(bytes(rc.invoke(c.broker, Frame(RequestCode.GET_BROKER_RUNTIME_INFO)).bodies[0]))
+            assert table["table"]["commitLogMaxOffset"] == 0
+    finally:
+        c.close()
