@@ -608,8 +608,11 @@ def test_async_pull_consumer_and_push_consumer(cluster):
             return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
         members = []
         for _ in range(2):
+            # heartbeats well inside the fixture's 3 s channelExpiredTimeout (as FAST), or the broker drops
+            # the members mid-test and the queues move (and are redelivered) between them
             m = AsyncPushConsumer(cluster.namesrv_addr, "apush", rebalance_interval_ms=300,
-                                  persist_consumer_offset_interval_ms=200, poll_name_server_interval_ms=300)
+                                  persist_consumer_offset_interval_ms=200, poll_name_server_interval_ms=300,
+                                  heartbeat_broker_interval_ms=1000)
             m.subscribe("A", "*")
             m.register_message_listener(listener)
             await m.start()
@@ -620,6 +623,8 @@ def test_async_pull_consumer_and_push_consumer(cluster):
                 if sum(map(len, a)) == 4 and len(a[0] | a[1]) == 4:
                     break
                 await asyncio.sleep(0.05)
+            else:
+                raise AssertionError(f"the group never split the 4 queues: {a}")
             await asyncio.to_thread(send_many, cluster, "A", [(b"n%d" % i, i % 4) for i in range(100)])
             for _ in range(400):
                 if sum(1 for k in seen if k.startswith(b"n")) == 100:
@@ -655,7 +660,8 @@ def test_async_orderly_push_consumer_keeps_queue_order(cluster):
                 seen[m.queue_id].append(m.body)
             return ConsumeOrderlyStatus.SUCCESS
         c = AsyncPushConsumer(cluster.namesrv_addr, "aord", rebalance_interval_ms=300, consume_message_batch_max_size=3,
-                              persist_consumer_offset_interval_ms=200, poll_name_server_interval_ms=300)
+                              persist_consumer_offset_interval_ms=200, poll_name_server_interval_ms=300,
+                              heartbeat_broker_interval_ms=1000)
         c.subscribe("AO", "*")
         c.register_message_listener_orderly(listener)
         await c.start()
@@ -664,6 +670,8 @@ def test_async_orderly_push_consumer_keeps_queue_order(cluster):
                 if len(c.assigned_message_queues("AO")) == 2:
                     break
                 await asyncio.sleep(0.05)
+            else:
+                raise AssertionError("the consumer never locked both queues")
             await asyncio.to_thread(send_many, cluster, "AO", [(b"q%d-%d" % (i % 2, i // 2), i % 2) for i in range(60)])
             for _ in range(400):
                 if sum(map(len, seen.values())) >= 60:
