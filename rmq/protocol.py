@@ -53,6 +53,8 @@ class RequestCode(IntEnum):
     QUERY_CONSUMER_OFFSET = 14
     UPDATE_CONSUMER_OFFSET = 15
     UPDATE_AND_CREATE_TOPIC = 17
+    UPDATE_BROKER_CONFIG = 25
+    GET_BROKER_CONFIG = 26
     GET_ALL_TOPIC_CONFIG = 21
     GET_BROKER_RUNTIME_INFO = 28
     SEARCH_OFFSET_BY_TIMESTAMP = 29
@@ -103,6 +105,12 @@ class RequestCode(IntEnum):
     FLUSH_ANNOUNCE = 9003          # flush -> broker: durable offset
     DISPATCH_ANNOUNCE = 9004       # reput -> broker: dispatched offset + queue arrivals
     CLEAN_ANNOUNCE = 9005          # cleaner -> broker: CommitLog min offset, DISK_FULL
+    HA_HANDSHAKE = 9010            # slave ha -> master ha: epoch history + max offset; reply: start/truncate
+    HA_PUSH = 9011                 # master ha -> slave ha: CommitLog bytes from an offset
+    HA_REPORT = 9012               # slave ha -> master ha: max offset applied (the ack)
+    HA_ANNOUNCE = 9013             # ha -> broker: slave acks (master) / link state (slave)
+    HA_APPEND = 9014               # slave ha -> slave broker: bytes to append verbatim
+    HA_TRUNCATE = 9015             # slave ha -> slave broker: cut the diverged tail, restart
 
 
 class ResponseCode(IntEnum):
