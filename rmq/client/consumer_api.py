@@ -21,6 +21,16 @@ Frames built and parsed here (fields are the broker's, see rmq/actors/broker.py)
 
 The frame helpers are pure (shared with :mod:`rmq.aio.consumer`); :class:`ConsumerAPI`
 adds blocking I/O with one :class:`RemotingClient` (DEALER sockets) per calling thread.
+
+Reading from slaves (SPEC.md §9, §13.2; RocketMQ ``PullAPIWrapper``): every PULL_MESSAGE
+response carries ``suggestWhichBrokerId`` (0 = the master, >= 1 = a slave); :class:`PullFromWhichNode`
+keeps the last one per MessageQueue and pulls go to that broker of the group when the route
+lists it, else to the master, else to the lowest-id slave
+(:func:`rmq.client.route.find_broker_address_in_subscribe`).  An address whose request failed
+(no answer / socket error) is avoided for ``ADDR_ISOLATION_MS`` while another one of its group is
+known, so a consumer keeps reading from a slave while a dead master is still in the route.
+Offset calls (query / update / min / max / search) go to the master, else a slave.  Sends and
+queue locks stay master-only.
 """
 from __future__ import annotations
 
@@ -42,6 +52,8 @@ import zmq
 
 from rmq import protocol as P
 from rmq.client.remoting import DEFAULT_TIMEOUT_MS, RemotingClient
+from rmq.client.route import MASTER_ID as MASTER_BROKER_ID
+from rmq.client.route import find_broker_address_in_subscribe
 from rmq.errors import MQBrokerError, MQClientError, RemotingError, RemotingTimeoutError
 from rmq.protocol import Frame, ProtocolError, RequestCode, ResponseCode, pack_body, unpack_body
 
@@ -60,9 +72,12 @@ PULL_FLAG_SUBSCRIPTION = 0x4
 SYS_FLAG_COMPRESSED = 0x1
 COMPRESSION_TYPE_MASK = 0x700
 SUB_ALL = "*"
+ADDR_ISOLATION_MS = 30_000                        # a broker address that failed a request is avoided this long
+ROUTE_REFRESH_INTERVAL_MS = 30_000                # pollNameServerInterval of the blocking pull paths
 
 __all__ = ["TopicRoute", "SubscriptionData", "ConsumerAPI", "RequestMux", "retry_topic", "dlq_topic", "build_pull_frame",
-           "parse_pull_response", "post_process_messages", "default_client_id"]
+           "parse_pull_response", "post_process_messages", "default_client_id", "PullFromWhichNode",
+           "suggested_broker_id", "group_addrs"]
 
 
 def retry_topic(group: str) -> str:
@@ -115,11 +130,12 @@ class TopicRoute:
         return cls(topic, qds, addrs, time.monotonic())
 
     def subscribe_queues(self) -> list:
-        """Readable queues (``readQueueNums`` of each readable broker group with a master), sorted."""
+        """Readable queues (``readQueueNums`` of each readable broker group with an address: its
+        master or, with the master gone, a slave), sorted."""
         out = []
         for qd in self.queue_datas:
             name = qd.get("brokerName")
-            if not (int(qd.get("perm", 0)) & PERM_READ) or MASTER_ID not in self.broker_addrs.get(name, {}):
+            if not (int(qd.get("perm", 0)) & PERM_READ) or not self.broker_addrs.get(name):
                 continue
             out.extend(MessageQueue(self.topic, name, i) for i in range(int(qd.get("readQueueNums", 0))))
         return sorted(out)
@@ -129,6 +145,124 @@ class TopicRoute:
 
     def all_master_addrs(self) -> list:
         return sorted({a[MASTER_ID] for a in self.broker_addrs.values() if MASTER_ID in a})
+
+    def all_addrs(self) -> list:
+        """Every broker address of the route, masters and slaves, sorted."""
+        return sorted({a for addrs in self.broker_addrs.values() for a in addrs.values()})
+
+    def read_addrs(self, avoid: Iterable = ()) -> list:
+        """One address per broker group to read group data from (GET_CONSUMER_LIST_BY_GROUP):
+        its master, else its lowest-id slave; addresses in ``avoid`` only when nothing else is left."""
+        avoid = frozenset(avoid)
+        out = set()
+        for addrs in self.broker_addrs.values():
+            found = find_broker_address_in_subscribe(addrs, MASTER_BROKER_ID, False, avoid)
+            if found is not None:
+                out.add(found[1])
+        return sorted(out)
+
+
+def group_addrs(routes: Iterable[TopicRoute], broker_name: str, topic: Optional[str] = None) -> dict:
+    """brokerId (str) -> address of ``broker_name`` from the freshest route that lists the group:
+    ``topic``'s route first, then the others newest first ({} when no route lists it).  A stale
+    route of another topic must not bring back a master the NameServer dropped or replaced."""
+    ordered = sorted(routes, key=lambda r: (r.topic != topic, -r.fetched_at))
+    for r in ordered:
+        addrs = r.broker_addrs.get(broker_name)
+        if addrs:
+            return dict(addrs)
+    return {}
+
+
+def suggested_broker_id(resp: Frame) -> Optional[int]:
+    """``suggestWhichBrokerId`` of a PULL_MESSAGE response (None when absent or malformed)."""
+    v = resp.fields.get("suggestWhichBrokerId") if isinstance(resp.fields, dict) else None
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, str) and v.strip().isdigit():
+        v = int(v)
+    return v if isinstance(v, int) and v >= 0 else None
+
+
+class PullFromWhichNode:
+    """Where each MessageQueue is read from (RocketMQ ``PullAPIWrapper.pullFromWhichNodeTable``),
+    plus the addresses to avoid for a while because a request to them failed.
+
+    Parameters
+    ----------
+    isolation_ms : int
+        How long an address stays avoided after a failure (a success ends it sooner).
+    clock : callable
+        Seconds, monotonic (tests move it).
+
+    Concurrency: thread-safe (one lock); shared by the sync and asyncio clients.
+    """
+
+    def __init__(self, isolation_ms: int = ADDR_ISOLATION_MS, clock=time.monotonic):
+        self.isolation_ms = isolation_ms
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._table: dict = {}            # MessageQueue -> suggested broker id
+        self._suspects: dict = {}         # addr -> clock() until which it is avoided
+
+    def suggested(self, mq: MessageQueue) -> int:
+        """The last suggested broker id of ``mq`` (0, the master, by default)."""
+        with self._lock:
+            return self._table.get(mq, MASTER_BROKER_ID)
+
+    def update(self, mq: MessageQueue, broker_id: int) -> None:
+        with self._lock:
+            self._table[mq] = int(broker_id)
+
+    def update_from_response(self, mq: MessageQueue, resp: Frame) -> Optional[int]:
+        """Record the response's ``suggestWhichBrokerId``; returns it (None when absent)."""
+        bid = suggested_broker_id(resp)
+        if bid is not None:
+            self.update(mq, bid)
+        return bid
+
+    def forget(self, mq: MessageQueue) -> None:
+        with self._lock:
+            self._table.pop(mq, None)
+
+    def mark_unreachable(self, addr: str) -> None:
+        with self._lock:
+            self._suspects[addr] = self._clock() + self.isolation_ms / 1000.0
+
+    def mark_reachable(self, addr: str) -> None:
+        if self._suspects:
+            with self._lock:
+                self._suspects.pop(addr, None)
+
+    def suspects(self) -> frozenset:
+        """Addresses avoided now."""
+        if not self._suspects:
+            return frozenset()
+        now = self._clock()
+        with self._lock:
+            for a in [a for a, t in self._suspects.items() if t <= now]:
+                del self._suspects[a]
+            return frozenset(self._suspects)
+
+    def select(self, mq: MessageQueue, broker_addrs: dict) -> Optional[tuple]:
+        """``(broker id, address)`` for the next pull of ``mq`` among ``broker_addrs`` (the group's
+        brokerId -> address): the suggested broker, else the master, else the lowest-id slave;
+        avoided addresses last.  None for an empty group."""
+        return find_broker_address_in_subscribe(broker_addrs, self.suggested(mq), False, self.suspects())
+
+    def select_for_offsets(self, broker_addrs: dict) -> Optional[tuple]:
+        """``(broker id, address)`` for offset calls: the master, else the lowest-id slave."""
+        return find_broker_address_in_subscribe(broker_addrs, MASTER_BROKER_ID, False, self.suspects())
+
+    def on_response(self, mq: Optional[MessageQueue], resp: object, addr: str) -> None:
+        """Bookkeeping of one answer from ``addr``: a Frame (reachable; a pull's suggestion is
+        recorded when ``mq`` is given) or an exception (a RemotingError makes ``addr`` avoided)."""
+        if isinstance(resp, Frame):
+            self.mark_reachable(addr)
+            if mq is not None:
+                self.update_from_response(mq, resp)
+        elif isinstance(resp, RemotingError):
+            self.mark_unreachable(addr)
 
 
 # -- subscriptions -------------------------------------------------------------------------------
@@ -336,6 +470,9 @@ class ConsumerAPI:
         self._lock = threading.Lock()
         self._routes: dict[str, TopicRoute] = {}
         self._closed = False
+        self.pull_from = PullFromWhichNode()
+        self.route_refresh_interval_ms = ROUTE_REFRESH_INTERVAL_MS
+        self._refresh_tried: dict = {}            # topic -> time.monotonic() of the last refresh attempt
 
     def remoting(self) -> RemotingClient:
         if self._closed:
@@ -349,10 +486,23 @@ class ConsumerAPI:
         return c
 
     def invoke(self, addr: str, frame: Frame, timeout_ms: Optional[int] = None) -> Frame:
+        """Send ``frame`` to ``addr`` and return the answer; a failure makes ``addr`` avoided by the
+        read-address choices for ``ADDR_ISOLATION_MS`` (an answer clears that).
+
+        Raises
+        ------
+        RemotingError
+            No answer in time (:class:`RemotingTimeoutError`) or an undecodable one.
+        """
         try:
-            return self.remoting().invoke(addr, frame, timeout_ms or self.timeout_ms)
+            resp = self.remoting().invoke(addr, frame, timeout_ms or self.timeout_ms)
         except ProtocolError as e:
             raise RemotingError(f"bad response from {addr}: {e}") from None
+        except RemotingError:
+            self.pull_from.mark_unreachable(addr)
+            raise
+        self.pull_from.mark_reachable(addr)
+        return resp
 
     def invoke_oneway(self, addr: str, frame: Frame) -> None:
         self.remoting().invoke_oneway(addr, frame)
@@ -407,8 +557,40 @@ class ConsumerAPI:
         with self._lock:
             return list(self._routes.values())
 
+    def refresh_route_if_stale(self, topic: str, max_age_ms: Optional[int] = None) -> None:
+        """Refetch ``topic``'s route when older than ``max_age_ms`` (default
+        ``route_refresh_interval_ms``), trying the NameServers at most once per that interval
+        (an unreachable NameServer costs one timeout per interval, not one per call).  Errors are
+        logged; the cached route stays."""
+        max_age_ms = self.route_refresh_interval_ms if max_age_ms is None else max_age_ms
+        now = time.monotonic()
+        with self._lock:
+            r = self._routes.get(topic)
+            if r is not None and (now - r.fetched_at) * 1000 < max_age_ms:
+                return
+            if (now - self._refresh_tried.get(topic, -1e18)) * 1000 < max_age_ms:
+                return
+            self._refresh_tried[topic] = now
+        try:
+            self.fetch_route(topic)
+        except MQClientError as e:
+            log.warning("route refresh of %s failed: %s", topic, e)
+
+    def group_addrs(self, broker_name: str, topic: Optional[str] = None, fetch: bool = True) -> dict:
+        """brokerId (str) -> address of ``broker_name`` from the freshest cached route listing it
+        (``topic``'s first); with ``fetch``, fetches ``topic``'s route when no cached route lists
+        the group (a blocking NameServer call)."""
+        with self._lock:
+            routes = list(self._routes.values())
+        addrs = group_addrs(routes, broker_name, topic)
+        if not addrs and topic is not None and fetch:
+            r = self.fetch_route(topic)
+            addrs = dict(r.broker_addrs.get(broker_name) or {}) if r else {}
+        return addrs
+
     def broker_addr(self, broker_name: str, topic: Optional[str] = None) -> str:
         """Master address of ``broker_name`` from the cached routes (refreshing ``topic``'s if needed).
+        For sends-like calls (locks, send-back); reads use :meth:`read_broker_addr`.
 
         Raises
         ------
@@ -417,10 +599,9 @@ class ConsumerAPI:
         """
         with self._lock:
             routes = list(self._routes.values())
-        for r in routes:
-            a = r.master_addr(broker_name)
-            if a:
-                return a
+        a = group_addrs(routes, broker_name, topic).get(MASTER_ID)
+        if a:
+            return a
         if topic is not None:
             r = self.fetch_route(topic)
             a = r.master_addr(broker_name) if r else None
@@ -428,25 +609,83 @@ class ConsumerAPI:
                 return a
         raise MQClientError(f"the broker[{broker_name}] does not exist")
 
+    def read_broker_addr(self, broker_name: str, topic: Optional[str] = None) -> tuple:
+        """``(broker id, address)`` for offset calls of ``broker_name``: the master, else (master
+        gone from the route, or avoided after a failure) the lowest-id slave.
+
+        Raises
+        ------
+        MQClientError
+            No route lists the broker group.
+        """
+        found = self.pull_from.select_for_offsets(self.group_addrs(broker_name, topic))
+        if found is None:
+            raise MQClientError(f"the broker[{broker_name}] does not exist")
+        return found
+
+    def pull_broker_addr(self, mq: MessageQueue, fetch: bool = True) -> tuple:
+        """``(broker id, address)`` for the next pull of ``mq``: the broker the last pull response
+        suggested (``suggestWhichBrokerId``) when the route lists it, else the master, else the
+        lowest-id slave; an address avoided after a failure only when nothing else is left.
+        ``broker id != 0`` is a slave (no commit-offset flag in the pull then).  ``fetch=False``
+        never calls the NameServer (for a thread that must not block).
+
+        Raises
+        ------
+        MQClientError
+            No route lists the broker group.
+        """
+        found = self.pull_from.select(mq, self.group_addrs(mq.broker_name, mq.topic, fetch))
+        if found is None:
+            raise MQClientError(f"the broker[{mq.broker_name}] does not exist")
+        return found
+
+    def on_pull_response(self, mq: MessageQueue, resp: object, addr: str) -> None:
+        """Record a pull's outcome (a Frame or an exception from a RequestMux) for the next choice."""
+        self.pull_from.on_response(mq, resp, addr)
+
     def all_broker_addrs(self) -> list:
+        """Master addresses of the cached routes."""
         with self._lock:
             routes = list(self._routes.values())
         return sorted({a for r in routes for a in r.all_master_addrs()})
+
+    def heartbeat_addrs(self) -> list:
+        """Every broker address of the cached routes, masters and slaves (RocketMQ consumers
+        heartbeat to slaves too: a slave then knows the group when it serves its pulls)."""
+        with self._lock:
+            routes = list(self._routes.values())
+        return sorted({a for r in routes for a in r.all_addrs()})
 
     # -- pulls and offsets ------------------------------------------------------------------------
     def pull(self, group: str, mq: MessageQueue, offset: int, max_nums: int, sub: Optional[SubscriptionData] = None,
              suspend_ms: int = 0, timeout_ms: Optional[int] = None, commit_offset: int = -1,
              group_retry_topic: Optional[str] = None) -> PullResult:
-        addr = self.broker_addr(mq.broker_name, mq.topic)
+        """One PULL_MESSAGE to the broker :meth:`pull_broker_addr` picks (the route is refreshed
+        when older than ``route_refresh_interval_ms``); the response's ``suggestWhichBrokerId``
+        picks the broker of the next pull of ``mq``.
+
+        Raises
+        ------
+        MQBrokerError
+            The broker refused.
+        RemotingError
+            No answer (the address is then avoided: the next pull goes to another broker of the group).
+        """
+        self.refresh_route_if_stale(mq.topic)
+        bid, addr = self.pull_broker_addr(mq)
+        if bid != MASTER_BROKER_ID:
+            commit_offset = -1                  # a slave does not take commits in pulls (RocketMQ)
         frame = build_pull_frame(group, mq, offset, max_nums, sub.sub_string if sub else SUB_ALL, commit_offset,
                                  suspend_ms)
         if timeout_ms is None:
             timeout_ms = suspend_ms + self.timeout_ms if suspend_ms else self.timeout_ms
         resp = self.invoke(addr, frame, timeout_ms)
+        self.pull_from.update_from_response(mq, resp)
         return parse_pull_response(resp, sub, addr, group_retry_topic)
 
     def _offset_call(self, code: int, mq: MessageQueue, what: str, **fields) -> int:
-        addr = self.broker_addr(mq.broker_name, mq.topic)
+        _, addr = self.read_broker_addr(mq.broker_name, mq.topic)
         resp = self.invoke(addr, Frame(code, fields={"topic": mq.topic, "queueId": mq.queue_id, **fields}))
         return int(_check(resp, addr, f"{what} of {mq}").fields.get("offset", 0))
 
@@ -467,7 +706,7 @@ class ConsumerAPI:
         ------
         MQBrokerError, RemotingError
         """
-        addr = self.broker_addr(mq.broker_name, mq.topic)
+        _, addr = self.read_broker_addr(mq.broker_name, mq.topic)
         resp = self.invoke(addr, Frame(RequestCode.QUERY_CONSUMER_OFFSET, fields={
             "consumerGroup": group, "topic": mq.topic, "queueId": mq.queue_id}))
         if resp.code == ResponseCode.QUERY_NOT_FOUND:
@@ -475,7 +714,9 @@ class ConsumerAPI:
         return int(_check(resp, addr, f"query offset of {mq}").fields.get("offset", -1))
 
     def update_consumer_offset(self, group: str, mq: MessageQueue, offset: int) -> None:
-        addr = self.broker_addr(mq.broker_name, mq.topic)
+        """Store ``offset`` on the master, else (master gone or avoided) on a slave (kept there
+        locally; RocketMQ does the same)."""
+        _, addr = self.read_broker_addr(mq.broker_name, mq.topic)
         _check(self.invoke(addr, Frame(RequestCode.UPDATE_CONSUMER_OFFSET, fields={
             "consumerGroup": group, "topic": mq.topic, "queueId": mq.queue_id, "commitOffset": int(offset)})),
             addr, f"update offset of {mq}")

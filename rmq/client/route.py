@@ -21,7 +21,7 @@ import random
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Optional, Sequence
+from typing import Callable, Container, Iterable, Mapping, Optional, Sequence
 
 from rmq.client.message import MessageQueue
 from rmq.errors import MQClientError
@@ -111,6 +111,60 @@ class BrokerData:
         if addr is None and self.broker_addrs:
             addr = random.choice(list(self.broker_addrs.values()))
         return addr
+
+    def find_broker_address_in_subscribe(self, broker_id: int = MASTER_ID, only_this_broker: bool = False,
+                                         avoid: Container = ()) -> Optional[tuple]:
+        """``(broker id, address)`` to read from; see :func:`find_broker_address_in_subscribe`."""
+        return find_broker_address_in_subscribe(self.broker_addrs, broker_id, only_this_broker, avoid)
+
+
+def find_broker_address_in_subscribe(broker_addrs: Mapping, broker_id: int = MASTER_ID,
+                                     only_this_broker: bool = False, avoid: Container = ()) -> Optional[tuple]:
+    """The broker of a group to read (pull, offsets) from: RocketMQ
+    ``MQClientInstance.findBrokerAddressInSubscribe`` as used by ``PullAPIWrapper``.
+
+    Parameters
+    ----------
+    broker_addrs : mapping
+        brokerId -> ``"host:port"`` of one broker group (a route's ``brokerAddrs``; keys may be
+        ints or the wire's decimal strings ``"0"``, ``"1"``).
+    broker_id : int
+        The id wanted: the queue's last ``suggestWhichBrokerId`` (0 = master, >= 1 = a slave).
+    only_this_broker : bool
+        Only ``broker_id`` will do (None when it is not in the route).
+    avoid : container of str
+        Addresses that failed lately (a pull or offset call timed out): used only when no other
+        address of the group is left.
+
+    Returns
+    -------
+    (int, str) or None
+        ``(broker id, address)``: ``broker_id`` when present, else the master (id 0), else the slave
+        with the lowest id; None for an empty group.  ``broker id != 0`` means a slave.
+    """
+    addrs = {}
+    for k, v in (broker_addrs or {}).items():
+        try:
+            addrs[int(k)] = v
+        except (TypeError, ValueError):
+            continue
+    if only_this_broker:
+        a = addrs.get(int(broker_id))
+        return None if a is None else (int(broker_id), a)
+    order = [int(broker_id)] if int(broker_id) in addrs else []
+    if MASTER_ID in addrs and MASTER_ID not in order:
+        order.append(MASTER_ID)
+    order.extend(sorted(i for i in addrs if i not in order))
+    for bid in order:
+        if addrs[bid] not in avoid:
+            return bid, addrs[bid]
+    return (order[0], addrs[order[0]]) if order else None
+
+
+def find_master_or_slave(broker_addrs: Mapping, avoid: Container = ()) -> Optional[tuple]:
+    """``(broker id, address)`` for offset calls: the master, else the lowest-id slave
+    (RocketMQ reads and commits consumer offsets on a slave when the master is gone)."""
+    return find_broker_address_in_subscribe(broker_addrs, MASTER_ID, False, avoid)
 
 
 def _int(d: dict, name: str, where: str) -> int:
