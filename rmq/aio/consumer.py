@@ -56,6 +56,7 @@ from rmq.client.consumer import (BROKER_SUSPEND_MAX_TIME_MS, CONCURRENT_MAX_RECO
                                  ConsumeConcurrentlyContext, ConsumeConcurrentlyStatus, ConsumeFromWhere,
                                  ConsumeOrderlyContext, ConsumeOrderlyStatus, MessageModel, _enum,
                                  compute_pull_from_where)
+from rmq.client.consumer_api import (ROUTE_REFRESH_INTERVAL_MS, PullFromWhichNode, group_addrs)
 from rmq.client.consumer_api import (CONSUMER_TIMEOUT_MS_WHEN_SUSPEND, SUB_ALL, SubscriptionData, TopicRoute, _check,
                                      build_pull_frame, consumer_data, default_client_id, heartbeat_body,
                                      mq_set_body, parse_lock_response, parse_pull_response, retry_send_frame,
@@ -161,9 +162,20 @@ class AsyncConsumerAPI:
         self.timeout_ms = timeout_ms
         self.remoting = AsyncRemoting()
         self._routes: dict[str, TopicRoute] = {}
+        self.pull_from = PullFromWhichNode()
+        self.route_refresh_interval_ms = ROUTE_REFRESH_INTERVAL_MS
+        self._refresh_tried: dict = {}
 
     async def invoke(self, addr: str, frame: Frame, timeout_ms: Optional[int] = None) -> Frame:
-        return await self.remoting.invoke(addr, frame, timeout_ms or self.timeout_ms)
+        """Send ``frame``, await the answer; a RemotingError makes ``addr`` avoided by the read
+        choices for a while (see :class:`PullFromWhichNode`), an answer clears that."""
+        try:
+            resp = await self.remoting.invoke(addr, frame, timeout_ms or self.timeout_ms)
+        except RemotingError:
+            self.pull_from.mark_unreachable(addr)
+            raise
+        self.pull_from.mark_reachable(addr)
+        return resp
 
     async def close(self) -> None:
         await self.remoting.close()
@@ -195,11 +207,42 @@ class AsyncConsumerAPI:
                 return r
             raise
 
+    async def refresh_route_if_stale(self, topic: str, max_age_ms: Optional[int] = None) -> None:
+        """Refetch ``topic``'s route when older than ``max_age_ms`` (default
+        ``route_refresh_interval_ms``), at most one attempt per that interval; errors are logged."""
+        max_age_ms = self.route_refresh_interval_ms if max_age_ms is None else max_age_ms
+        now = time.monotonic()
+        r = self._routes.get(topic)
+        if r is not None and (now - r.fetched_at) * 1000 < max_age_ms:
+            return
+        if (now - self._refresh_tried.get(topic, -1e18)) * 1000 < max_age_ms:
+            return
+        self._refresh_tried[topic] = now
+        try:
+            await self.fetch_route(topic)
+        except MQClientError as e:
+            log.warning("route refresh of %s failed: %s", topic, e)
+
+    async def group_addrs(self, broker_name: str, topic: Optional[str] = None) -> dict:
+        """brokerId (str) -> address of ``broker_name`` from the freshest route listing it
+        (``topic``'s first); fetches ``topic``'s route when none does."""
+        addrs = group_addrs(list(self._routes.values()), broker_name, topic)
+        if not addrs and topic is not None:
+            r = await self.fetch_route(topic)
+            addrs = dict(r.broker_addrs.get(broker_name) or {}) if r else {}
+        return addrs
+
     async def broker_addr(self, broker_name: str, topic: Optional[str] = None) -> str:
-        for r in self._routes.values():
-            a = r.master_addr(broker_name)
-            if a:
-                return a
+        """Master address of ``broker_name`` (locks, send-back).
+
+        Raises
+        ------
+        MQClientError
+            The group has no known master.
+        """
+        a = group_addrs(list(self._routes.values()), broker_name, topic).get("0")
+        if a:
+            return a
         if topic is not None:
             r = await self.fetch_route(topic)
             a = r.master_addr(broker_name) if r else None
@@ -207,22 +250,66 @@ class AsyncConsumerAPI:
                 return a
         raise MQClientError(f"the broker[{broker_name}] does not exist")
 
+    async def read_broker_addr(self, broker_name: str, topic: Optional[str] = None) -> tuple:
+        """``(broker id, address)`` for offset calls: the master, else the lowest-id slave.
+
+        Raises
+        ------
+        MQClientError
+            No route lists the group.
+        """
+        found = self.pull_from.select_for_offsets(await self.group_addrs(broker_name, topic))
+        if found is None:
+            raise MQClientError(f"the broker[{broker_name}] does not exist")
+        return found
+
+    async def pull_broker_addr(self, mq: MessageQueue) -> tuple:
+        """``(broker id, address)`` for the next pull of ``mq``: the suggested broker
+        (``suggestWhichBrokerId``), else the master, else the lowest-id slave (see
+        :meth:`rmq.client.consumer_api.ConsumerAPI.pull_broker_addr`).
+
+        Raises
+        ------
+        MQClientError
+            No route lists the group.
+        """
+        found = self.pull_from.select(mq, await self.group_addrs(mq.broker_name, mq.topic))
+        if found is None:
+            raise MQClientError(f"the broker[{mq.broker_name}] does not exist")
+        return found
+
     def all_broker_addrs(self) -> list:
+        """Master addresses of the cached routes."""
         return sorted({a for r in self._routes.values() for a in r.all_master_addrs()})
+
+    def heartbeat_addrs(self) -> list:
+        """Every broker address of the cached routes, masters and slaves."""
+        return sorted({a for r in self._routes.values() for a in r.all_addrs()})
 
     async def pull(self, group: str, mq: MessageQueue, offset: int, max_nums: int,
                    sub: Optional[SubscriptionData] = None, suspend_ms: int = 0, timeout_ms: Optional[int] = None,
                    commit_offset: int = -1, group_retry_topic: Optional[str] = None) -> PullResult:
-        addr = await self.broker_addr(mq.broker_name, mq.topic)
+        """One PULL_MESSAGE to the broker :meth:`pull_broker_addr` picks; the answer's
+        ``suggestWhichBrokerId`` picks the next one.
+
+        Raises
+        ------
+        MQBrokerError, RemotingError
+        """
+        await self.refresh_route_if_stale(mq.topic)
+        broker_id, addr = await self.pull_broker_addr(mq)
+        if broker_id != 0:
+            commit_offset = -1
         frame = build_pull_frame(group, mq, offset, max_nums, sub.sub_string if sub else SUB_ALL, commit_offset,
                                  suspend_ms)
         if timeout_ms is None:
             timeout_ms = suspend_ms + self.timeout_ms if suspend_ms else self.timeout_ms
         resp = await self.invoke(addr, frame, timeout_ms)
+        self.pull_from.update_from_response(mq, resp)
         return parse_pull_response(resp, sub, addr, group_retry_topic)
 
     async def _offset_call(self, code: int, mq: MessageQueue, what: str, **fields) -> int:
-        addr = await self.broker_addr(mq.broker_name, mq.topic)
+        _, addr = await self.read_broker_addr(mq.broker_name, mq.topic)
         resp = await self.invoke(addr, Frame(code, fields={"topic": mq.topic, "queueId": mq.queue_id, **fields}))
         return int(_check(resp, addr, f"{what} of {mq}").fields.get("offset", 0))
 
@@ -237,7 +324,7 @@ class AsyncConsumerAPI:
                                        timestamp=int(timestamp_ms))
 
     async def query_consumer_offset(self, group: str, mq: MessageQueue) -> int:
-        addr = await self.broker_addr(mq.broker_name, mq.topic)
+        _, addr = await self.read_broker_addr(mq.broker_name, mq.topic)
         resp = await self.invoke(addr, Frame(RequestCode.QUERY_CONSUMER_OFFSET, fields={
             "consumerGroup": group, "topic": mq.topic, "queueId": mq.queue_id}))
         if resp.code == ResponseCode.QUERY_NOT_FOUND:
@@ -245,7 +332,7 @@ class AsyncConsumerAPI:
         return int(_check(resp, addr, f"query offset of {mq}").fields.get("offset", -1))
 
     async def update_consumer_offset(self, group: str, mq: MessageQueue, offset: int) -> None:
-        addr = await self.broker_addr(mq.broker_name, mq.topic)
+        _, addr = await self.read_broker_addr(mq.broker_name, mq.topic)
         _check(await self.invoke(addr, Frame(RequestCode.UPDATE_CONSUMER_OFFSET, fields={
             "consumerGroup": group, "topic": mq.topic, "queueId": mq.queue_id, "commitOffset": int(offset)})),
             addr, f"update offset of {mq}")
@@ -452,10 +539,22 @@ class AsyncPullConsumer:
 
     async def _pull_one(self, mq: MessageQueue, offset: int, suspend: int) -> tuple:
         api = self._api()
-        addr = await api.broker_addr(mq.broker_name, mq.topic)
+        _, addr = await api.pull_broker_addr(mq)          # suggested broker / master / a slave
         frame = build_pull_frame(self.group, mq, offset, self.pull_batch_size, self._subs[mq.topic].sub_string, -1,
                                  suspend)
-        return await api.invoke(addr, frame, suspend + self.timeout_ms), addr
+        try:
+            resp = await api.invoke(addr, frame, suspend + self.timeout_ms)
+        except RemotingError as e:
+            e.broker_addr = addr                          # for poll: retry elsewhere when it can
+            raise
+        api.pull_from.update_from_response(mq, resp)
+        return resp, addr
+
+    def _other_addr(self, mq: MessageQueue, failed_addr: str) -> bool:
+        """True when the next pull of ``mq`` goes to another address than ``failed_addr``."""
+        api = self._api()
+        found = api.pull_from.select(mq, group_addrs(list(api._routes.values()), mq.broker_name, mq.topic))
+        return found is not None and found[1] != failed_addr
 
     async def poll(self, timeout_ms: int = 1000) -> list:
         """Messages from the assigned queues, awaiting up to ``timeout_ms`` (long polling)."""
@@ -469,6 +568,8 @@ class AsyncPullConsumer:
         for mq in self._assigned:
             if mq not in self._positions:
                 await self._initial_position(mq)
+        for topic in {mq.topic for mq in self._assigned}:
+            await self._api().refresh_route_if_stale(topic)   # a promoted slave shows up as the new master
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_ms / 1000.0
         out: list = []
@@ -493,6 +594,15 @@ class AsyncPullConsumer:
                 try:
                     resp, addr = task.result()
                     res = parse_pull_response(resp, self._subs.get(mq.topic), addr)
+                except RemotingError as e:
+                    bad = getattr(e, "broker_addr", "")
+                    if bad and self._other_addr(mq, bad):
+                        log.warning("pull of %s from %s failed (%s); reading from another broker of %s",
+                                    mq, bad, e, mq.broker_name)
+                        continue                          # asked again at once, elsewhere
+                    error = e
+                    failed.add(mq)
+                    continue
                 except MQClientError as e:
                     error = e
                     failed.add(mq)
@@ -712,7 +822,7 @@ class AsyncPushConsumer:
             await self.offsets.persist_all([mq for mq, _ in items])
             if self.orderly and self.clustering:
                 await self._unlock([mq for mq, _ in items])
-            for addr in self.api.all_broker_addrs():
+            for addr in self.api.heartbeat_addrs():
                 try:
                     await self.api.unregister(addr, self.client_id, self.group)
                 except MQClientError as e:
@@ -781,7 +891,7 @@ class AsyncPushConsumer:
                 pass
         datas = [consumer_data(self.group, "CONSUME_PASSIVELY", self.message_model.value,
                                self.consume_from_where.value, self.subscriptions.values())]
-        for addr in self.api.all_broker_addrs():
+        for addr in self.api.heartbeat_addrs():                 # masters and slaves (RocketMQ)
             try:
                 await self.api.heartbeat(addr, self.client_id, datas)
             except MQClientError as e:
@@ -806,7 +916,7 @@ class AsyncPushConsumer:
         if not self.clustering:
             await self._update_table(topic, set(mq_all))
             return
-        addrs = route.all_master_addrs()
+        addrs = route.read_addrs(self.api.pull_from.suspects())   # masters; a slave for a group without one
         if not addrs or not mq_all:
             return
         cids = await self.api.consumer_id_list(random.choice(addrs), self.group)
@@ -949,11 +1059,15 @@ class AsyncPushConsumer:
                 continue
             commit = self.offset_store.read_memory(mq) if self.clustering else -1
             try:
-                addr = await self.api.broker_addr(mq.broker_name, mq.topic)
+                # the broker the last answer suggested, else the master, else a slave (PullAPIWrapper)
+                broker_id, addr = await self.api.pull_broker_addr(mq)
+                if broker_id != 0:
+                    commit = -1                              # no commit-offset flag towards a slave
                 frame = build_pull_frame(self.group, mq, next_offset, self.pull_batch_size, sub.sub_string,
                                          commit if commit > 0 else -1, BROKER_SUSPEND_MAX_TIME_MS)
                 self.stats["pulls"] += 1
                 resp = await self.api.invoke(addr, frame, CONSUMER_TIMEOUT_MS_WHEN_SUSPEND)
+                self.api.pull_from.update_from_response(mq, resp)
                 res = parse_pull_response(resp, sub, addr, retry)
             except MQClientError as e:
                 log.warning("pull of %s failed: %s", mq, e)

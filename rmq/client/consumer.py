@@ -61,7 +61,7 @@ from rmq.client.rebalance import (AllocateMessageQueueAveragely, AllocateMessage
                                   AllocateMessageQueueByConfig, AllocateMessageQueueByMachineRoom,
                                   AllocateMessageQueueConsistentHash, AllocateMachineRoomNearby, resolve_strategy)
 from rmq.client.remoting import DEFAULT_TIMEOUT_MS
-from rmq.errors import MQClientError
+from rmq.errors import MQClientError, RemotingError
 
 log = logging.getLogger("rmq.client.consumer")
 
@@ -432,6 +432,8 @@ class PullConsumer:
         for mq in self._assigned:
             if mq not in self._positions:
                 self._initial_position(mq)
+        for topic in {mq.topic for mq in self._assigned}:
+            api.refresh_route_if_stale(topic)           # a promoted slave shows up as the new master
         deadline = time.monotonic() + timeout_ms / 1000.0
         out: list = []
         error: Optional[Exception] = None
@@ -447,9 +449,16 @@ class PullConsumer:
                     frame = build_pull_frame(self.group, mq, off, self.pull_batch_size,
                                              self._subs[mq.topic].sub_string, -1, suspend)
                     token = (mq, off, next(self._seq))
+                    addr = ""
                     try:
-                        addr = api.broker_addr(mq.broker_name, mq.topic)
+                        _, addr = api.pull_broker_addr(mq)   # suggested broker / master / a slave
                         self._mux.send(addr, frame, suspend + self.timeout_ms, token)
+                    except RemotingError as e:
+                        if addr:
+                            api.on_pull_response(mq, e, addr)
+                        error = e
+                        failed.add(mq)
+                        continue
                     except MQClientError as e:
                         error = e
                         failed.add(mq)
@@ -458,12 +467,17 @@ class PullConsumer:
             done, _ = self._mux.poll(0 if out else max(0, min(left_ms, 100)))
             for token, resp, addr in done:
                 mq, off = token[0], token[1]
+                api.on_pull_response(mq, resp, addr)           # suggestWhichBrokerId / failed address
                 if self._inflight.get(mq) is not token:
                     continue                                   # superseded (seek, re-assign)
                 del self._inflight[mq]
                 if self._positions.get(mq) != off:
                     continue                                   # seeked meanwhile
                 if isinstance(resp, Exception):
+                    if isinstance(resp, RemotingError) and self._other_addr(api, mq, addr):
+                        log.warning("pull of %s from %s failed (%s); reading from another broker of %s",
+                                    mq, addr, resp, mq.broker_name)
+                        continue                               # asked again at once, elsewhere
                     error = resp
                     failed.add(mq)
                     continue
@@ -484,6 +498,15 @@ class PullConsumer:
                 if error is not None:
                     raise error
                 return out
+
+    @staticmethod
+    def _other_addr(api: ConsumerAPI, mq: MessageQueue, failed_addr: str) -> bool:
+        """True when the next pull of ``mq`` would go to another address than ``failed_addr``
+        (e.g. a slave, the master having stopped answering)."""
+        try:
+            return api.pull_broker_addr(mq, fetch=False)[1] != failed_addr
+        except MQClientError:
+            return False
 
     def __iter__(self):
         """Messages forever (poll in a loop); stop with ``break`` or :meth:`shutdown`."""
@@ -860,7 +883,7 @@ class PushConsumer:
             self.offset_store.persist_all([mq for mq, _ in items])
             if self.orderly and self.clustering:
                 self._unlock_all([mq for mq, _ in items])
-            for addr in self.api.all_broker_addrs():
+            for addr in self.api.heartbeat_addrs():
                 try:
                     self.api.unregister(addr, self.client_id, self.group)
                 except MQClientError as e:
@@ -938,7 +961,7 @@ class PushConsumer:
             except MQClientError:
                 pass
         datas = self._consumer_datas()
-        for addr in self.api.all_broker_addrs():
+        for addr in self.api.heartbeat_addrs():              # masters and slaves (RocketMQ)
             try:
                 self.api.heartbeat(addr, self.client_id, datas)
             except MQClientError as e:
@@ -968,7 +991,7 @@ class PushConsumer:
         if not self.clustering:
             self._update_process_queue_table(topic, set(mq_all))
             return
-        addrs = route.all_master_addrs()
+        addrs = route.read_addrs(self.api.pull_from.suspects())   # masters; a slave for a group without one
         if not addrs or not mq_all:
             return
         cids = self.api.consumer_id_list(random.choice(addrs), self.group)
@@ -1127,17 +1150,24 @@ class PushConsumer:
             self._pull_later(pr, PULL_TIME_DELAY_MS_WHEN_EXCEPTION)
             return
         commit_offset = self.offset_store.read_memory(pr.mq) if self.clustering else -1
-        frame = build_pull_frame(self.group, pr.mq, pr.next_offset, self.pull_batch_size, sub.sub_string,
-                                 commit_offset if commit_offset > 0 else -1, BROKER_SUSPEND_MAX_TIME_MS)
+        addr = ""
         try:
-            addr = self.api.broker_addr(pr.mq.broker_name)
+            # the broker the last response suggested, else the master, else a slave (PullAPIWrapper)
+            broker_id, addr = self.api.pull_broker_addr(pr.mq, fetch=False)
+            if broker_id != 0:
+                commit_offset = -1                   # no commit-offset flag towards a slave (RocketMQ)
+            frame = build_pull_frame(self.group, pr.mq, pr.next_offset, self.pull_batch_size, sub.sub_string,
+                                     commit_offset if commit_offset > 0 else -1, BROKER_SUSPEND_MAX_TIME_MS)
             pr.opaque = self._pull.mux.send(addr, frame, CONSUMER_TIMEOUT_MS_WHEN_SUSPEND, pr)
             self.stats["pulls"] += 1
         except MQClientError as e:
+            if isinstance(e, RemotingError) and addr:
+                self.api.on_pull_response(pr.mq, e, addr)
             log.warning("pull of %s not sent: %s", pr.mq, e)
             self._pull_later(pr, PULL_TIME_DELAY_MS_WHEN_EXCEPTION)
 
     def _on_pull_response(self, pr: PullRequest, resp, addr: str) -> None:
+        self.api.on_pull_response(pr.mq, resp, addr)        # suggestWhichBrokerId / failed address
         pq = pr.pq
         if pq.dropped or self._state != "RUNNING":
             return
