@@ -309,30 +309,93 @@ def topic_status(topic) -> None:
 
 
 # -- cluster / broker ---------------------------------------------------------------------------------
+CLUSTER_COLUMNS = ["Cluster Name", "Broker Name", "BID", "Addr", "Role", "Version", "InTPS", "OutTPS", "Put Total",
+                   "Get Total", "CommitLog Max Offset", "HA Ack Offset", "HA Lag (bytes)", "Boot Time", "Error"]
+CLUSTER_RIGHT = ("BID", "InTPS", "OutTPS", "Put Total", "Get Total", "CommitLog Max Offset", "HA Ack Offset",
+                 "HA Lag (bytes)")
+HA_KEYS = ("brokerRole", "brokerId", "haEpoch", "haMasterAddress", "haConnected", "haSlaveAckOffset",
+           "commitLogMaxOffset")
+HA_SLAVE_COLUMNS = ["Slave Addr", "BID", "Ack Offset", "Lag (bytes)", "Last Ack"]
+
+
+def _fmt_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return "" if v is None else str(v)
+
+
+def cluster_rows(brokers: list) -> list:
+    """Table rows of ``clusterList`` (one per :class:`rmq.client.admin.BrokerInfo`, columns
+    :data:`CLUSTER_COLUMNS`); a slave's ack offset and lag are blank when unknown, a master's
+    always (its lag is 0 by definition)."""
+    rows = []
+    for b in brokers:
+        slave = getattr(b, "broker_role", "") == "SLAVE"
+        ack = getattr(b, "ha_ack_offset", -1)
+        lag = getattr(b, "ha_lag_bytes", -1)
+        rows.append((b.cluster, b.broker_name, b.broker_id, b.broker_addr, getattr(b, "broker_role", ""), b.version,
+                     f"{b.put_tps:.2f}", f"{b.get_tps:.2f}", b.put_message_total, b.get_message_total,
+                     b.commitlog_max_offset, ack if slave and ack >= 0 else "", lag if slave and lag >= 0 else "",
+                     fmt_ts(b.boot_timestamp), b.error))
+    return rows
+
+
+def ha_rows(status: dict) -> list:
+    """``(key, value)`` rows of the HA keys present in a runtime table (:data:`HA_KEYS` order)."""
+    return [(k, _fmt_value(status[k])) for k in HA_KEYS if k in status]
+
+
+def ha_slave_rows(status: dict) -> list:
+    """Rows of a master's ``haSlaves`` (columns :data:`HA_SLAVE_COLUMNS`; offsets in bytes)."""
+    rows = []
+    for e in status.get("haSlaves") or []:
+        if isinstance(e, dict):
+            rows.append((e.get("slaveAddr", ""), _fmt_value(e.get("brokerId")), _fmt_value(e.get("ackOffset")),
+                         _fmt_value(e.get("lagBytes")), fmt_ts(int(e.get("lastAckMs") or 0))))
+    return rows
+
+
+def status_rows(status: dict) -> list:
+    """``(key, value)`` rows of a runtime table, sorted, without ``haSlaves`` (its own table)."""
+    return sorted((k, _fmt_value(v)) for k, v in status.items() if k != "haSlaves")
+
+
+def render_broker_status(console, broker_addr: str, status: dict) -> None:
+    """brokerStatus of one broker: every key, then the HA keys and the master's slaves."""
+    console.print(_table(f"broker {broker_addr}", ["Key", "Value"], status_rows(status)))
+    ha = ha_rows(status)
+    if ha:
+        console.print(_table(f"HA of broker {broker_addr}", ["Key", "Value"], ha))
+    slaves = ha_slave_rows(status)
+    if slaves or "haSlaves" in status:
+        console.print(_table(f"slaves of broker {broker_addr}", HA_SLAVE_COLUMNS, slaves,
+                             right=("BID", "Ack Offset", "Lag (bytes)")))
+
+
 @_command("clusterList", "cluster-list")
 @click.option("-c", "--cluster-name", "cluster", default=None, help="Only this cluster.")
 def cluster_list(cluster) -> None:
-    """List clusters and their brokers with runtime stats (TPS, totals, CommitLog size, version).
+    """List clusters and their brokers with runtime stats (role, TPS, totals, CommitLog size,
+    and for a slave the CommitLog bytes its master saw acknowledged and its lag in bytes).
 
     JSON: {"brokers": [{"cluster", "broker_name", "broker_id", "broker_addr", "version", "put_tps",
     "get_tps", "put_message_total", "get_message_total", "commitlog_max_offset", "boot_timestamp",
-    "runtime": {...}, "error"}]}
+    "runtime": {...}, "error", "broker_role", "ha_epoch", "ha_master_address", "ha_connected",
+    "ha_ack_offset", "ha_lag_bytes", "ha_slave_count"}]}  (-1 / null when unknown)
     """
     with _client() as a:
         rows = a.cluster_list(cluster)
-    _emit({"brokers": rows}, lambda c: c.print(_table(
-        "clusters", ["Cluster Name", "Broker Name", "BID", "Addr", "Version", "InTPS", "OutTPS", "Put Total",
-                     "Get Total", "CommitLog Max Offset", "Boot Time", "Error"],
-        [(b.cluster, b.broker_name, b.broker_id, b.broker_addr, b.version, f"{b.put_tps:.2f}", f"{b.get_tps:.2f}",
-          b.put_message_total, b.get_message_total, b.commitlog_max_offset, fmt_ts(b.boot_timestamp), b.error)
-         for b in rows], right=("BID", "InTPS", "OutTPS", "Put Total", "Get Total", "CommitLog Max Offset"))))
+    _emit({"brokers": rows}, lambda c: c.print(_table("clusters", CLUSTER_COLUMNS, cluster_rows(rows),
+                                                      right=CLUSTER_RIGHT)))
 
 
 @_command("brokerStatus", "broker-status")
 @click.option("-b", "--broker-addr", default=None, metavar="HOST:PORT", help="Broker address.")
 @click.option("-c", "--cluster-name", "cluster", default=None, help="Every master of this cluster.")
 def broker_status(broker_addr, cluster) -> None:
-    """Show a broker's runtime info (-b), or that of every master of a cluster (-c).
+    """Show a broker's runtime info (-b), or that of every master of a cluster (-c), with its HA
+    state (brokerRole, brokerId, haEpoch, haMasterAddress, haConnected, haSlaveAckOffset, and a
+    master's slaves: ack offset and lag in bytes).
 
     JSON: {"brokers": [{"broker_addr", "status": {runtime key: value}}]}
     """
@@ -344,8 +407,62 @@ def broker_status(broker_addr, cluster) -> None:
 
     def render(c):
         for r in res:
-            c.print(_table(f"broker {r['broker_addr']}", ["Key", "Value"], sorted(r["status"].items())))
+            render_broker_status(c, r["broker_addr"], r["status"])
     _emit({"brokers": res}, render)
+
+
+@_command("updateBrokerConfig", "update-broker-config")
+@click.option("-b", "--broker-addr", required=True, metavar="HOST:PORT", help="Broker address.")
+@click.option("-k", "--key", required=True, help="Property name (the broker accepts an allow-list at runtime).")
+@click.option("-v", "--value", required=True, help="Property value.")
+def update_broker_config(broker_addr, key, value) -> None:
+    """Set one broker property at runtime (UPDATE_BROKER_CONFIG).  ``-k brokerRole -v ASYNC_MASTER``
+    on a slave promotes it (with brokerId 0); promoteSlave checks its role first.
+
+    JSON: {"broker_addr", "updated": {key: value}}
+    """
+    with _client() as a:
+        a.update_broker_config(broker_addr, {key: value})
+    _emit({"broker_addr": broker_addr, "updated": {key: value}},
+          lambda c: c.print(f"update broker config success, {broker_addr}: {key}={value}"))
+
+
+@_command("getBrokerConfig", "get-broker-config")
+@click.option("-b", "--broker-addr", required=True, metavar="HOST:PORT", help="Broker address.")
+def get_broker_config(broker_addr) -> None:
+    """Show a broker's configuration (GET_BROKER_CONFIG).
+
+    JSON: {"broker_addr", "config": {key: str value}}
+    """
+    with _client() as a:
+        config = a.get_broker_config(broker_addr)
+    _emit({"broker_addr": broker_addr, "config": config},
+          lambda c: c.print(_table(f"config of broker {broker_addr}", ["Key", "Value"], sorted(config.items()))))
+
+
+@_command("promoteSlave", "promote-slave")
+@click.option("-b", "--broker-addr", required=True, metavar="HOST:PORT", help="Address of the SLAVE broker.")
+@click.option("--role", type=click.Choice(["ASYNC_MASTER", "SYNC_MASTER"], case_sensitive=False),
+              default="ASYNC_MASTER", show_default=True, help="Role of the promoted broker.")
+@click.option("-w", "--wait-ms", type=click.IntRange(1, 3_600_000), default=60_000, show_default=True,
+              help="How long to wait for the broker to catch up and switch, ms.")
+def promote_slave(broker_addr, role, wait_ms) -> None:
+    """Manual failover: make a SLAVE the master (brokerId 0) of its group.  The broker first
+    applies what it received from the old master; it then re-registers with the NameServer and
+    clients move to it at their next route refresh.  Fails if the broker is not a SLAVE.
+
+    JSON: {"broker_addr", "role", "status": {runtime key: value after the switch}}
+    """
+    role = role.upper()
+    with _client() as a:
+        status = a.promote_slave(broker_addr, role, wait_ms)
+
+    def render(c):
+        c.print(f"broker {broker_addr} promoted to {status.get('brokerRole', role)}")
+        ha = ha_rows(status)
+        if ha:
+            c.print(_table(f"HA of broker {broker_addr}", ["Key", "Value"], ha))
+    _emit({"broker_addr": broker_addr, "role": role, "status": status}, render)
 
 
 # -- consumers -----------------------------------------------------------------------------------------

@@ -14,6 +14,9 @@ method                             returns
 ``topic_status``                   list of :class:`QueueStatus`
 ``cluster_list``                   list of :class:`BrokerInfo`
 ``broker_status``                  dict, the broker's runtime table (RocketMQ key names)
+``update_broker_config``           None (UPDATE_BROKER_CONFIG of some properties)
+``get_broker_config``              dict str -> str, the broker's configuration
+``promote_slave``                  dict, the promoted broker's runtime table
 ``consumer_progress``              :class:`ConsumerProgress`
 ``consumer_connection``            sorted list of online client ids of a group
 ``query_msg_by_id``                list of :class:`MessageView`
@@ -51,12 +54,13 @@ from rmq._core import commitlog as _cl
 from rmq.client.message import MessageQueue, SendResult, SendStatus, create_uniq_id
 from rmq.client.remoting import DEFAULT_TIMEOUT_MS, RemotingClient
 from rmq.errors import MQBrokerError, MQClientError, RemotingTimeoutError, RmqError
-from rmq.protocol import Frame, ProtocolError, RequestCode, ResponseCode, unpack_body
+from rmq.protocol import Frame, ProtocolError, RequestCode, ResponseCode, pack_body, unpack_body
 from rmq.store.validators import MAX_QUEUE_NUMS, check_group, check_topic
 
 __all__ = ["Admin", "TopicUpdate", "TopicDeletion", "QueueData", "BrokerData", "TopicRoute", "QueueStatus",
            "BrokerInfo", "QueueProgress", "ConsumerProgress", "MessageView", "OffsetReset", "to_jsonable",
-           "TOOLS_CONSUMER_GROUP", "TOOLS_PRODUCER_GROUP", "DEFAULT_NAMESRV_ADDR"]
+           "TOOLS_CONSUMER_GROUP", "TOOLS_PRODUCER_GROUP", "DEFAULT_NAMESRV_ADDR", "fill_ha_info", "BROKER_ROLES",
+           "MASTER_ROLES"]
 
 DEFAULT_NAMESRV_ADDR = "127.0.0.1:9876"
 TOOLS_CONSUMER_GROUP = "TOOLS_CONSUMER"     # MixAll.TOOLS_CONSUMER_GROUP: pulls made by admin tools
@@ -70,6 +74,9 @@ QUERY_MAX_NUM = 64                          # the broker's ceiling for QUERY_MES
 PULL_BATCH = 32                             # pullBatchSize
 MAX_PULL_BATCH = 4096                       # the broker's maxMsgNums ceiling
 SYSFLAG_COMPRESSED = 0x1                    # MessageSysFlag.COMPRESSED_FLAG
+BROKER_ROLES = ("ASYNC_MASTER", "SYNC_MASTER", "SLAVE")
+MASTER_ROLES = ("ASYNC_MASTER", "SYNC_MASTER")
+PROMOTE_TIMEOUT_MS = 60_000                 # a slave answers the promotion once caught up and re-registered
 
 
 # -- result types ----------------------------------------------------------------------------
@@ -150,6 +157,13 @@ class BrokerInfo:
     boot_timestamp: int = 0
     runtime: dict = field(default_factory=dict)
     error: str = ""
+    broker_role: str = ""          # ASYNC_MASTER | SYNC_MASTER | SLAVE ("" when unknown)
+    ha_epoch: int = -1             # the broker's HA epoch (-1 when not reported)
+    ha_master_address: str = ""    # slave: the master's HA address it replicates from
+    ha_connected: Optional[bool] = None   # slave: connected to a master (None for a master / unknown)
+    ha_ack_offset: int = -1        # slave: CommitLog bytes acknowledged to its master (-1 when unknown)
+    ha_lag_bytes: int = -1         # slave: master's CommitLog max offset - ha_ack_offset, bytes (-1 when unknown)
+    ha_slave_count: int = 0        # master: slaves connected for replication
 
 
 @dataclass
@@ -295,6 +309,96 @@ def _check_group(group: str) -> str:
     return group
 
 
+def _config_str(v: Any) -> str:
+    """A broker property value as RocketMQ's Properties text (booleans ``true``/``false``)."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, bytes):
+        return v.decode("utf-8", "replace")
+    return str(v)
+
+
+def _config_body(props: dict) -> dict:
+    """``props`` as the UPDATE_BROKER_CONFIG body map (str -> str).
+
+    Raises
+    ------
+    MQClientError
+        Not a non-empty map, or an empty key.
+    """
+    if not isinstance(props, dict) or not props:
+        raise MQClientError(f"broker config update needs at least one property, got {props!r:.200}")
+    out = {}
+    for k, v in props.items():
+        key = str(k).strip()
+        if not key:
+            raise MQClientError(f"empty broker config key in {props!r:.200}")
+        out[key] = _config_str(v)
+    return out
+
+
+def _int_or(v: Any, default: int) -> int:
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return default
+
+
+def fill_ha_info(infos: list) -> list:
+    """Fill the HA fields of :class:`BrokerInfo` objects (``clusterList``) from their runtime tables.
+
+    * ``broker_role``: the table's ``brokerRole``, else ``ASYNC_MASTER``/``SLAVE`` guessed from the
+      broker id of a broker that answered without it (an older broker);
+    * a slave's ``ha_ack_offset`` / ``ha_lag_bytes``: from its master's ``haSlaves`` entry (matched
+      on ``slaveAddr`` = the slave's address, else on ``brokerId``) when the master answered, else
+      from the slave's own ``commitLogMaxOffset`` against the master's;
+    * ``ha_connected`` / ``ha_master_address``: the slave's own table; ``ha_slave_count``: the
+      master's ``haSlaves`` length.
+
+    Returns ``infos`` (changed in place).
+    """
+    groups: dict = {}
+    for info in infos:
+        groups.setdefault((info.cluster, info.broker_name), []).append(info)
+    for members in groups.values():
+        master = None
+        for info in members:
+            t = info.runtime or {}
+            role = str(t.get("brokerRole") or "").upper()
+            if not role and not info.error:
+                role = "ASYNC_MASTER" if info.broker_id == MASTER_ID else "SLAVE"
+            info.broker_role = role
+            info.ha_epoch = _int_or(t.get("haEpoch"), -1)
+            if role == "SLAVE":
+                info.ha_master_address = str(t.get("haMasterAddress") or "")
+                hc = t.get("haConnected")
+                info.ha_connected = None if hc is None else bool(hc)
+            slaves = t.get("haSlaves")
+            if isinstance(slaves, list):
+                info.ha_slave_count = len(slaves)
+            if info.broker_id == MASTER_ID and not info.error:
+                master = info
+        slaves_table = [e for e in ((master.runtime or {}).get("haSlaves") or []) if isinstance(e, dict)] \
+            if master is not None else []
+        for info in members:
+            if info is master or info.broker_role != "SLAVE":
+                continue
+            entry = next((e for e in slaves_table if e.get("slaveAddr") == info.broker_addr), None)
+            if entry is None:
+                entry = next((e for e in slaves_table if _int_or(e.get("brokerId"), -2) == info.broker_id), None)
+            if entry is not None:
+                info.ha_ack_offset = _int_or(entry.get("ackOffset"), -1)
+                lag = entry.get("lagBytes")
+                if lag is None and info.ha_ack_offset >= 0:
+                    lag = master.commitlog_max_offset - info.ha_ack_offset
+                info.ha_lag_bytes = max(_int_or(lag, -1), -1)
+            elif not info.error and info.runtime:
+                info.ha_ack_offset = info.commitlog_max_offset
+                if master is not None:
+                    info.ha_lag_bytes = max(master.commitlog_max_offset - info.commitlog_max_offset, 0)
+    return infos
+
+
 def _body(frame: Frame, what: str) -> Any:
     try:
         return unpack_body(frame)
@@ -334,20 +438,21 @@ class Admin:
 
     # -- transport ------------------------------------------------------------------------
     def _invoke(self, addr: str, code: int, fields: Optional[dict] = None, bodies: Optional[list] = None,
-                what: str = "broker") -> Frame:
+                what: str = "broker", timeout_ms: Optional[int] = None) -> Frame:
+        timeout_ms = int(timeout_ms or self.timeout_ms)
         try:
             return self._rc.invoke(addr, Frame(int(code), fields=dict(fields or {}), bodies=list(bodies or [])),
-                                   self.timeout_ms)
+                                   timeout_ms)
         except RemotingTimeoutError:
             raise RemotingTimeoutError(f"{what} {addr} did not answer {RequestCode(code).name} within "
-                                       f"{self.timeout_ms} ms (is it running and reachable?)") from None
+                                       f"{timeout_ms} ms (is it running and reachable?)") from None
         except ProtocolError as e:
             raise MQClientError(f"malformed response from {what} {addr}: {e.remark}") from None
 
     def _broker(self, addr: str, code: int, fields: Optional[dict] = None, bodies: Optional[list] = None,
-                ok: tuple = (ResponseCode.SUCCESS,)) -> Frame:
+                ok: tuple = (ResponseCode.SUCCESS,), timeout_ms: Optional[int] = None) -> Frame:
         """A broker request; MQBrokerError unless the response code is in ``ok``."""
-        resp = self._invoke(addr, code, fields, bodies)
+        resp = self._invoke(addr, code, fields, bodies, timeout_ms=timeout_ms)
         if resp.code not in ok:
             raise MQBrokerError(f"{resp.remark or ResponseCode(resp.code).name} (broker {addr})", resp.code, addr)
         return resp
@@ -538,7 +643,9 @@ class Admin:
     # -- cluster / brokers ---------------------------------------------------------------------
     def cluster_list(self, cluster: Optional[str] = None) -> list:
         """Every broker (or those of ``cluster``) with its runtime stats; a broker that does not
-        answer is listed with ``error`` set."""
+        answer is listed with ``error`` set.  HA fields (see :class:`BrokerInfo` and
+        :func:`fill_ha_info`): the role of each broker and, for a slave, the CommitLog bytes its
+        master saw acknowledged and the lag in bytes."""
         brokers, clusters = self._cluster_info()
         if cluster is not None and cluster not in clusters:
             raise MQClientError(f"cluster [{cluster}] not found; known clusters: {sorted(clusters) or 'none'}")
@@ -566,6 +673,7 @@ class Admin:
                         info.commitlog_max_offset = int(t.get("commitLogMaxOffset", 0))
                         info.boot_timestamp = int(t.get("bootTimestamp", 0))
                     out.append(info)
+        fill_ha_info(out)
         return out
 
     def broker_status(self, broker_addr: str) -> dict:
@@ -575,6 +683,87 @@ class Admin:
         if not isinstance(table, dict):
             raise MQClientError(f"malformed runtime info from broker {broker_addr}")
         return table
+
+    # -- broker configuration and HA -----------------------------------------------------------
+    def update_broker_config(self, broker_addr: str, props: dict, timeout_ms: Optional[int] = None) -> None:
+        """UPDATE_BROKER_CONFIG (RocketMQ ``mqadmin updateBrokerConfig``): set ``props`` (str -> str,
+        other values are turned into str; booleans as ``true``/``false``) on the broker at runtime.
+
+        The broker accepts only an allow-list of keys; ``{"brokerRole": "ASYNC_MASTER", "brokerId":
+        "0"}`` promotes a slave (prefer :meth:`promote_slave`, which checks the role first).
+
+        Raises
+        ------
+        MQClientError
+            No property, or an empty key.
+        MQBrokerError
+            The broker refused (code and remark, e.g. NO_PERMISSION for a key outside the
+            allow-list, SYSTEM_ERROR "slave not caught up: ... bytes behind").
+        RemotingTimeoutError
+            No answer in ``timeout_ms`` (default: the Admin's timeout).
+        """
+        body = _config_body(props)
+        self._broker(broker_addr, RequestCode.UPDATE_BROKER_CONFIG, bodies=[pack_body(body)], timeout_ms=timeout_ms)
+
+    def get_broker_config(self, broker_addr: str) -> dict:
+        """GET_BROKER_CONFIG: the broker's configuration, ``{key: str value}`` sorted by key.
+
+        Raises
+        ------
+        MQBrokerError, RemotingTimeoutError
+        MQClientError
+            A malformed answer (no ``config`` map).
+        """
+        body = _body(self._broker(broker_addr, RequestCode.GET_BROKER_CONFIG), "broker config")
+        config = body.get("config") if isinstance(body, dict) else None
+        if not isinstance(config, dict):
+            raise MQClientError(f"malformed broker config from broker {broker_addr}: {body!r:.200}")
+        return {str(k): _config_str(v) for k, v in sorted(config.items(), key=lambda kv: str(kv[0]))}
+
+    def promote_slave(self, broker_addr: str, role: str = "ASYNC_MASTER", timeout_ms: int = PROMOTE_TIMEOUT_MS) -> dict:
+        """Manual failover (SPEC.md §9): make the SLAVE at ``broker_addr`` the master of its group.
+
+        Checks with GET_BROKER_RUNTIME_INFO that the broker is a SLAVE, then sends
+        UPDATE_BROKER_CONFIG ``{"brokerRole": role, "brokerId": "0"}``.  The broker answers once it
+        has applied what it received from the old master and switched; it re-registers with the
+        NameServer as brokerId 0 (clients pick it up at their next route refresh).
+
+        Parameters
+        ----------
+        broker_addr : str
+            ``host:port`` of the slave broker (its client port, as in ``clusterList``).
+        role : str
+            ``ASYNC_MASTER`` or ``SYNC_MASTER``.
+        timeout_ms : int
+            How long to wait for the promotion's answer (default 60 000 ms).
+
+        Returns
+        -------
+        dict
+            The broker's runtime table after the switch (``brokerRole``, ``brokerId``, ``haEpoch``...).
+
+        Raises
+        ------
+        MQClientError
+            ``role`` is not a master role, or the broker is not a SLAVE (its role in the message).
+        MQBrokerError
+            The broker refused the promotion (its code and remark, e.g. SYSTEM_ERROR
+            "slave not caught up: N bytes behind").
+        RemotingTimeoutError
+            The broker did not answer in time (it may still complete the switch: check
+            ``brokerStatus``).
+        """
+        role = str(role).strip().upper()
+        if role not in MASTER_ROLES:
+            raise MQClientError(f"role must be one of {', '.join(MASTER_ROLES)}, got {role!r}")
+        if int(timeout_ms) <= 0:
+            raise MQClientError(f"timeout_ms must be positive, got {timeout_ms}")
+        current = str(self.broker_status(broker_addr).get("brokerRole", "")).upper()
+        if current != "SLAVE":
+            what = current or "of unknown role (no brokerRole in its runtime info)"
+            raise MQClientError(f"broker {broker_addr} is {what}, not a SLAVE: nothing to promote")
+        self.update_broker_config(broker_addr, {"brokerRole": role, "brokerId": "0"}, timeout_ms=int(timeout_ms))
+        return self.broker_status(broker_addr)
 
     def cluster_broker_addrs(self, cluster: str) -> list:
         """Master addresses of ``cluster``."""

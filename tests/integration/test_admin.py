@@ -28,7 +28,9 @@ COMMANDS = [("updateTopic", "update-topic"), ("deleteTopic", "delete-topic"), ("
             ("brokerStatus", "broker-status"), ("consumerProgress", "consumer-progress"),
             ("queryMsgById", "query-msg-by-id"), ("queryMsgByKey", "query-msg-by-key"),
             ("queryMsgByOffset", "query-msg-by-offset"), ("resetOffsetByTime", "reset-offset-by-time"),
-            ("sendMessage", "send-message"), ("consumeMessage", "consume-message")]
+            ("sendMessage", "send-message"), ("consumeMessage", "consume-message"),
+            ("updateBrokerConfig", "update-broker-config"), ("getBrokerConfig", "get-broker-config"),
+            ("promoteSlave", "promote-slave")]
 N_SEEDED = 6
 
 
