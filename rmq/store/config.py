@@ -18,6 +18,7 @@ ASYNC_FLUSH = "ASYNC_FLUSH"
 SYNC_FLUSH = "SYNC_FLUSH"
 FLUSH_DISK_TYPES = (ASYNC_FLUSH, SYNC_FLUSH)
 BROKER_ROLES = ("ASYNC_MASTER", "SYNC_MASTER", "SLAVE")
+HA_TRANSFER_BATCH_SIZE_MAX = 4 * 1024 * 1024   # bytes; rmq's cap of haTransferBatchSize
 
 # RocketMQ keeps a few misspellings in its property names; both spellings load.
 _ALIASES = {"warm_maped_file_enable": "warm_mapped_file_enable",
@@ -70,6 +71,15 @@ class MessageStoreConfig:
     access_message_in_memory_max_ratio: int = 40     # percent of RAM
     store_host: str = "127.0.0.1:10911"      # brokerIP1:listenPort, written in every record
     message_delay_level: str = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"   # SPEC.md §10.1
+    # master/slave replication (SPEC.md §9); RocketMQ's names and defaults
+    ha_listen_port: int = 0                  # HA port; 0 = the broker's listenPort + 1
+    ha_master_address: str = ""              # "host:port" of the master's HA port (SLAVE)
+    ha_send_heartbeat_interval: int = 5000   # ms, slave -> master offset report when idle
+    ha_housekeeping_interval: int = 20_000   # ms, connection idle timeout
+    ha_transfer_batch_size: int = 32 * 1024  # bytes per transfer chunk, <= HA_TRANSFER_BATCH_SIZE_MAX
+    ha_slave_fallbehind_max: int = 256 * 1024 * 1024   # bytes a slave may lag and still count (SYNC_MASTER)
+    slave_read_enable: bool = False          # consumers may be redirected to a slave
+    slave_timeout: int = 3000                # ms, SYNC_MASTER wait for the slave's ack (SPEC.md §9.3)
     extra: dict = field(default_factory=dict)   # unknown properties, kept for the broker
 
     def __post_init__(self) -> None:
@@ -93,9 +103,31 @@ class MessageStoreConfig:
             raise ValueError(f"maxMessageSize must be in (0, 1 GiB], got {self.max_message_size}")
         if self.max_hash_slot_num <= 0 or self.max_index_num <= 1:
             raise ValueError("maxHashSlotNum must be > 0 and maxIndexNum > 1")
+        self._validate_ha()
         self.disk_max_used_space_ratio = min(95, max(10, self.disk_max_used_space_ratio))
         from rmq.store.schedule import parse_delay_levels
         self.delay_levels_ms = parse_delay_levels(self.message_delay_level)
+
+    def _validate_ha(self) -> None:
+        if not 0 <= self.ha_listen_port <= 65535:
+            raise ValueError(f"haListenPort must be in [0, 65535] (0 = listenPort + 1), got {self.ha_listen_port}")
+        addr = self.ha_master_address.strip()
+        if addr:
+            host, sep, port = addr.rpartition(":")
+            if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535:
+                raise ValueError(f"haMasterAddress must be host:port, got {self.ha_master_address!r}")
+        if not 0 < self.ha_send_heartbeat_interval <= 3_600_000:
+            raise ValueError(f"haSendHeartbeatInterval must be in (0, 3600000] ms, "
+                             f"got {self.ha_send_heartbeat_interval}")
+        if not 0 < self.ha_housekeeping_interval <= 3_600_000:
+            raise ValueError(f"haHousekeepingInterval must be in (0, 3600000] ms, got {self.ha_housekeeping_interval}")
+        if not 0 < self.ha_transfer_batch_size <= HA_TRANSFER_BATCH_SIZE_MAX:
+            raise ValueError(f"haTransferBatchSize must be in (0, {HA_TRANSFER_BATCH_SIZE_MAX}] bytes, "
+                             f"got {self.ha_transfer_batch_size}")
+        if self.ha_slave_fallbehind_max < 0:
+            raise ValueError(f"haSlaveFallbehindMax must be >= 0 bytes, got {self.ha_slave_fallbehind_max}")
+        if not 0 < self.slave_timeout <= 3_600_000:
+            raise ValueError(f"slaveTimeout must be in (0, 3600000] ms, got {self.slave_timeout}")
 
     @classmethod
     def from_properties(cls, props: Mapping[str, Any], **overrides: Any) -> "MessageStoreConfig":
