@@ -964,3 +964,153 @@ def tags_string_to_tags_code(str tags):
         return 0
     cdef bytes b = tags.encode("utf-8")
     return java_hash(<const unsigned char*>PyBytes_AS_STRING(b), len(b))
+
+
+# -- master/slave replication (HA) ------------------------------------------------------------
+def replica_chunk_end(MappedFile mf, int64_t pos, int64_t readable_pos, int64_t max_bytes):
+    """Where a chunk streamed to a slave should end: whole records only.
+
+    Walks the records of ``mf`` from ``pos`` (bytes within the file, a record
+    boundary) without CRC checks and returns the position just past the last
+    whole record that lies below ``readable_pos`` (bytes within the file the
+    writer has announced, e.g. ``wrote_position``) such that the span
+    ``[pos, end)`` is at most ``max_bytes`` -- but always at least one whole
+    record when one is readable (a record larger than ``max_bytes`` goes
+    alone).
+
+    The end-of-file BLANK record (layout: SPEC.md §1.3) is readable when
+    ``readable_pos`` is past its position (the writer rolls only after writing
+    it); it counts as a record spanning the rest of the file: when it fits the
+    budget (or is the first record), the result is ``mf.file_size``.
+    Otherwise the walk stops before it and the next call returns
+    ``mf.file_size``.
+
+    Returns
+    -------
+    int
+        End position within the file (bytes); ``pos`` when nothing whole is
+        readable.
+
+    Raises
+    ------
+    ValueError
+        ``pos`` or ``readable_pos`` outside ``[0, file_size]``, or
+        ``max_bytes <= 0``.
+    CorruptRecordError
+        A record below ``readable_pos`` has a bad magic or bad lengths, or a
+        physical-offset field that is not its offset: the master's own
+        CommitLog is damaged there (the message names file and position).
+    """
+    mf._check_open()
+    cdef int64_t size = mf.file_size
+    if pos < 0 or pos > size:
+        raise ValueError(f"pos {pos} outside [0, {size}] of {mf.file_name}")
+    if readable_pos < 0 or readable_pos > size:
+        raise ValueError(f"readable_pos {readable_pos} outside [0, {size}] of {mf.file_name}")
+    if max_bytes <= 0:
+        raise ValueError(f"max_bytes must be > 0, got {max_bytes}")
+    cdef const unsigned char* base = mf.ptr()
+    cdef int64_t from_offset = mf.file_from_offset
+    cdef int64_t end = pos
+    cdef int r = RECORD_TRUNCATED
+    cdef bint bad_offset = False
+    cdef RecordView rv
+    with nogil:
+        while end < readable_pos:
+            r = check_record(base + end, readable_pos - end, CRC_NONE, &rv)
+            if r == RECORD_BLANK:
+                if end == pos or size - pos <= max_bytes:
+                    end = size
+                break
+            if r != RECORD_OK:
+                break
+            if rv.physical_offset != from_offset + end:
+                bad_offset = True
+                break
+            if end > pos and end + rv.total_size - pos > max_bytes:
+                break
+            end += rv.total_size
+    if bad_offset:
+        raise CorruptRecordError(
+            f"record at {end} of {mf.file_name} has physical offset {rv.physical_offset}, "
+            f"expected {from_offset + end}")
+    if r == RECORD_BAD_MAGIC or r == RECORD_BAD_LENGTH:
+        raise CorruptRecordError(
+            f"record at {end} of {mf.file_name} (below readable position {readable_pos}): "
+            f"{CHECK_RESULT_NAMES[r]} (TOTALSIZE {rv.total_size})")
+    return end
+
+
+def validate_replica(const unsigned char[::1] data, int64_t base_offset, int64_t file_size,
+                     bint check_crc, bint require_prop_crc=False):
+    """Check bytes received from a master before they are appended (one pass, nogil).
+
+    ``data`` must be whole CommitLog records (SPEC.md §1.2), each checking
+    (magic, lengths and -- with ``check_crc`` -- body and ``__CRC32#`` CRCs)
+    and each carrying its own physical offset (``base_offset`` + its position
+    in ``data``), optionally followed by one end-of-file BLANK record
+    (SPEC.md §1.3) whose TOTALSIZE reaches exactly the end of the file
+    (``file_size``) and of ``data``.
+
+    Parameters
+    ----------
+    data : bytes-like
+    base_offset : int
+        Physical offset of ``data[0]`` (bytes).
+    file_size : int
+        CommitLog file size (bytes).
+
+    Returns
+    -------
+    (end, result, count, last_store_timestamp)
+        ``result`` is ``"OK"`` (records only, ``end == len(data)``),
+        ``"BLANK"`` (records then a valid end-of-file blank, ``end ==
+        len(data)``), or the reason the record at ``end`` (bytes into
+        ``data``) fails: a CheckResult name (TRUNCATED, BAD_MAGIC, BAD_LENGTH,
+        BAD_CRC), ``"BAD_PHYSICAL_OFFSET"`` or ``"BAD_BLANK"`` (a blank not
+        ending data and file together).  ``count`` is the whole records checked
+        before ``end``; ``last_store_timestamp`` (ms) the last one's, 0 if none.
+
+    Raises
+    ------
+    ValueError
+        ``file_size <= 0`` or ``base_offset < 0``.
+    """
+    if file_size <= 0 or base_offset < 0:
+        raise ValueError(f"file_size {file_size} and base_offset {base_offset} must be > 0 / >= 0")
+    cdef int64_t n = data.shape[0]
+    cdef const unsigned char* p = &data[0] if n else NULL
+    cdef int64_t file_pos = base_offset % file_size
+    cdef int64_t pos = 0, count = 0, last_ts = 0
+    cdef int mode = crc_mode_of(check_crc, require_prop_crc)
+    cdef int r = RECORD_OK
+    cdef int bad = 0          # 1 bad physical offset, 2 bad blank
+    cdef RecordView rv
+    with nogil:
+        while pos < n:
+            r = check_record(p + pos, n - pos, mode, &rv)
+            if r == RECORD_BLANK:
+                if rv.total_size != n - pos or file_pos + n != file_size:
+                    bad = 2
+                else:
+                    pos = n
+                break
+            if r != RECORD_OK:
+                break
+            if rv.physical_offset != base_offset + pos:
+                bad = 1
+                break
+            last_ts = rv.store_timestamp
+            pos += rv.total_size
+            count += 1
+    if bad == 1:
+        result = "BAD_PHYSICAL_OFFSET"
+    elif bad == 2:
+        result = "BAD_BLANK"
+    elif pos == n and r == RECORD_BLANK:
+        result = "BLANK"
+    elif pos == n:
+        result = "OK"
+    else:
+        result = CHECK_RESULT_NAMES[r]
+    return pos, result, count, last_ts

@@ -29,6 +29,40 @@ def host_to_bytes(host: str) -> bytes:
     return ip.packed + int(port).to_bytes(4, "big", signed=True)
 
 
+class ReplicaOffsetMismatch(StoreError):
+    """Replicated data does not start at the slave CommitLog's end.
+
+    Attributes
+    ----------
+    expected, got : int
+        The slave's max physical offset and the offset the data claims (bytes).
+    """
+
+    def __init__(self, expected: int, got: int, reason: str = ""):
+        msg = f"replica data at offset {got}, but the CommitLog ends at {expected}"
+        super().__init__(f"{msg}: {reason}" if reason else msg)
+        self.expected = expected
+        self.got = got
+
+
+class ReplicaDataError(StoreError):
+    """Replicated data fails its checks: nothing was written.
+
+    Attributes
+    ----------
+    offset : int
+        Physical offset (bytes) of the first record that fails.
+    result : str
+        The check result (``BAD_CRC``, ``TRUNCATED``, ``BAD_PHYSICAL_OFFSET``, ...).
+    """
+
+    def __init__(self, offset: int, result: str, detail: str = ""):
+        super().__init__(f"replica data invalid at physical offset {offset}: {result}"
+                         + (f" ({detail})" if detail else ""))
+        self.offset = offset
+        self.result = result
+
+
 class AppendResult:
     """Where a batch went: first physical offset, bytes, count and per-record offsets."""
 
@@ -142,6 +176,81 @@ class CommitLog:
                     raise StoreError("batch did not fit a fresh CommitLog file")   # size is checked first
         finally:
             self.begin_time_in_lock = 0.0
+
+    def append_replica(self, offset: int, data) -> int:
+        """Append bytes received from the master verbatim (a slave's CommitLog is a byte
+        copy of its master's; record layout: SPEC.md §1.2-§1.3).
+
+        Parameters
+        ----------
+        offset : int
+            Physical offset (bytes) of ``data[0]`` in the master's CommitLog.
+            Must equal :meth:`get_max_offset`, except on a CommitLog holding no
+            byte (no file, or a single empty file), which takes any offset at a
+            file boundary: its first file is (re)created there.  At a file
+            boundary the next file is created.
+        data : bytes-like
+            Whole records, each checking (CRC per ``check_crc_on_recover`` /
+            ``require_prop_crc``, as recovery) and carrying its own physical
+            offset, optionally ended by the end-of-file BLANK record reaching
+            exactly the file end; all within one file
+            (``offset % file_size + len(data) <= file_size``).
+
+        Returns
+        -------
+        int
+            The new max offset (bytes).  Empty ``data``: no-op, the max offset.
+
+        Raises
+        ------
+        ReplicaOffsetMismatch
+            ``offset`` is not where the CommitLog ends.
+        ValueError
+            ``data`` crosses a file end.
+        ReplicaDataError
+            A record fails its checks (offset and check result in the message).
+        StoreDiskFullError, StoreError
+            The next file could not be created.
+
+        Nothing is written when an error is raised.  Durability: page cache
+        until :meth:`flush`.
+        """
+        n = len(data)
+        mfq = self.mapped_file_queue
+        size = self.file_size
+        max_offset = self.get_max_offset()
+        if n == 0:
+            return max_offset
+        files = mfq.files
+        empty = not files or (len(files) == 1 and files[0].wrote_position == 0)
+        if offset != max_offset:
+            if not empty:
+                raise ReplicaOffsetMismatch(max_offset, offset)
+            if offset < 0 or offset % size:
+                raise ReplicaOffsetMismatch(max_offset, offset,
+                                            f"an empty CommitLog starts at a file boundary (multiple of {size})")
+        if offset % size + n > size:
+            raise ValueError(f"replica data of {n} bytes at offset {offset} crosses the end of the "
+                             f"CommitLog file starting at {offset - offset % size} ({size}-byte files)")
+        end, result, count, last_ts = _cl.validate_replica(data, offset, size, self.config.check_crc_on_recover,
+                                                           self.config.require_prop_crc)
+        if result not in ("OK", "BLANK"):
+            raise ReplicaDataError(offset + end, result, f"{count} valid records before it in a chunk of {n} "
+                                                         f"bytes at {offset}")
+        if offset != max_offset:         # empty log re-based at the master's offset
+            for mf in list(files):
+                mf.destroy()
+            files.clear()
+        mf = mfq.get_last_mapped_file(offset, need_create=True)
+        if mf.file_from_offset + mf.wrote_position != offset:   # cannot happen: checked above
+            raise StoreError(f"CommitLog file {mf.file_name} ends at {mf.file_from_offset + mf.wrote_position}, "
+                             f"replica data is for {offset}")
+        if offset != max_offset:
+            mfq.flushed_where = offset
+        mf.append(data)
+        if count:
+            self.last_store_timestamp = last_ts
+        return offset + n
 
     def is_os_page_cache_busy(self) -> bool:
         """True while an append has run longer than osPageCacheBusyTimeOutMills (SPEC.md §6.3)."""
