@@ -24,15 +24,18 @@ from dataclasses import dataclass, field
 from typing import Iterable, Optional, Union
 
 from rmq._core import commitlog as _cl
-from rmq._core.layout import TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE, TRANSACTION_TYPE_MASK
+from rmq._core.layout import (CQ_STORE_UNIT_SIZE, TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE,
+                              TRANSACTION_TYPE_MASK)
+from rmq._core.mapped_file import MappedFile
 from rmq.errors import (CorruptRecordError, MessageIllegalError, StoreClosedError, StoreDiskFullError,
                         StoreError, StoreLockedError)
 from rmq.status import GetMessageStatus, PutMessageStatus
 from rmq.store.checkpoint import StoreCheckpoint
-from rmq.store.commitlog import AppendResult, CommitLog
+from rmq.store.commitlog import AppendResult, CommitLog, ReplicaDataError, ReplicaOffsetMismatch  # noqa: F401
 from rmq.store.config import SYNC_FLUSH, MessageStoreConfig
 from rmq.store.config_manager import ConsumerOffsetManager, SubscriptionGroupManager, TopicConfigManager
 from rmq.store.consume_queue import ConsumeQueue
+from rmq.store.epoch import EPOCH_FILE, EpochFile
 from rmq.store.index_service import IndexService
 from rmq.store.reput import Dispatcher
 from rmq.store.schedule import SCHEDULE_TOPIC, DelayOffsetManager, restore_delayed, transform_delay
@@ -40,6 +43,7 @@ from rmq.store.validators import check_queue_id, check_topic
 
 log = logging.getLogger(__name__)
 
+HA_TRUNCATE_FILE = "ha_truncate"      # <root>/ha_truncate: decimal offset to cut the CommitLog at on open
 KNOWN_SYS_FLAG_BITS = 0x7FF          # MessageSysFlag bits 0..10 (SPEC.md §1.5)
 MIN_CQ_UNITS_PER_READ = 16000 // 20  # RocketMQ reads max(16000 B, maxMsgNums*20) of CQ per getMessage
 
@@ -49,6 +53,67 @@ def _total_physical_memory() -> int:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError):
         return 8 * 1024 ** 3
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_truncate_marker(store_root: str, offset: int) -> str:
+    """Ask the next open of the store at ``store_root`` to cut its tail at ``offset``.
+
+    Writes ``STORE_ROOT/ha_truncate`` (:data:`HA_TRUNCATE_FILE`) holding the
+    decimal physical offset (bytes), atomically (tmp + fsync + rename + fsync
+    of the directory).  The next :class:`MessageStore` open truncates the
+    CommitLog, ConsumeQueues, IndexFiles and the epoch file to it (see
+    ``MessageStore._truncate_for_marker``), recovers as after a crash, then
+    removes the marker; a crash in between redoes it on the following open.
+
+    ``offset`` should be a record boundary (an epoch start or a max offset, as
+    :func:`rmq.store.epoch.find_consistent_point` returns); otherwise recovery
+    cuts further, back to the last whole record.  An offset at or below the
+    first CommitLog file's start empties the CommitLog.
+
+    Returns the marker's path.  Raises ValueError for a negative offset.
+    """
+    offset = int(offset)
+    if offset < 0:
+        raise ValueError(f"truncate offset must be >= 0, got {offset}")
+    root = os.path.abspath(store_root)
+    os.makedirs(root, exist_ok=True)
+    path = os.path.join(root, HA_TRUNCATE_FILE)
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(f"{offset}\n".encode("ascii"))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(root)
+    return path
+
+
+def read_truncate_marker(store_root: str) -> Optional[int]:
+    """The offset in ``STORE_ROOT/ha_truncate``, None when there is no marker.
+
+    Raises
+    ------
+    StoreError
+        The marker is not one non-negative decimal integer (the file is named).
+    """
+    path = os.path.join(os.path.abspath(store_root), HA_TRUNCATE_FILE)
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(64)
+    except FileNotFoundError:
+        return None
+    text = raw.decode("ascii", "replace").strip()
+    if not text.isdigit():
+        raise StoreError(f"truncate marker {path} is malformed: expected a decimal offset, got {raw[:32]!r}")
+    return int(text)
 
 
 @dataclass
@@ -222,15 +287,73 @@ class MessageStore:
             m.load()
         self.commitlog = CommitLog(cfg, self.commitlog_dir)
         self.commitlog.load()
+        truncate_at = read_truncate_marker(self.root)    # malformed: raises before anything changes
         self.consume_queue_table: dict[tuple[str, int], ConsumeQueue] = {}
         self._load_consume_queues()
         self.checkpoint = StoreCheckpoint(os.path.join(self.root, "checkpoint"))
         self.index_service = self._new_index_service()
         self.index_service.load(self.last_exit_ok, self.checkpoint.index_msg_timestamp)
-        self._recover()
+        if truncate_at is None:
+            self._recover()
+        else:
+            reindex_from = self._truncate_for_marker(truncate_at)
+            self.last_exit_ok = False        # recover as after a crash
+            self._recover(reindex_from)
+            self.flush()
+            self._remove_truncate_marker()
         # the abort file marks "running": a crash from here on means abnormal recovery
         with open(self.abort_file, "wb") as f:
             os.fsync(f.fileno())
+
+    # -- truncation to a common prefix (HA) ---------------------------------------------------
+    request_truncate = staticmethod(write_truncate_marker)
+
+    def _truncate_for_marker(self, offset: int) -> int:
+        """Cut CommitLog, ConsumeQueues, IndexFiles and epoch file at ``offset`` (bytes).
+
+        Runs at open, before recovery, when ``ha_truncate`` exists; idempotent
+        (a crash before the marker is removed redoes it).  Returns the
+        physical offset dispatch must start from at the latest to rebuild the
+        IndexFiles dropped here.
+        """
+        mfq = self.commitlog.mapped_file_queue
+        files = mfq.files
+        end = files[-1].file_from_offset + mfq.mapped_file_size if files else 0
+        log.warning("truncate marker %s: cutting the store at physical offset %d (CommitLog files end at %d)",
+                    os.path.join(self.root, HA_TRUNCATE_FILE), offset, end)
+        if offset < end:
+            self.commitlog.truncate(offset)
+            _fsync_dir(self.commitlog_dir)
+        for cq in self.consume_queue_table.values():
+            cq.recover()
+            cq.truncate_dirty_logic_files(offset)
+            cq.flush(0)
+        # IndexFiles: drop the suffix that indexes a record at/after the cut (dispatch rebuilds it)
+        reindex_from = 1 << 62
+        index_files = self.index_service.files
+        keep = len(index_files)
+        while keep > 0 and index_files[keep - 1].end_phy_offset >= offset:
+            keep -= 1
+        if keep < len(index_files):
+            reindex_from = index_files[keep].begin_phy_offset
+            with self.index_service._lock:
+                for f in index_files[keep:]:
+                    log.info("truncate: dropping index file %s (end phy offset %d >= %d)",
+                             f.file_name, f.end_phy_offset, offset)
+                    f.destroy()
+                    self.index_service._files.remove(f)
+            # abnormal recovery keeps IndexFiles ending by this time: never past what is kept now
+            self.checkpoint.index_msg_timestamp = min(self.checkpoint.index_msg_timestamp,
+                                                      index_files[keep - 1].end_timestamp if keep else 0)
+            self.checkpoint.flush()
+        epoch_path = os.path.join(self.root, EPOCH_FILE)
+        if os.path.exists(epoch_path) or os.path.exists(epoch_path + ".bak"):
+            EpochFile(epoch_path).load().truncate_from(offset)
+        return reindex_from
+
+    def _remove_truncate_marker(self) -> None:
+        os.unlink(os.path.join(self.root, HA_TRUNCATE_FILE))
+        _fsync_dir(self.root)
 
     def _new_index_service(self) -> IndexService:
         cfg = self.config
@@ -258,7 +381,7 @@ class MessageStore:
                 cq.load()
                 self.consume_queue_table[(topic, int(qid))] = cq
 
-    def _recover(self) -> None:
+    def _recover(self, reindex_from: Optional[int] = None) -> None:
         max_phy_of_cq = 0
         for cq in self.consume_queue_table.values():
             cq.recover()
@@ -277,6 +400,10 @@ class MessageStore:
             start, end = self.commitlog.recover_abnormally(self.checkpoint.get_min_timestamp())
             self.reput_from_offset = min(max(min(start, max_phy_of_cq), self.commitlog.get_min_offset()), end)
         max_offset = self.commitlog.get_max_offset()
+        if reindex_from is not None:
+            # the IndexFiles from there were dropped: re-dispatch (CQ entries are skipped as present)
+            self.reput_from_offset = min(self.reput_from_offset,
+                                         max(reindex_from, self.commitlog.get_min_offset()))
         if max_phy_of_cq > max_offset:
             for cq in self.consume_queue_table.values():
                 cq.truncate_dirty_logic_files(max_offset)
@@ -299,6 +426,57 @@ class MessageStore:
             self.topic_queue_table[key] = cq.get_max_offset_in_queue()
             cq.correct_min_offset(min_phy)
 
+    def recover_topic_queue_table(self) -> dict:
+        """Rebuild ``topic_queue_table`` (next queue offset of every queue) from the
+        ConsumeQueues; for a SLAVE being promoted, once dispatch reached the CommitLog end.
+
+        ConsumeQueues another process (the reput actor) created or extended are
+        (re)mapped read-only first: new queue directories are loaded and each
+        queue's readable end is found by scanning its entries (no file is
+        changed).  Returns the table.
+        """
+        with self._mutex:
+            self._refresh_consume_queue_views()
+            self._recover_topic_queue_table()
+            return self.topic_queue_table
+
+    def _refresh_consume_queue_views(self) -> None:
+        from rmq._core.consume_queue import scan_valid as cq_scan_valid
+        root = self.consume_queue_dir
+        if os.path.isdir(root):
+            for topic in os.listdir(root):
+                tdir = os.path.join(root, topic)
+                if not os.path.isdir(tdir):
+                    continue
+                for qid in os.listdir(tdir):
+                    if qid.isdigit() and (topic, int(qid)) not in self.consume_queue_table:
+                        cq = ConsumeQueue(self.root, topic, int(qid), self.config.mapped_file_size_consume_queue)
+                        cq.load()
+                        self.consume_queue_table[(topic, int(qid))] = cq
+        for cq in self.consume_queue_table.values():
+            mfq = cq.mapped_file_queue
+            mfq.drop_missing_head()
+            known = {os.path.basename(mf.file_name) for mf in mfq.files}
+            if os.path.isdir(mfq.store_path):
+                for name in sorted(os.listdir(mfq.store_path)):
+                    if len(name) == 20 and name.isdigit() and name not in known and (
+                            not mfq.files or int(name) == mfq.files[-1].file_from_offset + mfq.mapped_file_size):
+                        mf = MappedFile(os.path.join(mfq.store_path, name), mfq.mapped_file_size, False)
+                        mf.wrote_position = mfq.mapped_file_size
+                        mfq.files.append(mf)
+            # readable end: the first file not full of valid entries ends the queue
+            end_found = False
+            for mf in mfq.files:
+                if end_found:
+                    mf.wrote_position = 0
+                    continue
+                n_valid, last_end, _ = cq_scan_valid(mf, 0, mf.file_size, (1 << 63) - 1)
+                mf.wrote_position = n_valid * CQ_STORE_UNIT_SIZE
+                if last_end >= 0:
+                    cq.max_physic_offset = last_end
+                if mf.wrote_position < mf.file_size:
+                    end_found = True
+
     # -- consume queues ----------------------------------------------------------------
     def find_consume_queue(self, topic: str, queue_id: int, create: bool = True) -> Optional[ConsumeQueue]:
         key = (topic, queue_id)
@@ -308,6 +486,32 @@ class MessageStore:
             cq.load()
             self.consume_queue_table[key] = cq
         return cq
+
+    # -- replication (SLAVE side) --------------------------------------------------------
+    def apply_replica(self, offset: int, data) -> int:
+        """Append bytes streamed by the master to the CommitLog verbatim
+        (:meth:`CommitLog.append_replica`: same rules and errors); no role check.
+
+        Dispatch (``dispatch()`` or the reput actor) then builds ConsumeQueues and
+        IndexFiles from them as usual.  Returns the new max physical offset (bytes).
+
+        Raises
+        ------
+        ReplicaOffsetMismatch, ReplicaDataError, ValueError, StoreError
+            Nothing written.
+        StoreClosedError
+            The store is shut down.
+        """
+        if self._shutdown:
+            raise StoreClosedError("message store is shut down")
+        with self._mutex:
+            clog = self.commitlog
+            rebase = len(data) > 0 and offset != clog.get_max_offset()
+            end = clog.append_replica(offset, data)
+            if rebase:
+                # an empty CommitLog was re-based at the master's offset: nothing below it to dispatch
+                self.reput_from_offset = max(self.reput_from_offset, clog.get_min_offset())
+            return end
 
     # -- put ---------------------------------------------------------------------
     def _check_store_status(self) -> Optional[PutMessageResult]:
