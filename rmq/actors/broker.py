@@ -37,6 +37,7 @@ Failure behaviour
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import sys
@@ -54,6 +55,9 @@ from rmq.protocol import Frame, ProtocolError, RequestCode, ResponseCode, field_
 from rmq.status import GetMessageStatus, PutMessageStatus
 from rmq.store.commitlog import host_to_bytes
 from rmq.store.config import SYNC_FLUSH, MessageStoreConfig
+from rmq.store.config_manager import write_file_atomically
+from rmq.store.epoch import EPOCH_FILE, EpochEntry, EpochFile
+from rmq.store.message_store import write_truncate_marker
 from rmq.store.config_manager import DEFAULT_QUEUE_NUMS, PERM_READ, PERM_WRITE
 from rmq.store.message_store import MessageStore
 from rmq.store.schedule import transform_delay
@@ -74,6 +78,16 @@ SCHEDULE_DELIVER_INTERVAL_MS = 100           # DELAY_FOR_A_WHILE (SPEC.md §10.3
 FLUSH_DELAY_OFFSET_INTERVAL_MS = 10_000      # flushDelayOffsetInterval
 REBALANCE_LOCK_MAX_LIVE_TIME_MS = 60_000     # rocketmq.broker.rebalance.lockMaxLiveTime (SPEC.md §15.2)
 MAX_RECONSUME_TIMES_DEFAULT = 16
+SLAVE_SYNC_INTERVAL_MS = 10_000              # SlaveSynchronize: offsets, topics, groups from the master
+                                             # (rmq property slaveSyncInterval, ms)
+PROMOTE_WAIT_MS = 10_000                     # promotion waits this long for reput to catch up
+HA_ROLE_FILE = "haRole.json"                 # config/haRole.json: role and id set by a promotion
+EXIT_RESTART_GROUP = 75                      # broker exit code: restart the group (after HA_TRUNCATE)
+MASTER_ROLES = ("ASYNC_MASTER", "SYNC_MASTER")
+# broker.conf keys UPDATE_BROKER_CONFIG may change at runtime (RocketMQ CVE-2023-33246 / 37582:
+# never filter-server or path settings); brokerRole + brokerId together promote a slave
+RUNTIME_CONFIG_KEYS = frozenset({"brokerRole", "brokerId", "brokerPermission", "slaveReadEnable",
+                                 "longPollingEnable", "autoCreateTopicEnable", "autoCreateSubscriptionGroup"})
 
 # PullSysFlag (SPEC.md §13.1)
 PULL_FLAG_COMMIT_OFFSET = 0x1
@@ -163,10 +177,44 @@ class BrokerActor(Actor):
         self._ns_sockets: list[zmq.Socket] = []
         self.listen_endpoint = ""
         self.mq_locks: dict[tuple, tuple[str, float]] = {}   # (group, topic, broker, qid) -> (clientId, last renewal)
+        # HA (SPEC.md §9): the role may be changed by a promotion, persisted in config/haRole.json
+        self.role = store_config.broker_role
+        self.slave_read_enable = str(settings.get("slaveReadEnable", store_config.slave_read_enable)).lower() == "true"
+        self.ha_server_addr = ""                 # master: where our ha actor serves slaves
+        self.ha_master_address = str(settings.get("haMasterAddress") or store_config.ha_master_address or "")
+        self.ha_master_address_configured = bool(self.ha_master_address)
+        self.master_broker_addr = ""             # slave: the master's broker address (from the NameServer)
+        self.ha_state: dict = {}                 # the ha actor's last HA_ANNOUNCE
+        self.ha_ack_offset = -1                  # master: max CommitLog offset acknowledged by a slave
+        self.ha_slaves: list = []
+        self.pending_promotions: list = []       # (deadline, reply, frame, new role)
+        self._master_sock: Optional[zmq.Socket] = None
+        self.exit_code = 0
 
     # -- lifecycle --------------------------------------------------------------------
+    def _load_role_override(self) -> None:
+        path = os.path.join(self.store_path, "config", HA_ROLE_FILE)
+        try:
+            with open(path, encoding="utf-8") as f:
+                data = json.load(f)
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"cannot read {path}: {e}") from None
+        role, bid = data.get("brokerRole"), data.get("brokerId")
+        if role not in ("ASYNC_MASTER", "SYNC_MASTER", "SLAVE") or not isinstance(bid, int):
+            raise SystemExit(f"{path}: brokerRole / brokerId invalid: {data!r}")
+        self.log.info("role %s brokerId %d from %s (a promotion) overrides broker.conf", role, bid, path)
+        self.role, self.broker_id = role, bid
+        self.store_config.broker_role = role
+
     def on_start(self) -> None:
+        self._load_role_override()
         self.store = MessageStore(config=self.store_config)     # recovery happens here
+        self.epochs = EpochFile(os.path.join(self.store_path, EPOCH_FILE))
+        self.epochs.load()
+        if self.role in MASTER_ROLES and not self.epochs.entries:
+            self.epochs.append(1, 0)       # the first master epoch covers the CommitLog from its start
         self.store.sync_flush_inline = False     # the flush actor does group commit
         if self.store_config.warm_mapped_file_enable:
             # warm the file appends go to now, not inside the first send
@@ -218,6 +266,15 @@ class BrokerActor(Actor):
         h(RequestCode.CONSUMER_SEND_MSG_BACK, self.on_send_back)
         h(RequestCode.LOCK_BATCH_MQ, self.on_lock_batch_mq)
         h(RequestCode.UNLOCK_BATCH_MQ, self.on_unlock_batch_mq)
+        h(RequestCode.GET_ALL_DELAY_OFFSET, self.on_get_all_delay_offset)
+        h(RequestCode.HA_ANNOUNCE, self.on_ha_announce)
+        h(RequestCode.HA_APPEND, self.on_ha_append)
+        h(RequestCode.HA_TRUNCATE, self.on_ha_truncate)
+        h(RequestCode.UPDATE_BROKER_CONFIG, self.on_update_broker_config)
+        h(RequestCode.GET_BROKER_CONFIG, self.on_get_broker_config)
+        self.add_timer(int(self.settings.get("slaveSyncInterval", SLAVE_SYNC_INTERVAL_MS)), self.sync_from_master,
+                       first_ms=1000)
+        self.add_timer(1000, self._find_master)
         self.add_timer(REGISTER_NAME_SERVER_PERIOD_MS, self.register_broker_all, first_ms=0)
         self.add_timer(FLUSH_CONSUMER_OFFSET_INTERVAL_MS, self.persist_offsets, first_ms=10_000)
         self.add_timer(HOLD_CHECK_MS, self.check_holds)
@@ -268,7 +325,9 @@ class BrokerActor(Actor):
         frame = Frame(RequestCode.APPEND_ANNOUNCE, flag=P.FLAG_ONEWAY,
                       fields={"end": end, "flushed": self.flushed_offset, "dispatched": self.dispatched_offset,
                               "minOffset": self.store.commitlog.get_min_offset(),
-                              "storeTimestamp": self.store.commitlog.last_store_timestamp})
+                              "storeTimestamp": self.store.commitlog.last_store_timestamp,
+                              "brokerRole": self.role, "brokerAddr": self.broker_addr, "brokerId": self.broker_id,
+                              "haMasterAddress": self.ha_master_address})
         try:
             self.pub_sock.send_multipart([ANNOUNCE_TICK if force else ANNOUNCE_APPEND, *P.encode(frame)],
                                          flags=zmq.NOBLOCK)
@@ -387,19 +446,249 @@ class BrokerActor(Actor):
         return None
 
     def _release_sync_waits(self, force_timeout: bool = False) -> None:
+        """Answer parked sends whose end offset is durable (SYNC_FLUSH) and acknowledged by a slave
+        (SYNC_MASTER); FLUSH_DISK_TIMEOUT after syncFlushTimeout, FLUSH_SLAVE_TIMEOUT after slaveTimeout."""
         now = time.monotonic()
+        flush_s = self.store_config.sync_flush_timeout / 1000.0
+        slave_s = self.store_config.slave_timeout / 1000.0
         keep = deque()
         while self.sync_waits:
-            end, deadline, reply, resp = self.sync_waits.popleft()
-            if end <= self.flushed_offset:
+            end, t0, reply, resp, need_flush, need_slave = self.sync_waits.popleft()
+            flushed = not need_flush or end <= self.flushed_offset
+            acked = not need_slave or end <= self.ha_ack_offset
+            if flushed and acked:
                 reply.send(resp)
-            elif force_timeout or now >= deadline:
+            elif not flushed and (force_timeout or now - t0 >= flush_s):
                 resp.code = ResponseCode.FLUSH_DISK_TIMEOUT
                 resp.remark = f"not flushed within {self.store_config.sync_flush_timeout} ms"
                 reply.send(resp)
+            elif not acked and (force_timeout or now - t0 >= slave_s):
+                resp.code = ResponseCode.FLUSH_SLAVE_TIMEOUT
+                resp.remark = (f"no slave acknowledged offset {end} within {self.store_config.slave_timeout} ms "
+                               f"(slave at {self.ha_ack_offset})")
+                reply.send(resp)
             else:
-                keep.append((end, deadline, reply, resp))
+                keep.append((end, t0, reply, resp, need_flush, need_slave))
         self.sync_waits = keep
+
+    # -- HA (SPEC.md §9) --------------------------------------------------------------------------
+    def on_ha_announce(self, frame: Frame, reply: Reply) -> None:
+        """The ha actor's state: master -> slave acknowledgements, slave -> link and master epochs."""
+        fields = frame.fields
+        self.ha_state = fields
+        if fields.get("role") == "MASTER":
+            addr = str(fields.get("haServerAddr") or "")
+            if addr != self.ha_server_addr:
+                self.ha_server_addr = addr
+                self.register_broker_all()        # slaves learn the HA address from the NameServer
+            slaves = fields.get("slaves") or []
+            self.ha_slaves = slaves if isinstance(slaves, list) else []
+            ack = int(fields.get("ackOffset", -1))
+            if ack != self.ha_ack_offset:
+                self.ha_ack_offset = ack
+                if self.sync_waits:
+                    self._release_sync_waits()
+        elif fields.get("role") == "SLAVE" and self.role == "SLAVE":
+            self._adopt_master_epochs(fields.get("masterEpochs") or [])
+        return None
+
+    def _adopt_master_epochs(self, entries: list) -> None:
+        """A slave's epoch history is the master's, up to what the slave holds."""
+        end = self.store.commitlog.get_max_offset()
+        try:
+            wanted = [EpochEntry(int(e), int(o)) for e, o in entries if int(o) <= end]
+        except (TypeError, ValueError):
+            return
+        if wanted and wanted != list(self.epochs.entries):
+            self.epochs.entries = wanted
+            self.epochs.persist()
+            self.log.info("epoch history now %s", [tuple(e) for e in wanted])
+
+    def on_ha_append(self, frame: Frame, reply: Reply) -> Frame:
+        """HA_APPEND (slave): CommitLog bytes from the master, appended verbatim at ``offset``."""
+        if self.role != "SLAVE":
+            return frame.response(ResponseCode.SYSTEM_ERROR, f"replicated bytes refused: this broker is {self.role}")
+        offset = field_int(frame, "offset", lo=0)
+        if not frame.bodies:
+            return frame.response(ResponseCode.MESSAGE_ILLEGAL, "no body part")
+        try:
+            end = self.store.apply_replica(offset, frame.bodies[0])
+        except Exception as e:      # ReplicaOffsetMismatch, ReplicaDataError, StoreError: nothing written
+            self.log.warning("replicated bytes at %d refused: %s", offset, e)
+            return frame.response(ResponseCode.SYSTEM_ERROR, str(e))
+        self.stats["putBytesTotal"] += len(frame.bodies[0])
+        return frame.response(fields={"maxOffset": end})
+
+    def on_ha_truncate(self, frame: Frame, reply: Reply) -> Frame:
+        """HA_TRUNCATE (slave): the CommitLog diverged from the master's.  Write the ``ha_truncate``
+        marker and exit EXIT_RESTART_GROUP: the supervisor restarts the group and recovery cuts
+        the tail there (no other actor writes while it does)."""
+        if self.role != "SLAVE":
+            return frame.response(ResponseCode.SYSTEM_ERROR, f"truncation refused: this broker is {self.role}")
+        offset = field_int(frame, "offset", lo=0)
+        self.log.warning("CommitLog diverged from the master's at %d (end %d): truncating on restart",
+                         offset, self.store.commitlog.get_max_offset())
+        write_truncate_marker(self.store_path, offset)
+        self.exit_code = EXIT_RESTART_GROUP
+        self.stop()
+        return frame.response()
+
+    def on_update_broker_config(self, frame: Frame, reply: Reply) -> Optional[Frame]:
+        """UPDATE_BROKER_CONFIG (25): runtime changes of allow-listed keys (RUNTIME_CONFIG_KEYS).
+
+        ``brokerRole`` = ASYNC_MASTER | SYNC_MASTER with ``brokerId`` = 0 promotes a SLAVE: once
+        reput has dispatched everything it holds (up to PROMOTE_WAIT_MS) it opens a new epoch
+        at its CommitLog end, persists the role (config/haRole.json), re-registers as brokerId 0
+        and answers SUCCESS.  Refused while the master is reachable and ahead of it."""
+        try:
+            props = unpack_body(frame) if frame.bodies else {}
+        except ProtocolError:
+            raise
+        if not isinstance(props, dict) or not props:
+            return frame.response(ResponseCode.SYSTEM_ERROR, "body must be a non-empty map of properties")
+        props = {str(k): str(v) for k, v in props.items()}
+        bad = sorted(k for k in props if k not in RUNTIME_CONFIG_KEYS)
+        if bad:
+            return frame.response(ResponseCode.NO_PERMISSION,
+                                  f"properties {bad} cannot be changed at runtime (allowed: {sorted(RUNTIME_CONFIG_KEYS)})")
+        role = props.pop("brokerRole", None)
+        bid = props.pop("brokerId", None)
+        if role is not None or bid is not None:
+            if role not in MASTER_ROLES or bid != "0":
+                return frame.response(ResponseCode.SYSTEM_ERROR,
+                                      "only a promotion can change brokerRole/brokerId at runtime: "
+                                      "brokerRole=ASYNC_MASTER|SYNC_MASTER with brokerId=0")
+            if self.role != "SLAVE":
+                if self.role == role:
+                    return self._apply_runtime_props(frame, props)
+                return frame.response(ResponseCode.SYSTEM_ERROR, f"this broker is already {self.role}")
+            if self.ha_state.get("connected") and \
+                    int(self.ha_state.get("masterMaxOffset", 0) or 0) > self.store.commitlog.get_max_offset():
+                behind = int(self.ha_state["masterMaxOffset"]) - self.store.commitlog.get_max_offset()
+                return frame.response(ResponseCode.SYSTEM_ERROR,
+                                      f"slave not caught up: {behind} bytes behind a reachable master; "
+                                      f"stop the master first or wait")
+            self.pending_promotions.append((time.monotonic() + PROMOTE_WAIT_MS / 1000.0, reply, frame, role, props))
+            self._try_promotions()
+            return None
+        return self._apply_runtime_props(frame, props)
+
+    def _apply_runtime_props(self, frame: Frame, props: dict) -> Frame:
+        for k, v in props.items():
+            if k == "brokerPermission":
+                self.broker_permission = int(v)
+                self.register_broker_all()
+            elif k == "slaveReadEnable":
+                self.slave_read_enable = v.lower() == "true"
+            elif k == "longPollingEnable":
+                self.long_polling = v.lower() == "true"
+            elif k == "autoCreateTopicEnable":
+                self.auto_create_topic = v.lower() == "true"
+            elif k == "autoCreateSubscriptionGroup":
+                self.auto_create_group = v.lower() == "true"
+            self.settings[k] = v
+        return frame.response()
+
+    def _try_promotions(self) -> None:
+        now = time.monotonic()
+        end = self.store.commitlog.get_max_offset()
+        for item in list(self.pending_promotions):
+            deadline, reply, frame, role, props = item
+            if self.role != "SLAVE":
+                self.pending_promotions.remove(item)
+                reply.send(frame.response() if self.role == role else
+                           frame.response(ResponseCode.SYSTEM_ERROR, f"this broker is already {self.role}"))
+            elif self.dispatched_offset >= end:
+                self.pending_promotions.remove(item)
+                self._promote(role)
+                reply.send(self._apply_runtime_props(frame, props))
+            elif now >= deadline:
+                self.pending_promotions.remove(item)
+                reply.send(frame.response(ResponseCode.SYSTEM_ERROR,
+                                          f"reput has not dispatched the CommitLog within {PROMOTE_WAIT_MS} ms "
+                                          f"({end - self.dispatched_offset} bytes left); retry"))
+
+    def _promote(self, role: str) -> None:
+        old_id = self.broker_id
+        end = self.store.commitlog.get_max_offset()
+        epoch = self.epochs.last_epoch() + 1
+        self.epochs.append(epoch, end)
+        write_file_atomically(os.path.join(self.store_path, "config", HA_ROLE_FILE),
+                              json.dumps({"brokerRole": role, "brokerId": 0, "epoch": epoch, "startOffset": end}))
+        self.store.recover_topic_queue_table()
+        self.role = role
+        self.store_config.broker_role = role
+        self.broker_id = 0
+        self.ha_slaves, self.ha_ack_offset, self.ha_state = [], -1, {}
+        self.ha_master_address = ""
+        frame = Frame(RequestCode.UNREGISTER_BROKER, flag=P.FLAG_ONEWAY, fields={
+            "clusterName": self.cluster_name, "brokerAddr": self.broker_addr, "brokerName": self.broker_name,
+            "brokerId": old_id})
+        for s in self._ns_sockets:
+            try:
+                s.send_multipart(P.encode(frame), flags=zmq.NOBLOCK)
+            except zmq.Again:
+                pass
+        self.register_broker_all()
+        self.announce_append(force=True)          # the ha actor switches to serving slaves
+        self.log.warning("promoted to %s (brokerId 0), epoch %d from CommitLog offset %d", role, epoch, end)
+
+    def on_get_broker_config(self, frame: Frame, reply: Reply) -> Frame:
+        cfg = {k: str(v) for k, v in self.settings.items()}
+        cfg.update({"brokerRole": self.role, "brokerId": str(self.broker_id),
+                    "slaveReadEnable": str(self.slave_read_enable).lower()})
+        return frame.response(bodies=[pack_body({"config": cfg})])
+
+    def on_get_all_delay_offset(self, frame: Frame, reply: Reply) -> Frame:
+        return frame.response(bodies=[pack_body(self.store.delay_offset_manager.encode())])
+
+    def sync_from_master(self) -> None:
+        """SlaveSynchronize (slave, every SLAVE_SYNC_INTERVAL_MS): topics, consumer offsets, delay
+        offsets and subscription groups copied from the master; also re-registers until the
+        master's HA address is known."""
+        if self.role != "SLAVE" or not self.master_broker_addr:
+            return
+        if self._master_sock is None or getattr(self, "_master_sock_addr", "") != self.master_broker_addr:
+            if self._master_sock is not None:
+                self.poller.unregister(self._master_sock)
+                self._socket_handlers.pop(self._master_sock, None)
+                self._master_sock.close(0)
+            self._master_sock = self.socket(zmq.DEALER, connect=f"tcp://{self.master_broker_addr}")
+            self._master_sock_addr = self.master_broker_addr
+            self.add_socket(self._master_sock, self._on_master_sync_response)
+        for code in (RequestCode.GET_ALL_TOPIC_CONFIG, RequestCode.GET_ALL_CONSUMER_OFFSET,
+                     RequestCode.GET_ALL_DELAY_OFFSET, RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG):
+            try:
+                self._master_sock.send_multipart(P.encode(Frame(code, opaque=int(code))), flags=zmq.NOBLOCK)
+            except zmq.Again:
+                pass
+
+    def _find_master(self) -> None:
+        """A slave that does not know its master's addresses yet asks the NameServer every second
+        (the register-broker answer carries them)."""
+        if self.role == "SLAVE" and (not self.ha_master_address or not self.master_broker_addr):
+            self.register_broker_all()
+
+    def _on_master_sync_response(self, parts: list) -> None:
+        try:
+            f = P.decode(parts)
+            body = unpack_body(f) if f.bodies else None
+        except ProtocolError as e:
+            self.log.warning("bad answer from the master: %s", e)
+            return
+        if f.code != ResponseCode.SUCCESS or not isinstance(body, dict) or self.role != "SLAVE":
+            return
+        manager = {RequestCode.GET_ALL_TOPIC_CONFIG: self.store.topic_config_manager,
+                   RequestCode.GET_ALL_CONSUMER_OFFSET: self.store.consumer_offset_manager,
+                   RequestCode.GET_ALL_DELAY_OFFSET: self.store.delay_offset_manager,
+                   RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG: self.store.subscription_group_manager}.get(f.opaque)
+        if manager is None:
+            return
+        try:
+            manager.decode(body)
+            manager.persist()
+        except (KeyError, TypeError, ValueError, OSError) as e:
+            self.log.warning("cannot apply the master's %s: %s", type(manager).__name__, e)
 
     # -- NameServer registration ---------------------------------------------------------------
     def _topic_table_body(self) -> bytes:
@@ -409,7 +698,7 @@ class BrokerActor(Actor):
     def register_broker_all(self) -> None:
         frame = Frame(RequestCode.REGISTER_BROKER, fields={
             "clusterName": self.cluster_name, "brokerAddr": self.broker_addr, "brokerName": self.broker_name,
-            "brokerId": self.broker_id, "haServerAddr": ""}, bodies=[self._topic_table_body()])
+            "brokerId": self.broker_id, "haServerAddr": self.ha_server_addr}, bodies=[self._topic_table_body()])
         for s in self._ns_sockets:
             try:
                 s.send_multipart(P.encode(frame), flags=zmq.NOBLOCK)
@@ -434,6 +723,18 @@ class BrokerActor(Actor):
             return
         if f.code != ResponseCode.SUCCESS:
             self.log.warning("NameServer answered %s: %s", f.code, f.remark)
+            return
+        if self.role == "SLAVE":
+            # RegisterBrokerResult: the master's broker and HA addresses (SPEC.md §9.1)
+            master = f.fields.get("masterAddr")
+            if isinstance(master, str) and master and master != self.master_broker_addr:
+                self.master_broker_addr = master
+                self.log.info("master broker is %s", master)
+            ha = f.fields.get("haServerAddr")
+            if not self.ha_master_address_configured and isinstance(ha, str) and ha and ha != self.ha_master_address:
+                self.ha_master_address = ha
+                self.log.info("master HA address is %s", ha)
+                self.announce_append(force=True)
 
     # -- topics -----------------------------------------------------------------------------
     def _topic_config(self, topic: str, create: bool, requested_queue_nums: int = 0) -> Optional[dict]:
@@ -586,13 +887,28 @@ class BrokerActor(Actor):
             "msgId": res.msg_id, "queueId": queue_id, "queueOffset": a.queue_offset,
             "storeTimestamp": a.store_timestamp, "msgNum": a.msg_num})
         wait = str(frame.fields.get("waitStoreMsgOK", "true")).lower() != "false"
-        if self.store_config.flush_disk_type == SYNC_FLUSH and wait:
-            end = a.wrote_offset + a.wrote_bytes
-            if end > self.flushed_offset:
-                self.sync_waits.append((end, time.monotonic() + self.store_config.sync_flush_timeout / 1000.0,
-                                        reply, resp))
-                return None
+        if not wait:
+            return resp
+        end = a.wrote_offset + a.wrote_bytes
+        need_flush = self.store_config.flush_disk_type == SYNC_FLUSH and end > self.flushed_offset
+        need_slave = False
+        if self.role == "SYNC_MASTER":
+            # SPEC.md §9.3 (4.9): the record is written; without a slave in reach the sender is told so
+            if not self.slave_ok(end):
+                resp.code = ResponseCode.SLAVE_NOT_AVAILABLE
+                resp.remark = ("no slave connected" if not self.ha_slaves else
+                               f"slave behind by {end - self.ha_ack_offset} bytes "
+                               f"(haSlaveFallbehindMax {self.store_config.ha_slave_fallbehind_max})")
+                return resp
+            need_slave = end > self.ha_ack_offset
+        if need_flush or need_slave:
+            self.sync_waits.append((end, time.monotonic(), reply, resp, need_flush, need_slave))
+            return None
         return resp
+
+    def slave_ok(self, end: int) -> bool:
+        """A slave is connected and less than haSlaveFallbehindMax bytes behind ``end`` (HAService.isSlaveOK)."""
+        return bool(self.ha_slaves) and end - self.ha_ack_offset < self.store_config.ha_slave_fallbehind_max
 
     # -- pull -------------------------------------------------------------------------------
     def on_pull(self, frame: Frame, reply: Reply) -> Optional[Frame]:
@@ -633,12 +949,18 @@ class BrokerActor(Actor):
         code = GET_STATUS_TO_CODE.get(res.status)
         if code is None:      # NO_MESSAGE_IN_QUEUE / NO_MATCHED_LOGIC_QUEUE
             code = ResponseCode.PULL_NOT_FOUND if offset == 0 else ResponseCode.PULL_OFFSET_MOVED
-        if allow_suspend and sys_flag & PULL_FLAG_COMMIT_OFFSET:
+        if allow_suspend and sys_flag & PULL_FLAG_COMMIT_OFFSET and self.role != "SLAVE":
             commit = field_int(frame, "commitOffset", -1)
             if commit >= 0:
                 self.store.consumer_offset_manager.commit_offset(group, topic, queue_id, commit)
+        # SPEC.md §13.1/§13.2: with slaveReadEnable a consumer far behind (its data no longer
+        # in memory) is sent to the slave, others to the group's brokerId; without it, to the master
+        suggest = 0
+        if self.slave_read_enable:
+            suggest = int(gcfg.get("whichBrokerWhenConsumeSlowly", 1)) if res.suggest_pulling_from_slave \
+                else int(gcfg.get("brokerId", 0))
         fields = {"nextBeginOffset": res.next_begin_offset, "minOffset": res.min_offset,
-                  "maxOffset": res.max_offset, "suggestWhichBrokerId": 0}
+                  "maxOffset": res.max_offset, "suggestWhichBrokerId": suggest}
         if code == ResponseCode.SUCCESS:
             self.stats["getMessageTotal"] += res.message_count
             self.stats["getBytesTotal"] += len(res.records)
@@ -685,6 +1007,8 @@ class BrokerActor(Actor):
                 del self.pull_holds[key]
         if self.sync_waits:
             self._release_sync_waits()
+        if self.pending_promotions:
+            self._try_promotions()
 
     # -- queries ---------------------------------------------------------------------------
     def on_query_message(self, frame: Frame, reply: Reply) -> Frame:
@@ -816,11 +1140,18 @@ class BrokerActor(Actor):
                 "commitLogMaxOffset": clog.get_max_offset(), "flushedOffset": self.flushed_offset,
                 "dispatchedOffset": self.dispatched_offset,
                 "dispatchBehindBytes": max(0, clog.get_max_offset() - self.dispatched_offset),
-                "brokerRole": self.store_config.broker_role, "flushDiskType": self.store_config.flush_disk_type,
-                "brokerName": self.broker_name, "brokerId": self.broker_id, "brokerAddr": self.broker_addr,
+                "flushDiskType": self.store_config.flush_disk_type,
+                "brokerName": self.broker_name, "brokerAddr": self.broker_addr,
                 "clusterName": self.cluster_name, "bootTimestamp": int(self.started_at * 1000),
                 "version": VERSION, "parkedPulls": sum(len(v) for v in self.pull_holds.values()),
-                "parkedSyncSends": len(self.sync_waits)}
+                "parkedSyncSends": len(self.sync_waits), "brokerRole": self.role, "brokerId": self.broker_id,
+                "haEpoch": self.epochs.last_epoch(), "haServerAddr": self.ha_server_addr,
+                "haMasterAddress": self.ha_master_address if self.role == "SLAVE" else "",
+                "masterAddr": self.master_broker_addr if self.role == "SLAVE" else "",
+                "haConnected": bool(self.ha_state.get("connected", False)),
+                "haMasterMaxOffset": int(self.ha_state.get("masterMaxOffset", 0) or 0),
+                "haSlaves": self.ha_slaves, "haSlaveAckOffset": self.ha_ack_offset,
+                "slaveReadEnable": self.slave_read_enable}
 
     def on_runtime_info(self, frame: Frame, reply: Reply) -> Frame:
         return frame.response(bodies=[pack_body({"table": self.runtime_info()})])
@@ -863,8 +1194,9 @@ def main(argv: Optional[list] = None) -> int:
     settings = broker_settings(props, overrides)
     store_config = store_config_from_settings(settings)
     namesrv = [a.strip() for a in (settings.get("namesrvAddr") or "").split(";") if a.strip()]
-    BrokerActor(settings, store_config, namesrv, args.supervisor).run()
-    return 0
+    actor = BrokerActor(settings, store_config, namesrv, args.supervisor)
+    actor.run()
+    return actor.exit_code
 
 
 def store_config_from_settings(settings: dict) -> MessageStoreConfig:

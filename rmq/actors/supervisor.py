@@ -13,6 +13,7 @@ Responsibility
         reput       --store-path S -c CONF --supervisor EP
         flush       --store-path S -c CONF --supervisor EP
         cleaner     --store-path S -c CONF --supervisor EP
+        ha          --store-path S -c CONF --supervisor EP
 
     ``CONF`` is ``S/broker.effective.conf``: the user's broker.conf merged with the
     command-line flags (:func:`rmq.broker_conf.broker_settings`), rewritten whenever
@@ -90,9 +91,10 @@ DEFAULT_MODULES = {
     "reput": "rmq.actors.reput",
     "flush": "rmq.actors.flush",
     "cleaner": "rmq.actors.cleaner",
+    "ha": "rmq.actors.ha",
 }
 NAMESRV_GROUP = ("nameserver",)
-BROKER_GROUP = ("broker", "reput", "flush", "cleaner")     # start order; the first one leads the group
+BROKER_GROUP = ("broker", "reput", "flush", "cleaner", "ha")   # start order; the first one leads the group
 ACTOR_MODULES_ENV = "RMQ_ACTOR_MODULES"                    # test only: name=module,name=module
 ACTOR_NAME_ENV = "RMQ_ACTOR_NAME"                          # set in every child's environment
 

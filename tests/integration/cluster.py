@@ -1,12 +1,16 @@
 """A broker group of real processes on loopback for integration tests: nameserver,
-broker, reput and flush, started in order (the supervisor's order) on ephemeral ports."""
+broker, reput and flush (cleaner and ha on request), started in order (the supervisor's
+order) on ephemeral ports.  ``namesrv_addr`` joins another cluster's NameServer (a slave)."""
 import os
 
 from tests.integration.conftest import ActorProcess
 
 
 class Cluster:
-    def __init__(self, store_path, conf=None, with_namesrv=True, with_cleaner=False, namesrv_args=()):
+    GROUP = ("broker", "reput", "flush", "cleaner", "ha")
+
+    def __init__(self, store_path, conf=None, with_namesrv=True, with_cleaner=False, namesrv_args=(),
+                 with_ha=False, namesrv_addr=None):
         self.store_path = str(store_path)
         self.conf_path = os.path.join(self.store_path, "broker.conf")
         os.makedirs(self.store_path, exist_ok=True)
@@ -19,9 +23,12 @@ class Cluster:
         with open(self.conf_path, "w") as f:
             f.write("".join(f"{k}={v}\n" for k, v in self.conf.items()))
         self.with_cleaner = with_cleaner
+        self.with_ha = with_ha
+        if namesrv_addr:
+            with_namesrv = False
         self.namesrv = ActorProcess(["-m", "rmq.actors.nameserver", "--listen-port", "0",
                                      "--store-path", self.store_path, *namesrv_args]) if with_namesrv else None
-        self.namesrv_addr = self.namesrv.endpoint.replace("tcp://", "") if self.namesrv else ""
+        self.namesrv_addr = self.namesrv.endpoint.replace("tcp://", "") if self.namesrv else (namesrv_addr or "")
         self.procs = {}
         self.start_group()
 
@@ -37,17 +44,19 @@ class Cluster:
         self.procs["flush"] = ActorProcess(["-m", "rmq.actors.flush", *common])
         if self.with_cleaner:
             self.procs["cleaner"] = ActorProcess(["-m", "rmq.actors.cleaner", *common])
+        if self.with_ha:
+            self.procs["ha"] = ActorProcess(["-m", "rmq.actors.ha", *common])
 
     def stop_group(self):
         codes = {}
-        for name in ("broker", "reput", "flush", "cleaner"):
+        for name in self.GROUP:
             p = self.procs.pop(name, None)
             if p is not None:
                 codes[name] = p.terminate()
         return codes
 
     def kill_group(self):
-        for name in ("broker", "reput", "flush", "cleaner"):
+        for name in self.GROUP:
             p = self.procs.pop(name, None)
             if p is not None:
                 p.kill()

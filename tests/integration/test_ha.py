@@ -1,0 +1,258 @@
+"""HA: master / slave replication of the CommitLog with real processes on loopback (SPEC.md §9)."""
+import hashlib
+import os
+import random
+import threading
+import time
+
+import pytest
+
+from rmq import protocol as P
+from rmq.client.remoting import RemotingClient
+from rmq.protocol import Frame, RequestCode, ResponseCode, pack_body, unpack_body
+from tests.integration.cluster import Cluster
+from tests.integration.test_broker import pull_all, send, wait_for
+
+FILE = 128 * 1024            # small CommitLog files: many files, many rolls
+HA_CONF = {"mappedFileSizeCommitLog": str(FILE), "haSendHeartbeatInterval": "500",
+           "haHousekeepingInterval": "3000", "slaveTimeout": "2000"}
+
+
+def slave_conf(**kw):
+    return {**HA_CONF, "brokerRole": "SLAVE", "brokerId": "1", **kw}
+
+
+def runtime(c, addr):
+    r = c.invoke(addr, Frame(RequestCode.GET_BROKER_RUNTIME_INFO))
+    assert r.code == ResponseCode.SUCCESS, r.remark
+    return unpack_body(r)["table"]
+
+
+def commitlog_digests(store):
+    d = os.path.join(store, "commitlog")
+    out = {}
+    for name in sorted(os.listdir(d)):
+        if name.isdigit():
+            with open(os.path.join(d, name), "rb") as f:
+                out[name] = hashlib.sha256(f.read()).hexdigest()
+    return out
+
+
+def wait_replicated(c, master, slave, timeout_s=30.0):
+    """Until the slave's CommitLog end equals the master's (and the master saw the ack)."""
+    def same():
+        m, s = runtime(c, master.broker_addr), runtime(c, slave.broker_addr)
+        return m["commitLogMaxOffset"] == s["commitLogMaxOffset"] and m["haSlaveAckOffset"] == m["commitLogMaxOffset"]
+    wait_for(same, timeout_s)
+    return runtime(c, master.broker_addr)["commitLogMaxOffset"]
+
+
+def fill(c, addr, topic, n, size=300, queues=4, prefix=b"m"):
+    for i in range(n):
+        body = prefix + b"%06d-" % i + b"x" * size
+        r = send(c, addr, topic, body, i % queues)
+        assert r.code == ResponseCode.SUCCESS, r.remark
+
+
+def create_topic(c, addr, topic, queues=4):
+    r = c.invoke(addr, Frame(RequestCode.UPDATE_AND_CREATE_TOPIC, fields={
+        "topic": topic, "readQueueNums": queues, "writeQueueNums": queues}))
+    assert r.code == ResponseCode.SUCCESS, r.remark
+
+
+@pytest.fixture
+def pair(tmp_path):
+    """A master (ASYNC_MASTER) and, started by the test, its slave."""
+    started = []
+
+    def start(role="ASYNC_MASTER", master=None, **conf):
+        if master is None:
+            c = Cluster(tmp_path / "master", conf={**HA_CONF, "brokerRole": role, **conf}, with_ha=True)
+        else:
+            c = Cluster(tmp_path / f"slave{len(started)}", conf=slave_conf(**conf), with_ha=True,
+                        namesrv_addr=master.namesrv_addr)
+        started.append(c)
+        return c
+    yield start
+    for c in reversed(started):
+        c.close()
+
+
+def test_empty_slave_catches_up_with_a_master_of_many_files(pair):
+    master = pair()
+    with RemotingClient() as c:
+        create_topic(c, master.broker_addr, "T")
+        fill(c, master.broker_addr, "T", 2000)
+        end = runtime(c, master.broker_addr)["commitLogMaxOffset"]
+        assert end > 4 * FILE
+        slave = pair(master=master)
+        assert wait_replicated(c, master, slave) == end
+        assert commitlog_digests(slave.store_path) == commitlog_digests(master.store_path)
+        # the slave's own reput built its ConsumeQueues: the same messages are readable from it
+        for q in range(4):
+            got, _ = pull_all(c, slave.broker_addr, "T", q, deadline_s=20)
+            want, _ = pull_all(c, master.broker_addr, "T", q, deadline_s=20)
+            assert [m.body for m in got] == [m.body for m in want] and len(got) == 500
+        # the slave is read-only: RocketMQ's SERVICE_NOT_AVAILABLE
+        r = send(c, slave.broker_addr, "T", b"no")
+        assert r.code == ResponseCode.SERVICE_NOT_AVAILABLE
+        table = runtime(c, master.broker_addr)
+        assert table["haSlaves"][0]["slaveAddr"] == slave.broker_addr
+        assert table["haSlaves"][0]["lagBytes"] == 0
+        st = runtime(c, slave.broker_addr)
+        assert st["brokerRole"] == "SLAVE" and st["haConnected"] and st["haEpoch"] == 1
+
+
+def test_slave_killed_and_restarted_mid_stream_ends_byte_identical(pair):
+    master = pair()
+    with RemotingClient() as c:
+        create_topic(c, master.broker_addr, "T")
+        slave = pair(master=master)
+        stop = threading.Event()
+        errors = []
+
+        def producer():
+            with RemotingClient() as pc:
+                i = 0
+                while not stop.is_set():
+                    r = send(pc, master.broker_addr, "T", b"s%07d" % i + b"y" * 200, i % 4)
+                    if r.code != ResponseCode.SUCCESS:
+                        errors.append(r.remark)
+                    i += 1
+        t = threading.Thread(target=producer)
+        t.start()
+        try:
+            for cycle in range(3):
+                time.sleep(0.5 + random.random())
+                slave.kill_group()
+                time.sleep(0.3)
+                slave.start_group()
+        finally:
+            stop.set()
+            t.join()
+        assert not errors
+        end = wait_replicated(c, master, slave)
+        assert end > 2 * FILE
+        assert commitlog_digests(slave.store_path) == commitlog_digests(master.store_path)
+
+
+def test_sync_master_never_acks_without_the_slave(pair):
+    master = pair(role="SYNC_MASTER")
+    with RemotingClient() as c:
+        create_topic(c, master.broker_addr, "T")
+        r = send(c, master.broker_addr, "T", b"alone")
+        assert r.code == ResponseCode.SLAVE_NOT_AVAILABLE, r.remark
+        slave = pair(master=master)
+        wait_for(lambda: runtime(c, master.broker_addr)["haSlaves"], 20)
+        for i in range(20):
+            r = send(c, master.broker_addr, "T", b"ok%d" % i)
+            assert r.code == ResponseCode.SUCCESS, r.remark
+        # every SEND_OK is on the slave already: right after the last one, nothing is missing there
+        assert runtime(c, slave.broker_addr)["commitLogMaxOffset"] == runtime(c, master.broker_addr)["commitLogMaxOffset"]
+        slave.kill_group()
+        codes = set()
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and ResponseCode.SLAVE_NOT_AVAILABLE not in codes:
+            r = send(c, master.broker_addr, "T", b"gone", timeout_ms=10_000)
+            codes.add(r.code)
+        assert ResponseCode.SUCCESS not in codes
+        assert codes <= {ResponseCode.FLUSH_SLAVE_TIMEOUT, ResponseCode.SLAVE_NOT_AVAILABLE}
+        assert ResponseCode.SLAVE_NOT_AVAILABLE in codes       # housekeeping dropped the silent slave
+
+
+def test_consumer_offsets_and_topics_sync_to_the_slave(pair):
+    master = pair()
+    with RemotingClient() as c:
+        create_topic(c, master.broker_addr, "T")
+        fill(c, master.broker_addr, "T", 20)
+        r = c.invoke(master.broker_addr, Frame(RequestCode.UPDATE_CONSUMER_OFFSET, fields={
+            "consumerGroup": "cg1", "topic": "T", "queueId": 1, "commitOffset": 3}))
+        assert r.code == ResponseCode.SUCCESS
+        slave = pair(master=master, slaveSyncInterval="500")
+        wait_replicated(c, master, slave)
+
+        def synced():
+            r = c.invoke(slave.broker_addr, Frame(RequestCode.QUERY_CONSUMER_OFFSET, fields={
+                "consumerGroup": "cg1", "topic": "T", "queueId": 1}))
+            return r.code == ResponseCode.SUCCESS and r.fields.get("offset") == 3
+        wait_for(synced, 30)
+        r = c.invoke(slave.broker_addr, Frame(RequestCode.GET_ALL_TOPIC_CONFIG))
+        assert "T" in unpack_body(r)["topicConfigTable"]
+
+
+def promote(c, addr, role="ASYNC_MASTER"):
+    return c.invoke(addr, Frame(RequestCode.UPDATE_BROKER_CONFIG, bodies=[pack_body(
+        {"brokerRole": role, "brokerId": "0"})]), 20_000)
+
+
+def test_promotion_after_the_master_dies_keeps_every_acked_message(pair):
+    master = pair(role="SYNC_MASTER")
+    with RemotingClient() as c:
+        create_topic(c, master.broker_addr, "T")
+        slave = pair(master=master)
+        wait_for(lambda: runtime(c, master.broker_addr)["haSlaves"], 20)
+        acked = []
+        for i in range(200):
+            r = send(c, master.broker_addr, "T", b"a%04d" % i, i % 4)
+            assert r.code == ResponseCode.SUCCESS, r.remark
+            acked.append(b"a%04d" % i)
+        master.kill_group()
+        # runtime config changes outside the allow-list are refused and change nothing
+        r = c.invoke(slave.broker_addr, Frame(RequestCode.UPDATE_BROKER_CONFIG,
+                                              bodies=[pack_body({"storePathRootDir": "/tmp/x"})]))
+        assert r.code == ResponseCode.NO_PERMISSION
+        r = promote(c, slave.broker_addr)
+        assert r.code == ResponseCode.SUCCESS, r.remark
+        st = runtime(c, slave.broker_addr)
+        assert st["brokerRole"] == "ASYNC_MASTER" and st["brokerId"] == 0 and st["haEpoch"] == 2
+        got = []
+        for q in range(4):
+            msgs, _ = pull_all(c, slave.broker_addr, "T", q, deadline_s=20)
+            got += [m.body for m in msgs]
+        assert sorted(got) == acked
+        # the new master takes sends, continuing each queue's offsets
+        r = send(c, slave.broker_addr, "T", b"after", 0)
+        assert r.code == ResponseCode.SUCCESS and r.fields["queueOffset"] == 50
+        # the NameServer now routes broker-a's id 0 to the promoted slave
+        r = c.invoke(master.namesrv_addr, Frame(RequestCode.GET_ROUTEINFO_BY_TOPIC, fields={"topic": "T"}))
+        route = unpack_body(r)
+        addrs = route["brokerDatas"][0]["brokerAddrs"]
+        assert addrs.get("0") == slave.broker_addr
+
+
+def test_diverged_old_master_truncates_to_the_common_prefix(pair, tmp_path):
+    master = pair()
+    with RemotingClient() as c:
+        create_topic(c, master.broker_addr, "T")
+        slave = pair(master=master)
+        fill(c, master.broker_addr, "T", 100, prefix=b"common")
+        common = wait_replicated(c, master, slave)
+        slave.kill_group()
+        fill(c, master.broker_addr, "T", 50, prefix=b"lost")      # never replicated
+        master.kill_group()
+        slave.start_group()
+        r = promote(c, slave.broker_addr)
+        assert r.code == ResponseCode.SUCCESS, r.remark
+        fill(c, slave.broker_addr, "T", 80, prefix=b"new")         # the new epoch writes over the old tail's offsets
+        # the old master comes back as a slave of the promoted one
+        old = master
+        old.conf.update(slave_conf(brokerId="2"))
+        with open(old.conf_path, "w") as f:
+            f.write("".join(f"{k}={v}\n" for k, v in old.conf.items()))
+        old.start_group()
+        # it learns the common prefix, asks its broker to truncate, which exits to restart its group
+        code = old.procs["broker"].proc.wait(30)
+        assert code == 75
+        old.kill_group()
+        old.start_group()
+        end = runtime(c, slave.broker_addr)["commitLogMaxOffset"]
+        wait_for(lambda: runtime(c, old.broker_addr)["commitLogMaxOffset"] == end, 30)
+        assert commitlog_digests(old.store_path) == commitlog_digests(slave.store_path)
+        bodies = []
+        for q in range(4):
+            msgs, _ = pull_all(c, old.broker_addr, "T", q, deadline_s=20)
+            bodies += [m.body for m in msgs]
+        assert not any(b.startswith(b"lost") for b in bodies)
+        assert sum(b.startswith(b"common") for b in bodies) == 100
+        assert sum(b.startswith(b"new") for b in bodies) == 80
+        assert common < end
