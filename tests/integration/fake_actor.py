@@ -123,7 +123,7 @@ class FakeActor(Actor):
 
 def main(argv=None):
     name = os.environ.get("RMQ_ACTOR_NAME", "")
-    if name not in ("broker", "reput", "flush", "cleaner"):
+    if name not in ("broker", "reput", "flush", "cleaner", "ha"):
         print(f"fake_actor: RMQ_ACTOR_NAME={name!r} is not a broker-group actor", file=sys.stderr)
         return 2
     p = argparse.ArgumentParser(prog=f"fake_actor ({name})")

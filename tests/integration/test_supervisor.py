@@ -21,7 +21,7 @@ from tests.integration.conftest import ROOT
 pytestmark = pytest.mark.integration     # every wait below is bounded
 
 FAKE = "tests.integration.fake_actor"
-GROUP = ("broker", "reput", "flush", "cleaner")
+GROUP = ("broker", "reput", "flush", "cleaner", "ha")
 FAKE_MODULES = ",".join(f"{n}={FAKE}" for n in GROUP)
 WAIT_S = 30
 
@@ -195,7 +195,7 @@ def test_actor_modules_injection():
     assert actor_modules(None)["broker"] == "rmq.actors.broker"
     m = actor_modules(f" broker={FAKE} , reput={FAKE},")
     assert m["broker"] == m["reput"] == FAKE and m["flush"] == "rmq.actors.flush"
-    for bad in ("ha=x.y", "broker", "broker=not a module", "broker=x..y"):
+    for bad in ("hq=x.y", "broker", "broker=not a module", "broker=x..y"):
         with pytest.raises(SupervisorError, match="RMQ_ACTOR_MODULES"):
             actor_modules(bad)
 
@@ -275,13 +275,13 @@ def test_dead_broker_restarts_its_group_in_order_on_the_same_port(supervisor, st
     sup = supervisor("--restart-backoff-ms", "100")
     started = sup.ready()
     os.kill(started["broker"][0], signal.SIGKILL)
-    wait_for(lambda: [n for n, _ in of(events(store), "start")].count("cleaner") == 2,
+    wait_for(lambda: [n for n, _ in of(events(store), "start")].count("ha") == 2,
              what="the broker group to be restarted")
     evs = [(k, n) for k, n, _ in events(store) if k in ("start", "stop")]
-    assert evs == [("start", "broker"), ("start", "reput"), ("start", "flush"), ("start", "cleaner"),
-                   ("stop", "reput"), ("stop", "flush"), ("stop", "cleaner"),         # no writer left
-                   ("start", "broker"), ("start", "reput"), ("start", "flush"), ("start", "cleaner")]
-    assert all(p != started[n][0] for n, p in of(events(store), "start")[4:])
+    assert evs == [("start", "broker"), ("start", "reput"), ("start", "flush"), ("start", "cleaner"), ("start", "ha"),
+                   ("stop", "reput"), ("stop", "flush"), ("stop", "cleaner"), ("stop", "ha"),   # no writer left
+                   ("start", "broker"), ("start", "reput"), ("start", "flush"), ("start", "cleaner"), ("start", "ha")]
+    assert all(p != started[n][0] for n, p in of(events(store), "start")[5:])
     assert "broker (pid %d) died: killed by SIGKILL" % started["broker"][0] in log_text(store)
     # the restarted broker binds the port the first one got, and knows the NameServer
     with open(os.path.join(store, "fake-broker.args.json")) as f:
@@ -372,7 +372,7 @@ def test_stop_timeout_kills_and_keeps_abort(supervisor, store):
     started = sup.ready()
     assert sup.stop() == 1
     assert "reput (pid %d) did not stop within 3 s: SIGKILL" % started["reput"][0] in sup.stderr()
-    assert [n for n, _ in of(events(store), "stop")] == ["broker", "flush", "cleaner"]
+    assert [n for n, _ in of(events(store), "stop")] == ["broker", "flush", "cleaner", "ha"]
     assert not alive(started["reput"][0])
     assert os.path.exists(os.path.join(store, "abort"))
 
