@@ -8,6 +8,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Optional
 
 import click
 from rich.console import Console
@@ -150,10 +151,19 @@ def demo_flights(namesrv, output, limit, stream, store_path) -> None:
               help="Start only the broker group (a second broker group or a slave joining a cluster).")
 @click.option("--detach", is_flag=True,
               help="Run in the background: return once every actor is ready; pid in STORE/rmq.pid.")
-def start(config, store_path, namesrv_addr, listen_port, no_namesrv, detach) -> None:
-    """Start a NameServer and one broker group (broker, reput, flush, cleaner) under a supervisor.
+@click.option("--slave-store-path", type=click.Path(file_okay=False), default=None,
+              help="Also run a SLAVE of this broker group (brokerId 1) on this store, under its own "
+                   "supervisor: a master/slave pair in one command (local demo).  Stop it with "
+                   "`rmq stop --store-path SLAVE_STORE` (a foreground start stops it on exit).")
+@click.option("--slave-listen-port", type=click.IntRange(1, 65535), default=None,
+              help="The slave's broker port (default: the master's listenPort + 10; its HA port is that + 1).")
+def start(config, store_path, namesrv_addr, listen_port, no_namesrv, detach, slave_store_path,
+          slave_listen_port) -> None:
+    """Start a NameServer and one broker group (broker, reput, flush, cleaner, ha) under a supervisor.
 
     Foreground by default (Ctrl-C stops it in order); `rmq stop` stops it from elsewhere.
+    brokerRole / brokerId in broker.conf make this group member a master or a slave (HA:
+    README.md "Master and slave").
     """
     from rmq.actors.supervisor import Supervisor, SupervisorError, resolve_settings, supervisor_running
     from rmq.broker_conf import BrokerConfError
@@ -163,18 +173,25 @@ def start(config, store_path, namesrv_addr, listen_port, no_namesrv, detach) -> 
     except BrokerConfError as e:
         raise click.ClickException(str(e)) from None
     store = settings["storePathRootDir"]
+    slave_argv = None
+    if slave_store_path is not None:
+        slave_argv = _slave_supervisor_argv(settings, slave_store_path, slave_listen_port)
     if not detach:
+        slave_store = None
+        if slave_argv is not None:
+            slave_store = _launch_detached(slave_argv, slave_store_path, "the slave")
         try:
             code = Supervisor(settings, config, start_namesrv=not no_namesrv).run()
         except SupervisorError as e:
             raise click.ClickException(str(e)) from None
+        finally:
+            if slave_store is not None:
+                _stop_detached(slave_store)
         raise SystemExit(code)
 
     if supervisor_running(store):
         raise click.ClickException(f"rmq is already running for store {store}; stop it with: "
                                    f"rmq stop --store-path {store}")
-    logs = os.path.join(store, "logs")
-    os.makedirs(logs, exist_ok=True)
     argv = [sys.executable, "-m", "rmq.actors.supervisor", "--store-path", store, "--detached"]
     if config:
         argv += ["-c", os.path.abspath(config)]
@@ -184,6 +201,58 @@ def start(config, store_path, namesrv_addr, listen_port, no_namesrv, detach) -> 
         argv += ["--listen-port", str(listen_port)]
     if no_namesrv:
         argv.append("--no-namesrv")
+    _launch_detached(argv, store, "rmq")
+    if slave_argv is not None:
+        _launch_detached(slave_argv, slave_store_path, "the slave")
+
+
+def _slave_supervisor_argv(settings: dict, slave_store: str, slave_port: Optional[int]) -> list:
+    """``rmq start --slave-store-path``: the slave's broker.conf (the master's settings with
+    brokerRole=SLAVE, brokerId=1, its own store and port) and its supervisor's command line."""
+    from rmq.broker_conf import format_broker_conf
+
+    if any(a.rsplit(":", 1)[1] == "0" for a in settings["namesrvAddr"].split(";")) or not settings["listenPort"]:
+        raise click.ClickException("--slave-store-path needs fixed ports (the slave must find the NameServer "
+                                   "and not collide with the master): not 0")
+    slave_store = os.path.abspath(os.path.expanduser(slave_store))
+    if slave_store == os.path.abspath(settings["storePathRootDir"]):
+        raise click.ClickException("--slave-store-path must differ from the master's store")
+    conf = {k: v for k, v in settings.items() if k not in ("storePathRootDir", "listenPort", "haListenPort")}
+    conf.update({"brokerRole": "SLAVE", "brokerId": 1, "storePathRootDir": slave_store,
+                 "listenPort": slave_port or int(settings["listenPort"]) + 10})
+    os.makedirs(slave_store, exist_ok=True)
+    path = os.path.join(slave_store, "broker.slave.conf")
+    with open(path, "w") as f:
+        f.write(format_broker_conf(conf, "Written by `rmq start --slave-store-path`: the slave of "
+                                         f"{settings['brokerName']}"))
+    return [sys.executable, "-m", "rmq.actors.supervisor", "--store-path", slave_store, "-c", path,
+            "--no-namesrv", "--detached"]
+
+
+def _stop_detached(store: str) -> None:
+    from rmq.actors.supervisor import read_pid_file, supervisor_running
+
+    pid = read_pid_file(store)
+    if pid is None or not supervisor_running(store):
+        return
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + 120
+    while supervisor_running(store) and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+def _launch_detached(argv: list, store: str, what: str) -> str:
+    """Start a supervisor in the background and return once it printed ``ready`` (its store)."""
+    from rmq.actors.supervisor import supervisor_running
+
+    if supervisor_running(store):
+        raise click.ClickException(f"{what} is already running for store {store}; stop it with: "
+                                   f"rmq stop --store-path {store}")
+    logs = os.path.join(store, "logs")
+    os.makedirs(logs, exist_ok=True)
     err_path = os.path.join(logs, "supervisor.stderr.log")
     with open(err_path, "ab") as err:
         offset = err.tell()
@@ -204,11 +273,12 @@ def start(config, store_path, namesrv_addr, listen_port, no_namesrv, detach) -> 
             tail = f.read().decode("utf-8", "replace").strip()
         if tail:
             click.echo(tail, err=True)
-        raise click.ClickException(f"rmq did not start (supervisor exit code {code}); "
+        raise click.ClickException(f"{what} did not start (supervisor exit code {code}); "
                                    f"see {os.path.join(logs, 'supervisor.log')}")
     proc.returncode = 0     # it runs on without us: no "still running" warning when this object goes
-    click.echo(f"rmq running in the background: supervisor pid {proc.pid}, pid file "
+    click.echo(f"{what} running in the background: supervisor pid {proc.pid}, pid file "
                f"{os.path.join(store, 'rmq.pid')}, logs in {logs}; stop it with: rmq stop --store-path {store}")
+    return store
 
 
 @main.command("stop")

@@ -256,3 +256,69 @@ def test_diverged_old_master_truncates_to_the_common_prefix(pair, tmp_path):
         assert sum(b.startswith(b"common") for b in bodies) == 100
         assert sum(b.startswith(b"new") for b in bodies) == 80
         assert common < end
+
+
+def kill_master_cycles(tmp_path, cycles, seed):
+    """SYNC_MASTER + SYNC_FLUSH: SIGKILL the master group at a random moment under load, promote
+    the slave, and check every message that got SEND_OK is readable from it."""
+    rnd = random.Random(seed)
+    lost_total = acked_total = 0
+    for cycle in range(cycles):
+        base = tmp_path / f"c{cycle}"
+        master = Cluster(base / "master", conf={**HA_CONF, "brokerRole": "SYNC_MASTER", "flushDiskType": "SYNC_FLUSH"},
+                         with_ha=True)
+        slave = None
+        try:
+            with RemotingClient() as c:
+                create_topic(c, master.broker_addr, "T")
+                slave = Cluster(base / "slave", conf=slave_conf(flushDiskType="SYNC_FLUSH"), with_ha=True,
+                                namesrv_addr=master.namesrv_addr)
+                wait_for(lambda: runtime(c, master.broker_addr)["haSlaves"], 20)
+                acked, lock, stop = [], threading.Lock(), threading.Event()
+
+                def producer(pid):
+                    with RemotingClient() as pc:
+                        i = 0
+                        while not stop.is_set():
+                            body = b"p%d-%07d" % (pid, i)
+                            try:
+                                r = send(pc, master.broker_addr, "T", body, i % 4, timeout_ms=2000)
+                            except Exception:       # the master died mid-request: indeterminate, not acked
+                                return
+                            if r.code == ResponseCode.SUCCESS:
+                                with lock:
+                                    acked.append(body)
+                            i += 1
+                threads = [threading.Thread(target=producer, args=(p,)) for p in range(2)]
+                for t in threads:
+                    t.start()
+                time.sleep(0.3 + rnd.random() * 1.5)
+                master.kill_group()
+                stop.set()
+                for t in threads:
+                    t.join()
+                r = promote(c, slave.broker_addr)
+                assert r.code == ResponseCode.SUCCESS, r.remark
+                got = set()
+                for q in range(4):
+                    msgs, _ = pull_all(c, slave.broker_addr, "T", q, deadline_s=30)
+                    got.update(m.body for m in msgs)
+                lost = [b for b in acked if b not in got]
+                lost_total += len(lost)
+                acked_total += len(acked)
+                assert not lost, f"cycle {cycle} (seed {seed}): {len(lost)} acked messages lost, e.g. {lost[:5]}"
+        finally:
+            if slave is not None:
+                slave.close()
+            master.close()
+    print(f"acked messages lost after {cycles} master SIGKILLs + promotions: {lost_total} of {acked_total}")
+    return acked_total
+
+
+def test_sigkill_master_then_promote_loses_no_acked_message(tmp_path):
+    assert kill_master_cycles(tmp_path, 2, seed=7) > 0
+
+
+@pytest.mark.slow
+def test_sigkill_master_then_promote_loses_no_acked_message_20_cycles(tmp_path):
+    assert kill_master_cycles(tmp_path, 20, seed=int(os.environ.get("RMQ_FAULT_SEED", "20261121"))) > 0
