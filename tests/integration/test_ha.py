@@ -322,3 +322,23 @@ def test_sigkill_master_then_promote_loses_no_acked_message(tmp_path):
 @pytest.mark.slow
 def test_sigkill_master_then_promote_loses_no_acked_message_20_cycles(tmp_path):
     assert kill_master_cycles(tmp_path, 20, seed=int(os.environ.get("RMQ_FAULT_SEED", "20261121"))) > 0
+
+
+def test_consumers_keep_reading_from_the_slave_when_the_master_dies(pair):
+    from rmq import PullConsumer
+    from rmq.client.message import MessageQueue
+    master = pair()
+    with RemotingClient() as c:
+        create_topic(c, master.broker_addr, "T")
+        slave = pair(master=master)
+        fill(c, master.broker_addr, "T", 40, size=10)
+        wait_replicated(c, master, slave)
+        master.kill_group()
+        got = []
+        with PullConsumer(master.namesrv_addr, group="reader", timeout_ms=1000) as pc:
+            mqs = [MessageQueue("T", "broker-a", q) for q in range(4)]
+            pc.assign(mqs)
+            deadline = time.monotonic() + 60
+            while len(got) < 40 and time.monotonic() < deadline:
+                got += [m.body for m in pc.poll(1000)]
+        assert sorted(got) == sorted(b"m%06d-" % i + b"x" * 10 for i in range(40))
