@@ -188,6 +188,7 @@ class BrokerActor(Actor):
         self.ha_ack_offset = -1                  # master: max CommitLog offset acknowledged by a slave
         self.ha_slaves: list = []
         self.pending_promotions: list = []       # (deadline, reply, frame, new role)
+        self.fenced_by = 0                       # epoch of the master that replaced this one (0: not fenced)
         self._master_sock: Optional[zmq.Socket] = None
         self.exit_code = 0
 
@@ -698,7 +699,8 @@ class BrokerActor(Actor):
     def register_broker_all(self) -> None:
         frame = Frame(RequestCode.REGISTER_BROKER, fields={
             "clusterName": self.cluster_name, "brokerAddr": self.broker_addr, "brokerName": self.broker_name,
-            "brokerId": self.broker_id, "haServerAddr": self.ha_server_addr}, bodies=[self._topic_table_body()])
+            "brokerId": self.broker_id, "haServerAddr": self.ha_server_addr,
+            "epoch": self.epochs.last_epoch() if self.role in MASTER_ROLES else 0}, bodies=[self._topic_table_body()])
         for s in self._ns_sockets:
             try:
                 s.send_multipart(P.encode(frame), flags=zmq.NOBLOCK)
@@ -723,6 +725,10 @@ class BrokerActor(Actor):
             return
         if f.code != ResponseCode.SUCCESS:
             self.log.warning("NameServer answered %s: %s", f.code, f.remark)
+            if f.fields.get("fenced") and self.role in MASTER_ROLES and not self.fenced_by:
+                # a slave was promoted over us (a newer epoch): stop taking writes (HA fencing)
+                self.fenced_by = int(f.fields.get("epoch", 0) or 0)
+                self.log.error("fenced by a master of epoch %d: sends refused from now on", self.fenced_by)
             return
         if self.role == "SLAVE":
             # RegisterBrokerResult: the master's broker and HA addresses (SPEC.md §9.1)
@@ -815,6 +821,10 @@ class BrokerActor(Actor):
                                   "[PCBUSY_CLEAN_QUEUE]broker busy, start flow control for a while")
         if not self.broker_permission & PERM_WRITE:
             return frame.response(ResponseCode.NO_PERMISSION, f"the broker[{self.broker_name}] sending message is forbidden")
+        if self.fenced_by:
+            return frame.response(ResponseCode.SERVICE_NOT_AVAILABLE,
+                                  f"this master was replaced by a promoted slave (epoch {self.fenced_by}): "
+                                  f"sends refused; restart it as a slave")
         topic = field_str(frame, "topic")
         try:
             check_topic(topic)
@@ -1151,7 +1161,7 @@ class BrokerActor(Actor):
                 "haConnected": bool(self.ha_state.get("connected", False)),
                 "haMasterMaxOffset": int(self.ha_state.get("masterMaxOffset", 0) or 0),
                 "haSlaves": self.ha_slaves, "haSlaveAckOffset": self.ha_ack_offset,
-                "slaveReadEnable": self.slave_read_enable}
+                "slaveReadEnable": self.slave_read_enable, "fencedByEpoch": self.fenced_by}
 
     def on_runtime_info(self, frame: Frame, reply: Reply) -> Frame:
         return frame.response(bodies=[pack_body({"table": self.runtime_info()})])

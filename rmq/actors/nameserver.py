@@ -67,6 +67,7 @@ import zmq
 
 from rmq.actors.actor import Actor
 from rmq.actors.route import BROKER_CHANNEL_EXPIRED_TIME_MS, SCAN_NOT_ACTIVE_BROKER_INTERVAL_MS, RouteInfoManager
+from rmq.clock import SYSTEM_CLOCK, Clock
 from rmq.errors import MessageIllegalError
 from rmq.protocol import (Frame, ProtocolError, RequestCode, ResponseCode, field_int, field_str, pack_body,
                           unpack_body)
@@ -190,13 +191,15 @@ class NameServerActor(Actor):
                  store_path: Optional[str] = None, supervisor_endpoint: Optional[str] = None,
                  scan_not_active_broker_interval_ms: int = SCAN_NOT_ACTIVE_BROKER_INTERVAL_MS,
                  broker_channel_expired_time_ms: int = BROKER_CHANNEL_EXPIRED_TIME_MS,
-                 delete_topic_with_broker_registration: bool = False, log_level: int = logging.INFO):
+                 delete_topic_with_broker_registration: bool = False, log_level: int = logging.INFO,
+                 clock: Clock = SYSTEM_CLOCK):
         super().__init__(store_path, supervisor_endpoint, log_level)
         self.listen_addr = listen_addr
         self.listen_port = listen_port
         self.scan_not_active_broker_interval_ms = scan_not_active_broker_interval_ms
         self.broker_channel_expired_time_ms = broker_channel_expired_time_ms
-        self.route = RouteInfoManager(delete_topic_with_broker_registration=delete_topic_with_broker_registration)
+        self.route = RouteInfoManager(clock, delete_topic_with_broker_registration=delete_topic_with_broker_registration)
+        self.master_epochs: dict[str, int] = {}     # brokerName -> highest master epoch registered (HA fencing)
         self.endpoint = ""
 
     def on_start(self) -> None:
@@ -238,6 +241,18 @@ class NameServerActor(Actor):
         broker_id = field_int(frame, "brokerId", lo=0, hi=BROKER_ID_MAX)
         ha_server_addr = field_addr(frame, "haServerAddr", allow_empty=True)
         configs, data_version = decode_register_body(frame)
+        # HA fencing: a master registering with an epoch older than one already seen for its
+        # broker name was replaced by a promoted slave; it must not take the route back
+        epoch = field_int(frame, "epoch", 0, lo=0)
+        if broker_id == 0 and epoch:
+            current = self.master_epochs.get(broker_name, 0)
+            if epoch < current:
+                self.log.warning("master %s of %s registers with epoch %d < %d: fenced", broker_addr, broker_name,
+                                 epoch, current)
+                return frame.response(ResponseCode.SYSTEM_ERROR,
+                                      f"fenced: {broker_name} has a master of epoch {current} (yours: {epoch})",
+                                      fields={"fenced": True, "epoch": current})
+            self.master_epochs[broker_name] = epoch
         first = broker_addr not in self.route.broker_live_table
         result = self.route.register_broker(cluster_name, broker_addr, broker_name, broker_id, ha_server_addr,
                                             configs, data_version)
@@ -324,14 +339,24 @@ def main(argv: Optional[list] = None) -> int:
     p.add_argument("--delete-topic-with-broker-registration", action="store_true",
                    help="a master's changed topic table also removes topics it no longer lists")
     p.add_argument("--supervisor", default=None, help="supervisor endpoint for liveness beats")
+    p.add_argument("-c", "--config", default=None,
+                   help="properties file (key=value): authEnable, authServerKeyFile, authClientKeysDir, "
+                        "authAdminKeysDir (rmq.security)")
     args = p.parse_args(argv)
     if not 0 <= args.listen_port <= 65535:
         p.error(f"--listen-port {args.listen_port} outside [0, 65535]")
     if args.scan_interval_ms <= 0 or args.broker_expired_ms <= 0:
         p.error("--scan-interval-ms and --broker-expired-ms must be positive")
-    NameServerActor(args.listen_addr, args.listen_port, args.store_path, args.supervisor,
-                    args.scan_interval_ms, args.broker_expired_ms,
-                    args.delete_topic_with_broker_registration).run()
+    actor = NameServerActor(args.listen_addr, args.listen_port, args.store_path, args.supervisor,
+                            args.scan_interval_ms, args.broker_expired_ms,
+                            args.delete_topic_with_broker_registration)
+    if args.config:     # auth hooks: the actor base enforces them (rmq.security)
+        from rmq.broker_conf import BrokerConfError, load_broker_conf
+        try:
+            actor.auth_props = load_broker_conf(args.config)
+        except BrokerConfError as e:
+            p.error(str(e))
+    actor.run()
     return 0
 
 

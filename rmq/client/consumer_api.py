@@ -51,6 +51,7 @@ from rmq.client.message import (PROPERTY_MAX_RECONSUME_TIMES, PROPERTY_RECONSUME
 import zmq
 
 from rmq import protocol as P
+from rmq import security
 from rmq.client.remoting import DEFAULT_TIMEOUT_MS, RemotingClient
 from rmq.client.route import MASTER_ID as MASTER_BROKER_ID
 from rmq.client.route import find_broker_address_in_subscribe
@@ -460,7 +461,8 @@ class ConsumerAPI:
     closes all of them and must be called once the callers are done.
     """
 
-    def __init__(self, namesrv_addr: str, timeout_ms: int = DEFAULT_TIMEOUT_MS):
+    def __init__(self, namesrv_addr: str, timeout_ms: int = DEFAULT_TIMEOUT_MS, auth=None):
+        self.auth = security.client_auth(auth)     # CURVE keys (rmq.security); None: plain
         self.namesrv_addrs = [a.strip() for a in (namesrv_addr or "").split(";") if a.strip()]
         if not self.namesrv_addrs:
             raise MQClientError("no NameServer address given")
@@ -479,7 +481,7 @@ class ConsumerAPI:
             raise MQClientError("consumer client is closed")
         c = getattr(self._local, "client", None)
         if c is None:
-            c = RemotingClient()
+            c = RemotingClient(auth=self.auth)
             self._local.client = c
             with self._lock:
                 self._clients.append(c)
@@ -684,9 +686,21 @@ class ConsumerAPI:
         self.pull_from.update_from_response(mq, resp)
         return parse_pull_response(resp, sub, addr, group_retry_topic)
 
-    def _offset_call(self, code: int, mq: MessageQueue, what: str, **fields) -> int:
+    def _invoke_read(self, mq: MessageQueue, frame: Frame) -> tuple:
+        """``(addr, response)`` of an offset call to ``mq``'s group: the master, else a slave; when
+        the chosen broker does not answer and the group has another one (a dead master still in
+        the route), the call is made once more there."""
         _, addr = self.read_broker_addr(mq.broker_name, mq.topic)
-        resp = self.invoke(addr, Frame(code, fields={"topic": mq.topic, "queueId": mq.queue_id, **fields}))
+        try:
+            return addr, self.invoke(addr, frame)
+        except RemotingError:
+            _, other = self.read_broker_addr(mq.broker_name, mq.topic)     # ``addr`` is avoided now
+            if other == addr:
+                raise
+            return other, self.invoke(other, frame)
+
+    def _offset_call(self, code: int, mq: MessageQueue, what: str, **fields) -> int:
+        addr, resp = self._invoke_read(mq, Frame(code, fields={"topic": mq.topic, "queueId": mq.queue_id, **fields}))
         return int(_check(resp, addr, f"{what} of {mq}").fields.get("offset", 0))
 
     def max_offset(self, mq: MessageQueue) -> int:
@@ -706,8 +720,7 @@ class ConsumerAPI:
         ------
         MQBrokerError, RemotingError
         """
-        _, addr = self.read_broker_addr(mq.broker_name, mq.topic)
-        resp = self.invoke(addr, Frame(RequestCode.QUERY_CONSUMER_OFFSET, fields={
+        addr, resp = self._invoke_read(mq, Frame(RequestCode.QUERY_CONSUMER_OFFSET, fields={
             "consumerGroup": group, "topic": mq.topic, "queueId": mq.queue_id}))
         if resp.code == ResponseCode.QUERY_NOT_FOUND:
             return -1
@@ -716,10 +729,9 @@ class ConsumerAPI:
     def update_consumer_offset(self, group: str, mq: MessageQueue, offset: int) -> None:
         """Store ``offset`` on the master, else (master gone or avoided) on a slave (kept there
         locally; RocketMQ does the same)."""
-        _, addr = self.read_broker_addr(mq.broker_name, mq.topic)
-        _check(self.invoke(addr, Frame(RequestCode.UPDATE_CONSUMER_OFFSET, fields={
-            "consumerGroup": group, "topic": mq.topic, "queueId": mq.queue_id, "commitOffset": int(offset)})),
-            addr, f"update offset of {mq}")
+        addr, resp = self._invoke_read(mq, Frame(RequestCode.UPDATE_CONSUMER_OFFSET, fields={
+            "consumerGroup": group, "topic": mq.topic, "queueId": mq.queue_id, "commitOffset": int(offset)}))
+        _check(resp, addr, f"update offset of {mq}")
 
     # -- group membership -----------------------------------------------------------------------
     def heartbeat(self, addr: str, client_id: str, consumer_datas: Sequence[dict]) -> None:
@@ -785,8 +797,9 @@ class RequestMux:
     Concurrency: single-threaded (create, use and close it in one thread).
     """
 
-    def __init__(self, ctx: Optional[zmq.Context] = None):
+    def __init__(self, ctx: Optional[zmq.Context] = None, auth=None):
         self.ctx = ctx or zmq.Context.instance()
+        self.auth = security.client_auth(auth)     # CURVE keys (rmq.security); None: plain
         self.poller = zmq.Poller()
         self._sockets: dict = {}
         self._addr_of: dict = {}
@@ -796,7 +809,7 @@ class RequestMux:
     def _socket(self, addr: str) -> zmq.Socket:
         s = self._sockets.get(addr)
         if s is None:
-            s = P.dealer(self.ctx, addr)
+            s = P.dealer(self.ctx, addr, auth=self.auth)
             self._sockets[addr] = s
             self._addr_of[s] = addr
             self.poller.register(s, zmq.POLLIN)
