@@ -25,6 +25,32 @@ class StoreLockedError(StoreError):
     """Another process holds the store directory's ``lock`` file."""
 
 
+class StoreCorruptionError(StoreError):
+    """Data below the durable point (already fsync'd, possibly acknowledged) is damaged.
+
+    Recovery refuses to start instead of truncating it away: repair the named
+    file (e.g. from a replica) or move the store aside.
+
+    Attributes
+    ----------
+    file_name : str
+        The damaged file.
+    position : int
+        Byte position of the first bad record within ``file_name``.
+    physical_offset, durable_offset : int
+        Where that is in the log, and the durable offset recorded by the
+        checkpoint (bytes).
+    """
+
+    def __init__(self, message: str, file_name: str = "", position: int = -1,
+                 physical_offset: int = -1, durable_offset: int = -1):
+        super().__init__(message)
+        self.file_name = file_name
+        self.position = position
+        self.physical_offset = physical_offset
+        self.durable_offset = durable_offset
+
+
 class CorruptRecordError(StoreError, ValueError):
     """A CommitLog record failed its magic, length or CRC checks."""
 

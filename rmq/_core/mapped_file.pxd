@@ -11,6 +11,7 @@ cdef class MappedFile:
     cdef unsigned char* base               # start of the MAP_SHARED mapping; NULL once closed
     cdef public int64_t wrote_position     # bytes appended (page cache)
     cdef public int64_t flushed_position   # bytes made durable by msync (only flush() moves it up)
+    cdef readonly int64_t durable_position # bytes this process msynced from 0 (moved only after msync returned 0)
     cdef readonly bint write_error         # sticky: a failed msync stops acknowledgements
     cdef Py_ssize_t exports                # live buffer exports (memoryviews) of the mapping
     cdef public double store_timestamp_last  # ms, store time of the last record written (CommitLog)

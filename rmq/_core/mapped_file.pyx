@@ -6,6 +6,24 @@ full disk is a clear :class:`rmq.errors.StoreDiskFullError` at creation and
 never a SIGBUS on a later write into a hole.  ``flush()`` is the one place in
 rmq that calls ``msync``; it moves ``flushed_position`` only after the call
 returned 0, and a failure is sticky (``write_error``).
+
+This module is also the one place that makes anything durable: ``fsync_file``
+and ``fsync_dir`` are the only other sync calls of the store (JSON metadata,
+marker files, directory entries), so a lint test can check that nothing else
+syncs (tests/fault/test_sync_lint.py).
+
+Test-only hooks, read once at import (production pays one branch per sync):
+
+* ``RMQ_DURABILITY_TRACE``: ``1`` appends a line to ``STORE/.durable`` (the
+  nearest ancestor directory holding the store ``lock`` file) after every sync
+  that returned 0: ``R path start end`` (msync of ``[start, end)``), ``F path``
+  (whole file fsync'd), ``C path`` (a file got its final name), ``D dir``
+  (directory fsync'd).  Any other value is the journal's path itself.  The
+  power-cut simulator (tests/fault/harness.py) reads it to know what a power
+  cut cannot take away.
+* ``RMQ_FAILPOINT=msync_eio:after=N[:path=SUBSTR]``: the first N msyncs of
+  the process (of files whose path contains SUBSTR) succeed, the next one
+  reports EIO as a failing disk would.
 """
 import os
 
@@ -49,7 +67,126 @@ cdef extern from "<string.h>" nogil:
     char* strerror(int errnum)
 
 cdef extern from "<errno.h>":
-    int ENOSPC, EDQUOT, EFBIG
+    int ENOSPC, EDQUOT, EFBIG, EIO
+
+cdef extern from "<unistd.h>" nogil:
+    int fsync(int fd)
+
+
+# -- durability journal and fail point (test-only, see the module docstring) -----------------
+cdef object _TRACE = os.environ.get("RMQ_DURABILITY_TRACE") or None
+cdef dict _journal_fds = {}       # journal path -> fd (O_APPEND)
+cdef dict _journal_for_dir = {}   # directory -> journal path or None
+
+
+def _parse_failpoint(str spec):
+    after, sub = -1, ""
+    for item in (spec or "").split(","):
+        parts = item.strip().split(":")
+        if parts[0] != "msync_eio":
+            continue
+        for kv in parts[1:]:
+            k, _, v = kv.partition("=")
+            if k == "after":
+                after = int(v)
+            elif k == "path":
+                sub = v
+    return after, sub
+
+
+_fp_after, _fp_path = _parse_failpoint(os.environ.get("RMQ_FAILPOINT", ""))
+cdef long long _FP_AFTER = _fp_after      # -1: no fail point
+cdef str _FP_PATH = _fp_path
+cdef long long _fp_count = 0
+cdef bint _fp_fired = False
+
+
+cdef bint _failpoint_hit(str path):
+    """True when this msync must report EIO (RMQ_FAILPOINT)."""
+    global _fp_count, _fp_fired
+    if _FP_AFTER < 0 or _fp_fired or (_FP_PATH and _FP_PATH not in path):
+        return False
+    _fp_count += 1
+    if _fp_count > _FP_AFTER:
+        _fp_fired = True
+        return True
+    return False
+
+
+def _journal_path(str path):
+    """The journal of the store holding ``path`` (None: not traced)."""
+    if _TRACE is None:
+        return None
+    if _TRACE != "1":
+        return _TRACE
+    d = os.path.dirname(os.path.abspath(path))
+    if d in _journal_for_dir:
+        return _journal_for_dir[d]
+    found = None
+    cur = d
+    for _ in range(6):
+        if os.path.isfile(os.path.join(cur, "lock")):
+            found = os.path.join(cur, ".durable")
+            break
+        parent = os.path.dirname(cur)
+        if parent == cur:
+            break
+        cur = parent
+    _journal_for_dir[d] = found
+    return found
+
+
+def durability_journal(str line, str path):
+    """Append ``line`` to the journal of the store holding ``path`` (no-op unless traced)."""
+    if _TRACE is None:
+        return
+    j = _journal_path(path)
+    if j is None:
+        return
+    fd = _journal_fds.get(j)
+    if fd is None:
+        fd = os.open(j, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        _journal_fds[j] = fd
+    os.write(fd, (line + "\n").encode("utf-8", "surrogateescape"))
+
+
+def fsync_file(fd_or_path, str name=None):
+    """fsync a whole regular file (an open fd, or a path opened for it); journals ``F``.
+
+    Raises OSError as ``os.fsync`` does.
+    """
+    cdef int rc
+    cdef int cfd
+    if isinstance(fd_or_path, int):
+        cfd = fd_or_path
+        with nogil:
+            rc = fsync(cfd)
+        if rc != 0:
+            raise OSError(errno, os.strerror(errno), name)
+        if _TRACE is not None and name:
+            durability_journal("F " + os.path.abspath(name), name)
+        return
+    path = os.fspath(fd_or_path)
+    f = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        fsync_file(f, path)
+    finally:
+        os.close(f)
+
+
+def fsync_dir(str path):
+    """fsync a directory so the entries created / renamed / deleted in it are durable; journals ``D``."""
+    cdef int rc
+    cdef int cfd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        with nogil:
+            rc = fsync(cfd)
+        if rc != 0:
+            raise OSError(errno, os.strerror(errno), path)
+    finally:
+        os.close(cfd)
+    if _TRACE is not None:
+        durability_journal("D " + os.path.abspath(path), os.path.join(path, "x"))
 
 
 cdef class MappedFile:
@@ -88,6 +225,7 @@ cdef class MappedFile:
         self.file_size = file_size
         self.wrote_position = 0
         self.flushed_position = 0
+        self.durable_position = 0
         self.store_timestamp_last = 0
         if file_size <= 0:
             raise StoreError(f"mapped file size must be > 0, got {file_size} for {file_name}")
@@ -128,6 +266,10 @@ cdef class MappedFile:
             if rc == 0:
                 try:
                     os.rename(open_name, file_name)
+                    if _TRACE is not None:
+                        durability_journal("C " + os.path.abspath(file_name), file_name)
+                    # the new name must survive a power cut before anything in it counts as durable
+                    fsync_dir(os.path.dirname(os.path.abspath(file_name)))
                 except OSError as e:
                     rc = e.errno or -1
             if rc != 0:
@@ -241,11 +383,23 @@ cdef class MappedFile:
         cdef int rc
         if end <= start:
             return 0
-        with nogil:
-            rc = msync(self.base + aligned, <size_t>(end - aligned), MS_SYNC)
+        cdef int err = 0
+        if _FP_AFTER >= 0 and _failpoint_hit(self.file_name):
+            rc = -1
+            err = EIO
+        else:
+            with nogil:
+                rc = msync(self.base + aligned, <size_t>(end - aligned), MS_SYNC)
+            if rc != 0:
+                err = errno
         if rc != 0:
             self.write_error = True
-            raise StoreError(f"msync of {self.file_name} [{aligned}, {end}) failed: {os.strerror(errno)}")
+            raise StoreError(f"msync of {self.file_name} [{aligned}, {end}) failed: {os.strerror(err)}")
+        # only now, after msync returned 0, do these bytes count as durable
+        if aligned <= self.durable_position < end:
+            self.durable_position = end
+        if _TRACE is not None:
+            durability_journal(f"R {os.path.abspath(self.file_name)} {aligned} {end}", self.file_name)
         return 0
 
     def flush(self, int least_pages=0):
@@ -281,6 +435,22 @@ cdef class MappedFile:
         self._flush_range(flushed, wrote)
         self.flushed_position = wrote
         return wrote
+
+    def sync_range(self, int64_t start, int64_t end):
+        """msync ``[start, end)`` (bytes within the file) whatever ``flushed_position`` says.
+
+        Recovery uses it to make the bytes it accepted from the page cache
+        durable before anything is acknowledged on top of them.
+
+        Raises
+        ------
+        StoreError
+            msync failed (``write_error`` is set, sticky).
+        """
+        self._check_open()
+        if start < 0 or end > self.file_size:
+            raise ValueError(f"sync_range({start}, {end}) outside {self.file_name}")
+        self._flush_range(start, end)
 
     def warm_up(self, bint lock=False):
         """Touch every 4 KiB page after ``wrote_position`` and advise WILLNEED.

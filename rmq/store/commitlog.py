@@ -14,7 +14,7 @@ from typing import Optional
 
 from rmq._core import commitlog as _cl
 from rmq._core.layout import BATCH_FIXED_LENGTH
-from rmq.errors import StoreError
+from rmq.errors import StoreCorruptionError, StoreError
 from rmq.store.config import MessageStoreConfig
 from rmq.store.mapped_file_queue import AllocateMappedFileService, MappedFileQueue
 
@@ -289,8 +289,14 @@ class CommitLog:
     def load(self) -> None:
         self.mapped_file_queue.load()
 
-    def _scan_from(self, index: int) -> tuple[int, int]:
-        """Walk files from ``index``; return (process_offset, records)."""
+    def _scan_from(self, index: int, durable_offset: int = 0) -> tuple[int, int]:
+        """Walk files from ``index``; return (process_offset, records).
+
+        A bad record (or a missing file) below ``durable_offset`` (bytes: what
+        the checkpoint says was msync'd) is corruption, not a torn tail: it
+        raises :class:`StoreCorruptionError` naming the file and position,
+        and nothing is truncated.
+        """
         files = self.mapped_file_queue.files
         check_crc = self.config.check_crc_on_recover
         process_offset = files[index].file_from_offset
@@ -306,14 +312,38 @@ class CommitLog:
                 index += 1
                 continue
             process_offset = mf.file_from_offset + end_pos
+            if process_offset < durable_offset:
+                raise StoreCorruptionError(
+                    f"CommitLog corrupted below the durable offset: {result} in {mf.file_name} at position "
+                    f"{end_pos} (physical offset {process_offset}), but the checkpoint records the log as "
+                    f"flushed to disk up to {durable_offset}; refusing to truncate "
+                    f"{durable_offset - process_offset} bytes of durable (possibly acknowledged) data. "
+                    f"Repair or restore this file (e.g. from a slave) before starting",
+                    mf.file_name, end_pos, process_offset, durable_offset)
             if result != "BAD_MAGIC" or not _all_zero_tail(mf, end_pos):
                 log.warning("CommitLog recovery stops at %d (%s in %s at %d)",
                             process_offset, result, os.path.basename(mf.file_name), end_pos)
             break
+        if process_offset < durable_offset and index >= len(files):
+            raise StoreCorruptionError(
+                f"CommitLog files missing below the durable offset: the log ends at {process_offset} "
+                f"(after {os.path.basename(files[-1].file_name)}), but the checkpoint records it as "
+                f"flushed to disk up to {durable_offset}",
+                files[-1].file_name, self.file_size, process_offset, durable_offset)
         return process_offset, records
 
-    def recover_normally(self) -> int:
+    def _sync_recovered(self, index: int) -> None:
+        """msync what recovery accepted from ``files[index]`` on: after a crash it may
+        sit only in the page cache, and later acknowledged records are appended after it."""
+        for mf in self.mapped_file_queue.files[index:]:
+            if mf.wrote_position > 0:
+                mf.sync_range(0, mf.wrote_position)
+
+    def recover_normally(self, durable_offset: int = 0) -> int:
         """Clean-exit recovery: scan from the third-last file, truncate after the last whole record.
+
+        ``durable_offset`` (bytes): the checkpoint's flushed offset; damage
+        below it raises :class:`StoreCorruptionError`.
 
         Returns
         -------
@@ -323,13 +353,17 @@ class CommitLog:
         files = self.mapped_file_queue.files
         if not files:
             return 0
-        process_offset, _ = self._scan_from(max(0, len(files) - 3))
+        process_offset, _ = self._scan_from(max(0, len(files) - 3), durable_offset)
         self.truncate(process_offset)
         return process_offset
 
-    def recover_abnormally(self, min_timestamp: int) -> tuple[int, int]:
+    def recover_abnormally(self, min_timestamp: int, durable_offset: int = 0) -> tuple[int, int]:
         """Crash recovery: from the newest file whose first record was stored by
-        ``min_timestamp`` (ms, the checkpoint's), scan and truncate.
+        ``min_timestamp`` (ms, the checkpoint's), scan and truncate; then msync
+        everything kept from there (it may have been in the page cache only).
+
+        ``durable_offset`` (bytes): the checkpoint's flushed offset; damage
+        below it raises :class:`StoreCorruptionError`.
 
         Returns
         -------
@@ -347,8 +381,9 @@ class CommitLog:
             index -= 1
         index = max(index, 0)
         start = files[index].file_from_offset
-        process_offset, _ = self._scan_from(index)
+        process_offset, _ = self._scan_from(index, durable_offset)
         self.truncate(process_offset)
+        self._sync_recovered(index)
         return start, process_offset
 
     def truncate(self, offset: int) -> int:

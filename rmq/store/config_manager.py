@@ -15,6 +15,8 @@ import threading
 import time
 from typing import Any, Optional
 
+from rmq._core.mapped_file import fsync_dir, fsync_file
+
 log = logging.getLogger(__name__)
 
 
@@ -26,15 +28,11 @@ def write_file_atomically(path: str, text: str) -> None:
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(text)
         f.flush()
-        os.fsync(f.fileno())
+        fsync_file(f.fileno(), tmp)
     if os.path.exists(path):
         shutil.copyfile(path, path + ".bak")
     os.replace(tmp, path)
-    fd = os.open(d, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_dir(d)
 
 
 def read_json_with_backup(path: str) -> Optional[Any]:

@@ -26,7 +26,7 @@ from typing import Iterable, Optional, Union
 from rmq._core import commitlog as _cl
 from rmq._core.layout import (CQ_STORE_UNIT_SIZE, TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE,
                               TRANSACTION_TYPE_MASK)
-from rmq._core.mapped_file import MappedFile
+from rmq._core.mapped_file import MappedFile, fsync_dir, fsync_file
 from rmq.errors import (CorruptRecordError, MessageIllegalError, StoreClosedError, StoreDiskFullError,
                         StoreError, StoreLockedError)
 from rmq.status import GetMessageStatus, PutMessageStatus
@@ -56,11 +56,7 @@ def _total_physical_memory() -> int:
 
 
 def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_dir(path)     # the one sync helper (rmq._core.mapped_file): journaled under RMQ_DURABILITY_TRACE
 
 
 def write_truncate_marker(store_root: str, offset: int) -> str:
@@ -90,7 +86,7 @@ def write_truncate_marker(store_root: str, offset: int) -> str:
     with open(tmp, "wb") as f:
         f.write(f"{offset}\n".encode("ascii"))
         f.flush()
-        os.fsync(f.fileno())
+        fsync_file(f.fileno(), tmp)
     os.replace(tmp, path)
     _fsync_dir(root)
     return path
@@ -265,7 +261,7 @@ class MessageStore:
                                    f"(lock file {path})") from None
         os.ftruncate(fd, 0)
         os.write(fd, b"lock")
-        os.fsync(fd)
+        fsync_file(fd, path)
         return fd
 
     def _release_lock(self) -> None:
@@ -303,7 +299,8 @@ class MessageStore:
             self._remove_truncate_marker()
         # the abort file marks "running": a crash from here on means abnormal recovery
         with open(self.abort_file, "wb") as f:
-            os.fsync(f.fileno())
+            fsync_file(f.fileno(), self.abort_file)
+        fsync_dir(self.root)
 
     # -- truncation to a common prefix (HA) ---------------------------------------------------
     request_truncate = staticmethod(write_truncate_marker)
@@ -324,6 +321,10 @@ class MessageStore:
         if offset < end:
             self.commitlog.truncate(offset)
             _fsync_dir(self.commitlog_dir)
+        if self.checkpoint.master_flushed_offset > offset:
+            # what is cut here was durable on purpose: recovery must not take it for corruption
+            self.checkpoint.master_flushed_offset = offset
+            self.checkpoint.flush()
         for cq in self.consume_queue_table.values():
             cq.recover()
             cq.truncate_dirty_logic_files(offset)
@@ -382,6 +383,9 @@ class MessageStore:
                 self.consume_queue_table[(topic, int(qid))] = cq
 
     def _recover(self, reindex_from: Optional[int] = None) -> None:
+        # the CommitLog is durable up to here (written only after a successful msync): a bad
+        # record below it is corruption (StoreCorruptionError), never a torn tail to cut
+        durable = max(0, self.checkpoint.master_flushed_offset)
         max_phy_of_cq = 0
         for cq in self.consume_queue_table.values():
             cq.recover()
@@ -394,10 +398,10 @@ class MessageStore:
             self.index_service = self._new_index_service()
             self.reput_from_offset = 0
         elif self.last_exit_ok:
-            end = self.commitlog.recover_normally()
+            end = self.commitlog.recover_normally(durable)
             self.reput_from_offset = min(max(max_phy_of_cq, self.commitlog.get_min_offset()), end)
         else:
-            start, end = self.commitlog.recover_abnormally(self.checkpoint.get_min_timestamp())
+            start, end = self.commitlog.recover_abnormally(self.checkpoint.get_min_timestamp(), durable)
             self.reput_from_offset = min(max(min(start, max_phy_of_cq), self.commitlog.get_min_offset()), end)
         max_offset = self.commitlog.get_max_offset()
         if reindex_from is not None:

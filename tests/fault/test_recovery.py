@@ -39,6 +39,16 @@ def commitlog_file(path, phys):
     return os.path.join(path, "commitlog", f"{phys - phys % size:020d}"), phys % size
 
 
+def not_durable_from(path, phys):
+    """Model "the damage lies above the last durable flush point": lower the checkpoint's
+    flushed offset to ``phys``.  Damage below it is corruption, refused at start
+    (tests/fault/test_corruption.py)."""
+    from rmq.store.checkpoint import StoreCheckpoint
+    cp = StoreCheckpoint(os.path.join(path, "checkpoint"))
+    cp.master_flushed_offset = min(cp.master_flushed_offset, phys)
+    cp.shutdown()
+
+
 def check_store(path, whole):
     """Open ``path``; exactly the first ``whole`` messages must be readable; then put one more."""
     s = MessageStore(path, **SMALL)
@@ -76,6 +86,7 @@ def test_cut_at_every_byte_of_last_record(tmp_path, clean):
         shutil.rmtree(work, ignore_errors=True)
         shutil.copytree(base, work)
         wpath, _ = commitlog_file(work, last_phys)
+        not_durable_from(work, last_phys)
         with open(wpath, "r+b") as f:
             f.seek(pos + cut)
             f.write(b"\0" * (last_size - cut))
@@ -94,6 +105,7 @@ def test_bit_flip_in_last_record_drops_only_it(tmp_path, clean):
             shutil.rmtree(work, ignore_errors=True)
             shutil.copytree(base, work)
             wpath, _ = commitlog_file(work, last_phys)
+            not_durable_from(work, last_phys)
             with open(wpath, "r+b") as f:
                 f.seek(pos + byte)
                 b = f.read(1)[0]
@@ -138,6 +150,7 @@ def test_deleted_abort_file_after_crash_with_torn_tail(tmp_path):
     os.unlink(os.path.join(base, "abort"))          # normal recovery path on a crashed store
     last_phys, last_size = offs[-1]
     path, pos = commitlog_file(base, last_phys)
+    not_durable_from(base, last_phys)
     with open(path, "r+b") as f:
         f.seek(pos + last_size // 2)
         f.write(b"\0" * (last_size - last_size // 2))
@@ -151,6 +164,7 @@ def test_consume_queue_ahead_of_commitlog_is_truncated(tmp_path):
     # drop the last two records entirely (as if their pages never reached disk)
     first_lost = offs[-2][0]
     path, pos = commitlog_file(base, first_lost)
+    not_durable_from(base, first_lost)
     size = SMALL["mapped_file_size_commit_log"]
     with open(path, "r+b") as f:
         f.seek(pos)
