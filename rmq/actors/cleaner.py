@@ -26,17 +26,21 @@ Timers
 Failure behaviour
     A file that cannot be deleted stops the run (no holes); the next run retries.
     Wall-clock ages come from file mtimes; nothing unconsumed by reput is ever deleted.
+    A wall-clock step of more than 10 min (seen against the monotonic clock) skips
+    time-based deletion for that cycle with a warning, and file ages are corrected
+    by forward steps afterwards, so a +73 h jump deletes nothing
+    (:class:`rmq.store.cleaner.RetentionGuard`).
 """
 from __future__ import annotations
 
 import sys
-import time
 from typing import Optional
 
 from rmq.actors.follower import FollowerActor, run_follower
+from rmq.clock import SYSTEM_CLOCK, Clock
 from rmq.protocol import RequestCode
-from rmq.store.cleaner import (DELETE_FILES_BATCH_MAX, HOUR_MS, disk_usage_ratio, is_time_to_delete,
-                               space_decision)
+from rmq.store.cleaner import (DELETE_FILES_BATCH_MAX, HOUR_MS, RetentionGuard, disk_usage_ratio,
+                               is_time_to_delete, space_decision)
 from rmq.store.config import MessageStoreConfig
 
 CLEAN_RESOURCE_INTERVAL_MS = 10_000
@@ -48,9 +52,11 @@ class CleanerActor(FollowerActor):
     name = "cleaner"
 
     def __init__(self, config: MessageStoreConfig, supervisor_endpoint: Optional[str] = None,
-                 usage=disk_usage_ratio):
+                 usage=disk_usage_ratio, clock: Clock = SYSTEM_CLOCK):
         super().__init__(config, supervisor_endpoint)
         self.usage = usage
+        self.clock = clock
+        self.guard = RetentionGuard(clock, logger=self.log)
         extra = config.extra
         self.interval_ms = int(extra.get("cleanResourceInterval", CLEAN_RESOURCE_INTERVAL_MS))
         self.initial_delay_ms = int(extra.get("cleanResourceInitialDelay", CLEAN_RESOURCE_INITIAL_DELAY_MS))
@@ -78,12 +84,22 @@ class CleanerActor(FollowerActor):
 
     def clean(self) -> int:
         self.commitlog.refresh(self.end)
+        time_trusted = self.guard.begin_cycle()      # every cycle, so a wall step is seen when it happens
         d = self.check_disk()
-        if not (is_time_to_delete(self.config.delete_when) or d.space_to_delete):
+        now = self.clock.now_ms()
+        if not (is_time_to_delete(self.config.delete_when, now / 1000.0) or d.space_to_delete):
             return 0
         clean_now = self.config.clean_file_forcibly_enable and d.clean_immediately
-        n = self.commitlog.delete_expired_file_by_time(self.config.file_reserved_time * HOUR_MS, 0.1, clean_now,
-                                                       DELETE_FILES_BATCH_MAX, int(time.time() * 1000),
+        expired_ms = self.config.file_reserved_time * HOUR_MS
+        if clean_now:
+            k = DELETE_FILES_BATCH_MAX
+        elif time_trusted:
+            k = self.guard.expired_count(self.commitlog, expired_ms, now, DELETE_FILES_BATCH_MAX, self.dispatched)
+        else:
+            k = 0
+        if not k:
+            return 0
+        n = self.commitlog.delete_expired_file_by_time(expired_ms, 0.1, True, k, now,
                                                        max_end_offset=self.dispatched)
         if n:
             self.log.info("deleted %d expired CommitLog file(s); min offset now %d", n,

@@ -7,9 +7,9 @@ Tables (SPEC.md §14.1)::
     cluster_addr_table   cluster -> set(broker_name)
     broker_live_table    broker_addr -> BrokerLiveInfo{last_update_timestamp, data_version, ha_server_addr}
 
-``last_update_timestamp`` is read from the injected ``clock`` (default
-:func:`time.monotonic`, seconds), never the wall clock, so a clock step cannot
-expire or revive a broker.
+``last_update_timestamp`` is read from the injected clock's monotonic reading
+(default :data:`rmq.clock.SYSTEM_CLOCK`, seconds), never the wall clock, so a
+wall-clock step cannot expire or revive a broker (RELIABILITY.md T7).
 
 The wire forms (``to_wire``) use RocketMQ's camelCase names; ``brokerAddrs``
 keys are the brokerId as a decimal string (``{"0": "127.0.0.1:10911"}``), as in
@@ -21,10 +21,10 @@ loop, so RocketMQ's read-write lock is not needed).
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Optional
+from typing import Callable, Iterable, Optional, Union
 
+from rmq.clock import SYSTEM_CLOCK, Clock
 from rmq.store.config_manager import PERM_WRITE
 
 MASTER_ID = 0                         # brokerId of a master (RocketMQ MixAll.MASTER_ID)
@@ -84,16 +84,17 @@ class RouteInfoManager:
 
     Parameters
     ----------
-    clock : callable returning float, seconds
-        Monotonic clock for liveness (tests inject a fake one).
+    clock : rmq.clock.Clock, or a callable returning float seconds
+        Liveness reads only its monotonic reading (``Clock.monotonic``); a plain
+        callable is taken as that reading.
     delete_topic_with_broker_registration : bool
         5.x ``deleteTopicWithBrokerRegistration`` (default False): when a master's
         changed topic table no longer lists a topic, drop that broker's queue data of it.
     """
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic,
+    def __init__(self, clock: Union[Clock, Callable[[], float]] = SYSTEM_CLOCK,
                  delete_topic_with_broker_registration: bool = False):
-        self.clock = clock
+        self.clock: Callable[[], float] = clock.monotonic if isinstance(clock, Clock) else clock
         self.delete_topic_with_broker_registration = delete_topic_with_broker_registration
         self.topic_queue_table: dict[str, dict[str, QueueData]] = {}
         self.broker_addr_table: dict[str, BrokerData] = {}
