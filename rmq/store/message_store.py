@@ -422,6 +422,13 @@ class MessageStore:
         self.dispatch()
         self._recover_topic_queue_table()
         self.commitlog.mapped_file_queue.flushed_where = self.commitlog.get_max_offset()
+        if not self.last_exit_ok:
+            # entries rebuilt (or kept from the page cache) by this recovery count as flushed from
+            # here on, and the checkpoint will soon say so: make them durable first
+            for cq in self.consume_queue_table.values():
+                for mf in cq.mapped_file_queue.files:
+                    if mf.wrote_position > 0:
+                        mf.sync_range(0, mf.wrote_position)
 
     def _recover_topic_queue_table(self) -> None:
         min_phy = self.commitlog.get_min_offset()
