@@ -30,6 +30,7 @@ import os
 import re
 from typing import Any, Mapping, Optional
 
+from rmq.security import SecurityError, check_auth_properties
 from rmq.store.config import BROKER_ROLES, FLUSH_DISK_TYPES
 
 DEFAULT_CLUSTER_NAME = "DefaultCluster"
@@ -157,7 +158,8 @@ def broker_settings(props: Optional[Mapping[str, Any]] = None,
         ``brokerName`` (broker-a), ``brokerId`` (0, int), ``listenPort`` (10911, int; 0 =
         ephemeral), ``namesrvAddr`` (127.0.0.1:9876, normalised ``h:p;h:p``),
         ``storePathRootDir`` (./rmq-data, ``~`` expanded), ``brokerRole`` (ASYNC_MASTER),
-        ``flushDiskType`` (ASYNC_FLUSH).  As in RocketMQ's BrokerStartup a master's brokerId
+        ``flushDiskType`` (ASYNC_FLUSH).  ``auth*`` properties are checked (key files
+        readable, directories present) when ``authEnable=true``.  As in RocketMQ's BrokerStartup a master's brokerId
         is forced to 0.  Other properties are returned untouched (for
         MessageStoreConfig.from_properties).
 
@@ -189,6 +191,10 @@ def broker_settings(props: Optional[Mapping[str, Any]] = None,
         if v not in allowed:
             raise BrokerConfError(f"{key} must be one of {', '.join(allowed)}, got {v!r}")
         s[key] = v
+    try:     # authEnable / authServerKeyFile / authClientKeysDir / authAdminKeysDir (rmq.security)
+        check_auth_properties(s)
+    except SecurityError as e:
+        raise BrokerConfError(str(e)) from None
     if s["brokerRole"] == "SLAVE":
         if s["brokerId"] <= 0:
             raise BrokerConfError(f"a SLAVE's brokerId must be > 0, got {s['brokerId']}")

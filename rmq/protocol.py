@@ -334,10 +334,19 @@ def configure_socket(sock):
     return sock
 
 
-def dealer(ctx, addr=None):
-    """A configured DEALER (client side of every rmq request), connected to ``addr`` if given."""
+def dealer(ctx, addr=None, auth=None):
+    """A configured DEALER (client side of every rmq request), connected to ``addr`` if given.
+
+    ``auth``: CURVE client keys (:func:`rmq.security.client_auth`: a ClientAuth, a
+    ``(client_secret_key_file, server_public_key_file)`` pair, or None for the one
+    registered for ``ctx`` or else the ``RMQ_AUTH_CLIENT_KEY`` / ``RMQ_AUTH_SERVER_KEY``
+    environment).  Without any, the socket is plain (CURVE off, the default)."""
     import zmq
+    from rmq import security
     s = configure_socket(ctx.socket(zmq.DEALER))
+    a = security.client_auth(auth if auth is not None else security.context_auth(ctx))
+    if a is not None and (addr is None or endpoint(addr).startswith("tcp://")):
+        a.apply(s)
     if addr is not None:
         s.connect(endpoint(addr))
     return s

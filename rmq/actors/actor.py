@@ -33,6 +33,7 @@ from typing import Callable, Optional
 import zmq
 
 from rmq import protocol as P
+from rmq import security as S
 from rmq.protocol import Frame, ProtocolError, RequestCode, ResponseCode
 
 HEARTBEAT_INTERVAL_MS = 1000        # actor -> supervisor beat
@@ -84,6 +85,8 @@ class Actor:
     sockets, handlers and timers in ``on_start``."""
 
     name = "actor"
+    # auth* properties (rmq.security); None: the subclass's ``settings`` or ``config.extra``
+    auth_props: Optional[dict] = None
 
     def __init__(self, store_path: Optional[str] = None, supervisor_endpoint: Optional[str] = None,
                  log_level: int = logging.INFO):
@@ -100,6 +103,10 @@ class Actor:
         self.log = self._setup_logging(log_level)
         self.started_at = time.time()
         self.poll_returned_at = time.monotonic()   # when the current batch of messages was read
+        self.security: Optional[S.ServerSecurity] = None
+        self._security_checked = False
+        self._auth_enabled = False
+        self._sock_policy: dict = {}       # tcp-bound socket -> "curve" | "plain" (request checks)
 
     # -- setup ----------------------------------------------------------------------
     def _setup_logging(self, level: int) -> logging.Logger:
@@ -114,14 +121,60 @@ class Actor:
             log.addHandler(h)
         return log
 
-    def socket(self, kind: int, bind: Optional[str] = None, connect: Optional[str] = None) -> zmq.Socket:
-        """A socket with rmq's options: linger 0, max message size, ROUTER_MANDATORY on ROUTERs."""
+    # -- security (rmq.security) ------------------------------------------------------------
+    def _auth_properties(self) -> dict:
+        if self.auth_props is not None:
+            return self.auth_props
+        props = getattr(self, "settings", None)
+        if not isinstance(props, dict):
+            props = getattr(getattr(self, "config", None), "extra", None)
+        return props if isinstance(props, dict) else {}
+
+    def init_security(self) -> None:
+        """Start the ZAP authenticator if ``authEnable`` (before any socket is bound).
+
+        Raises
+        ------
+        SecurityError
+            Bad auth properties or key files: the actor must not start."""
+        if self._security_checked:
+            return
+        self._security_checked = True
+        cfg = S.AuthConfig.from_properties(self._auth_properties())
+        self._auth_enabled = cfg.enable
+        if cfg.enable:
+            self.security = S.ServerSecurity(cfg, self.ctx, self.log)
+            self.add_timer(S.KEYRING_TTL_S * 1000.0, self.security.keyring.refresh)
+            self.log.info("CURVE on: server key %s, client keys %s, admin keys %s", cfg.server_key_file,
+                          cfg.client_keys_dir or "-", cfg.admin_keys_dir or "-")
+
+    def socket(self, kind: int, bind: Optional[str] = None, connect: Optional[str] = None,
+               secure: Optional[bool] = None) -> zmq.Socket:
+        """A socket with rmq's options: linger 0, max message size, ROUTER_MANDATORY on ROUTERs.
+
+        With CURVE on (``authEnable``) a tcp ``bind`` is a CURVE server with the ZAP domain and
+        a tcp ``connect`` a CURVE client with the node key (``secure=False``: never); an ipc
+        ``bind`` restricts the store directory to 0700 and the socket file to 0600; a
+        non-loopback tcp bind logs a warning."""
+        self.init_security()
         s = P.configure_socket(self.ctx.socket(kind))
         if kind == zmq.ROUTER:
             s.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        curve = self.security is not None and secure is not False
         if bind:
+            if bind.startswith("tcp://"):
+                if curve:
+                    self.security.secure_server(s)
+                elif self._auth_enabled and secure is not False:
+                    raise S.SecurityError(f"authEnable=true but no CURVE on {bind}: refusing to listen")
+                self._sock_policy[s] = "curve" if curve else "plain"
+                S.warn_if_public(bind, curve, self.log)
+            S.secure_ipc_endpoint(bind)
             s.bind(bind)
+            S.secure_ipc_endpoint(bind, bound=True)
         if connect:
+            if curve and connect.startswith("tcp://"):
+                self.security.secure_client(s)
             s.connect(connect)
         return s
 
@@ -164,7 +217,20 @@ class Actor:
             self.on_response(frame)
             return
         reply = Reply(sock, envelope, frame.opaque, frame.is_oneway)
+        policy = self._sock_policy.get(sock) if self._sock_policy else None
+        if policy is not None and (policy == "curve" or frame.code in S.RESTRICTED_CODES):
+            denied = self._denied(policy, frame.code, rest[0])
+            if denied:
+                self.log.warning("request code %s refused: %s", frame.code, denied)
+                reply.error(ResponseCode.NO_PERMISSION, denied)
+                return
         fn = self._request_handlers.get(frame.code)
+        if fn is not None and frame.code in S.ADMIN_CODES:
+            try:
+                S.check_admin_names(frame)
+            except ProtocolError as e:
+                reply.error(e.code, e.remark)
+                return
         if fn is None:
             reply.error(ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
                         f"request code {frame.code} is not supported by {self.name}")
@@ -180,6 +246,25 @@ class Actor:
             return
         if resp is not None:
             reply.send(resp)
+
+    def _denied(self, policy: str, code: int, part) -> str:
+        """Why a request on a tcp listener is refused ("" = allowed); see rmq.security."""
+        if code in S.LOCAL_CODES:
+            return f"request code {code} is internal: not served on a network listener"
+        if policy == "curve":
+            key = S.request_role(part)
+            role = self.security.keyring.role_of(key) if self.security is not None else None
+            if role is None:
+                return "client key not (or no longer) allowed"
+            if code in S.ADMIN_CODES and role != S.ROLE_ADMIN:
+                return f"request code {code} needs an admin key"
+            if code in S.NODE_CODES and role not in (S.ROLE_NODE, S.ROLE_ADMIN):
+                return f"request code {code} needs the cluster node key"
+            return ""
+        if code in S.ADMIN_CODES and not S.peer_is_loopback(part):
+            return (f"request code {code} is an admin command: served to loopback peers only "
+                    f"while CURVE is off (set authEnable and use an admin key)")
+        return ""
 
     def after_poll(self) -> None:
         """Called once after the messages of one poll were handled (coalesced announcements)."""
@@ -212,10 +297,16 @@ class Actor:
             self._running = False
         signal.signal(signal.SIGTERM, _sig)
         signal.signal(signal.SIGINT, _sig)
+        try:
+            self.init_security()
+        except S.SecurityError as e:
+            self.log.error("refusing to start: %s", e)
+            self.ctx.destroy(linger=0)
+            raise SystemExit(f"{self.name}: refusing to start: {e}") from None
         self._running = True
         try:
             if self.supervisor_endpoint:
-                self._beat_socket = self.socket(zmq.DEALER, connect=self.supervisor_endpoint)
+                self._beat_socket = self.socket(zmq.DEALER, connect=self.supervisor_endpoint, secure=False)
                 self.add_timer(HEARTBEAT_INTERVAL_MS, self._beat, first_ms=0)
             self.on_start()
             self.log.info("%s started (pid %d)", self.name, os.getpid())
@@ -226,6 +317,8 @@ class Actor:
                 self.on_stop()
             finally:
                 self.log.info("%s stopped", self.name)
+                if self.security is not None:
+                    self.security.stop()
                 self.ctx.destroy(linger=0)
 
     def run_once(self, max_wait_ms: float = 1000.0) -> None:

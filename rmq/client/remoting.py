@@ -14,6 +14,7 @@ from typing import Optional
 import zmq
 
 from rmq import protocol as P
+from rmq import security
 from rmq.errors import RemotingTimeoutError
 from rmq.protocol import Frame
 
@@ -25,8 +26,11 @@ __all__ = ["RemotingClient", "RemotingTimeoutError", "DEFAULT_TIMEOUT_MS"]
 class RemotingClient:
     """One DEALER socket per remote address; not thread-safe (one per thread)."""
 
-    def __init__(self, ctx: Optional[zmq.Context] = None):
+    def __init__(self, ctx: Optional[zmq.Context] = None, auth=None):
+        """``auth``: CURVE client keys, see :func:`rmq.security.client_auth` (None: the
+        environment's RMQ_AUTH_CLIENT_KEY / RMQ_AUTH_SERVER_KEY, else plain)."""
         self.ctx = ctx or zmq.Context.instance()
+        self.auth = security.client_auth(auth)
         self._sockets: dict[str, zmq.Socket] = {}
         self._opaque = itertools.count(1)
         self._lock = threading.Lock()
@@ -34,7 +38,7 @@ class RemotingClient:
     def _socket(self, addr: str) -> zmq.Socket:
         s = self._sockets.get(addr)
         if s is None:
-            s = P.dealer(self.ctx, addr)
+            s = P.dealer(self.ctx, addr, auth=self.auth)
             self._sockets[addr] = s
         return s
 
