@@ -45,6 +45,7 @@ import zmq
 import zmq.asyncio
 
 from rmq import protocol as P
+from rmq import security
 from rmq.client.consumer import (BROKER_SUSPEND_MAX_TIME_MS, CONCURRENT_MAX_RECONSUME_TIMES, CONSUME_THREAD_MAX,
                                  HEARTBEAT_BROKER_INTERVAL_MS, MAX_TIME_CONSUME_CONTINUOUSLY_MS,
                                  ORDERLY_MAX_RECONSUME_TIMES, PERSIST_CONSUMER_OFFSET_INTERVAL_MS,
@@ -82,8 +83,9 @@ class AsyncRemoting:
     Concurrency: one event loop.
     """
 
-    def __init__(self, ctx: Optional[zmq.asyncio.Context] = None):
+    def __init__(self, ctx: Optional[zmq.asyncio.Context] = None, auth=None):
         self.ctx = ctx or zmq.asyncio.Context.instance()
+        self.auth = security.client_auth(auth)     # CURVE keys (rmq.security); None: plain
         self._sockets: dict = {}
         self._readers: dict = {}
         self._futures: dict = {}
@@ -95,7 +97,7 @@ class AsyncRemoting:
             raise MQClientError("consumer client is closed")
         s = self._sockets.get(addr)
         if s is None:
-            s = P.dealer(self.ctx, addr)
+            s = P.dealer(self.ctx, addr, auth=self.auth)
             self._sockets[addr] = s
             self._readers[addr] = asyncio.get_running_loop().create_task(self._read(addr, s))
         return s
@@ -155,12 +157,13 @@ class AsyncRemoting:
 class AsyncConsumerAPI:
     """Awaitable twin of :class:`rmq.client.consumer_api.ConsumerAPI` (same frames, same route cache rules)."""
 
-    def __init__(self, namesrv_addr: str, timeout_ms: int = DEFAULT_TIMEOUT_MS):
+    def __init__(self, namesrv_addr: str, timeout_ms: int = DEFAULT_TIMEOUT_MS, auth=None):
+        self.auth = auth
         self.namesrv_addrs = [a.strip() for a in (namesrv_addr or "").split(";") if a.strip()]
         if not self.namesrv_addrs:
             raise MQClientError("no NameServer address given")
         self.timeout_ms = timeout_ms
-        self.remoting = AsyncRemoting()
+        self.remoting = AsyncRemoting(auth=self.auth)
         self._routes: dict[str, TopicRoute] = {}
         self.pull_from = PullFromWhichNode()
         self.route_refresh_interval_ms = ROUTE_REFRESH_INTERVAL_MS
@@ -383,7 +386,8 @@ class AsyncPullConsumer:
                  consume_from_where: Union[str, ConsumeFromWhere] = ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET,
                  consume_timestamp_ms: Optional[int] = None, auto_commit: bool = True,
                  auto_commit_interval_ms: int = PERSIST_CONSUMER_OFFSET_INTERVAL_MS,
-                 timeout_ms: int = DEFAULT_TIMEOUT_MS, instance_name: Optional[str] = None):
+                 timeout_ms: int = DEFAULT_TIMEOUT_MS, instance_name: Optional[str] = None, auth=None):
+        self.auth = auth            # CURVE client keys (rmq.security.client_auth)
         self.namesrv_addr = namesrv_addr
         self.group = group
         self.pull_batch_size = pull_batch_size
@@ -406,12 +410,12 @@ class AsyncPullConsumer:
         if self._closed:
             raise MQClientError("the consumer is shut down")
         if self.api is None:
-            self.api = AsyncConsumerAPI(self.namesrv_addr, self.timeout_ms)
+            self.api = AsyncConsumerAPI(self.namesrv_addr, self.timeout_ms, auth=self.auth)
         return self
 
     def _api(self) -> AsyncConsumerAPI:
         if self.api is None:
-            self.api = AsyncConsumerAPI(self.namesrv_addr, self.timeout_ms)
+            self.api = AsyncConsumerAPI(self.namesrv_addr, self.timeout_ms, auth=self.auth)
         return self.api
 
     async def shutdown(self) -> None:
@@ -700,7 +704,8 @@ class AsyncPushConsumer:
                  poll_name_server_interval_ms: int = POLL_NAME_SERVER_INTERVAL_MS,
                  lock_interval_ms: int = REBALANCE_LOCK_INTERVAL_MS, instance_name: Optional[str] = None,
                  offset_store_dir: Optional[str] = None, timeout_ms: int = DEFAULT_TIMEOUT_MS,
-                 shutdown_await_ms: int = SHUTDOWN_AWAIT_MS):
+                 shutdown_await_ms: int = SHUTDOWN_AWAIT_MS, auth=None):
+        self.auth = auth            # CURVE client keys (rmq.security.client_auth)
         if not group or group == "DEFAULT_CONSUMER":
             raise MQClientError("consumer group must be set (and not DEFAULT_CONSUMER)")
         self.namesrv_addr = namesrv_addr
@@ -782,7 +787,7 @@ class AsyncPushConsumer:
             raise MQClientError("register a message listener before start()")
         if not self.subscriptions:
             raise MQClientError("subscribe to a topic before start()")
-        self.api = AsyncConsumerAPI(self.namesrv_addr, self.timeout_ms)
+        self.api = AsyncConsumerAPI(self.namesrv_addr, self.timeout_ms, auth=self.auth)
         if self.clustering:
             self.subscriptions.setdefault(retry_topic(self.group), SubscriptionData.build(retry_topic(self.group), "*"))
             self.offset_store = OffsetStore(self.group)

@@ -38,6 +38,7 @@ import zmq
 import zmq.asyncio
 
 from rmq import protocol as P
+from rmq import security
 from rmq.client.message import Message, MessageQueue, SendResult
 from rmq.client.producer import (ProducerOptions, Selector, apply_selector, batch_body_of, check_group, client_id,
                                  final_error, heartbeat_request, merge_results, parse_send_response,
@@ -96,7 +97,8 @@ class Producer:
         A bad address, group or option.
     """
 
-    def __init__(self, namesrv_addr: str, group: str = "DEFAULT_PRODUCER", **options: Any):
+    def __init__(self, namesrv_addr: str, group: str = "DEFAULT_PRODUCER", auth=None, **options: Any):
+        self._auth = security.client_auth(auth)   # CURVE client keys (rmq.security); None: environment / plain
         try:
             check_group(group)
         except ValueError as e:
@@ -134,6 +136,7 @@ class Producer:
         if self._started:
             return self
         self._ctx = zmq.asyncio.Context()
+        security.register_context(self._ctx, self._auth)
         for addr in self.namesrv_addrs:
             self._ns.append(self._open(addr, immediate=False))
         self._spawn(self._timer_loop())

@@ -420,12 +420,12 @@ class Admin:
     """
 
     def __init__(self, namesrv_addr: Union[str, Iterable[str]] = DEFAULT_NAMESRV_ADDR,
-                 timeout_ms: int = DEFAULT_TIMEOUT_MS):
+                 timeout_ms: int = DEFAULT_TIMEOUT_MS, auth=None):
         self.namesrv_addrs = _split_addrs(namesrv_addr)
         if timeout_ms <= 0:
             raise MQClientError(f"timeout_ms must be positive, got {timeout_ms}")
         self.timeout_ms = int(timeout_ms)
-        self._rc = RemotingClient()
+        self._rc = RemotingClient(auth=auth)     # auth: CURVE keys (rmq.security.client_auth)
 
     def close(self) -> None:
         self._rc.close()

@@ -211,7 +211,8 @@ class PullConsumer:
                  consume_from_where: Union[str, ConsumeFromWhere] = ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET,
                  consume_timestamp_ms: Optional[int] = None, auto_commit: bool = True,
                  auto_commit_interval_ms: int = PERSIST_CONSUMER_OFFSET_INTERVAL_MS,
-                 timeout_ms: int = DEFAULT_TIMEOUT_MS, instance_name: Optional[str] = None):
+                 timeout_ms: int = DEFAULT_TIMEOUT_MS, instance_name: Optional[str] = None, auth=None):
+        self.auth = auth            # CURVE client keys (rmq.security.client_auth); None: environment / plain
         if not 1 <= pull_batch_size <= 1024:
             raise MQClientError(f"pull_batch_size must be in [1, 1024], got {pull_batch_size}")
         self.namesrv_addr = namesrv_addr
@@ -239,7 +240,7 @@ class PullConsumer:
         if self._closed:
             raise MQClientError("the consumer is shut down")
         if self.api is None:
-            self.api = ConsumerAPI(self.namesrv_addr, self.timeout_ms)
+            self.api = ConsumerAPI(self.namesrv_addr, self.timeout_ms, auth=self.auth)
         return self
 
     def _started(self) -> ConsumerAPI:
@@ -428,7 +429,7 @@ class PullConsumer:
             time.sleep(timeout_ms / 1000.0)
             return []
         if self._mux is None:
-            self._mux = RequestMux()
+            self._mux = RequestMux(auth=self._started().auth)
         for mq in self._assigned:
             if mq not in self._positions:
                 self._initial_position(mq)
@@ -583,7 +584,7 @@ class _PullService(threading.Thread):
         self._wake()
 
     def run(self) -> None:
-        self.mux = RequestMux()
+        self.mux = RequestMux(auth=self.c.api.auth)
         self.mux.register_fd(self._rfd)
         try:
             while not self._stopping:
@@ -728,7 +729,8 @@ class PushConsumer:
                  poll_name_server_interval_ms: int = POLL_NAME_SERVER_INTERVAL_MS,
                  lock_interval_ms: int = REBALANCE_LOCK_INTERVAL_MS, instance_name: Optional[str] = None,
                  offset_store_dir: Optional[str] = None, timeout_ms: int = DEFAULT_TIMEOUT_MS,
-                 shutdown_await_ms: int = SHUTDOWN_AWAIT_MS):
+                 shutdown_await_ms: int = SHUTDOWN_AWAIT_MS, auth=None):
+        self.auth = auth            # CURVE client keys (rmq.security.client_auth); None: environment / plain
         if not 1 <= consume_message_batch_max_size <= 1024:
             raise MQClientError(f"consume_message_batch_max_size must be in [1, 1024], got "
                                 f"{consume_message_batch_max_size}")
@@ -834,7 +836,7 @@ class PushConsumer:
             raise MQClientError("register a message listener before start()")
         if not self.subscriptions:
             raise MQClientError("subscribe to a topic before start()")
-        self.api = ConsumerAPI(self.namesrv_addr, self.timeout_ms)
+        self.api = ConsumerAPI(self.namesrv_addr, self.timeout_ms, auth=self.auth)
         if self.clustering:
             self.subscriptions.setdefault(retry_topic(self.group), SubscriptionData.build(retry_topic(self.group), "*"))
             self.offset_store = RemoteBrokerOffsetStore(self.group, self.api.query_consumer_offset,

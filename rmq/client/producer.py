@@ -71,6 +71,7 @@ import zmq
 from zmq.utils.monitor import parse_monitor_message
 
 from rmq import protocol as P
+from rmq import security
 from rmq._core.commitlog import encode_batch, encode_properties, tags_string_to_tags_code
 from rmq.client.message import (PROPERTY_DELAY_TIME_LEVEL, PROPERTY_SHARDING_KEY,
                                 PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, PROPERTY_WAIT_STORE_MSG_OK, Message,
@@ -653,6 +654,7 @@ class _Sender(threading.Thread):
     def run(self) -> None:
         try:
             self._ctx = zmq.Context()
+            security.register_context(self._ctx, getattr(self, "client_auth", None))
             for addr in self.namesrv_addrs:
                 s = _socket(self._ctx, immediate=False)
                 s.connect(f"tcp://{addr}")
@@ -1349,7 +1351,7 @@ class Producer:
                  compress_level: int = COMPRESS_LEVEL, max_message_size: int = MAX_MESSAGE_SIZE,
                  send_latency_fault_enable: bool = False, linger_ms: float = 0.0, batch_size: int = 0,
                  max_in_flight: int = MAX_IN_FLIGHT, max_pending_messages: int = MAX_PENDING_MESSAGES,
-                 **options: Any):
+                 auth=None, **options: Any):
         try:
             check_group(group)
         except ValueError as e:
@@ -1370,6 +1372,7 @@ class Producer:
         self.client_id = client_id()
         self._closed = False
         self._sender = _Sender(self.namesrv_addrs, group, self.client_id, self.options)
+        self._sender.client_auth = security.client_auth(auth)   # CURVE keys; None: environment / plain
         self._sender.start()
         self._sender.started_evt.wait()
         if self._sender.fatal is not None:
