@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime as _dt
 import functools
 import json
+import os
 import re
 import sys
 import time
@@ -75,8 +76,16 @@ class AliasedGroup(click.Group):
 @click.option("--timeout-ms", type=click.IntRange(1, 600_000), default=DEFAULT_TIMEOUT_MS, show_default=True,
               help="Per-request timeout, ms.")
 @click.option("--json", "as_json", is_flag=True, help="JSON output for the command (same as its --json).")
+@click.option("--auth-key", envvar="RMQ_AUTH_CLIENT_KEY", default=None, metavar="FILE",
+              type=click.Path(dir_okay=False, exists=True),
+              help="CURVE: this client's NAME.key_secret (an admin key for admin commands); "
+                   "env RMQ_AUTH_CLIENT_KEY.")
+@click.option("--server-key", envvar="RMQ_AUTH_SERVER_KEY", default=None, metavar="FILE",
+              type=click.Path(dir_okay=False, exists=True),
+              help="CURVE: the cluster's public NAME.key; env RMQ_AUTH_SERVER_KEY.")
 @click.pass_context
-def admin(ctx: click.Context, namesrv_addr: str, timeout_ms: int, as_json: bool) -> None:
+def admin(ctx: click.Context, namesrv_addr: str, timeout_ms: int, as_json: bool,
+          auth_key: Optional[str] = None, server_key: Optional[str] = None) -> None:
     """mqadmin commands: topics, routes, cluster and broker status, consumer progress and offsets,
     message look-ups, test send and consume.
 
@@ -84,6 +93,13 @@ def admin(ctx: click.Context, namesrv_addr: str, timeout_ms: int, as_json: bool)
     takes --json and -h/--help.
     """
     ctx.obj = {"namesrv_addr": namesrv_addr, "timeout_ms": timeout_ms, "json": as_json}
+    if bool(auth_key) != bool(server_key):
+        raise click.UsageError("--auth-key and --server-key go together (or RMQ_AUTH_CLIENT_KEY + "
+                               "RMQ_AUTH_SERVER_KEY)")
+    if auth_key:
+        # every client this command makes (Admin, test producers / consumers) reads these (rmq.security)
+        os.environ["RMQ_AUTH_CLIENT_KEY"] = os.path.abspath(auth_key)
+        os.environ["RMQ_AUTH_SERVER_KEY"] = os.path.abspath(server_key)
 
 
 # -- plumbing ------------------------------------------------------------------------------------

@@ -333,6 +333,8 @@ main.add_command(_admin_group)
 
 from rmq.bench.cli import bench as _bench_group  # noqa: E402  (``rmq bench``: benchmarks)
 main.add_command(_bench_group)
+from rmq.keys_cli import keys as _keys_group  # noqa: E402  (``rmq keys generate``: CURVE key files)
+main.add_command(_keys_group)
 
 
 if __name__ == "__main__":
