@@ -11,7 +11,7 @@ from rmq.errors import MessageIllegalError
 
 # TopicValidator's charset: ^[%|a-zA-Z0-9_-]+$ -- no '.', '/' or '\0', so a topic
 # or group name can never leave the store directory.
-VALID_NAME_PATTERN = re.compile(r"^[%|a-zA-Z0-9_-]+$")
+VALID_NAME_PATTERN = re.compile(r"^[%|a-zA-Z0-9_-]+\Z")   # \Z, not $: "$" also matches before a final "\n"
 GROUP_MAX_LENGTH = 255           # client Validators
 MAX_QUEUE_NUMS = 1024            # queue ids are 0..MAX_QUEUE_NUMS-1 (rmq limit; RocketMQ's admin default is 8)
 SYSTEM_TOPIC_PREFIXES = ("%RETRY%", "%DLQ%")
