@@ -345,6 +345,21 @@ class BrokerActor(Actor):
         return None
 
     def on_flush_announce(self, frame: Frame, reply: Reply) -> None:
+        err = frame.fields.get("error")
+        if err and not self.store.flush_error:
+            # a failed msync: never an ack after it; parked SYNC_FLUSH sends not yet durable get
+            # FLUSH_DISK_TIMEOUT, later sends SERVICE_NOT_AVAILABLE (store) until a restart
+            self.store.flush_error = str(err)[:1000]
+            self.log.error("CommitLog flush failed: writes refused until restart: %s", err)
+            keep = deque()
+            for w in self.sync_waits:
+                if w[4] and w[0] > self.flushed_offset:
+                    w[3].code = ResponseCode.FLUSH_DISK_TIMEOUT
+                    w[3].remark = f"[FLUSH_FAILED] {self.store.flush_error}"
+                    w[2].send(w[3])
+                else:
+                    keep.append(w)
+            self.sync_waits = keep
         flushed = field_int(frame, "flushed", lo=0)
         if flushed > self.flushed_offset:
             self.flushed_offset = flushed
@@ -886,6 +901,8 @@ class BrokerActor(Actor):
         if elapsed_ms > self.store_config.os_page_cache_busy_time_out_mills:
             self.page_cache_busy_until = time.monotonic() + elapsed_ms / 1000.0
         code = PUT_STATUS_TO_CODE.get(res.status, ResponseCode.SYSTEM_ERROR)
+        if res.status is PutMessageStatus.CREATE_MAPPED_FILE_FAILED and res.remark.startswith("[DISK_FULL]"):
+            code = ResponseCode.SERVICE_NOT_AVAILABLE     # ENOSPC: a clear refusal, as RocketMQ's DISK_FULL
         if res.status is PutMessageStatus.OS_PAGE_CACHE_BUSY:
             return frame.response(code, "[PC_SYNCHRONIZED]broker busy, start flow control for a while")
         if not res.ok:

@@ -23,7 +23,8 @@ Timers
 Failure behaviour
     A failed msync is sticky (MappedFile.write_error): no flushed offset is
     announced beyond it, so the broker never acknowledges a SYNC_FLUSH send
-    that is not durable.  On SIGTERM it flushes everything announced and exits 0.
+    that is not durable; FLUSH_ANNOUNCE {flushed, error} tells the broker,
+    which then fails the parked sends and refuses writes until restarted.  On SIGTERM it flushes everything announced and exits 0.
 """
 from __future__ import annotations
 
@@ -54,6 +55,8 @@ class FlushActor(FollowerActor):
         self.announced_flushed = -1
         self._last_thorough = time.monotonic()
         self._last_checkpoint_flush = 0.0
+        self.flush_error = ""              # the failed msync, announced to the broker (sticky)
+        self._last_error_announce = 0.0
 
     def on_started(self) -> None:
         self.commitlog = self.open_commitlog()
@@ -91,18 +94,31 @@ class FlushActor(FollowerActor):
 
     def flush(self, least_pages: int) -> None:
         if self.exit_code:
+            now = time.monotonic()
+            if self.flush_error and now - self._last_error_announce >= 1.0:
+                self._announce_error()        # repeated: a one-way message may be dropped
             return
         try:
             self.commitlog.flush(least_pages)
         except StoreError as e:
             self.exit_code = 1
+            self.flush_error = str(e)
             self.log.error("CommitLog flush failed, acknowledgements stop: %s", e)
+            self._announce_error()
             return
         flushed = self.commitlog.flushed_where
         if flushed != self.announced_flushed:
             self.announced_flushed = flushed
             self.tell_broker(RequestCode.FLUSH_ANNOUNCE, {"flushed": flushed})
             self._checkpoint(flushed)
+
+    def _announce_error(self) -> None:
+        # never retried: after a failed msync the kernel may have dropped the dirty pages and a
+        # later msync could "succeed" (PostgreSQL's fsync lesson); the broker refuses writes
+        # and fails parked SYNC_FLUSH sends until a restart re-validates the log
+        self._last_error_announce = time.monotonic()
+        self.tell_broker(RequestCode.FLUSH_ANNOUNCE, {"flushed": max(self.announced_flushed, 0),
+                                                      "error": self.flush_error})
 
     def _checkpoint(self, flushed: int, force: bool = False) -> None:
         # physicMsgTimestamp: store time of the last record flushed, known when the flush
@@ -120,7 +136,8 @@ class FlushActor(FollowerActor):
     def on_stop(self) -> None:
         self.drain_announcements(10)
         self.flush(0)
-        self._checkpoint(self.commitlog.flushed_where, force=True)
+        if not self.flush_error:
+            self._checkpoint(self.commitlog.flushed_where, force=True)
         self.checkpoint.shutdown()
         for mf in self.commitlog.files:
             mf.close()

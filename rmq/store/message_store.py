@@ -226,6 +226,7 @@ class MessageStore:
         self._lock_fd = self._take_lock()
         self._shutdown = False
         self.disk_full = False          # set by the cleaner's disk check (RunningFlags DISK_FULL)
+        self.flush_error = ""           # a CommitLog msync failed in the flush actor: no writes until restart
         self.dispatched_store_timestamp = 0   # ms, store time of the last record dispatched
         self.sync_flush_inline = True         # SYNC_FLUSH puts msync before returning (embedded use)
         self._mutex = threading.RLock()
@@ -533,6 +534,10 @@ class MessageStore:
         if any(mf.write_error for mf in self.commitlog.mapped_file_queue.files[-1:]):
             return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE,
                                     "a CommitLog flush failed; the store is not writeable until restart")
+        if self.flush_error:
+            return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE,
+                                    f"a CommitLog flush failed; the store is not writeable until restart: "
+                                    f"{self.flush_error}")
         if self.disk_full:
             return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE,
                                     "disk usage above the warning level (DISK_FULL): writes refused until space returns")
@@ -627,7 +632,7 @@ class MessageStore:
             except MessageIllegalError as e:
                 return PutMessageResult(PutMessageStatus(e.status), str(e))
             except StoreDiskFullError as e:
-                return PutMessageResult(PutMessageStatus.CREATE_MAPPED_FILE_FAILED, str(e))
+                return PutMessageResult(PutMessageStatus.CREATE_MAPPED_FILE_FAILED, f"[DISK_FULL] {e}")
             except StoreError as e:
                 return PutMessageResult(PutMessageStatus.CREATE_MAPPED_FILE_FAILED, str(e))
             if (sys_flag & TRANSACTION_TYPE_MASK) not in (TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE):
