@@ -45,13 +45,14 @@ def power_cut_loop(tmp_path, monkeypatch, cuts, seed):
     old = None
     res = {}
     try:
-        done = 0
+        done = cycle = 0
         while done < cuts:
+            cycle += 1
             work.start(c.broker)
             time.sleep(rng.uniform(0.3, 1.5))
             c.kill_group()
             work.stop()
-            if rng.random() < 0.2 and done + 1 < cuts:
+            if (cycle % 3 == 2 or rng.random() < 0.15) and done + 1 < cuts:
                 totals["kills_only"] += 1          # page cache survives: the next cut tests what recovery kept
             else:
                 stats = power_cut(store, rng, old)
