@@ -74,6 +74,7 @@ HOLD_CHECK_MS = 10                           # expiry of parked pulls / sends
 APPEND_REANNOUNCE_MS = 200
 STATS_INTERVAL_MS = 1000
 MAX_PULL_BATCH = 4096                        # maxMsgNums ceiling per pull (rmq limit)
+MAX_QUEUE_OFFSET = 2 ** 63 - 1               # queue offsets are Java longs
 SCHEDULE_DELIVER_INTERVAL_MS = 100           # DELAY_FOR_A_WHILE (SPEC.md §10.3)
 FLUSH_DELAY_OFFSET_INTERVAL_MS = 10_000      # flushDelayOffsetInterval
 REBALANCE_LOCK_MAX_LIVE_TIME_MS = 60_000     # rocketmq.broker.rebalance.lockMaxLiveTime (SPEC.md §15.2)
@@ -1075,7 +1076,8 @@ class BrokerActor(Actor):
         group, topic = field_str(frame, "consumerGroup"), field_str(frame, "topic")
         check_group(group)
         queue_id = field_int(frame, "queueId", lo=0, hi=MAX_QUEUE_NUMS - 1)
-        off = field_int(frame, "commitOffset", lo=0)
+        off = field_int(frame, "commitOffset", lo=0, hi=MAX_QUEUE_OFFSET)
+        check_topic(topic)
         self.store.consumer_offset_manager.commit_offset(group, topic, queue_id, off)
         return frame.response()
 

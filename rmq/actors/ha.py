@@ -234,6 +234,14 @@ class HAActor(FollowerActor):
         except ProtocolError as e:
             self.log.warning("bad frame from a slave: %s", e)
             return
+        policy = self._sock_policy.get(self.server) if self._sock_policy else None
+        if policy is not None:           # rmq.security: with CURVE on only the cluster node key replicates
+            denied = self._denied(policy, f.code, parts[1])
+            if denied:
+                self.log.warning("replication request %s refused: %s", f.code, denied)
+                if f.code == RequestCode.HA_HANDSHAKE:
+                    self._send_slave(identity, f.response(ResponseCode.NO_PERMISSION, denied))
+                return
         if f.code == RequestCode.HA_HANDSHAKE:
             self._on_handshake(identity, f)
         elif f.code == RequestCode.HA_REPORT:

@@ -502,7 +502,7 @@ class Supervisor:
         if name == "nameserver":
             host, port = s["namesrvAddr"].split(";")[0].rsplit(":", 1)
             return ["--listen-addr", host.strip("[]"), "--listen-port", port, "--store-path", self.store,
-                    "--supervisor", self.endpoint]
+                    "-c", self.conf_path, "--supervisor", self.endpoint]      # -c: auth* settings
         common = ["--store-path", self.store, "-c", self.conf_path]
         if name == "broker":
             return [*common, "--listen-port", str(s["listenPort"]), "--namesrv-addr", s["namesrvAddr"],
@@ -532,7 +532,7 @@ class Supervisor:
         return next(g for g in self.groups if name in g.members)
 
     def _spawn(self, name: str) -> Child:
-        if name in BROKER_GROUP:
+        if name in BROKER_GROUP or name == "nameserver":
             self._write_conf()
         cmd = [sys.executable, "-m", self.modules[name], *self._args(name)]
         stderr_path = os.path.join(self.store, "logs", f"{name}.stderr.log")
