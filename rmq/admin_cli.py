@@ -97,9 +97,19 @@ def admin(ctx: click.Context, namesrv_addr: str, timeout_ms: int, as_json: bool,
         raise click.UsageError("--auth-key and --server-key go together (or RMQ_AUTH_CLIENT_KEY + "
                                "RMQ_AUTH_SERVER_KEY)")
     if auth_key:
-        # every client this command makes (Admin, test producers / consumers) reads these (rmq.security)
+        # every client this command makes (Admin, test producers / consumers) reads these (rmq.security);
+        # set for this command only: an embedding process (or a test runner) gets its environment back
+        saved = {k: os.environ.get(k) for k in ("RMQ_AUTH_CLIENT_KEY", "RMQ_AUTH_SERVER_KEY")}
         os.environ["RMQ_AUTH_CLIENT_KEY"] = os.path.abspath(auth_key)
         os.environ["RMQ_AUTH_SERVER_KEY"] = os.path.abspath(server_key)
+
+        def restore() -> None:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        ctx.call_on_close(restore)
 
 
 # -- plumbing ------------------------------------------------------------------------------------
