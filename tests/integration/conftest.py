@@ -1,38 +1,19 @@
-"""Helpers to run actors as real processes on loopback."""
+"""Helpers to run actors as real processes on loopback (:mod:`rmq.testing`)."""
 import os
-import subprocess
-import sys
 
 import pytest
+
+from rmq.testing import ActorProcess as _ActorProcess
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-class ActorProcess:
-    """A child process that prints ``ready <endpoint>`` once it serves."""
+class ActorProcess(_ActorProcess):
+    """:class:`rmq.testing.ActorProcess` started in the source tree's root by default (the tests'
+    echo / fake actors are ``tests.integration.*`` modules)."""
 
     def __init__(self, args, cwd=ROOT, env=None, timeout=30):
-        self.proc = subprocess.Popen([sys.executable, *args], cwd=cwd, stdout=subprocess.PIPE, text=True,
-                                     env={**os.environ, **(env or {})})
-        line = self.proc.stdout.readline().split()
-        if not line or line[0] != "ready":
-            self.kill()
-            raise RuntimeError(f"actor {args} did not start: {line}")
-        self.endpoint = line[1]
-
-    def terminate(self, timeout=20):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-        try:
-            return self.proc.wait(timeout)
-        finally:
-            self.proc.stdout.close()
-
-    def kill(self):
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
-        self.proc.stdout.close()
+        super().__init__(args, cwd=cwd, env=env, timeout=timeout)
 
 
 @pytest.fixture
