@@ -1180,7 +1180,11 @@ class BrokerActor(Actor):
                 "haConnected": bool(self.ha_state.get("connected", False)),
                 "haMasterMaxOffset": int(self.ha_state.get("masterMaxOffset", 0) or 0),
                 "haSlaves": self.ha_slaves, "haSlaveAckOffset": self.ha_ack_offset,
-                "slaveReadEnable": self.slave_read_enable, "fencedByEpoch": self.fenced_by}
+                "slaveReadEnable": self.slave_read_enable, "fencedByEpoch": self.fenced_by,
+                # replication counters of the ha actor: bytes pushed / applied, handshakes, link
+                # resets, and sends ZeroMQ refused (ROUTER_MANDATORY: counted, never silent)
+                "haStats": {k: int(self.ha_state.get(k, 0) or 0)
+                            for k in ("pushedBytes", "appliedBytes", "handshakes", "resets", "dropped")}}
 
     def on_runtime_info(self, frame: Frame, reply: Reply) -> Frame:
         return frame.response(bodies=[pack_body({"table": self.runtime_info()})])
