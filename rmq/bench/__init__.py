@@ -2,27 +2,14 @@
 machine's ceilings (memcpy into mmap, append + fdatasync, raw pyzmq loopback) and peers
 (Redis Streams, NATS JetStream) measured in the same run.
 
-The broker-group machinery (client worker processes, the pyzmq ceilings, CPU meters) is
-``bench/e2e.py`` of the source tree, imported from here (:func:`e2e`); this package adds
-multi-process producers / consumers with progress reports, an HDR-style histogram, the
-disk ceilings, the peers, and the ``rmq bench`` command group (:mod:`rmq.bench.cli`).
-It needs a source checkout (``bench/`` and ``tests/integration/cluster.py``) to start its
-own cluster; ``--namesrv`` runs against an existing one.
+Modules: :mod:`rmq.bench.e2e` (the broker-group machinery: client worker processes, the pyzmq
+ceilings, CPU meters; also ``python -m rmq.bench.e2e``), :mod:`rmq.bench.workers`
+(multi-process producers / consumers with progress reports), :mod:`rmq.bench.hist` (an
+HDR-style histogram), :mod:`rmq.bench.ceilings`, :mod:`rmq.bench.peers`, :mod:`rmq.bench.ha`
+(master / slave replication and the roles' send cost), :mod:`rmq.bench.runner`,
+:mod:`rmq.bench.report` and the ``rmq bench`` command group (:mod:`rmq.bench.cli`).
+
+Everything is in the installed package: the bench starts its own broker group with
+:class:`rmq.testing.Cluster` in a temporary store (no source checkout needed), or runs
+against an existing one with ``--namesrv``.
 """
-from __future__ import annotations
-
-import importlib
-import os
-import sys
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def e2e():
-    """``bench/e2e.py`` of the source tree, as module ``bench.e2e`` (spawned workers import
-    it by that name too: multiprocessing passes ``sys.path`` to them)."""
-    if not os.path.exists(os.path.join(ROOT, "bench", "e2e.py")):
-        raise RuntimeError(f"rmq bench needs the source tree (bench/e2e.py under {ROOT})")
-    if ROOT not in sys.path:
-        sys.path.insert(0, ROOT)
-    return importlib.import_module("bench.e2e")

@@ -1,10 +1,10 @@
 """The machine's ceilings, measured in the same run as rmq:
 
 * ``memcpy_mmap``: memcpy into a pre-touched mmap'd file (``bench/bench_store.py``'s
-  ceiling scenario when importable, else the same loop here);
+  ceiling scenario when importable -- a source checkout -- else the same loop here);
 * ``fdatasync``: append + fdatasync, 4 KiB groups (one small group commit) and groups of
   ``batch`` x body bytes (a batch's CommitLog bytes): syncs/s, p50 / p99 per sync, MB/s;
-* the raw pyzmq loopback ceilings of ``bench/e2e.py`` (``frame``, ``stream``, ``batch``,
+* the raw pyzmq loopback ceilings of :mod:`rmq.bench.e2e` (``frame``, ``stream``, ``batch``,
   ``rtt``, ``pages``, ``decode``) with the same frame sizes and shapes as the broker."""
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import shutil
 import tempfile
 import time
 
-from rmq.bench import e2e as _load_e2e
+from rmq.bench import e2e as E
 from rmq.bench.hist import Histogram
 
 MB = 1e6
@@ -25,8 +25,7 @@ def memcpy_mmap(nbytes: int = 256 << 20, store_dir=None) -> dict:
         os.environ.setdefault("RMQ_BENCH_FILE_SIZE", str(nbytes))
         if store_dir:
             os.environ.setdefault("RMQ_BENCH_DIR", store_dir)
-        _load_e2e()
-        from bench import bench_store as bs       # imports pytest (pytest-benchmark's module)
+        from bench import bench_store as bs       # a source checkout on sys.path; imports pytest
 
         n = min(nbytes, bs.FILE_SIZE)
         secs = bs.time_round(bs.ceiling_scenario("write", n))
@@ -85,7 +84,6 @@ def fdatasync_rate(group_bytes: int, seconds: float, store_dir=None) -> dict:
 
 
 def measure(sizes, batch: int, window: int, seconds: float, store_dir=None, log=print) -> dict:
-    E = _load_e2e()
     out: dict = {"memcpy_mmap": memcpy_mmap(store_dir=store_dir)}
     log(f"  memcpy into mmap: {out['memcpy_mmap']['mb_per_s']:,.0f} MB/s")
     out["fdatasync"] = []

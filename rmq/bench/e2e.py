@@ -4,15 +4,16 @@ measured in the same run.
 
 Run::
 
-    python bench/e2e.py                         # the table (about 2 minutes on 2 vCPUs)
-    python bench/e2e.py --messages 300000       # smaller
-    python bench/e2e.py --json e2e.json         # ... and the figures as JSON
-    python bench/e2e.py --profile /tmp/prof     # py-spy record of the broker during each phase
+    python -m rmq.bench.e2e                     # the table (about 2 minutes on 2 vCPUs)
+    python -m rmq.bench.e2e --messages 300000   # smaller
+    python -m rmq.bench.e2e --json e2e.json     # ... and the figures as JSON
+    python -m rmq.bench.e2e --profile /tmp/prof # py-spy record of the broker during each phase
+    python bench/e2e.py ...                     # the same (the source tree's shim)
     python -m pytest bench/bench_e2e.py --benchmark-only -q   # the same scenarios, small sizes
 
 Every load runs in a client process of its own (multiprocessing "spawn"); the benchmark
 process only orchestrates and waits on pipes.  The broker group is the real one:
-``tests.integration.cluster.Cluster`` starts nameserver, broker, reput and flush as
+``rmq.testing.Cluster`` starts nameserver, broker, reput and flush as
 processes on ephemeral loopback ports.
 
 Ceiling (raw pyzmq, DEALER -> ROUTER, tcp 127.0.0.1, a sink process that only
@@ -57,15 +58,11 @@ import traceback
 from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+import zmq
 
-import zmq  # noqa: E402
-
-from rmq import protocol as P  # noqa: E402
-from rmq._core import commitlog as _cl  # noqa: E402
-from rmq.protocol import Frame, RequestCode, ResponseCode  # noqa: E402
+from rmq import protocol as P
+from rmq._core import commitlog as _cl
+from rmq.protocol import Frame, RequestCode, ResponseCode
 
 # -- parameters --------------------------------------------------------------------------------
 MB = 1e6
@@ -933,7 +930,7 @@ class ClusterBench:
     """
 
     def __init__(self, p: Params, flush: str, body_size: int, log=print):
-        from tests.integration.cluster import Cluster
+        from rmq.testing import Cluster
 
         self.p, self.flush, self.size, self.log = p, flush, body_size, log
         self.dir = tempfile.mkdtemp(prefix=f"rmq-e2e-{flush[:4].lower()}-{body_size}-", dir=p.store_dir)

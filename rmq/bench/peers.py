@@ -31,7 +31,7 @@ def _free_port() -> int:
 def _cpu(pid: int) -> float:
     from rmq.bench import e2e
 
-    return e2e().cpu_seconds(pid)
+    return e2e.cpu_seconds(pid)
 
 
 def _row(peer: str, test: str, flush: str, size: int, msgs: int, el: float, extra=None) -> dict:

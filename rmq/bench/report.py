@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 
-from rmq.bench import e2e as _load_e2e
+from rmq.bench import e2e as E
 from rmq.bench.ceilings import pyzmq_lookup
 from rmq.bench.hist import Histogram
 
@@ -23,7 +23,6 @@ def _peer(peers: dict, peer: str, kind: str, flush: str, size: int):
 
 def annotate(report: dict) -> None:
     """Put ceiling, peer and target figures beside every rmq row (in place)."""
-    E = _load_e2e()
     ceil, peers = report.get("ceilings") or {}, report.get("peers") or {}
     batch = report["opts"]["batch"]
     for row in report["rows"]:

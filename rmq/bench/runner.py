@@ -11,10 +11,9 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Optional
 
-from rmq.bench import e2e as _load_e2e
+from rmq.bench import e2e as E
 from rmq.bench.hist import Histogram
 
-E = _load_e2e()
 MB = 1e6
 
 
@@ -112,7 +111,7 @@ class Group:
             self.endpoint = "tcp://" + masters[0].broker_addr
             self.group_pids = actor_pids_on_machine()
         else:
-            from tests.integration.cluster import Cluster
+            from rmq.testing import Cluster
 
             self.dir = tempfile.mkdtemp(prefix=f"rmq-bench-{flush[:4].lower()}-{size}-", dir=o.store_dir)
             p = E.Params(file_size=o.file_size, batch=max(o.batch, 32))

@@ -1,7 +1,7 @@
 """Client worker processes of ``rmq bench``: producers and consumers that report progress
 while they run, and send back an HDR-style latency histogram.
 
-They run under the worker loop of ``bench/e2e.py`` (same ready / go / done protocol, same
+They run under the worker loop of :mod:`rmq.bench.e2e` (same ready / go / done protocol, same
 helpers: ``_dealer``, ``_ready``, ``_send_retrying_busy``, ``body_of``); the e2e commands
 (``single``, ``sink``, ``batch``, ...) are available in the same processes."""
 from __future__ import annotations
@@ -11,10 +11,9 @@ import signal
 import time
 import traceback
 
-from rmq.bench import e2e as _load_e2e
+from rmq.bench import e2e as E
 from rmq.bench.hist import Histogram
 
-E = _load_e2e()
 zmq = E.zmq
 P = E.P
 _cl = E._cl
@@ -228,7 +227,7 @@ def worker_main(conn) -> None:
 
 
 class Worker(E.Worker):
-    """``bench/e2e.py``'s spawned worker, running :data:`COMMANDS`; progress reports are kept
+    """:mod:`rmq.bench.e2e`'s spawned worker, running :data:`COMMANDS`; progress reports are kept
     (``self.progress``: list of dicts, newest last) instead of being taken for results."""
 
     def __init__(self, name: str):
