@@ -1,7 +1,9 @@
 """Smoke of ``rmq bench all``: a short run produces figures (not what they are).
 
 It starts its own broker group, measures the ceilings, and the peers that this machine
-has (a peer without its server binary or Python client must be reported missing)."""
+has (a peer without its server binary or Python client must be reported missing); its HA
+section runs produce and single sends against an ASYNC_MASTER and a SYNC_MASTER, each with a
+slave, and replicates a few MB to a fresh slave."""
 import json
 import os
 import subprocess
@@ -19,11 +21,11 @@ def test_bench_all_smoke(tmp_path):
     png = tmp_path / "bench.png"
     cmd = [sys.executable, "-m", "rmq.cli", "bench", "all", "--size", "100", "--flush", "ASYNC_FLUSH",
            "--duration", "1", "--single-seconds", "0.5", "--ceiling-seconds", "0.3", "--file-size", str(64 << 20),
-           "--dir", str(tmp_path), "--json", str(out), "--plot", str(png), "--no-progress"]
+           "--ha-mb", "4", "--dir", str(tmp_path), "--json", str(out), "--plot", str(png), "--no-progress"]
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
     rep = json.loads(out.read_text())
-    rows = {r["kind"]: r for r in rep["rows"]}
+    rows = {r["kind"]: r for r in rep["rows"] if not r.get("broker_role")}
     assert set(rows) == {"produce", "consume", "e2e", "single"}
     for kind in ("produce", "consume", "e2e", "single"):
         assert rows[kind]["msgs_per_s"] > 0, rows[kind]
@@ -47,3 +49,10 @@ def test_bench_all_smoke(tmp_path):
     for r in rep["peers"]["rows"]:
         assert r["msgs_per_s"] > 0, r
     assert png.stat().st_size > 0
+    # HA section: each master role with a slave (its processes' CPU reported), replication MB/s
+    ha_rows = {(r["broker_role"], r["kind"]): r for r in rep["rows"] if r.get("broker_role")}
+    assert set(ha_rows) == {(role, kind) for role in ("ASYNC_MASTER", "SYNC_MASTER") for kind in ("produce", "single")}
+    for r in ha_rows.values():
+        assert r["msgs_per_s"] > 0 and not r.get("error"), r
+        assert "slave-broker" in r["cpu"] and "ha" in r["cpu"], r["cpu"]
+    assert rep["ha"]["replication"]["MBps"] > 0 and rep["ha"]["zmq_ceiling"]["MBps"] > 0, rep["ha"]

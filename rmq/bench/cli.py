@@ -10,6 +10,7 @@ from rich.console import Console
 
 console = Console(width=220)
 FLUSH_CHOICES = ("ASYNC_FLUSH", "SYNC_FLUSH")
+ROLE_CHOICES = ("ASYNC_MASTER", "SYNC_MASTER")
 
 
 def _sizes(ctx, param, value):
@@ -25,6 +26,18 @@ def _flushes(ctx, param, value):
     if bad:
         raise click.BadParameter(f"{bad}: choose from {FLUSH_CHOICES}")
     return out
+
+
+def _roles(ctx, param, value):
+    out = []
+    for v in (v.strip().upper() for v in value.split(",") if v.strip()):
+        if v in ("NONE", "STANDALONE"):
+            out.append(None)
+        elif v in ROLE_CHOICES:
+            out.append(v)
+        else:
+            raise click.BadParameter(f"{v}: choose from {ROLE_CHOICES} or none")
+    return tuple(dict.fromkeys(out)) or (None,)
 
 
 def common(f):
@@ -51,6 +64,16 @@ def common(f):
                      help="Queues of the topic (split among producers / consumers)."),
         click.option("--flush", "flush_types", default="ASYNC_FLUSH,SYNC_FLUSH", show_default=True,
                      callback=_flushes, help="flushDiskType of the broker groups (comma list)."),
+        click.option("--broker-role", "broker_roles", default="none", show_default=True, callback=_roles,
+                     help="brokerRole of the bench's own broker (comma list): none (a lone broker, no HA), "
+                          "ASYNC_MASTER or SYNC_MASTER (the bench starts a slave beside it and reports its CPU "
+                          "as slave-*)."),
+        click.option("--ha/--no-ha", "ha", default=None,
+                     help="The HA section: batched produce and single sends to an ASYNC_MASTER and a SYNC_MASTER "
+                          "with a slave (1 KiB), and master -> slave replication MB/s beside raw ZeroMQ "
+                          "(default: on for 'all' only)."),
+        click.option("--ha-mb", type=click.IntRange(1), default=256, show_default=True,
+                     help="MB the HA section's replication figure moves to a fresh slave."),
         click.option("--single-seconds", type=click.FloatRange(0.1), default=1.5, show_default=True,
                      help="Seconds of the single-message (send, wait for the ack) scenario."),
         click.option("--ceiling-seconds", type=click.FloatRange(0.1), default=1.0, show_default=True,
@@ -85,13 +108,17 @@ def _run(scenarios: tuple, default_extras: bool, **kw) -> None:
     from rmq.bench import ceilings as C
     from rmq.bench import peers as PE
     from rmq.bench import report as R
-    from rmq.bench.runner import Opts, opts_dict, run_rmq
+    from rmq.bench.runner import Opts, opts_dict, run_ha, run_rmq
 
     o = Opts(sizes=kw["sizes"], flush_types=kw["flush_types"], messages=kw["messages"], duration=kw["duration"],
              batch=kw["batch"], linger_ms=kw["linger_ms"], rate=kw["rate"], window=kw["window"],
              producers=kw["producers"], consumers=kw["consumers"], queues=kw["queues"],
              single_seconds=kw["single_seconds"], ceiling_seconds=kw["ceiling_seconds"], file_size=kw["file_size"],
-             namesrv=kw["namesrv"], store_dir=kw["store_dir"], progress=not kw["no_progress"], scenarios=scenarios)
+             namesrv=kw["namesrv"], store_dir=kw["store_dir"], progress=not kw["no_progress"], scenarios=scenarios,
+             broker_roles=kw["broker_roles"], ha_mb=kw["ha_mb"])
+    o.ha = (default_extras if kw["ha"] is None else kw["ha"]) and not o.namesrv
+    if o.namesrv and any(kw["broker_roles"]):
+        raise click.UsageError("--broker-role starts a master / slave pair: not with --namesrv")
     want_ceil = default_extras if kw["ceilings"] is None else kw["ceilings"]
     peer_list = kw["peers"] if kw["peers"] is not None else ("redis,nats" if default_extras else "none")
     peer_list = tuple(p for p in peer_list.split(",") if p and p != "none")
@@ -103,6 +130,11 @@ def _run(scenarios: tuple, default_extras: bool, **kw) -> None:
         log("[bold]ceilings[/] (memcpy into mmap, append + fdatasync, raw pyzmq loopback):")
         report["ceilings"] = C.measure(o.sizes, o.batch, o.window, o.ceiling_seconds, o.store_dir, log)
     report["rows"] = run_rmq(o, log)
+    if o.ha:
+        log("[bold]HA[/] (ASYNC_MASTER / SYNC_MASTER with a slave; replication beside raw ZeroMQ):")
+        ha = run_ha(o, log)
+        report["rows"] += ha.pop("rows")
+        report["ha"] = ha
     if peer_list:
         log(f"[bold]peers[/] ({', '.join(peer_list)}):")
         report["peers"] = PE.measure(o.sizes, o.flush_types, o.batch, o.ceiling_seconds, o.single_seconds,
@@ -117,7 +149,8 @@ def _run(scenarios: tuple, default_extras: bool, **kw) -> None:
     if kw["plot_path"]:
         R.plot(report, kw["plot_path"])
         log(f"wrote {kw['plot_path']}")
-    failed = [r["scenario"] for r in report["rows"] if r.get("error")]
+    failed = [r["scenario"] for r in report["rows"] if r.get("error")] + \
+        (["HA replication"] if (report.get("ha") or {}).get("error") else [])
     if failed:
         raise SystemExit(1)
 
@@ -146,5 +179,6 @@ def e2e_cmd(**kw) -> None:
 @bench.command("all")
 @common
 def all_cmd(**kw) -> None:
-    """Ceilings, every rmq scenario (produce, consume, e2e, single) per flush type and size, peers."""
+    """Ceilings, every rmq scenario (produce, consume, e2e, single) per flush type and size, peers;
+    the HA section (ASYNC_MASTER / SYNC_MASTER with a slave, replication MB/s)."""
     _run(("produce", "consume", "e2e", "single"), True, **kw)

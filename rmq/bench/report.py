@@ -45,7 +45,7 @@ def annotate(report: dict) -> None:
             if pr is not None and pr["msgs_per_s"]:
                 row[f"{peer}_msgs_per_s"] = pr["msgs_per_s"]
                 row[f"x_{peer}"] = row["msgs_per_s"] / pr["msgs_per_s"]
-        if kind in ("produce", "consume", "single"):
+        if kind in ("produce", "consume", "single") and not row.get("broker_role"):   # targets: lone broker
             E.attach_target(row, kind, flush, size)
         if kind == "single" and "redis_msgs_per_s" in row:      # T4 / T5: >= 1.0x redis-py single XADD
             t = "T4" if flush == "ASYNC_FLUSH" else "T5"
@@ -104,6 +104,24 @@ def print_report(report: dict, console=None) -> None:
                       _cpu(r.get("cpu", {})) if r.get("cpu") else "-")
         for name, why in peers.get("missing", {}).items():
             t.add_row(name, "", "", f"[yellow]MISSING: {why}[/]", "-", "-", "-", "-", "-", "-", "-")
+        console.print(t)
+    ha = report.get("ha") or {}
+    if ha.get("replication") or ha.get("error"):
+        t = Table(title="HA: master -> slave replication (a fresh slave catching up; same run)", title_justify="left")
+        for col in ("figure", "MB", "seconds", "MB/s", "raw ZeroMQ MB/s", "ratio"):
+            t.add_column(col, justify="left" if col == "figure" else "right")
+        z, rep = ha.get("zmq_ceiling") or {}, ha.get("replication")
+        if z:
+            t.add_row(f"raw ZeroMQ loopback, {z['frame_bytes']:,} B frames, one pusher", "-", _f(z.get("seconds"), "{:.2f}"),
+                      _f(z["MBps"]), "-", "-")
+        if rep:
+            how = "slave start included: a lower bound" if rep.get("includes_connect") else \
+                f"{rep['connect_s']:.2f} s to handshake"
+            t.add_row(f"replication ({rep['batch']:,} B haTransferBatchSize; {how})",
+                      _f(rep["bytes"] / 1e6), _f(rep["seconds"], "{:.2f}"), _f(rep["MBps"]),
+                      _f(z.get("MBps")), f"{rep['ratio_to_zmq']:.1%}" if "ratio_to_zmq" in rep else "-")
+        if ha.get("error"):
+            t.add_row(f"[red]{ha['error'][:200]}[/]", "-", "-", "-", "-", "-")
         console.print(t)
     t = Table(title="rmq (broker group: nameserver, broker, reput, flush; clients in their own processes)",
               title_justify="left")

@@ -37,9 +37,15 @@ class Opts:
     store_dir: Optional[str] = None
     progress: bool = True
     scenarios: tuple = ("produce", "consume", "e2e", "single")
+    broker_roles: tuple = (None,)           # None: a lone broker; ASYNC_MASTER / SYNC_MASTER: + a slave
+    ha: bool = False                        # the HA section (master roles' produce + single, replication)
+    ha_mb: int = 256                        # MB replicated by the HA section's replication figure
 
     def phase_limit(self) -> float:
         return (self.duration if self.messages is None else 300.0) + 120.0
+
+
+ROLES = ("ASYNC_MASTER", "SYNC_MASTER")
 
 
 def topic_name(kind: str, flush: str, size: int) -> str:
@@ -94,10 +100,11 @@ class Progress:
 class Group:
     """A broker group (started here, or found through ``namesrv``) and the client workers."""
 
-    def __init__(self, o: Opts, flush: str, size: int, log=print):
-        self.o, self.flush, self.size, self.log = o, flush, size, log
-        self.cluster = None
+    def __init__(self, o: Opts, flush: str, size: int, log=print, role: Optional[str] = None):
+        self.o, self.flush, self.size, self.log, self.role = o, flush, size, log, role
+        self.cluster = self.slave = None
         self.dir = None
+        self.producers, self.consumers = [], []
         if o.namesrv:
             from rmq.client.admin import Admin
 
@@ -115,13 +122,35 @@ class Group:
 
             self.dir = tempfile.mkdtemp(prefix=f"rmq-bench-{flush[:4].lower()}-{size}-", dir=o.store_dir)
             p = E.Params(file_size=o.file_size, batch=max(o.batch, 32))
-            self.cluster = Cluster(os.path.join(self.dir, "store"), conf=E.cluster_conf(p, flush))
-            self.endpoint = self.cluster.broker
-            self.group_pids = {n: ap.proc.pid for n, ap in self.cluster.procs.items()}
+            conf = E.cluster_conf(p, flush)
+            if role:
+                conf["brokerRole"] = role
+            try:
+                self.cluster = Cluster(os.path.join(self.dir, "store"), conf=conf, with_ha=bool(role))
+                self.endpoint = self.cluster.broker
+                self.group_pids = {n: ap.proc.pid for n, ap in self.cluster.procs.items()}
+                if role:                 # a slave beside it (its CPU is reported as slave-*)
+                    from rmq.bench.ha import start_slave
+
+                    self.slave = start_slave(self.cluster, os.path.join(self.dir, "slave"))
+                    self.group_pids.update({f"slave-{n}": ap.proc.pid for n, ap in self.slave.procs.items()})
+            except BaseException:
+                self.close()
+                raise
         from rmq.bench.workers import Worker
 
-        self.producers = [Worker(f"producer{i + 1}") for i in range(o.producers)]
-        self.consumers = [Worker(f"consumer{i + 1}") for i in range(o.consumers)]
+        try:
+            self.producers = [Worker(f"producer{i + 1}") for i in range(o.producers)]
+            self.consumers = [Worker(f"consumer{i + 1}") for i in range(o.consumers)]
+        except BaseException:
+            self.close()
+            raise
+
+    def slave_view(self):
+        """An object :meth:`rmq.bench.e2e.ClusterBench.diagnose` reads the slave group from."""
+        class _V:
+            cluster = self.slave
+        return _V()
 
     def client_pids(self, producers=True, consumers=True) -> dict:
         d = {}
@@ -134,6 +163,8 @@ class Group:
     def close(self) -> None:
         for w in self.producers + self.consumers:
             w.close()
+        if self.slave is not None:
+            self.slave.close()
         if self.cluster is not None:
             self.cluster.close()
         if self.dir:
@@ -211,8 +242,9 @@ class Group:
         return {"series": series, "cpu": cpu, "prod": [w.done for w in prods], "cons": [w.done for w in cons]}
 
     def scenario(self, kind: str, progress: Progress) -> dict:
-        o, label = self.o, f"{kind} {self.flush} {self.size} B"
+        o, label = self.o, scenario_label(kind, self.flush, self.size, self.role)
         row: dict = {"kind": kind, "flush": self.flush, "body_size": self.size, "scenario": label,
+                     "broker_role": self.role or "",
                      "producers": o.producers if kind != "consume" else 0,
                      "consumers": o.consumers if kind in ("consume", "e2e") else 0,
                      "queues": o.queues, "batch": o.batch, "linger_ms": o.linger_ms, "rate": o.rate}
@@ -302,34 +334,84 @@ class Group:
         raise TimeoutError(f"dispatch of {topic} did not reach {want} within {timeout_s} s")
 
 
+def scenario_label(kind: str, flush: str, size: int, role: Optional[str] = None) -> str:
+    return f"{kind} {flush} {role + ' + slave ' if role else ''}{size} B"
+
+
+def _group_rows(o: Opts, flush: str, size: int, role: Optional[str], scenarios: tuple, progress: Progress,
+                log) -> list:
+    rows = []
+    log(f"rmq broker group {flush}{', ' + role + ' with a slave' if role else ''}, {size} B bodies"
+        + (f" (namesrv {o.namesrv})" if o.namesrv else " (own cluster, temporary store)"))
+    try:
+        g = Group(o, flush, size, log, role)
+    except (RuntimeError, TimeoutError) as e:
+        progress.end()
+        return [{"kind": kind, "flush": flush, "body_size": size, "broker_role": role or "",
+                 "scenario": scenario_label(kind, flush, size, role), "error": f"group did not start: {e}",
+                 "msgs_per_s": 0.0, "mb_per_s": 0.0} for kind in scenarios]
+    try:
+        for kind in scenarios:
+            try:
+                row = g.scenario(kind, progress)
+            except (RuntimeError, TimeoutError) as e:
+                progress.end()
+                diag = E.ClusterBench.diagnose(g) if g.cluster is not None else ""
+                if g.slave is not None:
+                    diag += "\nslave:\n" + E.ClusterBench.diagnose(g.slave_view())
+                row = {"kind": kind, "flush": flush, "body_size": size, "broker_role": role or "",
+                       "scenario": scenario_label(kind, flush, size, role),
+                       "error": f"{e}\n{diag}", "msgs_per_s": 0.0, "mb_per_s": 0.0}
+            rows.append(row)
+            lat = f"  p50 {row['p50_us']:.0f} p99 {row['p99_us']:.0f} p99.9 {row.get('p999_us', float('nan')):.0f} " \
+                  f"max {row.get('max_us', float('nan')):.0f} us" if "p50_us" in row else ""
+            extra = f"  consume {row['consume_msgs_per_s']:,.0f}/s max lag {row['max_lag']:,}" \
+                if "consume_msgs_per_s" in row else ""
+            log(f"  {kind:<8} {row['msgs_per_s']:>12,.0f} msgs/s {row['mb_per_s']:>8,.1f} MB/s{lat}{extra}"
+                + (f"  [red]{row['error'][:200]}[/]" if row.get("error") else ""))
+    finally:
+        g.close()
+    return rows
+
+
 def run_rmq(o: Opts, log=print) -> list:
+    """Every scenario per broker role, flush type and body size (a fresh group each)."""
     rows = []
     progress = Progress(o.progress)
-    flushes = ("external",) if o.namesrv else o.flush_types
-    for flush in flushes:
+    if o.namesrv:
         for size in o.sizes:
-            log(f"rmq broker group {flush}, {size} B bodies"
-                + (f" (namesrv {o.namesrv})" if o.namesrv else " (own cluster, temporary store)"))
-            g = Group(o, flush, size, log)
-            try:
-                for kind in o.scenarios:
-                    try:
-                        row = g.scenario(kind, progress)
-                    except (RuntimeError, TimeoutError) as e:
-                        progress.end()
-                        diag = E.ClusterBench.diagnose(g) if g.cluster is not None else ""
-                        row = {"kind": kind, "flush": flush, "body_size": size, "scenario": f"{kind} {flush} {size} B",
-                               "error": f"{e}\n{diag}", "msgs_per_s": 0.0, "mb_per_s": 0.0}
-                    rows.append(row)
-                    lat = f"  p50 {row['p50_us']:.0f} p99 {row['p99_us']:.0f} p99.9 {row.get('p999_us', float('nan')):.0f} " \
-                          f"max {row.get('max_us', float('nan')):.0f} us" if "p50_us" in row else ""
-                    extra = f"  consume {row['consume_msgs_per_s']:,.0f}/s max lag {row['max_lag']:,}" \
-                        if "consume_msgs_per_s" in row else ""
-                    log(f"  {kind:<8} {row['msgs_per_s']:>12,.0f} msgs/s {row['mb_per_s']:>8,.1f} MB/s{lat}{extra}"
-                        + (f"  [red]{row['error'][:200]}[/]" if row.get("error") else ""))
-            finally:
-                g.close()
+            rows += _group_rows(o, "external", size, None, o.scenarios, progress, log)
+        return rows
+    for role in o.broker_roles:
+        for flush in o.flush_types:
+            for size in o.sizes:
+                rows += _group_rows(o, flush, size, role, o.scenarios, progress, log)
     return rows
+
+
+def ha_size(o: Opts) -> int:
+    """Body size of the HA section's rows: 1 KiB when asked for, else the largest size."""
+    return 1024 if 1024 in o.sizes else max(o.sizes)
+
+
+def run_ha(o: Opts, log=print) -> dict:
+    """The HA section of ``rmq bench all``: batched produce and single sends to an ASYNC_MASTER
+    and a SYNC_MASTER, each with a slave (rows, ``broker_role`` set; ASYNC_FLUSH unless only
+    SYNC_FLUSH was asked for), and the replication of ``ha_mb`` MB beside raw ZeroMQ."""
+    from rmq.bench import ha
+
+    progress = Progress(o.progress)
+    flush = "ASYNC_FLUSH" if "ASYNC_FLUSH" in o.flush_types else o.flush_types[0]
+    rows = []
+    for role in ROLES:
+        rows += _group_rows(o, flush, ha_size(o), role, ("produce", "single"), progress, log)
+    out: dict = {"rows": rows}
+    try:
+        out.update(ha.measure_replication(o.ha_mb, ha.CHUNK, o.ceiling_seconds, o.store_dir, log))
+    except (RuntimeError, TimeoutError, OSError) as e:
+        out["error"] = f"replication: {e}"
+        log(f"  [red]replication failed: {e}[/]")
+    return out
 
 
 def opts_dict(o: Opts) -> dict:
