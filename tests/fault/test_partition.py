@@ -9,7 +9,6 @@ slave catches up to a byte-identical CommitLog; the replication stream's losses 
 
 Needs root and iproute2 (``ip netns``, veth): the CI machine has both.
 """
-import hashlib
 import os
 import random
 import shutil
@@ -24,6 +23,7 @@ from rmq.client.remoting import RemotingClient
 from rmq.protocol import Frame, RequestCode, ResponseCode, unpack_body
 from tests.integration.cluster import Cluster
 from tests.integration.test_broker import pull_all, send, wait_for
+from tests.integration.test_ha import commitlog_digests as digests
 
 pytestmark = pytest.mark.fault
 
@@ -98,16 +98,6 @@ class NsGroup:
 
 def runtime(c, addr, timeout_ms=5000):
     return unpack_body(c.invoke(addr, Frame(RequestCode.GET_BROKER_RUNTIME_INFO), timeout_ms))["table"]
-
-
-def digests(store):
-    d = os.path.join(store, "commitlog")
-    out = {}
-    for n in sorted(os.listdir(d)):
-        if n.isdigit():
-            with open(os.path.join(d, n), "rb") as f:
-                out[n] = hashlib.sha256(f.read()).hexdigest()
-    return out
 
 
 def test_partition_between_sync_master_and_slave(netns, tmp_path):
