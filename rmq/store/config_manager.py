@@ -35,18 +35,53 @@ def write_file_atomically(path: str, text: str) -> None:
     fsync_dir(d)
 
 
-def read_json_with_backup(path: str) -> Optional[Any]:
-    """Parse ``path``, else ``path.bak``; None when neither holds valid JSON."""
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def loads_strict(text: str) -> Any:
+    """``json.loads`` without Python's NaN / Infinity extensions (ValueError on them)."""
+    return json.loads(text, parse_constant=_no_constants)
+
+
+def read_json_with_backup(path: str, decode: Optional[Any] = None) -> Optional[Any]:
+    """Parse ``path``, else ``path.bak``; None when neither exists (or both are empty).
+
+    ``decode(data)``, when given, must accept the parsed value (it raises ValueError,
+    TypeError, KeyError, AttributeError or OverflowError on a bad shape); a file it refuses
+    counts as damaged, like unparseable JSON, and the ``.bak`` is tried.
+
+    Raises
+    ------
+    StoreError
+        A file exists but neither it nor its ``.bak`` holds a usable table (the store must
+        not start with, e.g., consumer offsets silently reset).
+    """
+    errors = []
     for p in (path, path + ".bak"):
         try:
-            with open(p, encoding="utf-8") as f:
-                text = f.read()
-            if text.strip():
-                return json.loads(text)
+            with open(p, "rb") as f:
+                raw = f.read()
         except FileNotFoundError:
             continue
-        except (OSError, ValueError) as e:
+        except OSError as e:
+            errors.append(f"{p}: {e}")
+            continue
+        if not raw.strip():
+            continue
+        try:
+            data = loads_strict(raw.decode("utf-8"))
+            if decode is not None:
+                if not isinstance(data, dict):
+                    raise ValueError(f"a JSON object expected, got {type(data).__name__}")
+                decode(data)
+            return data
+        except (ValueError, TypeError, KeyError, AttributeError, OverflowError) as e:
             log.warning("cannot load %s: %s", p, e)
+            errors.append(f"{p}: {e}")
+    if errors:
+        from rmq.errors import StoreError
+        raise StoreError(f"cannot load {path} nor its .bak: {'; '.join(errors)}")
     return None
 
 
@@ -80,9 +115,7 @@ class ConfigManager:
         self._lock = threading.RLock()
 
     def load(self) -> None:
-        data = read_json_with_backup(self.path)
-        if data is not None:
-            self.decode(data)
+        read_json_with_backup(self.path, self.decode)      # decodes the first usable copy
 
     def persist(self) -> None:
         with self._lock:

@@ -94,5 +94,6 @@ def test_power_cuts_fast(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)          # 200 cuts take ~15-20 min on 2 cores (the suite's default is 600 s)
 def test_power_cuts_slow(tmp_path, monkeypatch):
     power_cut_loop(tmp_path, monkeypatch, env_int("RMQ_POWER_CUTS_SLOW", 200), fault_seed(20240802))
