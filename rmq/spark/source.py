@@ -10,8 +10,9 @@ from pyspark.sql.datasource import (DataSource, DataSourceReader, DataSourceStre
 from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadLimit, ReadMaxRows,
                                               SupportsTriggerAvailableNow)
 
+from rmq.client.consumer_api import SubscriptionData
 from rmq.client.message import MessageQueue
-from rmq.spark.arrow import arrow_schema, messages_to_batch, source_schema_ddl
+from rmq.spark.arrow import arrow_schema, pages_to_batch, source_schema_ddl
 from rmq.spark.offsets import EARLIEST, LATEST, key_of, queue_of, rate_limit
 from rmq.spark.options import RmqOptionError, SinkOptions, SourceOptions
 from rmq.spark.wire import ClusterView, RmqSourceError, data_loss, read_range
@@ -225,7 +226,7 @@ def read_partition(opts: SourceOptions, partition: InputPartition) -> Iterator:
     assert isinstance(partition, QueueRange), f"expected a QueueRange, got {type(partition).__name__}"
     schema = arrow_schema(opts.include_properties)
     mq = partition.mq
-    pages_it = read_range(opts, mq, partition.start, partition.end)
+    pages_it = read_range(opts, mq, partition.start, partition.end, raw=True)
     try:
         while True:
             gc_was_on = gc.isenabled()
@@ -245,15 +246,23 @@ def read_partition(opts: SourceOptions, partition: InputPartition) -> Iterator:
 
 
 def _next_batch(pages_it: Iterator, opts: SourceOptions, mq: MessageQueue, schema) -> Optional[object]:
-    pages: list = []
-    rows = nbytes = 0
-    for page in pages_it:
-        pages.append(page)
-        rows += len(page)
-        nbytes += sum(len(m.body) for m in page)
-        if rows >= opts.arrow_batch_size or nbytes >= MAX_BATCH_BYTES:
-            break
-    return messages_to_batch(pages, mq, schema) if pages else None
+    """Raw pages (RawPage) -> one RecordBatch with :func:`pages_to_batch` (columnar decode)."""
+    sub = None if opts.sub_expression == "*" else SubscriptionData.build(mq.topic, opts.sub_expression)
+    tags = None if sub is None or sub.is_all else sub.tags_set
+    while True:
+        pages: list = []
+        rows = nbytes = 0
+        for page in pages_it:
+            pages.append(page)
+            rows += page.count
+            nbytes += page.body_bytes
+            if rows >= opts.arrow_batch_size or nbytes >= MAX_BATCH_BYTES:
+                break
+        if not pages:
+            return None
+        batch = pages_to_batch(pages, mq, schema, opts.include_properties, tags=tags)
+        if batch.num_rows:                       # a tag re-check can drop every row of the pages
+            return batch
 
 
 # -- batch ---------------------------------------------------------------------------------------------

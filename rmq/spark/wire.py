@@ -259,9 +259,10 @@ class _RangeReader:
     Concurrency: one thread; the sockets are closed by :meth:`close`.
     """
 
-    def __init__(self, opts: SourceOptions, mq: MessageQueue, start: int, end: int):
+    def __init__(self, opts: SourceOptions, mq: MessageQueue, start: int, end: int, raw: bool = False):
         self.opts = opts
         self.mq = mq
+        self.raw = raw                # pages are RawPage (undecoded records), not MessageExt lists
         self.end = end
         self.next_lo = start
         self.api = consumer_api(opts.name_server, opts.pull_timeout_ms)
@@ -339,7 +340,7 @@ class _RangeReader:
             self._failed(c, resp)
             return
         try:
-            res = parse_pull_response(resp, self.sub, self.addr)
+            res = _parse_raw(resp, self.addr, c.hi) if self.raw else parse_pull_response(resp, self.sub, self.addr)
         except MQClientError as e:
             raise RmqSourceError(f"pull of {key_of(self.mq)} at queue offset {c.cursor}: {e}") from None
         st, nxt, mq = res.pull_status, res.next_begin_offset, self.mq
@@ -364,7 +365,17 @@ class _RangeReader:
                                      f"max offset {res.max_offset}")
                 c.done = True
             return
-        if st is PullStatus.FOUND:
+        if st is PullStatus.FOUND and self.raw:
+            page = res.msg_found_list          # a RawPage, already cut below c.hi
+            if page is not None and self.sub is None and page.count and page.first_queue_offset > c.cursor:
+                data_loss(self.opts, f"{key_of(mq)}: queue offsets [{c.cursor}, {page.first_queue_offset}) were "
+                                     f"skipped by the broker (their CommitLog records are gone)")
+            if page is not None and page.count:
+                c.pages.append(page)
+            if not self.learned and nxt < c.hi:
+                self.chunk_size = max(1, nxt - c.cursor)
+            self.learned = True
+        elif st is PullStatus.FOUND:
             msgs = res.msg_found_list
             if msgs and self.sub is None and msgs[0].queue_offset > c.cursor:
                 data_loss(self.opts, f"{key_of(mq)}: queue offsets [{c.cursor}, {msgs[0].queue_offset}) were "
@@ -398,10 +409,33 @@ class _RangeReader:
                 self._handle(c, resp)
 
 
-def read_range(opts: SourceOptions, mq: MessageQueue, start: int, end: int) -> Iterator[list]:
+def _parse_raw(resp: Frame, addr: str, end: int):
+    """PULL_MESSAGE response -> PullResult whose ``msg_found_list`` is a :class:`RawPage` of the
+    records below queue offset ``end`` (None when there are none): records are not decoded,
+    bodies not inflated, tags not re-checked (``pages_to_batch`` does it)."""
+    from rmq.client.consumer_api import _PULL_STATUS
+    from rmq.client.message import PullResult
+    from rmq.spark.arrow import RawPage
+    status = _PULL_STATUS.get(resp.code)
+    if status is None:
+        raise MQBrokerError(resp.remark or f"pull failed with code {resp.code}", resp.code, addr)
+    f = resp.fields
+    page = None
+    if status is PullStatus.FOUND and resp.bodies:
+        try:
+            page = RawPage.scan(resp.bodies[0], end)
+        except (ValueError, TypeError) as e:
+            raise MQClientError(f"pull from {addr}: records do not decode: {e}") from None
+    return PullResult(status, int(f.get("nextBeginOffset", 0)), int(f.get("minOffset", 0)),
+                      int(f.get("maxOffset", 0)), page)
+
+
+def read_range(opts: SourceOptions, mq: MessageQueue, start: int, end: int, raw: bool = False) -> Iterator[list]:
     """Pull ``[start, end)`` of ``mq``; yields pages (lists of MessageExt, in queue order).
 
     Bodies come back inflated and, with a tag subscription, only exact tag matches.
+    With ``raw``, pages are :class:`rmq.spark.arrow.RawPage` (undecoded records, for
+    :func:`rmq.spark.arrow.pages_to_batch`, which inflates and re-checks tags).
     A gap below the queue's min offset is data loss: :func:`data_loss` fails or skips it.
 
     Raises
@@ -413,7 +447,7 @@ def read_range(opts: SourceOptions, mq: MessageQueue, start: int, end: int) -> I
     """
     if start >= end:
         return
-    reader = _RangeReader(opts, mq, start, end)
+    reader = _RangeReader(opts, mq, start, end, raw)
     try:
         yield from reader.pages()
     finally:
