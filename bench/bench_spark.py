@@ -6,6 +6,7 @@ Run::
     python bench/bench_spark.py                          # a table of rows/s and MB/s
     RMQ_SPARK_BENCH_MESSAGES=1000000 python bench/bench_spark.py
     python -m pytest bench/bench_spark.py -q -s          # the same, as a test (asserts the counts)
+    python bench/bench_spark.py --micro                  # Arrow batch building only: old path vs pages_to_batch
 
 Setup (untimed): one broker group (nameserver + broker + reput + flush on loopback), topic
 ``bench`` with ``RMQ_SPARK_BENCH_QUEUES`` (default 8) queues filled with
@@ -193,6 +194,82 @@ def run(write=print) -> dict:
         bc.close()
 
 
+# -- micro-benchmark: Arrow batch building, no broker, no Spark ---------------------------------------------
+def make_pages(n: int, body_size: int, per_page: int = 1024) -> list:
+    """``n`` records of ``body_size`` bytes with TAGS + UNIQ_KEY (as the broker serves them, with
+    ``__CRC32#``), cut into pull pages of ``per_page`` records."""
+    from array import array
+
+    from rmq._core.mapped_file import MappedFile
+    d = tempfile.mkdtemp(prefix="rmq-bench-arrow-")
+    host = bytes([127, 0, 0, 1, 0, 0, 0x2A, 0x9F])
+    pages = []
+    mf = MappedFile(os.path.join(d, "00000000000000000000"), (n // per_page + 1) * per_page * (body_size + 200) + 4096)
+    try:
+        body = b"x" * body_size
+        for start in range(0, n, per_page):
+            k = min(per_page, n - start)
+            batch = cl.encode_batch([(body, cl.encode_properties({"TAGS": "t", "UNIQ_KEY": "%032X" % (start + i)}), 0)
+                                     for i in range(k)])
+            pos = mf.wrote_position
+            res = cl.append_batch(mf, batch, TOPIC.encode(), 0, start, 0, 1700000000000, host, host, 1700000000001,
+                                  b"", True, 0, 0, 4 << 20, array("q", [0] * k))
+            pages.append(mf.read(pos, res[2]))
+    finally:
+        mf.close()
+        shutil.rmtree(d, ignore_errors=True)
+    return pages
+
+
+def arrow_micro(sizes=(100, 1024), n: int = None, batch_rows: int = 16384, rounds: int = ROUNDS, write=print) -> dict:
+    """Rows/s of building the source's RecordBatches from pull pages: the old path
+    (``decode_records`` + ``post_process_messages`` + ``messages_to_batch``) against
+    ``pages_to_batch`` (columnar decode), with and without the properties column; one core,
+    best of ``rounds``."""
+    import gc
+
+    from rmq.client.consumer_api import post_process_messages
+    from rmq.client.message import MessageQueue
+    from rmq.spark.arrow import arrow_schema, messages_to_batch, pages_to_batch
+    n = n or int(os.environ.get("RMQ_SPARK_MICRO_MESSAGES", "200000"))
+    mq = MessageQueue(TOPIC, "broker-a", 0)
+    per_batch = max(1, batch_rows // 1024)
+    results = {}
+    for size in sizes:
+        pages = make_pages(n, size)
+        groups = [pages[i:i + per_batch] for i in range(0, len(pages), per_batch)]
+        for props in (True, False):
+            schema = arrow_schema(props)
+
+            def old():
+                return sum(messages_to_batch([post_process_messages(cl.decode_records(p)) for p in g], mq,
+                                             schema).num_rows for g in groups)
+
+            def new():
+                return sum(pages_to_batch(g, mq, schema, props).num_rows for g in groups)
+
+            for name, fn in (("old", old), ("new", new)):
+                secs = []
+                for _ in range(rounds):
+                    gc.disable()                       # as read_partition does
+                    try:
+                        t0 = time.perf_counter()
+                        rows = fn()
+                        secs.append(time.perf_counter() - t0)
+                    finally:
+                        gc.enable()
+                assert rows == n
+                results[(size, props, name)] = n / min(secs)
+            write(f"{size:5d} B  props={str(props):5}  old {results[(size, props, 'old')]:12,.0f} rows/s   "
+                  f"new {results[(size, props, 'new')]:12,.0f} rows/s   x{results[(size, props, 'new')] / results[(size, props, 'old')]:.1f}")
+    return results
+
+
+def test_arrow_micro_benchmark():
+    r = arrow_micro(n=20000, rounds=1)
+    assert all(v > 0 for v in r.values())
+
+
 def test_spark_connector_throughput():
     import pytest
     pytest.importorskip("pyspark")
@@ -203,4 +280,7 @@ def test_spark_connector_throughput():
 
 
 if __name__ == "__main__":
-    run()
+    if "--micro" in sys.argv:
+        arrow_micro()
+    else:
+        run()
