@@ -437,6 +437,10 @@ class HAActor(FollowerActor):
         self.expected = int(fields["startOffset"])
         self.link_state = "STREAMING"
         self.dirty = True
+        # tell the broker the master's epochs now, ahead of the first HA_APPEND on the same socket:
+        # a slave that holds bytes of an epoch must have that epoch on disk, or after a crash its
+        # next handshake could not prove a common prefix and would have to start from empty
+        self.announce()
         self.log.info("replicating from %s at offset %d (master end %d)", self.master_ha_addr, self.expected,
                       self.master_max)
 
