@@ -528,6 +528,8 @@ class BrokerActor(Actor):
         offset = field_int(frame, "offset", lo=0)
         if not frame.bodies:
             return frame.response(ResponseCode.MESSAGE_ILLEGAL, "no body part")
+        if not self.epochs.entries and self.ha_state.get("masterEpochs"):
+            self._adopt_master_epochs(self.ha_state["masterEpochs"])   # never hold bytes without their epoch
         try:
             end = self.store.apply_replica(offset, frame.bodies[0])
         except Exception as e:      # ReplicaOffsetMismatch, ReplicaDataError, StoreError: nothing written
