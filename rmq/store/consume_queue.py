@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from typing import Callable, Optional
 
 from rmq._core.consume_queue import (fill_blank_entries, lower_bound_physical_offset,
@@ -86,6 +87,8 @@ class ConsumeQueue:
         self.mapped_file_queue = MappedFileQueue(self.store_path, self.mapped_file_size)
         self.max_physic_offset = -1     # CommitLog bytes (RocketMQ starts at -1)
         self.min_logic_offset = 0       # queue bytes
+        self._repeat_logged_at = -1.0   # monotonic s of the last "repeatedly" warning
+        self._repeats = 0
 
     def __repr__(self) -> str:
         return (f"ConsumeQueue({self.topic!r}, {self.queue_id}, "
@@ -250,9 +253,16 @@ class ConsumeQueue:
         current_logic_offset = mfq.get_max_offset()
         if expect_logic_offset < current_logic_offset:
             skip = min(count, -(-(current_logic_offset - expect_logic_offset) // CQ_STORE_UNIT_SIZE))
-            log.warning("build consume queue repeatedly, expectLogicOffset: %d currentLogicOffset: %d "
-                        "Topic: %s QID: %d Diff: %d", expect_logic_offset, current_logic_offset,
-                        self.topic, self.queue_id, expect_logic_offset - current_logic_offset)
+            # expected after an abnormal recovery re-dispatches: logged at most once a second per
+            # queue (a re-dispatch of a large store would otherwise log every entry)
+            now = time.monotonic()
+            self._repeats += 1
+            if now - self._repeat_logged_at >= 1.0:
+                log.warning("build consume queue repeatedly, expectLogicOffset: %d currentLogicOffset: %d "
+                            "Topic: %s QID: %d Diff: %d (%d run(s) skipped since the last report)",
+                            expect_logic_offset, current_logic_offset, self.topic, self.queue_id,
+                            expect_logic_offset - current_logic_offset, self._repeats)
+                self._repeat_logged_at, self._repeats = now, 0
             return skip
         if expect_logic_offset > current_logic_offset:
             log.warning("[BUG]logic queue order maybe wrong, expectLogicOffset: %d currentLogicOffset: %d "
