@@ -403,7 +403,16 @@ class MessageStore:
             self.reput_from_offset = min(max(max_phy_of_cq, self.commitlog.get_min_offset()), end)
         else:
             start, end = self.commitlog.recover_abnormally(self.checkpoint.get_min_timestamp(), durable)
-            self.reput_from_offset = min(max(min(start, max_phy_of_cq), self.commitlog.get_min_offset()), end)
+            # ConsumeQueue entries pointing into the re-scanned range may be stale: a CQ page above
+            # its durable point can come back from before an earlier crash (a power cut keeps,
+            # zeroes or reverts it), with entries whose CommitLog bytes were since rewritten by
+            # other records.  Kept, they would make the re-dispatch skip the real entries as
+            # "repeated" and hide acknowledged messages.  Drop them; the dispatch below rebuilds
+            # every entry from the CommitLog (T1b finding, RELIABILITY.md §4).
+            for cq in self.consume_queue_table.values():
+                cq.truncate_dirty_logic_files(start)
+            max_phy_of_cq = min(max_phy_of_cq, start)      # nothing points at/after ``start`` now
+            self.reput_from_offset = min(max(start, self.commitlog.get_min_offset()), end)
         max_offset = self.commitlog.get_max_offset()
         if reindex_from is not None:
             # the IndexFiles from there were dropped: re-dispatch (CQ entries are skipped as present)
