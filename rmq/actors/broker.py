@@ -559,10 +559,7 @@ class BrokerActor(Actor):
         reput has dispatched everything it holds (up to PROMOTE_WAIT_MS) it opens a new epoch
         at its CommitLog end, persists the role (config/haRole.json), re-registers as brokerId 0
         and answers SUCCESS.  Refused while the master is reachable and ahead of it."""
-        try:
-            props = unpack_body(frame) if frame.bodies else {}
-        except ProtocolError:
-            raise
+        props = unpack_body(frame) if frame.bodies else {}
         if not isinstance(props, dict) or not props:
             return frame.response(ResponseCode.SYSTEM_ERROR, "body must be a non-empty map of properties")
         props = {str(k): str(v) for k, v in props.items()}
