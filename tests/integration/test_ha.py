@@ -375,3 +375,14 @@ def test_paused_master_is_fenced_after_the_slave_is_promoted(pair):
         print(f"writes acked by two masters in overlapping epochs: {codes.count(ResponseCode.SUCCESS)}")
         r = c.invoke(master.namesrv_addr, Frame(RequestCode.GET_ROUTEINFO_BY_TOPIC, fields={"topic": "T"}))
         assert unpack_body(r)["brokerDatas"][0]["brokerAddrs"].get("0") == slave.broker_addr
+
+
+def test_sync_master_refuses_when_the_slave_lags_beyond_ha_slave_fallbehind_max(pair):
+    # haSlaveFallbehindMax = 1 byte: any new record puts the slave "too far" behind
+    master = pair(role="SYNC_MASTER", haSlaveFallbehindMax="1")
+    with RemotingClient() as c:
+        create_topic(c, master.broker_addr, "T")
+        pair(master=master)
+        wait_for(lambda: runtime(c, master.broker_addr)["haSlaves"], 20)
+        r = send(c, master.broker_addr, "T", b"lagging")
+        assert r.code == ResponseCode.SLAVE_NOT_AVAILABLE and "behind" in r.remark, r.remark
