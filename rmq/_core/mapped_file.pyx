@@ -284,10 +284,11 @@ cdef class MappedFile:
                 raise StoreError(f"cannot allocate {file_name}: {os.strerror(rc)}")
         with nogil:
             m = mmap(NULL, <size_t>file_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
+        # the mapping keeps the file alive: the descriptor is not needed past mmap (msync works on
+        # the mapping), and holding one per file ran a store of many small files out of descriptors
+        close(fd)
         if m == MAP_FAILED:
-            close(fd)
             raise StoreError(f"cannot mmap {file_name}: {os.strerror(errno)}")
-        self.fd = fd
         self.base = <unsigned char*>m
 
     def __dealloc__(self):
