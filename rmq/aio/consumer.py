@@ -57,7 +57,8 @@ from rmq.client.consumer import (BROKER_SUSPEND_MAX_TIME_MS, CONCURRENT_MAX_RECO
                                  ConsumeConcurrentlyContext, ConsumeConcurrentlyStatus, ConsumeFromWhere,
                                  ConsumeOrderlyContext, ConsumeOrderlyStatus, MessageModel, _enum,
                                  compute_pull_from_where)
-from rmq.client.consumer_api import (ROUTE_REFRESH_INTERVAL_MS, PullFromWhichNode, group_addrs)
+from rmq.client.consumer_api import (ROUTE_REFRESH_INTERVAL_MS, PullFromWhichNode, group_addrs,
+                                     route_refresh_due)
 from rmq.client.consumer_api import (CONSUMER_TIMEOUT_MS_WHEN_SUSPEND, SUB_ALL, SubscriptionData, TopicRoute, _check,
                                      build_pull_frame, consumer_data, default_client_id, heartbeat_body,
                                      mq_set_body, parse_lock_response, parse_pull_response, retry_send_frame,
@@ -215,10 +216,7 @@ class AsyncConsumerAPI:
         ``route_refresh_interval_ms``), at most one attempt per that interval; errors are logged."""
         max_age_ms = self.route_refresh_interval_ms if max_age_ms is None else max_age_ms
         now = time.monotonic()
-        r = self._routes.get(topic)
-        if r is not None and (now - r.fetched_at) * 1000 < max_age_ms:
-            return
-        if (now - self._refresh_tried.get(topic, -1e18)) * 1000 < max_age_ms:
+        if not route_refresh_due(self._routes.get(topic), self._refresh_tried.get(topic, -1e18), now, max_age_ms):
             return
         self._refresh_tried[topic] = now
         try:

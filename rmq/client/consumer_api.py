@@ -175,6 +175,15 @@ def group_addrs(routes: Iterable[TopicRoute], broker_name: str, topic: Optional[
     return {}
 
 
+def route_refresh_due(route: Optional[TopicRoute], last_try: float, now: float, max_age_ms: float) -> bool:
+    """Whether to refetch a route: the cached one (None: none) is older than ``max_age_ms`` and no
+    attempt was made within that interval either (an unreachable NameServer costs one timeout
+    per interval, not one per call).  ``last_try`` / ``now``: time.monotonic() seconds."""
+    if route is not None and (now - route.fetched_at) * 1000 < max_age_ms:
+        return False
+    return (now - last_try) * 1000 >= max_age_ms
+
+
 def suggested_broker_id(resp: Frame) -> Optional[int]:
     """``suggestWhichBrokerId`` of a PULL_MESSAGE response (None when absent or malformed)."""
     v = resp.fields.get("suggestWhichBrokerId") if isinstance(resp.fields, dict) else None
@@ -567,10 +576,8 @@ class ConsumerAPI:
         max_age_ms = self.route_refresh_interval_ms if max_age_ms is None else max_age_ms
         now = time.monotonic()
         with self._lock:
-            r = self._routes.get(topic)
-            if r is not None and (now - r.fetched_at) * 1000 < max_age_ms:
-                return
-            if (now - self._refresh_tried.get(topic, -1e18)) * 1000 < max_age_ms:
+            if not route_refresh_due(self._routes.get(topic), self._refresh_tried.get(topic, -1e18), now,
+                                     max_age_ms):
                 return
             self._refresh_tried[topic] = now
         try:

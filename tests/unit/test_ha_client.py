@@ -322,3 +322,14 @@ def test_broker_status_rendering_of_ha_keys():
     render_broker_status(Console(file=out, width=200), MASTER, status)
     text = out.getvalue()
     assert f"slaves of broker {MASTER}" in text and "Lag (bytes)" in text and SLAVE1 in text
+
+
+def test_route_refresh_due_rule():
+    from types import SimpleNamespace
+    from rmq.client.consumer_api import route_refresh_due
+    fresh = SimpleNamespace(fetched_at=100.0)
+    assert not route_refresh_due(fresh, -1e18, 100.5, 1000)          # younger than the interval
+    assert route_refresh_due(fresh, -1e18, 102.0, 1000)              # stale, never tried
+    assert not route_refresh_due(fresh, 101.5, 102.0, 1000)          # stale, but tried 0.5 s ago
+    assert route_refresh_due(None, -1e18, 0.0, 1000)                 # no route at all
+    assert not route_refresh_due(None, 0.0, 0.2, 1000)
