@@ -266,6 +266,15 @@ class Actor:
                     f"while CURVE is off (set authEnable and use an admin key)")
         return ""
 
+    def decode_or_log(self, parts: list, what: str) -> Optional[Frame]:
+        """``parts`` decoded, or None with a warning naming ``what`` (a peer's bad frame is
+        logged and dropped, never raised into the loop)."""
+        try:
+            return P.decode(parts)
+        except ProtocolError as e:
+            self.log.warning("bad %s: %s", what, e)
+            return None
+
     def after_poll(self) -> None:
         """Called once after the messages of one poll were handled (coalesced announcements)."""
 

@@ -637,15 +637,8 @@ class BrokerActor(Actor):
         self.broker_id = 0
         self.ha_slaves, self.ha_ack_offset, self.ha_state = [], -1, {}
         self.ha_master_address = ""
-        frame = Frame(RequestCode.UNREGISTER_BROKER, flag=P.FLAG_ONEWAY, fields={
-            "clusterName": self.cluster_name, "brokerAddr": self.broker_addr, "brokerName": self.broker_name,
-            "brokerId": old_id})
-        for s in self._ns_sockets:
-            try:
-                s.send_multipart(P.encode(frame), flags=zmq.NOBLOCK)
-            except zmq.Again:
-                pass
-        self.register_broker_all()
+        self.unregister_broker_all(old_id)       # the NameServer drops <old id, addr> ...
+        self.register_broker_all()               # ... and routes id 0 here
         self.announce_append(force=True)          # the ha actor switches to serving slaves
         self.log.warning("promoted to %s (brokerId 0), epoch %d from CommitLog offset %d", role, epoch, end)
 
@@ -716,27 +709,25 @@ class BrokerActor(Actor):
             "clusterName": self.cluster_name, "brokerAddr": self.broker_addr, "brokerName": self.broker_name,
             "brokerId": self.broker_id, "haServerAddr": self.ha_server_addr,
             "epoch": self.epochs.last_epoch() if self.role in MASTER_ROLES else 0}, bodies=[self._topic_table_body()])
-        for s in self._ns_sockets:
-            try:
-                s.send_multipart(P.encode(frame), flags=zmq.NOBLOCK)
-            except zmq.Again:
-                self.log.warning("NameServer queue full: registration skipped")
+        self._to_namesrvs(frame)
 
-    def unregister_broker_all(self) -> None:
-        frame = Frame(RequestCode.UNREGISTER_BROKER, flag=P.FLAG_ONEWAY, fields={
+    def unregister_broker_all(self, broker_id: Optional[int] = None) -> None:
+        """UNREGISTER_BROKER (one-way) of this address as ``broker_id`` (default: the current id)."""
+        self._to_namesrvs(Frame(RequestCode.UNREGISTER_BROKER, flag=P.FLAG_ONEWAY, fields={
             "clusterName": self.cluster_name, "brokerAddr": self.broker_addr, "brokerName": self.broker_name,
-            "brokerId": self.broker_id})
+            "brokerId": self.broker_id if broker_id is None else broker_id}))
+
+    def _to_namesrvs(self, frame: Frame) -> None:
+        """Send ``frame`` to every NameServer; a full queue skips that one (logged, retried by the timer)."""
         for s in self._ns_sockets:
             try:
                 s.send_multipart(P.encode(frame), flags=zmq.NOBLOCK)
             except zmq.Again:
-                pass
+                self.log.warning("NameServer queue full: %s skipped", RequestCode(frame.code).name)
 
     def _on_namesrv_response(self, parts: list) -> None:
-        try:
-            f = P.decode(parts)
-        except ProtocolError as e:
-            self.log.warning("bad NameServer response: %s", e)
+        f = self.decode_or_log(parts, "NameServer response")
+        if f is None:
             return
         if f.code != ResponseCode.SUCCESS:
             self.log.warning("NameServer answered %s: %s", f.code, f.remark)

@@ -445,10 +445,8 @@ class HAActor(FollowerActor):
                       self.master_max)
 
     def _on_broker_response(self, parts: list) -> None:
-        try:
-            f = P.decode(parts)
-        except ProtocolError as e:
-            self.log.warning("bad broker response: %s", e)
+        f = self.decode_or_log(parts, "broker response")
+        if f is None:
             return
         if f.opaque != self.generation:
             return                   # an answer to an append of a link since reset

@@ -39,10 +39,12 @@ def commitlog_digests(store):
 
 
 def wait_replicated(c, master, slave, timeout_s=30.0):
-    """Until the slave's CommitLog end equals the master's (and the master saw the ack)."""
+    """Until the slave's CommitLog end equals the master's, the master saw the ack and the slave's
+    reput dispatched it all (so its ConsumeQueues serve every replicated message)."""
     def same():
         m, s = runtime(c, master.broker_addr), runtime(c, slave.broker_addr)
-        return m["commitLogMaxOffset"] == s["commitLogMaxOffset"] and m["haSlaveAckOffset"] == m["commitLogMaxOffset"]
+        end = m["commitLogMaxOffset"]
+        return s["commitLogMaxOffset"] == end == m["haSlaveAckOffset"] and s["dispatchedOffset"] >= end
     wait_for(same, timeout_s)
     return runtime(c, master.broker_addr)["commitLogMaxOffset"]
 
