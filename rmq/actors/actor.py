@@ -74,7 +74,10 @@ class Reply:
         except zmq.Again:
             logging.getLogger("rmq.actor").warning("reply to %r dropped: peer queue full", self.envelope[:1])
         except zmq.ZMQError as e:   # peer gone (ROUTER_MANDATORY) or socket closed
-            logging.getLogger("rmq.actor").warning("reply dropped: %s", e)
+            # a client that closed with a request in flight (a parked long-poll pull) is routine
+            level = logging.INFO if e.errno == zmq.EHOSTUNREACH else logging.WARNING
+            logging.getLogger("rmq.actor").log(level, "reply dropped (code %s, opaque %s): %s",
+                                               frame.code, self.opaque, e)
 
     def error(self, code: int, remark: str) -> None:
         self.send(Frame(int(code), remark=remark))
@@ -112,6 +115,7 @@ class Actor:
     def _setup_logging(self, level: int) -> logging.Logger:
         log = logging.getLogger(f"rmq.{self.name}")
         log.setLevel(level)
+        logging.getLogger("rmq.actor").setLevel(level)
         if self.store_path and not any(isinstance(h, logging.handlers.RotatingFileHandler) for h in log.handlers):
             d = os.path.join(self.store_path, "logs")
             os.makedirs(d, exist_ok=True)
@@ -119,6 +123,7 @@ class Actor:
                                                      backupCount=LOG_BACKUPS)
             h.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s[%(process)d] %(message)s"))
             log.addHandler(h)
+            logging.getLogger("rmq.actor").addHandler(h)     # Reply's messages go to the same file
         return log
 
     # -- security (rmq.security) ------------------------------------------------------------

@@ -12,7 +12,6 @@ import calendar
 import itertools
 import os
 import socket
-import threading
 import time
 from dataclasses import dataclass, field
 from enum import Enum
@@ -68,8 +67,8 @@ class Message:
         if not isinstance(body, (bytes, bytearray, memoryview)):
             raise MQClientError(f"message body must be bytes, got {type(body).__name__}")
         self.topic = topic
-        self.body = bytes(body)
-        self.properties: dict = {str(k): str(v) for k, v in (properties or {}).items()}
+        self.body = body if type(body) is bytes else bytes(body)
+        self.properties: dict = {str(k): str(v) for k, v in properties.items()} if properties else {}
         self.flag = flag
         if tags:
             self.tags = tags
@@ -190,7 +189,6 @@ class PullResult:
 
 # -- unique message ids (MessageClientIDSetter, SPEC.md §1.8) -------------------------------------
 _counter = itertools.count(int.from_bytes(os.urandom(2), "big"))
-_lock = threading.Lock()
 
 
 def _ip_bytes() -> bytes:
@@ -201,6 +199,7 @@ def _ip_bytes() -> bytes:
 
 
 _FIX = _ip_bytes() + (os.getpid() & 0xFFFF).to_bytes(2, "big") + os.urandom(4)
+_FIX_HEX = _FIX.hex().upper()
 
 
 _month = [0.0, 0.0]          # [start of the current month (s), start of the next one (s)], UTC
@@ -219,10 +218,9 @@ def create_uniq_id() -> str:
     """32 hex chars: IP (4) + pid (2) + random per process (4, RocketMQ's class-loader hash)
     + ms since the start of the month (4) + counter (2)."""
     now = time.time()
-    with _lock:
-        n = next(_counter) & 0xFFFF
+    n = next(_counter) & 0xFFFF           # itertools.count's next() is atomic under the GIL
     ms = int((now - _month_start(now)) * 1000) & 0xFFFFFFFF
-    return (_FIX + ms.to_bytes(4, "big") + n.to_bytes(2, "big")).hex().upper()
+    return "%s%08X%04X" % (_FIX_HEX, ms, n)
 
 
 __all__ = ["Message", "MessageExt", "MessageQueue", "SendResult", "SendStatus", "PullResult", "PullStatus",

@@ -73,6 +73,7 @@ from zmq.utils.monitor import parse_monitor_message
 from rmq import protocol as P
 from rmq import security
 from rmq._core.commitlog import encode_batch, encode_properties, tags_string_to_tags_code
+from rmq.client.futures import SendFuture
 from rmq.client.message import (PROPERTY_DELAY_TIME_LEVEL, PROPERTY_SHARDING_KEY,
                                 PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, PROPERTY_WAIT_STORE_MSG_OK, Message,
                                 MessageQueue, SendResult, SendStatus, create_uniq_id)
@@ -453,7 +454,8 @@ class _Pending:
                  "started")
 
     def __init__(self, preps: list, future: Future, mode: int, deadline: float, attempt_timeout: float,
-                 selector=None, arg=None, queue: Optional[MessageQueue] = None, whole: bool = False):
+                 selector=None, arg=None, queue: Optional[MessageQueue] = None, whole: bool = False,
+                 started: Optional[float] = None):
         self.preps = preps
         self.future = future
         self.mode = mode
@@ -463,7 +465,7 @@ class _Pending:
         self.arg = arg
         self.queue = queue
         self.whole = whole
-        self.started = time.monotonic()
+        self.started = time.monotonic() if started is None else started
 
     @property
     def topic(self) -> str:
@@ -565,7 +567,8 @@ class _Sender(threading.Thread):
         # closed when the sender is garbage (never earlier: a late wake() must not write to a reused fd)
         weakref.finalize(self, _close_fds, self._wake_r, self._wake_w)
         self._wake_pending = False
-        self.cond = threading.Condition(threading.Lock())
+        self.lock = threading.Lock()      # the cond's lock: ``with lock`` where no wait/notify is needed
+        self.cond = threading.Condition(self.lock)
         self.pending = 0                  # messages accepted and not yet completed (under cond)
         self.flushing = 0                 # flush() calls in progress (under cond)
         self.blocked = 0                  # send_async callers waiting for room (under cond)
@@ -1641,7 +1644,7 @@ class Producer:
         n = len(preps)
         s = self._sender
         in_io = threading.get_ident() == s.ident
-        with s.cond:
+        with s.lock:                      # = s.cond (its lock); C-level enter on the per-message path
             self._check_open()
             if not in_io and s.pending + n > self.options.max_pending_messages and s.pending > 0:
                 end = time.monotonic() + budget_ms / 1000.0
@@ -1663,11 +1666,8 @@ class Producer:
             deadline = now + max(self.options.delivery_timeout_ms, budget_ms) / 1000.0
         else:
             deadline = now + budget_ms / 1000.0
-        fut: Future = Future()
-        fut.set_running_or_notify_cancel()    # cannot be cancelled: it is owned by the I/O thread
-        if callback is not None:
-            fut.add_done_callback(callback)
-        s.submit(_Pending(preps, fut, mode, deadline, budget_ms / 1000.0, selector, arg, queue, whole))
+        fut = SendFuture(callback)            # RUNNING: cannot be cancelled, it is owned by the I/O thread
+        s.submit(_Pending(preps, fut, mode, deadline, budget_ms / 1000.0, selector, arg, queue, whole, now))
         return fut
 
     def _wait(self, fut: Future, timeout_ms: Optional[int]) -> Any:

@@ -1,0 +1,87 @@
+"""SendFuture: the producer's lazily-conditioned concurrent.futures.Future."""
+import threading
+from concurrent.futures import (FIRST_COMPLETED, Future, InvalidStateError, TimeoutError as FutureTimeout,
+                                as_completed, wait)
+
+import pytest
+
+from rmq.client.futures import SendFuture
+
+
+def test_is_a_running_future_that_cannot_be_cancelled():
+    f = SendFuture()
+    assert isinstance(f, Future)
+    assert f.running() and not f.done() and not f.cancel()
+    with pytest.raises(FutureTimeout):
+        f.result(0.01)
+
+
+def test_result_exception_and_double_completion():
+    f = SendFuture()
+    f.set_result(7)
+    assert f.done() and f.result() == 7 and f.exception() is None
+    with pytest.raises(InvalidStateError):
+        f.set_result(8)
+    g = SendFuture()
+    g.set_exception(ValueError("boom"))
+    assert isinstance(g.exception(), ValueError)
+    with pytest.raises(ValueError, match="boom"):
+        g.result()
+    with pytest.raises(InvalidStateError):
+        g.set_exception(ValueError("again"))
+    # a waiter created the condition first: the standard path, same answers
+    h = SendFuture()
+    assert not h.done()
+    h.set_result(1)
+    with pytest.raises(InvalidStateError):
+        h.set_result(2)
+    assert h.result() == 1
+
+
+def test_callbacks_run_once_whether_given_at_creation_added_before_or_after():
+    calls = []
+    f = SendFuture(lambda fut: calls.append(("ctor", fut.result())))
+    f.add_done_callback(lambda fut: calls.append(("before", fut.result())))
+    f.set_result(3)
+    f.add_done_callback(lambda fut: calls.append(("after", fut.result())))
+    assert calls == [("ctor", 3), ("before", 3), ("after", 3)]
+
+
+def test_a_raising_callback_does_not_stop_the_others(caplog):
+    seen = []
+    f = SendFuture(lambda fut: 1 / 0)
+    f.add_done_callback(lambda fut: seen.append(fut.result()))
+    f.set_result("ok")
+    assert seen == ["ok"]
+    assert "exception calling callback" in caplog.text
+
+
+@pytest.mark.parametrize("waiter", ["result", "wait", "as_completed", "callback"])
+def test_completion_racing_a_waiter_in_another_thread_never_loses_a_wakeup(waiter):
+    """The lock-free completion against every way of waiting, many times (a lost wake-up
+    would hang result() until its timeout and fail the assertion)."""
+    for i in range(2000):
+        f = SendFuture()
+        got = []
+        done = threading.Event()
+
+        def wait_for_it():
+            if waiter == "result":
+                got.append(f.result(5))
+            elif waiter == "wait":
+                d, _ = wait([f], 5, return_when=FIRST_COMPLETED)
+                got.append(next(iter(d)).result())
+            elif waiter == "as_completed":
+                got.extend(x.result() for x in as_completed([f], 5))
+            else:
+                f.add_done_callback(lambda fut: got.append(fut.result()))
+            done.set()
+
+        t = threading.Thread(target=wait_for_it)
+        t.start()
+        f.set_result(i)
+        t.join(10)
+        assert not t.is_alive()
+        if waiter == "callback":
+            assert done.wait(5)
+        assert got == [i], (waiter, i, got)
