@@ -78,6 +78,23 @@ class SendFuture(Future):
             except Exception:  # noqa: BLE001 - as concurrent.futures does
                 LOGGER.exception("exception calling callback for %r", self)
 
+    # FINISHED is final and _result/_exception are set before it: a finished future answers
+    # without its condition (callbacks typically ask for result() / exception())
+    def done(self) -> bool:
+        return self._state == FINISHED or super().done()
+
+    def result(self, timeout=None):
+        if self._state == FINISHED:
+            if self._exception is not None:
+                raise self._exception
+            return self._result
+        return super().result(timeout)
+
+    def exception(self, timeout=None):
+        if self._state == FINISHED:
+            return self._exception
+        return super().exception(timeout)
+
     def set_result(self, result) -> None:
         self._finish(result, None)
 
