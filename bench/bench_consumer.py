@@ -34,9 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import sys
-import tempfile
 import threading
 import time
 from typing import Callable
@@ -46,6 +44,7 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from rmq._core import commitlog as cl  # noqa: E402
+from filled import FilledCluster  # noqa: E402
 from rmq.client.consumer import PullConsumer, PushConsumer  # noqa: E402
 from rmq.client.remoting import RemotingClient  # noqa: E402
 from rmq.protocol import Frame, RequestCode, ResponseCode  # noqa: E402
@@ -58,55 +57,17 @@ SEND_BATCH = 256
 TIMEOUT_S = 300.0
 
 
-class BenchCluster:
-    """A broker group filled with N_MESSAGES over QUEUES queues."""
+class BenchCluster(FilledCluster):
+    """A broker group filled with N_MESSAGES of 100 B over QUEUES queues; ``group()`` names a new
+    consumer group per scenario."""
 
     def __init__(self, n_messages: int = N_MESSAGES):
-        from tests.integration.cluster import Cluster
-        self.dir = tempfile.mkdtemp(prefix="rmq-bench-consumer-", dir=os.environ.get("RMQ_BENCH_DIR") or None)
-        self.cluster = Cluster(os.path.join(self.dir, "store"), conf={
-            "mappedFileSizeCommitLog": str(256 << 20), "mappedFileSizeConsumeQueue": str(300_000 * 20),
-            "maxTransferCountOnMessageInMemory": "1024", "maxTransferBytesOnMessageInMemory": str(4 << 20)})
-        self.namesrv = self.cluster.namesrv_addr
-        self.n = n_messages
+        super().__init__("rmq-bench-consumer-", n_messages, QUEUES, len(BODY), timeout_s=TIMEOUT_S)
         self.groups = 0
-        self._fill()
-
-    def _fill(self) -> None:
-        props = cl.encode_properties({"TAGS": "t"})
-        batch = cl.encode_batch([(BODY, props, 0)] * SEND_BATCH)
-        with RemotingClient() as c:
-            r = c.invoke(self.cluster.broker, Frame(RequestCode.UPDATE_AND_CREATE_TOPIC, fields={
-                "topic": TOPIC, "readQueueNums": QUEUES, "writeQueueNums": QUEUES}))
-            assert r.code == ResponseCode.SUCCESS, r.remark
-            sent = 0
-            q = 0
-            while sent < self.n:
-                k = min(SEND_BATCH, self.n - sent)
-                body = batch if k == SEND_BATCH else cl.encode_batch([(BODY, props, 0)] * k)
-                r = c.invoke(self.cluster.broker, Frame(RequestCode.SEND_BATCH_MESSAGE, fields={
-                    "topic": TOPIC, "queueId": q % QUEUES}, bodies=[body]), 10_000)
-                if r.code == ResponseCode.SYSTEM_BUSY:
-                    time.sleep(0.01)
-                    continue
-                assert r.code == ResponseCode.SUCCESS, r.remark
-                sent += k
-                q += 1
-        deadline = time.monotonic() + TIMEOUT_S
-        with PullConsumer(self.namesrv, group="bench-probe", auto_commit=False) as pc:
-            self.mqs = pc.fetch_subscribe_message_queues(TOPIC)
-            while sum(pc.max_offset(mq) for mq in self.mqs) < self.n:
-                assert time.monotonic() < deadline, "dispatch did not finish"
-                time.sleep(0.05)
-            self.ends = {mq: pc.max_offset(mq) for mq in self.mqs}
 
     def group(self, name: str) -> str:
         self.groups += 1
         return f"{name}-{self.groups}"
-
-    def close(self) -> None:
-        self.cluster.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def timed(fn: Callable[[], int]) -> dict:

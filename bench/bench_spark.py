@@ -10,7 +10,8 @@ Run::
 
 Setup (untimed): one broker group (nameserver + broker + reput + flush on loopback), topic
 ``bench`` with ``RMQ_SPARK_BENCH_QUEUES`` (default 8) queues filled with
-``RMQ_SPARK_BENCH_MESSAGES`` (default 400 000) messages of ``RMQ_SPARK_BENCH_BODY`` (default
+``RMQ_SPARK_BENCH_MESSAGES`` (default 2 000 000: a Spark job has a fixed cost of about a second
+on 2 cores, which made 400 000 rows read at 0.2 M rows/s and 2 M at 1 M rows/s) messages of ``RMQ_SPARK_BENCH_BODY`` (default
 100) bytes with a tag and a UNIQ_KEY (as producers send them), in SEND_BATCH_MESSAGE batches
 of 256; a local[2] SparkSession (UI off, loopback), warmed up with one read of the topic.
 
@@ -42,11 +43,11 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from rmq._core import commitlog as cl  # noqa: E402
-from rmq.client.consumer_api import ConsumerAPI  # noqa: E402
+from filled import FilledCluster  # noqa: E402
 from rmq.client.remoting import RemotingClient  # noqa: E402
 from rmq.protocol import Frame, RequestCode, ResponseCode  # noqa: E402
 
-N_MESSAGES = int(os.environ.get("RMQ_SPARK_BENCH_MESSAGES", "400000"))
+N_MESSAGES = int(os.environ.get("RMQ_SPARK_BENCH_MESSAGES", "2000000"))
 QUEUES = int(os.environ.get("RMQ_SPARK_BENCH_QUEUES", "8"))
 BODY_SIZE = int(os.environ.get("RMQ_SPARK_BENCH_BODY", "100"))
 ROUNDS = int(os.environ.get("RMQ_SPARK_BENCH_ROUNDS", "3"))
@@ -55,56 +56,12 @@ SEND_BATCH = 256
 TIMEOUT_S = 600.0
 
 
-class BenchCluster:
-    """A broker group holding N_MESSAGES over QUEUES queues."""
+class BenchCluster(FilledCluster):
+    """A broker group holding N_MESSAGES over QUEUES queues, each with a tag and a UNIQ_KEY."""
 
     def __init__(self, n_messages: int = N_MESSAGES):
-        from tests.integration.cluster import Cluster
-        self.dir = tempfile.mkdtemp(prefix="rmq-bench-spark-", dir=os.environ.get("RMQ_BENCH_DIR") or None)
-        self.cluster = Cluster(os.path.join(self.dir, "store"), conf={
-            "mappedFileSizeCommitLog": str(256 << 20), "mappedFileSizeConsumeQueue": str(300_000 * 20),
-            "maxTransferCountOnMessageInMemory": "1024", "maxTransferBytesOnMessageInMemory": str(4 << 20)})
-        self.namesrv = self.cluster.namesrv_addr
-        self.n = n_messages
-        self._fill()
-
-    def _fill(self) -> None:
-        body = b"x" * BODY_SIZE
-        with RemotingClient() as c:
-            r = c.invoke(self.cluster.broker, Frame(RequestCode.UPDATE_AND_CREATE_TOPIC, fields={
-                "topic": TOPIC, "readQueueNums": QUEUES, "writeQueueNums": QUEUES}))
-            assert r.code == ResponseCode.SUCCESS, r.remark
-            sent = q = 0
-            while sent < self.n:
-                k = min(SEND_BATCH, self.n - sent)
-                batch = cl.encode_batch([(body, cl.encode_properties({"TAGS": "t", "UNIQ_KEY": "%032X" % (sent + i)}),
-                                          0) for i in range(k)])
-                r = c.invoke(self.cluster.broker, Frame(RequestCode.SEND_BATCH_MESSAGE, fields={
-                    "topic": TOPIC, "queueId": q % QUEUES}, bodies=[batch]), 10_000)
-                if r.code == ResponseCode.SYSTEM_BUSY:
-                    time.sleep(0.01)
-                    continue
-                assert r.code == ResponseCode.SUCCESS, r.remark
-                sent += k
-                q += 1
-        api = ConsumerAPI(self.namesrv)
-        try:
-            deadline = time.monotonic() + TIMEOUT_S
-            while True:
-                route = api.fetch_route(TOPIC)
-                if route is not None:
-                    self.mqs = route.subscribe_queues()
-                    self.ends = {mq: api.max_offset(mq) for mq in self.mqs}
-                    if sum(self.ends.values()) >= self.n:
-                        break
-                assert time.monotonic() < deadline, "dispatch did not finish"
-                time.sleep(0.1)
-        finally:
-            api.close()
-
-    def close(self) -> None:
-        self.cluster.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        super().__init__("rmq-bench-spark-", n_messages, QUEUES, BODY_SIZE,
+                         props_of=lambda i: {"TAGS": "t", "UNIQ_KEY": "%032X" % i}, timeout_s=TIMEOUT_S)
 
 
 # -- scenarios -------------------------------------------------------------------------------------------
