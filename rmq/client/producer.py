@@ -73,6 +73,7 @@ from zmq.utils.monitor import parse_monitor_message
 from rmq import protocol as P
 from rmq import security
 from rmq._core.commitlog import encode_batch, encode_properties, tags_string_to_tags_code
+from rmq.client.direct import DirectSender
 from rmq.client.futures import SendFuture
 from rmq.client.message import (PROPERTY_DELAY_TIME_LEVEL, PROPERTY_SHARDING_KEY,
                                 PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, PROPERTY_WAIT_STORE_MSG_OK, Message,
@@ -1380,7 +1381,11 @@ class Producer:
         self._sender.started_evt.wait()
         if self._sender.fatal is not None:
             raise MQClientError(f"producer I/O thread failed to start: {self._sender.fatal}") from self._sender.fatal
-        self._finalizer = weakref.finalize(self, _finalize, self._sender)
+        sender = self._sender
+        self._direct = DirectSender(group, self.client_id, self.options, sender.route_cache, sender.fault,
+                                    sender.client_auth,
+                                    refresh_route=lambda topic: sender.call(lambda: sender._fetch_route(topic)))
+        self._finalizer = weakref.finalize(self, _finalize, self._sender, self._direct)
 
     # -- properties --------------------------------------------------------------------------
     @property
@@ -1394,8 +1399,12 @@ class Producer:
 
     @property
     def stats(self) -> dict:
-        """Counters: requests, batch_requests, messages (acknowledged), retries, failed_messages, route_requests."""
-        return dict(self._sender.stats)
+        """Counters: requests, batch_requests, messages (acknowledged), retries, failed_messages, route_requests
+        (the I/O thread's plus those of synchronous sends made on callers' threads)."""
+        st = dict(self._sender.stats)
+        for k, v in list(self._direct.stats.items()):
+            st[k] += v
+        return st
 
     @property
     def fault_strategy(self) -> MQFaultStrategy:
@@ -1443,6 +1452,10 @@ class Producer:
         self._not_in_io_thread("send")
         sel, arg = selector_for(selector, arg, sharding_key, msg)
         prep = prepare_message(msg, self.options)
+        if self._direct.usable(prep.msg.topic):       # known route: request / response on this thread
+            self._check_open()
+            return self._direct.send(prep, timeout_ms, sel, arg, queue,
+                                     lambda: heartbeat_request(self.client_id, self.group))
         fut = self._enqueue([prep], SYNC, timeout_ms, sel, arg, queue)
         return self._wait(fut, timeout_ms)
 
@@ -1597,6 +1610,7 @@ class Producer:
             s.join(max(30.0, (timeout or 0) + 5.0))
             if s.is_alive():
                 log.error("producer %s: I/O thread did not stop (a callback blocking it?)", self.group)
+            self._direct.close()
             self._finalizer.detach()
         if s.failures:
             first = s.failures[0][1]
@@ -1687,7 +1701,7 @@ def _close_fds(*fds: int) -> None:
             pass
 
 
-def _finalize(sender: _Sender) -> None:
+def _finalize(sender: _Sender, direct: DirectSender) -> None:
     """A producer garbage-collected (or alive at exit) without close(): flush what it holds."""
     if sender.is_alive() and threading.current_thread() is not sender:
         with sender.cond:
@@ -1699,6 +1713,10 @@ def _finalize(sender: _Sender) -> None:
                 sender.cond.wait(0.1)
         sender.stop()
         sender.join(5.0)
+    try:
+        direct.close()
+    except Exception:  # noqa: BLE001 - interpreter shutdown
+        pass
 
 
 __all__ = ["Producer", "ProducerOptions", "PreparedMessage", "prepare_message", "prepare_batch", "select_by_hash",

@@ -562,6 +562,7 @@ class MQFaultStrategy:
         self.not_available_duration = tuple(not_available_duration)
         self.isolation_latency_ms = isolation_latency_ms
         self.latency_fault_tolerance = LatencyFaultTolerance(clock)
+        self._lock = threading.Lock()    # select / update may come from several threads
 
     def compute_not_available_duration(self, current_latency: float) -> int:
         """``notAvailableDuration[i]`` for the largest ``i`` with ``latency >= latencyMax[i]``, else 0."""
@@ -576,8 +577,9 @@ class MQFaultStrategy:
         if not self.enabled:
             return
         latency = self.isolation_latency_ms if isolation else current_latency
-        self.latency_fault_tolerance.update_fault_item(
-            broker_name, latency, self.compute_not_available_duration(latency))
+        with self._lock:
+            self.latency_fault_tolerance.update_fault_item(
+                broker_name, latency, self.compute_not_available_duration(latency))
 
     def is_available(self, broker_name: str) -> bool:
         return self.latency_fault_tolerance.is_available(broker_name)
@@ -598,6 +600,10 @@ class MQFaultStrategy:
         """
         if not self.enabled:
             return info.select_one_message_queue(last_broker_name)
+        with self._lock:          # the I/O thread and callers' threads (synchronous sends) share the table
+            return self._select_enabled(info, last_broker_name)
+
+    def _select_enabled(self, info: TopicPublishInfo, last_broker_name: Optional[str]) -> MessageQueue:
         mqs = info.message_queue_list
         if not mqs:
             raise MQClientError(f"No route info of this topic: {info.topic} (no writable queue)")

@@ -413,3 +413,94 @@ def test_aio_broker_killed_fails_clearly(tmp_path):
         assert asyncio.run(asyncio.wait_for(main(), WAIT_S)) < 6.0
     finally:
         c.close()
+
+
+# -- synchronous sends on the caller's thread (rmq.client.direct) ----------------------------------------
+def test_sync_sends_run_on_the_callers_thread_once_the_route_is_known(cluster, rc):
+    create_topic(rc, cluster, "DirectT", 4)
+    with Producer(cluster.namesrv_addr, group="pg") as p:
+        wait_route(p, "DirectT", 4)
+        before = dict(p._direct.stats)
+        results = [p.send(Message("DirectT", b"direct-%d" % i, tags="D", keys=["k%d" % i])) for i in range(40)]
+        assert p._direct.stats["messages"] - before["messages"] == 40      # none went through the I/O thread
+        assert p._direct.stats["requests"] - before["requests"] == 40
+        assert p.stats["messages"] >= 40
+    assert all(r.status is SendStatus.SEND_OK for r in results)
+    assert {r.message_queue.queue_id for r in results} == {0, 1, 2, 3}       # round robin
+    recs = pull_topic(rc, cluster, "DirectT", 4, 40)
+    assert sorted(m.body for m in recs) == sorted(b"direct-%d" % i for i in range(40))
+    by_id = {m.msg_id: m for m in recs}
+    assert all(by_id[r.msg_id].queue_offset == r.queue_offset and by_id[r.msg_id].tags == "D" for r in results)
+
+
+def test_sync_sends_from_many_threads_each_get_their_own_answer(cluster, rc):
+    create_topic(rc, cluster, "DirectMT", 4)
+    results, errors = [], []
+    with Producer(cluster.namesrv_addr, group="pg") as p:
+        wait_route(p, "DirectMT", 4)
+
+        def worker(t):
+            try:
+                for i in range(100):
+                    r = p.send(Message("DirectMT", b"t%d-%d" % (t, i)))
+                    results.append((r.message_queue.queue_id, r.queue_offset, r.msg_id))
+            except Exception as e:  # noqa: BLE001 - reported below
+                errors.append(e)
+
+        threads = [threading.Thread(target=worker, args=(t,)) for t in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert p._direct.stats["messages"] == 800
+    assert not errors, errors[:3]
+    assert len(results) == 800
+    assert len({(q, o) for q, o, _ in results}) == 800          # every answer is its own message's
+    recs = pull_topic(rc, cluster, "DirectMT", 4, 800)
+    assert {m.msg_id: (m.queue_id, m.queue_offset) for m in recs} == {i: (q, o) for q, o, i in results}
+
+
+def test_close_waits_for_sync_sends_of_other_threads_then_refuses(cluster, rc):
+    create_topic(rc, cluster, "DirectClose", 2)
+    p = Producer(cluster.namesrv_addr, group="pg")
+    wait_route(p, "DirectClose", 2)
+    sent, ended = [], []
+
+    def worker():
+        try:
+            while True:
+                sent.append(p.send(Message("DirectClose", b"x")).status)
+        except MQClientError as e:
+            ended.append(e)
+
+    t = threading.Thread(target=worker)
+    t.start()
+    wait_for(lambda: len(sent) > 50, 10.0)
+    p.close()
+    t.join(10)
+    assert not t.is_alive()
+    assert set(sent) == {SendStatus.SEND_OK}
+    assert len(ended) == 1 and "closed" in str(ended[0])
+    with pytest.raises(MQClientError, match="closed"):
+        p.send(Message("DirectClose", b"after"))
+
+
+def test_direct_send_to_a_killed_broker_fails_clearly_after_retries(tmp_path):
+    c = Cluster(tmp_path / "store")
+    try:
+        with RemotingClient() as rc:
+            create_topic(rc, c, "DoomedDirect", 2)
+        with Producer(c.namesrv_addr, group="pg", send_msg_timeout_ms=3000, connect_timeout_ms=500) as p:
+            wait_route(p, "DoomedDirect", 2)
+            assert p.send(Message("DoomedDirect", b"ok")).status is SendStatus.SEND_OK
+            assert p._direct.stats["messages"] == 1
+            c.kill_group()
+            t0 = time.monotonic()
+            with pytest.raises(RemotingError) as ei:
+                p.send(Message("DoomedDirect", b"lost"))
+            assert time.monotonic() - t0 < 6.0
+            text = str(ei.value)
+            assert "broker-a" in text and "Send [" in text, text
+            assert p._direct.stats["failed_messages"] == 1 and p._direct.stats["retries"] >= 1
+    finally:
+        c.close()
