@@ -24,6 +24,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+import math
 import logging.handlers
 import os
 import signal
@@ -42,6 +43,17 @@ LOG_MAX_BYTES = 16 * 1024 * 1024
 LOG_BACKUPS = 3
 
 Handler = Callable[[Frame, "Reply"], Optional[Frame]]
+
+
+def poll_timeout_ms(now: float, next_due: Optional[float], max_wait_ms: float) -> int:
+    """Milliseconds to poll: up to the next timer (``next_due``, monotonic s) or ``max_wait_ms``.
+
+    Whole ms, rounded up: zmq_poll takes integer ms, and a fraction truncated to 0 would spin
+    until the timer is due (reput's coalesced 1 ms dispatch burnt 70 % of a core that way)."""
+    timeout = math.ceil(max_wait_ms)
+    if next_due is not None:
+        timeout = max(0, min(timeout, math.ceil((next_due - now) * 1000.0)))
+    return timeout
 
 
 class Reply:
@@ -338,9 +350,7 @@ class Actor:
     def run_once(self, max_wait_ms: float = 1000.0) -> None:
         """One poll + dispatch + timers step."""
         now = time.monotonic()
-        timeout = max_wait_ms
-        if self._timers:
-            timeout = max(0.0, min(timeout, (self._timers[0][0] - now) * 1000.0))
+        timeout = poll_timeout_ms(now, self._timers[0][0] if self._timers else None, max_wait_ms)
         try:
             events = self.poller.poll(timeout)
         except zmq.ZMQError as e:

@@ -21,7 +21,9 @@ Files
     reads ``commitlog/``.
 
 Timers
-    ConsumeQueue/IndexFile flush: 1 000 ms (2 dirty pages), thorough 60 000 ms.
+    ConsumeQueue/IndexFile flush: 1 000 ms (2 dirty pages), thorough 60 000 ms.  Dispatch runs
+    right after an announcement unless it ran less than DISPATCH_MIN_INTERVAL_MS ago; then once
+    when that interval is over (appends faster than 1 000/s are dispatched in groups).
 
 Failure behaviour
     Dispatch is idempotent (ConsumeQueue and IndexFile skip what they hold), so a
@@ -42,6 +44,9 @@ from rmq.store.config import SYNC_FLUSH, MessageStoreConfig
 from rmq.store.reput import Dispatcher
 
 DISPATCH_STEP_RECORDS = 65536      # records per loop turn before the actor polls again
+DISPATCH_MIN_INTERVAL_MS = 1.0     # dispatch runs at most once per this interval (RocketMQ's
+                                   # ReputMessageService sleeps 1 ms per loop): appends arriving
+                                   # faster are dispatched together, an isolated one at once
 
 
 class ReputActor(FollowerActor):
@@ -51,6 +56,8 @@ class ReputActor(FollowerActor):
     def __init__(self, config: MessageStoreConfig, supervisor_endpoint: Optional[str] = None):
         super().__init__(config, supervisor_endpoint)
         self._last_thorough = time.monotonic()
+        self._last_dispatch = 0.0          # monotonic s of the last dispatch that found work
+        self._deferred = False             # a coalesced dispatch is scheduled
 
     def on_started(self) -> None:
         self.view = StoreView(self.config)
@@ -76,12 +83,22 @@ class ReputActor(FollowerActor):
         return self.flushed if self.config.flush_disk_type == SYNC_FLUSH else self.end
 
     def after_poll(self) -> None:
+        wait_ms = DISPATCH_MIN_INTERVAL_MS - (time.monotonic() - self._last_dispatch) * 1000.0
+        if wait_ms <= 0:
+            self.run_dispatch()
+        elif not self._deferred and self.dispatcher.reput_from_offset < self.limit():
+            self._deferred = True              # appends in quick succession: one dispatch for them all
+            self.add_timer(wait_ms, self._deferred_dispatch, repeat=False)
+
+    def _deferred_dispatch(self) -> None:
+        self._deferred = False
         self.run_dispatch()
 
     def run_dispatch(self, max_records: Optional[int] = DISPATCH_STEP_RECORDS) -> int:
         limit = self.limit()
         if self.dispatcher.reput_from_offset >= limit:
             return 0
+        self._last_dispatch = time.monotonic()
         self.view.commitlog.refresh(limit)
         n = self.dispatcher.dispatch(limit, max_records)
         arrivals = self.dispatcher.take_arrivals()

@@ -35,3 +35,13 @@ def test_request_error_and_stop(actors, tmp_path):
     with open(os.path.join(tmp_path, "stopped")) as f:
         assert f.read() == "ok"
     assert os.path.exists(os.path.join(tmp_path, "logs", "echo.log"))
+
+
+def test_poll_timeout_rounds_up_to_whole_ms_so_a_near_timer_does_not_spin():
+    from rmq.actors.actor import poll_timeout_ms
+    assert poll_timeout_ms(10.0, 10.0003, 1000) == 1          # 0.3 ms ahead: wait 1 ms, not 0 (a spin)
+    assert poll_timeout_ms(10.0, 10.0015, 1000) == 2
+    assert poll_timeout_ms(10.0, 9.5, 1000) == 0              # overdue: do not wait
+    assert poll_timeout_ms(10.0, 20.0, 250) == 250            # bounded by max_wait_ms
+    assert poll_timeout_ms(10.0, None, 250.5) == 251
+    assert all(isinstance(poll_timeout_ms(10.0, d, 1000), int) for d in (None, 10.0001, 11.0))
