@@ -43,11 +43,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from rmq._core import commitlog as cl  # noqa: E402
 from filled import FilledCluster  # noqa: E402
 from rmq.client.consumer import PullConsumer, PushConsumer  # noqa: E402
-from rmq.client.remoting import RemotingClient  # noqa: E402
-from rmq.protocol import Frame, RequestCode, ResponseCode  # noqa: E402
 
 N_MESSAGES = int(os.environ.get("RMQ_CONSUMER_BENCH_MESSAGES", "100000"))
 QUEUES = 8
@@ -79,18 +76,7 @@ def timed(fn: Callable[[], int]) -> dict:
 
 # -- scenarios ---------------------------------------------------------------------------------------
 def raw_pull_decode(bc: BenchCluster) -> int:
-    n = 0
-    with RemotingClient() as c:
-        for mq in bc.mqs:
-            off = 0
-            while off < bc.ends[mq]:
-                r = c.invoke(bc.cluster.broker, Frame(RequestCode.PULL_MESSAGE, fields={
-                    "consumerGroup": "raw", "topic": TOPIC, "queueId": mq.queue_id, "queueOffset": off,
-                    "maxMsgNums": 1024, "sysFlag": 0, "subscription": "*"}))
-                assert r.code == ResponseCode.SUCCESS, r.remark
-                n += len(cl.decode_records(r.bodies[0]))
-                off = r.fields["nextBeginOffset"]
-    return n
+    return bc.raw_pull(decode=True)
 
 
 def pull_consumer_pull(bc: BenchCluster, max_nums: int, expr: str = "*") -> int:

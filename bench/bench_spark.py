@@ -44,8 +44,6 @@ if ROOT not in sys.path:
 
 from rmq._core import commitlog as cl  # noqa: E402
 from filled import FilledCluster  # noqa: E402
-from rmq.client.remoting import RemotingClient  # noqa: E402
-from rmq.protocol import Frame, RequestCode, ResponseCode  # noqa: E402
 
 N_MESSAGES = int(os.environ.get("RMQ_SPARK_BENCH_MESSAGES", "2000000"))
 QUEUES = int(os.environ.get("RMQ_SPARK_BENCH_QUEUES", "8"))
@@ -66,19 +64,7 @@ class BenchCluster(FilledCluster):
 
 # -- scenarios -------------------------------------------------------------------------------------------
 def raw_pull(bc: BenchCluster, decode: bool) -> int:
-    n = 0
-    with RemotingClient() as c:
-        for mq in bc.mqs:
-            off = 0
-            while off < bc.ends[mq]:
-                r = c.invoke(bc.cluster.broker, Frame(RequestCode.PULL_MESSAGE, fields={
-                    "consumerGroup": "raw", "topic": TOPIC, "queueId": mq.queue_id, "queueOffset": off,
-                    "maxMsgNums": 1024, "sysFlag": 0, "subscription": "*"}))
-                assert r.code == ResponseCode.SUCCESS, r.remark
-                nxt = r.fields["nextBeginOffset"]
-                n += len(cl.decode_records(r.bodies[0])) if decode else nxt - off
-                off = nxt
-    return n
+    return bc.raw_pull(decode)
 
 
 def spark_session():

@@ -92,6 +92,24 @@ class FilledCluster:
         finally:
             api.close()
 
+    def raw_pull(self, decode: bool) -> int:
+        """Read the whole topic with bare PULL_MESSAGE requests (maxMsgNums 1024, queue after queue);
+        ``decode``: decode each page with ``decode_records``.  Returns messages read: what the
+        broker serves one client, the ceiling of the client-side readers."""
+        n = 0
+        with RemotingClient() as c:
+            for mq in self.mqs:
+                off = 0
+                while off < self.ends[mq]:
+                    r = c.invoke(self.cluster.broker, Frame(RequestCode.PULL_MESSAGE, fields={
+                        "consumerGroup": "raw", "topic": self.topic, "queueId": mq.queue_id, "queueOffset": off,
+                        "maxMsgNums": 1024, "sysFlag": 0, "subscription": "*"}))
+                    assert r.code == ResponseCode.SUCCESS, r.remark
+                    nxt = r.fields["nextBeginOffset"]
+                    n += len(cl.decode_records(r.bodies[0])) if decode else nxt - off
+                    off = nxt
+        return n
+
     def close(self) -> None:
         self.cluster.close()
         shutil.rmtree(self.dir, ignore_errors=True)

@@ -12,6 +12,7 @@ tasks, so connections are too).
 from __future__ import annotations
 
 import logging
+import atexit
 import os
 import re
 import threading
@@ -72,6 +73,22 @@ def consumer_api(name_server: str, timeout_ms: int) -> ConsumerAPI:
         if api is None:
             api = _apis[key] = ConsumerAPI(name_server, timeout_ms)
         return api
+
+
+def _close_apis() -> None:
+    """At exit: close this process's cached clients (their sockets would be reported unclosed)."""
+    pid = os.getpid()
+    with _apis_lock:
+        mine = [key for key in _apis if key[2] == pid]
+        apis = [_apis.pop(key) for key in mine]
+    for api in apis:
+        try:
+            api.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+
+atexit.register(_close_apis)
 
 
 # -- driver side ---------------------------------------------------------------------------------------
