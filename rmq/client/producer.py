@@ -73,7 +73,7 @@ from zmq.utils.monitor import parse_monitor_message
 from rmq import protocol as P
 from rmq import security
 from rmq._core.commitlog import encode_batch, encode_properties, tags_string_to_tags_code
-from rmq.client.direct import DirectSender
+from rmq.client.direct import DirectSender, close_monitored
 from rmq.client.futures import SendFuture
 from rmq.client.message import (PROPERTY_DELAY_TIME_LEVEL, PROPERTY_SHARDING_KEY,
                                 PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, PROPERTY_WAIT_STORE_MSG_OK, Message,
@@ -1288,12 +1288,7 @@ class _Sender(threading.Thread):
                     "clientID": self.client, "producerGroup": self.group})), zmq.NOBLOCK)
             except zmq.ZMQError:
                 pass
-            try:
-                conn.sock.disable_monitor()
-            except zmq.ZMQError:
-                pass
-            conn.monitor.close(0)
-            conn.sock.close(linger=100)
+            close_monitored(conn.sock, conn.monitor, linger_ms=100)
         for s in self._ns:
             s.close(0)
         self._conns.clear()

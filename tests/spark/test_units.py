@@ -152,3 +152,17 @@ def test_messages_to_batch_matches_the_declared_schema(open_store):
         assert d["msg_id"] == [m.msg_id for m in msgs] and len(set(d["msg_id"])) == 5
         if props:
             assert dict(d["properties"][3]) == {"TAGS": "A", "KEYS": "k1 k2", "u": "13"}
+
+
+def test_cached_consumer_apis_of_this_process_are_closed_at_exit():
+    from rmq.spark import wire
+    api = wire.consumer_api("127.0.0.1:1", 1000)          # created lazily; nothing is contacted
+    assert wire.consumer_api("127.0.0.1:1", 1000) is api  # one per (name server, timeout, pid)
+    other_pid = ("127.0.0.1:1", 1000, -1)                  # an entry inherited from a parent process
+    wire._apis[other_pid] = sentinel = object()
+    try:
+        wire._close_apis()
+        assert api._closed and ("127.0.0.1:1", 1000, wire.os.getpid()) not in wire._apis
+        assert wire._apis.get(other_pid) is sentinel        # not this process's: left alone
+    finally:
+        wire._apis.pop(other_pid, None)
