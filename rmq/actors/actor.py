@@ -24,8 +24,8 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
-import math
 import logging.handlers
+import math
 import os
 import signal
 import time
