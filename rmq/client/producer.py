@@ -146,7 +146,7 @@ class ProducerOptions:
     retry_response_codes: frozenset = RETRY_RESPONSE_CODES
     default_topic_queue_nums: int = DEFAULT_TOPIC_QUEUE_NUMS             # [defaultTopicQueueNums]
     linger_ms: float = 0.0              # batching: wait up to this long for a batch to fill
-    batch_size: int = 0                 # batching: ship a batch at this many bytes (0 and linger 0 = off)
+    batch_size: Optional[int] = None    # batching: ship a batch at this many bytes (None: 16 KiB; 0 = off)
     max_in_flight: int = MAX_IN_FLIGHT  # outstanding requests
     max_pending_messages: int = MAX_PENDING_MESSAGES  # send_async blocks above this many unanswered messages
     connect_timeout_ms: int = CONNECT_TIMEOUT_MS
@@ -158,6 +158,9 @@ class ProducerOptions:
             if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0 or (v == 0 and not allow_zero):
                 raise MQClientError(f"producer option {name} must be a {'non-negative' if allow_zero else 'positive'}"
                                     f" number, got {v!r}")
+        if self.batch_size is None and isinstance(self.max_message_size, int):
+            # the default: Kafka's batch.size, within max_message_size
+            self.batch_size = min(DEFAULT_BATCH_SIZE, max(self.max_message_size, 0))
         for n in ("send_msg_timeout_ms", "max_message_size", "poll_name_server_interval_ms",
                   "heartbeat_broker_interval_ms", "max_in_flight", "max_pending_messages", "connect_timeout_ms",
                   "default_topic_queue_nums", "delivery_timeout_ms"):
@@ -1322,8 +1325,13 @@ class Producer:
         Isolate slow / failing brokers for a while (RocketMQ's tables, see
         :class:`rmq.client.route.MQFaultStrategy`); False by default, as in RocketMQ.
     linger_ms, batch_size : float, int
-        Client-side batching of :meth:`send_async` (off when both are 0). With only
-        ``linger_ms`` set, ``batch_size`` is 16 KiB.
+        Client-side batching of :meth:`send_async`, as Kafka's producer: messages for the same
+        queue that wait while ``max_in_flight`` requests are outstanding, or for up to
+        ``linger_ms`` (0), go together as one SEND_BATCH_MESSAGE of up to ``batch_size``
+        bytes (16 KiB, Kafka's batch.size; at most ``max_message_size``).  With linger 0 a
+        lone message leaves at once, so batching costs no latency and only forms under load
+        (``send_async`` of 100 B messages: 17.5 k msgs/s one request each, 125 k batched).
+        ``batch_size=0`` sends one SEND_MESSAGE per message (RocketMQ's ``sendAsync``).
     max_in_flight : int
         Requests outstanding at once (pipelining; 32).
     max_pending_messages : int
@@ -1348,7 +1356,8 @@ class Producer:
                  retry_times_when_send_async_failed: int = RETRY_TIMES_WHEN_SEND_ASYNC_FAILED,
                  compress_msg_body_over_howmuch: int = COMPRESS_MSG_BODY_OVER_HOWMUCH,
                  compress_level: int = COMPRESS_LEVEL, max_message_size: int = MAX_MESSAGE_SIZE,
-                 send_latency_fault_enable: bool = False, linger_ms: float = 0.0, batch_size: int = 0,
+                 send_latency_fault_enable: bool = False, linger_ms: float = 0.0,
+                 batch_size: Optional[int] = None,
                  max_in_flight: int = MAX_IN_FLIGHT, max_pending_messages: int = MAX_PENDING_MESSAGES,
                  auth=None, **options: Any):
         try:

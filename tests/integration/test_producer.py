@@ -191,12 +191,16 @@ def test_send_batch_one_queue(cluster, rc):
 
 
 # -- async, pipelining, batching ----------------------------------------------------------------------
-def test_send_async_completes_every_future(cluster, rc):
+@pytest.mark.parametrize("batch_size", [None, 0], ids=["default-batching", "one-request-each"])
+def test_send_async_completes_every_future(cluster, rc, batch_size):
     n = 5000
+    topic = "Async5k" if batch_size is None else "Async5kSingle"
     done = []
-    with Producer(cluster.namesrv_addr, group="pg") as p:
-        p.send(Message("Async5k", b"warm-up"))
-        futs = [p.send_async(Message("Async5k", b"a%d" % i), callback=done.append) for i in range(n)]
+    opts = {} if batch_size is None else {"batch_size": batch_size}
+    with Producer(cluster.namesrv_addr, group="pg", **opts) as p:
+        p.send(Message(topic, b"warm-up"))
+        before = p.stats
+        futs = [p.send_async(Message(topic, b"a%d" % i), callback=done.append) for i in range(n)]
         results = [f.result(WAIT_S) for f in futs]
         assert p.flush(WAIT_S) == 0
         st = p.stats
@@ -204,12 +208,19 @@ def test_send_async_completes_every_future(cluster, rc):
     assert len({(r.queue_id, r.queue_offset) for r in results}) == n        # unique offset per queue
     assert len({r.msg_id for r in results}) == n
     assert len(done) == n and all(isinstance(f, Future) for f in done)
-    assert st["batch_requests"] == 0 and st["failed_messages"] == 0
+    assert st["failed_messages"] == 0
+    requests = st["requests"] - before["requests"]
+    if batch_size is None:
+        # linger 0: messages queued while max_in_flight requests are out leave together (Kafka's
+        # batch.size default), so 5,000 sends in a loop need far fewer requests
+        assert st["batch_requests"] > 0 and requests < n
+    else:
+        assert st["batch_requests"] == 0 and requests == n
     by_queue = {}
     for r in results:
         by_queue.setdefault(r.queue_id, []).append(r.queue_offset)
     assert len(by_queue) == 4          # auto-created: min(producer 4, broker 8) queues
-    recs = pull_topic(rc, cluster, "Async5k", 4, n + 1)
+    recs = pull_topic(rc, cluster, topic, 4, n + 1)
     assert len(recs) == n + 1
 
 
@@ -504,3 +515,13 @@ def test_direct_send_to_a_killed_broker_fails_clearly_after_retries(tmp_path):
             assert p._direct.stats["failed_messages"] == 1 and p._direct.stats["retries"] >= 1
     finally:
         c.close()
+
+
+def test_default_batch_size_is_kafkas_within_max_message_size():
+    from rmq.client.producer import DEFAULT_BATCH_SIZE, ProducerOptions
+    assert ProducerOptions().batch_size == DEFAULT_BATCH_SIZE == 16 * 1024 and ProducerOptions().batching
+    assert ProducerOptions(max_message_size=4096).batch_size == 4096      # never above a message's limit
+    assert not ProducerOptions(batch_size=0).batching                       # RocketMQ's one request each
+    assert ProducerOptions(batch_size=0, linger_ms=5).batch_size == DEFAULT_BATCH_SIZE
+    with pytest.raises(MQClientError, match="batch_size"):
+        ProducerOptions(batch_size=-1)
