@@ -540,7 +540,10 @@ WORKER_COMMANDS = {"sink": w_sink, "stream": w_stream, "batch": w_batch, "rtt": 
                    "decode": w_decode, "produce": w_produce, "consume": w_consume, "single": w_single}
 
 
-def _worker_main(conn) -> None:
+def _worker_main(conn, commands: Optional[dict] = None) -> None:
+    """A spawned worker's loop: run ``(name, kwargs)`` commands from ``commands`` (default
+    :data:`WORKER_COMMANDS`) until None or EOF, answering ("done", result) or ("error", traceback)."""
+    commands = WORKER_COMMANDS if commands is None else commands
     signal.signal(signal.SIGINT, signal.SIG_IGN)        # the orchestrator handles ^C
     while True:
         try:
@@ -549,9 +552,11 @@ def _worker_main(conn) -> None:
             break
         if msg is None:
             break
+        if msg == "stop":                                 # a stop that arrived after the command ended
+            continue
         name, kw = msg
         try:
-            conn.send(("done", WORKER_COMMANDS[name](conn, **kw)))
+            conn.send(("done", commands[name](conn, **kw)))
         except Exception:  # noqa: BLE001 - reported to the orchestrator
             conn.send(("error", traceback.format_exc()))
     if _CTX is not None:

@@ -7,9 +7,7 @@ helpers: ``_dealer``, ``_ready``, ``_send_retrying_busy``, ``body_of``); the e2e
 from __future__ import annotations
 
 import math
-import signal
 import time
-import traceback
 
 from rmq.bench import e2e as E
 from rmq.bench.hist import Histogram
@@ -207,23 +205,8 @@ COMMANDS = {**E.WORKER_COMMANDS, "produce": w_produce, "consume": w_consume}
 
 
 def worker_main(conn) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)        # the orchestrator handles ^C
-    while True:
-        try:
-            msg = conn.recv()
-        except EOFError:
-            break
-        if msg is None:
-            break
-        if msg == "stop":                                 # a stop that arrived after the command ended
-            continue
-        name, kw = msg
-        try:
-            conn.send(("done", COMMANDS[name](conn, **kw)))
-        except Exception:  # noqa: BLE001 - reported to the orchestrator
-            conn.send(("error", traceback.format_exc()))
-    if E._CTX is not None:
-        E._CTX.destroy(0)
+    """:func:`rmq.bench.e2e._worker_main` over :data:`COMMANDS`."""
+    E._worker_main(conn, COMMANDS)
 
 
 class Worker(E.Worker):
