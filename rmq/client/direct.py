@@ -174,6 +174,7 @@ class DirectSender:
         self._idle = threading.Condition(self._lock)
         self._active = 0
         self._closed = False
+        self._torn_down = False            # links closed and context terminated (once)
         self._opaque = itertools.count(1)
         self.stats = {"requests": 0, "messages": 0, "retries": 0, "failed_messages": 0}
 
@@ -193,9 +194,10 @@ class DirectSender:
                 self._links.add(link)
         return link
 
-    def _count(self, key: str, n: int = 1) -> None:
-        with self._lock:
-            self.stats[key] += n
+    def _count(self, *keys: str) -> None:
+        with self._lock:                 # callers' threads share the counters: one lock per event
+            for key in keys:
+                self.stats[key] += 1
 
     def send(self, prep, timeout_ms: Optional[int], selector, arg: Any, queue: Optional[MessageQueue],
              heartbeat: Callable[[], Frame]) -> SendResult:
@@ -207,6 +209,7 @@ class DirectSender:
         MQClientError, MQBrokerError, RemotingTimeoutError, RemotingError
             As :meth:`rmq.Producer.send`.
         """
+        # the producer module imports this one: its wire and retry helpers are imported at call time
         from rmq.client.producer import apply_selector, final_error, is_retryable, parse_send_response, \
             send_request
         opts = self.opts
@@ -266,9 +269,9 @@ class DirectSender:
                 try:
                     resp = self._link(addr).call(frame, deadline,
                                                  min(deadline, sent_at + opts.connect_timeout_ms / 1000.0), heartbeat)
-                    self._count("requests")
                     result = parse_send_response(resp, topic, mq.broker_name, addr, [prep])[0]
-                except MQBrokerError as e:
+                except MQBrokerError as e:                      # the broker answered with an error
+                    self._count("requests")
                     self.fault.update_fault_item(mq.broker_name, (time.monotonic() - sent_at) * 1000.0, True)
                     if e.response_code in (ResponseCode.TOPIC_NOT_EXIST, ResponseCode.NO_PERMISSION) \
                             and self.refresh_route is not None:
@@ -279,7 +282,7 @@ class DirectSender:
                     exc = e
                 else:
                     self.fault.update_fault_item(mq.broker_name, (time.monotonic() - sent_at) * 1000.0, False)
-                    self._count("messages")
+                    self._count("requests", "messages")
                     return result
                 if attempt < max_attempts and time.monotonic() < deadline and is_retryable(exc, opts):
                     last_broker = mq.broker_name
@@ -292,21 +295,37 @@ class DirectSender:
         finally:
             with self._lock:
                 self._active -= 1
-                if self._active == 0:
+                last = self._active == 0
+                if last:
                     self._idle.notify_all()
+                teardown = last and self._closed and not self._torn_down   # close() gave up waiting on us
+                if teardown:
+                    self._torn_down = True
+            if teardown:
+                self._teardown()
 
     def close(self) -> None:
-        """Refuse new sends, wait up to :data:`CLOSE_WAIT_S` for those in progress, close every link."""
+        """Refuse new sends, wait up to :data:`CLOSE_WAIT_S` for those in progress, then close every
+        link.  Sends still blocked after that keep their sockets (each is owned by its thread); the
+        last of them to end closes everything."""
         with self._lock:
             self._closed = True
             end = time.monotonic() + CLOSE_WAIT_S
             while self._active and time.monotonic() < end:
                 self._idle.wait(0.1)
-            links = list(self._links)
             busy = self._active
-        if busy:          # a send still blocked past CLOSE_WAIT_S: its thread owns its socket, leave it
-            log.warning("producer %s: %d synchronous send(s) still in progress at close", self.group, busy)
-            return
+            teardown = not busy and not self._torn_down
+            if teardown:
+                self._torn_down = True
+        if busy:
+            log.warning("producer %s: %d synchronous send(s) still in progress at close; their sockets "
+                        "close when they end", self.group, busy)
+        elif teardown:
+            self._teardown()
+
+    def _teardown(self) -> None:
+        with self._lock:
+            links = list(self._links)
         for link in links:
             link.close()
         self.ctx.term()

@@ -525,3 +525,76 @@ def test_default_batch_size_is_kafkas_within_max_message_size():
     assert ProducerOptions(batch_size=0, linger_ms=5).batch_size == DEFAULT_BATCH_SIZE
     with pytest.raises(MQClientError, match="batch_size"):
         ProducerOptions(batch_size=-1)
+
+
+def _stopped_broker_send(c, topic, **send_kw):
+    """A producer whose route to ``topic`` is known, and a thread blocked in send() on its own
+    (connected) link because the broker process is SIGSTOPped after the thread's first send: the
+    request is on the wire, unanswered.  Returns (producer, thread, outcome)."""
+    import os
+    import signal
+    with RemotingClient() as rc:
+        create_topic(rc, c, topic, 1)
+    p = Producer(c.namesrv_addr, group="pg", connect_timeout_ms=500)
+    wait_route(p, topic, 1)
+    outcome: list = []
+    linked, go = threading.Event(), threading.Event()
+
+    def worker():
+        try:
+            outcome.append(p.send(Message(topic, b"ok"), **send_kw).status)    # this thread's link is up
+            linked.set()
+            go.wait(10)
+            outcome.append(p.send(Message(topic, b"stuck"), **send_kw))
+        except Exception as e:  # noqa: BLE001 - checked by the test
+            outcome.append(e)
+            linked.set()
+
+    t = threading.Thread(target=worker)
+    t.start()
+    assert linked.wait(10) and outcome == [SendStatus.SEND_OK]
+    os.kill(c.pids()["broker"], signal.SIGSTOP)
+    go.set()
+    wait_for(lambda: p._direct._active == 1, 5.0)
+    time.sleep(0.2)                                   # the request is written
+    return p, t, outcome
+
+
+def test_direct_send_fails_at_once_when_the_connection_closes_with_the_request_in_flight(tmp_path):
+    import os
+    import signal
+    c = Cluster(tmp_path / "store")
+    try:
+        mq = MessageQueue("InFlight", "broker-a", 0)
+        p, t, outcome = _stopped_broker_send(c, "InFlight", queue=mq, timeout_ms=20_000)   # fixed queue: no retry
+        t0 = time.monotonic()
+        os.kill(c.pids()["broker"], signal.SIGKILL)    # the kernel closes its sockets: a disconnect event
+        t.join(15)
+        assert not t.is_alive() and time.monotonic() - t0 < 10            # not the 20 s budget
+        assert isinstance(outcome[1], RemotingError) and "closed with the request in flight" in str(outcome[1])
+        assert p._direct.stats["failed_messages"] == 1
+        p.close()
+    finally:
+        c.close()
+
+
+def test_close_waits_a_bounded_time_for_a_blocked_sync_send(tmp_path, monkeypatch, caplog):
+    import os
+    import signal
+    from rmq.client import direct
+    monkeypatch.setattr(direct, "CLOSE_WAIT_S", 0.5)
+    c = Cluster(tmp_path / "store")
+    try:
+        p, t, outcome = _stopped_broker_send(c, "Blocked", timeout_ms=20_000)
+        t0 = time.monotonic()
+        p.close()                                       # does not hang on the blocked send
+        assert time.monotonic() - t0 < 10
+        assert "synchronous send(s) still in progress at close" in caplog.text
+        os.kill(c.pids()["broker"], signal.SIGCONT)     # the broker answers: the send completes on its socket
+        t.join(25)
+        assert not t.is_alive() and outcome[1].status is SendStatus.SEND_OK
+        assert p._direct.ctx.closed                     # the last blocked send closed the links and context
+        with pytest.raises(MQClientError, match="closed"):
+            p.send(Message("Blocked", b"after"))
+    finally:
+        c.close()
