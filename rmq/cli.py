@@ -5,7 +5,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from typing import Optional
@@ -13,6 +12,8 @@ from typing import Optional
 import click
 from rich.console import Console
 from rich.table import Table
+
+from rmq.launch import child_env, python_argv
 
 console = Console()
 
@@ -192,7 +193,7 @@ def start(config, store_path, namesrv_addr, listen_port, no_namesrv, detach, sla
     if supervisor_running(store):
         raise click.ClickException(f"rmq is already running for store {store}; stop it with: "
                                    f"rmq stop --store-path {store}")
-    argv = [sys.executable, "-m", "rmq.actors.supervisor", "--store-path", store, "--detached"]
+    argv = python_argv("rmq.actors.supervisor", "--store-path", store, "--detached")
     if config:
         argv += ["-c", os.path.abspath(config)]
     if namesrv_addr is not None:
@@ -225,8 +226,8 @@ def _slave_supervisor_argv(settings: dict, slave_store: str, slave_port: Optiona
     with open(path, "w") as f:
         f.write(format_broker_conf(conf, "Written by `rmq start --slave-store-path`: the slave of "
                                          f"{settings['brokerName']}"))
-    return [sys.executable, "-m", "rmq.actors.supervisor", "--store-path", slave_store, "-c", path,
-            "--no-namesrv", "--detached"]
+    return python_argv("rmq.actors.supervisor", "--store-path", slave_store, "-c", path, "--no-namesrv",
+                       "--detached")
 
 
 def _stop_detached(store: str) -> None:
@@ -257,7 +258,7 @@ def _launch_detached(argv: list, store: str, what: str) -> str:
     with open(err_path, "ab") as err:
         offset = err.tell()
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err,
-                                start_new_session=True, close_fds=True, text=True)
+                                start_new_session=True, close_fds=True, text=True, env=child_env())
     ready = False
     with proc.stdout:
         for line in proc.stdout:

@@ -28,23 +28,25 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 from typing import Optional
+
+from rmq.launch import child_env, python_cmd
 
 __all__ = ["ActorProcess", "Cluster", "broker_runtime_info", "wait_for_slave"]
 
 
 class ActorProcess:
-    """A child ``python <args>`` process that prints ``ready <endpoint>`` once it serves.
+    """A child ``python -P <args>`` process (:func:`rmq.launch.python_cmd`: the installed
+    ``rmq`` whatever ``cwd`` holds) that prints ``ready <endpoint>`` once it serves.
 
     ``cwd``: working directory of the child (default: the caller's); ``env``: variables
     added to this process's environment for the child."""
 
     def __init__(self, args, cwd: Optional[str] = None, env: Optional[dict] = None, timeout: float = 30):
         self.args = list(args)
-        self.proc = subprocess.Popen([sys.executable, *self.args], cwd=cwd, stdout=subprocess.PIPE, text=True,
-                                     env={**os.environ, **(env or {})})
+        self.proc = subprocess.Popen(python_cmd(*self.args), cwd=cwd, stdout=subprocess.PIPE, text=True,
+                                     env=child_env(env))
         line = self.proc.stdout.readline().split()
         if not line or line[0] != "ready":
             self.kill()

@@ -83,6 +83,7 @@ import zmq
 from rmq import protocol as P
 from rmq.actors.actor import HEARTBEAT_INTERVAL_MS, HEARTBEAT_LIVENESS, LOG_BACKUPS, LOG_MAX_BYTES
 from rmq.broker_conf import BrokerConfError, broker_settings, format_broker_conf, load_broker_conf
+from rmq.launch import child_env, python_argv
 from rmq.protocol import ProtocolError, RequestCode
 
 DEFAULT_MODULES = {
@@ -534,10 +535,9 @@ class Supervisor:
     def _spawn(self, name: str) -> Child:
         if name in BROKER_GROUP or name == "nameserver":
             self._write_conf()
-        cmd = [sys.executable, "-m", self.modules[name], *self._args(name)]
+        cmd = python_argv(self.modules[name], *self._args(name))
         stderr_path = os.path.join(self.store, "logs", f"{name}.stderr.log")
-        env = dict(os.environ)
-        env[ACTOR_NAME_ENV] = name
+        env = child_env({ACTOR_NAME_ENV: name})
         with open(stderr_path, "ab") as err:
             offset = err.tell()
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err, env=env,

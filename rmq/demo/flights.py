@@ -93,6 +93,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColum
 from rich.table import Table
 from rich.text import Text
 
+from rmq.launch import child_env, python_argv, use_safe_path_for_children
+
 TOPIC = "flights"
 QUEUES = 8
 PRODUCER_GROUP = "flights-demo-producer"
@@ -301,11 +303,11 @@ class EmbeddedCluster:
         with open(conf, "w") as f:
             f.write("# written by `rmq demo flights`\n")
             f.write("".join(f"{k}={v}\n" for k, v in DEMO_BROKER_CONF.items()))
-        argv = [sys.executable, "-m", "rmq.actors.supervisor", "--store-path", self.store_path, "-c", conf,
-                "--namesrv-addr", "127.0.0.1:0", "--listen-port", "0"]
+        argv = python_argv("rmq.actors.supervisor", "--store-path", self.store_path, "-c", conf,
+                           "--namesrv-addr", "127.0.0.1:0", "--listen-port", "0")
         with open(os.path.join(self.logs, "flights-demo.supervisor.stderr.log"), "ab") as err:
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err,
-                                         text=True, start_new_session=True, close_fds=True,
+                                         text=True, start_new_session=True, close_fds=True, env=child_env(),
                                          preexec_fn=_pdeathsig_preexec())
         self._reader = threading.Thread(target=self._read, name="rmq-supervisor-stdout", daemon=True)
         self._reader.start()
@@ -573,6 +575,7 @@ def spark_session(work_dir: str, cores: str = "2"):
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    use_safe_path_for_children()     # the workers run `python -m pyspark.daemon` in this directory
     root = os.path.dirname(os.path.dirname(os.path.abspath(__import__("rmq").__file__)))
     paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     if root not in paths:
