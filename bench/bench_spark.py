@@ -43,6 +43,7 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from rmq._core import commitlog as cl  # noqa: E402
+from rmq.launch import use_safe_path_for_children  # noqa: E402
 from filled import FilledCluster  # noqa: E402
 
 N_MESSAGES = int(os.environ.get("RMQ_SPARK_BENCH_MESSAGES", "2000000"))
@@ -71,6 +72,7 @@ def spark_session():
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
+    use_safe_path_for_children()
     from pyspark.sql import SparkSession
     spark = (SparkSession.builder.master("local[2]").appName("rmq-bench-spark")
              .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")

@@ -13,6 +13,8 @@ import time
 
 import pytest
 
+from rmq.launch import SAFE_PATH_ENV, use_safe_path_for_children
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SHIM = "from rmq.spark import RmqDataSource as DefaultSource  # noqa: F401\n"
 
@@ -51,11 +53,12 @@ def spark():
     with open(os.path.join(shim_dir, "pyspark_rmq.py"), "w") as f:
         f.write(SHIM)
     saved = {k: os.environ.get(k) for k in ("SPARK_LOCAL_IP", "PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON",
-                                            "PYTHONPATH")}
+                                            "PYTHONPATH", SAFE_PATH_ENV)}
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, shim_dir, saved["PYTHONPATH"]) if p)
+    use_safe_path_for_children()         # as rmq demo flights: workers import rmq from PYTHONPATH / site-packages
     session = (SparkSession.builder.master("local[2]").appName("rmq-spark-tests")
                .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
                .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
