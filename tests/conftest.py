@@ -1,9 +1,37 @@
 """Shared fixtures.  The compiled core is asserted, so CI cannot silently test a
-missing build (STYLE.md §7.7)."""
+missing build (STYLE.md §7.7); and on CI (``RMQ_REQUIRE_ALL=1``, set by ``.ci/run``) a skipped
+test fails the run, so a CI machine without Java, root or ``ip`` cannot pass by skipping."""
 import importlib.machinery
 import os
 
 import pytest
+
+#: set to 1 by .ci/run: every skip (a missing prerequisite: Java, root, ip, a package) fails the session
+REQUIRE_ALL_ENV = "RMQ_REQUIRE_ALL"
+
+
+def require_all() -> bool:
+    return os.environ.get(REQUIRE_ALL_ENV) == "1"
+
+
+def _skipped(config) -> list:
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    return reporter.stats.get("skipped", []) if reporter is not None else []
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if require_all() and _skipped(session.config):
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    skipped = _skipped(config) if require_all() else []
+    if skipped:
+        terminalreporter.write_sep("=", f"{REQUIRE_ALL_ENV}=1: {len(skipped)} skipped test(s) fail this run", red=True)
+        for rep in skipped:
+            reason = rep.longrepr[2] if isinstance(rep.longrepr, tuple) else str(rep.longrepr)
+            terminalreporter.write_line(f"{rep.nodeid}: {reason}")
+        terminalreporter.write_line("install what they need (.ci/run says what CI needs)")
 
 import rmq._core.commitlog
 import rmq._core.consume_queue
