@@ -7,9 +7,10 @@ slave, and replicates a few MB to a fresh slave."""
 import json
 import os
 import subprocess
-import sys
 
 import pytest
+
+from rmq.launch import child_env, python_argv
 
 pytestmark = pytest.mark.integration
 
@@ -19,10 +20,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def test_bench_all_smoke(tmp_path):
     out = tmp_path / "bench.json"
     png = tmp_path / "bench.png"
-    cmd = [sys.executable, "-m", "rmq.cli", "bench", "all", "--size", "100", "--flush", "ASYNC_FLUSH",
-           "--duration", "1", "--single-seconds", "0.5", "--ceiling-seconds", "0.3", "--file-size", str(64 << 20),
-           "--ha-mb", "4", "--dir", str(tmp_path), "--json", str(out), "--plot", str(png), "--no-progress"]
-    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    cmd = python_argv("rmq.cli", "bench", "all", "--size", "100", "--flush", "ASYNC_FLUSH",
+                      "--duration", "1", "--single-seconds", "0.5", "--ceiling-seconds", "0.3",
+                      "--file-size", str(64 << 20), "--ha-mb", "4", "--dir", str(tmp_path), "--json", str(out),
+                      "--plot", str(png), "--no-progress")
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env=child_env())
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
     rep = json.loads(out.read_text())
     rows = {r["kind"]: r for r in rep["rows"] if not r.get("broker_role")}
