@@ -8,7 +8,7 @@ from rmq.testing import ActorProcess as _ActorProcess
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def tests_env(env=None) -> dict:
+def source_tree_env(env=None) -> dict:
     """``env`` plus the source tree's root on PYTHONPATH: children run in safe-path mode
     (:mod:`rmq.launch`), so the ``tests`` package is importable only through PYTHONPATH."""
     paths = [ROOT, *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != ROOT]]
@@ -20,7 +20,7 @@ class ActorProcess(_ActorProcess):
     root on PYTHONPATH (the tests' echo / fake actors are ``tests.integration.*`` modules)."""
 
     def __init__(self, args, cwd=ROOT, env=None, timeout=30):
-        super().__init__(args, cwd=cwd, env=tests_env(env), timeout=timeout)
+        super().__init__(args, cwd=cwd, env=source_tree_env(env), timeout=timeout)
 
 
 @pytest.fixture

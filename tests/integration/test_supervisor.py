@@ -16,7 +16,7 @@ import pytest
 from rmq.actors.supervisor import SupervisorError, actor_modules
 from rmq.client.remoting import RemotingClient
 from rmq.protocol import Frame, RequestCode, ResponseCode
-from tests.integration.conftest import ROOT
+from tests.integration.conftest import ROOT, source_tree_env
 
 pytestmark = pytest.mark.integration     # every wait below is bounded
 
@@ -67,7 +67,8 @@ class Sup:
         base = cmd or [sys.executable, "-m", "rmq.actors.supervisor"]
         self.proc = subprocess.Popen([*base, *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=self._err,
                                      stdin=subprocess.DEVNULL, text=True,
-                                     env={**os.environ, "RMQ_ACTOR_MODULES": FAKE_MODULES, **(env or {})})
+                                     env={**os.environ, **source_tree_env(),
+                                          "RMQ_ACTOR_MODULES": FAKE_MODULES, **(env or {})})
         self.lines = []
         self._q = queue.Queue()
         self._t = threading.Thread(target=self._pump, daemon=True)
@@ -379,7 +380,8 @@ def test_stop_timeout_kills_and_keeps_abort(supervisor, store):
 
 def rmq(tmp_path, *args, env=None, timeout=60):
     return subprocess.run([sys.executable, "-m", "rmq.cli", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, "RMQ_ACTOR_MODULES": FAKE_MODULES, **(env or {})})
+                          timeout=timeout, env={**os.environ, **source_tree_env(), "RMQ_ACTOR_MODULES": FAKE_MODULES,
+                                                **(env or {})})
 
 
 def test_cli_start_detach_and_stop_round_trip(supervisor, store, tmp_path):
