@@ -1,7 +1,8 @@
 """rmq.Producer and rmq.aio.Producer against a real broker group (nameserver + broker + reput + flush)."""
 import asyncio
+import os
+import signal
 import threading
-import time
 import zlib
 from concurrent.futures import Future
 
@@ -33,6 +34,28 @@ def cluster(tmp_path_factory):
 def rc():
     with RemotingClient() as c:
         yield c
+
+
+def returns_within(fn, seconds):
+    """Run ``fn()`` on a thread; its result, or its exception re-raised.  Fails the test if it has
+    not returned after ``seconds`` (a generous deadline: what it tells apart is a wait of an hour
+    or forever)."""
+    out: list = []
+
+    def run():
+        try:
+            out.append((True, fn()))
+        except BaseException as e:  # noqa: BLE001 - re-raised on the test's thread
+            out.append((False, e))
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(seconds)
+    assert out, f"{fn} did not return within {seconds} s"
+    ok, v = out[0]
+    if not ok:
+        raise v
+    return v
 
 
 def create_topic(rc, cluster, topic, queues):
@@ -197,10 +220,17 @@ def test_send_async_completes_every_future(cluster, rc, batch_size):
     topic = "Async5k" if batch_size is None else "Async5kSingle"
     done = []
     opts = {} if batch_size is None else {"batch_size": batch_size}
-    with Producer(cluster.namesrv_addr, group="pg", **opts) as p:
+    broker = cluster.pids()["broker"]
+    with Producer(cluster.namesrv_addr, group="pg", send_msg_timeout_ms=int(WAIT_S * 1000), **opts) as p:
         p.send(Message(topic, b"warm-up"))
         before = p.stats
-        futs = [p.send_async(Message(topic, b"a%d" % i), callback=done.append) for i in range(n)]
+        # the broker is stopped while the loop enqueues: max_in_flight requests go out unanswered and
+        # every later message waits in the accumulator, whatever the speed of this loop or the machine
+        os.kill(broker, signal.SIGSTOP)
+        try:
+            futs = [p.send_async(Message(topic, b"a%d" % i), callback=done.append) for i in range(n)]
+        finally:
+            os.kill(broker, signal.SIGCONT)
         results = [f.result(WAIT_S) for f in futs]
         assert p.flush(WAIT_S) == 0
         st = p.stats
@@ -212,8 +242,9 @@ def test_send_async_completes_every_future(cluster, rc, batch_size):
     requests = st["requests"] - before["requests"]
     if batch_size is None:
         # linger 0: messages queued while max_in_flight requests are out leave together (Kafka's
-        # batch.size default), so 5,000 sends in a loop need far fewer requests
-        assert st["batch_requests"] > 0 and requests < n
+        # batch.size default): at most max_in_flight single requests before the broker stopped, the
+        # rest in 16 KiB batches
+        assert st["batch_requests"] > 0 and requests < n // 10, st
     else:
         assert st["batch_requests"] == 0 and requests == n
     by_queue = {}
@@ -227,9 +258,12 @@ def test_send_async_completes_every_future(cluster, rc, batch_size):
 def test_batching_with_linger_uses_batches_and_gives_each_message_its_result(cluster, rc):
     n = 3000
     before = broker_put_total(rc, cluster)
-    with Producer(cluster.namesrv_addr, group="pg", linger_ms=20, batch_size=16 * 1024) as p:
+    # a linger far longer than the test: every batch but the last of each queue leaves because it
+    # is full (16 KiB), the rest on flush(), whatever the speed of the loop
+    with Producer(cluster.namesrv_addr, group="pg", linger_ms=3_600_000, batch_size=16 * 1024) as p:
         p.send(Message("Lingered", b"warm-up"))
         futs = [p.send_async(Message("Lingered", b"L%05d" % i, tags="t")) for i in range(n)]
+        assert p.flush(WAIT_S) == 0
         results = [f.result(WAIT_S) for f in futs]
         st = p.stats
     assert all(r.status is SendStatus.SEND_OK for r in results)
@@ -246,13 +280,12 @@ def test_batching_with_linger_uses_batches_and_gives_each_message_its_result(clu
 
 
 def test_close_delivers_queued_batches(cluster, rc):
-    p = Producer(cluster.namesrv_addr, group="pg", linger_ms=60_000, batch_size=1024 * 1024)
+    # a linger of an hour: only close() can ship these batches within the test's deadline
+    p = Producer(cluster.namesrv_addr, group="pg", linger_ms=3_600_000, batch_size=1024 * 1024)
     p.send(Message("Closing", b"warm-up"))                # learn the route, so nothing waits for it
     futs = [p.send_async(Message("Closing", b"c%d" % i)) for i in range(700)]
     assert not any(f.done() for f in futs)                # waiting for the (long) linger
-    t0 = time.monotonic()
-    p.close()
-    assert time.monotonic() - t0 < 10
+    returns_within(p.close, WAIT_S)
     assert p.closed and all(f.done() and f.result().status is SendStatus.SEND_OK for f in futs)
     with pytest.raises(MQClientError, match="closed"):
         p.send(Message("Closing", b"late"))
@@ -265,7 +298,8 @@ def test_flush_ships_lingering_batch(cluster):
         p.send(Message("Flushed", b"warm-up"))
         futs = [p.send_async(Message("Flushed", b"f%d" % i)) for i in range(50)]
         assert p.flush(WAIT_S) == 0
-        assert all(f.done() for f in futs) and p.pending == 0
+        assert p.pending == 0
+        assert all(f.done() and f.exception() is None and f.result().status is SendStatus.SEND_OK for f in futs)
 
 
 # -- compression and limits -----------------------------------------------------------------------------
@@ -316,11 +350,8 @@ def test_broker_killed_send_fails_clearly_after_retries(tmp_path):
         with Producer(c.namesrv_addr, group="pg", send_msg_timeout_ms=3000) as p:
             assert p.send(Message("Doomed", b"ok")).status is SendStatus.SEND_OK
             c.kill_group()
-            t0 = time.monotonic()
             with pytest.raises(RemotingError) as ei:
                 p.send(Message("Doomed", b"lost"))
-            took = time.monotonic() - t0
-            assert took < 6.0, took
             text = str(ei.value)
             assert "broker-a" in text and ("Send [" in text or "cannot connect" in text), text
             fut = p.send_async(Message("Doomed", b"lost too"))
@@ -333,14 +364,12 @@ def test_broker_killed_send_fails_clearly_after_retries(tmp_path):
 def test_close_reports_queued_messages_that_failed(tmp_path):
     c = Cluster(tmp_path / "store")
     try:
-        p = Producer(c.namesrv_addr, group="pg", linger_ms=60_000, connect_timeout_ms=300)
+        p = Producer(c.namesrv_addr, group="pg", linger_ms=3_600_000, connect_timeout_ms=300)
         p.send(Message("Lost", b"ok"))
         c.kill_group()
         futs = [p.send_async(Message("Lost", b"x%d" % i)) for i in range(20)]
-        t0 = time.monotonic()
         with pytest.raises(MQClientError, match=r"20 message\(s\) queued before close"):
-            p.close()
-        assert time.monotonic() - t0 < 10
+            returns_within(p.close, WAIT_S)         # ships (and fails) them: not the hour's linger
         assert all(f.done() and isinstance(f.exception(), MQClientError) for f in futs)
     finally:
         c.close()
@@ -360,10 +389,8 @@ def test_auto_create_disabled_gives_broker_error(tmp_path):
 
 def test_nameserver_unreachable_fails_within_budget():
     with Producer("127.0.0.1:1", group="pg", send_msg_timeout_ms=500) as p:
-        t0 = time.monotonic()
         with pytest.raises(MQClientError, match="No route info"):
-            p.send(Message("T", b"x"))
-        assert time.monotonic() - t0 < 5
+            returns_within(lambda: p.send(Message("T", b"x")), WAIT_S)
 
 
 def test_callbacks_run_and_sync_calls_from_callbacks_are_refused(cluster):
@@ -417,11 +444,9 @@ def test_aio_broker_killed_fails_clearly(tmp_path):
             async with AioProducer(c.namesrv_addr, group="pg", connect_timeout_ms=300) as p:
                 await p.send(Message("AioDoomed", b"ok"))
                 c.kill_group()
-                t0 = time.monotonic()
                 with pytest.raises(RemotingError, match="broker-a"):
                     await p.send(Message("AioDoomed", b"lost"))
-                return time.monotonic() - t0
-        assert asyncio.run(asyncio.wait_for(main(), WAIT_S)) < 6.0
+        asyncio.run(asyncio.wait_for(main(), WAIT_S))
     finally:
         c.close()
 
@@ -488,7 +513,7 @@ def test_close_waits_for_sync_sends_of_other_threads_then_refuses(cluster, rc):
     t.start()
     wait_for(lambda: len(sent) > 50, 10.0)
     p.close()
-    t.join(10)
+    t.join(WAIT_S)
     assert not t.is_alive()
     assert set(sent) == {SendStatus.SEND_OK}
     assert len(ended) == 1 and "closed" in str(ended[0])
@@ -506,10 +531,8 @@ def test_direct_send_to_a_killed_broker_fails_clearly_after_retries(tmp_path):
             assert p.send(Message("DoomedDirect", b"ok")).status is SendStatus.SEND_OK
             assert p._direct.stats["messages"] == 1
             c.kill_group()
-            t0 = time.monotonic()
             with pytest.raises(RemotingError) as ei:
                 p.send(Message("DoomedDirect", b"lost"))
-            assert time.monotonic() - t0 < 6.0
             text = str(ei.value)
             assert "broker-a" in text and "Send [" in text, text
             assert p._direct.stats["failed_messages"] == 1 and p._direct.stats["retries"] >= 1
@@ -544,7 +567,7 @@ def _stopped_broker_send(c, topic, **send_kw):
         try:
             outcome.append(p.send(Message(topic, b"ok"), **send_kw).status)    # this thread's link is up
             linked.set()
-            go.wait(10)
+            go.wait(WAIT_S)
             outcome.append(p.send(Message(topic, b"stuck"), **send_kw))
         except Exception as e:  # noqa: BLE001 - checked by the test
             outcome.append(e)
@@ -552,12 +575,28 @@ def _stopped_broker_send(c, topic, **send_kw):
 
     t = threading.Thread(target=worker)
     t.start()
-    assert linked.wait(10) and outcome == [SendStatus.SEND_OK]
+    assert linked.wait(WAIT_S) and outcome == [SendStatus.SEND_OK]
+    port = int(c.broker_addr.rsplit(":", 1)[1])
+    queued = _unread_bytes_at(port)
     os.kill(c.pids()["broker"], signal.SIGSTOP)
     go.set()
-    wait_for(lambda: p._direct._active == 1, 5.0)
-    time.sleep(0.2)                                   # the request is written
+    wait_for(lambda: p._direct._active == 1, WAIT_S)
+    wait_for(lambda: _unread_bytes_at(port) > queued, WAIT_S)     # the request is in the stopped broker's socket
     return p, t, outcome
+
+
+def _unread_bytes_at(port: int) -> int:
+    """Bytes received by the kernel but not yet read, over the established TCP connections whose
+    local end is 127.0.0.1:``port`` (/proc/net/tcp's rx_queue)."""
+    total = 0
+    with open("/proc/net/tcp") as f:
+        next(f)
+        for line in f:
+            fields = line.split()
+            local, state, queues = fields[1], fields[3], fields[4]
+            if state == "01" and int(local.rsplit(":", 1)[1], 16) == port:
+                total += int(queues.split(":")[1], 16)
+    return total
 
 
 def test_direct_send_fails_at_once_when_the_connection_closes_with_the_request_in_flight(tmp_path):
@@ -566,11 +605,11 @@ def test_direct_send_fails_at_once_when_the_connection_closes_with_the_request_i
     c = Cluster(tmp_path / "store")
     try:
         mq = MessageQueue("InFlight", "broker-a", 0)
-        p, t, outcome = _stopped_broker_send(c, "InFlight", queue=mq, timeout_ms=20_000)   # fixed queue: no retry
-        t0 = time.monotonic()
+        # fixed queue: no retry; a budget of 10 minutes, far beyond the test's deadline
+        p, t, outcome = _stopped_broker_send(c, "InFlight", queue=mq, timeout_ms=600_000)
         os.kill(c.pids()["broker"], signal.SIGKILL)    # the kernel closes its sockets: a disconnect event
-        t.join(15)
-        assert not t.is_alive() and time.monotonic() - t0 < 10            # not the 20 s budget
+        t.join(WAIT_S)
+        assert not t.is_alive()                        # failed on the disconnect, not after the budget
         assert isinstance(outcome[1], RemotingError) and "closed with the request in flight" in str(outcome[1])
         assert p._direct.stats["failed_messages"] == 1
         p.close()
@@ -585,13 +624,14 @@ def test_close_waits_a_bounded_time_for_a_blocked_sync_send(tmp_path, monkeypatc
     monkeypatch.setattr(direct, "CLOSE_WAIT_S", 0.5)
     c = Cluster(tmp_path / "store")
     try:
-        p, t, outcome = _stopped_broker_send(c, "Blocked", timeout_ms=20_000)
-        t0 = time.monotonic()
-        p.close()                                       # does not hang on the blocked send
-        assert time.monotonic() - t0 < 10
+        p, t, outcome = _stopped_broker_send(c, "Blocked", timeout_ms=600_000)
+        try:
+            returns_within(p.close, WAIT_S)             # does not hang on the blocked send
+        finally:
+            os.kill(c.pids()["broker"], signal.SIGCONT)
         assert "synchronous send(s) still in progress at close" in caplog.text
-        os.kill(c.pids()["broker"], signal.SIGCONT)     # the broker answers: the send completes on its socket
-        t.join(25)
+        # the broker (continued above) answers: the send completes on its socket
+        t.join(WAIT_S)
         assert not t.is_alive() and outcome[1].status is SendStatus.SEND_OK
         assert p._direct.ctx.closed                     # the last blocked send closed the links and context
         with pytest.raises(MQClientError, match="closed"):
