@@ -12,7 +12,6 @@ Figures: "files deleted by retention due to jump: 0" and
 import datetime
 import os
 import signal
-import sys
 import time
 
 import msgpack
@@ -172,22 +171,38 @@ def _step(signum, frame):
     with open(ack, "a") as f:
         f.write(f"{h} {time.time()}\n")
 signal.signal(signal.SIGUSR1, _step)
+cycles = os.environ.get("RMQ_TEST_CLEAN_CYCLES")
+if cycles:                      # observe (not change) the cleaner: one line per cleaning cycle, 1 = time trusted
+    from rmq.store import cleaner as _cleaner
+    _begin = _cleaner.RetentionGuard.begin_cycle
+    def _observed(self):
+        trusted = _begin(self)
+        with open(cycles, "a") as f:
+            f.write(f"{int(trusted)}\n")
+        return trusted
+    _cleaner.RetentionGuard.begin_cycle = _observed
 mod = sys.argv[1]
 sys.argv = [mod] + sys.argv[2:]
 runpy.run_module(mod, run_name="__main__", alter_sys=True)
 """
 
 
-def start_stepped(module, args, tmp_path, steps):
+def start_stepped(module, args, tmp_path, steps, env=None):
     ack = tmp_path / f"{module.rsplit('.', 1)[-1]}-steps.txt"
     p = ActorProcess(["-c", WRAPPER, module, *args],
-                     env={"RMQ_TEST_CLOCK_STEPS_H": ",".join(str(h) for h in steps), "RMQ_TEST_CLOCK_ACK": str(ack)})
+                     env={"RMQ_TEST_CLOCK_STEPS_H": ",".join(str(h) for h in steps), "RMQ_TEST_CLOCK_ACK": str(ack),
+                          **(env or {})})
     return p, ack
+
+
+def cycles_seen(path) -> list:
+    """The cleaning cycles the stepped cleaner reported (1: time trusted, 0: a wall step seen)."""
+    return [int(x) for x in path.read_text().split()] if path.exists() else []
 
 
 def step(p, ack, n_done):
     p.proc.send_signal(signal.SIGUSR1)
-    wait_for(lambda: ack.exists() and len(ack.read_text().splitlines()) > n_done, 10)
+    wait_for(lambda: ack.exists() and len(ack.read_text().splitlines()) > n_done, 60)
 
 
 def route(rc, ns, topic):
@@ -238,19 +253,21 @@ def test_live_cleaner_deletes_nothing_after_73h_jump(tmp_path):
     c = Cluster(tmp_path / "store", conf=conf, with_namesrv=False)
     cleaner = None
     try:
+        cycles = tmp_path / "clean-cycles.txt"
         cleaner, ack = start_stepped("rmq.actors.cleaner", ["--store-path", c.store_path, "-c", c.conf_path],
-                                     tmp_path, [73, 24])
+                                     tmp_path, [73, 24], env={"RMQ_TEST_CLEAN_CYCLES": str(cycles)})
         commitlog = os.path.join(c.store_path, "commitlog")
         with RemotingClient() as rc:
             for i in range(300):
                 assert send(rc, c.broker, "Kept", b"%05d" % i + b"k" * 600, 0).code == ResponseCode.SUCCESS
             files = sorted(n for n in os.listdir(commitlog) if not n.endswith(".tmp"))
             assert len(files) >= 3
-            time.sleep(0.5)                              # several cycles at the true time
-            step(cleaner, ack, 0)                        # +73 h
-            time.sleep(1.5)
-            step(cleaner, ack, 1)                        # +24 h more
-            time.sleep(1.5)
+            wait_for(lambda: len(cycles_seen(cycles)) >= 3, 60)          # several cycles at the true time
+            for i in range(2):                                          # +73 h, then +24 h more
+                n = len(cycles_seen(cycles))
+                step(cleaner, ack, i)
+                # the cycle that sees the step skips time-based expiry; then several more cycles at the new time
+                wait_for(lambda: cycles_seen(cycles)[n:].count(0) == 1 and len(cycles_seen(cycles)) >= n + 4, 60)
             after = sorted(n for n in os.listdir(commitlog) if not n.endswith(".tmp"))
             deleted = len(set(files) - set(after))
             with open(os.path.join(c.store_path, "logs", "cleaner.log")) as f:
