@@ -221,7 +221,7 @@ def test_live_nameserver_keeps_routes_across_wall_jumps(tmp_path):
         with RemotingClient() as rc:
             assert rc.invoke(c.broker, Frame(RequestCode.UPDATE_AND_CREATE_TOPIC, fields={
                 "topic": "Clocked", "readQueueNums": 2, "writeQueueNums": 2})).code == 0
-            wait_for(lambda: route(rc, ns.endpoint, "Clocked").code == 0, 10)
+            wait_for(lambda: route(rc, ns.endpoint, "Clocked").code == 0, 60)
             gone = 0
             for i, h in enumerate(JUMPS_H):
                 step(ns, ack, i)

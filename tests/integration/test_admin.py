@@ -65,13 +65,13 @@ def fails(cluster, *args, env=None) -> str:
 
 
 def wait_route(admin, topic):
-    return wait_for(lambda: topic in admin.topic_list() and admin.topic_route(topic), 10)
+    return wait_for(lambda: topic in admin.topic_list() and admin.topic_route(topic), 60)
 
 
 @pytest.fixture(scope="module")
 def admin(cluster):
     with Admin(cluster.namesrv_addr, timeout_ms=5000) as a:
-        wait_for(lambda: a.cluster_list(), 10)
+        wait_for(lambda: a.cluster_list(), 60)
         yield a
 
 

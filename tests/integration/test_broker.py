@@ -54,7 +54,7 @@ def pull_all(c, addr, topic, queue_id, sub="*", deadline_s=5.0):
     raise AssertionError("pull_all did not reach the end")
 
 
-def wait_for(pred, timeout_s=5.0):
+def wait_for(pred, timeout_s=30.0):
     end = time.monotonic() + timeout_s
     while time.monotonic() < end:
         v = pred()

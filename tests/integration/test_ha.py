@@ -145,7 +145,7 @@ def test_sync_master_never_acks_without_the_slave(pair):
         r = send(c, master.broker_addr, "T", b"alone")
         assert r.code == ResponseCode.SLAVE_NOT_AVAILABLE, r.remark
         slave = pair(master=master)
-        wait_for(lambda: runtime(c, master.broker_addr)["haSlaves"], 20)
+        wait_for(lambda: runtime(c, master.broker_addr)["haSlaves"], 60)
         for i in range(20):
             r = send(c, master.broker_addr, "T", b"ok%d" % i)
             assert r.code == ResponseCode.SUCCESS, r.remark
@@ -192,7 +192,7 @@ def test_promotion_after_the_master_dies_keeps_every_acked_message(pair):
     with RemotingClient() as c:
         create_topic(c, master.broker_addr, "T")
         slave = pair(master=master)
-        wait_for(lambda: runtime(c, master.broker_addr)["haSlaves"], 20)
+        wait_for(lambda: runtime(c, master.broker_addr)["haSlaves"], 60)
         acked = []
         for i in range(200):
             r = send(c, master.broker_addr, "T", b"a%04d" % i, i % 4)
@@ -275,7 +275,7 @@ def kill_master_cycles(tmp_path, cycles, seed):
                 create_topic(c, master.broker_addr, "T")
                 slave = Cluster(base / "slave", conf=slave_conf(flushDiskType="SYNC_FLUSH"), with_ha=True,
                                 namesrv_addr=master.namesrv_addr)
-                wait_for(lambda: runtime(c, master.broker_addr)["haSlaves"], 20)
+                wait_for(lambda: runtime(c, master.broker_addr)["haSlaves"], 60)
                 acked, lock, stop = [], threading.Lock(), threading.Event()
 
                 def producer(pid):
@@ -354,7 +354,7 @@ def test_paused_master_is_fenced_after_the_slave_is_promoted(pair):
     with RemotingClient() as c:
         create_topic(c, master.broker_addr, "T")
         slave = pair(master=master)
-        wait_for(lambda: runtime(c, master.broker_addr)["haSlaves"], 20)
+        wait_for(lambda: runtime(c, master.broker_addr)["haSlaves"], 60)
         fill(c, master.broker_addr, "T", 20)
         pids = [p.proc.pid for p in master.procs.values()]
         for pid in pids:
@@ -371,7 +371,7 @@ def test_paused_master_is_fenced_after_the_slave_is_promoted(pair):
             codes.append(send(c, master.broker_addr, "T", b"stale%d" % i, timeout_ms=10_000).code)
         # its next registration (forced here by a topic change) is refused: it stops taking writes
         c.invoke(master.broker_addr, Frame(RequestCode.UPDATE_AND_CREATE_TOPIC, fields={"topic": "T2"}))
-        wait_for(lambda: runtime(c, master.broker_addr)["fencedByEpoch"] == 2, 20)
+        wait_for(lambda: runtime(c, master.broker_addr)["fencedByEpoch"] == 2, 60)
         codes.append(send(c, master.broker_addr, "T", b"stale-after").code)
         assert ResponseCode.SUCCESS not in codes, codes
         print(f"writes acked by two masters in overlapping epochs: {codes.count(ResponseCode.SUCCESS)}")
@@ -385,6 +385,6 @@ def test_sync_master_refuses_when_the_slave_lags_beyond_ha_slave_fallbehind_max(
     with RemotingClient() as c:
         create_topic(c, master.broker_addr, "T")
         pair(master=master)
-        wait_for(lambda: runtime(c, master.broker_addr)["haSlaves"], 20)
+        wait_for(lambda: runtime(c, master.broker_addr)["haSlaves"], 60)
         r = send(c, master.broker_addr, "T", b"lagging")
         assert r.code == ResponseCode.SLAVE_NOT_AVAILABLE and "behind" in r.remark, r.remark

@@ -71,7 +71,7 @@ def wait_route(p, topic, queues):
             return len(p.fetch_publish_message_queues(topic)) == queues
         except MQClientError:
             return False
-    wait_for(ok, 10.0)
+    wait_for(ok, 60)
 
 
 def pull_queue(rc, cluster, topic, queue_id, expect):
@@ -86,7 +86,7 @@ def pull_topic(rc, cluster, topic, queues, expect):
         for q in range(queues):
             out.extend(pull_all(rc, cluster.broker_addr, topic, q)[0])
         return out if len(out) >= expect else None
-    return wait_for(all_records, 15.0)
+    return wait_for(all_records, 60)
 
 
 def broker_put_total(rc, cluster):
@@ -121,7 +121,7 @@ def test_unknown_topic_is_auto_created_then_route_is_learned(cluster):
         assert ei.value.response_code == ResponseCode.TOPIC_NOT_EXIST
         r = p.send(Message("BrandNew", b"first"))
         assert r.status is SendStatus.SEND_OK and r.queue_id >= 0
-        wait_for(lambda: not p.route_cache.publish_info("BrandNew").provisional, 10.0)
+        wait_for(lambda: not p.route_cache.publish_info("BrandNew").provisional, 60)
         # auto-created with min(producer defaultTopicQueueNums 4, broker defaultTopicQueueNums 8), as RocketMQ
         assert len(p.fetch_publish_message_queues("BrandNew")) == 4
 
@@ -511,7 +511,7 @@ def test_close_waits_for_sync_sends_of_other_threads_then_refuses(cluster, rc):
 
     t = threading.Thread(target=worker)
     t.start()
-    wait_for(lambda: len(sent) > 50, 10.0)
+    wait_for(lambda: len(sent) > 50, 60)
     p.close()
     t.join(WAIT_S)
     assert not t.is_alive()

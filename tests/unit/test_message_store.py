@@ -269,9 +269,10 @@ def test_delayed_message_is_delivered_after_its_level(open_store):
     s.dispatch()
     assert s.get_max_offset_in_queue("TopicD", 2) == 0           # parked in SCHEDULE_TOPIC_XXXX queue 1
     assert s.get_max_offset_in_queue("SCHEDULE_TOPIC_XXXX", 1) == 1
-    assert s.deliver_delayed() == 0                              # not due yet
-    time.sleep(0.25)
-    assert s.deliver_delayed() == 1
+    stored = s.get_messages("g", "SCHEDULE_TOPIC_XXXX", 1, 0, 1).messages()[0].store_timestamp
+    assert s.deliver_delayed(now_ms=stored) == 0                 # not due yet (level 2: 200 ms)
+    assert s.deliver_delayed(now_ms=stored + 199) == 0
+    assert s.deliver_delayed(now_ms=stored + 200) == 1
     s.dispatch()
     m = s.get_messages("g", "TopicD", 2, 0, 1).messages()[0]
     assert m.body == b"later" and "DELAY" not in m.properties and m.properties["REAL_TOPIC"] == "TopicD"
