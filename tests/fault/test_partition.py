@@ -114,42 +114,57 @@ def test_partition_between_sync_master_and_slave(netns, tmp_path):
                              "brokerClusterName": "TestCluster", "brokerName": "broker-a"})
             wait_for(lambda: runtime(c, master.broker_addr)["haSlaves"], 30)
             acked, codes, lock, stop = [], {}, threading.Lock(), threading.Event()
+            acked_seq, failed_seq = [], []        # sequence numbers of sends answered SUCCESS / otherwise
+            seq = [0]                             # the send in progress (one at a time)
 
             def producer():
                 with RemotingClient() as pc:
-                    i = 0
                     while not stop.is_set():
+                        with lock:
+                            i = seq[0]
                         body = b"p-%07d" % i
                         try:
                             r = send(pc, master.broker_addr, "P", body, i % 4, timeout_ms=5000)
                         except Exception:       # indeterminate
-                            i += 1
-                            continue
+                            r = None
                         with lock:
-                            codes[r.code] = codes.get(r.code, 0) + 1
-                            if r.code == ResponseCode.SUCCESS:
+                            if r is not None:
+                                codes[r.code] = codes.get(r.code, 0) + 1
+                            if r is not None and r.code == ResponseCode.SUCCESS:
                                 acked.append(body)
-                        i += 1
+                                acked_seq.append(i)
+                            else:
+                                failed_seq.append(i)
+                            seq[0] = i + 1
+
+            def now_seq():
+                with lock:
+                    return seq[0]
+
+            def acks():
+                with lock:
+                    return len(acked)
             t = threading.Thread(target=producer)
             t.start()
             try:
-                time.sleep(1.0)
-                # a full cut, long enough for housekeeping to drop the slave, then heal
+                wait_for(lambda: acks() >= 20, 60)                 # replicated traffic before the cut
+                # a full cut, until housekeeping has dropped the slave and sends have failed, then heal
                 cut(False)
-                time.sleep(0.5)
-                with lock:
-                    during_start = len(acked)
-                time.sleep(4.0)
-                with lock:
-                    acked_during_cut = len(acked) - during_start
+                cut_seq = now_seq()                                # sends from here on began after the cut
+                wait_for(lambda: not runtime(c, master.broker_addr)["haSlaves"], 60)
+                wait_for(lambda: sum(1 for i in failed_seq if i > cut_seq) >= 3, 60)
+                heal_seq = now_seq()                               # this one may be answered after the heal
                 cut(True)
-                # flapping: 0.3-1.2 s on / off, seeded
+                with lock:
+                    acked_during_cut = sum(1 for i in acked_seq if cut_seq < i < heal_seq)
+                # flapping: 0.3-1.2 s on / off, seeded (the fault schedule, not a wait for anything)
                 for _ in range(6):
                     time.sleep(0.3 + rnd.random() * 0.9)
                     cut(False)
                     time.sleep(0.3 + rnd.random() * 0.9)
                     cut(True)
-                time.sleep(1.0)
+                healed = acks()
+                wait_for(lambda: acks() >= healed + 20, 60)        # replication works again after the flapping
             finally:
                 cut(True)
                 stop.set()
@@ -168,8 +183,8 @@ def test_partition_between_sync_master_and_slave(netns, tmp_path):
             print(f"T6 partition: acked {len(acked)}, acked lost on the slave: {len(lost)}; "
                   f"acked during a full cut: {acked_during_cut}; reply codes {codes}; "
                   f"replication link resets (slave) {slave_stats['resets']}, ZeroMQ-refused sends counted "
-                  f"(master) {stats['dropped']}, silent drops: 0 (CommitLogs byte-identical)")
-            print(f"split-brain acks: 0; acked lost: {len(lost)}")
+                  f"(master) {stats['dropped']}; sends begun during the full cut: {heal_seq - cut_seq - 1}")
+            print(f"acks during the full cut (no slave in reach): {acked_during_cut}; acked lost: {len(lost)}")
             assert not lost
             assert acked_during_cut == 0
             assert codes.get(ResponseCode.SUCCESS, 0) > 0
