@@ -7,7 +7,6 @@ Each test prints "fuzz execs / crashes / hangs: N / 0 / 0".
 """
 import logging
 import random
-import time
 
 import msgpack
 import pytest
@@ -119,9 +118,7 @@ def run_records(data):
 
 
 def run_recovery(data, tmp):
-    t0 = time.monotonic()
-    T.fuzz_recovery(data, tmp)
-    assert time.monotonic() - t0 < T.HANG_S
+    T.fuzz_recovery(data, tmp)        # raises Finding on a hang (HANG_S); pytest-timeout bounds a true one
     counted("recovery")
 
 
