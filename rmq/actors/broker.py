@@ -75,6 +75,7 @@ APPEND_REANNOUNCE_MS = 200
 STATS_INTERVAL_MS = 1000
 MAX_PULL_BATCH = 4096                        # maxMsgNums ceiling per pull (rmq limit)
 MAX_QUEUE_OFFSET = 2 ** 63 - 1               # queue offsets are Java longs
+JAVA_LONG_MIN, JAVA_LONG_MAX = -(2 ** 63), 2 ** 63 - 1   # bounds of a long header field (timestamps)
 SCHEDULE_DELIVER_INTERVAL_MS = 100           # DELAY_FOR_A_WHILE (SPEC.md §10.3)
 FLUSH_DELAY_OFFSET_INTERVAL_MS = 10_000      # flushDelayOffsetInterval
 REBALANCE_LOCK_MAX_LIVE_TIME_MS = 60_000     # rocketmq.broker.rebalance.lockMaxLiveTime (SPEC.md §15.2)
@@ -952,7 +953,7 @@ class BrokerActor(Actor):
             return frame.response(ResponseCode.TOPIC_NOT_EXIST, f"topic[{topic}] not exist, apply first please!")
         if not cfg["perm"] & PERM_READ:
             return frame.response(ResponseCode.NO_PERMISSION, f"the topic[{topic}] pulling message is forbidden")
-        queue_id = field_int(frame, "queueId", lo=0)
+        queue_id = field_int(frame, "queueId", lo=0, hi=MAX_QUEUE_NUMS - 1)
         if queue_id >= cfg["readQueueNums"]:
             return frame.response(ResponseCode.SYSTEM_ERROR,
                                   f"queueId[{queue_id}] is illegal, topic:[{topic}] topicConfig.readQueueNums:"
@@ -1053,7 +1054,7 @@ class BrokerActor(Actor):
     # -- offsets -------------------------------------------------------------------------------
     def on_query_consumer_offset(self, frame: Frame, reply: Reply) -> Frame:
         group, topic = field_str(frame, "consumerGroup"), field_str(frame, "topic")
-        queue_id = field_int(frame, "queueId", lo=0)
+        queue_id = field_int(frame, "queueId", lo=0, hi=MAX_QUEUE_NUMS - 1)
         off = self.store.consumer_offset_manager.query_offset(group, topic, queue_id)
         if off >= 0:
             return frame.response(fields={"offset": off})
@@ -1076,18 +1077,19 @@ class BrokerActor(Actor):
 
     def on_get_max_offset(self, frame: Frame, reply: Reply) -> Frame:
         return frame.response(fields={"offset": self.store.get_max_offset_in_queue(
-            field_str(frame, "topic"), field_int(frame, "queueId", lo=0))})
+            field_str(frame, "topic"), field_int(frame, "queueId", lo=0, hi=MAX_QUEUE_NUMS - 1))})
 
     def on_get_min_offset(self, frame: Frame, reply: Reply) -> Frame:
         return frame.response(fields={"offset": self.store.get_min_offset_in_queue(
-            field_str(frame, "topic"), field_int(frame, "queueId", lo=0))})
+            field_str(frame, "topic"), field_int(frame, "queueId", lo=0, hi=MAX_QUEUE_NUMS - 1))})
 
     def on_search_offset_by_timestamp(self, frame: Frame, reply: Reply) -> Frame:
         return frame.response(fields={"offset": self.store.get_offset_in_queue_by_time(
-            field_str(frame, "topic"), field_int(frame, "queueId", lo=0), field_int(frame, "timestamp"))})
+            field_str(frame, "topic"), field_int(frame, "queueId", lo=0, hi=MAX_QUEUE_NUMS - 1),
+            field_int(frame, "timestamp", lo=JAVA_LONG_MIN, hi=JAVA_LONG_MAX))})
 
     def on_earliest_msg_storetime(self, frame: Frame, reply: Reply) -> Frame:
-        topic, queue_id = field_str(frame, "topic"), field_int(frame, "queueId", lo=0)
+        topic, queue_id = field_str(frame, "topic"), field_int(frame, "queueId", lo=0, hi=MAX_QUEUE_NUMS - 1)
         res = self.store.get_messages("%EARLIEST%", topic, queue_id,
                                       self.store.get_min_offset_in_queue(topic, queue_id), 1)
         msgs = res.messages()
