@@ -3,7 +3,9 @@ Cython CommitLog parser and recovery of small mutated stores, plus a seeded rand
 loop (the libFuzzer-less fallback of fuzz/*.py).  The targets live in fuzz/targets.py and
 raise only on a real finding.  ``-m slow`` runs the longer variants.
 
-Each test prints "fuzz execs / crashes / hangs: N / 0 / 0".
+Each test prints "fuzz execs / crashes / hangs: N / C / H", counted as the targets run (a crash:
+any exception, a target's Finding included; a hang: a target's Finding for a run over
+fuzz.targets.HANG_S), and asserts C = H = 0 and N > 0.
 """
 import logging
 import random
@@ -21,15 +23,40 @@ pytestmark = pytest.mark.fault
 
 EXAMPLES = {"frame": 400, "records": 300, "recovery": 60}
 SLOW_FACTOR = 25
-COUNTS: dict = {}
 
 
-def fig(name, execs):
-    print(f"\n{name}: fuzz execs / crashes / hangs: {execs} / 0 / 0")
+class Tally:
+    """Executions of fuzz targets, and how many crashed or hung (counted, then re-raised)."""
+
+    def __init__(self, name: str):
+        self.name, self.execs, self.crashes, self.hangs = name, 0, 0, 0
+
+    def run(self, fn, *args):
+        try:
+            fn(*args)
+        except T.Finding as e:
+            if "(hang)" in str(e):
+                self.hangs += 1
+            else:
+                self.crashes += 1
+            raise
+        except BaseException:
+            self.crashes += 1
+            raise
+        self.execs += 1
+
+    def figure(self) -> str:
+        return f"{self.name}: fuzz execs / crashes / hangs: {self.execs} / {self.crashes} / {self.hangs}"
 
 
-def counted(name):
-    COUNTS[name] = COUNTS.get(name, 0) + 1
+def run_counted(tally: Tally, fuzz) -> None:
+    """Run the hypothesis test ``fuzz``; print ``tally``'s figure whatever happens, then check it."""
+    try:
+        fuzz()
+    finally:
+        print("\n" + tally.figure())
+    assert tally.crashes == 0 and tally.hangs == 0, tally.figure()
+    assert tally.execs > 0, tally.figure()
 
 
 def cfg(name, slow=False):
@@ -107,37 +134,49 @@ store_mutations = st.lists(st.tuples(st.integers(0, 7), st.integers(0, 255), st.
 
 
 # -- targets -----------------------------------------------------------------------------------------
-def run_frame(parts):
-    T.check_frame(parts)
-    counted("frame")
+def fuzz_frames(slow=False):
+    tally = Tally("hypothesis frame" + (" (long)" if slow else ""))
+
+    @cfg("frame", slow)
+    @given(frames() | st.binary(max_size=2000 if slow else 300).map(T.frame_parts))
+    def fuzz(parts):
+        tally.run(T.check_frame, parts)
+
+    run_counted(tally, fuzz)
 
 
-def run_records(data):
-    T.fuzz_records(data)
-    counted("records")
+def fuzz_records(slow=False):
+    tally = Tally("hypothesis records" + (" (long)" if slow else ""))
+
+    @cfg("records", slow)
+    @given(mutated_records() | st.binary(max_size=4000 if slow else 600))
+    def fuzz(data):
+        tally.run(T.fuzz_records, data)
+
+    run_counted(tally, fuzz)
 
 
-def run_recovery(data, tmp):
-    T.fuzz_recovery(data, tmp)        # raises Finding on a hang (HANG_S); pytest-timeout bounds a true one
-    counted("recovery")
+def fuzz_recovery(tmp, slow=False):
+    tally = Tally("hypothesis recovery" + (" (long)" if slow else ""))
+
+    @cfg("recovery", slow)
+    @given(data=store_mutations)
+    def fuzz(data):
+        tally.run(T.fuzz_recovery, data, tmp)
+
+    run_counted(tally, fuzz)
 
 
-@cfg("frame")
-@given(frames() | st.binary(max_size=300).map(T.frame_parts))
-def test_fuzz_frame_decode(parts):
-    run_frame(parts)
+def test_fuzz_frame_decode():
+    fuzz_frames()
 
 
-@cfg("records")
-@given(mutated_records() | st.binary(max_size=600))
-def test_fuzz_commitlog_parser(data):
-    run_records(data)
+def test_fuzz_commitlog_parser():
+    fuzz_records()
 
 
-@cfg("recovery")
-@given(data=store_mutations)
-def test_fuzz_store_recovery(tmp_path, data):
-    run_recovery(data, str(tmp_path))
+def test_fuzz_store_recovery(tmp_path):
+    fuzz_recovery(str(tmp_path))
 
 
 def test_seeded_random_loop():
@@ -145,44 +184,29 @@ def test_seeded_random_loop():
     rng = random.Random(20260101)
     frame_seeds = [b"\x01" + msgpack.packb({"code": 10, "fields": {"topic": "T"}}) + T.PART_SEPARATOR + b"b"]
     log = T.seed_store()["commitlog/00000000000000000000"]
-    n = 0
-    for _ in range(3000):
-        T.fuzz_frame(_runner.mutate(rng, frame_seeds, 400))
-        n += 1
-    for _ in range(600):
-        T.fuzz_records(_runner.mutate(rng, [log[:600], log[:2000]], 3000))
-        n += 1
-    print(f"\nseeded random loop: fuzz execs / crashes / hangs: {n} / 0 / 0")
+    tally = Tally("seeded random loop")
 
+    def loop():
+        for _ in range(3000):
+            tally.run(T.fuzz_frame, _runner.mutate(rng, frame_seeds, 400))
+        for _ in range(600):
+            tally.run(T.fuzz_records, _runner.mutate(rng, [log[:600], log[:2000]], 3000))
 
-def test_zz_figures():
-    """Prints the per-target totals of this run (examples hypothesis really executed)."""
-    for name in ("frame", "records", "recovery"):
-        fig(f"hypothesis {name}", COUNTS.get(name, 0))
+    run_counted(tally, loop)
+    assert tally.execs == 3600
 
 
 # -- longer variants ---------------------------------------------------------------------------------
 @pytest.mark.slow
-@cfg("frame", slow=True)
-@given(frames() | st.binary(max_size=2000).map(T.frame_parts))
-def test_fuzz_frame_decode_long(parts):
-    run_frame(parts)
+def test_fuzz_frame_decode_long():
+    fuzz_frames(slow=True)
 
 
 @pytest.mark.slow
-@cfg("records", slow=True)
-@given(mutated_records() | st.binary(max_size=4000))
-def test_fuzz_commitlog_parser_long(data):
-    run_records(data)
+def test_fuzz_commitlog_parser_long():
+    fuzz_records(slow=True)
 
 
 @pytest.mark.slow
-@cfg("recovery", slow=True)
-@given(data=store_mutations)
-def test_fuzz_store_recovery_long(tmp_path, data):
-    run_recovery(data, str(tmp_path))
-
-
-@pytest.mark.slow
-def test_zz_figures_long():
-    test_zz_figures()
+def test_fuzz_store_recovery_long(tmp_path):
+    fuzz_recovery(str(tmp_path), slow=True)
