@@ -50,7 +50,7 @@ import zmq
 from rmq import protocol as P
 from rmq._core import commitlog as _cl
 from rmq.actors.actor import Actor, Reply
-from rmq.broker_conf import broker_settings, load_broker_conf
+from rmq.broker_conf import BrokerConfError, broker_settings, load_broker_conf
 from rmq.protocol import Frame, ProtocolError, RequestCode, ResponseCode, field_int, field_str, pack_body, unpack_body
 from rmq.status import GetMessageStatus, PutMessageStatus
 from rmq.store.commitlog import host_to_bytes
@@ -1208,7 +1208,6 @@ def main(argv: Optional[list] = None) -> int:
     p.add_argument("--namesrv-addr", default=None, help="NameServer addresses, host:port;host:port")
     p.add_argument("--supervisor", default=None, help="supervisor endpoint for liveness beats")
     args = p.parse_args(argv)
-    props = load_broker_conf(args.config) if args.config else {}
     overrides = {}
     if args.store_path is not None:
         overrides["storePathRootDir"] = args.store_path
@@ -1216,7 +1215,10 @@ def main(argv: Optional[list] = None) -> int:
         overrides["listenPort"] = str(args.listen_port)
     if args.namesrv_addr is not None:
         overrides["namesrvAddr"] = args.namesrv_addr
-    settings = broker_settings(props, overrides)
+    try:
+        settings = broker_settings(load_broker_conf(args.config) if args.config else {}, overrides)
+    except BrokerConfError as e:              # a clear line, as every actor says it, not a traceback
+        raise SystemExit(f"broker: refusing to start: {e}") from None
     store_config = store_config_from_settings(settings)
     namesrv = [a.strip() for a in (settings.get("namesrvAddr") or "").split(";") if a.strip()]
     actor = BrokerActor(settings, store_config, namesrv, args.supervisor)

@@ -20,7 +20,7 @@ from rmq import protocol as P
 from rmq.actors.actor import Actor
 from rmq.actors.broker import (ANNOUNCE_APPEND, ANNOUNCE_TICK, announce_endpoint, internal_endpoint,
                                store_config_from_settings)
-from rmq.broker_conf import broker_settings, load_broker_conf
+from rmq.broker_conf import BrokerConfError, broker_settings, load_broker_conf
 from rmq.protocol import Frame, ProtocolError, RequestCode
 from rmq.store.config import MessageStoreConfig
 from rmq.store.mapped_file_queue import MappedFileQueue
@@ -112,9 +112,12 @@ def settings_from_args(argv: Optional[list], prog: str) -> tuple[MessageStoreCon
     p.add_argument("--store-path", default=None, help="storePathRootDir")
     p.add_argument("--supervisor", default=None, help="supervisor endpoint for liveness beats")
     args = p.parse_args(argv)
-    props = load_broker_conf(args.config) if args.config else {}
     overrides = {"storePathRootDir": args.store_path} if args.store_path else {}
-    return store_config_from_settings(broker_settings(props, overrides)), args.supervisor
+    try:
+        settings = broker_settings(load_broker_conf(args.config) if args.config else {}, overrides)
+    except BrokerConfError as e:              # a clear line, not a traceback
+        raise SystemExit(f"{prog.rsplit('.', 1)[-1]}: refusing to start: {e}") from None
+    return store_config_from_settings(settings), args.supervisor
 
 
 def run_follower(cls, argv: Optional[list] = None) -> int:

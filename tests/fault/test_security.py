@@ -13,7 +13,6 @@ import os
 import shutil
 import stat
 import subprocess
-import sys
 import time
 
 import pytest
@@ -23,7 +22,8 @@ from click.testing import CliRunner
 from rmq import protocol as P
 from rmq import security as S
 from rmq.client.remoting import RemotingClient
-from rmq.errors import RemotingTimeoutError
+from rmq.errors import MQBrokerError
+from rmq.launch import python_cmd
 from rmq.protocol import Frame, RequestCode, ResponseCode
 from tests.integration.cluster import Cluster
 from tests.integration.conftest import ROOT
@@ -252,8 +252,9 @@ def test_clients_with_auth_parameter(secure, keys):
     with Producer(secure.namesrv_addr, group="secpg", auth=(keys["client"][1], keys["server"][0])) as p:
         assert p.send(Message("AuthTopic", b"hello")).msg_id
     with Admin(secure.namesrv_addr, auth=(keys["client"][1], keys["server"][0])) as adm:
-        with pytest.raises(Exception, match="NO_PERMISSION|16|admin"):
+        with pytest.raises(MQBrokerError, match="needs an admin key") as ei:
             adm.create_topic("AuthTopic2", cluster="TestCluster")
+        assert ei.value.response_code == ResponseCode.NO_PERMISSION
 
 
 def test_admin_cli_auth_options(secure, keys):
@@ -265,14 +266,16 @@ def test_admin_cli_auth_options(secure, keys):
     bad = CliRunner().invoke(admin, ["-n", secure.namesrv_addr, "--timeout-ms", "3000", "--auth-key",
                                      keys["client"][1], "--server-key", keys["server"][0], "updateTopic",
                                      "-t", "CliTopic2", "-c", "TestCluster"])
-    assert bad.exit_code != 0
+    assert bad.exit_code == 1 and "Traceback" not in bad.output
+    assert f"CODE: {int(ResponseCode.NO_PERMISSION)} " in bad.output and "needs an admin key" in bad.output
 
 
 # -- refusal to start ---------------------------------------------------------------------------------
 def _start_fails(args, timeout=60):
-    p = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+    p = subprocess.run(python_cmd(*args), cwd=ROOT, capture_output=True, text=True, timeout=timeout,
                        env=_env_without_auth())
-    assert p.returncode != 0 and "ready" not in p.stdout, (p.stdout, p.stderr)
+    assert p.returncode == 1 and "ready" not in p.stdout, (p.stdout, p.stderr)
+    assert "Traceback" not in p.stderr, p.stderr           # one clear line, not a crash
     return p.stderr
 
 
@@ -287,12 +290,17 @@ def test_broker_and_nameserver_refuse_to_start_without_keys(tmp_path, keys, case
         del conf["authServerKeyFile"]
     else:
         conf["authClientKeysDir"] = str(tmp_path / "no-such-dir")
+    why = {"missing_key_file": f"cannot read secret key file {tmp_path / 'nope.key_secret'}",
+           "public_key_only": "holds no secret key (use the NAME.key_secret file)",
+           "no_key_property": "authEnable=true needs authServerKeyFile",
+           "bad_dir": f"authClientKeysDir={tmp_path / 'no-such-dir'}: not a directory"}[case]
     path = tmp_path / "broker.conf"
     path.write_text("".join(f"{k}={v}\n" for k, v in conf.items()))
     err = _start_fails(["-m", "rmq.actors.broker", "--store-path", str(tmp_path / "store"), "-c", str(path),
                         "--listen-port", "0", "--namesrv-addr", "127.0.0.1:1"])
-    assert "auth" in err or "key" in err
-    _start_fails(["-m", "rmq.actors.nameserver", "--listen-port", "0", "-c", str(path)])
+    assert "broker: refusing to start: " in err and why in err, err
+    err = _start_fails(["-m", "rmq.actors.nameserver", "--listen-port", "0", "-c", str(path)])
+    assert "nameserver: refusing to start: " in err and why in err, err
 
 
 def test_curve_server_refused_without_running_authenticator(keys):
