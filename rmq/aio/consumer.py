@@ -742,6 +742,7 @@ class AsyncPushConsumer:
         self._sem: Optional[asyncio.Semaphore] = None
         self._wakeup: Optional[asyncio.Event] = None
         self._service: Optional[asyncio.Task] = None
+        self._heartbeats: Optional[asyncio.Task] = None
         self._state = "CREATED"
         self.stats = {"consumed_ok": 0, "consumed_failed": 0, "sent_back": 0, "send_back_failed": 0, "pulls": 0}
 
@@ -801,6 +802,9 @@ class AsyncPushConsumer:
         self._state = "RUNNING"
         await self._heartbeat_all()
         self._service = asyncio.get_running_loop().create_task(self._service_loop())
+        # heartbeats as a task of their own (RocketMQ's MQClientInstance schedules them apart from
+        # rebalancing): never queued behind a rebalance, an offset commit or a lock round
+        self._heartbeats = asyncio.get_running_loop().create_task(self._heartbeat_loop())
         return self
 
     async def shutdown(self) -> None:
@@ -809,6 +813,9 @@ class AsyncPushConsumer:
             return
         self._state = "STOPPING"
         self._wakeup.set()
+        if self._heartbeats is not None:
+            self._heartbeats.cancel()                   # no beat after the unregister below
+            await asyncio.gather(self._heartbeats, return_exceptions=True)
         if self._service is not None:
             await asyncio.gather(self._service, return_exceptions=True)
         for t in self._pull_tasks.values():
@@ -856,7 +863,6 @@ class AsyncPushConsumer:
         now = loop.time()
         next_rebalance = now
         next_persist = now + self.persist_consumer_offset_interval_ms / 1000.0
-        next_heartbeat = now + self.heartbeat_broker_interval_ms / 1000.0
         next_lock = now + self.lock_interval_ms / 1000.0
         while self._state == "RUNNING":
             now = loop.time()
@@ -865,9 +871,6 @@ class AsyncPushConsumer:
                     self._wakeup.clear()
                     await self.do_rebalance()
                     next_rebalance = loop.time() + self.rebalance_interval_ms / 1000.0
-                if now >= next_heartbeat:
-                    await self._heartbeat_all()
-                    next_heartbeat = now + self.heartbeat_broker_interval_ms / 1000.0
                 if now >= next_persist:
                     await self.offsets.persist_all(self.assigned_message_queues())
                     next_persist = now + self.persist_consumer_offset_interval_ms / 1000.0
@@ -880,11 +883,30 @@ class AsyncPushConsumer:
                 log.exception("consumer %s service step failed", self.group)
             if self._state != "RUNNING":
                 break
-            nxt = min(next_rebalance, next_persist, next_heartbeat)
+            nxt = min(next_rebalance, next_persist)
             try:
                 await asyncio.wait_for(self._wakeup.wait(), max(0.0, min(nxt - loop.time(), 1.0)))
             except asyncio.TimeoutError:
                 pass
+
+    async def _heartbeat_loop(self) -> None:
+        """Every ``heartbeat_broker_interval_ms`` until shutdown (cancelled by it)."""
+        loop = asyncio.get_running_loop()
+        interval = self.heartbeat_broker_interval_ms / 1000.0
+        next_heartbeat = loop.time() + interval
+        while self._state == "RUNNING":
+            await asyncio.sleep(max(0.0, next_heartbeat - loop.time()))
+            next_heartbeat += interval
+            if next_heartbeat < loop.time():            # fell behind (a blocked loop): no burst of beats
+                next_heartbeat = loop.time() + interval
+            if self._state != "RUNNING":
+                break
+            try:
+                await self._heartbeat_all()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("consumer %s heartbeat failed", self.group)
 
     async def _heartbeat_all(self) -> None:
         for topic in list(self.subscriptions):

@@ -776,6 +776,8 @@ class PushConsumer:
         self._pull: Optional[_PullService] = None
         self._executor: Optional[_ConsumePool] = None
         self._service: Optional[threading.Thread] = None
+        self._heartbeats: Optional[threading.Thread] = None
+        self._heartbeat_stop = threading.Event()
         self._wakeup = threading.Event()
         self._state = "CREATED"
         self.stats = {"consumed_ok": 0, "consumed_failed": 0, "sent_back": 0, "send_back_failed": 0, "pulls": 0}
@@ -858,6 +860,12 @@ class PushConsumer:
         self._heartbeat_all()
         self._service = threading.Thread(target=self._service_loop, name=f"rmq-rebalance-{self.group}", daemon=True)
         self._service.start()
+        # heartbeats on a thread of their own (RocketMQ's MQClientInstance schedules them apart from
+        # rebalancing): a slow rebalance, offset commit or lock round must not make the broker expire
+        # this member (channelExpiredTimeout) and move its queues
+        self._heartbeats = threading.Thread(target=self._heartbeat_loop, name=f"rmq-heartbeat-{self.group}",
+                                            daemon=True)
+        self._heartbeats.start()
         return self
 
     def shutdown(self) -> None:
@@ -869,8 +877,11 @@ class PushConsumer:
             return
         self._state = "STOPPING"
         self._wakeup.set()
+        self._heartbeat_stop.set()
         if self._service is not None:
             self._service.join(30)
+        if self._heartbeats is not None:
+            self._heartbeats.join(30)                    # no beat after the unregister below
         if self._pull is not None:
             self._pull.stop()
             self._pull.join(10)
@@ -923,7 +934,6 @@ class PushConsumer:
         now = time.monotonic()
         next_rebalance = now
         next_persist = now + max(self.persist_consumer_offset_interval_ms, 0) / 1000.0
-        next_heartbeat = now + self.heartbeat_broker_interval_ms / 1000.0
         next_lock = now + self.lock_interval_ms / 1000.0
         while self._state == "RUNNING":
             now = time.monotonic()
@@ -932,9 +942,6 @@ class PushConsumer:
                     self._wakeup.clear()
                     self.do_rebalance()
                     next_rebalance = time.monotonic() + self.rebalance_interval_ms / 1000.0
-                if now >= next_heartbeat:
-                    self._heartbeat_all()
-                    next_heartbeat = now + self.heartbeat_broker_interval_ms / 1000.0
                 if now >= next_persist:
                     self.persist_consumer_offset()
                     next_persist = now + self.persist_consumer_offset_interval_ms / 1000.0
@@ -945,9 +952,25 @@ class PushConsumer:
                 log.exception("consumer %s service step failed", self.group)
             if self._state != "RUNNING":
                 break
-            nxt = min(next_rebalance, next_persist, next_heartbeat,
-                      next_lock if self.orderly and self.clustering else next_rebalance)
+            nxt = min(next_rebalance, next_persist, next_lock if self.orderly and self.clustering else next_rebalance)
             self._wakeup.wait(max(0.0, min(nxt - time.monotonic(), 1.0)))
+
+    def _heartbeat_loop(self) -> None:
+        """Every ``heartbeat_broker_interval_ms``, on this thread only, until shutdown."""
+        interval = self.heartbeat_broker_interval_ms / 1000.0
+        next_heartbeat = time.monotonic() + interval
+        while self._state == "RUNNING":
+            wait = next_heartbeat - time.monotonic()
+            if wait > 0:
+                self._heartbeat_stop.wait(min(wait, 1.0))
+                continue
+            next_heartbeat += interval
+            if next_heartbeat < time.monotonic():        # fell behind (a long stall): no burst of beats
+                next_heartbeat = time.monotonic() + interval
+            try:
+                self._heartbeat_all()
+            except Exception:                            # keep beating whatever one round does
+                log.exception("consumer %s heartbeat failed", self.group)
 
     def persist_consumer_offset(self) -> None:
         self.offset_store.persist_all(self.assigned_message_queues())
