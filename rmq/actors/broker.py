@@ -186,6 +186,7 @@ class BrokerActor(Actor):
         self.ha_master_address = str(settings.get("haMasterAddress") or store_config.ha_master_address or "")
         self.ha_master_address_configured = bool(self.ha_master_address)
         self.master_broker_addr = ""             # slave: the master's broker address (from the NameServer)
+        self.broker_addr = ""                    # host:port, once the client socket is bound (on_start)
         self.ha_state: dict = {}                 # the ha actor's last HA_ANNOUNCE
         self.ha_ack_offset = -1                  # master: max CommitLog offset acknowledged by a slave
         self.ha_slaves: list = []
@@ -714,6 +715,8 @@ class BrokerActor(Actor):
 
     def unregister_broker_all(self, broker_id: Optional[int] = None) -> None:
         """UNREGISTER_BROKER (one-way) of this address as ``broker_id`` (default: the current id)."""
+        if not self.broker_addr:
+            return                               # never bound (a failed start): never registered
         self._to_namesrvs(Frame(RequestCode.UNREGISTER_BROKER, flag=P.FLAG_ONEWAY, fields={
             "clusterName": self.cluster_name, "brokerAddr": self.broker_addr, "brokerName": self.broker_name,
             "brokerId": self.broker_id if broker_id is None else broker_id}))

@@ -30,11 +30,13 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from rmq._core import commitlog as cl
+from rmq._core.layout import CHECKPOINT_MASTER_FLUSHED_OFFSET_OFFSET
 from rmq.client.remoting import RemotingClient
 from rmq.errors import RemotingError
 from rmq.protocol import Frame, RequestCode, ResponseCode
 
 PAGE = 4096
+CHECKPOINT_FLUSHED_AT = CHECKPOINT_MASTER_FLUSHED_OFFSET_OFFSET      # the checkpoint's flushed CommitLog offset
 _ID = struct.Struct(">II")           # producer, seq
 # replies meaning "written, but not durable / not replicated in time": the outcome is unknown
 INDETERMINATE_CODES = {ResponseCode.FLUSH_DISK_TIMEOUT, ResponseCode.FLUSH_SLAVE_TIMEOUT,
@@ -75,6 +77,7 @@ class Op:
     end_t: float = 0.0
     code: int = -1
     detail: str = ""
+    phys_offset: int = -1           # CommitLog offset of an acknowledged message (its reply's msgId)
 
 
 class History:
@@ -170,6 +173,8 @@ class Workload:
                     time.sleep(0.05)
                     continue
                 if r.code == ResponseCode.SUCCESS:
+                    # the offset msgId ends with the record's CommitLog offset (16 hex digits, SPEC.md §1.8)
+                    op.phys_offset = int(str(r.fields.get("msgId", ""))[-16:] or "-1", 16)
                     self.history.complete(op, "ok", r.code)
                 elif r.code in INDETERMINATE_CODES:
                     self.history.complete(op, "info", r.code, r.remark or "")
@@ -349,38 +354,99 @@ def _store_files(store: str):
             yield os.path.join(root, n)
 
 
+def acked_commitlog_end(store: str, history: History, file_size: int) -> int:
+    """The CommitLog offset below which every byte is durable by what the *test* saw: under
+    SYNC_FLUSH a SEND_OK comes only once the CommitLog is flushed past its record (flushes are
+    sequential), so the end of the highest acknowledged record bounds what a power cut may not
+    touch.  The record's length is read from the (dead) store before any damage.  0 with no ack."""
+    with history._lock:
+        top = max((op.phys_offset for op in history.ops.values() if op.status == "ok"), default=-1)
+    if top < 0:
+        return 0
+    path = os.path.join(store, "commitlog", "%020d" % (top - top % file_size))
+    with open(path, "rb") as f:
+        f.seek(top % file_size)
+        size = struct.unpack(">i", f.read(4))[0]
+    assert size > 0, f"acknowledged record at {top} has size {size}"
+    return top + size
+
+
 def power_cut(store: str, rng: random.Random, snapshots: Optional[dict] = None,
-              garble_paths: tuple = ("commitlog",)) -> dict:
+              garble_paths: tuple = ("commitlog",), commitlog_durable: Optional[int] = None) -> dict:
     """Rewrite a dead store as a power cut could have left it (every process must be dead).
 
-    Per file, from the journal: bytes below the durable offset are kept; every 4 KiB page above
-    it is independently kept, zeroed, reverted (to ``snapshots[file]`` if given, else zero) or,
-    for files under one of ``garble_paths``, filled with random bytes; one page above the durable
-    offset (over all files) is torn: half old content, half new.  A file created since the last
-    fsync of its directory is removed.  Whole-file fsync'd files (JSON metadata, markers) are kept.
-    The journal is then reset to "everything on disk is durable" (the disk is what it is now).
+    What is durable is bounded independently of the code under test where the test can: with
+    ``commitlog_durable`` (:func:`acked_commitlog_end`), CommitLog bytes below it are kept and
+    every page at or above it is fair game whatever the journal says.  Files the journal never
+    heard of (nothing synced them through the wrapper) are fair game on every page.  Other files
+    follow the journal (``STORE/.durable``, written by the sync wrapper only after a sync returned
+    0): bytes below the durable offset kept, whole-file fsync'd files (JSON metadata, markers)
+    kept, a file created since the last fsync of its directory removed (never a CommitLog file
+    holding acknowledged bytes).  Fair-game pages are independently kept, zeroed, reverted (to
+    ``snapshots[file]`` if given, else zero) or, for files under one of ``garble_paths``, filled
+    with random bytes; one page (over all files) is torn: half old content, half new.  The journal
+    is then reset to "everything on disk is durable" (the disk is what it is now).
+
+    JSON config files and the epoch file are the exception: written atomically (old or new
+    whole), a cut may revert them to their ``snapshots`` version; their ``.bak`` copies are fair
+    game.
 
     Returns counts of what was done.
     """
     d = read_journal(store)
     stats = Counter()
+    if commitlog_durable is not None:
+        # the checkpoint records a flushed offset; a cut that loses CommitLog bytes up to it loses
+        # the checkpoint write that followed that flush too: it goes back to its previous version
+        # (the snapshot), and what that version records stays (it survived the previous cut)
+        ckpt = os.path.abspath(os.path.join(store, "checkpoint"))
+        prev = (snapshots or {}).get(ckpt)
+        if prev is None:
+            with open(ckpt, "rb") as f:
+                prev = f.read()
+        else:
+            with open(ckpt, "wb") as f:
+                f.write(prev)
+            stats["checkpoint_reverted"] += 1
+        flushed = struct.unpack(">q", prev[CHECKPOINT_FLUSHED_AT:CHECKPOINT_FLUSHED_AT + 8])[0]
+        commitlog_durable = max(commitlog_durable, flushed)
     torn_candidates = []
     for path in sorted(_store_files(store)):
         ap = os.path.abspath(path)
+        size = os.path.getsize(path)
+        in_commitlog = os.path.basename(os.path.dirname(ap)) == "commitlog" and os.path.basename(ap).isdigit()
+        acked_here = 0
+        if in_commitlog and commitlog_durable is not None:
+            acked_here = max(0, min(commitlog_durable - int(os.path.basename(ap)), size))
         created_at = d.created.get(ap)
-        if created_at is not None and d.dir_synced.get(os.path.dirname(ap), -1) < created_at:
+        if acked_here == 0 and created_at is not None and d.dir_synced.get(os.path.dirname(ap), -1) < created_at:
             os.unlink(path)
             stats["files_removed"] += 1
             continue
-        if ap in d.whole:
+        if ap == os.path.abspath(os.path.join(store, "checkpoint")) and commitlog_durable is not None:
+            continue                                   # handled above
+        if (ap.endswith(".json") and os.path.basename(os.path.dirname(ap)) == "config") or \
+                os.path.basename(ap) == "epochFileCheckpoint":
+            # written old-or-new by construction (rmq.store.config_manager.write_file_atomically,
+            # rmq.store.epoch.EpochFile: fsync'd FILE.tmp renamed over FILE, the directory
+            # fsync'd; the journal cannot follow the rename): a cut leaves the previous version or
+            # this one, never a mix
+            prev = (snapshots or {}).get(ap)
+            if prev is not None and rng.random() < 0.5:
+                with open(path, "wb") as f:
+                    f.write(prev)
+                stats["config_files_reverted"] += 1
             continue
-        if ap not in d.durable and ap not in d.created:
-            # never msync'd nor created through the wrapper (e.g. the epoch file, synced by its own
-            # module): the journal knows nothing of it, so it is left as is (reported)
-            stats["untracked_files_kept"] += 1
+        if in_commitlog and commitlog_durable is not None:
+            durable = acked_here                       # the test's bound, not the journal's
+            stats["commitlog_pages_past_acked"] += max(0, size - acked_here) // PAGE
+        elif ap in d.whole:
             continue
-        size = os.path.getsize(path)
-        durable = min(d.durable.get(ap, 0), size)
+        elif ap not in d.durable and ap not in d.created:
+            durable = 0                                # the journal knows nothing of it: every page
+            stats["untracked_files_damaged"] += 1
+        else:
+            durable = min(d.durable.get(ap, 0), size)
         if durable >= size:
             continue
         garble = any(f"/{g}/" in ap or ap.endswith("/" + g) for g in garble_paths)

@@ -12,21 +12,21 @@ The group restarts; every acknowledged send must be read back, in order, once.
 Per-commit: RMQ_POWER_CUTS (default 5).  Slow (``-m slow``): RMQ_POWER_CUTS_SLOW (default 200).
 Replay: ``RMQ_FAULT_SEED=<seed> pytest tests/fault/test_power_loss.py``.
 """
-import os
 import random
 import time
 
 import pytest
 
 from tests.conftest import env_int
-from tests.fault.harness import (History, Workload, check, fault_seed, power_cut, result_line, snapshot,
-                                 wait_readable)
+from tests.fault.harness import (History, Workload, acked_commitlog_end, check, fault_seed, power_cut, result_line,
+                                 snapshot, wait_readable)
 from tests.integration.cluster import Cluster
 
 pytestmark = pytest.mark.fault
 QUEUES = 4
 PRODUCERS = 4
 TOPIC = "PowerCut"
+COMMITLOG_FILE_SIZE = 64 * 1024
 
 
 def power_cut_loop(tmp_path, monkeypatch, cuts, seed):
@@ -35,11 +35,12 @@ def power_cut_loop(tmp_path, monkeypatch, cuts, seed):
     store = str(tmp_path / "store")
     history = History()
     work = Workload(history, TOPIC, PRODUCERS, QUEUES, seed=seed, timeout_ms=2000)
-    conf = {"flushDiskType": "SYNC_FLUSH", "mappedFileSizeCommitLog": str(64 * 1024),
+    conf = {"flushDiskType": "SYNC_FLUSH", "mappedFileSizeCommitLog": str(COMMITLOG_FILE_SIZE),
             "mappedFileSizeConsumeQueue": str(20 * 256), "maxHashSlotNum": "256", "maxIndexNum": "1024"}
     c = Cluster(store, conf=conf, with_namesrv=False)
     totals = {"cuts": 0, "kills_only": 0, "restart_failures": 0, "pages_torn": 0, "pages_garbled": 0,
-              "pages_zeroed": 0, "pages_reverted": 0, "files_removed": 0}
+              "pages_zeroed": 0, "pages_reverted": 0, "files_removed": 0, "untracked_files_damaged": 0,
+              "commitlog_pages_past_acked": 0}
     recovery_ms = []
     first_bad = None
     old = None
@@ -55,7 +56,8 @@ def power_cut_loop(tmp_path, monkeypatch, cuts, seed):
             if (cycle % 3 == 2 or rng.random() < 0.15) and done + 1 < cuts:
                 totals["kills_only"] += 1          # page cache survives: the next cut tests what recovery kept
             else:
-                stats = power_cut(store, rng, old)
+                bound = acked_commitlog_end(store, history, COMMITLOG_FILE_SIZE)
+                stats = power_cut(store, rng, old, commitlog_durable=bound)
                 for k, v in stats.items():
                     if k in totals:
                         totals[k] += v
