@@ -214,6 +214,40 @@ def test_revoked_key_refused(secure, keys):
         rc.close()
 
 
+def test_revoked_admin_key_loses_admin_commands_only(secure, keys):
+    """A key in both directories, removed from authAdminKeysDir: its admin commands get
+    NO_PERMISSION on the open connection (README: "within about 2 s", printed as a figure, not
+    asserted), its client requests are still served."""
+    client_path = os.path.join(keys["clients_dir"], "temp-admin.key")
+    admin_path = os.path.join(keys["admins_dir"], "temp-admin.key")
+    shutil.copy(keys["temp"][0], client_path)
+    shutil.copy(keys["temp"][0], admin_path)
+    rc = _client(keys, "temp")
+    try:
+        deadline = time.monotonic() + 30
+        while _invoke(rc, secure.broker_addr, RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP,
+                      {"groupName": "RevokeG"}).code != ResponseCode.SUCCESS:
+            assert time.monotonic() < deadline, "the new admin key was never accepted"
+            time.sleep(0.2)
+        os.unlink(admin_path)
+        t0 = time.monotonic()
+        while True:
+            r = _invoke(rc, secure.broker_addr, RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, {"groupName": "RevokeG"})
+            if r.code == ResponseCode.NO_PERMISSION:
+                break
+            assert r.code == ResponseCode.SUCCESS, r
+            assert time.monotonic() - t0 < 30, "revoked admin key still allowed admin commands"
+            time.sleep(0.05)
+        print(f"\nadmin key revoked: admin commands refused after {time.monotonic() - t0:.2f} s")
+        assert "admin" in r.remark
+        assert _invoke(rc, secure.broker_addr, RequestCode.GET_BROKER_RUNTIME_INFO).code == ResponseCode.SUCCESS
+    finally:
+        rc.close()
+        for path in (client_path, admin_path):
+            if os.path.exists(path):
+                os.unlink(path)
+
+
 # -- CURVE: authorization ----------------------------------------------------------------------------
 def test_admin_commands_need_admin_key(secure, keys):
     rc = _client(keys, "client")
