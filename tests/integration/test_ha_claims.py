@@ -29,18 +29,25 @@ def admin(ns, *args):
     return r.exit_code, r.output, r.stderr if hasattr(r, "stderr") else ""
 
 
-def test_slave_read_enable_sends_a_lagging_consumer_to_the_slave(pair):  # noqa: F811
-    # accessMessageInMemoryMaxRatio=0: every read below the CommitLog's end counts as "not in memory"
-    master = pair(slaveReadEnable="true", accessMessageInMemoryMaxRatio="0")
+def replicated_pair(pair, c, topic, n, queues, **master_conf):  # noqa: F811
+    """A master and its slave, ``n`` messages of ``topic`` on the master, replicated, and the
+    topic served by the slave (it syncs the master's topic configs as RocketMQ's
+    SlaveSynchronize does; until then a consumer sent there gets TOPIC_NOT_EXIST)."""
+    master = pair(**master_conf)
     slave = pair(master=master)
+    wait_for(lambda: runtime(c, master.broker_addr)["haSlaves"], WAIT_S)
+    create_topic(c, master.broker_addr, topic, queues)
+    fill(c, master.broker_addr, topic, n, queues=queues)
+    wait_replicated(c, master, slave, WAIT_S)
+    wait_for(lambda: pull(c, slave.broker_addr, topic, 0, 0).code == ResponseCode.SUCCESS, WAIT_S)
+    return master, slave
+
+
+def test_slave_read_enable_sends_a_lagging_consumer_to_the_slave(pair):  # noqa: F811
     with RemotingClient() as c:
-        wait_for(lambda: runtime(c, master.broker_addr)["haSlaves"], WAIT_S)
-        create_topic(c, master.broker_addr, "Lag", 1)
-        fill(c, master.broker_addr, "Lag", 50, queues=1)
-        wait_replicated(c, master, slave, WAIT_S)
-        # the slave serves the topic once it has synced the master's topic configs (as RocketMQ's
-        # SlaveSynchronize); until then a redirected consumer would get TOPIC_NOT_EXIST from it
-        wait_for(lambda: pull(c, slave.broker_addr, "Lag", 0, 0).code == ResponseCode.SUCCESS, WAIT_S)
+        # accessMessageInMemoryMaxRatio=0: every read below the CommitLog's end counts as "not in memory"
+        master, slave = replicated_pair(pair, c, "Lag", 50, 1, slaveReadEnable="true",
+                                        accessMessageInMemoryMaxRatio="0")
         r = pull(c, master.broker_addr, "Lag", 0, 0)
         assert r.code == ResponseCode.SUCCESS and r.fields["suggestWhichBrokerId"] == 1
         # the client follows the suggestion: its next pulls are served by the slave
@@ -74,13 +81,8 @@ def test_slave_read_enable_sends_a_lagging_consumer_to_the_slave(pair):  # noqa:
                    "check and no question to the master itself; with the ha actor hung the report is stale, "
                    "and a slave 20 messages behind a live master was promoted")
 def test_promotion_refused_while_a_reachable_master_is_ahead(pair):  # noqa: F811
-    master = pair()
-    slave = pair(master=master)
     with RemotingClient() as c:
-        wait_for(lambda: runtime(c, master.broker_addr)["haSlaves"], WAIT_S)
-        create_topic(c, master.broker_addr, "Ahead", 2)
-        fill(c, master.broker_addr, "Ahead", 20, queues=2)
-        wait_replicated(c, master, slave, WAIT_S)
+        master, slave = replicated_pair(pair, c, "Ahead", 20, 2)
         ha = slave.procs["ha"].pid
         os.kill(ha, signal.SIGSTOP)                 # the slave stops receiving; the master moves on
         try:
@@ -97,14 +99,8 @@ def test_promotion_refused_while_a_reachable_master_is_ahead(pair):  # noqa: F81
 
 
 def test_promoted_role_is_kept_in_ha_role_json_across_a_restart(pair):  # noqa: F811
-    master = pair()
-    slave = pair(master=master)
     with RemotingClient() as c:
-        wait_for(lambda: runtime(c, master.broker_addr)["haSlaves"], WAIT_S)
-        create_topic(c, master.broker_addr, "Kept", 2)
-        fill(c, master.broker_addr, "Kept", 30, queues=2)
-        wait_replicated(c, master, slave, WAIT_S)
-        wait_for(lambda: pull(c, slave.broker_addr, "Kept", 0, 0).code == ResponseCode.SUCCESS, WAIT_S)
+        master, slave = replicated_pair(pair, c, "Kept", 30, 2)
         master.kill_group()
         code, out, _ = admin(master.namesrv_addr, "promoteSlave", "-b", slave.broker_addr, "--role", "SYNC_MASTER")
         assert code == 0, out
