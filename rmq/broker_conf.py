@@ -203,6 +203,22 @@ def broker_settings(props: Optional[Mapping[str, Any]] = None,
     return s
 
 
+def actor_settings(config_path: Optional[str], overrides: Mapping[str, Any], actor: str) -> dict:
+    """:func:`broker_settings` of an actor's ``-c broker.conf`` (None: no file) and its flags, for
+    its ``main()``.
+
+    Raises
+    ------
+    SystemExit
+        The file or a setting is bad: one line, ``"<actor>: refusing to start: <why>"`` (exit
+        code 1, as the NameServer says it), not a traceback.
+    """
+    try:
+        return broker_settings(load_broker_conf(config_path) if config_path else {}, overrides)
+    except BrokerConfError as e:
+        raise SystemExit(f"{actor}: refusing to start: {e}") from None
+
+
 def format_broker_conf(settings: Mapping[str, Any], header: str = "") -> str:
     """``settings`` as broker.conf text (one ``key=value`` a line, sorted) that
     :func:`parse_broker_conf` reads back to the same strings.

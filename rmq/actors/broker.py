@@ -50,7 +50,7 @@ import zmq
 from rmq import protocol as P
 from rmq._core import commitlog as _cl
 from rmq.actors.actor import Actor, Reply
-from rmq.broker_conf import BrokerConfError, broker_settings, load_broker_conf
+from rmq.broker_conf import actor_settings
 from rmq.protocol import Frame, ProtocolError, RequestCode, ResponseCode, field_int, field_str, pack_body, unpack_body
 from rmq.status import GetMessageStatus, PutMessageStatus
 from rmq.store.commitlog import host_to_bytes
@@ -1218,10 +1218,7 @@ def main(argv: Optional[list] = None) -> int:
         overrides["listenPort"] = str(args.listen_port)
     if args.namesrv_addr is not None:
         overrides["namesrvAddr"] = args.namesrv_addr
-    try:
-        settings = broker_settings(load_broker_conf(args.config) if args.config else {}, overrides)
-    except BrokerConfError as e:              # a clear line, as every actor says it, not a traceback
-        raise SystemExit(f"broker: refusing to start: {e}") from None
+    settings = actor_settings(args.config, overrides, "broker")
     store_config = store_config_from_settings(settings)
     namesrv = [a.strip() for a in (settings.get("namesrvAddr") or "").split(";") if a.strip()]
     actor = BrokerActor(settings, store_config, namesrv, args.supervisor)

@@ -20,7 +20,7 @@ from rmq import protocol as P
 from rmq.actors.actor import Actor
 from rmq.actors.broker import (ANNOUNCE_APPEND, ANNOUNCE_TICK, announce_endpoint, internal_endpoint,
                                store_config_from_settings)
-from rmq.broker_conf import BrokerConfError, broker_settings, load_broker_conf
+from rmq.broker_conf import actor_settings
 from rmq.protocol import Frame, ProtocolError, RequestCode
 from rmq.store.config import MessageStoreConfig
 from rmq.store.mapped_file_queue import MappedFileQueue
@@ -105,7 +105,7 @@ class FollowerActor(Actor):
             self.log.warning("broker queue full: %s dropped", RequestCode(code).name)
 
 
-def settings_from_args(argv: Optional[list], prog: str) -> tuple[MessageStoreConfig, Optional[str]]:
+def settings_from_args(argv: Optional[list], prog: str, name: str) -> tuple[MessageStoreConfig, Optional[str]]:
     """``-c broker.conf --store-path DIR --supervisor EP`` -> (MessageStoreConfig, supervisor endpoint)."""
     p = argparse.ArgumentParser(prog=prog)
     p.add_argument("-c", "--config", default=None, help="broker.conf (RocketMQ key=value form)")
@@ -113,16 +113,13 @@ def settings_from_args(argv: Optional[list], prog: str) -> tuple[MessageStoreCon
     p.add_argument("--supervisor", default=None, help="supervisor endpoint for liveness beats")
     args = p.parse_args(argv)
     overrides = {"storePathRootDir": args.store_path} if args.store_path else {}
-    try:
-        settings = broker_settings(load_broker_conf(args.config) if args.config else {}, overrides)
-    except BrokerConfError as e:              # a clear line, not a traceback
-        raise SystemExit(f"{prog.rsplit('.', 1)[-1]}: refusing to start: {e}") from None
+    settings = actor_settings(args.config, overrides, name)
     return store_config_from_settings(settings), args.supervisor
 
 
 def run_follower(cls, argv: Optional[list] = None) -> int:
     """``main()`` of a follower actor module: parse, run, return its exit code."""
-    config, supervisor = settings_from_args(argv, f"python -m {cls.__module__}")
+    config, supervisor = settings_from_args(argv, f"python -m rmq.actors.{cls.name}", cls.name)
     actor = cls(config, supervisor)
     actor.run()
     return actor.exit_code

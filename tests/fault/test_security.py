@@ -335,6 +335,8 @@ def test_broker_and_nameserver_refuse_to_start_without_keys(tmp_path, keys, case
     assert "broker: refusing to start: " in err and why in err, err
     err = _start_fails(["-m", "rmq.actors.nameserver", "--listen-port", "0", "-c", str(path)])
     assert "nameserver: refusing to start: " in err and why in err, err
+    err = _start_fails(["-m", "rmq.actors.reput", "--store-path", str(tmp_path / "store"), "-c", str(path)])
+    assert "reput: refusing to start: " in err and why in err, err          # the followers say it the same way
 
 
 def test_curve_server_refused_without_running_authenticator(keys):
