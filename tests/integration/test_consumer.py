@@ -438,6 +438,43 @@ def test_orderly_suspend_retries_locally_in_order(cluster):
         x.shutdown()
 
 
+def test_heartbeats_go_on_while_a_rebalance_is_blocked(cluster):
+    """A rebalance stuck for longer than the broker's channelExpiredTimeout (3 s here; e.g. a slow
+    allocate strategy, a NameServer call, a loaded machine) must not let the broker expire the
+    member: heartbeats run apart from rebalancing (RocketMQ's MQClientInstance)."""
+    from rmq.client.consumer_api import ConsumerAPI
+
+    create_topic(cluster, "HB", 2)
+    entered, release = threading.Event(), threading.Event()
+    calls = []
+
+    def slow_strategy(group, cid, mqs, cids):
+        calls.append(cid)
+        if len(calls) == 2:                      # the first periodic rebalance after start: blocks
+            entered.set()
+            release.wait(60)
+        return mqs if cids and cid == cids[0] else []
+
+    x = push_consumer(cluster, "hb", lambda msgs, ctx: ConsumeConcurrentlyStatus.CONSUME_SUCCESS, topic="HB",
+                      allocate_strategy=slow_strategy)
+    api = ConsumerAPI(cluster.namesrv_addr)
+    try:
+        x.start()
+        assert entered.wait(60), "the rebalance never reached the strategy"
+        blocked_at = time.monotonic()
+        # observe the broker's member list for 2.5 x channelExpiredTimeout while the rebalance is stuck
+        seen = []
+        while time.monotonic() - blocked_at < 7.5:
+            seen.append(x.client_id in api.consumer_id_list(cluster.broker_addr, "hb"))
+            time.sleep(0.25)
+        assert release.is_set() is False and len(calls) == 2            # still blocked all along
+        assert seen and all(seen), f"the member expired while its rebalance was blocked: {seen}"
+    finally:
+        release.set()
+        api.close()
+        x.shutdown()
+
+
 # -- broadcasting ------------------------------------------------------------------------------------
 def test_broadcasting_delivers_every_message_to_every_member(cluster, tmp_path):
     create_topic(cluster, "B", 4)
