@@ -102,6 +102,11 @@ class History:
             op.status, op.end_t, op.code, op.detail = status, t, code, detail
             self.events.append((t, status, op.producer, op.seq, op.queue, code))
 
+    def max_acked_offset(self) -> int:
+        """The highest CommitLog offset of an acknowledged send (-1: none)."""
+        with self._lock:
+            return max((op.phys_offset for op in self.ops.values() if op.status == "ok"), default=-1)
+
     def count(self, status: str) -> int:
         with self._lock:
             return sum(1 for op in self.ops.values() if op.status == status)
@@ -359,8 +364,7 @@ def acked_commitlog_end(store: str, history: History, file_size: int) -> int:
     SYNC_FLUSH a SEND_OK comes only once the CommitLog is flushed past its record (flushes are
     sequential), so the end of the highest acknowledged record bounds what a power cut may not
     touch.  The record's length is read from the (dead) store before any damage.  0 with no ack."""
-    with history._lock:
-        top = max((op.phys_offset for op in history.ops.values() if op.status == "ok"), default=-1)
+    top = history.max_acked_offset()
     if top < 0:
         return 0
     path = os.path.join(store, "commitlog", "%020d" % (top - top % file_size))
