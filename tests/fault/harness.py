@@ -380,8 +380,9 @@ def power_cut(store: str, rng: random.Random, snapshots: Optional[dict] = None,
     """Rewrite a dead store as a power cut could have left it (every process must be dead).
 
     What is durable is bounded independently of the code under test where the test can: with
-    ``commitlog_durable`` (:func:`acked_commitlog_end`), CommitLog bytes below it are kept and
-    every page at or above it is fair game whatever the journal says.  Files the journal never
+    ``commitlog_durable`` (:func:`acked_commitlog_end`), every CommitLog page at or above it is
+    fair game whatever the journal says, and bytes below it are kept only as far as the journal
+    saw them synced (so an ack sent before its fsync still loses data here).  Files the journal never
     heard of (nothing synced them through the wrapper) are fair game on every page.  Other files
     follow the journal (``STORE/.durable``, written by the sync wrapper only after a sync returned
     0): bytes below the durable offset kept, whole-file fsync'd files (JSON metadata, markers)
@@ -442,7 +443,10 @@ def power_cut(store: str, rng: random.Random, snapshots: Optional[dict] = None,
                 stats["config_files_reverted"] += 1
             continue
         if in_commitlog and commitlog_durable is not None:
-            durable = acked_here                       # the test's bound, not the journal's
+            # the lower of two bounds: what the test saw acknowledged (pages past it are fair game
+            # whatever the journal says) and what the sync journal saw made durable (an ack that
+            # came before its fsync leaves acknowledged bytes unprotected, as a real cut would)
+            durable = min(acked_here, d.durable.get(ap, 0))
             stats["commitlog_pages_past_acked"] += max(0, size - acked_here) // PAGE
         elif ap in d.whole:
             continue
