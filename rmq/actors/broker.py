@@ -879,9 +879,12 @@ class BrokerActor(Actor):
                 props = _cl.decode_properties(props.encode("utf-8"))
             if not isinstance(props, dict):
                 return frame.response(ResponseCode.MESSAGE_ILLEGAL, "header field 'properties' must be a map or str")
+            store_topic, store_queue_id = topic, queue_id
             if "DELAY" in props and (sys_flag & TRANSACTION_TYPE_MASK) in (0, TRANSACTION_COMMIT_TYPE):
-                topic, queue_id, props = transform_delay(topic, queue_id, props,
-                                                         len(self.store_config.delay_levels_ms))
+                # parked in SCHEDULE_TOPIC_XXXX; the reply still names the queue the producer chose
+                # (RocketMQ's SendMessageProcessor answers with the request's queueId)
+                store_topic, store_queue_id, props = transform_delay(topic, queue_id, props,
+                                                                     len(self.store_config.delay_levels_ms))
             try:
                 props_bytes = _cl.encode_properties(props)
             except ValueError as e:
@@ -891,7 +894,8 @@ class BrokerActor(Actor):
                 batch = _cl.encode_batch([(frame.bodies[0], props_bytes, flag)])
             except ValueError as e:
                 return frame.response(ResponseCode.MESSAGE_ILLEGAL, str(e))
-            res = self.store.put_encoded(topic, queue_id, batch, None, sys_flag, born_ts, born_host, reconsume, 1)
+            res = self.store.put_encoded(store_topic, store_queue_id, batch, None, sys_flag, born_ts, born_host,
+                                         reconsume, 1)
         elapsed_ms = (time.monotonic() - t0) * 1000.0
         if elapsed_ms > self.store_config.os_page_cache_busy_time_out_mills:
             self.page_cache_busy_until = time.monotonic() + elapsed_ms / 1000.0

@@ -69,6 +69,25 @@ class AllocateMappedFileService:
         with self._lock:
             return self._ready.pop(path, None)
 
+    def wait_idle(self, timeout_s: float = 30.0) -> bool:
+        """Wait until no creation is under way (files and ``.tmp`` names stop changing).
+
+        Returns ``True`` when idle, ``False`` after ``timeout_s`` seconds.  A tool or test that
+        lists or touches the directory calls this first: a creation renames ``NAME.tmp`` to
+        ``NAME`` behind the caller's back.
+        """
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with self._lock:
+                pending = list(self._pending.values())
+            if not pending:
+                return True
+            for t in pending:
+                t.join(max(0.0, deadline - time.monotonic()))
+            if time.monotonic() >= deadline:
+                with self._lock:
+                    return not self._pending
+
     def shutdown(self) -> None:
         with self._lock:
             self._closed = True

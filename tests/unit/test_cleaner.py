@@ -12,6 +12,11 @@ def fill(s, n=300):
     s.dispatch()
 
 
+def quiet(s):
+    """Wait for the CommitLog's pre-allocation thread: it renames NAME.tmp -> NAME under our feet."""
+    assert s.commitlog.mapped_file_queue.allocator.wait_idle(60)
+
+
 def age_files(path, hours):
     t = time.time() - hours * 3600
     for name in os.listdir(path):
@@ -76,6 +81,7 @@ def test_undispatched_files_are_never_deleted(open_store):
     s = open_store(delete_when="99", file_reserved_time=0)
     for i in range(300):
         assert s.put_message("TopicC", b"c" * 200, 0).ok
+    quiet(s)
     n = len(os.listdir(s.commitlog_dir))
     age_files(s.commitlog_dir, 5)
     assert StoreCleaner(s, usage=lambda p: 0.80).run()[0] == 0      # nothing dispatched yet
