@@ -83,6 +83,10 @@ MAX_RECONSUME_TIMES_DEFAULT = 16
 SLAVE_SYNC_INTERVAL_MS = 10_000              # SlaveSynchronize: offsets, topics, groups from the master
                                              # (rmq property slaveSyncInterval, ms)
 PROMOTE_WAIT_MS = 10_000                     # promotion waits this long for reput to catch up
+PROMOTE_MASTER_PROBE_MS = 1_000              # a promotion asks the master itself for its CommitLog end;
+                                             # no answer within this long = the master is unreachable
+PROBE_OPAQUE_BASE = 1 << 30                  # opaques of promotion probes on the master socket (sync
+                                             # requests use their request code as opaque)
 HA_ROLE_FILE = "haRole.json"                 # config/haRole.json: role and id set by a promotion
 EXIT_RESTART_GROUP = 75                      # broker exit code: restart the group (after HA_TRUNCATE)
 MASTER_ROLES = ("ASYNC_MASTER", "SYNC_MASTER")
@@ -190,7 +194,9 @@ class BrokerActor(Actor):
         self.ha_state: dict = {}                 # the ha actor's last HA_ANNOUNCE
         self.ha_ack_offset = -1                  # master: max CommitLog offset acknowledged by a slave
         self.ha_slaves: list = []
-        self.pending_promotions: list = []       # (deadline, reply, frame, new role)
+        self.pending_promotions: list = []       # [deadline, reply, frame, new role, props, probe opaque]
+        self.promotion_probes: dict = {}         # probe opaque -> master's answer (None: not yet)
+        self._probe_seq = 0
         self.fenced_by = 0                       # epoch of the master that replaced this one (0: not fenced)
         self._master_sock: Optional[zmq.Socket] = None
         self.exit_code = 0
@@ -582,14 +588,36 @@ class BrokerActor(Actor):
                 return frame.response(ResponseCode.SYSTEM_ERROR, f"this broker is already {self.role}")
             if self.ha_state.get("connected") and \
                     int(self.ha_state.get("masterMaxOffset", 0) or 0) > self.store.commitlog.get_max_offset():
-                behind = int(self.ha_state["masterMaxOffset"]) - self.store.commitlog.get_max_offset()
-                return frame.response(ResponseCode.SYSTEM_ERROR,
-                                      f"slave not caught up: {behind} bytes behind a reachable master; "
-                                      f"stop the master first or wait")
-            self.pending_promotions.append((time.monotonic() + PROMOTE_WAIT_MS / 1000.0, reply, frame, role, props))
+                return self._refuse_promotion(frame, int(self.ha_state["masterMaxOffset"]))
+            # the ha actor's report may be stale (a hung ha actor, a cut replication link): ask the
+            # master itself; only silence for PROMOTE_MASTER_PROBE_MS counts as "unreachable"
+            probe = self._probe_master()
+            self.pending_promotions.append([time.monotonic() + PROMOTE_WAIT_MS / 1000.0, reply, frame, role, props,
+                                            probe])
             self._try_promotions()
             return None
         return self._apply_runtime_props(frame, props)
+
+    def _refuse_promotion(self, frame: Frame, master_end: int) -> Frame:
+        behind = master_end - self.store.commitlog.get_max_offset()
+        return frame.response(ResponseCode.SYSTEM_ERROR,
+                              f"slave not caught up: {behind} bytes behind a reachable master; "
+                              f"stop the master first or wait")
+
+    def _probe_master(self) -> Optional[int]:
+        """Send GET_BROKER_RUNTIME_INFO to the master over the sync socket; returns the probe's
+        opaque (its answer lands in ``promotion_probes``), or None when no master is known."""
+        sock = self._master_socket()
+        if sock is None:
+            return None
+        self._probe_seq += 1
+        opaque = PROBE_OPAQUE_BASE + self._probe_seq
+        self.promotion_probes[opaque] = None
+        try:
+            sock.send_multipart(P.encode(Frame(RequestCode.GET_BROKER_RUNTIME_INFO, opaque=opaque)), flags=zmq.NOBLOCK)
+        except zmq.Again:
+            pass                                 # no connection at all: silence, as if unreachable
+        return opaque
 
     def _apply_runtime_props(self, frame: Frame, props: dict) -> Frame:
         for k, v in props.items():
@@ -611,7 +639,21 @@ class BrokerActor(Actor):
         now = time.monotonic()
         end = self.store.commitlog.get_max_offset()
         for item in list(self.pending_promotions):
-            deadline, reply, frame, role, props = item
+            deadline, reply, frame, role, props, probe = item
+            if probe is not None and self.role == "SLAVE":
+                answer = self.promotion_probes.get(probe)
+                if answer is None and now < deadline - (PROMOTE_WAIT_MS - PROMOTE_MASTER_PROBE_MS) / 1000.0:
+                    continue                     # still waiting for the master's answer
+                self.promotion_probes.pop(probe, None)
+                item[5] = None
+                master_end = int(answer.get("commitLogMaxOffset", 0) or 0) if answer else 0
+                if answer and answer.get("brokerRole") in MASTER_ROLES and master_end > end:
+                    self.pending_promotions.remove(item)
+                    reply.send(self._refuse_promotion(frame, master_end))
+                    continue
+                if answer is None:
+                    self.log.warning("promotion: the master at %s did not answer within %d ms: taken as down",
+                                     self.master_broker_addr, PROMOTE_MASTER_PROBE_MS)
             if self.role != "SLAVE":
                 self.pending_promotions.remove(item)
                 reply.send(frame.response() if self.role == role else
@@ -657,8 +699,19 @@ class BrokerActor(Actor):
         """SlaveSynchronize (slave, every SLAVE_SYNC_INTERVAL_MS): topics, consumer offsets, delay
         offsets and subscription groups copied from the master; also re-registers until the
         master's HA address is known."""
-        if self.role != "SLAVE" or not self.master_broker_addr:
+        if self.role != "SLAVE" or self._master_socket() is None:
             return
+        for code in (RequestCode.GET_ALL_TOPIC_CONFIG, RequestCode.GET_ALL_CONSUMER_OFFSET,
+                     RequestCode.GET_ALL_DELAY_OFFSET, RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG):
+            try:
+                self._master_sock.send_multipart(P.encode(Frame(code, opaque=int(code))), flags=zmq.NOBLOCK)
+            except zmq.Again:
+                pass
+
+    def _master_socket(self) -> Optional[zmq.Socket]:
+        """The DEALER to the master broker (slave only; re-made when the master's address changes)."""
+        if not self.master_broker_addr:
+            return None
         if self._master_sock is None or getattr(self, "_master_sock_addr", "") != self.master_broker_addr:
             if self._master_sock is not None:
                 self.poller.unregister(self._master_sock)
@@ -667,12 +720,7 @@ class BrokerActor(Actor):
             self._master_sock = self.socket(zmq.DEALER, connect=f"tcp://{self.master_broker_addr}")
             self._master_sock_addr = self.master_broker_addr
             self.add_socket(self._master_sock, self._on_master_sync_response)
-        for code in (RequestCode.GET_ALL_TOPIC_CONFIG, RequestCode.GET_ALL_CONSUMER_OFFSET,
-                     RequestCode.GET_ALL_DELAY_OFFSET, RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG):
-            try:
-                self._master_sock.send_multipart(P.encode(Frame(code, opaque=int(code))), flags=zmq.NOBLOCK)
-            except zmq.Again:
-                pass
+        return self._master_sock
 
     def _find_master(self) -> None:
         """A slave that does not know its master's addresses yet asks the NameServer every second
@@ -686,6 +734,11 @@ class BrokerActor(Actor):
             body = unpack_body(f) if f.bodies else None
         except ProtocolError as e:
             self.log.warning("bad answer from the master: %s", e)
+            return
+        if f.opaque in self.promotion_probes:
+            if f.code == ResponseCode.SUCCESS and isinstance(body, dict) and isinstance(body.get("table"), dict):
+                self.promotion_probes[f.opaque] = body["table"]
+                self._try_promotions()
             return
         if f.code != ResponseCode.SUCCESS or not isinstance(body, dict) or self.role != "SLAVE":
             return

@@ -76,11 +76,10 @@ def test_slave_read_enable_sends_a_lagging_consumer_to_the_slave(pair):  # noqa:
         assert json.loads(out)["config"]["storePathRootDir"] == master.store_path
 
 
-@pytest.mark.xfail(strict=True, reason="found by this test: the slave judges 'a reachable master ahead' from "
-                   "its ha actor's last report only (ha_state: connected, masterMaxOffset), with no freshness "
-                   "check and no question to the master itself; with the ha actor hung the report is stale, "
-                   "and a slave 20 messages behind a live master was promoted")
 def test_promotion_refused_while_a_reachable_master_is_ahead(pair):  # noqa: F811
+    """The slave's ha actor is hung (SIGSTOP), so its last report says "caught up" while the live
+    master moves on: the broker asks the master itself before promoting (found by this test: it
+    used to trust the stale report and promoted a slave 20 messages behind a live master)."""
     with RemotingClient() as c:
         master, slave = replicated_pair(pair, c, "Ahead", 20, 2)
         ha = slave.procs["ha"].pid
