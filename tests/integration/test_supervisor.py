@@ -1,5 +1,24 @@
-"""The supervisor as a real process: the real NameServer plus the test-only fake broker group
-(tests/integration/fake_actor.py, injected with RMQ_ACTOR_MODULES), on loopback ephemeral ports."""
+"""The supervisor as a real process with **stand-in** actors: the real NameServer plus the
+test-only fake broker group (tests/integration/fake_actor.py, injected with RMQ_ACTOR_MODULES),
+on loopback ephemeral ports.
+
+Why stand-ins here.  test_supervisor_real.py runs the same paths with the real broker, reput,
+flush, cleaner and ha: start order and the ordered stop, every actor SIGKILLed and restarted
+(the broker with its group), repeated crashes given up, a hung actor (SIGSTOP) killed, a stop
+timeout, the broker's exit 75 restarting its group, ``rmq start --detach`` /
+``--slave-store-path`` and ``rmq demo store``.  What stays here is what a real actor cannot be
+made to show on demand, or what only a stand-in can record:
+
+- an actor that exits *by itself* with an error code after it was ready, once or in a loop
+  (``FAKE_ACTOR_CRASH``): a real actor does so only on an I/O fault; the real tests kill instead;
+- an actor that stays alive and never says ready (``FAKE_ACTOR_NO_READY``): a real one is
+  ready within milliseconds, and stopping it before that is a race;
+- an actor that hangs *by itself* after a set time (``FAKE_ACTOR_HANG``) or takes 30 s to stop
+  (``FAKE_ACTOR_SLOW_STOP``): exact timing the real tests replace with SIGSTOP;
+- the exact order in which each actor *received* its stop and the argv it was given (the stand-in
+  writes both to fake-events.log / fake-broker.args.json); the real tests check the order of the
+  supervisor's own "stopped" lines.
+"""
 import json
 import os
 import queue
