@@ -104,19 +104,29 @@ def stable_assignment(consumers, topic, n_queues):
 
 
 def at_least_once(deliveries, expected):
-    """Check RocketMQ's push-consumption promise over ``deliveries`` [(member, queue_id, body)]:
-    every ``expected`` body delivered (nothing lost), and duplicates only in queues that changed
-    owner (a rebalance redelivers from the last committed offset).  Returns (duplicates, moved
-    queue ids)."""
+    """Check RocketMQ's push-consumption promise over ``deliveries`` [(member, queue_id, body)], in
+    delivery order: every ``expected`` body delivered (nothing lost), duplicates only in queues
+    that changed owner (a rebalance redelivers from the last committed offset), and no message
+    more often than once per owner change of its queue.  Returns (duplicates, moved queue ids)."""
     counts = collections.Counter(body for _, _, body in deliveries)
     missing = set(expected) - set(counts)
     assert not missing, f"{len(missing)} messages never delivered, e.g. {sorted(missing)[:5]}"
     owners = collections.defaultdict(set)
+    handovers = collections.Counter()          # owner changes per queue, in delivery order
+    last = {}
     for member, q, _ in deliveries:
         owners[q].add(member)
+        if q in last and last[q] != member:
+            handovers[q] += 1
+        last[q] = member
     moved = {q for q, m in owners.items() if len(m) > 1}
     dup_queues = {q for _, q, body in deliveries if counts[body] > 1}
     assert dup_queues <= moved, f"duplicates in queues {sorted(dup_queues - moved)} that never changed owner"
+    # bounded: a handover redelivers from the last committed offset once, so a message comes back
+    # at most once per owner change of its queue (the listener here never asks for a retry)
+    queue_of = {body: q for _, q, body in deliveries}
+    over = {b: n for b, n in counts.items() if n - 1 > handovers[queue_of[b]]}
+    assert not over, f"delivered more often than its queue changed owner: {dict(list(over.items())[:5])}"
     return sum(v - 1 for v in counts.values()), moved
 
 

@@ -25,7 +25,10 @@ WAIT_S = 30.0          # bound of every wait on a future in this module
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    c = Cluster(tmp_path_factory.mktemp("producer") / "store")
+    # tests here SIGSTOP the broker with requests on the wire; a stop that catches it between poll
+    # and dispatch would age those past the default 200 ms waitTimeMillsInSendQueue and get them a
+    # SYSTEM_BUSY [TIMEOUT_CLEAN_QUEUE] (not retried, as RocketMQ): flow control is test_broker's
+    c = Cluster(tmp_path_factory.mktemp("producer") / "store", conf={"waitTimeMillsInSendQueue": "600000"})
     yield c
     c.close()
 
@@ -622,7 +625,11 @@ def test_close_waits_a_bounded_time_for_a_blocked_sync_send(tmp_path, monkeypatc
     import signal
     from rmq.client import direct
     monkeypatch.setattr(direct, "CLOSE_WAIT_S", 0.5)
-    c = Cluster(tmp_path / "store")
+    # the request waits in the stopped broker's socket for longer than the default 200 ms
+    # waitTimeMillsInSendQueue: the broker would answer SYSTEM_BUSY [TIMEOUT_CLEAN_QUEUE] (as RocketMQ
+    # does) whenever the stop caught it between poll and dispatch; this test is about the answer
+    # reaching a closed producer's blocked send, so flow control is pushed out of the way
+    c = Cluster(tmp_path / "store", conf={"waitTimeMillsInSendQueue": "600000"})
     try:
         p, t, outcome = _stopped_broker_send(c, "Blocked", timeout_ms=600_000)
         try:

@@ -1,13 +1,17 @@
 """The ``rmq`` data source in Structured Streaming against a real broker group on loopback:
 maxOffsetsPerTrigger bounds every micro-batch, a restart from the checkpoint resumes without
 loss or duplicates (a queue added mid-stream included), the latest offset is reported, offsets
-reach the broker for monitoring, and the streaming Arrow writer."""
+reach the broker for monitoring, the streaming Arrow writer, and failOnDataLoss both ways when
+the cleaner deleted what a checkpoint still needed."""
 import json
+import os
+import time
 
 import pytest
 
 from rmq.client.consumer_api import ConsumerAPI
 from rmq.client.message import MessageQueue
+from tests.spark.conftest import wait_for
 from tests.spark.util import BROKER, create_topic, msg, produce, wait_dispatched
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration]
@@ -98,3 +102,59 @@ def test_stream_defaults_to_latest_and_rejects_batch_only_options(spark, cluster
         q = stream(spark, cluster, topic="late", endingOffsets="latest").writeStream.format("noop").start()
         q.awaitTermination(60)
         q.stop()
+
+
+def test_stream_fail_on_data_loss_both_ways(spark, tmp_path):
+    """A query checkpointed at offset 100 restarts after the cleaner deleted the CommitLog files
+    holding offsets 100.. lo (fileReservedTime=0, small files): by default it fails and says how to
+    go on (Spark's Kafka source does the same); with failOnDataLoss=false it skips to the queue's
+    min offset, reads the rest once, and what it read before stays."""
+    from tests.integration.cluster import Cluster
+
+    conf = {"mappedFileSizeCommitLog": str(64 * 1024), "fileReservedTime": "0",
+            "deleteWhen": ";".join(f"{h:02d}" for h in range(24)), "cleanResourceInterval": "200",
+            "cleanResourceInitialDelay": "0"}
+    c = Cluster(tmp_path / "store", conf=conf, with_cleaner=True)
+    try:
+        create_topic(c, "ExpS", 1)
+        # 100 small messages: all in the first 64 KiB file, the newest one, which the cleaner keeps
+        produce(c, [(msg("ExpS", i, body=b"s" * 100), 0) for i in range(100)])
+        wait_dispatched(c, "ExpS", 1, 100)
+        out, ck = tmp_path / "out", tmp_path / "ck"
+
+        def query(**opts):
+            return stream(spark, c, topic="ExpS", startingOffsets="earliest", **opts).select("queue_offset")
+        run_available_now(query(), "parquet", out, ck)
+        assert sorted(r.queue_offset for r in spark.read.parquet(str(out)).collect()) == list(range(100))
+
+        # while the query is down: 300 more, big enough to roll several files; the cleaner deletes
+        # every file but the newest, so the checkpoint's offset 100 is gone
+        produce(c, [(msg("ExpS", 100 + i, body=b"e" * 600), 0) for i in range(300)])
+        wait_dispatched(c, "ExpS", 1, 400)
+        commitlog = os.path.join(c.store_path, "commitlog")
+        wait_for(lambda: len([n for n in os.listdir(commitlog) if not n.endswith(".tmp")]) <= 2, 30,
+                 what="the cleaner deletes all but the newest CommitLog file")
+        api = ConsumerAPI(c.namesrv_addr)
+        try:
+            api.fetch_route("ExpS")
+            mq = MessageQueue("ExpS", BROKER, 0)
+            seen: list = []
+
+            def settled():       # reput cleans ConsumeQueue files after the CommitLog's
+                seen.append(api.min_offset(mq))
+                return seen[-1] if len(seen) >= 8 and seen[-1] > 100 and len(set(seen[-8:])) == 1 else None
+            lo = wait_for(lambda: settled() or time.sleep(0.2), timeout_s=30, what="the min offset settles")
+        finally:
+            api.close()
+        assert 100 < lo < 400
+
+        with pytest.raises(Exception, match="failOnDataLoss"):
+            run_available_now(query(), "parquet", out, ck)
+        assert sorted(r.queue_offset for r in spark.read.parquet(str(out)).collect()) == list(range(100))
+
+        run_available_now(query(failOnDataLoss="false"), "parquet", out, ck)
+        offs = sorted(r.queue_offset for r in spark.read.parquet(str(out)).collect())
+        assert offs[:100] == list(range(100))                    # what it read before stays, once
+        assert offs[100:] and offs[100] >= lo and offs[100:] == list(range(offs[100], 400))
+    finally:
+        c.close()
