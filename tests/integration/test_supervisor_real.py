@@ -5,7 +5,6 @@ and the cluster serves afterwards; repeated crashes are given up and reported; a
 group, whose recovery truncates the diverged tail; ``rmq start --slave-store-path`` runs a
 replicating pair; ``rmq demo store`` runs end to end.  test_supervisor.py keeps the stand-in
 tests for the failures a real actor cannot be made to show (see its docstring)."""
-import hashlib
 import os
 import re
 import signal
@@ -19,7 +18,7 @@ from rmq.client.consumer import MessageQueue
 from rmq.client.remoting import RemotingClient
 from rmq.launch import child_env, python_argv
 from tests.integration.test_broker import pull_all
-from tests.integration.test_ha import create_topic, fill, promote, runtime
+from tests.integration.test_ha import commitlog_digests, create_topic, fill, promote, runtime
 from tests.integration.test_supervisor import Sup, cluster_info, log_text, wait_for
 
 pytestmark = pytest.mark.integration
@@ -228,16 +227,6 @@ def _write_conf(path, **props):
         f.write("".join(f"{k}={v}\n" for k, v in props.items()))
 
 
-def _digests(store):
-    d = os.path.join(store, "commitlog")
-    out = {}
-    for n in sorted(os.listdir(d)):
-        if n.isdigit():
-            with open(os.path.join(d, n), "rb") as f:
-                out[n] = hashlib.sha256(f.read()).hexdigest()
-    return out
-
-
 def test_broker_exit_75_restarts_its_group_and_recovery_truncates(tmp_path, actors):
     """The old master of a failover comes back as a slave (under its supervisor) with 50 messages
     the new master never had: its ha actor finds the divergence, the broker writes the truncate
@@ -285,7 +274,7 @@ def test_broker_exit_75_restarts_its_group_and_recovery_truncates(tmp_path, acto
                      DEADLINE_S, what="the whole group restarted")
             end = runtime(c, addr_b)["commitLogMaxOffset"]
             wait_for(lambda: runtime(c, first)["commitLogMaxOffset"] == end, DEADLINE_S, what="catch-up")
-            assert _digests(a) == _digests(b)
+            assert commitlog_digests(a) == commitlog_digests(b)
             bodies = []
             for q in range(4):
                 msgs, _ = pull_all(c, first, "T", q, deadline_s=30)

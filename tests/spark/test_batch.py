@@ -3,13 +3,12 @@ was produced (every message once, every column), tag filter, timestamps, partiti
 the Arrow writer's round trip, failOnDataLoss both ways, and clear errors for bad options."""
 import datetime as dt
 import json
-import os
 import time
 
 import pytest
 
-from tests.spark.conftest import wait_for
-from tests.spark.util import BROKER, create_topic, msg, now_ms, produce, wait_dispatched, wait_total
+from tests.spark.util import (BROKER, cleaned_min_offset, cleaning_cluster, create_topic, max_offsets, msg, now_ms,
+                              produce, wait_dispatched, wait_total)
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration]
 
@@ -186,36 +185,12 @@ def test_writer_round_trips_a_dataframe(spark, cluster, flights):
 
 
 def test_fail_on_data_loss_both_ways(spark, tmp_path):
-    from tests.integration.cluster import Cluster
-
-    conf = {"mappedFileSizeCommitLog": str(64 * 1024), "fileReservedTime": "0",
-            "deleteWhen": ";".join(f"{h:02d}" for h in range(24)), "cleanResourceInterval": "200",
-            "cleanResourceInitialDelay": "0"}
-    c = Cluster(tmp_path / "store", conf=conf, with_cleaner=True)
+    c = cleaning_cluster(tmp_path)
     try:
         create_topic(c, "Exp", 1)
         produce(c, [(msg("Exp", i, body=b"e" * 600), 0) for i in range(400)])
-        from rmq.client.consumer_api import ConsumerAPI
-        from rmq.client.message import MessageQueue
-        api = ConsumerAPI(c.namesrv_addr)
-        try:
-            api.fetch_route("Exp")
-            mq = MessageQueue("Exp", BROKER, 0)
-            commitlog = os.path.join(c.store_path, "commitlog")
-            wait_for(lambda: len([n for n in os.listdir(commitlog) if not n.endswith(".tmp")]) <= 2, 20,
-                     what="the cleaner deletes all but the newest CommitLog file")
-            # then until the queue's min offset stays put (reput cleans ConsumeQueue files after the
-            # CommitLog's): a file cleaned between a read's plan and its pulls is data loss too, and
-            # failed the 'earliest' read below once
-            seen: list = []
-
-            def settled():
-                seen.append(api.min_offset(mq))
-                return seen[-1] if len(seen) >= 8 and seen[-1] > 0 and len(set(seen[-8:])) == 1 else None
-            lo = wait_for(lambda: settled() or time.sleep(0.2), timeout_s=30, what="the min offset settles")
-            hi = api.max_offset(mq)
-        finally:
-            api.close()
+        lo = cleaned_min_offset(c, "Exp")
+        hi = max_offsets(c, "Exp", 1)[0]
         assert 0 < lo < hi == 400
         from0 = json.dumps({"Exp/broker-a/0": 0})
         with pytest.raises(Exception, match="failOnDataLoss"):

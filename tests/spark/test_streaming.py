@@ -4,15 +4,13 @@ loss or duplicates (a queue added mid-stream included), the latest offset is rep
 reach the broker for monitoring, the streaming Arrow writer, and failOnDataLoss both ways when
 the cleaner deleted what a checkpoint still needed."""
 import json
-import os
-import time
 
 import pytest
 
 from rmq.client.consumer_api import ConsumerAPI
 from rmq.client.message import MessageQueue
-from tests.spark.conftest import wait_for
-from tests.spark.util import BROKER, create_topic, msg, produce, wait_dispatched
+from tests.spark.util import BROKER, cleaned_min_offset, cleaning_cluster, create_topic, msg, produce, \
+    wait_dispatched
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration]
 
@@ -109,12 +107,7 @@ def test_stream_fail_on_data_loss_both_ways(spark, tmp_path):
     holding offsets 100.. lo (fileReservedTime=0, small files): by default it fails and says how to
     go on (Spark's Kafka source does the same); with failOnDataLoss=false it skips to the queue's
     min offset, reads the rest once, and what it read before stays."""
-    from tests.integration.cluster import Cluster
-
-    conf = {"mappedFileSizeCommitLog": str(64 * 1024), "fileReservedTime": "0",
-            "deleteWhen": ";".join(f"{h:02d}" for h in range(24)), "cleanResourceInterval": "200",
-            "cleanResourceInitialDelay": "0"}
-    c = Cluster(tmp_path / "store", conf=conf, with_cleaner=True)
+    c = cleaning_cluster(tmp_path)
     try:
         create_topic(c, "ExpS", 1)
         # 100 small messages: all in the first 64 KiB file, the newest one, which the cleaner keeps
@@ -131,21 +124,7 @@ def test_stream_fail_on_data_loss_both_ways(spark, tmp_path):
         # every file but the newest, so the checkpoint's offset 100 is gone
         produce(c, [(msg("ExpS", 100 + i, body=b"e" * 600), 0) for i in range(300)])
         wait_dispatched(c, "ExpS", 1, 400)
-        commitlog = os.path.join(c.store_path, "commitlog")
-        wait_for(lambda: len([n for n in os.listdir(commitlog) if not n.endswith(".tmp")]) <= 2, 30,
-                 what="the cleaner deletes all but the newest CommitLog file")
-        api = ConsumerAPI(c.namesrv_addr)
-        try:
-            api.fetch_route("ExpS")
-            mq = MessageQueue("ExpS", BROKER, 0)
-            seen: list = []
-
-            def settled():       # reput cleans ConsumeQueue files after the CommitLog's
-                seen.append(api.min_offset(mq))
-                return seen[-1] if len(seen) >= 8 and seen[-1] > 100 and len(set(seen[-8:])) == 1 else None
-            lo = wait_for(lambda: settled() or time.sleep(0.2), timeout_s=30, what="the min offset settles")
-        finally:
-            api.close()
+        lo = cleaned_min_offset(c, "ExpS", above=100)
         assert 100 < lo < 400
 
         with pytest.raises(Exception, match="failOnDataLoss"):

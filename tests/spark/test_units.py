@@ -4,7 +4,7 @@ messages.  Not marked ``spark``: they need the spark extra's packages (installed
 test command), not Java, so they run wherever the suite runs."""
 import json
 
-import pyarrow as pa
+import pyarrow  # noqa: F401  (the extra must be installed: fail here, not skip)
 import pytest
 
 from rmq._core import commitlog as cl

@@ -65,3 +65,35 @@ def msg(topic, i, tags=None, keys=None, props=None, body=None):
 
 def now_ms():
     return int(time.time() * 1000)
+
+
+def cleaning_cluster(tmp_path):
+    """A broker group whose cleaner deletes every CommitLog file but the newest, every 200 ms, at
+    any hour (fileReservedTime 0, 64 KiB files): for data-loss tests."""
+    from tests.integration.cluster import Cluster
+    conf = {"mappedFileSizeCommitLog": str(64 * 1024), "fileReservedTime": "0",
+            "deleteWhen": ";".join(f"{h:02d}" for h in range(24)), "cleanResourceInterval": "200",
+            "cleanResourceInitialDelay": "0"}
+    return Cluster(tmp_path / "store", conf=conf, with_cleaner=True)
+
+
+def cleaned_min_offset(cluster, topic, above=0, timeout_s=30):
+    """Once the cleaner has left only the newest CommitLog file and queue 0's min offset has stayed
+    put over 8 looks (reput cleans ConsumeQueue files after the CommitLog's; a file cleaned between
+    a read's plan and its pulls would be data loss too), that min offset (> ``above``)."""
+    import os
+    commitlog = os.path.join(cluster.store_path, "commitlog")
+    wait_for(lambda: len([n for n in os.listdir(commitlog) if not n.endswith(".tmp")]) <= 2, timeout_s,
+             what="the cleaner deletes all but the newest CommitLog file")
+    api = ConsumerAPI(cluster.namesrv_addr)
+    try:
+        api.fetch_route(topic)
+        mq = MessageQueue(topic, BROKER, 0)
+        seen: list = []
+
+        def settled():
+            seen.append(api.min_offset(mq))
+            return seen[-1] if len(seen) >= 8 and seen[-1] > above and len(set(seen[-8:])) == 1 else None
+        return wait_for(lambda: settled() or time.sleep(0.2), timeout_s, what="the min offset settles")
+    finally:
+        api.close()
