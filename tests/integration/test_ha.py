@@ -248,7 +248,9 @@ def test_diverged_old_master_truncates_to_the_common_prefix(pair, tmp_path):
         old.kill_group()
         old.start_group()
         end = runtime(c, slave.broker_addr)["commitLogMaxOffset"]
-        wait_for(lambda: runtime(c, old.broker_addr)["commitLogMaxOffset"] == end, 30)
+        # replicated, and dispatched by its reput (the pulls below read ConsumeQueues, not the CommitLog)
+        wait_for(lambda: (lambda t: t["commitLogMaxOffset"] == end and t["dispatchedOffset"] >= end)(
+            runtime(c, old.broker_addr)), 60)
         assert commitlog_digests(old.store_path) == commitlog_digests(slave.store_path)
         bodies = []
         for q in range(4):

@@ -273,7 +273,8 @@ def test_broker_exit_75_restarts_its_group_and_recovery_truncates(tmp_path, acto
             wait_for(lambda: all(spawned(a)[n] != first_pids[n] and alive(spawned(a)[n]) for n in GROUP),
                      DEADLINE_S, what="the whole group restarted")
             end = runtime(c, addr_b)["commitLogMaxOffset"]
-            wait_for(lambda: runtime(c, first)["commitLogMaxOffset"] == end, DEADLINE_S, what="catch-up")
+            wait_for(lambda: (lambda t: t["commitLogMaxOffset"] == end and t["dispatchedOffset"] >= end)(
+                runtime(c, first)), DEADLINE_S, what="catch-up, dispatched (the pulls read ConsumeQueues)")
             assert commitlog_digests(a) == commitlog_digests(b)
             bodies = []
             for q in range(4):
