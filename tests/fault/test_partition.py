@@ -171,7 +171,9 @@ def test_partition_between_sync_master_and_slave(netns, tmp_path):
                 t.join()
             # healed: the slave catches up and holds every acknowledged message, byte for byte
             end = runtime(c, master.broker_addr)["commitLogMaxOffset"]
-            wait_for(lambda: runtime(c, slave.broker_addr)["commitLogMaxOffset"] == end, 60)
+            # ... and its reput dispatched it all (the pulls below read ConsumeQueues)
+            wait_for(lambda: (lambda t: t["commitLogMaxOffset"] == end and t["dispatchedOffset"] >= end)(
+                runtime(c, slave.broker_addr)), 60)
             assert digests(slave.store) == digests(str(master.store_path))
             got = set()
             for q in range(4):
