@@ -58,3 +58,25 @@ def test_bench_all_smoke(tmp_path):
         assert r["msgs_per_s"] > 0 and not r.get("error"), r
         assert "slave-broker" in r["cpu"] and "ha" in r["cpu"], r["cpu"]
     assert rep["ha"]["replication"]["MBps"] > 0 and rep["ha"]["zmq_ceiling"]["MBps"] > 0, rep["ha"]
+
+
+def test_bench_latency_smoke(tmp_path):
+    """``rmq bench latency``, short: every delivery path and the raw pyzmq relay deliver every
+    paced message and report delivery (and, for rmq, SEND_OK) percentiles; Redis is measured when
+    this machine has it, else reported missing."""
+    out = tmp_path / "latency.json"
+    cmd = python_argv("rmq.cli", "bench", "latency", "--rates", "200", "--size", "100", "--duration", "0.5",
+                      "--dir", str(tmp_path), "--json", str(out))
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env=child_env())
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
+    rep = json.loads(out.read_text())
+    rows = {r["path"]: r for r in rep["rows"]}
+    want = {"PushConsumer listener", "PullConsumer.poll", "rmq.aio push listener",
+            "raw pyzmq relay (PUSH -> relay -> PULL)"}
+    assert want <= set(rows), list(rows)
+    assert ("Redis XADD -> XREAD BLOCK" in rows) != ("redis" in rep["skipped"])
+    for r in rows.values():
+        assert not r["error"] and r["sent"] == 100 and r["delivered"] == 100 and r["duplicates"] == 0, r
+        assert 0 < r["delivery"]["p50_us"] <= r["delivery"]["p99_us"] <= r["delivery"]["max_us"], r
+        if not r["path"].startswith("raw"):
+            assert r["ack"]["p50_us"] > 0, r

@@ -182,3 +182,58 @@ def all_cmd(**kw) -> None:
     """Ceilings, every rmq scenario (produce, consume, e2e, single) per flush type and size, peers;
     the HA section (ASYNC_MASTER / SYNC_MASTER with a slave, replication MB/s)."""
     _run(("produce", "consume", "e2e", "single"), True, **kw)
+
+
+def _csv(kind, choices=None):
+    def cb(ctx, param, value):
+        out = tuple(v.strip() for v in value.split(",") if v.strip() and v.strip() != "none")
+        if kind is float:
+            try:
+                out = tuple(float(v) for v in out)
+            except ValueError:
+                raise click.BadParameter("comma list of numbers") from None
+            if any(v <= 0 for v in out):
+                raise click.BadParameter("rates must be > 0")
+        elif choices is not None:
+            bad = [v for v in out if v not in choices]
+            if bad:
+                raise click.BadParameter(f"{bad}: choose from {choices} (or none)")
+        return out
+    return cb
+
+
+@bench.command("latency")
+@click.option("--rates", default="200,5000,50000", show_default=True, callback=_csv(float),
+              help="Paced send rates, msgs/s (comma list).")
+@click.option("--size", "sizes", default="100,1024", show_default=True, callback=_sizes,
+              help="Message body sizes, bytes (comma list).")
+@click.option("--consumers", default="push,poll,aio", show_default=True,
+              callback=_csv(str, ("push", "poll", "aio")),
+              help="Delivery paths: PushConsumer listener, PullConsumer.poll, rmq.aio push listener.")
+@click.option("--peers", default="zmq,redis", show_default=True, callback=_csv(str, ("zmq", "redis")),
+              help="Measured beside rmq in the same run: raw pyzmq relay, Redis XADD -> XREAD BLOCK.")
+@click.option("--duration", "-d", type=click.FloatRange(0.1), default=3.0, show_default=True,
+              help="Seconds of paced sending per scenario.")
+@click.option("--namesrv", default=None, help="Use this cluster (default: an embedded one on free ports).")
+@click.option("--dir", "store_dir", type=click.Path(file_okay=False), default=None,
+              help="Where temporary stores go (default: the system temp dir).")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
+              help="Write every row (with its histogram) as JSON to this file.")
+def latency_cmd(rates, sizes, consumers, peers, duration, namesrv, store_dir, json_path) -> None:
+    """One message at a time: paced Producer.send_async (defaults) -> SEND_OK and -> delivery
+    (listener called / poll returned), p50 / p99 / p99.9 / max, beside a raw pyzmq relay and
+    Redis Streams at the same rates.  Exit code 1 when a row failed or lost messages."""
+    import json
+
+    from rmq.bench import latency as L
+    report = L.run(rates=rates, sizes=sizes, consumers=consumers, peers=peers, seconds=duration, namesrv=namesrv,
+                   store_dir=store_dir, log=functools.partial(console.print, highlight=False, markup=False))
+    report["when"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    report["cpus"] = os.cpu_count()
+    L.print_table(report, console)
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(report, f, indent=1, default=str)
+        console.print(f"wrote {json_path}")
+    if any(r.get("error") or r["delivered"] < r["sent"] for r in report["rows"]):
+        raise SystemExit(1)

@@ -1,0 +1,445 @@
+"""``rmq bench latency``: one message at a time, paced, through the public API with its defaults.
+
+For each rate (msgs/s), body size and consumer, a fresh topic: one process sends with
+``Producer.send_async`` (defaults) at the rate, stamping each message with its send time
+(property ``BENCH_T0_NS``, ``time.monotonic_ns()``: CLOCK_MONOTONIC, one clock for every
+process of the machine); another process consumes it and records *delivery* latency, send call
+-> listener called (``PushConsumer``, ``rmq.aio``'s ``AsyncPushConsumer``) or -> returned by
+``PullConsumer.poll`` (long polling).  The producer records send call -> SEND_OK (the future's
+callback).  Beside them, in the same run and at the same rates: a raw pyzmq relay (PUSH -> a
+relay process -> PULL, the transport with nothing on top) and Redis Streams XADD -> XREAD BLOCK
+(``appendfsync everysec``; when ``redis-server`` and redis-py are present).
+
+Figures are p50 / p99 / p99.9 / max (us) from :class:`rmq.bench.hist.Histogram` (1 % buckets).
+Latency is counted from the actual send call, and the achieved rate is reported beside the
+asked one: a rate the sender cannot keep shows as a lower achieved rate, not as queueing
+delay in the histogram.  What it does not do yet (issue 12): ``--trace`` (hop by hop).
+"""
+from __future__ import annotations
+
+import functools
+import multiprocessing as mp
+import os
+import shutil
+import tempfile
+import threading
+import time
+from typing import Optional
+
+from rmq.bench.hist import Histogram
+
+T0_PROP = "BENCH_T0_NS"
+WARMUP_PROP = "BENCH_WARMUP"
+RATES = (200, 5_000, 50_000)                 # msgs/s (issue 12)
+SIZES = (100, 1024)                          # body bytes
+CONSUMERS = ("push", "poll", "aio")
+PEERS = ("zmq", "redis")
+DURATION_S = 3.0                             # paced sending per scenario
+READY_TIMEOUT_S = 60.0                       # consumer up and assigned (warm-up message delivered)
+DRAIN_TIMEOUT_S = 30.0                       # after the last send: every message delivered
+SPIN_S = 0.0005                              # pacing: sleep until this close to the send time, then spin
+PATH_NAMES = {"push": "PushConsumer listener", "poll": "PullConsumer.poll", "aio": "rmq.aio push listener",
+              "zmq": "raw pyzmq relay (PUSH -> relay -> PULL)", "redis": "Redis XADD -> XREAD BLOCK"}
+
+
+def _now() -> int:
+    return time.monotonic_ns()
+
+
+class _Recorder:
+    """Delivery side: latencies of measured messages, the warm-up signal, and the count."""
+
+    def __init__(self, conn):
+        self.conn = conn
+        self.hist = Histogram()
+        self.lock = threading.Lock()
+        self.ready = False
+        self.got = 0
+        self.ids: set = set()
+        self.dups = 0
+        self.send_lock = threading.Lock()
+
+    def say(self, *msg) -> None:
+        with self.send_lock:
+            self.conn.send(msg)
+
+    def on(self, props: dict, now: int, ident) -> None:
+        if props.get(WARMUP_PROP):
+            if not self.ready:
+                self.ready = True
+                self.say("ready")
+            return
+        t0 = props.get(T0_PROP)
+        if t0 is None:
+            return
+        with self.lock:
+            if ident in self.ids:
+                self.dups += 1
+                return
+            self.ids.add(ident)
+            self.hist.record(now - int(t0))
+            self.got += 1
+
+    def report(self) -> dict:
+        with self.lock:
+            return {"hist": self.hist.to_dict(), "got": self.got, "dups": self.dups}
+
+
+def _consumer_main(conn, mode: str, target: str, topic: str) -> None:
+    """Child process: consume ``topic`` (``target``: NameServer or Redis port) until told to stop."""
+    rec = _Recorder(conn)
+    stop = threading.Event()
+
+    def control():
+        while True:
+            msg = conn.recv()
+            if msg[0] == "count":
+                rec.say("count", rec.got)
+            else:
+                stop.set()
+                return
+    threading.Thread(target=control, daemon=True).start()
+    try:
+        from rmq.client.consumer import ConsumeConcurrentlyStatus
+        if mode == "push":
+            from rmq import PushConsumer
+            c = PushConsumer(target, f"lat-{topic}")
+            c.subscribe(topic, "*")
+
+            def listener(msgs, ctx):
+                now = _now()
+                for m in msgs:
+                    rec.on(m.properties, now, m.msg_id)
+                return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+            c.register_message_listener(listener)
+            c.start()
+            stop.wait()
+            c.shutdown()
+        elif mode == "aio":
+            import asyncio
+
+            from rmq.aio.consumer import AsyncPushConsumer
+
+            async def run():
+                c = AsyncPushConsumer(target, f"lat-{topic}")
+                c.subscribe(topic, "*")
+
+                async def listener(msgs, ctx):
+                    now = _now()
+                    for m in msgs:
+                        rec.on(m.properties, now, m.msg_id)
+                    return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+                c.register_message_listener(listener)
+                await c.start()
+                while not stop.is_set():
+                    await asyncio.sleep(0.05)
+                await c.shutdown()
+            asyncio.run(run())
+        elif mode == "poll":
+            from rmq import PullConsumer
+            with PullConsumer(target, f"lat-{topic}") as c:
+                c.assign(c.fetch_subscribe_message_queues(topic))
+                while not stop.is_set():
+                    msgs = c.poll(100)
+                    now = _now()
+                    for m in msgs:
+                        rec.on(m.properties, now, m.msg_id)
+        elif mode == "redis":
+            import redis
+            r = redis.Redis(host="127.0.0.1", port=int(target))
+            last = "$"
+            while not stop.is_set():
+                res = r.xread({topic: last}, block=100)
+                now = _now()
+                for _, entries in res or ():
+                    for eid, fields in entries:
+                        last = eid
+                        props = {k.decode(): v.decode() for k, v in fields.items() if k != b"b"}
+                        rec.on(props, now, eid)
+        elif mode == "zmq":
+            import zmq
+            ctx = zmq.Context()
+            pull = ctx.socket(zmq.PULL)
+            pull.bind(target)
+            while not stop.is_set():
+                if pull.poll(100):
+                    parts = pull.recv_multipart()
+                    now = _now()
+                    rec.on({WARMUP_PROP: "1"} if parts[0] == b"w" else {T0_PROP: parts[0].decode()}, now,
+                           parts[1])
+            ctx.destroy(linger=0)
+        else:
+            raise ValueError(f"unknown consumer {mode!r}")
+        rec.say("done", rec.report())
+    except BaseException as e:  # noqa: BLE001 - reported to the parent, which fails the row
+        rec.say("error", f"{type(e).__name__}: {e}")
+
+
+def _relay_main(pull_ep: str, push_ep: str) -> None:
+    """Child process: PULL -> PUSH, one message at a time (the raw transport hop of a broker)."""
+    import zmq
+    ctx = zmq.Context()
+    pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
+    pull.bind(pull_ep)
+    push.connect(push_ep)
+    while True:
+        parts = pull.recv_multipart()
+        if parts[0] == b"quit":
+            break
+        push.send_multipart(parts)
+    ctx.destroy(linger=0)
+
+
+def _pace(n: int, rate: float, send) -> tuple:
+    """Call ``send(i)`` n times at ``rate``/s (sleep, then spin the last SPIN_S); returns
+    (seconds taken, achieved rate)."""
+    start = time.perf_counter()
+    for i in range(n):
+        due = start + i / rate
+        while True:
+            left = due - time.perf_counter()
+            if left <= 0:
+                break
+            if left > SPIN_S:
+                time.sleep(left - SPIN_S)
+        send(i)
+    took = time.perf_counter() - start
+    return took, n / took if took > 0 else float("nan")
+
+
+class _Consumer:
+    def __init__(self, mode: str, target: str, topic: str):
+        ctx = mp.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_consumer_main, args=(child, mode, target, topic), daemon=True)
+        self.proc.start()
+
+    def wait_ready(self, warm, timeout_s: float = READY_TIMEOUT_S) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not self.conn.poll(0.05):
+            if time.monotonic() > deadline or not self.proc.is_alive():
+                raise RuntimeError("the consumer did not get a warm-up message in time")
+            warm()
+        msg = self.conn.recv()
+        if msg[0] != "ready":
+            raise RuntimeError(f"consumer: {msg[1]}")
+
+    def wait_count(self, n: int, timeout_s: float = DRAIN_TIMEOUT_S) -> int:
+        """Until the consumer has recorded ``n`` measured messages (or ``timeout_s``); its count."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self.conn.send(("count",))
+            if not self.conn.poll(30):
+                raise RuntimeError("the consumer does not answer")
+            msg = self.conn.recv()
+            if msg[0] == "error":
+                raise RuntimeError(f"consumer: {msg[1]}")
+            if msg[0] == "count" and (msg[1] >= n or time.monotonic() > deadline):
+                return msg[1]
+            time.sleep(0.05)
+
+    def finish(self) -> dict:
+        self.conn.send(("stop",))
+        if not self.conn.poll(60):
+            raise RuntimeError("the consumer did not report")
+        msg = self.conn.recv()
+        self.proc.join(30)
+        if self.proc.is_alive():
+            self.proc.kill()
+        if msg[0] != "done":
+            raise RuntimeError(f"consumer: {msg[1]}")
+        return msg[1]
+
+    def kill(self) -> None:
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join(10)
+
+
+def _row(path: str, rate: float, size: int, sent: int, achieved: float, delivered: dict,
+         ack: Optional[Histogram], error: str = "") -> dict:
+    row = {"path": path, "rate": rate, "size": size, "sent": sent, "achieved_rate": round(achieved, 1),
+           "delivered": delivered.get("got", 0) if delivered else 0, "duplicates": delivered.get("dups", 0)
+           if delivered else 0, "error": error}
+    if delivered:
+        h = Histogram.from_dict(delivered["hist"])
+        row["delivery"] = h.stats()
+        row["delivery_hist"] = h.to_dict()
+    if ack is not None and ack.n:
+        row["ack"] = ack.stats()
+    return row
+
+
+def run_rmq(namesrv: str, mode: str, rate: float, size: int, seconds: float) -> dict:
+    from rmq import Message, Producer
+    topic = f"lat_{mode}_{size}_{int(rate)}_{os.getpid()}"
+    body = bytes((i * 131 + 7) & 0xFF for i in range(size))
+    n = max(1, int(rate * seconds))
+    ack = Histogram()
+    lock = threading.Lock()
+    done = threading.Event()
+    acked = [0]
+    failed = [0]
+    with Producer(namesrv, group=f"lat-pg-{mode}") as p:
+        p.send(Message(topic, b"create", properties={WARMUP_PROP: "1"}))     # auto-create the topic
+        c = _Consumer(mode, namesrv, topic)
+        try:
+            c.wait_ready(lambda: p.send(Message(topic, b"w", properties={WARMUP_PROP: "1"})))
+
+            def cb(t0, fut):
+                now = _now()
+                with lock:
+                    if fut.exception() is None:
+                        ack.record(now - t0)
+                        acked[0] += 1
+                    else:
+                        failed[0] += 1
+                    if acked[0] + failed[0] == n:
+                        done.set()
+
+            def send(i):
+                t0 = _now()
+                p.send_async(Message(topic, body, properties={T0_PROP: str(t0)}), callback=functools.partial(cb, t0))
+            _, achieved = _pace(n, rate, send)
+            done.wait(DRAIN_TIMEOUT_S)
+            c.wait_count(acked[0])
+            rep = c.finish()
+        except BaseException:
+            c.kill()
+            raise
+    err = f"{failed[0]} sends failed" if failed[0] else ""
+    return _row(PATH_NAMES[mode], rate, size, n, achieved, rep, ack, err)
+
+
+def run_zmq(rate: float, size: int, seconds: float) -> dict:
+    """The transport alone: PUSH -> relay process -> PULL in the consumer process, same pacing."""
+    import zmq
+
+    from rmq.bench.peers import _free_port
+    relay_in = f"tcp://127.0.0.1:{_free_port()}"
+    out = f"tcp://127.0.0.1:{_free_port()}"
+    c = _Consumer("zmq", out, "zmq")
+    ctx = mp.get_context("spawn")
+    relay = ctx.Process(target=_relay_main, args=(relay_in, out), daemon=True)
+    relay.start()
+    zctx = zmq.Context()
+    push = zctx.socket(zmq.PUSH)
+    push.connect(relay_in)
+    body = bytes((i * 131 + 7) & 0xFF for i in range(size))
+    n = max(1, int(rate * seconds))
+    try:
+        c.wait_ready(lambda: push.send_multipart([b"w", b"w"]))
+
+        def send(i):
+            push.send_multipart([str(_now()).encode(), b"%d" % i, body])
+        _, achieved = _pace(n, rate, send)
+        c.wait_count(n)
+        rep = c.finish()
+    except BaseException:
+        c.kill()
+        raise
+    finally:
+        push.send_multipart([b"quit"])
+        relay.join(10)
+        if relay.is_alive():
+            relay.kill()
+        zctx.destroy(linger=0)
+    return _row(PATH_NAMES["zmq"], rate, size, n, achieved, rep, None)
+
+
+def run_redis(rate: float, size: int, seconds: float, store_dir=None) -> dict:
+    """Redis Streams (appendfsync everysec): XADD, one per call, -> XREAD BLOCK in another process."""
+    from rmq.bench.peers import RedisServer
+    srv = RedisServer("everysec", store_dir)
+    key = f"lat{size}_{int(rate)}"
+    body = bytes((i * 131 + 7) & 0xFF for i in range(size))
+    n = max(1, int(rate * seconds))
+    ack = Histogram()
+    c = _Consumer("redis", str(srv.port), key)
+    try:
+        r = srv.client
+        c.wait_ready(lambda: r.xadd(key, {"b": b"w", WARMUP_PROP: "1"}))
+
+        def send(i):
+            t0 = _now()
+            r.xadd(key, {"b": body, T0_PROP: str(t0)})
+            ack.record(_now() - t0)
+        _, achieved = _pace(n, rate, send)
+        c.wait_count(n)
+        rep = c.finish()
+    except BaseException:
+        c.kill()
+        raise
+    finally:
+        srv.close()
+    return _row(PATH_NAMES["redis"], rate, size, n, achieved, rep, ack)
+
+
+def run(rates=RATES, sizes=SIZES, consumers=CONSUMERS, peers=PEERS, seconds: float = DURATION_S,
+        namesrv: Optional[str] = None, store_dir=None, log=print) -> dict:
+    """Every (rate, size) for each consumer and peer; starts an embedded cluster unless ``namesrv``.
+
+    Returns ``{"rows": [...], "skipped": {peer: why}}``; a row with ``error`` failed (the run goes on).
+    """
+    from rmq.bench.peers import redis_missing
+    rows, skipped = [], {}
+    if "redis" in peers and redis_missing():
+        skipped["redis"] = redis_missing()
+    cluster = tmp = None
+    if namesrv is None and consumers:
+        from rmq.testing import Cluster
+        tmp = tempfile.mkdtemp(prefix="rmq-bench-latency-", dir=store_dir)
+        cluster = Cluster(os.path.join(tmp, "store"))
+        namesrv = cluster.namesrv_addr
+    try:
+        for size in sizes:
+            for rate in rates:
+                jobs = [(m, functools.partial(run_rmq, namesrv, m, rate, size, seconds)) for m in consumers]
+                if "zmq" in peers:
+                    jobs.append(("zmq", functools.partial(run_zmq, rate, size, seconds)))
+                if "redis" in peers and "redis" not in skipped:
+                    jobs.append(("redis", functools.partial(run_redis, rate, size, seconds, store_dir)))
+                for name, job in jobs:
+                    try:
+                        row = job()
+                    except Exception as e:  # noqa: BLE001 - one failed row does not stop the run
+                        row = _row(PATH_NAMES[name], rate, size, 0, float("nan"), {}, None,
+                                   f"{type(e).__name__}: {e}")
+                    rows.append(row)
+                    log(_line(row))
+    finally:
+        if cluster is not None:
+            cluster.close()
+        if tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return {"rows": rows, "skipped": skipped}
+
+
+def _us(v) -> str:
+    return "-" if v is None or v != v else f"{v:,.0f}"
+
+
+def _line(row: dict) -> str:
+    d, a = row.get("delivery") or {}, row.get("ack") or {}
+    err = f"  ERROR {row['error']}" if row.get("error") else ""
+    return (f"{row['path']:<42} {row['size']:>5} B {row['rate']:>7,.0f}/s (got {row['achieved_rate']:>9,.0f}/s) "
+            f"delivery p50 {_us(d.get('p50_us'))} p99 {_us(d.get('p99_us'))} p99.9 {_us(d.get('p999_us'))} "
+            f"max {_us(d.get('max_us'))} us; ack p50 {_us(a.get('p50_us'))} p99 {_us(a.get('p99_us'))} us; "
+            f"delivered {row['delivered']:,}/{row['sent']:,}{err}")
+
+
+def print_table(report: dict, console) -> None:
+    from rich.table import Table
+    t = Table(title="rmq bench latency: send -> delivery (us), paced, public API defaults")
+    for col in ("path", "size", "rate/s", "achieved/s", "p50", "p99", "p99.9", "max", "ack p50", "ack p99",
+                "delivered"):
+        t.add_column(col, justify="left" if col == "path" else "right")
+    for r in report["rows"]:
+        d, a = r.get("delivery") or {}, r.get("ack") or {}
+        t.add_row(r["path"], str(r["size"]), f"{r['rate']:,.0f}", f"{r['achieved_rate']:,.0f}",
+                  _us(d.get("p50_us")), _us(d.get("p99_us")), _us(d.get("p999_us")), _us(d.get("max_us")),
+                  _us(a.get("p50_us")), _us(a.get("p99_us")),
+                  f"{r['delivered']:,}/{r['sent']:,}" + (f" [red]{r['error']}[/]" if r.get("error") else ""))
+    console.print(t)
+    for peer, why in report["skipped"].items():
+        console.print(f"{peer}: not measured: {why}")
