@@ -111,6 +111,7 @@ class RequestCode(IntEnum):
     HA_ANNOUNCE = 9013             # ha -> broker: slave acks (master) / link state (slave)
     HA_APPEND = 9014               # slave ha -> slave broker: bytes to append verbatim
     HA_TRUNCATE = 9015             # slave ha -> slave broker: cut the diverged tail, restart
+    GET_LATENCY_TRACE = 9020       # client -> broker: hop events of rmq.latency_trace (bench --trace)
 
 
 class ResponseCode(IntEnum):

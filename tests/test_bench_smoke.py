@@ -80,3 +80,43 @@ def test_bench_latency_smoke(tmp_path):
         assert 0 < r["delivery"]["p50_us"] <= r["delivery"]["p99_us"] <= r["delivery"]["max_us"], r
         if not r["path"].startswith("raw"):
             assert r["ack"]["p50_us"] > 0, r
+
+
+def test_bench_latency_trace(tmp_path):
+    """``rmq bench latency --trace``: every delivered message has every hop's stamp (producer,
+    broker, reput, consumer), no hop is negative (one clock, causal order), and the hops' means add
+    up to the delivery mean (nothing between two hops is left out)."""
+    from rmq.bench.trace import HOPS
+    out = tmp_path / "latency.json"
+    cmd = python_argv("rmq.cli", "bench", "latency", "--rates", "200", "--size", "100", "--duration", "0.5",
+                      "--consumers", "push,poll", "--peers", "none", "--trace", "--dir", str(tmp_path),
+                      "--json", str(out))
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env=child_env())
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
+    assert "long-poll wake" in p.stdout and "listener call" in p.stdout
+    rows = {r["path"]: r for r in json.loads(out.read_text())["rows"]}
+    assert set(rows) == {"PushConsumer listener", "PullConsumer.poll"}
+    for path, r in rows.items():
+        t = r["trace"]
+        assert r["delivered"] == 100 and t["traced"] == 100, (path, t)
+        names = [h["hop"] for h in t["hops"]]
+        assert names == [h for h in HOPS if path != "PullConsumer.poll" or h != "process queue"], names
+        assert all(h["mean_us"] >= 0 and h["p50_us"] >= 0 for h in t["hops"]), t["hops"]
+        assert abs(sum(h["mean_us"] for h in t["hops"]) - t["total"]["mean_us"]) < 0.01, t
+        # the traced total is the delivery latency the row reports (same messages, same stamps)
+        assert t["total"]["p50_us"] <= r["delivery"]["max_us"] + 1, (t["total"], r["delivery"])
+
+
+def test_bench_latency_trace_needs_traced_cluster(tmp_path):
+    """``--trace`` against a cluster started without RMQ_LATENCY_TRACE=1 fails the row with the
+    broker's clear error (GET_LATENCY_TRACE refused), instead of printing a breakdown of nothing."""
+    from rmq import latency_trace
+    from rmq.bench import latency as L
+    from rmq.testing import Cluster
+    assert not latency_trace.ENABLED
+    with Cluster(str(tmp_path / "store")) as cluster:
+        rep = L.run(rates=(200,), sizes=(100,), consumers=("poll",), peers=(), seconds=0.2,
+                    namesrv=cluster.namesrv_addr, log=lambda *a: None, trace=True)
+    assert not latency_trace.ENABLED and "RMQ_LATENCY_TRACE" not in os.environ
+    (row,) = rep["rows"]
+    assert "latency trace is off" in row["error"] and "RMQ_LATENCY_TRACE=1" in row["error"], row

@@ -47,6 +47,7 @@ from typing import Optional
 
 import zmq
 
+from rmq import latency_trace as _lt
 from rmq import protocol as P
 from rmq._core import commitlog as _cl
 from rmq.actors.actor import Actor, Reply
@@ -137,13 +138,14 @@ def announce_endpoint(store_path: str) -> str:
 
 
 class PullRequest:
-    __slots__ = ("frame", "reply", "offset", "deadline")
+    __slots__ = ("frame", "reply", "offset", "deadline", "arrived")
 
-    def __init__(self, frame: Frame, reply: Reply, offset: int, deadline: float):
+    def __init__(self, frame: Frame, reply: Reply, offset: int, deadline: float, arrived: float):
         self.frame = frame
         self.reply = reply
         self.offset = offset
         self.deadline = deadline
+        self.arrived = arrived          # monotonic s the request was read (latency trace)
 
 
 class BrokerActor(Actor):
@@ -269,6 +271,7 @@ class BrokerActor(Actor):
         h(RequestCode.UNREGISTER_CLIENT, self.on_unregister_client)
         h(RequestCode.GET_CONSUMER_LIST_BY_GROUP, self.on_consumer_list)
         h(RequestCode.GET_BROKER_RUNTIME_INFO, self.on_runtime_info)
+        h(RequestCode.GET_LATENCY_TRACE, self.on_latency_trace)
         h(RequestCode.GET_TOPIC_STATS_INFO, self.on_topic_stats)
         h(RequestCode.DISPATCH_ANNOUNCE, self.on_dispatch_announce)
         h(RequestCode.FLUSH_ANNOUNCE, self.on_flush_announce)
@@ -347,6 +350,11 @@ class BrokerActor(Actor):
     def on_dispatch_announce(self, frame: Frame, reply: Reply) -> None:
         self.dispatched_offset = field_int(frame, "dispatched", lo=0)
         queues = unpack_body(frame) if frame.bodies else []
+        if _lt.ENABLED:
+            now = time.monotonic_ns()
+            r_rx, r_done = frame.fields.get("traceReceivedNs", 0), frame.fields.get("traceDispatchedNs", 0)
+            for topic, queue_id, max_offset in queues:
+                _lt.event("dispatch", topic, queue_id, max_offset, r_rx, r_done, now)
         for topic, queue_id, max_offset in queues:
             cq = self.store.find_consume_queue(topic, queue_id)
             cq.mapped_file_queue.refresh(max_offset * 20)
@@ -919,6 +927,7 @@ class BrokerActor(Actor):
                 return frame.response(ResponseCode.MESSAGE_ILLEGAL, "header field 'bornHost' is not ip:port")
         reconsume = field_int(frame, "reconsumeTimes", 0, lo=0)
         t0 = time.monotonic()
+        store_topic, store_queue_id = topic, queue_id
         if frame.code == RequestCode.SEND_BATCH_MESSAGE:
             batch = frame.bodies[0]
             props = frame.fields.get("properties") or None
@@ -932,7 +941,6 @@ class BrokerActor(Actor):
                 props = _cl.decode_properties(props.encode("utf-8"))
             if not isinstance(props, dict):
                 return frame.response(ResponseCode.MESSAGE_ILLEGAL, "header field 'properties' must be a map or str")
-            store_topic, store_queue_id = topic, queue_id
             if "DELAY" in props and (sys_flag & TRANSACTION_TYPE_MASK) in (0, TRANSACTION_COMMIT_TYPE):
                 # parked in SCHEDULE_TOPIC_XXXX; the reply still names the queue the producer chose
                 # (RocketMQ's SendMessageProcessor answers with the request's queueId)
@@ -960,6 +968,9 @@ class BrokerActor(Actor):
         if not res.ok:
             return frame.response(code, res.remark or res.status.value)
         a = res.append
+        if _lt.ENABLED:
+            _lt.event("append", store_topic, store_queue_id, a.queue_offset, a.msg_num,
+                      int(self.poll_returned_at * 1e9), time.monotonic_ns())
         self.stats["putMessageTotal"] += a.msg_num
         self.stats["putBytesTotal"] += a.wrote_bytes
         resp = frame.response(ResponseCode.SUCCESS, fields={
@@ -993,7 +1004,8 @@ class BrokerActor(Actor):
     def on_pull(self, frame: Frame, reply: Reply) -> Optional[Frame]:
         return self._pull(frame, allow_suspend=True, reply=reply)
 
-    def _pull(self, frame: Frame, allow_suspend: bool, reply: Reply) -> Optional[Frame]:
+    def _pull(self, frame: Frame, allow_suspend: bool, reply: Reply, arrived: Optional[float] = None) -> Optional[Frame]:
+        """One PULL_MESSAGE; ``arrived`` (monotonic s) is set for a held pull woken or expired."""
         if not self.broker_permission & PERM_READ:
             return frame.response(ResponseCode.NO_PERMISSION, f"the broker[{self.broker_name}] pulling message is forbidden")
         group = field_str(frame, "consumerGroup")
@@ -1041,6 +1053,9 @@ class BrokerActor(Actor):
         fields = {"nextBeginOffset": res.next_begin_offset, "minOffset": res.min_offset,
                   "maxOffset": res.max_offset, "suggestWhichBrokerId": suggest}
         if code == ResponseCode.SUCCESS:
+            if _lt.ENABLED:
+                _lt.event("pull", topic, queue_id, offset, res.next_begin_offset,
+                          int((arrived or self.poll_returned_at) * 1e9), time.monotonic_ns(), arrived is not None)
             self.stats["getMessageTotal"] += res.message_count
             self.stats["getBytesTotal"] += len(res.records)
             return frame.response(code, fields=fields, bodies=[res.records])
@@ -1048,7 +1063,7 @@ class BrokerActor(Actor):
             suspend_ms = min(field_int(frame, "suspendTimeoutMillis", self.suspend_max_ms, lo=0),
                              self.suspend_max_ms) if self.long_polling else 1000
             self.pull_holds.setdefault((topic, queue_id), []).append(
-                PullRequest(frame, reply, offset, time.monotonic() + suspend_ms / 1000.0))
+                PullRequest(frame, reply, offset, time.monotonic() + suspend_ms / 1000.0, self.poll_returned_at))
             return None
         return frame.response(code, fields=fields)
 
@@ -1059,7 +1074,7 @@ class BrokerActor(Actor):
         keep = []
         for pr in reqs:
             if max_offset > pr.offset:
-                resp = self._pull(pr.frame, allow_suspend=False, reply=pr.reply)
+                resp = self._pull(pr.frame, allow_suspend=False, reply=pr.reply, arrived=pr.arrived)
                 if resp is not None:
                     pr.reply.send(resp)
             else:
@@ -1075,7 +1090,7 @@ class BrokerActor(Actor):
             keep = []
             for pr in self.pull_holds[key]:
                 if now >= pr.deadline:
-                    resp = self._pull(pr.frame, allow_suspend=False, reply=pr.reply)
+                    resp = self._pull(pr.frame, allow_suspend=False, reply=pr.reply, arrived=pr.arrived)
                     if resp is not None:
                         pr.reply.send(resp)
                 else:
@@ -1240,6 +1255,14 @@ class BrokerActor(Actor):
 
     def on_runtime_info(self, frame: Frame, reply: Reply) -> Frame:
         return frame.response(bodies=[pack_body({"table": self.runtime_info()})])
+
+    def on_latency_trace(self, frame: Frame, reply: Reply) -> Frame:
+        """The broker's latency-trace events since the last call (rmq.latency_trace); SYSTEM_ERROR
+        when the broker was not started with RMQ_LATENCY_TRACE=1."""
+        if not _lt.ENABLED:
+            return frame.response(ResponseCode.SYSTEM_ERROR, f"latency trace is off: start the broker with "
+                                                             f"{_lt.ENV}=1")
+        return frame.response(bodies=[pack_body(_lt.take())])
 
     def on_topic_stats(self, frame: Frame, reply: Reply) -> Frame:
         topic = field_str(frame, "topic")

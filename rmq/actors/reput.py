@@ -37,6 +37,7 @@ import sys
 import time
 from typing import Optional
 
+from rmq import latency_trace as _lt
 from rmq.actors.follower import ANNOUNCE_APPEND, ANNOUNCE_TICK, FollowerActor, run_follower
 from rmq.actors.store_view import StoreView
 from rmq.protocol import RequestCode, pack_body
@@ -102,7 +103,11 @@ class ReputActor(FollowerActor):
         self.view.commitlog.refresh(limit)
         n = self.dispatcher.dispatch(limit, max_records)
         arrivals = self.dispatcher.take_arrivals()
-        self.tell_broker(RequestCode.DISPATCH_ANNOUNCE, {"dispatched": self.dispatcher.reput_from_offset},
+        fields = {"dispatched": self.dispatcher.reput_from_offset}
+        if _lt.ENABLED:       # when the announcement that caused this turn was read, when dispatch ended
+            fields["traceReceivedNs"] = int(self.poll_returned_at * 1e9)
+            fields["traceDispatchedNs"] = time.monotonic_ns()
+        self.tell_broker(RequestCode.DISPATCH_ANNOUNCE, fields,
                          [pack_body([[t, q, m] for (t, q), m in arrivals.items()])])
         if self.dispatcher.reput_from_offset < limit:
             self.add_timer(0, self.run_dispatch, repeat=False)    # more to do: continue after polling

@@ -44,6 +44,7 @@ from typing import Callable, Iterable, Optional, Union
 import zmq
 import zmq.asyncio
 
+from rmq import latency_trace as _lt
 from rmq import protocol as P
 from rmq import security
 from rmq.client.consumer import (BROKER_SUSPEND_MAX_TIME_MS, CONCURRENT_MAX_RECONSUME_TIMES, CONSUME_THREAD_MAX,
@@ -1104,6 +1105,8 @@ class AsyncPushConsumer:
                 next_offset = res.next_begin_offset
                 if res.msg_found_list:
                     dispatch = pq.put_message(res.msg_found_list)
+                    if _lt.ENABLED:
+                        _lt.stamp_messages("c_submit", res.msg_found_list, time.monotonic_ns())
                     self._dispatch(res.msg_found_list, pq, mq, dispatch)
                 elif pq.msg_count == 0:
                     self.offset_store.update_offset(mq, next_offset, increase_only=True)

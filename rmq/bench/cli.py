@@ -219,7 +219,11 @@ def _csv(kind, choices=None):
               help="Where temporary stores go (default: the system temp dir).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
               help="Write every row (with its histogram) as JSON to this file.")
-def latency_cmd(rates, sizes, consumers, peers, duration, namesrv, store_dir, json_path) -> None:
+@click.option("--trace", is_flag=True,
+              help="Also print where the time goes, hop by hop (client enqueue ... listener call), from "
+                   "CLOCK_MONOTONIC stamps taken at each hop (RMQ_LATENCY_TRACE=1 in every process; "
+                   "with --namesrv the cluster must have been started with it).")
+def latency_cmd(rates, sizes, consumers, peers, duration, namesrv, store_dir, json_path, trace) -> None:
     """One message at a time: paced Producer.send_async (defaults) -> SEND_OK and -> delivery
     (listener called / poll returned), p50 / p99 / p99.9 / max, beside a raw pyzmq relay and
     Redis Streams at the same rates.  Exit code 1 when a row failed or lost messages."""
@@ -227,7 +231,8 @@ def latency_cmd(rates, sizes, consumers, peers, duration, namesrv, store_dir, js
 
     from rmq.bench import latency as L
     report = L.run(rates=rates, sizes=sizes, consumers=consumers, peers=peers, seconds=duration, namesrv=namesrv,
-                   store_dir=store_dir, log=functools.partial(console.print, highlight=False, markup=False))
+                   store_dir=store_dir, log=functools.partial(console.print, highlight=False, markup=False),
+                   trace=trace)
     report["when"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     report["cpus"] = os.cpu_count()
     L.print_table(report, console)

@@ -13,7 +13,12 @@ relay process -> PULL, the transport with nothing on top) and Redis Streams XADD
 Figures are p50 / p99 / p99.9 / max (us) from :class:`rmq.bench.hist.Histogram` (1 % buckets).
 Latency is counted from the actual send call, and the achieved rate is reported beside the
 asked one: a rate the sender cannot keep shows as a lower achieved rate, not as queueing
-delay in the histogram.  What it does not do yet (issue 12): ``--trace`` (hop by hop).
+delay in the histogram.
+
+``trace=True`` (``--trace``) turns on :mod:`rmq.latency_trace` in every process of the run (the
+embedded cluster is started with ``RMQ_LATENCY_TRACE=1``; an external ``--namesrv`` cluster must
+have been) and adds, per rmq row, where the time went hop by hop (:mod:`rmq.bench.trace`).  The
+stamps cost a little on every hop, so a traced run's totals are a little above an untraced one's.
 """
 from __future__ import annotations
 
@@ -26,6 +31,7 @@ import threading
 import time
 from typing import Optional
 
+from rmq import latency_trace as _lt
 from rmq.bench.hist import Histogram
 
 T0_PROP = "BENCH_T0_NS"
@@ -58,12 +64,13 @@ class _Recorder:
         self.ids: set = set()
         self.dups = 0
         self.send_lock = threading.Lock()
+        self.trace_rows: list = []          # (uniq, topic, queue id, queue offset, t0, delivered), traced runs
 
     def say(self, *msg) -> None:
         with self.send_lock:
             self.conn.send(msg)
 
-    def on(self, props: dict, now: int, ident) -> None:
+    def on(self, props: dict, now: int, ident, msg=None) -> None:
         if props.get(WARMUP_PROP):
             if not self.ready:
                 self.ready = True
@@ -79,10 +86,15 @@ class _Recorder:
             self.ids.add(ident)
             self.hist.record(now - int(t0))
             self.got += 1
+            if msg is not None and _lt.ENABLED:
+                self.trace_rows.append((ident, msg.topic, msg.queue_id, msg.queue_offset, int(t0), now))
 
     def report(self) -> dict:
         with self.lock:
-            return {"hist": self.hist.to_dict(), "got": self.got, "dups": self.dups}
+            rep = {"hist": self.hist.to_dict(), "got": self.got, "dups": self.dups}
+            if _lt.ENABLED:
+                rep["trace"] = {"rows": self.trace_rows, "events": _lt.take()["events"]}
+            return rep
 
 
 def _consumer_main(conn, mode: str, target: str, topic: str) -> None:
@@ -109,7 +121,7 @@ def _consumer_main(conn, mode: str, target: str, topic: str) -> None:
             def listener(msgs, ctx):
                 now = _now()
                 for m in msgs:
-                    rec.on(m.properties, now, m.msg_id)
+                    rec.on(m.properties, now, m.msg_id, m)
                 return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
             c.register_message_listener(listener)
             c.start()
@@ -127,7 +139,7 @@ def _consumer_main(conn, mode: str, target: str, topic: str) -> None:
                 async def listener(msgs, ctx):
                     now = _now()
                     for m in msgs:
-                        rec.on(m.properties, now, m.msg_id)
+                        rec.on(m.properties, now, m.msg_id, m)
                     return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
                 c.register_message_listener(listener)
                 await c.start()
@@ -143,7 +155,7 @@ def _consumer_main(conn, mode: str, target: str, topic: str) -> None:
                     msgs = c.poll(100)
                     now = _now()
                     for m in msgs:
-                        rec.on(m.properties, now, m.msg_id)
+                        rec.on(m.properties, now, m.msg_id, m)
         elif mode == "redis":
             import redis
             r = redis.Redis(host="127.0.0.1", port=int(target))
@@ -270,7 +282,25 @@ def _row(path: str, rate: float, size: int, sent: int, achieved: float, delivere
     return row
 
 
-def run_rmq(namesrv: str, mode: str, rate: float, size: int, seconds: float) -> dict:
+def _broker_trace(p, topic: str) -> list:
+    """The latency-trace events of every broker serving ``topic`` (taken: the brokers' logs are cleared)."""
+    from rmq.client.remoting import RemotingClient
+    from rmq.protocol import Frame, RequestCode, unpack_body
+    names = {mq.broker_name for mq in p.fetch_publish_message_queues(topic)}
+    events: list = []
+    with RemotingClient() as rc:
+        for name in sorted(names):
+            addr = p.route_cache.find_broker_addr(name)
+            if addr is None:
+                raise RuntimeError(f"--trace: no address for broker {name}")
+            r = rc.invoke(addr, Frame(RequestCode.GET_LATENCY_TRACE))
+            if r.code != 0:
+                raise RuntimeError(f"--trace: broker {name} ({addr}): {r.remark}")
+            events.extend(unpack_body(r)["events"])
+    return events
+
+
+def run_rmq(namesrv: str, mode: str, rate: float, size: int, seconds: float, trace: bool = False) -> dict:
     from rmq import Message, Producer
     topic = f"lat_{mode}_{size}_{int(rate)}_{os.getpid()}"
     body = bytes((i * 131 + 7) & 0xFF for i in range(size))
@@ -285,6 +315,9 @@ def run_rmq(namesrv: str, mode: str, rate: float, size: int, seconds: float) -> 
         c = _Consumer(mode, namesrv, topic)
         try:
             c.wait_ready(lambda: p.send(Message(topic, b"w", properties={WARMUP_PROP: "1"})))
+            if trace:                    # what warm-up left in this process's and the broker's logs
+                _lt.take()
+                _broker_trace(p, topic)
 
             def cb(t0, fut):
                 now = _now()
@@ -304,11 +337,18 @@ def run_rmq(namesrv: str, mode: str, rate: float, size: int, seconds: float) -> 
             done.wait(DRAIN_TIMEOUT_S)
             c.wait_count(acked[0])
             rep = c.finish()
+            broker_events = _broker_trace(p, topic) if trace else []
         except BaseException:
             c.kill()
             raise
     err = f"{failed[0]} sends failed" if failed[0] else ""
-    return _row(PATH_NAMES[mode], rate, size, n, achieved, rep, ack, err)
+    row = _row(PATH_NAMES[mode], rate, size, n, achieved, rep, ack, err)
+    if trace:
+        from rmq.bench.trace import breakdown
+        t = rep.get("trace") or {}
+        row["trace"] = breakdown(t.get("rows", []), _lt.take()["events"] + t.get("events", []), broker_events,
+                                 mode)
+    return row
 
 
 def run_zmq(rate: float, size: int, seconds: float) -> dict:
@@ -376,13 +416,19 @@ def run_redis(rate: float, size: int, seconds: float, store_dir=None) -> dict:
 
 
 def run(rates=RATES, sizes=SIZES, consumers=CONSUMERS, peers=PEERS, seconds: float = DURATION_S,
-        namesrv: Optional[str] = None, store_dir=None, log=print) -> dict:
+        namesrv: Optional[str] = None, store_dir=None, log=print, trace: bool = False) -> dict:
     """Every (rate, size) for each consumer and peer; starts an embedded cluster unless ``namesrv``.
+
+    ``trace``: hop-by-hop breakdown per rmq row (module docstring); an external cluster must run
+    with ``RMQ_LATENCY_TRACE=1`` (else each row fails with the broker's "latency trace is off").
 
     Returns ``{"rows": [...], "skipped": {peer: why}}``; a row with ``error`` failed (the run goes on).
     """
     from rmq.bench.peers import redis_missing
     rows, skipped = [], {}
+    was_tracing = _lt.ENABLED
+    if trace:
+        _lt.enable()               # this process, and through the environment the cluster and consumers
     if "redis" in peers and redis_missing():
         skipped["redis"] = redis_missing()
     cluster = tmp = None
@@ -394,7 +440,7 @@ def run(rates=RATES, sizes=SIZES, consumers=CONSUMERS, peers=PEERS, seconds: flo
     try:
         for size in sizes:
             for rate in rates:
-                jobs = [(m, functools.partial(run_rmq, namesrv, m, rate, size, seconds)) for m in consumers]
+                jobs = [(m, functools.partial(run_rmq, namesrv, m, rate, size, seconds, trace)) for m in consumers]
                 if "zmq" in peers:
                     jobs.append(("zmq", functools.partial(run_zmq, rate, size, seconds)))
                 if "redis" in peers and "redis" not in skipped:
@@ -407,7 +453,13 @@ def run(rates=RATES, sizes=SIZES, consumers=CONSUMERS, peers=PEERS, seconds: flo
                                    f"{type(e).__name__}: {e}")
                     rows.append(row)
                     log(_line(row))
+                    if row.get("trace"):
+                        from rmq.bench.trace import format_breakdown
+                        for line in format_breakdown(row["path"], row["trace"], row["delivered"]):
+                            log(line)
     finally:
+        if trace and not was_tracing:
+            _lt.enable(False)
         if cluster is not None:
             cluster.close()
         if tmp:

@@ -51,6 +51,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterable, Optional, Union
 
+from rmq import latency_trace as _lt
 from rmq.client.consumer_api import (BROKER_SUSPEND_MAX_TIME_MS, CONSUMER_TIMEOUT_MS_WHEN_SUSPEND, ConsumerAPI,
                                      RequestMux, SubscriptionData, build_pull_frame, consumer_data,
                                      default_client_id, dlq_topic, parse_pull_response, retry_topic)
@@ -1251,6 +1252,8 @@ class PushConsumer:
         self._executor.submit(fn, args)
 
     def _submit_consume(self, msgs: list, pq: ProcessQueue, mq: MessageQueue, dispatch: bool) -> None:
+        if _lt.ENABLED:
+            _lt.stamp_messages("c_submit", msgs, time.monotonic_ns())
         if self.orderly:
             if dispatch:
                 self._executor_submit(self._consume_orderly, pq, mq)

@@ -50,6 +50,7 @@ from rmq.client.message import (PROPERTY_MAX_RECONSUME_TIMES, PROPERTY_RECONSUME
                                 MessageQueue, PullResult, PullStatus)
 import zmq
 
+from rmq import latency_trace as _lt
 from rmq import protocol as P
 from rmq import security
 from rmq.client.remoting import DEFAULT_TIMEOUT_MS, RemotingClient
@@ -382,11 +383,14 @@ def parse_pull_response(resp: Frame, sub: Optional[SubscriptionData] = None, add
     f = resp.fields
     msgs: list = []
     if status is PullStatus.FOUND and resp.bodies:
+        t_rx = time.monotonic_ns() if _lt.ENABLED else 0
         try:
             msgs = _cl.decode_records(resp.bodies[0])
         except (ValueError, TypeError) as e:
             raise MQClientError(f"pull from {addr}: records do not decode: {e}") from None
         msgs = post_process_messages(msgs, sub, group_retry_topic)
+        if t_rx:
+            _lt.stamp_messages("c_rx", msgs, t_rx)
     return PullResult(status, int(f.get("nextBeginOffset", 0)), int(f.get("minOffset", 0)),
                       int(f.get("maxOffset", 0)), msgs)
 

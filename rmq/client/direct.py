@@ -28,6 +28,7 @@ from typing import Any, Callable, Optional
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
+from rmq import latency_trace as _lt
 from rmq import protocol as P
 from rmq import security
 from rmq.client.message import MessageQueue, SendResult
@@ -266,6 +267,8 @@ class DirectSender:
                                      opts.default_topic_queue_nums)
                 frame.opaque = next(self._opaque)
                 sent_at = time.monotonic()
+                if _lt.ENABLED:
+                    _lt.event("p_write", prep.uniq_id, time.monotonic_ns())
                 try:
                     resp = self._link(addr).call(frame, deadline,
                                                  min(deadline, sent_at + opts.connect_timeout_ms / 1000.0), heartbeat)

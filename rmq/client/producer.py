@@ -70,6 +70,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
+from rmq import latency_trace as _lt
 from rmq import protocol as P
 from rmq import security
 from rmq._core.commitlog import encode_batch, encode_properties, tags_string_to_tags_code
@@ -913,6 +914,8 @@ class _Sender(threading.Thread):
         self._sent(req, now)
 
     def _sent(self, req: _Request, now: float) -> None:
+        if _lt.ENABLED:
+            _lt.stamp_ids("p_write", [p.uniq_id for p in req.preps], time.monotonic_ns())
         self.stats["requests"] += 1
         if req.batch:
             self.stats["batch_requests"] += 1
@@ -1685,6 +1688,8 @@ class Producer:
         else:
             deadline = now + budget_ms / 1000.0
         fut = SendFuture(callback)            # RUNNING: cannot be cancelled, it is owned by the I/O thread
+        if _lt.ENABLED:
+            _lt.stamp_ids("p_enq", [p.uniq_id for p in preps], time.monotonic_ns())
         s.submit(_Pending(preps, fut, mode, deadline, budget_ms / 1000.0, selector, arg, queue, whole, now))
         return fut
 

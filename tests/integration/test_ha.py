@@ -7,7 +7,6 @@ import time
 
 import pytest
 
-from rmq import protocol as P
 from rmq.client.remoting import RemotingClient
 from rmq.protocol import Frame, RequestCode, ResponseCode, pack_body, unpack_body
 from tests.integration.cluster import Cluster

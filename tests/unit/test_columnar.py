@@ -4,7 +4,7 @@ import struct
 import zlib
 from array import array
 
-import pyarrow as pa
+import pyarrow  # noqa: F401 - the Spark fast path below needs it: fail here, clearly, without it
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st

@@ -149,7 +149,10 @@ def test_disk_full_while_creating_a_file(open_store):
     with FileSizeLimit(1024):
         # the allocator may have pre-allocated the next file: writes go on until a
         # new file is needed, then fail cleanly
+        allocator = s.commitlog.mapped_file_queue.allocator
         for _ in range(100):
+            # the pre-allocation thread may be renaming NAME.tmp -> NAME right now: list when it is idle
+            assert allocator.wait_idle(60)
             files_before = sorted(os.listdir(s.commitlog_dir))
             n_before = s.topic_queue_table[("T", 0)]
             r = s.put_message("T", b"w" * 9000, 0)
@@ -158,6 +161,7 @@ def test_disk_full_while_creating_a_file(open_store):
         assert r.status is PutMessageStatus.CREATE_MAPPED_FILE_FAILED
         assert "no space" in r.remark
         # nothing half-created, no queue offset consumed, everything still readable
+        assert allocator.wait_idle(60)
         assert sorted(os.listdir(s.commitlog_dir)) == files_before
         assert s.topic_queue_table[("T", 0)] == n_before
         assert s.get_messages("g", "T", 0, 0, 1).messages()[0].body == b"first"
