@@ -94,7 +94,11 @@ MASTER_ROLES = ("ASYNC_MASTER", "SYNC_MASTER")
 # broker.conf keys UPDATE_BROKER_CONFIG may change at runtime (RocketMQ CVE-2023-33246 / 37582:
 # never filter-server or path settings); brokerRole + brokerId together promote a slave
 RUNTIME_CONFIG_KEYS = frozenset({"brokerRole", "brokerId", "brokerPermission", "slaveReadEnable",
-                                 "longPollingEnable", "autoCreateTopicEnable", "autoCreateSubscriptionGroup"})
+                                 "longPollingEnable", "autoCreateTopicEnable", "autoCreateSubscriptionGroup",
+                                 "wakePullOnAppendEnable"})
+RECENT_APPENDS_PER_QUEUE = 256               # appends per queue the broker remembers until reput has
+                                             # dispatched them (pulls ahead of the ConsumeQueue are served
+                                             # from them); beyond it the oldest are left to reput
 
 # PullSysFlag (SPEC.md §13.1)
 PULL_FLAG_COMMIT_OFFSET = 0x1
@@ -110,6 +114,10 @@ GET_STATUS_TO_CODE = {
     GetMessageStatus.NO_MATCHED_MESSAGE: ResponseCode.PULL_RETRY_IMMEDIATELY,
     GetMessageStatus.MESSAGE_WAS_REMOVING: ResponseCode.PULL_RETRY_IMMEDIATELY,
 }
+
+# get_messages outcomes of an offset at or past the ConsumeQueue's end (pulls ahead of reput)
+_AT_OR_PAST_CQ_END = frozenset({GetMessageStatus.OFFSET_OVERFLOW_ONE, GetMessageStatus.OFFSET_OVERFLOW_BADLY,
+                                GetMessageStatus.NO_MESSAGE_IN_QUEUE, GetMessageStatus.NO_MATCHED_LOGIC_QUEUE})
 
 PUT_STATUS_TO_CODE = {
     PutMessageStatus.PUT_OK: ResponseCode.SUCCESS,
@@ -135,6 +143,18 @@ def internal_endpoint(store_path: str) -> str:
 
 def announce_endpoint(store_path: str) -> str:
     return f"ipc://{os.path.abspath(store_path)}/broker-pub.ipc"
+
+
+def _records_slice(data: bytes, skip: int, take: int) -> bytes:
+    """Records ``skip``..``skip + take`` of consecutive CommitLog records (each starts with its
+    4-byte big-endian TOTALSIZE; layout: SPEC.md §CommitLog)."""
+    pos = 0
+    for _ in range(skip):
+        pos += int.from_bytes(data[pos:pos + 4], "big")
+    start = pos
+    for _ in range(take):
+        pos += int.from_bytes(data[pos:pos + 4], "big")
+    return data[start:pos]
 
 
 class PullRequest:
@@ -166,12 +186,18 @@ class BrokerActor(Actor):
         self.default_queue_nums = int(settings.get("defaultTopicQueueNums", 8))
         self.wait_time_ms_in_send_queue = int(settings.get("waitTimeMillsInSendQueue", 200))
         self.long_polling = str(settings.get("longPollingEnable", "true")).lower() == "true"
+        # rmq: pulls at a queue's tail are answered from the appends themselves (see _from_appends)
+        self.wake_pull_on_append = str(settings.get("wakePullOnAppendEnable", "true")).lower() == "true"
         self.suspend_max_ms = int(settings.get("brokerSuspendMaxTimeMillis", BROKER_SUSPEND_MAX_TIME_MS))
         self.broker_permission = int(settings.get("brokerPermission", PERM_READ | PERM_WRITE))
         # a client silent for longer is dropped (ZeroMQ has no per-connection close event)
         self.channel_expired_ms = int(settings.get("channelExpiredTimeout", CHANNEL_EXPIRED_MS))
         self.store: Optional[MessageStore] = None
         self.pull_holds: dict[tuple, list[PullRequest]] = {}
+        # (topic, queueId) -> deque of (first queue offset, count, physical offset, bytes): appends
+        # reput has not announced yet; and the queues appended to in this loop turn
+        self.recent_appends: dict[tuple, deque] = {}
+        self.appended_queues: set = set()
         self.sync_waits: deque = deque()        # (end_offset, deadline, reply, frame) in offset order
         self.flushed_offset = 0
         self.dispatched_offset = 0
@@ -326,6 +352,8 @@ class BrokerActor(Actor):
 
     # -- announcements ---------------------------------------------------------------------
     def after_poll(self) -> None:
+        if self.appended_queues:
+            self._wake_pulls_from_appends()
         self.announce_append()
 
     def announce_append(self, force: bool = False) -> None:
@@ -358,6 +386,12 @@ class BrokerActor(Actor):
         for topic, queue_id, max_offset in queues:
             cq = self.store.find_consume_queue(topic, queue_id)
             cq.mapped_file_queue.refresh(max_offset * 20)
+            recent = self.recent_appends.get((topic, queue_id))
+            if recent is not None:            # in the ConsumeQueue now: normal pulls serve them
+                while recent and recent[0][0] + recent[0][1] <= max_offset:
+                    recent.popleft()
+                if not recent:
+                    del self.recent_appends[(topic, queue_id)]
             self.wake_pulls(topic, queue_id, max_offset)
         return None
 
@@ -382,6 +416,9 @@ class BrokerActor(Actor):
             self.flushed_offset = flushed
             self.store.commitlog.mapped_file_queue.flushed_where = flushed
             self._release_sync_waits()
+            if self.recent_appends and self.pull_holds:
+                self.appended_queues.update(k for k in self.recent_appends if k in self.pull_holds)
+                self._wake_pulls_from_appends()
         return None
 
     # -- delayed messages, retries, queue locks -------------------------------------------------
@@ -636,6 +673,8 @@ class BrokerActor(Actor):
                 self.slave_read_enable = v.lower() == "true"
             elif k == "longPollingEnable":
                 self.long_polling = v.lower() == "true"
+            elif k == "wakePullOnAppendEnable":
+                self.wake_pull_on_append = v.lower() == "true"
             elif k == "autoCreateTopicEnable":
                 self.auto_create_topic = v.lower() == "true"
             elif k == "autoCreateSubscriptionGroup":
@@ -968,6 +1007,14 @@ class BrokerActor(Actor):
         if not res.ok:
             return frame.response(code, res.remark or res.status.value)
         a = res.append
+        if self.wake_pull_on_append and (sys_flag & TRANSACTION_TYPE_MASK) in (0, TRANSACTION_COMMIT_TYPE):
+            key = (store_topic, store_queue_id)
+            recent = self.recent_appends.get(key)
+            if recent is None:
+                recent = self.recent_appends[key] = deque(maxlen=RECENT_APPENDS_PER_QUEUE)
+            recent.append((a.queue_offset, a.msg_num, a.wrote_offset, a.wrote_bytes))
+            if key in self.pull_holds:
+                self.appended_queues.add(key)
         if _lt.ENABLED:
             _lt.event("append", store_topic, store_queue_id, a.queue_offset, a.msg_num,
                       int(self.poll_returned_at * 1e9), time.monotonic_ns())
@@ -1044,13 +1091,23 @@ class BrokerActor(Actor):
             commit = field_int(frame, "commitOffset", -1)
             if commit >= 0:
                 self.store.consumer_offset_manager.commit_offset(group, topic, queue_id, commit)
+        next_begin = res.next_begin_offset
+        if res.status in _AT_OR_PAST_CQ_END and res.max_offset <= offset <= \
+                self.store.topic_queue_table.get((topic, queue_id), 0):
+            # at or past the ConsumeQueue's end but within what was appended: reput has not announced
+            # it yet.  Served from the appends (a consumer served that way pulls on before reput's
+            # announcement), else nothing new yet -- never a moved offset
+            served = self._from_appends(topic, queue_id, offset, max_nums, subscription)
+            if served is not None:
+                return self._appends_response(frame, topic, queue_id, offset, served, gcfg, arrived)
+            code, next_begin = ResponseCode.PULL_NOT_FOUND, offset
         # SPEC.md §13.1/§13.2: with slaveReadEnable a consumer far behind (its data no longer
         # in memory) is sent to the slave, others to the group's brokerId; without it, to the master
         suggest = 0
         if self.slave_read_enable:
             suggest = int(gcfg.get("whichBrokerWhenConsumeSlowly", 1)) if res.suggest_pulling_from_slave \
                 else int(gcfg.get("brokerId", 0))
-        fields = {"nextBeginOffset": res.next_begin_offset, "minOffset": res.min_offset,
+        fields = {"nextBeginOffset": next_begin, "minOffset": res.min_offset,
                   "maxOffset": res.max_offset, "suggestWhichBrokerId": suggest}
         if code == ResponseCode.SUCCESS:
             if _lt.ENABLED:
@@ -1066,6 +1123,88 @@ class BrokerActor(Actor):
                 PullRequest(frame, reply, offset, time.monotonic() + suspend_ms / 1000.0, self.poll_returned_at))
             return None
         return frame.response(code, fields=fields)
+
+    def _from_appends(self, topic: str, queue_id: int, offset: int, max_nums: int, subscription) -> Optional[tuple]:
+        """The records of queue offsets ``offset``.. from appends reput has not announced yet:
+        ``(records, count, bytes)``, or None (rmq; ``wakePullOnAppendEnable``, default true).
+
+        RocketMQ serves a pull from the ConsumeQueue, which its in-process reput fills and then wakes
+        held pulls (NotifyMessageArrivingListener).  Here reput is another process, two process hops
+        away.  The broker wrote these records and assigned their queue offsets itself, so it gives the
+        very reply a pull gets once the ConsumeQueue has the entries: the records byte for byte,
+        whole appends in queue-offset order from ``offset``, at most ``max_nums`` messages.  Only what
+        a consumer may see: under SYNC_FLUSH only flushed bytes (SPEC.md header: only flushed data is
+        dispatched); half (prepared) messages are never recorded.  A batch is cut at record
+        boundaries when the pull starts inside it or wants fewer messages.  Pulls with a tag filter,
+        or at an offset older than what is remembered, go the normal way.
+        """
+        recent = self.recent_appends.get((topic, queue_id))
+        if not recent or subscription not in ("*", "") or offset < recent[0][0]:
+            return None
+        limit = self.flushed_offset if self.store_config.flush_disk_type == SYNC_FLUSH \
+            else self.store.commitlog.get_max_offset()
+        mfq = self.store.commitlog.mapped_file_queue
+        parts, count, size, want = [], 0, 0, offset
+        for first, n, phys, nbytes in recent:
+            if first + n <= want:
+                continue
+            if first > want or phys + nbytes > limit:
+                break
+            mf = mfq.find_mapped_file_by_offset(phys)
+            if mf is None:                 # cleaned meanwhile: the normal path answers
+                break
+            data = mf.read(phys - mf.file_from_offset, nbytes)
+            skip, take = want - first, min(first + n - want, max_nums - count)
+            if skip or take < n:           # part of a batch: cut at record boundaries
+                data = _records_slice(data, skip, take)
+            parts.append(data)
+            count += take
+            size += len(data)
+            want += take
+            if count >= max_nums:
+                break
+        if not count:
+            return None
+        return (parts[0] if len(parts) == 1 else b"".join(parts)), count, size
+
+    def _appends_response(self, frame: Frame, topic: str, queue_id: int, offset: int, served: tuple,
+                          gcfg: dict, arrived: Optional[float]) -> Frame:
+        records, count, size = served
+        cq = self.store.consume_queue_table.get((topic, queue_id))
+        suggest = int(gcfg.get("brokerId", 0)) if self.slave_read_enable else 0
+        self.stats["getMessageTotal"] += count
+        self.stats["getBytesTotal"] += size
+        if _lt.ENABLED:
+            _lt.event("pull", topic, queue_id, offset, offset + count,
+                      int((arrived or self.poll_returned_at) * 1e9), time.monotonic_ns(), arrived is not None)
+        return frame.response(ResponseCode.SUCCESS, fields={
+            "nextBeginOffset": offset + count, "minOffset": cq.get_min_offset_in_queue() if cq else 0,
+            "maxOffset": self.store.topic_queue_table.get((topic, queue_id), offset + count),
+            "suggestWhichBrokerId": suggest}, bodies=[records])
+
+    def _wake_pulls_from_appends(self) -> None:
+        """Answer pulls held on the queues appended to in this turn from those appends
+        (:meth:`_from_appends`); the others stay held for reput's announcement."""
+        queues, self.appended_queues = self.appended_queues, set()
+        for key in queues:
+            reqs = self.pull_holds.get(key)
+            if not reqs:
+                continue
+            keep = []
+            for pr in reqs:
+                f = pr.frame.fields
+                served = self._from_appends(key[0], key[1], pr.offset,
+                                            field_int(pr.frame, "maxMsgNums", 32, lo=1, hi=MAX_PULL_BATCH),
+                                            f.get("subscription", "*"))
+                if served is None:
+                    keep.append(pr)
+                    continue
+                gcfg = self._group_config(field_str(pr.frame, "consumerGroup")) or {}
+                pr.reply.send(self._appends_response(pr.frame, key[0], key[1], pr.offset, served, gcfg, pr.arrived))
+            if keep:
+                self.pull_holds[key] = keep
+            else:
+                del self.pull_holds[key]
 
     def wake_pulls(self, topic: str, queue_id: int, max_offset: int) -> None:
         reqs = self.pull_holds.get((topic, queue_id))

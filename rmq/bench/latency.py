@@ -43,7 +43,10 @@ PEERS = ("zmq", "redis")
 DURATION_S = 3.0                             # paced sending per scenario
 READY_TIMEOUT_S = 60.0                       # consumer up and assigned (warm-up message delivered)
 DRAIN_TIMEOUT_S = 30.0                       # after the last send: every message delivered
-SPIN_S = 0.0005                              # pacing: sleep until this close to the send time, then spin
+SPIN_S = 0.0                                 # pacing: sleep until this close to the send time, then spin
+                                             # (0: never spin -- a spinning sender holds the GIL that the
+                                             # producer's I/O thread and callbacks need; latency counts
+                                             # from the actual send call, so a late wake only shifts it)
 PATH_NAMES = {"push": "PushConsumer listener", "poll": "PullConsumer.poll", "aio": "rmq.aio push listener",
               "zmq": "raw pyzmq relay (PUSH -> relay -> PULL)", "redis": "Redis XADD -> XREAD BLOCK"}
 

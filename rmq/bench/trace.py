@@ -18,7 +18,9 @@ to reput            -> reput's poll returned with the append announcement (PUB/S
 reput dispatch      -> ConsumeQueue entries written (reput's 1 ms coalescing included)
 dispatch announce   -> the broker read reput's DISPATCH_ANNOUNCE
 long-poll wake      -> the pull reply with the message was built (a held pull woken; for a pull
-                    that was not held: the wait for the consumer's next pull)
+                    that was not held: the wait for the consumer's next pull).  A pull answered
+                    from the append itself (wakePullOnAppendEnable) skips the three reput hops
+                    (0 for that message): its wake is counted from the append
 to consumer         -> the consumer's pull response decoded
 process queue       -> put in the process queue and handed to the consume pool (push, aio)
 listener call       -> the listener was called (poll: ``poll`` returned)
@@ -106,9 +108,10 @@ def breakdown(deliveries: list, client_events: list, broker_events: list, mode: 
     Returns
     -------
     dict
-        ``{"traced": n, "held": n, "hops": [{"hop", "mean_us", "p50_us", "p99_us", "share"}],
-        "total": {...}}``; ``share`` is the hop's mean over the total mean (means add up, percentiles
-        do not).
+        ``{"traced": n, "held": n, "via_reput": n, "hops": [{"hop", "mean_us", "p50_us", "p99_us",
+        "share"}], "total": {...}}``; ``share`` is the hop's mean over the total mean (means add up,
+        percentiles do not).  A message answered from the append (the broker's
+        wakePullOnAppendEnable) has 0 for the three reput hops; ``via_reput`` counts the others.
     """
     first: dict = {}
     for ev in client_events:
@@ -117,26 +120,32 @@ def breakdown(deliveries: list, client_events: list, broker_events: list, mode: 
             first.setdefault((kind, ev[1]), ev[2])
     idx = _BrokerIndex(broker_events)
     rows: list = []
-    held = 0
+    held = via_reput = 0
     for uniq, topic, qid, qoff, t0, t_done in deliveries:
         key = (topic, qid)
         a = idx.append(key, qoff)
         d = idx.dispatched(key, qoff)
         p_enq, p_write = first.get(("p_enq", uniq)), first.get(("p_write", uniq))
         c_rx, c_sub = first.get(("c_rx", uniq)), first.get(("c_submit", uniq))
-        if a is None or d is None or p_enq is None or p_write is None or c_rx is None:
+        if a is None or p_enq is None or p_write is None or c_rx is None:
             continue
-        pl = idx.pull(key, qoff, d[3])
+        pl = idx.pull(key, qoff, a[3])
         if pl is None or (mode != "poll" and c_sub is None):
             continue
         held += bool(pl[4])
-        stamps = [t0, p_enq, p_write, a[2], a[3], d[1], d[2], d[3], pl[3], c_rx]
+        if d is not None and d[3] <= pl[3]:          # woken by reput's announcement
+            via_reput += 1
+            mid = [d[1] - a[3], d[2] - d[1], d[3] - d[2], pl[3] - d[3]]
+        else:                                        # answered from the append itself
+            mid = [0, 0, 0, pl[3] - a[3]]
+        hops = [p_enq - t0, p_write - p_enq, a[2] - p_write, a[3] - a[2], *mid]
         if mode != "poll":
-            stamps.append(c_sub)
-        stamps.append(t_done)
-        rows.append([stamps[i + 1] - stamps[i] for i in range(len(stamps) - 1)] + [t_done - t0])
+            hops += [c_rx - pl[3], c_sub - c_rx, t_done - c_sub]
+        else:
+            hops += [c_rx - pl[3], t_done - c_rx]
+        rows.append(hops + [t_done - t0])
     names = list(HOPS) if mode != "poll" else [h for h in HOPS if h != "process queue"]
-    out = {"traced": len(rows), "held": held, "hops": []}
+    out = {"traced": len(rows), "held": held, "via_reput": via_reput, "hops": []}
     if not rows:
         return out
     total_mean = sum(r[-1] for r in rows) / len(rows)
@@ -155,7 +164,7 @@ def breakdown(deliveries: list, client_events: list, broker_events: list, mode: 
 def format_breakdown(path: str, bd: dict, delivered: int) -> list:
     """Lines for the console: one per hop, then the total."""
     lines = [f"  trace of {path}: {bd['traced']:,} of {delivered:,} messages with every stamp "
-             f"({bd['held']:,} woke a held pull)"]
+             f"({bd['held']:,} woke a held pull, {bd.get('via_reput', 0):,} of them after reput's announcement)"]
     for h in bd["hops"] + ([bd["total"]] if "total" in bd else []):
         lines.append(f"    {h['hop']:<20} mean {h['mean_us']:>9,.1f} us  p50 {h['p50_us']:>9,.1f}  "
                      f"p99 {h['p99_us']:>9,.1f}  {h['share'] * 100:5.1f} %")

@@ -905,6 +905,8 @@ class _Sender(threading.Thread):
             return
         conn = self._conn(addr)
         req.sent_at = now
+        if _lt.ENABLED:                   # before the write: the broker may read it before we run again
+            _lt.stamp_ids("p_write", [p.uniq_id for p in req.preps], time.monotonic_ns())
         if conn.parked or not self._try_send(conn, parts):
             req.park_deadline = min(req.deadline, now + self.opts.connect_timeout_ms / 1000.0)
             conn.parked.append((req, parts))
@@ -914,8 +916,6 @@ class _Sender(threading.Thread):
         self._sent(req, now)
 
     def _sent(self, req: _Request, now: float) -> None:
-        if _lt.ENABLED:
-            _lt.stamp_ids("p_write", [p.uniq_id for p in req.preps], time.monotonic_ns())
         self.stats["requests"] += 1
         if req.batch:
             self.stats["batch_requests"] += 1
