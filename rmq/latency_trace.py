@@ -19,7 +19,9 @@ client side, keyed by the message's unique id (UNIQ_KEY = ``msg_id``)
     ``("c_submit", uniq, ns)``   the push consumer put the message in its process queue and handed it
                                  to the consume pool
 broker side, keyed by (topic, queueId, queue offset range)
-    ``("append", topic, queue_id, first_queue_offset, n, received_ns, appended_ns)``
+    ``("append", topic, queue_id, first_queue_offset, n, received_ns, appended_ns)``: received = the
+    send handler started (the request was read from the socket; requests read in one loop turn are
+    handled one after another)
     ``("dispatch", topic, queue_id, max_offset, reput_received_ns, reput_dispatched_ns, broker_received_ns)``
     ``("pull", topic, queue_id, offset, next_begin_offset, arrived_ns, replied_ns, held)``
 """

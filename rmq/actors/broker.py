@@ -145,18 +145,6 @@ def announce_endpoint(store_path: str) -> str:
     return f"ipc://{os.path.abspath(store_path)}/broker-pub.ipc"
 
 
-def _records_slice(data: bytes, skip: int, take: int) -> bytes:
-    """Records ``skip``..``skip + take`` of consecutive CommitLog records (each starts with its
-    4-byte big-endian TOTALSIZE; layout: SPEC.md §CommitLog)."""
-    pos = 0
-    for _ in range(skip):
-        pos += int.from_bytes(data[pos:pos + 4], "big")
-    start = pos
-    for _ in range(take):
-        pos += int.from_bytes(data[pos:pos + 4], "big")
-    return data[start:pos]
-
-
 class PullRequest:
     __slots__ = ("frame", "reply", "offset", "deadline", "arrived")
 
@@ -921,6 +909,7 @@ class BrokerActor(Actor):
 
     # -- send ------------------------------------------------------------------------------
     def on_send(self, frame: Frame, reply: Reply) -> Optional[Frame]:
+        t_handler = time.monotonic_ns() if _lt.ENABLED else 0     # read from the socket (latency trace)
         waited_ms = (time.monotonic() - self.poll_returned_at) * 1000.0
         if waited_ms > self.wait_time_ms_in_send_queue:
             return frame.response(ResponseCode.SYSTEM_BUSY,
@@ -1016,8 +1005,8 @@ class BrokerActor(Actor):
             if key in self.pull_holds:
                 self.appended_queues.add(key)
         if _lt.ENABLED:
-            _lt.event("append", store_topic, store_queue_id, a.queue_offset, a.msg_num,
-                      int(self.poll_returned_at * 1e9), time.monotonic_ns())
+            _lt.event("append", store_topic, store_queue_id, a.queue_offset, a.msg_num, t_handler,
+                      time.monotonic_ns())
         self.stats["putMessageTotal"] += a.msg_num
         self.stats["putBytesTotal"] += a.wrote_bytes
         resp = frame.response(ResponseCode.SUCCESS, fields={
@@ -1134,9 +1123,9 @@ class BrokerActor(Actor):
         very reply a pull gets once the ConsumeQueue has the entries: the records byte for byte,
         whole appends in queue-offset order from ``offset``, at most ``max_nums`` messages.  Only what
         a consumer may see: under SYNC_FLUSH only flushed bytes (SPEC.md header: only flushed data is
-        dispatched); half (prepared) messages are never recorded.  A batch is cut at record
-        boundaries when the pull starts inside it or wants fewer messages.  Pulls with a tag filter,
-        or at an offset older than what is remembered, go the normal way.
+        dispatched); half (prepared) messages are never recorded.  Whole appends only: a pull that
+        starts inside a batch or wants fewer messages than the next append holds, one with a tag
+        filter, or one older than what is remembered goes the normal way.
         """
         recent = self.recent_appends.get((topic, queue_id))
         if not recent or subscription not in ("*", "") or offset < recent[0][0]:
@@ -1148,21 +1137,17 @@ class BrokerActor(Actor):
         for first, n, phys, nbytes in recent:
             if first + n <= want:
                 continue
-            if first > want or phys + nbytes > limit:
+            # whole appends only: a batch is never cut (bulk producers' batches go the normal way,
+            # where one ConsumeQueue read serves any part of them)
+            if first != want or count + n > max_nums or phys + nbytes > limit:
                 break
             mf = mfq.find_mapped_file_by_offset(phys)
             if mf is None:                 # cleaned meanwhile: the normal path answers
                 break
-            data = mf.read(phys - mf.file_from_offset, nbytes)
-            skip, take = want - first, min(first + n - want, max_nums - count)
-            if skip or take < n:           # part of a batch: cut at record boundaries
-                data = _records_slice(data, skip, take)
-            parts.append(data)
-            count += take
-            size += len(data)
-            want += take
-            if count >= max_nums:
-                break
+            parts.append(mf.read(phys - mf.file_from_offset, nbytes))
+            count += n
+            size += nbytes
+            want += n
         if not count:
             return None
         return (parts[0] if len(parts) == 1 else b"".join(parts)), count, size

@@ -10,9 +10,9 @@ Hops, in path order (``HOPS``; the names the issue gives them):
 ==================  =========================================================================
 client enqueue      send call -> the message handed to the producer's I/O thread
 client I/O thread   -> its request written to the broker's socket
-to broker           -> the broker's poll returned with it (transport + the broker's loop)
-broker append       -> appended to the CommitLog (decode, checks, append; earlier requests
-                    of the same poll turn included)
+to broker           -> the broker's send handler started on it (transport, and the wait behind
+                    the requests the broker's loop handles before it)
+broker append       -> appended to the CommitLog (checks, encode, append)
 to reput            -> reput's poll returned with the append announcement (PUB/SUB hop; the
                     broker announces after its poll turn)
 reput dispatch      -> ConsumeQueue entries written (reput's 1 ms coalescing included)

@@ -122,10 +122,10 @@ def test_held_pull_answered_from_the_append(stopped_reput):
         assert bytes(normal.bodies[0]) == fast_bytes + second_bytes
 
 
-def test_batch_send_cut_at_record_boundaries(stopped_reput):
+def test_batch_send_served_whole_never_cut(stopped_reput):
     """A SEND_BATCH_MESSAGE's records go out in one reply (nextBeginOffset = first + count); a pull
-    asking for fewer gets the first records, one starting inside the batch the rest, each the
-    same bytes a normal pull returns once reput has dispatched."""
+    that wants fewer, or starts inside the batch, waits for reput (a batch is never cut), and then
+    gets the same bytes."""
     from rmq.client.message import Message
     from rmq.client.producer import ProducerOptions, batch_body_of, prepare_message
     addr = stopped_reput.broker
@@ -137,19 +137,19 @@ def test_batch_send_cut_at_record_boundaries(stopped_reput):
         r = rc.invoke(addr, Frame(RequestCode.SEND_BATCH_MESSAGE, fields={
             "producerGroup": "pg", "topic": TOPIC, "queueId": 0, "bornTimestamp": 1}, bodies=[body]))
         assert r.code == ResponseCode.SUCCESS, r.remark
-        got = {}
-        for name, h, want_next, want in (("whole", whole, 3, [b"b0", b"b1", b"b2"]), ("small", small, 2, [b"b0", b"b1"])):
-            resp = h.result()
-            assert resp.code == ResponseCode.SUCCESS and resp.fields["nextBeginOffset"] == want_next, name
-            got[name] = bytes(resp.bodies[0])
-            assert [m.body for m in cl.decode_records(got[name], check_crc=True)] == want, name
-        inside = pull(rc, addr, TOPIC, 0, 1)                 # starts inside the batch, reput stopped
-        assert inside.code == ResponseCode.SUCCESS and inside.fields["nextBeginOffset"] == 3
-        assert [m.queue_offset for m in cl.decode_records(bytes(inside.bodies[0]))] == [1, 2]
-        assert got["whole"].endswith(bytes(inside.bodies[0])) and got["whole"].startswith(got["small"])
+        resp = whole.result()
+        assert resp.code == ResponseCode.SUCCESS and resp.fields["nextBeginOffset"] == 3
+        whole_bytes = bytes(resp.bodies[0])
+        assert [m.body for m in cl.decode_records(whole_bytes, check_crc=True)] == [b"b0", b"b1", b"b2"]
+        assert parked(addr) == 1                            # the maxMsgNums=2 pull waits for reput
+        inside = pull(rc, addr, TOPIC, 0, 1)                # inside the batch: nothing yet, not "moved"
+        assert inside.code == ResponseCode.PULL_NOT_FOUND and inside.fields["nextBeginOffset"] == 1
         os.kill(stopped_reput.pids()["reput"], signal.SIGCONT)
+        resp = small.result()
+        assert resp.code == ResponseCode.SUCCESS and resp.fields["nextBeginOffset"] == 2
         normal = wait_for(lambda: (lambda x: x if x.code == ResponseCode.SUCCESS else None)(pull(rc, addr, TOPIC, 0, 0)))
-        assert bytes(normal.bodies[0]) == got["whole"]
+        assert bytes(normal.bodies[0]) == whole_bytes
+        assert whole_bytes.startswith(bytes(resp.bodies[0]))
 
 
 def test_tag_filtered_pull_left_to_reput(stopped_reput):
@@ -226,7 +226,9 @@ def test_push_consumer_with_reput_stopped_then_resumed(stopped_reput):
     try:
         wait_for(lambda: consumer.assigned_message_queues(TOPIC))
         wait_for(lambda: parked(c.broker) >= 1)      # its pull is held at the tail
-        with Producer(c.namesrv_addr, group="wake-pg") as p:
+        # batch_size=0: one SEND_MESSAGE per message, so the burst's appends are whole ones a pull
+        # can take up to maxMsgNums of (a producer batch bigger than that waits for reput)
+        with Producer(c.namesrv_addr, group="wake-pg", batch_size=0) as p:
             for i in range(20):               # one at a time: each wakes the held pull
                 p.send(Message(TOPIC, b"m%d" % i))
                 wait_for(lambda: len(got) == i + 1)
