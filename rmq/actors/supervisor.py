@@ -554,10 +554,14 @@ class Supervisor:
         child = self._spawn(name)
         deadline = time.monotonic() + self.ready_timeout_s
         why = ""
+        told = False
         while not child.ready:
-            if self.stop_requested:
-                why = "stop requested while it was starting"
-                break
+            if self.stop_requested and not told:
+                # Not yet ready means no SIGTERM handler yet (imports, recovery): a SIGTERM now kills
+                # it mid-recovery.  Let it finish starting (bounded by the ready timeout); the ordered
+                # stop then stops it like the others.
+                log.info("%s (pid %d) is still starting: the stop waits for it to be ready", name, child.pid)
+                told = True
             if child.proc.poll() is not None:
                 self._drain(child)
                 if not child.ready:
@@ -587,6 +591,8 @@ class Supervisor:
     def _start_all(self) -> bool:
         for group in self.groups:
             for name in group.members:
+                if self.stop_requested:
+                    return False
                 child, why = self._start_actor(name)
                 if child is None:
                     if not self.stop_requested:

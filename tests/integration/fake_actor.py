@@ -19,6 +19,9 @@ Behaviour switches (environment, ``name:seconds[:once]`` entries separated by ',
     FAKE_ACTOR_HANG       block the event loop after ``seconds`` (no beats, SIGTERM ignored)
     FAKE_ACTOR_SLOW_STOP  take ``seconds`` to stop after SIGTERM
     FAKE_ACTOR_NO_READY   names that never print ``ready``
+    FAKE_ACTOR_SLOW_START sleep ``seconds`` before the actor installs its signal handlers (a real
+                          actor's imports and recovery: SIGTERM kills it then); ``restart``: every
+                          start but the first
 """
 import argparse
 import json
@@ -134,6 +137,15 @@ def main(argv=None):
         p.add_argument("--listen-port", type=int, required=True)
         p.add_argument("--namesrv-addr", required=True)
     args = p.parse_args(argv)
+    for entry in os.environ.get("FAKE_ACTOR_SLOW_START", "").split(","):
+        parts = entry.strip().split(":")
+        if parts[0] != name:
+            continue
+        marker = os.path.join(args.store_path, f"fake-{name}.spawned")
+        if parts[2:] != ["restart"] or os.path.exists(marker):
+            record(args.store_path, "slow-start", name)
+            time.sleep(float(parts[1]))
+        open(marker, "w").close()
     FakeActor(name, args).run()
     return 0
 

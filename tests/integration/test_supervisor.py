@@ -364,6 +364,21 @@ def test_hung_actor_is_killed_and_restarted(supervisor, store):
     assert sup.stop() == 0
 
 
+def test_stop_during_a_restart_waits_for_the_starting_actor(supervisor, store):
+    """A stop that lands while a restarted actor is still starting (its SIGTERM handler not yet
+    installed) waits for it to be ready, then stops it cleanly: no actor is killed mid-recovery."""
+    sup = supervisor("--restart-backoff-ms", "100",
+                     env={"FAKE_ACTOR_CRASH": "flush:0.3:once", "FAKE_ACTOR_SLOW_START": "flush:3:restart"})
+    started = sup.ready()
+    wait_for(lambda: ("slow-start", "flush") in [(k, n) for k, n, _ in events(store)], what="flush restarting")
+    assert sup.stop() == 0, sup.stderr()
+    assert "is still starting: the stop waits" in log_text(store)
+    restarted = [p for n, p in of(events(store), "start") if n == "flush"]
+    assert len(restarted) == 2 and restarted[0] == started["flush"][0]
+    assert ("flush", restarted[1]) in of(events(store), "stop")
+    assert not os.path.exists(os.path.join(store, "abort"))
+
+
 def test_actor_not_ready_in_time_stops_what_started(supervisor, store):
     sup = supervisor("--ready-timeout-s", "2", env={"FAKE_ACTOR_NO_READY": "flush"})
     assert sup.wait() == 1
