@@ -30,6 +30,7 @@ import os
 import re
 from typing import Any, Mapping, Optional
 
+from rmq.metrics import MetricsConfigError, metrics_settings
 from rmq.security import SecurityError, check_auth_properties
 from rmq.store.config import BROKER_ROLES, FLUSH_DISK_TYPES
 
@@ -191,6 +192,10 @@ def broker_settings(props: Optional[Mapping[str, Any]] = None,
         if v not in allowed:
             raise BrokerConfError(f"{key} must be one of {', '.join(allowed)}, got {v!r}")
         s[key] = v
+    try:     # metricsExporterType / metricsPromExporterPort / metricsPromExporterHost / metricsLabel
+        metrics_settings(s)
+    except MetricsConfigError as e:
+        raise BrokerConfError(str(e)) from None
     try:     # authEnable / authServerKeyFile / authClientKeysDir / authAdminKeysDir (rmq.security)
         check_auth_properties(s)
     except SecurityError as e:

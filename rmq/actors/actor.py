@@ -59,7 +59,8 @@ def poll_timeout_ms(now: float, next_due: Optional[float], max_wait_ms: float) -
 class Reply:
     """Where a request's response goes: socket + routing envelope + opaque."""
 
-    __slots__ = ("socket", "envelope", "opaque", "oneway", "sent", "received_at")
+    __slots__ = ("socket", "envelope", "opaque", "oneway", "sent", "received_at", "request_code", "held",
+                 "observer")
 
     def __init__(self, socket: zmq.Socket, envelope: list, opaque: int, oneway: bool):
         self.socket = socket
@@ -68,6 +69,10 @@ class Reply:
         self.oneway = oneway
         self.sent = False
         self.received_at = time.monotonic()
+        self.request_code = 0
+        self.held = False           # answered later (a long-polling pull, a parked sync send)
+        # observer(request code, response code, ms since received, held, result): RPC metrics
+        self.observer: Optional[Callable] = None
 
     def send(self, frame: Frame) -> None:
         """Send ``frame`` as the response (once; one-way requests get none)."""
@@ -81,15 +86,21 @@ class Reply:
             parts = P.encode(frame)
         except ProtocolError as e:
             parts = P.encode(Frame(ResponseCode.SYSTEM_ERROR, self.opaque, P.FLAG_RESPONSE, e.remark))
+        result = "success"
         try:
             self.socket.send_multipart(self.envelope + parts, flags=zmq.NOBLOCK, copy=False)
         except zmq.Again:
+            result = "write_channel_failed"
             logging.getLogger("rmq.actor").warning("reply to %r dropped: peer queue full", self.envelope[:1])
         except zmq.ZMQError as e:   # peer gone (ROUTER_MANDATORY) or socket closed
+            result = "write_channel_failed"
             # a client that closed with a request in flight (a parked long-poll pull) is routine
             level = logging.INFO if e.errno == zmq.EHOSTUNREACH else logging.WARNING
             logging.getLogger("rmq.actor").log(level, "reply dropped (code %s, opaque %s): %s",
                                                frame.code, self.opaque, e)
+        if self.observer is not None:
+            self.observer(self.request_code, frame.code, (time.monotonic() - self.received_at) * 1000.0,
+                          self.held, result)
 
     def error(self, code: int, remark: str) -> None:
         self.send(Frame(int(code), remark=remark))
@@ -111,6 +122,9 @@ class Actor:
         self.poller = zmq.Poller()
         self._socket_handlers: dict[zmq.Socket, Callable[[list], None]] = {}
         self._request_handlers: dict[int, Handler] = {}
+        # RPC metrics: requests on these sockets get their Reply observed (rmq.metrics)
+        self.rpc_observer: Optional[Callable] = None
+        self._observed_socks: set = set()
         self._timers: list = []
         self._timer_seq = itertools.count()
         self._running = False
@@ -234,6 +248,9 @@ class Actor:
             self.on_response(frame)
             return
         reply = Reply(sock, envelope, frame.opaque, frame.is_oneway)
+        if self.rpc_observer is not None and sock in self._observed_socks:
+            reply.request_code = frame.code
+            reply.observer = self.rpc_observer
         policy = self._sock_policy.get(sock) if self._sock_policy else None
         if policy is not None and (policy == "curve" or frame.code in S.RESTRICTED_CODES):
             denied = self._denied(policy, frame.code, rest[0])
@@ -263,6 +280,11 @@ class Actor:
             return
         if resp is not None:
             reply.send(resp)
+        if reply.observer is not None:
+            if reply.oneway:
+                reply.observer(frame.code, -1, (time.monotonic() - reply.received_at) * 1000.0, False, "oneway")
+            elif not reply.sent:
+                reply.held = True
 
     def _denied(self, policy: str, code: int, part) -> str:
         """Why a request on a tcp listener is refused ("" = allowed); see rmq.security."""
@@ -330,6 +352,9 @@ class Actor:
             self.ctx.destroy(linger=0)
             raise SystemExit(f"{self.name}: refusing to start: {e}") from None
         self._running = True
+        if self.store_path:
+            from rmq.metrics import write_pid_file      # the broker's metrics find the group's actors so
+            write_pid_file(self.store_path, self.name)
         try:
             if self.supervisor_endpoint:
                 self._beat_socket = self.socket(zmq.DEALER, connect=self.supervisor_endpoint, secure=False)

@@ -98,6 +98,7 @@ class FlushActor(FollowerActor):
             if self.flush_error and now - self._last_error_announce >= 1.0:
                 self._announce_error()        # repeated: a one-way message may be dropped
             return
+        t0 = time.monotonic()
         try:
             self.commitlog.flush(least_pages)
         except StoreError as e:
@@ -109,7 +110,9 @@ class FlushActor(FollowerActor):
         flushed = self.commitlog.flushed_where
         if flushed != self.announced_flushed:
             self.announced_flushed = flushed
-            self.tell_broker(RequestCode.FLUSH_ANNOUNCE, {"flushed": flushed})
+            # flushUs: how long the msync took (the broker's rocketmq_storage_flush_latency)
+            self.tell_broker(RequestCode.FLUSH_ANNOUNCE,
+                             {"flushed": flushed, "flushUs": int((time.monotonic() - t0) * 1e6)})
             self._checkpoint(flushed)
 
     def _announce_error(self) -> None:

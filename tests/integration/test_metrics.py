@@ -1,0 +1,183 @@
+"""Prometheus metrics of a real broker group (rmq.metrics): RocketMQ 5's names, exact counts."""
+import time
+import urllib.request
+
+import msgpack
+import subprocess
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from rmq._core import commitlog as cl
+from rmq.broker_conf import BrokerConfError, broker_settings
+from rmq.client.remoting import RemotingClient
+from rmq.metrics import (DEFAULT_METRICS_PROM_EXPORTER_PORT, MAX_METRICS_LABELS, MetricsConfigError,
+                         lag_rows, message_type, metrics_settings)
+from rmq.protocol import Frame, RequestCode, ResponseCode
+from rmq.launch import child_env, python_cmd
+from rmq.testing import broker_runtime_info
+from tests.integration.cluster import Cluster
+from tests.integration.test_broker import pull, send, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    c = Cluster(tmp_path_factory.mktemp("metrics") / "store", with_namesrv=False,
+                conf={"metricsExporterType": "PROM", "metricsPromExporterPort": "0",
+                      "metricsPromExporterHost": "127.0.0.1", "metricsLabel": "env:test,dc:local"})
+    yield c
+    c.close()
+
+
+def scrape(url):
+    with urllib.request.urlopen(url, timeout=10) as r:
+        assert r.status == 200
+        text = r.read().decode()
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out.setdefault(s.name, []).append((s.labels, s.value))
+    return out
+
+
+def value(samples, name, **labels):
+    """Sum of the samples of ``name`` whose labels include ``labels``."""
+    return sum(v for lab, v in samples.get(name, []) if all(lab.get(k) == w for k, w in labels.items()))
+
+
+@pytest.fixture(scope="module")
+def url(cluster):
+    u = broker_runtime_info(cluster.broker)["metricsUrl"]
+    assert u.startswith("http://127.0.0.1:") and u.endswith("/metrics")
+    return u
+
+
+def test_counts_are_exact_and_named_as_rocketmq(cluster, url):
+    n = 137
+    with RemotingClient() as rc:
+        for i in range(n):
+            assert send(rc, cluster.broker, "MetricsT", b"m%03d" % i, i % 2).code == ResponseCode.SUCCESS
+        delayed = rc.invoke(cluster.broker, Frame(RequestCode.SEND_MESSAGE, fields={
+            "producerGroup": "pg", "topic": "MetricsT", "queueId": 0, "properties": {"DELAY": "1"}},
+            bodies=[b"later"]))
+        assert delayed.code == ResponseCode.SUCCESS
+        got = 0
+        for q in (0, 1):
+            off = 0
+            while True:
+                r = pull(rc, cluster.broker, "MetricsT", q, off)
+                if r.code != ResponseCode.SUCCESS:
+                    break
+                got += len(cl.decode_records(bytes(r.bodies[0])))
+                off = r.fields["nextBeginOffset"]
+    assert got == n
+    m = scrape(url)
+    common = {"cluster": "TestCluster", "node_type": "broker", "node_id": "broker-a", "env": "test", "dc": "local"}
+    assert value(m, "rocketmq_messages_in_total", topic="MetricsT", message_type="normal", is_system="false",
+                 **common) == n
+    assert value(m, "rocketmq_messages_in_total", topic="MetricsT", message_type="delay") == 1
+    assert value(m, "rocketmq_throughput_in_total", topic="MetricsT", message_type="normal") > n * 4
+    assert value(m, "rocketmq_message_size_count", topic="MetricsT", message_type="normal") == n
+    assert value(m, "rocketmq_message_size_bucket", topic="MetricsT", message_type="normal", le="1024.0") == n
+    assert value(m, "rocketmq_messages_out_total", topic="MetricsT", consumer_group="cg") == n
+    assert value(m, "rocketmq_throughput_out_total", topic="MetricsT", consumer_group="cg") > n * 4
+    # every send was answered, so observed; protocol_type / result as RocketMQ's RemotingMetricsManager
+    assert value(m, "rocketmq_rpc_latency_count", request_code="send_message", response_code="success",
+                 protocol_type="remoting", result="success", is_long_polling="false") == n + 1
+    assert value(m, "rocketmq_topic_number") >= 1
+    assert value(m, "rocketmq_storage_size", storage_type="local") > 0
+    assert "rocketmq_storage_dispatch_behind_bytes" in m and "rocketmq_storage_flush_behind_bytes" in m
+    assert value(m, "rocketmq_storage_message_reserve_time") >= 0
+    actors = {lab["actor"] for lab, _ in m["rocketmq_actor_resident_memory_bytes"]}
+    assert {"broker", "reput", "flush"} <= actors
+    assert value(m, "rocketmq_actor_cpu_seconds_total", actor="broker") > 0
+    # the flush actor's msyncs (flushIntervalCommitLog): latency and bytes per group commit
+    m = wait_for(lambda: (lambda s: s if value(s, "rocketmq_storage_group_commit_size_count") >= 1 else None)(
+        scrape(url)))
+    assert value(m, "rocketmq_storage_flush_latency_count") >= 1
+    assert value(m, "rocketmq_storage_group_commit_size_sum") > 0
+
+
+def test_consumer_lag_inflight_and_ready(cluster, url):
+    with RemotingClient() as rc:
+        for i in range(10):
+            assert send(rc, cluster.broker, "LagT", b"x" * 10, 0).code == ResponseCode.SUCCESS
+        # committed 3, pulled up to 7: lag 7, inflight 4, ready 3 (once reput dispatched all 10)
+        wait_for(lambda: rc.invoke(cluster.broker, Frame(RequestCode.GET_MAX_OFFSET, fields={
+            "topic": "LagT", "queueId": 0})).fields.get("offset") == 10)
+        r = pull(rc, cluster.broker, "LagT", 0, 0, max_nums=7)
+        assert r.code == ResponseCode.SUCCESS and r.fields["nextBeginOffset"] == 7
+        assert rc.invoke(cluster.broker, Frame(RequestCode.UPDATE_CONSUMER_OFFSET, fields={
+            "consumerGroup": "cg", "topic": "LagT", "queueId": 0, "commitOffset": 3})).code == 0
+        labels = {"consumer_group": "cg", "topic": "LagT", "is_retry": "false", "is_system": "false"}
+        m = wait_for(lambda: (lambda s: s if value(s, "rocketmq_consumer_lag_messages", **labels) == 7 else None)(
+            scrape(url)))
+        assert value(m, "rocketmq_consumer_inflight_messages", **labels) == 4
+        assert value(m, "rocketmq_consumer_ready_messages", **labels) == 3
+        assert value(m, "rocketmq_consumer_lag_latency", **labels) >= 0
+        # a consumer registered by heartbeat is counted, with its consume mode
+        hb = {"clientID": "c-metrics", "consumerDataSet": [{"groupName": "cg", "consumeType": "CONSUME_ACTIVELY",
+                                                            "subscriptionDataSet": []}], "producerDataSet": []}
+        assert rc.invoke(cluster.broker, Frame(RequestCode.HEART_BEAT, bodies=[msgpack.packb(hb)])).code == 0
+        m = scrape(url)
+        assert value(m, "rocketmq_consumer_connections", consumer_group="cg", consume_mode="pull") == 1
+
+
+def test_held_pull_is_observed_as_long_polling(cluster, url):
+    with RemotingClient() as rc:
+        assert send(rc, cluster.broker, "HoldT", b"a", 0).code == ResponseCode.SUCCESS
+        r = pull(rc, cluster.broker, "HoldT", 0, 1, suspend_ms=300, timeout_ms=5000)
+        assert r.code == ResponseCode.PULL_NOT_FOUND
+    m = scrape(url)
+    assert value(m, "rocketmq_rpc_latency_count", request_code="pull_message", is_long_polling="true") >= 1
+    # the held pull waited its suspend time: its latency is in a bucket above 100 ms
+    assert value(m, "rocketmq_rpc_latency_bucket", request_code="pull_message", is_long_polling="true",
+                 le="100.0") == 0
+
+
+def test_settings_are_checked():
+    s = metrics_settings({})
+    assert (s.exporter_type, s.port, s.enabled) == ("DISABLE", DEFAULT_METRICS_PROM_EXPORTER_PORT, False)
+    assert metrics_settings({"metricsExporterType": "prom", "brokerIP1": "10.0.0.5"}).host == "10.0.0.5"
+    for bad, why in (({"metricsExporterType": "OTLP_GRPC"}, "not supported by rmq"),
+                     ({"metricsExporterType": "STATSD"}, "must be one of"),
+                     ({"metricsPromExporterPort": "70000"}, "0..65535"),
+                     ({"metricsPromExporterPort": "x"}, "0..65535"),
+                     ({"metricsLabel": "novalue"}, "key:value"),
+                     ({"metricsLabel": "cluster:x"}, "other than"),
+                     ({"metricsLabel": "a-b:x"}, "key:value"),
+                     ({"metricsLabel": ",".join(f"k{i}:v" for i in range(MAX_METRICS_LABELS + 1))}, "at most")):
+        with pytest.raises(MetricsConfigError, match=why):
+            metrics_settings(bad)
+        with pytest.raises(BrokerConfError, match=why):        # the broker refuses to start on it
+            broker_settings(bad)
+
+
+def test_message_type_and_lag_rows():
+    assert message_type(None) == "normal"
+    assert message_type({"TRAN_MSG": "true"}) == "transaction"
+    assert message_type({}, transaction_prepared=True) == "transaction"
+    assert message_type({"__SHARDINGKEY": "k"}) == "fifo"
+    assert message_type({"DELAY": "3"}) == "delay"
+    rows = lag_rows({"T@g": {0: 2, 1: 5}, "broken": {0: 1}}, {("g", "T", 0): 4},
+                    max_offset=lambda t, q: 10, store_time=lambda t, q, o: 1000 + o)
+    # queue 0: committed 2 pulled 4; queue 1: committed 5, pulled 5 (nothing pulled since start)
+    assert rows == [("g", "T", 8 + 5, 1002, 2, 6 + 5, 1004)]
+
+
+def test_port_in_use_refuses_to_start(tmp_path, url):
+    """A metrics port another process holds: the broker exits 1 with one clear line (as RocketMQ
+    fails its start), before it says ready."""
+    port = url.rsplit(":", 1)[1].split("/")[0]
+    store = tmp_path / "store"
+    store.mkdir()
+    conf = store / "broker.conf"
+    conf.write_text(f"metricsExporterType=PROM\nmetricsPromExporterPort={port}\nmetricsPromExporterHost=127.0.0.1\n"
+                    f"mappedFileSizeCommitLog=1048576\nmaxHashSlotNum=1000\nmaxIndexNum=4000\n")
+    p = subprocess.run(python_cmd("-m", "rmq.actors.broker", "--store-path", str(store), "-c", str(conf),
+                                  "--listen-port", "0"), capture_output=True, text=True, timeout=60,
+                       env=child_env(None))
+    assert p.returncode == 1, p.stderr
+    assert "ready" not in p.stdout
+    assert f"cannot serve metrics on 127.0.0.1:{port} (metricsPromExporterPort)" in p.stderr
