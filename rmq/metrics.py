@@ -45,6 +45,7 @@ log = logging.getLogger("rmq.metrics")
 METRICS_EXPORTER_TYPES = ("DISABLE", "OTLP_GRPC", "PROM", "LOG")    # RocketMQ 5 MetricsExporterType
 SUPPORTED_EXPORTER_TYPES = ("DISABLE", "PROM")
 DEFAULT_METRICS_PROM_EXPORTER_PORT = 5557          # BrokerConfig.metricsPromExporterPort
+DEFAULT_NAMESRV_METRICS_PROM_EXPORTER_PORT = 5558  # rmq: namesrvMetricsPromExporterPort (RocketMQ's has none)
 SCRAPE_TIMEOUT_S = 5.0          # a scrape waits this long for the broker's loop, then answers without gauges
 MAX_METRICS_LABELS = 16         # metricsLabel pairs
 LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
@@ -122,6 +123,28 @@ def metrics_settings(settings: Mapping) -> MetricsSettings:
     if len(labels) > MAX_METRICS_LABELS:
         raise MetricsConfigError(f"metricsLabel has {len(labels)} labels; at most {MAX_METRICS_LABELS}")
     return MetricsSettings(kind, host, port, labels)
+
+
+def namesrv_metrics_settings(props: Mapping, port: Optional[int] = None, listen_addr: str = "127.0.0.1"
+                             ) -> MetricsSettings:
+    """A NameServer's metrics settings: ``port`` (``--metrics-port``) turns them on; else the
+    properties file's ``metricsExporterType=PROM`` does, on ``namesrvMetricsPromExporterPort``
+    (default :data:`DEFAULT_NAMESRV_METRICS_PROM_EXPORTER_PORT`).  Host: ``metricsPromExporterHost``,
+    else the NameServer's listen address.
+
+    Raises
+    ------
+    MetricsConfigError
+        As :func:`metrics_settings`; or a port outside 0..65535.
+    """
+    s = metrics_settings({**props, "metricsPromExporterPort": props.get("namesrvMetricsPromExporterPort",
+                                                                        DEFAULT_NAMESRV_METRICS_PROM_EXPORTER_PORT),
+                          "metricsPromExporterHost": props.get("metricsPromExporterHost") or listen_addr})
+    if port is not None:
+        if not 0 <= port <= 65535:
+            raise MetricsConfigError(f"--metrics-port must be 0..65535, got {port}")
+        s.exporter_type, s.port = "PROM", port
+    return s
 
 
 def is_retry_or_dlq_topic(topic: str) -> bool:
@@ -275,29 +298,111 @@ class _BridgedCollector:
             return []
 
 
-# -- the broker's metrics ---------------------------------------------------------------------------------------
-class BrokerMetrics:
-    """The registry of one broker group and its scrape endpoint.
+# -- an actor's metrics: registry, scrape endpoint, RPC latency ----------------------------------------------------
+class ActorMetrics:
+    """The registry of one actor process (the broker for its group, or a NameServer) and its
+    scrape endpoint.
 
     Parameters
     ----------
     settings : MetricsSettings
+    node_type : str
+        ``broker`` or ``nameserver`` (RocketMQ's ``node_type`` label).
     cluster, node_id : str
-        Common labels (``cluster`` = brokerClusterName, ``node_id`` = brokerName, ``node_type`` =
-        broker), plus ``settings.labels``.
+        Common labels (``cluster`` = brokerClusterName, ``node_id`` = brokerName or the
+        NameServer's address), plus ``settings.labels``.
     ctx : zmq.Context
         The actor's context (for the scrape hand-off).
     gauges : callable
-        ``gauges(metrics) -> list`` of prometheus-client metric families, run in the actor's loop.
+        ``gauges(metrics) -> list`` of prometheus-client metric families, run in the actor's loop
+        at each scrape.
     """
 
-    def __init__(self, settings: MetricsSettings, cluster: str, node_id: str, ctx: zmq.Context,
-                 gauges: Callable[["BrokerMetrics"], list]):
+    def __init__(self, settings: MetricsSettings, node_type: str, cluster: str, node_id: str, ctx: zmq.Context,
+                 gauges: Callable[["ActorMetrics"], list]):
         self.settings = settings
-        self.common = {"cluster": cluster, "node_type": "broker", "node_id": node_id, **settings.labels}
+        self.common = {"cluster": cluster, "node_type": node_type, "node_id": node_id, **settings.labels}
         self.common_names = list(self.common)
         self.common_values = [str(v) for v in self.common.values()]
         self.registry = CollectorRegistry(auto_describe=False)
+        self.rpc_latency = Histogram("rocketmq_rpc_latency", "Request latency in the actor (milliseconds)",
+                                     self.common_names + ["protocol_type", "request_code", "response_code",
+                                                          "is_long_polling", "result"],
+                                     buckets=RPC_LATENCY_BUCKETS_MS, registry=self.registry)
+        self._children: dict = {}
+        self.bridge = LoopBridge(ctx, lambda: gauges(self))
+        self.registry.register(_BridgedCollector(self.bridge))
+        self.server = None
+        self.port = 0
+
+    def start(self) -> int:
+        """Serve ``GET /metrics`` on (host, port); returns the bound port.  Raises OSError when the
+        address is taken (the actor refuses to start: RocketMQ does the same)."""
+        self.server, _thread = start_http_server(self.settings.port, self.settings.host, registry=self.registry)
+        self.port = self.server.server_port
+        return self.port
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+            self.server = None
+        self.bridge.close()
+
+    def _child(self, metric, *values):
+        key = (id(metric), values)
+        c = self._children.get(key)
+        if c is None:
+            c = self._children[key] = metric.labels(*self.common_values, *values)
+        return c
+
+    def on_rpc(self, request_code: str, response_code: str, ms: float, long_polling: bool, result: str) -> None:
+        self._child(self.rpc_latency, "remoting", request_code, response_code, _bool(long_polling),
+                    result).observe(ms)
+
+    # -- gauge helpers (for the gauges callable) ------------------------------------------------------------
+    def gauge(self, name: str, doc: str, labels: Iterable[str] = ()) -> GaugeMetricFamily:
+        return GaugeMetricFamily(name, doc, labels=self.common_names + list(labels))
+
+    def counter(self, name: str, doc: str, labels: Iterable[str] = ()) -> CounterMetricFamily:
+        return CounterMetricFamily(name, doc, labels=self.common_names + list(labels))
+
+    def values(self, *extra) -> list:
+        return self.common_values + [str(v) for v in extra]
+
+
+class RpcObserver:
+    """``Reply.observer`` for an actor: request / response codes named as RocketMQ's enums
+    (lower case), then :meth:`ActorMetrics.on_rpc`."""
+
+    def __init__(self, metrics: ActorMetrics, request_codes, response_codes):
+        self.metrics = metrics
+        self.request_codes = request_codes
+        self.response_codes = response_codes
+        self._names: dict = {}
+
+    def _name(self, enum, code: int) -> str:
+        key = (enum, code)
+        n = self._names.get(key)
+        if n is None:
+            try:
+                n = enum(code).name.lower()
+            except ValueError:
+                n = "none" if code < 0 else str(code)
+            self._names[key] = n
+        return n
+
+    def __call__(self, request_code: int, response_code: int, ms: float, held: bool, result: str) -> None:
+        self.metrics.on_rpc(self._name(self.request_codes, request_code),
+                            self._name(self.response_codes, response_code), ms, held, result)
+
+
+class BrokerMetrics(ActorMetrics):
+    """:class:`ActorMetrics` of a broker group, with the broker's counters and histograms."""
+
+    def __init__(self, settings: MetricsSettings, cluster: str, node_id: str, ctx: zmq.Context,
+                 gauges: Callable[["ActorMetrics"], list]):
+        super().__init__(settings, "broker", cluster, node_id, ctx, gauges)
         base = self.common_names
         r = self.registry
         self.messages_in = Counter("rocketmq_messages_in", "Total number of incoming messages",
@@ -313,43 +418,12 @@ class BrokerMetrics:
                                       base + ["topic", "consumer_group", "is_system"], registry=r)
         self.send_to_dlq = Counter("rocketmq_send_to_dlq_messages", "Consumer send to DLQ messages",
                                    base + ["topic", "consumer_group", "is_system"], registry=r)
-        self.rpc_latency = Histogram("rocketmq_rpc_latency", "Request latency in the broker (milliseconds)",
-                                     base + ["protocol_type", "request_code", "response_code", "is_long_polling",
-                                             "result"], buckets=RPC_LATENCY_BUCKETS_MS, registry=r)
         self.flush_latency = Histogram("rocketmq_storage_flush_latency",
                                        "CommitLog flush (msync) latency of the flush actor (milliseconds)",
                                        base, buckets=FLUSH_LATENCY_BUCKETS_MS, registry=r)
         self.group_commit_size = Histogram("rocketmq_storage_group_commit_size",
                                            "Bytes made durable by one flush (group commit)", base,
                                            buckets=GROUP_COMMIT_BUCKETS, registry=r)
-        self._children: dict = {}
-        self.bridge = LoopBridge(ctx, lambda: gauges(self))
-        self.registry.register(_BridgedCollector(self.bridge))
-        self.server = None
-        self.port = 0
-
-    # -- serving -----------------------------------------------------------------------------
-    def start(self) -> int:
-        """Serve ``GET /metrics`` on (host, port); returns the bound port.  Raises OSError when the
-        address is taken (the broker refuses to start: RocketMQ does the same)."""
-        self.server, _thread = start_http_server(self.settings.port, self.settings.host, registry=self.registry)
-        self.port = self.server.server_port
-        return self.port
-
-    def stop(self) -> None:
-        if self.server is not None:
-            self.server.shutdown()
-            self.server.server_close()
-            self.server = None
-        self.bridge.close()
-
-    # -- recording (the actor's loop) ---------------------------------------------------------------
-    def _child(self, metric, *values):
-        key = (id(metric), values)
-        c = self._children.get(key)
-        if c is None:
-            c = self._children[key] = metric.labels(*self.common_values, *values)
-        return c
 
     def on_put(self, topic: str, mtype: str, msgs: int, wrote_bytes: int) -> None:
         """A successful send of ``msgs`` messages, ``wrote_bytes`` stored (SendMessageProcessor)."""
@@ -372,24 +446,10 @@ class BrokerMetrics:
         """A message moved to ``%DLQ%group`` after maxReconsumeTimes."""
         self._child(self.send_to_dlq, topic, group, _bool(is_system_topic(topic) or is_system_group(group))).inc()
 
-    def on_rpc(self, request_code: str, response_code: str, ms: float, long_polling: bool, result: str) -> None:
-        self._child(self.rpc_latency, "remoting", request_code, response_code, _bool(long_polling),
-                    result).observe(ms)
-
     def on_flush(self, ms: float, nbytes: int) -> None:
         self._child(self.flush_latency).observe(ms)
         if nbytes > 0:
             self._child(self.group_commit_size).observe(nbytes)
-
-    # -- gauge helpers (for the gauges callable) ------------------------------------------------------------
-    def gauge(self, name: str, doc: str, labels: Iterable[str] = ()) -> GaugeMetricFamily:
-        return GaugeMetricFamily(name, doc, labels=self.common_names + list(labels))
-
-    def counter(self, name: str, doc: str, labels: Iterable[str] = ()) -> CounterMetricFamily:
-        return CounterMetricFamily(name, doc, labels=self.common_names + list(labels))
-
-    def values(self, *extra) -> list:
-        return self.common_values + [str(v) for v in extra]
 
 
 def lag_rows(offset_table: Mapping[str, Mapping[int, int]], pull_offsets: Mapping[tuple, int],

@@ -222,7 +222,6 @@ class BrokerActor(Actor):
         self.metrics: Optional[M.BrokerMetrics] = None
         self.pull_offsets: dict[tuple, int] = {}   # (group, topic, queueId) -> next offset pulled (metrics)
         self.recovery_ms = 0.0
-        self._code_names: dict = {}
 
     # -- lifecycle --------------------------------------------------------------------
     def _load_role_override(self) -> None:
@@ -332,7 +331,7 @@ class BrokerActor(Actor):
         except OSError as e:
             raise SystemExit(f"broker: cannot serve metrics on {self.metrics_settings.host}:"
                              f"{self.metrics_settings.port} (metricsPromExporterPort): {e}") from None
-        self.rpc_observer = self._observe_rpc
+        self.rpc_observer = M.RpcObserver(self.metrics, RequestCode, ResponseCode)
         self._observed_socks = {self.client_sock}
         self.log.info("metrics: http://%s:%d/metrics", self.metrics_settings.host, port)
 
@@ -1425,24 +1424,6 @@ class BrokerActor(Actor):
                             for k in ("pushedBytes", "appliedBytes", "handshakes", "resets", "dropped")}}
 
     # -- metrics (rmq.metrics) ------------------------------------------------------------------
-    def _observe_rpc(self, request_code: int, response_code: int, ms: float, held: bool, result: str) -> None:
-        names = self._code_names
-        req = names.get(("q", request_code))
-        if req is None:
-            try:
-                req = RequestCode(request_code).name.lower()
-            except ValueError:
-                req = str(request_code)
-            names[("q", request_code)] = req
-        resp = names.get(("r", response_code))
-        if resp is None:
-            try:
-                resp = ResponseCode(response_code).name.lower()
-            except ValueError:
-                resp = str(response_code)
-            names[("r", response_code)] = resp
-        self.metrics.on_rpc(req, resp, ms, held, result)
-
     def _store_time(self, topic: str, queue_id: int, queue_offset: int) -> int:
         """Store timestamp (ms) of the message at ``queue_offset``, 0 when it is not there."""
         cq = self.store.consume_queue_table.get((topic, queue_id))

@@ -69,6 +69,7 @@ from rmq.actors.actor import Actor
 from rmq.actors.route import BROKER_CHANNEL_EXPIRED_TIME_MS, SCAN_NOT_ACTIVE_BROKER_INTERVAL_MS, RouteInfoManager
 from rmq.clock import SYSTEM_CLOCK, Clock
 from rmq.errors import MessageIllegalError
+from rmq import metrics as M
 from rmq.protocol import (Frame, ProtocolError, RequestCode, ResponseCode, field_int, field_str, pack_body,
                           unpack_body)
 from rmq.store.validators import MAX_QUEUE_NUMS, check_topic
@@ -201,6 +202,8 @@ class NameServerActor(Actor):
         self.route = RouteInfoManager(clock, delete_topic_with_broker_registration=delete_topic_with_broker_registration)
         self.master_epochs: dict[str, int] = {}     # brokerName -> highest master epoch registered (HA fencing)
         self.endpoint = ""
+        self.metrics_settings: Optional["M.MetricsSettings"] = None    # set by main(): --metrics-port / -c
+        self.metrics: Optional["M.ActorMetrics"] = None
 
     def on_start(self) -> None:
         port = "*" if self.listen_port == 0 else str(self.listen_port)
@@ -221,9 +224,39 @@ class NameServerActor(Actor):
         self.add_timer(self.scan_not_active_broker_interval_ms, self.scan_not_active_broker)
         self.log.info("nameserver listening on %s (scan every %d ms, broker expiry %d ms)", self.endpoint,
                       self.scan_not_active_broker_interval_ms, self.broker_channel_expired_time_ms)
+        if self.metrics_settings is not None and self.metrics_settings.enabled:
+            self._start_metrics()
         print("ready", self.endpoint, flush=True)
 
+    def _start_metrics(self) -> None:
+        self.metrics = M.ActorMetrics(self.metrics_settings, "nameserver", "", self.endpoint.replace("tcp://", ""),
+                                      self.ctx, self._metric_gauges)
+        self.add_socket(self.metrics.bridge.socket, self.metrics.bridge.serve)
+        try:
+            port = self.metrics.start()
+        except OSError as e:
+            raise SystemExit(f"nameserver: cannot serve metrics on {self.metrics_settings.host}:"
+                             f"{self.metrics_settings.port}: {e}") from None
+        self.rpc_observer = M.RpcObserver(self.metrics, RequestCode, ResponseCode)
+        self._observed_socks = {self.sock}
+        self.log.info("metrics: http://%s:%d/metrics", self.metrics_settings.host, port)
+
+    def _metric_gauges(self, m: "M.ActorMetrics") -> list:
+        out = []
+        r = self.route
+        for name, doc, n in (("rocketmq_namesrv_broker_number", "Brokers registered and alive",
+                              len(r.broker_live_table)),
+                             ("rocketmq_namesrv_cluster_number", "Clusters known", len(r.cluster_addr_table)),
+                             ("rocketmq_namesrv_topic_number", "Topics with a route", len(r.topic_queue_table))):
+            g = m.gauge(name, doc)
+            g.add_metric(m.values(), n)
+            out.append(g)
+        return out
+
     def on_stop(self) -> None:
+        if self.metrics is not None:
+            self.metrics.stop()
+            self.metrics = None
         self.log.info("nameserver stopping: %d brokers live, %d topics", len(self.route.broker_live_table),
                       len(self.route.topic_queue_table))
 
@@ -339,6 +372,10 @@ def main(argv: Optional[list] = None) -> int:
     p.add_argument("--delete-topic-with-broker-registration", action="store_true",
                    help="a master's changed topic table also removes topics it no longer lists")
     p.add_argument("--supervisor", default=None, help="supervisor endpoint for liveness beats")
+    p.add_argument("--metrics-port", type=int, default=None,
+                   help="serve Prometheus metrics (GET /metrics) on this port, 0 = ephemeral (default: "
+                        f"namesrvMetricsPromExporterPort, {M.DEFAULT_NAMESRV_METRICS_PROM_EXPORTER_PORT}, when the "
+                        "-c file has metricsExporterType=PROM; else off)")
     p.add_argument("-c", "--config", default=None,
                    help="properties file (key=value): authEnable, authServerKeyFile, authClientKeysDir, "
                         "authAdminKeysDir (rmq.security)")
@@ -347,15 +384,23 @@ def main(argv: Optional[list] = None) -> int:
         p.error(f"--listen-port {args.listen_port} outside [0, 65535]")
     if args.scan_interval_ms <= 0 or args.broker_expired_ms <= 0:
         p.error("--scan-interval-ms and --broker-expired-ms must be positive")
-    actor = NameServerActor(args.listen_addr, args.listen_port, args.store_path, args.supervisor,
-                            args.scan_interval_ms, args.broker_expired_ms,
-                            args.delete_topic_with_broker_registration)
+    props: Optional[dict] = None
     if args.config:     # auth hooks: the actor base enforces them (rmq.security)
         from rmq.broker_conf import BrokerConfError, load_broker_conf
         try:
-            actor.auth_props = load_broker_conf(args.config)
+            props = load_broker_conf(args.config)
         except BrokerConfError as e:
             p.error(str(e))
+    try:
+        metrics = M.namesrv_metrics_settings(props or {}, args.metrics_port, args.listen_addr)
+    except M.MetricsConfigError as e:
+        p.error(str(e))
+    actor = NameServerActor(args.listen_addr, args.listen_port, args.store_path, args.supervisor,
+                            args.scan_interval_ms, args.broker_expired_ms,
+                            args.delete_topic_with_broker_registration)
+    if props is not None:
+        actor.auth_props = props
+    actor.metrics_settings = metrics
     actor.run()
     return 0
 

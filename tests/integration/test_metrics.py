@@ -1,8 +1,8 @@
 """Prometheus metrics of a real broker group (rmq.metrics): RocketMQ 5's names, exact counts."""
-import time
 import urllib.request
 
 import msgpack
+import re
 import subprocess
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -181,3 +181,21 @@ def test_port_in_use_refuses_to_start(tmp_path, url):
     assert p.returncode == 1, p.stderr
     assert "ready" not in p.stdout
     assert f"cannot serve metrics on 127.0.0.1:{port} (metricsPromExporterPort)" in p.stderr
+
+
+def test_nameserver_has_its_own_endpoint(tmp_path):
+    """The NameServer serves its own /metrics (--metrics-port): brokers, clusters and topics it
+    routes, and its request latency, in the same naming."""
+    c = Cluster(tmp_path / "store", namesrv_args=("--metrics-port", "0"))
+    try:
+        log_path = tmp_path / "store" / "logs" / "nameserver.log"
+        url = wait_for(lambda: (lambda m: m.group(1) if m else None)(
+            re.search(r"metrics: (http://\S+/metrics)", log_path.read_text() if log_path.exists() else "")))
+        m = wait_for(lambda: (lambda s: s if value(s, "rocketmq_namesrv_broker_number") == 1 else None)(scrape(url)))
+        assert value(m, "rocketmq_namesrv_cluster_number", node_type="nameserver") == 1
+        assert value(m, "rocketmq_rpc_latency_count", request_code="register_broker", result="success") >= 1
+    finally:
+        c.close()
+    with pytest.raises(SystemExit):
+        from rmq.actors.nameserver import main
+        main(["--metrics-port", "70000"])
