@@ -1416,6 +1416,8 @@ class BrokerActor(Actor):
                 "haMasterMaxOffset": int(self.ha_state.get("masterMaxOffset", 0) or 0),
                 "haSlaves": self.ha_slaves, "haSlaveAckOffset": self.ha_ack_offset,
                 "slaveReadEnable": self.slave_read_enable, "fencedByEpoch": self.fenced_by,
+                "flushBehindBytes": max(0, clog.get_max_offset() - self.flushed_offset),
+                "recoveryTimeMs": round(self.recovery_ms, 3),
                 "metricsUrl": (f"http://{self.metrics_settings.host}:{self.metrics.port}/metrics"
                                if self.metrics is not None else ""),
                 # replication counters of the ha actor: bytes pushed / applied, handshakes, link

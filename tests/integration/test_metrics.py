@@ -48,7 +48,9 @@ def value(samples, name, **labels):
 
 @pytest.fixture(scope="module")
 def url(cluster):
-    u = broker_runtime_info(cluster.broker)["metricsUrl"]
+    info = broker_runtime_info(cluster.broker)     # brokerStatus shows these too
+    assert info["recoveryTimeMs"] > 0 and info["flushBehindBytes"] >= 0
+    u = info["metricsUrl"]
     assert u.startswith("http://127.0.0.1:") and u.endswith("/metrics")
     return u
 
