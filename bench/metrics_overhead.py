@@ -22,12 +22,10 @@ from rmq.testing import Cluster, broker_runtime_info
 def run_bench(scenario: str, namesrv: str, duration: float, out: str) -> float:
     cmd = [sys.executable, "-m", "rmq.cli", "bench", scenario, "--namesrv", namesrv, "-d", str(duration),
            "--size", "100", "--json", out, "--no-progress"]
-    if scenario == "e2e":
-        cmd += ["--flush", "ASYNC_FLUSH"]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     with open(out) as f:
         data = json.load(f)
-    rates = [r for r in _walk(data) if isinstance(r, dict) and "msgs_per_s" in r]
+    rates = [r for r in data.get("rows", []) if r.get("kind") == scenario and "msgs_per_s" in r]
     if not rates:
         raise SystemExit(f"no msgs_per_s in {out}")
     return float(rates[0]["msgs_per_s"])
