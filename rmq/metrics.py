@@ -18,7 +18,7 @@ scrape time inside the broker's loop*: the HTTP server thread hands the scrape t
 (:class:`LoopBridge`, an inproc ZeroMQ poke plus a Future) and waits up to
 :data:`SCRAPE_TIMEOUT_S`; it never reads the store itself, so a scrape cannot race a cleaner
 unmapping a file.  Other actors' processes are found through the pid files each actor writes
-(``<store>/run/<actor>.pid``, :func:`write_pid_file`).
+(``<store>/run/<actor>.pid``, :func:`rmq.actors.actor.write_pid_file`).
 
 Names, types, labels and histogram buckets: apache/rocketmq ``BrokerMetricsConstant``,
 ``BrokerMetricsManager``, ``DefaultStoreMetricsConstant`` and ``RemotingMetricsConstant``
@@ -34,11 +34,17 @@ import queue
 import re
 from concurrent.futures import Future, TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Mapping, Optional
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Optional
 
 import zmq
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from rmq.actors.actor import RUN_DIR
+
+if TYPE_CHECKING:
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+# prometheus_client is imported where a registry is built: every actor imports this module (through
+# broker_conf's settings check), only the broker and the NameServer export (about 45 ms of import)
 
 log = logging.getLogger("rmq.metrics")
 
@@ -67,7 +73,6 @@ SYSTEM_TOPICS = frozenset({"TBW102", "SCHEDULE_TOPIC_XXXX", "BenchmarkTest", "RM
                            "RMQ_SYS_TRACE_TOPIC", "RMQ_SYS_TRANS_OP_HALF_TOPIC", "TRANS_CHECK_MAX_TIME_TOPIC",
                            "SELF_TEST_TOPIC", "OFFSET_MOVED_EVENT", "rmq_sys_wheel_timer"})
 SYSTEM_TOPIC_PREFIX = "rmq_sys_"
-RUN_DIR = "run"
 
 
 class MetricsConfigError(ValueError):
@@ -179,22 +184,6 @@ def _bool(v: bool) -> str:
 
 
 # -- pid files: how the broker finds the other actors of its group ---------------------------------------------
-def write_pid_file(store_path: str, name: str) -> Optional[str]:
-    """Write ``<store>/run/<name>.pid`` (this process); returns the path, None when it cannot."""
-    d = os.path.join(store_path, RUN_DIR)
-    path = os.path.join(d, f"{name}.pid")
-    try:
-        os.makedirs(d, exist_ok=True)
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            f.write(f"{os.getpid()}\n")
-        os.replace(tmp, path)
-        return path
-    except OSError as e:
-        log.warning("cannot write %s: %s", path, e)
-        return None
-
-
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -324,6 +313,7 @@ class ActorMetrics:
         self.common = {"cluster": cluster, "node_type": node_type, "node_id": node_id, **settings.labels}
         self.common_names = list(self.common)
         self.common_values = [str(v) for v in self.common.values()]
+        from prometheus_client import CollectorRegistry, Histogram
         self.registry = CollectorRegistry(auto_describe=False)
         self.rpc_latency = Histogram("rocketmq_rpc_latency", "Request latency in the actor (milliseconds)",
                                      self.common_names + ["protocol_type", "request_code", "response_code",
@@ -338,6 +328,7 @@ class ActorMetrics:
     def start(self) -> int:
         """Serve ``GET /metrics`` on (host, port); returns the bound port.  Raises OSError when the
         address is taken (the actor refuses to start: RocketMQ does the same)."""
+        from prometheus_client import start_http_server
         self.server, _thread = start_http_server(self.settings.port, self.settings.host, registry=self.registry)
         self.port = self.server.server_port
         return self.port
@@ -361,10 +352,12 @@ class ActorMetrics:
                     result).observe(ms)
 
     # -- gauge helpers (for the gauges callable) ------------------------------------------------------------
-    def gauge(self, name: str, doc: str, labels: Iterable[str] = ()) -> GaugeMetricFamily:
+    def gauge(self, name: str, doc: str, labels: Iterable[str] = ()) -> "GaugeMetricFamily":
+        from prometheus_client.core import GaugeMetricFamily
         return GaugeMetricFamily(name, doc, labels=self.common_names + list(labels))
 
-    def counter(self, name: str, doc: str, labels: Iterable[str] = ()) -> CounterMetricFamily:
+    def counter(self, name: str, doc: str, labels: Iterable[str] = ()) -> "CounterMetricFamily":
+        from prometheus_client.core import CounterMetricFamily
         return CounterMetricFamily(name, doc, labels=self.common_names + list(labels))
 
     def values(self, *extra) -> list:
@@ -403,6 +396,7 @@ class BrokerMetrics(ActorMetrics):
     def __init__(self, settings: MetricsSettings, cluster: str, node_id: str, ctx: zmq.Context,
                  gauges: Callable[["ActorMetrics"], list]):
         super().__init__(settings, "broker", cluster, node_id, ctx, gauges)
+        from prometheus_client import Counter, Histogram
         base = self.common_names
         r = self.registry
         self.messages_in = Counter("rocketmq_messages_in", "Total number of incoming messages",

@@ -56,6 +56,25 @@ def poll_timeout_ms(now: float, next_due: Optional[float], max_wait_ms: float) -
     return timeout
 
 
+RUN_DIR = "run"      # <store>/run/<actor>.pid
+
+
+def write_pid_file(store_path: str, name: str) -> Optional[str]:
+    """Write ``<store>/run/<name>.pid`` (this process); returns the path, None when it cannot."""
+    d = os.path.join(store_path, RUN_DIR)
+    path = os.path.join(d, f"{name}.pid")
+    try:
+        os.makedirs(d, exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            f.write(f"{os.getpid()}\n")
+        os.replace(tmp, path)
+        return path
+    except OSError as e:
+        logging.getLogger("rmq.actor").warning("cannot write %s: %s", path, e)
+        return None
+
+
 class Reply:
     """Where a request's response goes: socket + routing envelope + opaque."""
 
@@ -286,6 +305,27 @@ class Actor:
             elif not reply.sent:
                 reply.held = True
 
+    def serve_metrics(self, metrics, sock: zmq.Socket, setting: str) -> int:
+        """Start ``metrics`` (:class:`rmq.metrics.ActorMetrics`): its scrape hand-off polled by this
+        loop, requests on ``sock`` observed for ``rocketmq_rpc_latency``.  Returns the bound port.
+
+        Raises
+        ------
+        SystemExit
+            The address is taken: one line naming ``setting`` (the actor refuses to start).
+        """
+        from rmq.metrics import RpcObserver
+        self.add_socket(metrics.bridge.socket, metrics.bridge.serve)
+        try:
+            port = metrics.start()
+        except OSError as e:
+            raise SystemExit(f"{self.name}: cannot serve metrics on {metrics.settings.host}:"
+                             f"{metrics.settings.port} ({setting}): {e}") from None
+        self.rpc_observer = RpcObserver(metrics, RequestCode, ResponseCode)
+        self._observed_socks = {sock}
+        self.log.info("metrics: http://%s:%d/metrics", metrics.settings.host, port)
+        return port
+
     def _denied(self, policy: str, code: int, part) -> str:
         """Why a request on a tcp listener is refused ("" = allowed); see rmq.security."""
         if code in S.LOCAL_CODES:
@@ -353,8 +393,7 @@ class Actor:
             raise SystemExit(f"{self.name}: refusing to start: {e}") from None
         self._running = True
         if self.store_path:
-            from rmq.metrics import write_pid_file      # the broker's metrics find the group's actors so
-            write_pid_file(self.store_path, self.name)
+            write_pid_file(self.store_path, self.name)   # how the broker's metrics find its group
         try:
             if self.supervisor_endpoint:
                 self._beat_socket = self.socket(zmq.DEALER, connect=self.supervisor_endpoint, secure=False)

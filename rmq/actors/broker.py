@@ -325,15 +325,7 @@ class BrokerActor(Actor):
     def _start_metrics(self) -> None:
         self.metrics = M.BrokerMetrics(self.metrics_settings, self.cluster_name, self.broker_name, self.ctx,
                                        self._metric_gauges)
-        self.add_socket(self.metrics.bridge.socket, self.metrics.bridge.serve)
-        try:
-            port = self.metrics.start()
-        except OSError as e:
-            raise SystemExit(f"broker: cannot serve metrics on {self.metrics_settings.host}:"
-                             f"{self.metrics_settings.port} (metricsPromExporterPort): {e}") from None
-        self.rpc_observer = M.RpcObserver(self.metrics, RequestCode, ResponseCode)
-        self._observed_socks = {self.client_sock}
-        self.log.info("metrics: http://%s:%d/metrics", self.metrics_settings.host, port)
+        self.serve_metrics(self.metrics, self.client_sock, "metricsPromExporterPort")
 
     def on_stop(self) -> None:
         if self.metrics is not None:

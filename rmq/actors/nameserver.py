@@ -231,15 +231,7 @@ class NameServerActor(Actor):
     def _start_metrics(self) -> None:
         self.metrics = M.ActorMetrics(self.metrics_settings, "nameserver", "", self.endpoint.replace("tcp://", ""),
                                       self.ctx, self._metric_gauges)
-        self.add_socket(self.metrics.bridge.socket, self.metrics.bridge.serve)
-        try:
-            port = self.metrics.start()
-        except OSError as e:
-            raise SystemExit(f"nameserver: cannot serve metrics on {self.metrics_settings.host}:"
-                             f"{self.metrics_settings.port}: {e}") from None
-        self.rpc_observer = M.RpcObserver(self.metrics, RequestCode, ResponseCode)
-        self._observed_socks = {self.sock}
-        self.log.info("metrics: http://%s:%d/metrics", self.metrics_settings.host, port)
+        self.serve_metrics(self.metrics, self.sock, "--metrics-port / namesrvMetricsPromExporterPort")
 
     def _metric_gauges(self, m: "M.ActorMetrics") -> list:
         out = []
