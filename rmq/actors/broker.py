@@ -895,8 +895,14 @@ class BrokerActor(Actor):
     def on_delete_topic(self, frame: Frame, reply: Reply) -> Frame:
         topic = field_str(frame, "topic")
         self.store.topic_config_manager.delete_topic_config(topic)
+        self._forget_pull_offsets(lambda k: k[1] == topic)
         self.register_broker_all()
         return frame.response()
+
+    def _forget_pull_offsets(self, match) -> None:
+        """Drop the metrics' pull offsets of a deleted topic or group (keys (group, topic, queueId))."""
+        for k in [k for k in self.pull_offsets if match(k)]:
+            del self.pull_offsets[k]
 
     def on_get_all_topic_config(self, frame: Frame, reply: Reply) -> Frame:
         return frame.response(bodies=[self._topic_table_body()])
@@ -924,7 +930,9 @@ class BrokerActor(Actor):
         return frame.response()
 
     def on_delete_group(self, frame: Frame, reply: Reply) -> Frame:
-        self.store.subscription_group_manager.delete_subscription_group_config(field_str(frame, "groupName"))
+        group = field_str(frame, "groupName")
+        self.store.subscription_group_manager.delete_subscription_group_config(group)
+        self._forget_pull_offsets(lambda k: k[0] == group)
         return frame.response()
 
     def on_get_all_groups(self, frame: Frame, reply: Reply) -> Frame:

@@ -201,3 +201,57 @@ def test_nameserver_has_its_own_endpoint(tmp_path):
     with pytest.raises(SystemExit):
         from rmq.actors.nameserver import main
         main(["--metrics-port", "70000"])
+
+
+def test_dlq_counted_and_deleted_group_forgotten(cluster, url):
+    """A message sent back past maxReconsumeTimes goes to %DLQ%group and is counted once under its
+    original topic; a deleted group leaves no pull offsets behind (its inflight gauge goes)."""
+    with RemotingClient() as rc:
+        assert send(rc, cluster.broker, "DlqT", b"poison", 0).code == ResponseCode.SUCCESS
+        r = wait_for(lambda: (lambda r: r if r.code == ResponseCode.SUCCESS else None)(
+            pull(rc, cluster.broker, "DlqT", 0, 0)))
+        msg = cl.decode_records(bytes(r.bodies[0]))[0]
+        back = rc.invoke(cluster.broker, Frame(RequestCode.CONSUMER_SEND_MSG_BACK, fields={
+            "offset": msg.commitlog_offset, "group": "cg", "delayLevel": 0, "maxReconsumeTimes": 0,
+            "originMsgId": msg.msg_id}))
+        assert back.code == ResponseCode.SUCCESS, back.remark
+        m = scrape(url)
+        assert value(m, "rocketmq_send_to_dlq_messages_total", topic="DlqT", consumer_group="cg") == 1
+        # the DLQ's own append is not an incoming message (RocketMQ leaves %RETRY% / %DLQ% out)
+        assert value(m, "rocketmq_messages_in_total", topic="%DLQ%cg") == 0
+        assert value(m, "rocketmq_messages_in_total", topic="DlqT") == 1
+        assert rc.invoke(cluster.broker, Frame(RequestCode.UPDATE_CONSUMER_OFFSET, fields={
+            "consumerGroup": "gone", "topic": "DlqT", "queueId": 0, "commitOffset": 0})).code == 0
+        r = rc.invoke(cluster.broker, Frame(RequestCode.PULL_MESSAGE, fields={
+            "consumerGroup": "gone", "topic": "DlqT", "queueId": 0, "queueOffset": 0, "maxMsgNums": 32,
+            "sysFlag": 0}))
+        assert r.code == ResponseCode.SUCCESS
+        assert value(scrape(url), "rocketmq_consumer_inflight_messages", consumer_group="gone") == 1
+        assert rc.invoke(cluster.broker, Frame(RequestCode.DELETE_SUBSCRIPTIONGROUP,
+                                               fields={"groupName": "gone"})).code == 0
+        # the committed offset stays (RocketMQ keeps consumerOffset.json entries too); the pull offset goes
+        assert value(scrape(url), "rocketmq_consumer_inflight_messages", consumer_group="gone") == 0
+
+
+def test_loop_bridge_answers_in_the_loop_or_times_out():
+    import threading
+    import zmq
+    from rmq.metrics import LoopBridge
+    ctx = zmq.Context()
+    try:
+        calls = []
+        b = LoopBridge(ctx, lambda: calls.append(threading.get_ident()) or 42)
+        with pytest.raises(TimeoutError, match="did not answer the scrape within 0.2 s"):
+            b.call(timeout_s=0.2)          # nobody serves: the scrape gives up, nothing runs later
+        b.serve()
+        assert calls == []
+        out = []
+        t = threading.Thread(target=lambda: out.append(b.call(timeout_s=30)))
+        t.start()
+        assert b.socket.poll(30_000)       # the poke arrives; the loop (this thread) answers
+        b.serve()
+        t.join(30)
+        assert out == [42] and calls == [threading.get_ident()]
+        b.close()
+    finally:
+        ctx.term()
