@@ -6,6 +6,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import sys
 import time
 from typing import Optional
 
@@ -327,6 +328,39 @@ def stop(config, store_path, timeout) -> None:
                    f"recovers the store (see {os.path.join(store, 'logs', 'supervisor.log')})", err=True)
         raise SystemExit(1)
     click.echo("rmq stopped cleanly")
+
+
+@main.command("dashboard")
+@click.option("--namesrv-addr", default="127.0.0.1:9876", show_default=True, metavar="HOST:PORT[;HOST:PORT]",
+              help="The cluster's NameServer(s).")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to bind; anything but loopback needs --token-file.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8082, show_default=True,
+              help="Port (rocketmq-dashboard's 8082; 0 = any free port, printed).")
+@click.option("--token-file", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="File holding the login token (first line); browsers log in with it, API clients send "
+                   "'Authorization: Bearer TOKEN'.")
+def dashboard(namesrv_addr, host, port, token_file) -> None:
+    """Serve the web dashboard: cluster, topics, consumer groups, messages, DLQ, actor processes.
+
+    Needs the `dashboard` extra (pip install "rmq[dashboard]").  Prints `dashboard URL` once it
+    listens; stops on Ctrl-C / SIGTERM.
+    """
+    try:
+        from rmq.dashboard import serve
+    except ImportError as e:
+        raise click.ClickException(f"the dashboard needs the 'dashboard' extra (pip install \"rmq[dashboard]\"): {e}")
+    token = None
+    if token_file:
+        with open(token_file, encoding="utf-8") as f:
+            token = f.readline().strip()
+        if not token:
+            raise click.ClickException(f"{token_file}: the first line (the token) is empty")
+    try:
+        serve(namesrv_addr, host, port, token, ready=lambda url: click.echo(f"dashboard {url}", nl=True) or
+              sys.stdout.flush())
+    except ValueError as e:
+        raise click.ClickException(str(e))
 
 
 from rmq.admin_cli import admin as _admin_group  # noqa: E402  (``rmq admin``: mqadmin commands)

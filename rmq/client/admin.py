@@ -789,6 +789,25 @@ class Admin:
         msgs = _cl.decode_records(bytes(resp.bodies[0]), False)
         return msgs[0].store_timestamp if msgs else 0
 
+    def _master_addr(self, broker_name: str) -> str:
+        brokers, _ = self._cluster_info()
+        b = brokers.get(broker_name)
+        if b is None or not b.master_addr:
+            raise MQClientError(f"broker [{broker_name}] has no master online")
+        return b.master_addr
+
+    def message_store_timestamp(self, topic: str, broker_name: str, queue_id: int, offset: int) -> int:
+        """Store time (ms) of the message at queue ``offset`` of ``broker_name``'s master; 0 when there
+        is none (consumed past the end, or deleted).  Raises MQClientError for an unknown broker."""
+        return self._store_timestamp(self._master_addr(broker_name), topic, queue_id, offset)
+
+    def search_offset(self, topic: str, broker_name: str, queue_id: int, timestamp_ms: int) -> int:
+        """Queue offset of the first message stored at or after ``timestamp_ms`` (RocketMQ's
+        searchOffset; SEARCH_OFFSET_BY_TIMESTAMP).  Raises MQClientError for an unknown broker."""
+        resp = self._broker(self._master_addr(broker_name), RequestCode.SEARCH_OFFSET_BY_TIMESTAMP,
+                            {"topic": topic, "queueId": queue_id, "timestamp": int(timestamp_ms)})
+        return int(resp.fields.get("offset", 0))
+
     def consumer_progress(self, group: str, topic: Optional[str] = None) -> ConsumerProgress:
         """Per queue: broker (max) offset, the group's offset (0 if none, like RocketMQ) and the diff,
         for ``topic`` or every topic the group has offsets for (incl. its retry topic).
@@ -826,6 +845,19 @@ class Admin:
                                               self._store_timestamp(addr, t, qid, co - 1)))
         rows.sort(key=lambda r: (r.topic, r.broker_name, r.queue_id))
         return ConsumerProgress(group, rows, sum(r.diff for r in rows))
+
+    def group_list(self) -> list:
+        """Every subscription group any master knows (system groups included), sorted, each as
+        ``{"group", "brokers": [broker names], "consume_enable", "retry_max_times"}``."""
+        out: dict = {}
+        for name, addr in self._all_masters():
+            body = _body(self._broker(addr, RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG), "subscription groups")
+            for group, cfg in (body.get("subscriptionGroupTable") or {}).items():
+                row = out.setdefault(group, {"group": group, "brokers": [],
+                                             "consume_enable": bool(cfg.get("consumeEnable", True)),
+                                             "retry_max_times": int(cfg.get("retryMaxTimes", 16))})
+                row["brokers"].append(name)
+        return [out[g] for g in sorted(out)]
 
     def consumer_connection(self, group: str) -> list:
         """Client ids of ``group`` online on any master (heartbeats seen in the last 120 s), sorted."""

@@ -1,0 +1,523 @@
+"""rmq's web dashboard: a server-rendered Starlette + Jinja2 app over :class:`rmq.client.admin.Admin`.
+
+Pages (what rocketmq-dashboard has, plus lag in time and the actor processes):
+
+- ``/cluster``: brokers by cluster with role, TPS, totals, CommitLog size, HA lag, disk, and a
+  live throughput chart (``/api/tps``, sampled by the dashboard every :data:`SAMPLE_INTERVAL_S`);
+- ``/topics``: search and filter (normal / retry / DLQ / system), paginated
+  (:data:`PAGE_SIZE`), create; ``/topics/{topic}``: per-queue offsets, route, update, delete,
+  send a test message;
+- ``/groups``: subscription groups, paginated; ``/groups/{group}``: online clients, lag per queue
+  in messages and in time, reset offset by time, skip the backlog;
+- ``/messages``: by topic + key, by message id, by topic + time range (bounded by
+  :data:`MAX_MESSAGES`); each shows body and properties; ``/dlq``: the DLQ topics, browse one,
+  resend a message to its original topic;
+- ``/actors``: the broker groups' actor processes (CPU, RSS) from their metrics endpoints
+  (``metricsExporterType=PROM``).
+
+Every asset ships in the wheel (``templates/``, ``static/``): no CDN, no build step.  Binding
+anything but loopback requires a token (:func:`create_app` ``token``): the login form sets a
+cookie, API clients may send ``Authorization: Bearer <token>``.
+"""
+from __future__ import annotations
+
+import contextlib
+import hmac
+import ipaddress
+import os
+import threading
+import time
+import urllib.request
+from collections import deque
+from typing import Optional
+from urllib.parse import quote
+
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.base import BaseHTTPMiddleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.templating import Jinja2Templates
+
+from rmq.client.admin import Admin
+from rmq.errors import MQClientError, RmqError
+
+HERE = os.path.dirname(__file__)
+DEFAULT_DASHBOARD_PORT = 8082           # rocketmq-dashboard's port
+PAGE_SIZE = 200                         # topics / groups per page (RocketMQ dashboard #281: 900 topics timed out)
+MAX_MESSAGES = 64                       # a message query returns at most this many (rocketmq-dashboard caps too)
+SAMPLE_INTERVAL_S = 5.0                 # how often the dashboard samples broker TPS for its charts
+SAMPLES_KEPT = 120                      # 10 minutes of samples
+COOKIE = "rmq_dashboard_token"
+TOPIC_KINDS = ("all", "normal", "retry", "dlq", "system")
+
+
+def is_loopback(host: str) -> bool:
+    if host in ("localhost", ""):
+        return host == "localhost"
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def topic_kind(topic: str) -> str:
+    if topic.startswith("%RETRY%"):
+        return "retry"
+    if topic.startswith("%DLQ%"):
+        return "dlq"
+    from rmq.metrics import is_system_topic
+    if is_system_topic(topic) or topic == "DefaultCluster" or topic.startswith("rmq_"):
+        return "system"
+    return "normal"
+
+
+def fmt_ts(ms: int) -> str:
+    if not ms or ms <= 0:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ms / 1000)) + f".{ms % 1000:03d}"
+
+
+def fmt_age(ms: int) -> str:
+    if ms <= 0:
+        return "0 s"
+    s = ms / 1000
+    if s < 120:
+        return f"{s:.1f} s"
+    if s < 7200:
+        return f"{s / 60:.1f} min"
+    return f"{s / 3600:.1f} h"
+
+
+class _Sampler:
+    """Samples every broker's put / get TPS for the live charts (a daemon thread)."""
+
+    def __init__(self, app_state: "DashboardState"):
+        self.state = app_state
+        self.series: dict = {}        # broker_addr -> deque[(t_ms, put_tps, get_tps)]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rmq-dashboard-sampler", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def sample(self) -> None:
+        try:
+            brokers = self.state.call(lambda a: a.cluster_list())
+        except RmqError:
+            return
+        now = int(time.time() * 1000)
+        for b in brokers:
+            if b.error:
+                continue
+            d = self.series.setdefault(b.broker_addr, deque(maxlen=SAMPLES_KEPT))
+            d.append((now, round(b.put_tps, 1), round(b.get_tps, 1)))
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(SAMPLE_INTERVAL_S)
+
+
+class DashboardState:
+    """One Admin client shared by the request threads (its ZeroMQ sockets are used under a lock)."""
+
+    def __init__(self, namesrv_addr: str, token: Optional[str]):
+        self.namesrv_addr = namesrv_addr
+        self.token = token
+        self._lock = threading.Lock()
+        self._admin: Optional[Admin] = None
+
+    def call(self, fn):
+        with self._lock:
+            if self._admin is None:
+                self._admin = Admin(self.namesrv_addr)
+            return fn(self._admin)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._admin is not None:
+                self._admin.close()
+                self._admin = None
+
+
+class _TokenAuth(BaseHTTPMiddleware):
+    async def dispatch(self, request: Request, call_next):
+        token = request.app.state.rmq.token
+        if token is None or request.url.path in ("/login", "/healthz") or request.url.path.startswith("/static/"):
+            return await call_next(request)
+        given = request.cookies.get(COOKIE) or ""
+        auth = request.headers.get("authorization", "")
+        if auth.lower().startswith("bearer "):
+            given = auth[7:].strip()
+        if given and hmac.compare_digest(given.encode(), token.encode()):
+            return await call_next(request)
+        if request.url.path.startswith("/api/"):
+            return JSONResponse({"error": "login required"}, status_code=401)
+        return RedirectResponse(f"/login?next={quote(request.url.path)}", status_code=303)
+
+
+def create_app(namesrv_addr: str, token: Optional[str] = None, sample: bool = True) -> Starlette:
+    """The dashboard for the cluster behind ``namesrv_addr`` (host:port[;host:port]).
+
+    ``token``: required from every browser (login form, cookie) or API client (Bearer header);
+    None = no login (loopback only: :func:`serve` refuses otherwise).  ``sample``: run the TPS
+    sampler thread (tests of single pages turn it off).
+    """
+    templates = Jinja2Templates(directory=os.path.join(HERE, "templates"))
+    templates.env.filters["ts"] = fmt_ts
+    templates.env.filters["age"] = fmt_age
+    templates.env.filters["q"] = lambda v: quote(str(v), safe="")
+    state = DashboardState(namesrv_addr, token)
+    sampler = _Sampler(state)
+
+    def page(request: Request, name: str, **ctx) -> Response:
+        return templates.TemplateResponse(request, name, {"namesrv": namesrv_addr, "page": name.split(".")[0],
+                                                          **ctx})
+
+    def error_page(request: Request, title: str, e: Exception, status: int = 400) -> Response:
+        return templates.TemplateResponse(request, "error.html", {"namesrv": namesrv_addr, "page": "error",
+                                                                  "title": title, "error": str(e)},
+                                          status_code=status)
+
+    # -- cluster ----------------------------------------------------------------------------------------
+    def cluster(request: Request) -> Response:
+        try:
+            brokers = state.call(lambda a: a.cluster_list())
+        except RmqError as e:
+            return error_page(request, "cluster", e, 502)
+        rows = []
+        for b in brokers:
+            rt = b.runtime or {}
+            rows.append({"b": b, "disk": rt.get("commitLogDiskRatio"), "flush_behind": rt.get("flushBehindBytes"),
+                         "dispatch_behind": rt.get("dispatchBehindBytes"), "metrics": rt.get("metricsUrl", "")})
+        return page(request, "cluster.html", rows=rows)
+
+    def api_tps(request: Request) -> Response:
+        return JSONResponse({addr: list(d) for addr, d in sampler.series.items()})
+
+    # -- topics -----------------------------------------------------------------------------------------
+    def topics(request: Request) -> Response:
+        q = request.query_params.get("q", "").strip()
+        kind = request.query_params.get("kind", "normal")
+        kind = kind if kind in TOPIC_KINDS else "normal"
+        try:
+            page_no = max(1, int(request.query_params.get("page", "1")))
+        except ValueError:
+            page_no = 1
+        try:
+            names = state.call(lambda a: a.topic_list())
+        except RmqError as e:
+            return error_page(request, "topics", e, 502)
+        sel = [t for t in names if (not q or q.lower() in t.lower()) and (kind == "all" or topic_kind(t) == kind)]
+        pages = max(1, (len(sel) + PAGE_SIZE - 1) // PAGE_SIZE)
+        page_no = min(page_no, pages)
+        shown = sel[(page_no - 1) * PAGE_SIZE: page_no * PAGE_SIZE]
+        return page(request, "topics.html", topics=[(t, topic_kind(t)) for t in shown], q=q, kind=kind,
+                    kinds=TOPIC_KINDS, total=len(sel), all_total=len(names), page_no=page_no, pages=pages,
+                    message=request.query_params.get("message", ""))
+
+    async def topic_create(request: Request) -> Response:
+        form = await request.form()
+        topic = str(form.get("topic", "")).strip()
+        try:
+            r, w, perm = int(form.get("read", 8)), int(form.get("write", 8)), int(form.get("perm", 6))
+            state.call(lambda a: a.create_topic(topic, r, w, perm))
+        except (RmqError, ValueError) as e:
+            return error_page(request, f"create topic {topic}", e)
+        return RedirectResponse(f"/topics/{quote(topic, safe='')}?message=created", status_code=303)
+
+    def topic_detail(request: Request) -> Response:
+        topic = request.path_params["topic"]
+        try:
+            status = state.call(lambda a: a.topic_status(topic))
+            route = state.call(lambda a: a.topic_route(topic))
+        except RmqError as e:
+            return error_page(request, f"topic {topic}", e, 404)
+        return page(request, "topic.html", topic=topic, status=status, route=route,
+                    total=sum(s.max_offset - s.min_offset for s in status),
+                    message=request.query_params.get("message", ""), sent=None)
+
+    async def topic_update(request: Request) -> Response:
+        topic = request.path_params["topic"]
+        form = await request.form()
+        try:
+            r, w, perm = int(form.get("read", 8)), int(form.get("write", 8)), int(form.get("perm", 6))
+            state.call(lambda a: a.create_topic(topic, r, w, perm))
+        except (RmqError, ValueError) as e:
+            return error_page(request, f"update topic {topic}", e)
+        return RedirectResponse(f"/topics/{quote(topic, safe='')}?message=updated", status_code=303)
+
+    async def topic_delete(request: Request) -> Response:
+        topic = request.path_params["topic"]
+        try:
+            state.call(lambda a: a.delete_topic(topic))
+        except RmqError as e:
+            return error_page(request, f"delete topic {topic}", e)
+        return RedirectResponse(f"/topics?message={quote('deleted ' + topic)}", status_code=303)
+
+    async def topic_send(request: Request) -> Response:
+        topic = request.path_params["topic"]
+        form = await request.form()
+        body = str(form.get("body", ""))
+        tags = str(form.get("tags", "")).strip() or None
+        keys = [k for k in str(form.get("keys", "")).split() if k] or None
+        try:
+            sent = state.call(lambda a: a.send_message(topic, body.encode(), tags=tags, keys=keys))
+            status = state.call(lambda a: a.topic_status(topic))
+            route = state.call(lambda a: a.topic_route(topic))
+        except RmqError as e:
+            return error_page(request, f"send to {topic}", e)
+        return page(request, "topic.html", topic=topic, status=status, route=route,
+                    total=sum(s.max_offset - s.min_offset for s in status), message="", sent=sent)
+
+    # -- groups -----------------------------------------------------------------------------------------
+    def groups(request: Request) -> Response:
+        q = request.query_params.get("q", "").strip()
+        show_system = request.query_params.get("system") == "1"
+        try:
+            page_no = max(1, int(request.query_params.get("page", "1")))
+        except ValueError:
+            page_no = 1
+        try:
+            rows = state.call(lambda a: a.group_list())
+        except RmqError as e:
+            return error_page(request, "groups", e, 502)
+        from rmq.metrics import is_system_group
+        sel = [g for g in rows if (not q or q.lower() in g["group"].lower())
+               and (show_system or not (is_system_group(g["group"]) or g["group"].startswith(("TOOLS_", "CID_ONS"))))]
+        pages = max(1, (len(sel) + PAGE_SIZE - 1) // PAGE_SIZE)
+        page_no = min(page_no, pages)
+        return page(request, "groups.html", groups=sel[(page_no - 1) * PAGE_SIZE: page_no * PAGE_SIZE], q=q,
+                    system=show_system, total=len(sel), page_no=page_no, pages=pages)
+
+    def group_detail(request: Request, message: str = "") -> Response:
+        group = request.path_params["group"]
+        try:
+            clients = state.call(lambda a: a.consumer_connection(group))
+        except RmqError as e:
+            return error_page(request, f"group {group}", e, 404)
+        progress, why = None, ""
+        try:
+            progress = state.call(lambda a: a.consumer_progress(group))
+        except RmqError as e:
+            why = str(e)
+        now = int(time.time() * 1000)
+        queues = []
+        for qp in (progress.queues if progress else []):
+            lag_ms = 0
+            if qp.diff > 0:
+                t = state.call(lambda a: a.message_store_timestamp(qp.topic, qp.broker_name, qp.queue_id,
+                                                                   qp.consumer_offset))
+                lag_ms = max(0, now - t) if t else 0
+            queues.append((qp, lag_ms))
+        topics = sorted({qp.topic for qp, _ in queues})
+        return page(request, "group.html", group=group, clients=clients, queues=queues, why=why, topics=topics,
+                    total=progress.total_diff if progress else 0,
+                    message=message or request.query_params.get("message", ""))
+
+    async def group_reset(request: Request) -> Response:
+        group = request.path_params["group"]
+        form = await request.form()
+        topic = str(form.get("topic", "")).strip()
+        when = str(form.get("when", "")).strip()
+        try:
+            if when == "now":
+                ts = -1                       # skip the backlog: to the max offset
+            else:
+                ts = int(time.mktime(time.strptime(when, "%Y-%m-%dT%H:%M")) * 1000)
+            moved = state.call(lambda a: a.reset_offset_by_time(group, topic, ts))
+        except (RmqError, ValueError) as e:
+            return error_page(request, f"reset offsets of {group}", e)
+        return RedirectResponse(f"/groups/{quote(group, safe='')}?message={quote(f'reset {len(moved)} queues of {topic}')}",
+                                status_code=303)
+
+    # -- messages ---------------------------------------------------------------------------------------
+    def messages(request: Request) -> Response:
+        p = request.query_params
+        topic, key, msg_id = p.get("topic", "").strip(), p.get("key", "").strip(), p.get("msgId", "").strip()
+        begin, end = p.get("begin", "").strip(), p.get("end", "").strip()
+        found, why, searched = [], "", False
+        try:
+            if msg_id:
+                searched = True
+                found = state.call(lambda a: a.query_msg_by_id(msg_id, topic or None))
+            elif topic and key:
+                searched = True
+                found = state.call(lambda a: a.query_msg_by_key(topic, key, MAX_MESSAGES))
+            elif topic:
+                searched = True
+                found = state.call(lambda a: by_time(a, topic, begin, end))
+        except (RmqError, ValueError) as e:
+            why = str(e)
+        return page(request, "messages.html", found=found[:MAX_MESSAGES], topic=topic, key=key, msg_id=msg_id,
+                    begin=begin, end=end, why=why, searched=searched, max_messages=MAX_MESSAGES)
+
+    def dlq(request: Request) -> Response:
+        try:
+            names = [t for t in state.call(lambda a: a.topic_list()) if t.startswith("%DLQ%")]
+            rows = []
+            for t in names:
+                st = state.call(lambda a: a.topic_status(t))
+                rows.append((t, sum(s.max_offset - s.min_offset for s in st),
+                             max((s.last_update_timestamp for s in st), default=0)))
+        except RmqError as e:
+            return error_page(request, "DLQ", e, 502)
+        return page(request, "dlq.html", rows=rows, message=request.query_params.get("message", ""))
+
+    async def dlq_resend(request: Request) -> Response:
+        form = await request.form()
+        msg_id, topic = str(form.get("msgId", "")), str(form.get("topic", ""))
+        try:
+            views = state.call(lambda a: a.query_msg_by_id(msg_id, topic or None))
+            if not views:
+                raise MQClientError(f"message {msg_id} not found")
+            v = views[0]
+            target = v.properties.get("RETRY_TOPIC") or v.topic
+            sent = state.call(lambda a: a.send_message(target, v.body, tags=v.tags or None, keys=v.keys or None))
+        except RmqError as e:
+            return error_page(request, "resend", e)
+        return RedirectResponse(f"/dlq?message={quote(f'resent {msg_id} to {target} as {sent.msg_id}')}",
+                                status_code=303)
+
+    # -- actors -----------------------------------------------------------------------------------------
+    def actors(request: Request) -> Response:
+        try:
+            brokers = state.call(lambda a: a.cluster_list())
+        except RmqError as e:
+            return error_page(request, "actors", e, 502)
+        groups = []
+        for b in brokers:
+            url = (b.runtime or {}).get("metricsUrl", "")
+            procs, why = [], ""
+            if not url:
+                why = "metrics off on this broker: set metricsExporterType=PROM in its broker.conf"
+            else:
+                try:
+                    procs = scrape_actors(url)
+                except OSError as e:
+                    why = f"{url}: {e}"
+            groups.append((b, url, procs, why))
+        return page(request, "actors.html", groups=groups)
+
+    # -- login --------------------------------------------------------------------------------------------
+    async def login(request: Request) -> Response:
+        nxt = request.query_params.get("next", "/cluster")
+        if not nxt.startswith("/") or nxt.startswith("//"):
+            nxt = "/cluster"
+        if request.method == "POST":
+            form = await request.form()
+            given = str(form.get("token", ""))
+            if token is not None and hmac.compare_digest(given.encode(), token.encode()):
+                resp = RedirectResponse(nxt, status_code=303)
+                resp.set_cookie(COOKIE, given, httponly=True, samesite="strict")
+                return resp
+            return templates.TemplateResponse(request, "login.html", {"next": nxt, "bad": True, "page": "login",
+                                                                      "namesrv": namesrv_addr}, status_code=401)
+        return templates.TemplateResponse(request, "login.html", {"next": nxt, "bad": False, "page": "login",
+                                                                  "namesrv": namesrv_addr})
+
+    def healthz(request: Request) -> Response:
+        return Response("ok\n", media_type="text/plain")
+
+    def home(request: Request) -> Response:
+        return RedirectResponse("/cluster", status_code=303)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app):
+        if sample:
+            sampler.start()
+        try:
+            yield
+        finally:
+            sampler.stop()
+            state.close()
+
+    routes = [
+        Route("/", home), Route("/healthz", healthz), Route("/login", login, methods=["GET", "POST"]),
+        Route("/cluster", cluster), Route("/api/tps", api_tps),
+        Route("/topics", topics), Route("/topics", topic_create, methods=["POST"]),
+        Route("/topics/{topic}", topic_detail), Route("/topics/{topic}/update", topic_update, methods=["POST"]),
+        Route("/topics/{topic}/delete", topic_delete, methods=["POST"]),
+        Route("/topics/{topic}/send", topic_send, methods=["POST"]),
+        Route("/groups", groups), Route("/groups/{group}", group_detail),
+        Route("/groups/{group}/reset", group_reset, methods=["POST"]),
+        Route("/messages", messages), Route("/dlq", dlq), Route("/dlq/resend", dlq_resend, methods=["POST"]),
+        Route("/actors", actors),
+        Mount("/static", app=StaticFiles(directory=os.path.join(HERE, "static")), name="static"),
+    ]
+    app = Starlette(routes=routes, middleware=[Middleware(_TokenAuth)], lifespan=lifespan)
+    app.state.rmq = state
+    app.state.sampler = sampler
+    return app
+
+
+def by_time(admin: Admin, topic: str, begin: str, end: str) -> list:
+    """Messages of ``topic`` stored in [begin, end] (``YYYY-MM-DDTHH:MM`` local time; empty: the last
+    hour), at most :data:`MAX_MESSAGES`, oldest first: each queue read from its offset at ``begin``."""
+    now = time.time()
+    b = time.mktime(time.strptime(begin, "%Y-%m-%dT%H:%M")) if begin else now - 3600
+    e = time.mktime(time.strptime(end, "%Y-%m-%dT%H:%M")) + 60 if end else now + 60
+    if e < b:
+        raise ValueError("the end of the time range is before its begin")
+    out = []
+    for qs in admin.topic_status(topic):
+        if qs.max_offset <= qs.min_offset:
+            continue
+        start = max(admin.search_offset(topic, qs.broker_name, qs.queue_id, int(b * 1000)), qs.min_offset)
+        for v in admin.consume_message(topic, queue=qs.queue_id, offset=start, count=MAX_MESSAGES,
+                                       broker_name=qs.broker_name):
+            if b * 1000 <= v.store_timestamp <= e * 1000:
+                out.append(v)
+    out.sort(key=lambda v: v.store_timestamp)
+    return out[:MAX_MESSAGES]
+
+
+def scrape_actors(url: str, timeout_s: float = 5.0) -> list:
+    """[(actor, pid, cpu seconds, rss bytes)] from a broker group's metrics endpoint."""
+    from prometheus_client.parser import text_string_to_metric_families
+    with urllib.request.urlopen(url, timeout=timeout_s) as r:
+        text = r.read().decode()
+    cpu, rss = {}, {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            key = (s.labels.get("actor"), s.labels.get("pid"))
+            if s.name == "rocketmq_actor_cpu_seconds_total":
+                cpu[key] = s.value
+            elif s.name == "rocketmq_actor_resident_memory_bytes":
+                rss[key] = s.value
+    return sorted((a, int(p), cpu.get((a, p), 0.0), int(rss.get((a, p), 0))) for a, p in set(cpu) | set(rss))
+
+
+def serve(namesrv_addr: str, host: str = "127.0.0.1", port: int = DEFAULT_DASHBOARD_PORT,
+          token: Optional[str] = None, ready=None) -> None:
+    """Run the dashboard (uvicorn) until SIGINT / SIGTERM.  ``ready(url)`` is called once it
+    listens (port 0: the one it got).
+
+    Raises
+    ------
+    ValueError
+        ``host`` is not loopback and no ``token`` is given.
+    """
+    if not is_loopback(host) and not token:
+        raise ValueError(f"the dashboard binds {host}, beyond loopback: give a token file (--token-file) "
+                         f"so that it asks for a login")
+    import uvicorn
+
+    app = create_app(namesrv_addr, token)
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
+    server = uvicorn.Server(config)
+    if ready is not None:
+        orig = server.startup
+
+        async def startup(sockets=None):
+            await orig(sockets=sockets)
+            bound = server.servers[0].sockets[0].getsockname()[1] if server.servers else port
+            ready(f"http://{host}:{bound}")
+        server.startup = startup
+    server.run()
