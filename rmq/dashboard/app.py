@@ -91,6 +91,18 @@ def fmt_age(ms: int) -> str:
     return f"{s / 3600:.1f} h"
 
 
+def paginate(request: Request, items: list) -> tuple:
+    """(the items of the requested ``page`` (1-based, clamped), page number, page count); pages of
+    :data:`PAGE_SIZE`."""
+    try:
+        page_no = max(1, int(request.query_params.get("page", "1")))
+    except ValueError:
+        page_no = 1
+    pages = max(1, (len(items) + PAGE_SIZE - 1) // PAGE_SIZE)
+    page_no = min(page_no, pages)
+    return items[(page_no - 1) * PAGE_SIZE: page_no * PAGE_SIZE], page_no, pages
+
+
 class _Sampler:
     """Samples every broker's put / get TPS for the live charts (a daemon thread)."""
 
@@ -207,17 +219,11 @@ def create_app(namesrv_addr: str, token: Optional[str] = None, sample: bool = Tr
         kind = request.query_params.get("kind", "normal")
         kind = kind if kind in TOPIC_KINDS else "normal"
         try:
-            page_no = max(1, int(request.query_params.get("page", "1")))
-        except ValueError:
-            page_no = 1
-        try:
             names = state.call(lambda a: a.topic_list())
         except RmqError as e:
             return error_page(request, "topics", e, 502)
         sel = [t for t in names if (not q or q.lower() in t.lower()) and (kind == "all" or topic_kind(t) == kind)]
-        pages = max(1, (len(sel) + PAGE_SIZE - 1) // PAGE_SIZE)
-        page_no = min(page_no, pages)
-        shown = sel[(page_no - 1) * PAGE_SIZE: page_no * PAGE_SIZE]
+        shown, page_no, pages = paginate(request, sel)
         return page(request, "topics.html", topics=[(t, topic_kind(t)) for t in shown], q=q, kind=kind,
                     kinds=TOPIC_KINDS, total=len(sel), all_total=len(names), page_no=page_no, pages=pages,
                     message=request.query_params.get("message", ""))
@@ -281,19 +287,14 @@ def create_app(namesrv_addr: str, token: Optional[str] = None, sample: bool = Tr
         q = request.query_params.get("q", "").strip()
         show_system = request.query_params.get("system") == "1"
         try:
-            page_no = max(1, int(request.query_params.get("page", "1")))
-        except ValueError:
-            page_no = 1
-        try:
             rows = state.call(lambda a: a.group_list())
         except RmqError as e:
             return error_page(request, "groups", e, 502)
         from rmq.metrics import is_system_group
         sel = [g for g in rows if (not q or q.lower() in g["group"].lower())
                and (show_system or not (is_system_group(g["group"]) or g["group"].startswith(("TOOLS_", "CID_ONS"))))]
-        pages = max(1, (len(sel) + PAGE_SIZE - 1) // PAGE_SIZE)
-        page_no = min(page_no, pages)
-        return page(request, "groups.html", groups=sel[(page_no - 1) * PAGE_SIZE: page_no * PAGE_SIZE], q=q,
+        shown, page_no, pages = paginate(request, sel)
+        return page(request, "groups.html", groups=shown, q=q,
                     system=show_system, total=len(sel), page_no=page_no, pages=pages)
 
     def group_detail(request: Request, message: str = "") -> Response:
