@@ -499,7 +499,8 @@ def consumer_progress(group, topic) -> None:
     """Per queue: broker offset, the group's consumer offset and the difference (lag).
 
     JSON: {"group", "total_diff", "queues": [{"topic", "broker_name", "queue_id", "broker_offset",
-    "consumer_offset", "diff", "last_timestamp"}]}
+    "consumer_offset", "diff", "last_timestamp", "lag_timestamp"}]}  (lag_timestamp: store time of the first
+    message not consumed yet, 0 when nothing is behind)
     """
     with _client() as a:
         p = a.consumer_progress(group, topic)

@@ -276,12 +276,13 @@ class LoopBridge:
 class _BridgedCollector:
     """A prometheus-client collector whose families are computed by the actor's loop."""
 
-    def __init__(self, bridge: LoopBridge):
+    def __init__(self, bridge: LoopBridge, timeout_s: float = SCRAPE_TIMEOUT_S):
         self.bridge = bridge
+        self.timeout_s = timeout_s
 
     def collect(self) -> Iterable:
         try:
-            return self.bridge.call()
+            return self.bridge.call(self.timeout_s)
         except Exception as e:  # noqa: BLE001 - a scrape never fails on the gauges: counters still go out
             log.warning("metrics scrape: gauges left out: %s", e)
             return []
@@ -321,7 +322,8 @@ class ActorMetrics:
                                      buckets=RPC_LATENCY_BUCKETS_MS, registry=self.registry)
         self._children: dict = {}
         self.bridge = LoopBridge(ctx, lambda: gauges(self))
-        self.registry.register(_BridgedCollector(self.bridge))
+        self.gauges_collector = _BridgedCollector(self.bridge)
+        self.registry.register(self.gauges_collector)
         self.server = None
         self.port = 0
 

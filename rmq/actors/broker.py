@@ -55,6 +55,7 @@ from rmq.broker_conf import actor_settings
 from rmq import metrics as M
 from rmq.protocol import Frame, ProtocolError, RequestCode, ResponseCode, field_int, field_str, pack_body, unpack_body
 from rmq.status import GetMessageStatus, PutMessageStatus
+from rmq.store.cleaner import disk_usage_ratio
 from rmq.store.commitlog import host_to_bytes
 from rmq.store.config import SYNC_FLUSH, MessageStoreConfig
 from rmq.store.config_manager import write_file_atomically
@@ -1418,6 +1419,8 @@ class BrokerActor(Actor):
                 "slaveReadEnable": self.slave_read_enable, "fencedByEpoch": self.fenced_by,
                 "flushBehindBytes": max(0, clog.get_max_offset() - self.flushed_offset),
                 "recoveryTimeMs": round(self.recovery_ms, 3),
+                # used / (used + available) of the store's file system, RocketMQ's way (-1: unknown)
+                "commitLogDiskRatio": disk_usage_ratio(self.store_path),
                 "metricsUrl": (f"http://{self.metrics_settings.host}:{self.metrics.port}/metrics"
                                if self.metrics is not None else ""),
                 # replication counters of the ha actor: bytes pushed / applied, handshakes, link

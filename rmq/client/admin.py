@@ -169,7 +169,9 @@ class BrokerInfo:
 @dataclass
 class QueueProgress:
     """One queue of ``consumerProgress``: offsets in entries, ``diff`` = broker - consumer offset,
-    ``last_timestamp`` = store time (ms) of the last consumed message, 0 if none."""
+    ``last_timestamp`` = store time (ms) of the last consumed message, 0 if none;
+    ``lag_timestamp`` = store time (ms) of the first message not consumed yet, 0 when nothing is
+    behind (now - lag_timestamp is the lag in time, RocketMQ's consumer_lag_latency)."""
     topic: str
     broker_name: str
     queue_id: int
@@ -177,6 +179,7 @@ class QueueProgress:
     consumer_offset: int
     diff: int
     last_timestamp: int = 0
+    lag_timestamp: int = 0
 
 
 @dataclass
@@ -796,11 +799,6 @@ class Admin:
             raise MQClientError(f"broker [{broker_name}] has no master online")
         return b.master_addr
 
-    def message_store_timestamp(self, topic: str, broker_name: str, queue_id: int, offset: int) -> int:
-        """Store time (ms) of the message at queue ``offset`` of ``broker_name``'s master; 0 when there
-        is none (consumed past the end, or deleted).  Raises MQClientError for an unknown broker."""
-        return self._store_timestamp(self._master_addr(broker_name), topic, queue_id, offset)
-
     def search_offset(self, topic: str, broker_name: str, queue_id: int, timestamp_ms: int) -> int:
         """Queue offset of the first message stored at or after ``timestamp_ms`` (RocketMQ's
         searchOffset; SEARCH_OFFSET_BY_TIMESTAMP).  Raises MQClientError for an unknown broker."""
@@ -842,7 +840,8 @@ class Admin:
                     co = offsets.get(str(qid), offsets.get(qid, -1))
                     co = max(int(co), 0)
                     rows.append(QueueProgress(t, name, qid, bo, co, bo - co,
-                                              self._store_timestamp(addr, t, qid, co - 1)))
+                                              self._store_timestamp(addr, t, qid, co - 1),
+                                              self._store_timestamp(addr, t, qid, co) if bo > co else 0))
         rows.sort(key=lambda r: (r.topic, r.broker_name, r.queue_id))
         return ConsumerProgress(group, rows, sum(r.diff for r in rows))
 

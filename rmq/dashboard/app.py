@@ -206,7 +206,7 @@ def create_app(namesrv_addr: str, token: Optional[str] = None, sample: bool = Tr
         rows = []
         for b in brokers:
             rt = b.runtime or {}
-            rows.append({"b": b, "disk": rt.get("commitLogDiskRatio"), "flush_behind": rt.get("flushBehindBytes"),
+            rows.append({"b": b, "disk": rt.get("commitLogDiskRatio", -1), "flush_behind": rt.get("flushBehindBytes"),
                          "dispatch_behind": rt.get("dispatchBehindBytes"), "metrics": rt.get("metricsUrl", "")})
         return page(request, "cluster.html", rows=rows)
 
@@ -309,14 +309,8 @@ def create_app(namesrv_addr: str, token: Optional[str] = None, sample: bool = Tr
         except RmqError as e:
             why = str(e)
         now = int(time.time() * 1000)
-        queues = []
-        for qp in (progress.queues if progress else []):
-            lag_ms = 0
-            if qp.diff > 0:
-                t = state.call(lambda a: a.message_store_timestamp(qp.topic, qp.broker_name, qp.queue_id,
-                                                                   qp.consumer_offset))
-                lag_ms = max(0, now - t) if t else 0
-            queues.append((qp, lag_ms))
+        queues = [(qp, max(0, now - qp.lag_timestamp) if qp.lag_timestamp else 0)
+                  for qp in (progress.queues if progress else [])]
         topics = sorted({qp.topic for qp, _ in queues})
         return page(request, "group.html", group=group, clients=clients, queues=queues, why=why, topics=topics,
                     total=progress.total_diff if progress else 0,

@@ -198,8 +198,12 @@ def test_consumer_progress(cluster, admin, seeded):
     assert d["group"] == "ProgG" and d["total_diff"] == N_SEEDED - off1
     q1 = [q for q in d["queues"] if q["queue_id"] == 1][0]
     assert q1 == {"topic": "AdminT", "broker_name": "broker-a", "queue_id": 1, "broker_offset": N_SEEDED,
-                  "consumer_offset": off1, "diff": N_SEEDED - off1, "last_timestamp": q1["last_timestamp"]}
+                  "consumer_offset": off1, "diff": N_SEEDED - off1, "last_timestamp": q1["last_timestamp"],
+                  "lag_timestamp": q1["lag_timestamp"]}
     assert (q1["last_timestamp"] > 0) == (off1 > 0)
+    # lag in time: the store time of the first message not consumed yet
+    assert q1["lag_timestamp"] == admin.query_msg_by_offset("AdminT", "broker-a", 1, off1).store_timestamp
+    assert all(q["lag_timestamp"] == 0 for q in d["queues"] if q["diff"] == 0)
     assert "has no consume offsets" in fails(cluster, "consumerProgress", "-g", "NeverConsumed")
 
 

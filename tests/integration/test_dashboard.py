@@ -108,6 +108,7 @@ def test_every_page_loads_without_console_errors(cluster, dashboard, browser):
     shot(browser, "cluster-chart")
     rows = browser.find_elements(By.CSS_SELECTOR, "#brokers tbody tr")
     assert len(rows) == 1 and "broker-a" in rows[0].text
+    assert browser.find_element(By.CSS_SELECTOR, "#brokers td.disk").text.endswith("%")
     browser.get(f"{dashboard}/actors")
     actors = browser.find_element(By.CSS_SELECTOR, "table.actors").text
     assert "broker" in actors and "reput" in actors and "flush" in actors

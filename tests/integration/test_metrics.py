@@ -50,6 +50,7 @@ def value(samples, name, **labels):
 def url(cluster):
     info = broker_runtime_info(cluster.broker)     # brokerStatus shows these too
     assert info["recoveryTimeMs"] > 0 and info["flushBehindBytes"] >= 0
+    assert 0 < info["commitLogDiskRatio"] <= 1
     u = info["metricsUrl"]
     assert u.startswith("http://127.0.0.1:") and u.endswith("/metrics")
     return u
@@ -254,4 +255,24 @@ def test_loop_bridge_answers_in_the_loop_or_times_out():
         assert out == [42] and calls == [threading.get_ident()]
         b.close()
     finally:
+        ctx.term()
+
+
+def test_scrape_of_a_stuck_loop_still_serves_the_counters():
+    """When the actor's loop does not answer within the scrape timeout, the scrape still answers:
+    counters and histograms, without the gauges (and a warning), never an error page."""
+    import zmq
+    from rmq.metrics import ActorMetrics, MetricsSettings
+    ctx = zmq.Context()
+    m = ActorMetrics(MetricsSettings("PROM", "127.0.0.1", 0), "broker", "C", "b", ctx,
+                     lambda m: pytest.fail("the gauges ran though nobody served the loop"))
+    try:
+        m.gauges_collector.timeout_s = 0.2
+        port = m.start()
+        m.on_rpc("send_message", "success", 1.5, False, "success")
+        s = scrape(f"http://127.0.0.1:{port}/metrics")      # nobody serves the bridge: a stuck loop
+        assert value(s, "rocketmq_rpc_latency_count", request_code="send_message") == 1
+        assert "rocketmq_topic_number" not in s
+    finally:
+        m.stop()
         ctx.term()
