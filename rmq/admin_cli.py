@@ -557,17 +557,29 @@ def query_msg_by_id(msg_id, topic) -> None:
     """Look a message up by id: an offset id is decoded to broker + CommitLog offset; a unique
     key is searched in the index.
 
+    Each message is followed by its track: which groups consumed it (RocketMQ's MessageTrack).
+
     JSON: {"messages": [{"topic", "msg_id", "offset_msg_id", "broker_name", "queue_id", "queue_offset",
     "commitlog_offset", "tags", "keys", "body", "body_base64", "properties", "born_timestamp",
     "store_timestamp", "born_host", "store_host", "reconsume_times", "sys_flag", "flag", "store_size",
-    "body_crc"}]}
+    "body_crc"}], "tracks": [[{"consumer_group", "track_type", "online", "consumer_offset"}], one list a
+    message]}
     """
     ids = [x.strip() for x in msg_id.split(",") if x.strip()]
     if not ids:
         raise click.ClickException("no message id given")
     with _client() as a:
         msgs = [m for i in ids for m in a.query_msg_by_id(i, topic)]
-    _emit({"messages": msgs}, lambda c: [_render_message(c, m) for m in msgs])
+        tracks = [a.message_track(m) for m in msgs]
+
+    def render(c):
+        for m, tr in zip(msgs, tracks):
+            _render_message(c, m)
+            c.print(_table(f"message track of {m.msg_id}", ["Consumer Group", "Track Type", "Online",
+                                                             "Consumer Offset"],
+                           [(t.consumer_group, t.track_type, str(t.online).lower(), t.consumer_offset) for t in tr]
+                           or [("-", "no group consumes this topic", "", "")], right=("Consumer Offset",)))
+    _emit({"messages": msgs, "tracks": tracks}, render)
 
 
 @_command("queryMsgByKey", "query-msg-by-key")
@@ -643,3 +655,58 @@ def consume_message(topic, group, broker_name, queue_id, offset, count) -> None:
         msgs = a.consume_message(topic, group, queue_id, offset, count, broker_name)
     _emit({"topic": topic, "group": group, "messages": msgs},
           lambda c: _render_messages(c, f"{len(msgs)} messages of topic {topic}", msgs))
+
+
+@_command("resendMessage", "resend-message")
+@click.option("-i", "--msg-id", "msg_id", required=True, help="Offset message id or unique key (UNIQ_KEY).")
+@click.option("-g", "--group", "group", required=True, help="The consumer group to deliver it to again.")
+@click.option("-t", "--topic", default=None, help="Topic of a unique key (default: search every topic).")
+def resend_message(msg_id, group, topic) -> None:
+    """Deliver a stored message again to one consumer group only (through its %RETRY% topic, as a
+    consumer's send-back does, without the delay); other groups are not touched.
+
+    JSON: {"group", "msg_id", "result": {"status", "msg_id", "offset_msg_id", "topic", "broker_name",
+    "queue_id", "queue_offset"}}
+    """
+    with _client() as a:
+        found = a.query_msg_by_id(msg_id, topic)
+        r = a.resend_to_group(found[0], group)
+    _emit({"group": group, "msg_id": msg_id, "result": r},
+          lambda c: c.print(f"resent {msg_id} to group {group}: {r.status.value}, {r.message_queue.topic} "
+                            f"queue {r.message_queue.queue_id} offset {r.queue_offset}"))
+
+
+# -- statistics ----------------------------------------------------------------------------------------
+@_command("statsAll", "stats-all")
+@click.option("-a", "--active-topic", "active", is_flag=True, help="Only topics with traffic in the last 24 hours.")
+@click.option("-t", "--topic", default=None, help="Only this topic.")
+def stats_all(active, topic) -> None:
+    """Per topic and consuming group: accumulation, in / out TPS (last minute) and in / out messages
+    (last 24 hours), summed over the masters (RocketMQ's statsAll columns).
+
+    JSON: {"rows": [{"topic", "consumer_group", "accumulation", "in_tps", "out_tps", "in_msg_24h",
+    "out_msg_24h"}]}
+    """
+    with _client() as a:
+        rows = a.stats_all(topic, active)
+    _emit({"rows": rows}, lambda c: c.print(_table(
+        None, ["#Topic", "#Consumer Group", "#Accumulation", "#InTPS", "#OutTPS", "#InMsg24Hour", "#OutMsg24Hour"],
+        [(r.topic, r.consumer_group, r.accumulation, f"{r.in_tps:.2f}", f"{r.out_tps:.2f}", r.in_msg_24h,
+          r.out_msg_24h) for r in rows],
+        right=("#Accumulation", "#InTPS", "#OutTPS", "#InMsg24Hour", "#OutMsg24Hour"))))
+
+
+@_command("producerConnection", "producer-connection")
+@click.option("-g", "--producer-group", "group", default=None, help="Only this producer group.")
+def producer_connection(group) -> None:
+    """Producers online on the masters (a heartbeat within channelExpiredTimeout), by group.
+
+    JSON: {"producers": [{"producer_group", "client_id", "broker_name", "language", "version",
+    "last_update_timestamp"}]}
+    """
+    with _client() as a:
+        rows = a.producer_list(group)
+    _emit({"producers": rows}, lambda c: c.print(_table(
+        None, ["#Group", "#ClientId", "#Broker", "#Language", "#Version", "#LastHeartbeat"],
+        [(p.producer_group, p.client_id, p.broker_name, p.language, p.version, fmt_ts(p.last_update_timestamp))
+         for p in rows])))

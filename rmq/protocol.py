@@ -90,14 +90,17 @@ class RequestCode(IntEnum):
     RESET_CONSUMER_CLIENT_OFFSET = 220
     INVOKE_BROKER_TO_RESET_OFFSET = 222
     GET_TOPICS_BY_CLUSTER = 224
+    GET_PRODUCER_CONNECTION_LIST = 204
     QUERY_TOPIC_CONSUME_BY_WHO = 300
     GET_CONSUMER_RUNNING_INFO = 307
     CONSUME_MESSAGE_DIRECTLY = 309
     SEND_MESSAGE_V2 = 310
+    VIEW_BROKER_STATS_DATA = 315
     SEND_BATCH_MESSAGE = 320
     QUERY_CONSUME_QUEUE = 321
     QUERY_DATA_VERSION = 322
     ADD_WRITE_PERM_OF_BROKER = 327
+    GET_ALL_PRODUCER_INFO = 328
     # rmq internal (actor to actor), outside RocketMQ's range
     ACTOR_BEAT = 9000              # actor -> supervisor liveness
     APPEND_ANNOUNCE = 9001         # broker -> reput/flush: CommitLog end offset

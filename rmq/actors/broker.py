@@ -55,6 +55,7 @@ from rmq.broker_conf import actor_settings
 from rmq import metrics as M
 from rmq.protocol import Frame, ProtocolError, RequestCode, ResponseCode, field_int, field_str, pack_body, unpack_body
 from rmq.status import GetMessageStatus, PutMessageStatus
+from rmq.stats import STATS_NAMES, WINDOWS, BrokerStats
 from rmq.store.cleaner import disk_usage_ratio
 from rmq.store.commitlog import host_to_bytes
 from rmq.store.config import SYNC_FLUSH, MessageStoreConfig
@@ -197,6 +198,7 @@ class BrokerActor(Actor):
         self.page_cache_busy_until = 0.0
         self.stats = {"putMessageTotal": 0, "putBytesTotal": 0, "getMessageTotal": 0, "getBytesTotal": 0}
         self._tps = {"putTps": 0.0, "getTps": 0.0}
+        self.broker_stats = BrokerStats()       # VIEW_BROKER_STATS_DATA windows (rmq.stats)
         self._last_stats = (time.monotonic(), 0, 0)
         self._ns_sockets: list[zmq.Socket] = []
         self.listen_endpoint = ""
@@ -293,7 +295,10 @@ class BrokerActor(Actor):
         h(RequestCode.HEART_BEAT, self.on_client_heartbeat)
         h(RequestCode.UNREGISTER_CLIENT, self.on_unregister_client)
         h(RequestCode.GET_CONSUMER_LIST_BY_GROUP, self.on_consumer_list)
+        h(RequestCode.GET_PRODUCER_CONNECTION_LIST, self.on_producer_connection_list)
+        h(RequestCode.GET_ALL_PRODUCER_INFO, self.on_all_producer_info)
         h(RequestCode.GET_BROKER_RUNTIME_INFO, self.on_runtime_info)
+        h(RequestCode.VIEW_BROKER_STATS_DATA, self.on_view_broker_stats)
         h(RequestCode.GET_LATENCY_TRACE, self.on_latency_trace)
         h(RequestCode.GET_TOPIC_STATS_INFO, self.on_topic_stats)
         h(RequestCode.DISPATCH_ANNOUNCE, self.on_dispatch_announce)
@@ -317,6 +322,8 @@ class BrokerActor(Actor):
         self.add_timer(APPEND_REANNOUNCE_MS, lambda: self.announce_append(force=True))
         self.add_timer(min(CHANNEL_SCAN_MS, max(100, self.channel_expired_ms // 4)), self.scan_channels)
         self.add_timer(STATS_INTERVAL_MS, self.update_stats)
+        for i, (_, period_ms, _) in enumerate(WINDOWS):
+            self.add_timer(period_ms, lambda i=i: self.broker_stats.sample(i, int(time.time() * 1000)))
         self.add_timer(SCHEDULE_DELIVER_INTERVAL_MS, self.deliver_delayed)
         self.add_timer(FLUSH_DELAY_OFFSET_INTERVAL_MS, self.persist_delay_offsets, first_ms=10_000)
         if self.metrics_settings.enabled:
@@ -1044,6 +1051,7 @@ class BrokerActor(Actor):
                       time.monotonic_ns())
         self.stats["putMessageTotal"] += a.msg_num
         self.stats["putBytesTotal"] += a.wrote_bytes
+        self.broker_stats.put.add(topic, a.msg_num, a.wrote_bytes, int(time.time() * 1000))
         if self.metrics is not None:
             self.metrics.on_put(topic, M.message_type(sent_props, (sys_flag & TRANSACTION_TYPE_MASK) == TRANSACTION_PREPARED_TYPE),
                                 a.msg_num, a.wrote_bytes)
@@ -1142,6 +1150,8 @@ class BrokerActor(Actor):
                           int((arrived or self.poll_returned_at) * 1e9), time.monotonic_ns(), arrived is not None)
             self.stats["getMessageTotal"] += res.message_count
             self.stats["getBytesTotal"] += len(res.records)
+            self.broker_stats.get.add(f"{topic}@{group}", res.message_count, len(res.records),
+                                      int(time.time() * 1000))
             if self.metrics is not None:
                 self.metrics.on_get(topic, group, res.message_count, len(res.records))
                 self.pull_offsets[(group, topic, queue_id)] = res.next_begin_offset
@@ -1200,8 +1210,9 @@ class BrokerActor(Actor):
         suggest = int(gcfg.get("brokerId", 0)) if self.slave_read_enable else 0
         self.stats["getMessageTotal"] += count
         self.stats["getBytesTotal"] += size
+        group = field_str(frame, "consumerGroup")
+        self.broker_stats.get.add(f"{topic}@{group}", count, size, int(time.time() * 1000))
         if self.metrics is not None:
-            group = field_str(frame, "consumerGroup")
             self.metrics.on_get(topic, group, count, size)
             self.pull_offsets[(group, topic, queue_id)] = offset + count
         if _lt.ENABLED:
@@ -1369,6 +1380,28 @@ class BrokerActor(Actor):
         if isinstance(pgroup, str):
             self.producer_table.get(pgroup, {}).pop(client, None)
         return frame.response()
+
+    def _producer_rows(self, group: str) -> list:
+        now_wall, now = time.time(), time.monotonic()
+        return [{"clientId": c, "language": "PYTHON", "version": VERSION,
+                 "lastUpdateTimestamp": int((now_wall - (now - seen)) * 1000)}
+                for c, seen in sorted(self.producer_table.get(group, {}).items())]
+
+    def on_producer_connection_list(self, frame: Frame, reply: Reply) -> Frame:
+        """GET_PRODUCER_CONNECTION_LIST: the producers of ``producerGroup`` that sent a heartbeat
+        within ``channelExpiredTimeout``; body ``{"connectionSet": [{clientId, language, version,
+        lastUpdateTimestamp (ms)}]}``, SYSTEM_ERROR when there is none (RocketMQ's answer)."""
+        group = field_str(frame, "producerGroup")
+        rows = self._producer_rows(group)
+        if not rows:
+            return frame.response(ResponseCode.SYSTEM_ERROR, f"the producer group[{group}] not exist")
+        return frame.response(bodies=[pack_body({"connectionSet": rows})])
+
+    def on_all_producer_info(self, frame: Frame, reply: Reply) -> Frame:
+        """GET_ALL_PRODUCER_INFO: ``{"producerTable": {group: [connection]}}`` (see
+        :meth:`on_producer_connection_list`) of every producer group with a live producer."""
+        table = {g: self._producer_rows(g) for g in sorted(self.producer_table) if self.producer_table[g]}
+        return frame.response(bodies=[pack_body({"producerTable": table})])
 
     def on_consumer_list(self, frame: Frame, reply: Reply) -> Frame:
         group = field_str(frame, "consumerGroup")
@@ -1549,6 +1582,26 @@ class BrokerActor(Actor):
 
     def on_runtime_info(self, frame: Frame, reply: Reply) -> Frame:
         return frame.response(bodies=[pack_body({"table": self.runtime_info()})])
+
+    def on_view_broker_stats(self, frame: Frame, reply: Reply) -> Frame:
+        """VIEW_BROKER_STATS_DATA: fields ``statsName`` (rmq.stats.STATS_NAMES) and ``statsKey``
+        (topic, or topic@group); body: BrokerStatsData ``{statsMinute, statsHour, statsDay}``, each
+        ``{sum, tps, avgpt}``.  Without ``statsKey`` (rmq's extension) the body is
+        ``{"statsTable": {key: BrokerStatsData}}`` for every key, one request instead of one a key."""
+        name = field_str(frame, "statsName")
+        try:
+            items = self.broker_stats.set_of(name)
+        except KeyError:
+            return frame.response(ResponseCode.SYSTEM_ERROR, f"statsName {name!r} unknown; one of "
+                                                             f"{', '.join(STATS_NAMES)}")
+        now_ms = int(time.time() * 1000)
+        key = frame.fields.get("statsKey")
+        if key is None:
+            return frame.response(bodies=[pack_body({"statsTable": items.stats(name, None, now_ms)})])
+        data = items.stats(name, str(key), now_ms)
+        if data is None:
+            return frame.response(ResponseCode.SYSTEM_ERROR, f"The stats <{name}> <{key}> not exist")
+        return frame.response(bodies=[pack_body(data)])
 
     def on_latency_trace(self, frame: Frame, reply: Reply) -> Frame:
         """The broker's latency-trace events since the last call (rmq.latency_trace); SYSTEM_ERROR

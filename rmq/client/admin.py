@@ -25,6 +25,11 @@ method                             returns
 ``reset_offset_by_time``           list of :class:`OffsetReset`
 ``send_message``                   :class:`rmq.client.message.SendResult`
 ``consume_message``                list of :class:`MessageView`
+``broker_stats``                   dict, BrokerStatsData (VIEW_BROKER_STATS_DATA)
+``stats_all``                      list of :class:`StatsRow`
+``message_track``                  list of :class:`MessageTrack`
+``resend_to_group``                :class:`rmq.client.message.SendResult`
+``producer_list``                  list of :class:`ProducerConnection`
 =================================  ====================================================
 
 Results are dataclasses; :func:`to_jsonable` turns any of them into plain
@@ -60,7 +65,7 @@ from rmq.store.validators import MAX_QUEUE_NUMS, check_group, check_topic
 __all__ = ["Admin", "TopicUpdate", "TopicDeletion", "QueueData", "BrokerData", "TopicRoute", "QueueStatus",
            "BrokerInfo", "QueueProgress", "ConsumerProgress", "MessageView", "OffsetReset", "to_jsonable",
            "TOOLS_CONSUMER_GROUP", "TOOLS_PRODUCER_GROUP", "DEFAULT_NAMESRV_ADDR", "fill_ha_info", "BROKER_ROLES",
-           "MASTER_ROLES"]
+           "MASTER_ROLES", "StatsRow", "MessageTrack", "ProducerConnection"]
 
 DEFAULT_NAMESRV_ADDR = "127.0.0.1:9876"
 TOOLS_CONSUMER_GROUP = "TOOLS_CONSUMER"     # MixAll.TOOLS_CONSUMER_GROUP: pulls made by admin tools
@@ -228,6 +233,42 @@ class MessageView:
         d["body"] = self.body_text
         d["body_base64"] = base64.b64encode(self.body).decode("ascii")
         return d
+
+
+@dataclass
+class StatsRow:
+    """One row of ``statsAll`` (RocketMQ StatsAllSubCommand's columns): a topic and one group that
+    consumes it (``consumer_group`` "" when none does).  TPS are messages/s over the last minute,
+    the 24-hour figures messages since the broker started, at most 24 h back (rmq.stats)."""
+    topic: str
+    consumer_group: str
+    accumulation: int
+    in_tps: float
+    out_tps: float
+    in_msg_24h: int
+    out_msg_24h: int
+
+
+@dataclass
+class MessageTrack:
+    """Whether ``consumer_group`` has consumed a message (RocketMQ's MessageTrack): ``track_type``
+    CONSUMED (its committed offset on the message's queue is past the message) or NOT_CONSUME_YET;
+    ``online`` whether it has a consumer online; ``consumer_offset`` -1 when it has none there."""
+    consumer_group: str
+    track_type: str
+    online: bool
+    consumer_offset: int
+
+
+@dataclass
+class ProducerConnection:
+    """A producer online on a broker (heartbeat within channelExpiredTimeout)."""
+    producer_group: str
+    client_id: str
+    broker_name: str
+    language: str
+    version: str
+    last_update_timestamp: int
 
 
 @dataclass
@@ -858,6 +899,97 @@ class Admin:
                 row["brokers"].append(name)
         return [out[g] for g in sorted(out)]
 
+    # -- statistics -----------------------------------------------------------------------------
+    def broker_stats(self, broker_addr: str, stats_name: str, stats_key: Optional[str] = None) -> dict:
+        """VIEW_BROKER_STATS_DATA of one broker (RocketMQ ``mqadmin statsAll``'s source).
+
+        ``stats_name``: TOPIC_PUT_NUMS / TOPIC_PUT_SIZE (key: topic), GROUP_GET_NUMS /
+        GROUP_GET_SIZE (key: ``topic@group``).  Returns BrokerStatsData ``{"statsMinute",
+        "statsHour", "statsDay"}``, each ``{"sum", "tps", "avgpt"}``; with ``stats_key`` None,
+        ``{key: BrokerStatsData}`` of every key the broker counts (one request).
+
+        Raises
+        ------
+        MQBrokerError
+            Unknown stats name, or no such key (the broker has counted nothing under it).
+        """
+        fields = {"statsName": stats_name}
+        if stats_key is not None:
+            fields["statsKey"] = stats_key
+        body = _body(self._broker(broker_addr, RequestCode.VIEW_BROKER_STATS_DATA, fields), "broker stats")
+        if not isinstance(body, dict):
+            raise MQClientError(f"malformed broker stats from {broker_addr}: {body!r:.200}")
+        return body if stats_key is not None else (body.get("statsTable") or {})
+
+    def stats_all(self, topic: Optional[str] = None, active_only: bool = False) -> list:
+        """``mqadmin statsAll``: for every topic (or ``topic``; retry and DLQ topics skipped, as
+        RocketMQ does) and every group with offsets for it, the accumulation (messages not yet
+        consumed), in / out TPS over the last minute and in / out messages over the last 24 hours,
+        summed over the masters.  ``active_only``: only rows with traffic in the last 24 hours.
+
+        Returns a list of :class:`StatsRow`, by topic then group.  Raises MQClientError for an
+        unknown ``topic``.
+        """
+        masters = self._all_masters()
+        put, get, offsets = {}, {}, {}
+        for name, addr in masters:
+            put[name] = self.broker_stats(addr, "TOPIC_PUT_NUMS")
+            get[name] = self.broker_stats(addr, "GROUP_GET_NUMS")
+            offsets[name] = _body(self._broker(addr, RequestCode.GET_ALL_CONSUMER_OFFSET),
+                                  "consumer offsets").get("offsetTable") or {}
+        if topic is not None:
+            self.topic_route(topic)            # raises for an unknown topic
+            topics = [topic]
+        else:
+            topics = [t for t in self.topic_list() if not t.startswith(("%RETRY%", "%DLQ%"))]
+        rows = []
+        for t in topics:
+            route = self._find_route(t)
+            if route is None:
+                continue
+            max_offsets: dict = {}             # (broker, qid) -> max offset
+            for name, addr in sorted({(n, a) for n, a, _ in self._route_queues(route, 0)}):
+                resp = self._invoke(addr, RequestCode.GET_TOPIC_STATS_INFO, {"topic": t})
+                if resp.code == ResponseCode.SUCCESS:
+                    for e in _body(resp, "topic stats").get("offsetTable") or []:
+                        max_offsets[(name, int(e["queueId"]))] = int(e["maxOffset"])
+            brokers = sorted({b for b, _ in max_offsets})
+            in_tps = sum(put.get(b, {}).get(t, {}).get("statsMinute", {}).get("tps", 0.0) for b in brokers)
+            in_day = sum(put.get(b, {}).get(t, {}).get("statsDay", {}).get("sum", 0) for b in brokers)
+            suffix = f"{t}@"
+            groups = sorted({k[len(suffix):] for b in brokers for k in offsets.get(b, {}) if k.startswith(suffix)})
+            if not groups:
+                if not active_only or in_day > 0:
+                    rows.append(StatsRow(t, "", 0, round(in_tps, 2), 0.0, in_day, 0))
+                continue
+            for g in groups:
+                acc = 0
+                for (b, qid), mx in max_offsets.items():
+                    table = offsets.get(b, {}).get(f"{t}@{g}", {})
+                    co = table.get(str(qid), table.get(qid, 0))
+                    acc += max(0, mx - max(int(co), 0))
+                out_tps = sum(get.get(b, {}).get(f"{t}@{g}", {}).get("statsMinute", {}).get("tps", 0.0)
+                              for b in brokers)
+                out_day = sum(get.get(b, {}).get(f"{t}@{g}", {}).get("statsDay", {}).get("sum", 0) for b in brokers)
+                if not active_only or in_day > 0 or out_day > 0:
+                    rows.append(StatsRow(t, g, acc, round(in_tps, 2), round(out_tps, 2), in_day, out_day))
+        return rows
+
+    def producer_list(self, group: Optional[str] = None) -> list:
+        """Producers online on any master (GET_ALL_PRODUCER_INFO), of ``group`` or of every
+        producer group, as :class:`ProducerConnection` sorted by group, client, broker."""
+        out = []
+        for name, addr in self._all_masters():
+            table = _body(self._broker(addr, RequestCode.GET_ALL_PRODUCER_INFO), "producer info")
+            for g, conns in ((table or {}).get("producerTable") or {}).items():
+                if group is not None and g != group:
+                    continue
+                for c in conns:
+                    out.append(ProducerConnection(g, str(c.get("clientId", "")), name, str(c.get("language", "")),
+                                                  str(c.get("version", "")), int(c.get("lastUpdateTimestamp", 0))))
+        out.sort(key=lambda p: (p.producer_group, p.client_id, p.broker_name))
+        return out
+
     def consumer_connection(self, group: str) -> list:
         """Client ids of ``group`` online on any master (heartbeats seen in the last 120 s), sorted."""
         _check_group(group)
@@ -1024,12 +1156,57 @@ class Admin:
         raise MQClientError(f"no message at offset {offset} of {topic}/{broker_name}/{queue_id}{rng}",
                             resp.code if resp.code != ResponseCode.SUCCESS else -1)
 
+    def message_track(self, msg: MessageView) -> list:
+        """Which groups have consumed ``msg`` (RocketMQ's messageTrackDetail): every group with an
+        offset on the message's topic on its broker, CONSUMED when its committed offset on the
+        message's queue is past the message's queue offset, else NOT_CONSUME_YET; ``online`` from
+        the broker's consumer table.  Sorted by group; empty when no group consumes the topic."""
+        addr = self._master_addr(msg.broker_name)
+        table = _body(self._broker(addr, RequestCode.GET_ALL_CONSUMER_OFFSET), "consumer offsets")
+        prefix = f"{msg.topic}@"
+        out = []
+        for key, queues in sorted(((table or {}).get("offsetTable") or {}).items()):
+            if not key.startswith(prefix):
+                continue
+            group = key[len(prefix):]
+            co = queues.get(str(msg.queue_id), queues.get(msg.queue_id, -1))
+            co = int(co) if co is not None else -1
+            resp = self._invoke(addr, RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": group})
+            online = resp.code == ResponseCode.SUCCESS
+            out.append(MessageTrack(group, "CONSUMED" if co > msg.queue_offset else "NOT_CONSUME_YET", online, co))
+        return out
+
+    def resend_to_group(self, msg: MessageView, group: str) -> SendResult:
+        """Deliver ``msg`` again to ``group`` only: a copy into ``%RETRY%group`` (which only that
+        group subscribes to) with RETRY_TOPIC = the original topic, so its consumers see the
+        original topic, tags, keys, properties and message id (UNIQ_KEY) — what a consumer's own
+        send-back does, without the delay.  A message already in a retry or DLQ topic keeps the
+        original topic it names.
+
+        Raises
+        ------
+        MQClientError
+            Bad group, or the group has no retry topic (no clustering consumer of it ever came online).
+        """
+        _check_group(group)
+        retry = f"%RETRY%{group}"
+        if self._find_route(retry) is None:
+            raise MQClientError(f"group [{group}] has no retry topic {retry}: no clustering consumer of it has "
+                                f"been online, so nothing would receive the message")
+        props = {k: v for k, v in msg.properties.items() if k not in ("DELAY", "WAIT", "REAL_TOPIC", "REAL_QID",
+                                                                       "MAX_OFFSET", "MIN_OFFSET")}
+        props["RETRY_TOPIC"] = msg.properties.get("RETRY_TOPIC") or msg.topic
+        props.setdefault("ORIGIN_MESSAGE_ID", msg.offset_msg_id)
+        props["RECONSUME_TIME"] = "0"
+        return self.send_message(retry, msg.body, properties=props)
+
     def send_message(self, topic: str, body: Union[bytes, str], tags: Optional[str] = None,
                      keys: Union[None, str, Iterable[str]] = None, broker_name: Optional[str] = None,
-                     queue_id: Optional[int] = None) -> SendResult:
-        """Send one message (with a fresh UNIQ_KEY) to a queue of ``topic``: the given broker / queue,
-        else a random writable one.  A topic without a route goes to a master of the cluster, which
-        creates it if its ``autoCreateTopicEnable`` is on.
+                     queue_id: Optional[int] = None, properties: Optional[dict] = None) -> SendResult:
+        """Send one message (with a fresh UNIQ_KEY unless ``properties`` has one) to a queue of
+        ``topic``: the given broker / queue, else a random writable one.  A topic without a route
+        goes to a master of the cluster, which creates it if its ``autoCreateTopicEnable`` is on.
+        ``properties``: message properties (str -> str), ``tags`` / ``keys`` override theirs.
 
         Raises
         ------
@@ -1061,8 +1238,9 @@ class Admin:
             queue_id = random.randrange(nums)
         elif not 0 <= queue_id < nums:
             raise MQClientError(f"queue id {queue_id} outside [0, {nums}) of topic [{topic}] on broker [{name}]")
-        uniq = create_uniq_id()
-        props = {"UNIQ_KEY": uniq, "WAIT": "true"}
+        props = {str(k): str(v) for k, v in (properties or {}).items()}
+        uniq = props.get("UNIQ_KEY") or create_uniq_id()
+        props.update({"UNIQ_KEY": uniq, "WAIT": "true"})
         if tags:
             props["TAGS"] = tags
         if keys:

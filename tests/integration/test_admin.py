@@ -30,7 +30,8 @@ COMMANDS = [("updateTopic", "update-topic"), ("deleteTopic", "delete-topic"), ("
             ("queryMsgByOffset", "query-msg-by-offset"), ("resetOffsetByTime", "reset-offset-by-time"),
             ("sendMessage", "send-message"), ("consumeMessage", "consume-message"),
             ("updateBrokerConfig", "update-broker-config"), ("getBrokerConfig", "get-broker-config"),
-            ("promoteSlave", "promote-slave")]
+            ("promoteSlave", "promote-slave"), ("statsAll", "stats-all"), ("resendMessage", "resend-message"),
+            ("producerConnection", "producer-connection")]
 N_SEEDED = 6
 
 
