@@ -40,6 +40,7 @@ DEFAULT_LISTEN_PORT = 10911                 # RocketMQ's broker port
 DEFAULT_NAMESRV_ADDR = "127.0.0.1:9876"     # the NameServer `rmq start` runs by default
 DEFAULT_STORE_PATH = "./rmq-data"
 MASTER_ID = 0                               # RocketMQ MixAll.MASTER_ID
+DEFAULT_DASHBOARD_PORT = 8082               # rocketmq-dashboard's port (rmq.dashboard.app)
 
 # RocketMQ property names: letters, digits, '.', '_' and '-' (no spaces)
 KEY_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
@@ -138,6 +139,42 @@ def check_namesrv_addr(value: str, allow_port_zero: bool = False) -> str:
     return ";".join(parts)
 
 
+def dashboard_settings(s: Mapping[str, Any]) -> dict:
+    """The supervisor-run dashboard's settings from broker.conf properties: ``dashboardEnable``
+    (false), ``dashboardPort`` (8082, 0 = any free port), ``dashboardHost`` (127.0.0.1),
+    ``dashboardTokenFile`` (none; required when the host is not loopback, as ``rmq dashboard
+    --token-file``).  Returns ``{"enabled", "host", "port", "token_file"}``.
+
+    Raises
+    ------
+    BrokerConfError
+        A bad boolean or port, an empty host, a non-loopback host without a token file, or a
+        token file that cannot be read.
+    """
+    import ipaddress
+
+    raw = str(s.get("dashboardEnable", "false")).strip().lower()
+    if raw not in ("true", "false"):
+        raise BrokerConfError(f"dashboardEnable must be true or false, got {s.get('dashboardEnable')!r}")
+    port = _int("dashboardPort", s.get("dashboardPort", DEFAULT_DASHBOARD_PORT), 0, 65535)
+    host = str(s.get("dashboardHost", "127.0.0.1")).strip()
+    if not host:
+        raise BrokerConfError("dashboardHost must not be empty")
+    token_file = str(s.get("dashboardTokenFile", "") or "").strip()
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if raw == "true":
+        if not loopback and not token_file:
+            raise BrokerConfError(f"dashboardHost={host} is beyond loopback: set dashboardTokenFile so that the "
+                                  f"dashboard asks for a login")
+        if token_file and not os.access(os.path.expanduser(token_file), os.R_OK):
+            raise BrokerConfError(f"dashboardTokenFile={token_file}: not a readable file")
+    return {"enabled": raw == "true", "host": host, "port": port,
+            "token_file": os.path.abspath(os.path.expanduser(token_file)) if token_file else ""}
+
+
 def broker_settings(props: Optional[Mapping[str, Any]] = None,
                     overrides: Optional[Mapping[str, Any]] = None, ephemeral_ports: bool = False) -> dict:
     """The broker's effective settings: file ``props``, then ``overrides`` (flags; None = not given).
@@ -196,6 +233,7 @@ def broker_settings(props: Optional[Mapping[str, Any]] = None,
         metrics_settings(s)
     except MetricsConfigError as e:
         raise BrokerConfError(str(e)) from None
+    dashboard_settings(s)   # dashboardEnable / dashboardPort / dashboardHost / dashboardTokenFile
     try:     # authEnable / authServerKeyFile / authClientKeysDir / authAdminKeysDir (rmq.security)
         check_auth_properties(s)
     except SecurityError as e:

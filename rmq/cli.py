@@ -159,19 +159,26 @@ def demo_flights(namesrv, output, limit, stream, store_path) -> None:
                    "`rmq stop --store-path SLAVE_STORE` (a foreground start stops it on exit).")
 @click.option("--slave-listen-port", type=click.IntRange(1, 65535), default=None,
               help="The slave's broker port (default: the master's listenPort + 10; its HA port is that + 1).")
+@click.option("--dashboard", is_flag=True, default=None,
+              help="Also run the web dashboard under the supervisor (broker.conf dashboardEnable=true; needs "
+                   "the 'dashboard' extra).")
+@click.option("--dashboard-port", type=click.IntRange(0, 65535), default=None,
+              help="The dashboard's port (broker.conf dashboardPort, default 8082; 0 = any free port).")
 def start(config, store_path, namesrv_addr, listen_port, no_namesrv, detach, slave_store_path,
-          slave_listen_port) -> None:
+          slave_listen_port, dashboard, dashboard_port) -> None:
     """Start a NameServer and one broker group (broker, reput, flush, cleaner, ha) under a supervisor.
 
     Foreground by default (Ctrl-C stops it in order); `rmq stop` stops it from elsewhere.
+    With --dashboard (or dashboardEnable=true) the web dashboard runs too, restarted like the actors.
     brokerRole / brokerId in broker.conf make this group member a master or a slave (HA:
     README.md "Master and slave").
     """
     from rmq.actors.supervisor import Supervisor, SupervisorError, resolve_settings, supervisor_running
     from rmq.broker_conf import BrokerConfError
 
+    extra = {"dashboardEnable": "true" if dashboard else None, "dashboardPort": dashboard_port}
     try:
-        settings = resolve_settings(config, store_path, namesrv_addr, listen_port)
+        settings = resolve_settings(config, store_path, namesrv_addr, listen_port, extra)
     except BrokerConfError as e:
         raise click.ClickException(str(e)) from None
     store = settings["storePathRootDir"]
@@ -203,6 +210,10 @@ def start(config, store_path, namesrv_addr, listen_port, no_namesrv, detach, sla
         argv += ["--listen-port", str(listen_port)]
     if no_namesrv:
         argv.append("--no-namesrv")
+    if dashboard:
+        argv.append("--dashboard")
+    if dashboard_port is not None:
+        argv += ["--dashboard-port", str(dashboard_port)]
     _launch_detached(argv, store, "rmq")
     if slave_argv is not None:
         _launch_detached(slave_argv, slave_store_path, "the slave")
@@ -219,7 +230,8 @@ def _slave_supervisor_argv(settings: dict, slave_store: str, slave_port: Optiona
     slave_store = os.path.abspath(os.path.expanduser(slave_store))
     if slave_store == os.path.abspath(settings["storePathRootDir"]):
         raise click.ClickException("--slave-store-path must differ from the master's store")
-    conf = {k: v for k, v in settings.items() if k not in ("storePathRootDir", "listenPort", "haListenPort")}
+    conf = {k: v for k, v in settings.items()           # one dashboard per cluster: the master's
+            if k not in ("storePathRootDir", "listenPort", "haListenPort") and not k.startswith("dashboard")}
     conf.update({"brokerRole": "SLAVE", "brokerId": 1, "storePathRootDir": slave_store,
                  "listenPort": slave_port or int(settings["listenPort"]) + 10})
     os.makedirs(slave_store, exist_ok=True)
@@ -350,12 +362,11 @@ def dashboard(namesrv_addr, host, port, token_file) -> None:
         from rmq.dashboard import serve
     except ImportError as e:
         raise click.ClickException(f"the dashboard needs the 'dashboard' extra (pip install \"rmq[dashboard]\"): {e}")
-    token = None
-    if token_file:
-        with open(token_file, encoding="utf-8") as f:
-            token = f.readline().strip()
-        if not token:
-            raise click.ClickException(f"{token_file}: the first line (the token) is empty")
+    from rmq.dashboard.actor import read_token_file
+    try:
+        token = read_token_file(token_file) if token_file else None
+    except ValueError as e:
+        raise click.ClickException(str(e)) from None
     try:
         serve(namesrv_addr, host, port, token, ready=lambda url: click.echo(f"dashboard {url}", nl=True) or
               sys.stdout.flush())

@@ -28,6 +28,7 @@ not counted in messages_in and pulls from them not in messages_out.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import queue
@@ -211,6 +212,17 @@ def actor_processes(store_path: str) -> list:
         rss = int(stat[21]) * _PAGE
         out.append((n[:-len(".pid")], pid, cpu, rss))
     return out
+
+
+def actor_restarts(store_path: str) -> dict:
+    """``{actor: restarts}`` from the supervisor's ``<store>/run/restarts.json`` ({} without one:
+    actors started by hand)."""
+    try:
+        with open(os.path.join(store_path, RUN_DIR, "restarts.json")) as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return {str(k): int(v) for k, v in data.items() if isinstance(v, int)} if isinstance(data, dict) else {}
 
 
 # -- the scrape hand-off ---------------------------------------------------------------------------------------

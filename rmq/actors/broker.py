@@ -1449,6 +1449,7 @@ class BrokerActor(Actor):
                 "haConnected": bool(self.ha_state.get("connected", False)),
                 "haMasterMaxOffset": int(self.ha_state.get("masterMaxOffset", 0) or 0),
                 "haSlaves": self.ha_slaves, "haSlaveAckOffset": self.ha_ack_offset,
+                "haLagMs": self._ha_lag_ms(int(time.time() * 1000)),
                 "slaveReadEnable": self.slave_read_enable, "fencedByEpoch": self.fenced_by,
                 "flushBehindBytes": max(0, clog.get_max_offset() - self.flushed_offset),
                 "recoveryTimeMs": round(self.recovery_ms, 3),
@@ -1472,6 +1473,25 @@ class BrokerActor(Actor):
             return int(self.store.commitlog.pickup_store_timestamp(entry[0], entry[1]))
         except Exception:  # noqa: BLE001 - a record the cleaner took: no figure
             return 0
+
+    def _ha_lag_ms(self, now_ms: int) -> int:
+        """Master: now minus the store time of the first message no slave has acknowledged (the
+        acked offset is a record boundary: the ha actor ships whole records); 0 when a slave has
+        everything, -1 without a slave or when the record cannot be read."""
+        if self.role == "SLAVE" or not self.ha_slaves:
+            return -1
+        clog = self.store.commitlog
+        ack = max(self.ha_ack_offset, clog.get_min_offset())
+        if ack >= clog.get_max_offset():
+            return 0
+        size = self.store_config.mapped_file_size_commit_log
+        try:
+            ts = int(clog.pickup_store_timestamp(ack))
+            if ts <= 0 and (ack // size + 1) * size < clog.get_max_offset():
+                ts = int(clog.pickup_store_timestamp((ack // size + 1) * size))   # ack sat on a file's end padding
+        except Exception:  # noqa: BLE001 - a file being deleted under us: no figure
+            return -1
+        return max(0, now_ms - ts) if ts > 0 else -1
 
     def _metric_gauges(self, m: "M.BrokerMetrics") -> list:
         """The gauges of a scrape, computed in the loop (RocketMQ 5 names; rmq.metrics)."""
@@ -1567,6 +1587,11 @@ class BrokerActor(Actor):
         elif self.ha_slaves:
             g.add_metric(m.values("master"), max(0, max_phy - max(self.ha_ack_offset, 0)))
         out.append(g)
+        g = m.gauge("rocketmq_ha_replication_lag_latency", "Master: age of the oldest message the furthest-ahead "
+                    "slave has not acknowledged, 0 when it has them all (milliseconds)", ["broker_role"])
+        if self.role != "SLAVE" and self.ha_slaves:
+            g.add_metric(m.values("master"), self._ha_lag_ms(now_ms))
+        out.append(g)
         g = m.gauge("rocketmq_ha_slave_connections", "Slaves connected to this master")
         g.add_metric(m.values(), len(self.ha_slaves) if self.role != "SLAVE" else 0)
         out.append(g)
@@ -1577,7 +1602,11 @@ class BrokerActor(Actor):
         for actor, pid, cpu_s, rss_b in M.actor_processes(self.store_path):
             cpu.add_metric(m.values(actor, pid), cpu_s)
             rss.add_metric(m.values(actor, pid), rss_b)
-        out += [cpu, rss]
+        restarts = m.counter("rocketmq_actor_restarts", "Restarts of each actor process by the supervisor since "
+                             "it started (a group restart counts for every member)", ["actor"])
+        for actor, n in sorted(M.actor_restarts(self.store_path).items()):
+            restarts.add_metric(m.values(actor), n)
+        out += [cpu, rss, restarts]
         return out
 
     def on_runtime_info(self, frame: Frame, reply: Reply) -> Frame:

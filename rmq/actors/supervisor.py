@@ -14,6 +14,11 @@ Responsibility
         flush       --store-path S -c CONF --supervisor EP
         cleaner     --store-path S -c CONF --supervisor EP
         ha          --store-path S -c CONF --supervisor EP
+        dashboard   --namesrv-addr "h:p" --host H --port P --store-path S --supervisor EP [--token-file F]
+
+    The dashboard (``rmq.dashboard.actor``) runs only with broker.conf ``dashboardEnable=true``
+    (or ``rmq start --dashboard``), as a group of its own after the broker group: its failures
+    restart it alone, and it is stopped first.
 
     ``CONF`` is ``S/broker.effective.conf``: the user's broker.conf merged with the
     command-line flags (:func:`rmq.broker_conf.broker_settings`), rewritten whenever
@@ -36,7 +41,9 @@ Sockets
 Files
     ``S/rmq.pid``: the supervisor's pid, held under an exclusive flock while it runs
     (a second supervisor on the same store is refused; ``rmq stop`` knows it is
-    gone when the lock is free); ``S/logs/supervisor.log``; ``S/broker.effective.conf``.
+    gone when the lock is free); ``S/logs/supervisor.log``; ``S/broker.effective.conf``;
+    ``S/run/restarts.json``: ``{actor: restarts}`` since this supervisor started, rewritten at
+    every (re)start (served by the broker group's metrics as ``rocketmq_actor_restarts_total``).
 
 Timers
     Main loop polls every 100 ms: exited children, missed beats (HEARTBEAT_LIVENESS
@@ -67,6 +74,8 @@ import collections
 import ctypes
 import errno
 import fcntl
+import importlib.util
+import json
 import logging
 import logging.handlers
 import os
@@ -81,8 +90,9 @@ from typing import Callable, Optional, TextIO
 import zmq
 
 from rmq import protocol as P
-from rmq.actors.actor import HEARTBEAT_INTERVAL_MS, HEARTBEAT_LIVENESS, LOG_BACKUPS, LOG_MAX_BYTES
-from rmq.broker_conf import BrokerConfError, broker_settings, format_broker_conf, load_broker_conf
+from rmq.actors.actor import HEARTBEAT_INTERVAL_MS, HEARTBEAT_LIVENESS, LOG_BACKUPS, LOG_MAX_BYTES, RUN_DIR
+from rmq.broker_conf import (BrokerConfError, broker_settings, dashboard_settings, format_broker_conf,
+                             load_broker_conf)
 from rmq.launch import child_env, python_argv
 from rmq.protocol import ProtocolError, RequestCode
 
@@ -93,9 +103,11 @@ DEFAULT_MODULES = {
     "flush": "rmq.actors.flush",
     "cleaner": "rmq.actors.cleaner",
     "ha": "rmq.actors.ha",
+    "dashboard": "rmq.dashboard.actor",
 }
 NAMESRV_GROUP = ("nameserver",)
 BROKER_GROUP = ("broker", "reput", "flush", "cleaner", "ha")   # start order; the first one leads the group
+DASHBOARD_GROUP = ("dashboard",)                           # broker.conf dashboardEnable=true
 ACTOR_MODULES_ENV = "RMQ_ACTOR_MODULES"                    # test only: name=module,name=module
 ACTOR_NAME_ENV = "RMQ_ACTOR_NAME"                          # set in every child's environment
 
@@ -103,6 +115,7 @@ PID_FILE = "rmq.pid"
 ABORT_FILE = "abort"
 SUPERVISOR_IPC = "supervisor.ipc"
 EFFECTIVE_CONF = "broker.effective.conf"
+RESTARTS_FILE = "restarts.json"         # S/run/restarts.json: {actor: restarts since the supervisor started}
 LOG_FILE = "supervisor.log"
 STDERR_LOG = "supervisor.stderr.log"    # the detached supervisor's own stderr (tracebacks)
 
@@ -148,9 +161,11 @@ def actor_modules(spec: Optional[str] = None) -> dict:
 
 
 def resolve_settings(conf_path: Optional[str] = None, store_path: Optional[str] = None,
-                     namesrv_addr: Optional[str] = None, listen_port: Optional[int] = None) -> dict:
+                     namesrv_addr: Optional[str] = None, listen_port: Optional[int] = None,
+                     extra: Optional[dict] = None) -> dict:
     """Effective broker settings from ``conf_path`` and flags (flags win), with an absolute
-    ``storePathRootDir``.  Ports 0 (ephemeral) are allowed in ``namesrvAddr``.
+    ``storePathRootDir``.  Ports 0 (ephemeral) are allowed in ``namesrvAddr``.  ``extra``: more
+    flag values under their property names (``dashboardEnable``, ``dashboardPort``; None = not given).
 
     Raises
     ------
@@ -159,7 +174,7 @@ def resolve_settings(conf_path: Optional[str] = None, store_path: Optional[str] 
     """
     props = load_broker_conf(conf_path) if conf_path else {}
     s = broker_settings(props, {"storePathRootDir": store_path, "namesrvAddr": namesrv_addr,
-                                "listenPort": listen_port}, ephemeral_ports=True)
+                                "listenPort": listen_port, **(extra or {})}, ephemeral_ports=True)
     s["storePathRootDir"] = os.path.abspath(s["storePathRootDir"])
     return s
 
@@ -318,7 +333,8 @@ class Supervisor:
         self.settings["storePathRootDir"] = self.store
         self.conf_source = os.path.abspath(conf_path) if conf_path else None
         self.start_namesrv = start_namesrv
-        self.modules = dict(modules) if modules is not None else actor_modules(os.environ.get(ACTOR_MODULES_ENV))
+        self.modules = ({**DEFAULT_MODULES, **modules} if modules is not None
+                        else actor_modules(os.environ.get(ACTOR_MODULES_ENV)))
         self.ready_timeout_s = ready_timeout_s
         self.stop_timeout_s = stop_timeout_s
         self.restart_backoff_s = restart_backoff_s
@@ -329,6 +345,13 @@ class Supervisor:
         self.detached = detached
         self.out = out if out is not None else sys.stdout
         self.groups = ([Group("namesrv", NAMESRV_GROUP)] if start_namesrv else []) + [Group("broker", BROKER_GROUP)]
+        try:
+            self.dashboard = dashboard_settings(self.settings)
+        except BrokerConfError as e:
+            raise SupervisorError(str(e)) from None
+        if self.dashboard["enabled"]:
+            self.groups.append(Group("dashboard", DASHBOARD_GROUP))
+        self.starts: dict[str, int] = {}        # actor -> processes started (restarts = starts - 1)
         self.children: dict[str, Child] = {}
         self.by_fd: dict[int, Child] = {}
         self.pid_file = PidFile(self.store)
@@ -354,6 +377,11 @@ class Supervisor:
                                       "port 0")
         elif zero:
             raise SupervisorError(f"--no-namesrv needs the real ports of the running NameServers, got {zero}")
+        if self.dashboard["enabled"] and self.modules["dashboard"] == DEFAULT_MODULES["dashboard"]:
+            missing = [m for m in ("starlette", "jinja2", "uvicorn", "multipart") if importlib.util.find_spec(m) is None]
+            if missing:
+                raise SupervisorError(f"dashboardEnable=true needs the 'dashboard' extra (pip install "
+                                      f"\"rmq[dashboard]\"): {', '.join(missing)} not installed")
 
     # -- output ---------------------------------------------------------------------------------------
     def say(self, line: str) -> None:
@@ -433,7 +461,7 @@ class Supervisor:
         return code
 
     def _summary(self) -> str:
-        parts = [f"{n} {c.endpoint}" for n, c in self.children.items() if n in ("nameserver", "broker")]
+        parts = [f"{n} {c.endpoint}" for n, c in self.children.items() if n in ("nameserver", "broker", "dashboard")]
         return (f"rmq running ({', '.join(parts)}; store {self.store}); "
                 f"Ctrl-C or `rmq stop --store-path {self.store}` stops it")
 
@@ -504,6 +532,11 @@ class Supervisor:
             host, port = s["namesrvAddr"].split(";")[0].rsplit(":", 1)
             return ["--listen-addr", host.strip("[]"), "--listen-port", port, "--store-path", self.store,
                     "-c", self.conf_path, "--supervisor", self.endpoint]      # -c: auth* settings
+        if name == "dashboard":
+            d = self.dashboard
+            return ["--namesrv-addr", s["namesrvAddr"], "--host", d["host"], "--port", str(d["port"]),
+                    "--store-path", self.store, "--supervisor", self.endpoint,
+                    *(["--token-file", d["token_file"]] if d["token_file"] else [])]
         common = ["--store-path", self.store, "-c", self.conf_path]
         if name == "broker":
             return [*common, "--listen-port", str(s["listenPort"]), "--namesrv-addr", s["namesrvAddr"],
@@ -512,7 +545,7 @@ class Supervisor:
 
     def _pin_port(self, child: Child) -> None:
         """An ephemeral port (0) becomes the one the actor got, so a restart binds the same port."""
-        m = re.match(r"^tcp://(.+):(\d+)$", child.endpoint or "")
+        m = re.match(r"^(?:tcp|http)://(.+):(\d+)$", child.endpoint or "")
         if m is None:
             return
         port = m.group(2)
@@ -523,6 +556,9 @@ class Supervisor:
                 addrs[0] = f"{host}:{port}"
                 self.settings["namesrvAddr"] = ";".join(addrs)
                 log.info("NameServer port 0 resolved: namesrvAddr=%s", self.settings["namesrvAddr"])
+        elif child.name == "dashboard" and self.dashboard["port"] == 0:
+            self.dashboard["port"] = int(port)
+            log.info("dashboard port 0 resolved: %s", port)
         elif child.name == "broker" and self.settings["listenPort"] == 0:
             self.settings["listenPort"] = int(port)
             log.info("broker port 0 resolved: listenPort=%s", port)
@@ -549,9 +585,25 @@ class Supervisor:
         log.info("spawned %s (pid %d): %s", name, child.pid, " ".join(cmd))
         return child
 
+    def _write_restarts(self) -> None:
+        """``S/run/restarts.json``: restarts of each actor since this supervisor started (the broker
+        group's metrics serve it as rocketmq_actor_restarts_total)."""
+        d = os.path.join(self.store, RUN_DIR)
+        path = os.path.join(d, RESTARTS_FILE)
+        try:
+            os.makedirs(d, exist_ok=True)
+            tmp = f"{path}.tmp"
+            with open(tmp, "w") as f:
+                json.dump({n: max(0, c - 1) for n, c in sorted(self.starts.items())}, f)
+            os.replace(tmp, path)
+        except OSError as e:
+            log.warning("cannot write %s: %s", path, e)
+
     def _start_actor(self, name: str) -> tuple:
         """Spawn ``name`` and wait for its ``ready`` line.  Returns (child, "") or (None, why)."""
         child = self._spawn(name)
+        self.starts[name] = self.starts.get(name, 0) + 1
+        self._write_restarts()
         deadline = time.monotonic() + self.ready_timeout_s
         why = ""
         told = False
@@ -889,6 +941,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "on the first; port 0 = ephemeral)")
     p.add_argument("--listen-port", type=int, default=None, help="broker port (default 10911; 0 = ephemeral)")
     p.add_argument("--no-namesrv", action="store_true", help="start only the broker group")
+    p.add_argument("--dashboard", action="store_true", default=None,
+                   help="also run the web dashboard (dashboardEnable=true)")
+    p.add_argument("--dashboard-port", type=int, default=None, help="dashboardPort (default 8082; 0 = any free)")
     p.add_argument("--ready-timeout-s", type=float, default=READY_TIMEOUT_S)
     p.add_argument("--stop-timeout-s", type=float, default=STOP_TIMEOUT_S)
     p.add_argument("--max-restarts", type=int, default=MAX_RESTARTS)
@@ -908,7 +963,8 @@ def main(argv: Optional[list] = None) -> int:
     if a.max_restarts < 0 or a.heartbeat_liveness < 1 or min(a.ready_timeout_s, a.stop_timeout_s) <= 0:
         p.error("--max-restarts must be >= 0, --heartbeat-liveness >= 1, timeouts > 0")
     try:
-        settings = resolve_settings(a.config, a.store_path, a.namesrv_addr, a.listen_port)
+        settings = resolve_settings(a.config, a.store_path, a.namesrv_addr, a.listen_port,
+                                    {"dashboardEnable": "true" if a.dashboard else None, "dashboardPort": a.dashboard_port})
         sup = Supervisor(settings, a.config, start_namesrv=not a.no_namesrv, ready_timeout_s=a.ready_timeout_s,
                          stop_timeout_s=a.stop_timeout_s, restart_backoff_s=a.restart_backoff_ms / 1000.0,
                          restart_backoff_max_s=a.restart_backoff_max_ms / 1000.0, max_restarts=a.max_restarts,

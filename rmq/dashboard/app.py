@@ -25,6 +25,7 @@ import contextlib
 import hmac
 import ipaddress
 import os
+import signal
 import threading
 import time
 import urllib.request
@@ -515,4 +516,9 @@ def serve(namesrv_addr: str, host: str = "127.0.0.1", port: int = DEFAULT_DASHBO
             bound = server.servers[0].sockets[0].getsockname()[1] if server.servers else port
             ready(f"http://{host}:{bound}")
         server.startup = startup
+    if threading.current_thread() is threading.main_thread():
+        # uvicorn re-raises the signal that stopped it once it has shut down; with these no-op
+        # handlers in place that ends in a plain return (exit code 0), not a kill or a traceback
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: None)
     server.run()

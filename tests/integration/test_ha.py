@@ -389,3 +389,30 @@ def test_sync_master_refuses_when_the_slave_lags_beyond_ha_slave_fallbehind_max(
         wait_for(lambda: runtime(c, master.broker_addr)["haSlaves"], 60)
         r = send(c, master.broker_addr, "T", b"lagging")
         assert r.code == ResponseCode.SLAVE_NOT_AVAILABLE and "behind" in r.remark, r.remark
+
+
+def test_replication_lag_in_ms_grows_while_the_slave_stalls_and_returns_to_zero(pair):
+    """brokerStatus haLagMs (and rocketmq_ha_replication_lag_latency): the age of the oldest message
+    the slave has not acknowledged; 0 once it has everything."""
+    import signal
+    master = pair(slaveTimeout="60000")           # the stalled slave stays listed
+    with RemotingClient() as c:
+        create_topic(c, master.broker_addr, "T")
+        fill(c, master.broker_addr, "T", 20)
+        slave = pair(master=master)
+        wait_replicated(c, master, slave)
+        assert runtime(c, master.broker_addr)["haLagMs"] == 0
+        assert runtime(c, slave.broker_addr)["haLagMs"] == -1      # a slave has no figure of its own
+        ha = slave.procs["ha"].proc
+        os.kill(ha.pid, signal.SIGSTOP)
+        try:
+            t0 = time.time()
+            fill(c, master.broker_addr, "T", 5, prefix=b"late")
+            first = wait_for(lambda: runtime(c, master.broker_addr)["haLagMs"] > 0 and
+                             runtime(c, master.broker_addr)["haLagMs"], 20)
+            later = wait_for(lambda: (v := runtime(c, master.broker_addr)["haLagMs"]) > first and v, 20)
+            assert later <= (time.time() - t0) * 1000 + 1000      # the age of a message sent after t0
+        finally:
+            os.kill(ha.pid, signal.SIGCONT)
+        wait_replicated(c, master, slave)
+        assert runtime(c, master.broker_addr)["haLagMs"] == 0

@@ -351,3 +351,69 @@ def test_demo_store_runs_end_to_end(tmp_path):
     r = rmq("demo", "store", "--store-path", str(tmp_path / "demo"), "-n", "20000", "--queues", "4")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "OK" in r.stdout and "MISMATCH" not in r.stdout
+
+
+def test_dashboard_runs_under_the_supervisor_restarts_and_is_counted(tmp_path):
+    """`rmq start --dashboard`: the dashboard is an actor of its own group, started last and
+    stopped first; killed, it comes back on the same port; its restart shows in
+    rocketmq_actor_restarts_total and its CPU / RSS in the broker group's metrics."""
+    import urllib.request
+    from tests.integration.test_metrics import scrape, value
+    store = str(tmp_path / "store")
+    conf = tmp_path / "broker.conf"
+    conf.write_text("metricsExporterType=PROM\nmetricsPromExporterPort=0\n")
+    started = rmq("start", "-c", str(conf), "--store-path", store, "--detach", "--namesrv-addr", "127.0.0.1:0",
+                  "--listen-port", "0", "--dashboard", "--dashboard-port", "0")
+    try:
+        assert started.returncode == 0, started.stdout + started.stderr
+        url = re.search(r"^started dashboard pid \d+ (http://\S+)$", started.stdout, re.M).group(1)
+        broker = re.search(r"^started broker pid \d+ tcp://(\S+)$", started.stdout, re.M).group(1)
+        lines = [ln.split()[1] for ln in started.stdout.splitlines() if ln.startswith("started ")]
+        assert lines[-1] == "dashboard"                     # after the broker group
+
+        def page(path):
+            with urllib.request.urlopen(url + path, timeout=10) as r:
+                return r.status, r.read().decode()
+        status, html = wait_for(lambda: _try(page, "/cluster"), DEADLINE_S)
+        assert status == 200 and broker in html
+        first = spawned(store)["dashboard"]
+        os.kill(first, signal.SIGKILL)
+        wait_for(lambda: spawned(store)["dashboard"] != first and alive(spawned(store)["dashboard"]), DEADLINE_S)
+        assert wait_for(lambda: _try(page, "/healthz"), DEADLINE_S) == (200, "ok\n")     # the same port
+        from rmq.testing import broker_runtime_info
+        metrics_url = broker_runtime_info(broker)["metricsUrl"]
+        m = scrape(metrics_url)
+        assert value(m, "rocketmq_actor_restarts_total", actor="dashboard") == 1
+        assert value(m, "rocketmq_actor_restarts_total", actor="broker") == 0
+        assert value(m, "rocketmq_actor_resident_memory_bytes", actor="dashboard", pid=str(spawned(store)["dashboard"])) > 0
+    finally:
+        stopped = rmq("stop", "--store-path", store)
+    assert stopped.returncode == 0 and "stopped cleanly" in stopped.stdout, stopped.stdout + stopped.stderr
+    with open(os.path.join(store, "logs", "supervisor.log"), errors="replace") as f:
+        log = f.read()
+    assert re.search(r"stopped dashboard \(pid \d+\): exit code 0", log)
+    # the dashboard stops first: before the broker
+    assert log.index("stopped dashboard") < log.index("stopped broker")
+
+
+def _try(fn, *args):
+    try:
+        return fn(*args)
+    except OSError:
+        return None
+
+
+@pytest.mark.parametrize("props,why", [
+    ("dashboardEnable=maybe\n", "dashboardEnable must be true or false"),
+    ("dashboardEnable=true\ndashboardHost=0.0.0.0\n", "set dashboardTokenFile"),
+    ("dashboardEnable=true\ndashboardPort=70000\n", "dashboardPort=70000 outside"),
+    ("dashboardEnable=true\ndashboardTokenFile=/nonexistent/token\n", "not a readable file"),
+])
+def test_bad_dashboard_settings_are_refused_before_anything_starts(tmp_path, props, why):
+    conf = tmp_path / "broker.conf"
+    conf.write_text(props)
+    store = tmp_path / "store"
+    r = rmq("start", "-c", str(conf), "--store-path", str(store), "--detach", "--namesrv-addr", "127.0.0.1:0",
+            "--listen-port", "0")
+    assert r.returncode == 1 and why in r.stderr and "Traceback" not in r.stderr, r.stdout + r.stderr
+    assert not (store / "rmq.pid").exists()
