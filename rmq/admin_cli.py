@@ -570,7 +570,7 @@ def query_msg_by_id(msg_id, topic) -> None:
         raise click.ClickException("no message id given")
     with _client() as a:
         msgs = [m for i in ids for m in a.query_msg_by_id(i, topic)]
-        tracks = [a.message_track(m) for m in msgs]
+        tracks = a.message_tracks(msgs)
 
     def render(c):
         for m, tr in zip(msgs, tracks):

@@ -27,7 +27,7 @@ method                             returns
 ``consume_message``                list of :class:`MessageView`
 ``broker_stats``                   dict, BrokerStatsData (VIEW_BROKER_STATS_DATA)
 ``stats_all``                      list of :class:`StatsRow`
-``message_track``                  list of :class:`MessageTrack`
+``message_track(s)``               list of :class:`MessageTrack` (a list of them)
 ``resend_to_group``                :class:`rmq.client.message.SendResult`
 ``producer_list``                  list of :class:`ProducerConnection`
 =================================  ====================================================
@@ -1160,20 +1160,35 @@ class Admin:
         """Which groups have consumed ``msg`` (RocketMQ's messageTrackDetail): every group with an
         offset on the message's topic on its broker, CONSUMED when its committed offset on the
         message's queue is past the message's queue offset, else NOT_CONSUME_YET; ``online`` from
-        the broker's consumer table.  Sorted by group; empty when no group consumes the topic."""
-        addr = self._master_addr(msg.broker_name)
-        table = _body(self._broker(addr, RequestCode.GET_ALL_CONSUMER_OFFSET), "consumer offsets")
-        prefix = f"{msg.topic}@"
+        the broker's consumer table.  A list of :class:`MessageTrack` sorted by group; empty when
+        no group consumes the topic."""
+        return self.message_tracks([msg])[0]
+
+    def message_tracks(self, msgs: list) -> list:
+        """:meth:`message_track` of many messages: one offset table per broker and one consumer
+        list per group, whatever the number of messages.  A list of lists, in ``msgs``' order."""
+        tables: dict = {}
+        online: dict = {}
         out = []
-        for key, queues in sorted(((table or {}).get("offsetTable") or {}).items()):
-            if not key.startswith(prefix):
-                continue
-            group = key[len(prefix):]
-            co = queues.get(str(msg.queue_id), queues.get(msg.queue_id, -1))
-            co = int(co) if co is not None else -1
-            resp = self._invoke(addr, RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": group})
-            online = resp.code == ResponseCode.SUCCESS
-            out.append(MessageTrack(group, "CONSUMED" if co > msg.queue_offset else "NOT_CONSUME_YET", online, co))
+        for msg in msgs:
+            addr = self._master_addr(msg.broker_name)
+            if addr not in tables:
+                body = _body(self._broker(addr, RequestCode.GET_ALL_CONSUMER_OFFSET), "consumer offsets")
+                tables[addr] = (body or {}).get("offsetTable") or {}
+            prefix = f"{msg.topic}@"
+            tracks = []
+            for key, queues in sorted(tables[addr].items()):
+                if not key.startswith(prefix):
+                    continue
+                group = key[len(prefix):]
+                co = queues.get(str(msg.queue_id), queues.get(msg.queue_id, -1))
+                co = int(co) if co is not None else -1
+                if (addr, group) not in online:
+                    resp = self._invoke(addr, RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": group})
+                    online[(addr, group)] = resp.code == ResponseCode.SUCCESS
+                tracks.append(MessageTrack(group, "CONSUMED" if co > msg.queue_offset else "NOT_CONSUME_YET",
+                                           online[(addr, group)], co))
+            out.append(tracks)
         return out
 
     def resend_to_group(self, msg: MessageView, group: str) -> SendResult:

@@ -10,10 +10,12 @@ Pages (what rocketmq-dashboard has, plus lag in time and the actor processes):
 - ``/groups``: subscription groups, paginated; ``/groups/{group}``: online clients, lag per queue
   in messages and in time, reset offset by time, skip the backlog;
 - ``/messages``: by topic + key, by message id, by topic + time range (bounded by
-  :data:`MAX_MESSAGES`); each shows body and properties; ``/dlq``: the DLQ topics, browse one,
-  resend a message to its original topic;
-- ``/actors``: the broker groups' actor processes (CPU, RSS) from their metrics endpoints
-  (``metricsExporterType=PROM``).
+  :data:`MAX_MESSAGES`); each shows body, properties and which groups consumed it, and can be
+  resent to one group; ``/dlq``: the DLQ topics, browse one, resend a message to its original topic;
+- ``/producers``: the producers online, by group;
+- ``/actors``: the broker groups' actor processes (CPU, RSS, restarts) from their metrics endpoints
+  (``metricsExporterType=PROM``); the cluster page's latency chart (``/api/latency``: mean and p99
+  of the brokers' send requests) needs them too.
 
 Every asset ships in the wheel (``templates/``, ``static/``): no CDN, no build step.  Binding
 anything but loopback requires a token (:func:`create_app` ``token``): the login form sets a
@@ -104,12 +106,56 @@ def paginate(request: Request, items: list) -> tuple:
     return items[(page_no - 1) * PAGE_SIZE: page_no * PAGE_SIZE], page_no, pages
 
 
+SEND_REQUEST_CODES = ("send_message", "send_message_v2", "send_batch_message")   # rocketmq_rpc_latency labels
+
+
+def send_latency(text: str) -> tuple:
+    """(sum ms, count, [(le ms, cumulative count)]) of the broker's send requests in a scrape of
+    ``rocketmq_rpc_latency`` (every label set with a send request code, summed)."""
+    from prometheus_client.parser import text_string_to_metric_families
+    total, count, buckets = 0.0, 0.0, {}
+    for fam in text_string_to_metric_families(text):
+        if fam.name != "rocketmq_rpc_latency":
+            continue
+        for smp in fam.samples:
+            if smp.labels.get("request_code") not in SEND_REQUEST_CODES:
+                continue
+            if smp.name.endswith("_sum"):
+                total += smp.value
+            elif smp.name.endswith("_count"):
+                count += smp.value
+            elif smp.name.endswith("_bucket"):
+                le = float(smp.labels["le"])
+                buckets[le] = buckets.get(le, 0.0) + smp.value
+    return total, count, sorted(buckets.items())
+
+
+def latency_between(prev: tuple, cur: tuple) -> Optional[tuple]:
+    """(mean ms, p99 ms) of the sends between two :func:`send_latency` readings; None without
+    sends in between.  p99 is the upper bound of the bucket holding it (the last finite bound
+    when it is past them all)."""
+    n = cur[1] - prev[1]
+    if n <= 0:
+        return None
+    before = dict(prev[2])
+    target, p99 = 0.99 * n, None
+    finite = [le for le, _ in cur[2] if le != float("inf")]
+    for le, cum in cur[2]:
+        if cum - before.get(le, 0.0) >= target:
+            p99 = le if le != float("inf") else (finite[-1] if finite else 0.0)
+            break
+    return round((cur[0] - prev[0]) / n, 3), p99 if p99 is not None else (finite[-1] if finite else 0.0)
+
+
 class _Sampler:
-    """Samples every broker's put / get TPS for the live charts (a daemon thread)."""
+    """Samples every broker's put / get TPS, and its send latency from its metrics endpoint, for
+    the live charts (a daemon thread)."""
 
     def __init__(self, app_state: "DashboardState"):
         self.state = app_state
         self.series: dict = {}        # broker_addr -> deque[(t_ms, put_tps, get_tps)]
+        self.latency: dict = {}       # broker_addr -> deque[(t_ms, mean ms, p99 ms)]
+        self._last_scrape: dict = {}  # broker_addr -> the previous send_latency reading
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rmq-dashboard-sampler", daemon=True)
 
@@ -130,6 +176,18 @@ class _Sampler:
                 continue
             d = self.series.setdefault(b.broker_addr, deque(maxlen=SAMPLES_KEPT))
             d.append((now, round(b.put_tps, 1), round(b.get_tps, 1)))
+            url = (b.runtime or {}).get("metricsUrl", "")
+            if url:
+                try:
+                    with urllib.request.urlopen(url, timeout=SAMPLE_INTERVAL_S) as r:
+                        cur = send_latency(r.read().decode())
+                except (OSError, ValueError):
+                    continue
+                prev = self._last_scrape.get(b.broker_addr)
+                self._last_scrape[b.broker_addr] = cur
+                lat = latency_between(prev, cur) if prev is not None else None
+                d = self.latency.setdefault(b.broker_addr, deque(maxlen=SAMPLES_KEPT))
+                d.append((now, *(lat or (0.0, 0.0))))
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -208,11 +266,15 @@ def create_app(namesrv_addr: str, token: Optional[str] = None, sample: bool = Tr
         for b in brokers:
             rt = b.runtime or {}
             rows.append({"b": b, "disk": rt.get("commitLogDiskRatio", -1), "flush_behind": rt.get("flushBehindBytes"),
+                         "ha_lag_ms": rt.get("haLagMs", -1),
                          "dispatch_behind": rt.get("dispatchBehindBytes"), "metrics": rt.get("metricsUrl", "")})
         return page(request, "cluster.html", rows=rows)
 
     def api_tps(request: Request) -> Response:
         return JSONResponse({addr: list(d) for addr, d in sampler.series.items()})
+
+    def api_latency(request: Request) -> Response:
+        return JSONResponse({addr: list(d) for addr, d in sampler.latency.items()})
 
     # -- topics -----------------------------------------------------------------------------------------
     def topics(request: Request) -> Response:
@@ -239,16 +301,19 @@ def create_app(namesrv_addr: str, token: Optional[str] = None, sample: bool = Tr
             return error_page(request, f"create topic {topic}", e)
         return RedirectResponse(f"/topics/{quote(topic, safe='')}?message=created", status_code=303)
 
-    def topic_detail(request: Request) -> Response:
-        topic = request.path_params["topic"]
+    def topic_page(request: Request, topic: str, sent=None) -> Response:
         try:
             status = state.call(lambda a: a.topic_status(topic))
             route = state.call(lambda a: a.topic_route(topic))
+            stats = state.call(lambda a: a.stats_all(topic))
         except RmqError as e:
             return error_page(request, f"topic {topic}", e, 404)
-        return page(request, "topic.html", topic=topic, status=status, route=route,
+        return page(request, "topic.html", topic=topic, status=status, route=route, stats=stats,
                     total=sum(s.max_offset - s.min_offset for s in status),
-                    message=request.query_params.get("message", ""), sent=None)
+                    message=request.query_params.get("message", "") if sent is None else "", sent=sent)
+
+    def topic_detail(request: Request) -> Response:
+        return topic_page(request, request.path_params["topic"])
 
     async def topic_update(request: Request) -> Response:
         topic = request.path_params["topic"]
@@ -276,12 +341,9 @@ def create_app(namesrv_addr: str, token: Optional[str] = None, sample: bool = Tr
         keys = [k for k in str(form.get("keys", "")).split() if k] or None
         try:
             sent = state.call(lambda a: a.send_message(topic, body.encode(), tags=tags, keys=keys))
-            status = state.call(lambda a: a.topic_status(topic))
-            route = state.call(lambda a: a.topic_route(topic))
         except RmqError as e:
             return error_page(request, f"send to {topic}", e)
-        return page(request, "topic.html", topic=topic, status=status, route=route,
-                    total=sum(s.max_offset - s.min_offset for s in status), message="", sent=sent)
+        return topic_page(request, topic, sent)
 
     # -- groups -----------------------------------------------------------------------------------------
     def groups(request: Request) -> Response:
@@ -313,7 +375,16 @@ def create_app(namesrv_addr: str, token: Optional[str] = None, sample: bool = Tr
         queues = [(qp, max(0, now - qp.lag_timestamp) if qp.lag_timestamp else 0)
                   for qp in (progress.queues if progress else [])]
         topics = sorted({qp.topic for qp, _ in queues})
+        stats = []
+        for t in topics:
+            if t.startswith("%RETRY%"):
+                continue
+            try:
+                stats += [r for r in state.call(lambda a: a.stats_all(t)) if r.consumer_group == group]
+            except RmqError:
+                pass
         return page(request, "group.html", group=group, clients=clients, queues=queues, why=why, topics=topics,
+                    stats=stats,
                     total=progress.total_diff if progress else 0,
                     message=message or request.query_params.get("message", ""))
 
@@ -351,8 +422,34 @@ def create_app(namesrv_addr: str, token: Optional[str] = None, sample: bool = Tr
                 found = state.call(lambda a: by_time(a, topic, begin, end))
         except (RmqError, ValueError) as e:
             why = str(e)
-        return page(request, "messages.html", found=found[:MAX_MESSAGES], topic=topic, key=key, msg_id=msg_id,
-                    begin=begin, end=end, why=why, searched=searched, max_messages=MAX_MESSAGES)
+        found = found[:MAX_MESSAGES]
+        try:
+            tracks = state.call(lambda a: a.message_tracks(found))
+        except RmqError:
+            tracks = [None] * len(found)
+        return page(request, "messages.html", found=list(zip(found, tracks)), topic=topic, key=key, msg_id=msg_id,
+                    begin=begin, end=end, why=why, searched=searched, max_messages=MAX_MESSAGES,
+                    message=request.query_params.get("message", ""))
+
+    async def message_resend(request: Request) -> Response:
+        form = await request.form()
+        msg_id, topic, group = str(form.get("msgId", "")), str(form.get("topic", "")), str(form.get("group", ""))
+        try:
+            views = state.call(lambda a: a.query_msg_by_id(msg_id, topic or None))
+            sent = state.call(lambda a: a.resend_to_group(views[0], group))
+        except RmqError as e:
+            return error_page(request, f"resend {msg_id} to {group}", e)
+        note = f"resent {msg_id} to group {group} ({sent.message_queue.topic}, offset {sent.queue_offset})"
+        return RedirectResponse(f"/messages?msgId={quote(msg_id)}&topic={quote(topic)}&message={quote(note)}",
+                                status_code=303)
+
+    # -- producers --------------------------------------------------------------------------------------
+    def producers(request: Request) -> Response:
+        try:
+            rows = state.call(lambda a: a.producer_list())
+        except RmqError as e:
+            return error_page(request, "producers", e, 502)
+        return page(request, "producers.html", rows=rows)
 
     def dlq(request: Request) -> Response:
         try:
@@ -396,7 +493,7 @@ def create_app(namesrv_addr: str, token: Optional[str] = None, sample: bool = Tr
             else:
                 try:
                     procs = scrape_actors(url)
-                except OSError as e:
+                except (OSError, ValueError) as e:
                     why = f"{url}: {e}"
             groups.append((b, url, procs, why))
         return page(request, "actors.html", groups=groups)
@@ -436,14 +533,15 @@ def create_app(namesrv_addr: str, token: Optional[str] = None, sample: bool = Tr
 
     routes = [
         Route("/", home), Route("/healthz", healthz), Route("/login", login, methods=["GET", "POST"]),
-        Route("/cluster", cluster), Route("/api/tps", api_tps),
+        Route("/cluster", cluster), Route("/api/tps", api_tps), Route("/api/latency", api_latency),
         Route("/topics", topics), Route("/topics", topic_create, methods=["POST"]),
         Route("/topics/{topic}", topic_detail), Route("/topics/{topic}/update", topic_update, methods=["POST"]),
         Route("/topics/{topic}/delete", topic_delete, methods=["POST"]),
         Route("/topics/{topic}/send", topic_send, methods=["POST"]),
         Route("/groups", groups), Route("/groups/{group}", group_detail),
         Route("/groups/{group}/reset", group_reset, methods=["POST"]),
-        Route("/messages", messages), Route("/dlq", dlq), Route("/dlq/resend", dlq_resend, methods=["POST"]),
+        Route("/messages", messages), Route("/messages/resend", message_resend, methods=["POST"]),
+        Route("/producers", producers), Route("/dlq", dlq), Route("/dlq/resend", dlq_resend, methods=["POST"]),
         Route("/actors", actors),
         Mount("/static", app=StaticFiles(directory=os.path.join(HERE, "static")), name="static"),
     ]
@@ -475,11 +573,12 @@ def by_time(admin: Admin, topic: str, begin: str, end: str) -> list:
 
 
 def scrape_actors(url: str, timeout_s: float = 5.0) -> list:
-    """[(actor, pid, cpu seconds, rss bytes)] from a broker group's metrics endpoint."""
+    """[(actor, pid, cpu seconds, rss bytes, restarts)] from a broker group's metrics endpoint
+    (restarts: rocketmq_actor_restarts_total, 0 without a supervisor)."""
     from prometheus_client.parser import text_string_to_metric_families
     with urllib.request.urlopen(url, timeout=timeout_s) as r:
         text = r.read().decode()
-    cpu, rss = {}, {}
+    cpu, rss, restarts = {}, {}, {}
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
             key = (s.labels.get("actor"), s.labels.get("pid"))
@@ -487,7 +586,10 @@ def scrape_actors(url: str, timeout_s: float = 5.0) -> list:
                 cpu[key] = s.value
             elif s.name == "rocketmq_actor_resident_memory_bytes":
                 rss[key] = s.value
-    return sorted((a, int(p), cpu.get((a, p), 0.0), int(rss.get((a, p), 0))) for a, p in set(cpu) | set(rss))
+            elif s.name == "rocketmq_actor_restarts_total":
+                restarts[s.labels.get("actor")] = int(s.value)
+    return sorted((a, int(p), cpu.get((a, p), 0.0), int(rss.get((a, p), 0)), restarts.get(a, 0))
+                  for a, p in set(cpu) | set(rss))
 
 
 def serve(namesrv_addr: str, host: str = "127.0.0.1", port: int = DEFAULT_DASHBOARD_PORT,

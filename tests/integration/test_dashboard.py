@@ -23,7 +23,7 @@ pytestmark = pytest.mark.integration
 ARTIFACTS = os.path.join(ROOT, "tests", "artifacts")
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
-PAGES = ("cluster", "topics", "groups", "messages", "dlq", "actors")
+PAGES = ("cluster", "topics", "groups", "producers", "messages", "dlq", "actors")
 
 
 @pytest.fixture(scope="module")
@@ -102,8 +102,9 @@ def test_every_page_loads_without_console_errors(cluster, dashboard, browser):
     assert "Topic DashPages" in browser.find_element(By.TAG_NAME, "h1").text
     assert len(browser.find_elements(By.CSS_SELECTOR, "#queues tbody tr")) == 2
     assert console_errors(browser) == []
-    browser.get(f"{dashboard}/cluster")     # the live chart draws once the sampler has a point
-    wait_for(lambda: browser.find_elements(By.ID, "tps-svg") or browser.refresh(), 30)
+    browser.get(f"{dashboard}/cluster")     # the live charts draw once the sampler has a point
+    wait_for(lambda: (browser.find_elements(By.ID, "tps-chart-svg") and
+                      browser.find_elements(By.ID, "latency-chart-svg")) or browser.refresh(), 30)
     assert console_errors(browser) == []
     shot(browser, "cluster-chart")
     rows = browser.find_elements(By.CSS_SELECTOR, "#brokers tbody tr")
@@ -112,6 +113,54 @@ def test_every_page_loads_without_console_errors(cluster, dashboard, browser):
     browser.get(f"{dashboard}/actors")
     actors = browser.find_element(By.CSS_SELECTOR, "table.actors").text
     assert "broker" in actors and "reput" in actors and "flush" in actors
+    # no supervisor here: no restarts file, every actor shows 0
+    assert {e.text for e in browser.find_elements(By.CSS_SELECTOR, "table.actors td.restarts")} == {"0"}
+
+
+def test_message_track_resend_to_a_group_and_producers_in_the_ui(cluster, dashboard, browser):
+    """A message consumed by a live PushConsumer shows CONSUMED for its group; "Resend" delivers it
+    to that group's listener again; the live producer is on the producers page."""
+    import threading
+    from selenium.webdriver.common.by import By
+    from rmq import Message, Producer, PushConsumer
+    got, lock = [], threading.Lock()
+
+    def listener(msgs, ctx):
+        with lock:
+            got.extend(m.body for m in msgs)
+    with Admin(cluster.namesrv_addr) as a:
+        a.create_topic("DashTrack", 2, 2)
+        wait_for(lambda: "DashTrack" in a.topic_list(), 30)
+    c = PushConsumer(cluster.namesrv_addr, "DashTrackG", rebalance_interval_ms=300,
+                     persist_consumer_offset_interval_ms=200, heartbeat_broker_interval_ms=1000)
+    c.subscribe("DashTrack", "*")
+    c.register_message_listener(listener)
+    c.start()
+    try:
+        with Producer(cluster.namesrv_addr, group="DashPG") as p:
+            r = p.send(Message("DashTrack", b"track me", keys=["trk-1"]))
+            wait_for(lambda: got == [b"track me"], 60)
+            browser.get(f"{dashboard}/producers")
+            assert p.client_id in [e.text for e in browser.find_elements(By.CSS_SELECTOR, "#producers td.client-id")]
+            assert console_errors(browser) == []
+
+        def consumed():           # the committed offset reaches the broker within ~200 ms
+            browser.get(f"{dashboard}/messages?topic=DashTrack&key=trk-1")
+            types = [e.text for e in browser.find_elements(By.CSS_SELECTOR, "table.track td.track-type")]
+            return types == ["CONSUMED"]
+        wait_for(consumed, 30)
+        assert "DashTrackG" in browser.find_element(By.CSS_SELECTOR, "table.track").text
+        shot(browser, "message-track")
+        browser.find_element(By.CSS_SELECTOR, "button.resend").click()
+        assert f"resent {r.msg_id} to group DashTrackG" in find(browser, By.ID, "message").text
+        wait_for(lambda: got == [b"track me", b"track me"], 60)
+        assert console_errors(browser) == []
+        browser.get(f"{dashboard}/topics/DashTrack")      # the topic's traffic table counts the send
+        assert [e.text for e in browser.find_elements(By.CSS_SELECTOR, "#traffic td.in-24h")] == ["1"]
+        browser.get(f"{dashboard}/groups/DashTrackG")
+        assert browser.find_element(By.CSS_SELECTOR, "#traffic td.out-24h").text in ("1", "2")
+    finally:
+        c.shutdown()
 
 
 def test_message_sent_through_the_ui_is_found_by_key(cluster, dashboard, browser):
@@ -209,3 +258,23 @@ def test_bad_input_changes_nothing(cluster):
         assert c.get("/topics/NoSuchTopic").status_code == 404
     with Admin(cluster.namesrv_addr) as a:
         assert "Fine" not in a.topic_list() and "bad/topic" not in a.topic_list()
+
+
+def test_send_latency_from_a_scrape():
+    from rmq.dashboard.app import latency_between, send_latency
+    def text(count, total, buckets):
+        lines = ["# HELP rocketmq_rpc_latency x", "# TYPE rocketmq_rpc_latency histogram"]
+        for code in ("send_message", "pull_message"):
+            for le, n in buckets:
+                lines.append(f'rocketmq_rpc_latency_bucket{{request_code="{code}",le="{le}"}} {n}')
+            lines.append(f'rocketmq_rpc_latency_count{{request_code="{code}"}} {count}')
+            lines.append(f'rocketmq_rpc_latency_sum{{request_code="{code}"}} {total}')
+        return "\n".join(lines) + "\n"
+    a = send_latency(text(10, 5.0, [("1.0", 10), ("5.0", 10), ("+Inf", 10)]))
+    b = send_latency(text(110, 105.0, [("1.0", 20), ("5.0", 109), ("+Inf", 110)]))
+    assert a[1] == 10 and a[0] == 5.0                       # pulls are not sends
+    mean, p99 = latency_between(a, b)
+    assert mean == 1.0 and p99 == 5.0                        # 99 of 100 new sends within 5 ms
+    assert latency_between(b, b) is None
+    c = send_latency(text(210, 905.0, [("1.0", 20), ("5.0", 109), ("+Inf", 210)]))
+    assert latency_between(b, c)[1] == 5.0                   # past every bucket: the last finite bound
