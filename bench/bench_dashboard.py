@@ -34,13 +34,24 @@ def main() -> int:
             for i in range(a.groups):
                 assert rc.invoke(c.broker, Frame(RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP,
                                                  fields={"groupName": f"BenchGroup{i:05d}"})).code == 0
+            # traffic: a message on each topic; each group has an offset on its own topic and on
+            # BenchTopic00500 (1,000 groups consume that one: its statsAll rows, its message track)
+            for i in range(a.topics):
+                assert rc.invoke(c.broker, Frame(RequestCode.SEND_MESSAGE, fields={
+                    "producerGroup": "bench", "topic": f"BenchTopic{i:05d}", "queueId": 0,
+                    "properties": {"KEYS": f"k{i}"}}, bodies=[b"x" * 100])).code == 0
+            for i in range(a.groups):
+                for t in (f"BenchTopic{i % a.topics:05d}", "BenchTopic00500"):
+                    assert rc.invoke(c.broker, Frame(RequestCode.UPDATE_CONSUMER_OFFSET, fields={
+                        "consumerGroup": f"BenchGroup{i:05d}", "topic": t, "queueId": 0, "commitOffset": 1})).code == 0
         print(f"created {a.topics} topics and {a.groups} groups in {time.monotonic() - t0:.1f} s")
         with TestClient(create_app(c.namesrv_addr, sample=False)) as client:
             deadline = time.monotonic() + 60      # the broker re-registers its topic table with the NameServer
             while time.monotonic() < deadline and f"{a.topics} of" not in client.get("/topics?kind=normal").text:
                 time.sleep(0.5)
             for path in ("/topics?kind=all", "/topics?kind=normal&q=BenchTopic009", "/groups", "/groups?system=1",
-                         "/cluster", "/topics/BenchTopic00500", "/groups/BenchGroup00500"):
+                         "/cluster", "/topics/BenchTopic00500", "/groups/BenchGroup00500", "/producers",
+                         "/messages?topic=BenchTopic00500&key=k500", "/messages?topic=BenchTopic00500", "/actors"):
                 times = []
                 for _ in range(a.repeat):
                     t = time.perf_counter()
