@@ -23,10 +23,16 @@ def test_bench_all_smoke(tmp_path):
     cmd = python_argv("rmq.cli", "bench", "all", "--size", "100", "--flush", "ASYNC_FLUSH",
                       "--duration", "1", "--single-seconds", "0.5", "--ceiling-seconds", "0.3",
                       "--file-size", str(64 << 20), "--ha-mb", "4", "--dir", str(tmp_path), "--json", str(out),
-                      "--plot", str(png), "--no-progress")
+                      "--plot", str(png), "--no-progress", "--latency-rates", "200", "--latency-seconds", "0.5")
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env=child_env())
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
     rep = json.loads(out.read_text())
+    # the latency section: every delivery path delivered every paced message
+    lat = {r["path"]: r for r in rep["latency"]["rows"]}
+    assert {"PushConsumer listener", "PullConsumer.poll", "rmq.aio push listener"} <= set(lat), list(lat)
+    for r in lat.values():
+        assert not r["error"] and r["delivered"] == r["sent"] == 100, r
+    assert "send -> delivery" in p.stdout
     rows = {r["kind"]: r for r in rep["rows"] if not r.get("broker_role")}
     assert set(rows) == {"produce", "consume", "e2e", "single"}
     for kind in ("produce", "consume", "e2e", "single"):

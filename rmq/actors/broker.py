@@ -1589,8 +1589,9 @@ class BrokerActor(Actor):
         out.append(g)
         g = m.gauge("rocketmq_ha_replication_lag_latency", "Master: age of the oldest message the furthest-ahead "
                     "slave has not acknowledged, 0 when it has them all (milliseconds)", ["broker_role"])
-        if self.role != "SLAVE" and self.ha_slaves:
-            g.add_metric(m.values("master"), self._ha_lag_ms(now_ms))
+        lag_ms = self._ha_lag_ms(now_ms)
+        if lag_ms >= 0:                  # -1: no slave, or the record could not be read
+            g.add_metric(m.values("master"), lag_ms)
         out.append(g)
         g = m.gauge("rocketmq_ha_slave_connections", "Slaves connected to this master")
         g.add_metric(m.values(), len(self.ha_slaves) if self.role != "SLAVE" else 0)

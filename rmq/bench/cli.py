@@ -139,10 +139,21 @@ def _run(scenarios: tuple, default_extras: bool, **kw) -> None:
         log(f"[bold]peers[/] ({', '.join(peer_list)}):")
         report["peers"] = PE.measure(o.sizes, o.flush_types, o.batch, o.ceiling_seconds, o.single_seconds,
                                      peer_list, o.store_dir, log)
+    latency_rates = kw.get("latency_rates") or ()
+    if latency_rates:
+        from rmq.bench import latency as L
+        log(f"[bold]latency[/] (paced, send -> delivery, public API defaults; {', '.join(f'{r:g}' for r in latency_rates)} "
+            f"msgs/s):")
+        report["latency"] = L.run(rates=latency_rates, sizes=o.sizes, consumers=("push", "poll", "aio"),
+                                  peers=("zmq", "redis"), seconds=kw["latency_seconds"], store_dir=o.store_dir,
+                                  log=functools.partial(console.print, highlight=False, markup=False))
     report["loadavg_after"] = os.getloadavg()
     report["wall_seconds"] = round(time.monotonic() - t0, 1)
     R.annotate(report)
     R.print_report(report, console)
+    if report.get("latency"):
+        from rmq.bench import latency as L
+        L.print_table(report["latency"], console)
     if kw["json_path"]:
         R.write_json(report, kw["json_path"])
         log(f"wrote {kw['json_path']}")
@@ -150,7 +161,9 @@ def _run(scenarios: tuple, default_extras: bool, **kw) -> None:
         R.plot(report, kw["plot_path"])
         log(f"wrote {kw['plot_path']}")
     failed = [r["scenario"] for r in report["rows"] if r.get("error")] + \
-        (["HA replication"] if (report.get("ha") or {}).get("error") else [])
+        (["HA replication"] if (report.get("ha") or {}).get("error") else []) + \
+        [r["path"] for r in (report.get("latency") or {}).get("rows", [])
+         if r.get("error") or r["delivered"] < r["sent"]]
     if failed:
         raise SystemExit(1)
 
@@ -178,9 +191,16 @@ def e2e_cmd(**kw) -> None:
 
 @bench.command("all")
 @common
+@click.option("--latency-rates", default="200,5000", show_default=True, callback=lambda c, p, v: _csv(float)(c, p, v),
+              help="Paced rates of the latency section (`rmq bench latency` on its own cluster: send -> "
+                   "delivery through PushConsumer, PullConsumer.poll, rmq.aio, beside a raw pyzmq relay and "
+                   "Redis); 'none' skips it.")
+@click.option("--latency-seconds", type=click.FloatRange(0.1), default=3.0, show_default=True,
+              help="Seconds of paced sending per latency row.")
 def all_cmd(**kw) -> None:
     """Ceilings, every rmq scenario (produce, consume, e2e, single) per flush type and size, peers;
-    the HA section (ASYNC_MASTER / SYNC_MASTER with a slave, replication MB/s)."""
+    the HA section (ASYNC_MASTER / SYNC_MASTER with a slave, replication MB/s); the latency
+    section (one message at a time, send -> delivery)."""
     _run(("produce", "consume", "e2e", "single"), True, **kw)
 
 
