@@ -833,6 +833,17 @@ class Admin:
         msgs = _cl.decode_records(bytes(resp.bodies[0]), False)
         return msgs[0].store_timestamp if msgs else 0
 
+    def _offset_table(self, addr: str) -> dict:
+        """GET_ALL_CONSUMER_OFFSET of one broker: ``{"topic@group": {queue id: committed offset}}``."""
+        body = _body(self._broker(addr, RequestCode.GET_ALL_CONSUMER_OFFSET), "consumer offsets")
+        return (body or {}).get("offsetTable") or {}
+
+    @staticmethod
+    def _queue_offset(queues: dict, queue_id: int) -> int:
+        """A queue's committed offset in an offset table entry (its keys may be str or int); -1 if none."""
+        v = queues.get(str(queue_id), queues.get(queue_id))
+        return int(v) if v is not None else -1
+
     def _master_addr(self, broker_name: str) -> str:
         brokers, _ = self._cluster_info()
         b = brokers.get(broker_name)
@@ -857,10 +868,7 @@ class Admin:
             Unknown topic; a group without any offset (and no topic given).
         """
         _check_group(group)
-        tables = {}
-        for name, addr in self._all_masters():
-            body = _body(self._broker(addr, RequestCode.GET_ALL_CONSUMER_OFFSET), "consumer offsets")
-            tables[name] = body.get("offsetTable") or {}
+        tables = {name: self._offset_table(addr) for name, addr in self._all_masters()}
         if topic is not None:
             topics = [_check_topic(topic)]
         else:
@@ -878,8 +886,7 @@ class Admin:
                 offsets = tables.get(name, {}).get(f"{t}@{group}", {})
                 for qid in range(q.read_queue_nums):
                     bo = self._broker(addr, RequestCode.GET_MAX_OFFSET, {"topic": t, "queueId": qid}).fields["offset"]
-                    co = offsets.get(str(qid), offsets.get(qid, -1))
-                    co = max(int(co), 0)
+                    co = max(self._queue_offset(offsets, qid), 0)
                     rows.append(QueueProgress(t, name, qid, bo, co, bo - co,
                                               self._store_timestamp(addr, t, qid, co - 1),
                                               self._store_timestamp(addr, t, qid, co) if bo > co else 0))
@@ -935,8 +942,7 @@ class Admin:
         for name, addr in masters:
             put[name] = self.broker_stats(addr, "TOPIC_PUT_NUMS")
             get[name] = self.broker_stats(addr, "GROUP_GET_NUMS")
-            offsets[name] = _body(self._broker(addr, RequestCode.GET_ALL_CONSUMER_OFFSET),
-                                  "consumer offsets").get("offsetTable") or {}
+            offsets[name] = self._offset_table(addr)
         if topic is not None:
             self.topic_route(topic)            # raises for an unknown topic
             topics = [topic]
@@ -966,8 +972,7 @@ class Admin:
                 acc = 0
                 for (b, qid), mx in max_offsets.items():
                     table = offsets.get(b, {}).get(f"{t}@{g}", {})
-                    co = table.get(str(qid), table.get(qid, 0))
-                    acc += max(0, mx - max(int(co), 0))
+                    acc += max(0, mx - max(self._queue_offset(table, qid), 0))
                 out_tps = sum(get.get(b, {}).get(f"{t}@{g}", {}).get("statsMinute", {}).get("tps", 0.0)
                               for b in brokers)
                 out_day = sum(get.get(b, {}).get(f"{t}@{g}", {}).get("statsDay", {}).get("sum", 0) for b in brokers)
@@ -1173,16 +1178,14 @@ class Admin:
         for msg in msgs:
             addr = self._master_addr(msg.broker_name)
             if addr not in tables:
-                body = _body(self._broker(addr, RequestCode.GET_ALL_CONSUMER_OFFSET), "consumer offsets")
-                tables[addr] = (body or {}).get("offsetTable") or {}
+                tables[addr] = self._offset_table(addr)
             prefix = f"{msg.topic}@"
             tracks = []
             for key, queues in sorted(tables[addr].items()):
                 if not key.startswith(prefix):
                     continue
                 group = key[len(prefix):]
-                co = queues.get(str(msg.queue_id), queues.get(msg.queue_id, -1))
-                co = int(co) if co is not None else -1
+                co = self._queue_offset(queues, msg.queue_id)
                 if (addr, group) not in online:
                     resp = self._invoke(addr, RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": group})
                     online[(addr, group)] = resp.code == ResponseCode.SUCCESS

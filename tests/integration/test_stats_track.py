@@ -169,4 +169,30 @@ def test_stats_windows_are_exact_and_bounded():
     s.add("T", 1, 1, t0 + IDLE_DROP_MS)
     s.sample(2, t0 + IDLE_DROP_MS + 1)
     assert set(s.items) == {"T"}
-    assert MAX_KEYS >= 10_000
+
+
+def test_stats_keys_beyond_max_keys_drop_the_least_recently_updated(monkeypatch):
+    import rmq.stats
+    assert MAX_KEYS == 100_000
+    monkeypatch.setattr(rmq.stats, "MAX_KEYS", 3)
+    s = StatsItemSet(GROUP_GET_NUMS, "GROUP_GET_SIZE")
+    for i in range(5):
+        s.add(f"T@g{i}", 1, 1, 1000 + i)
+    s.sample(0, 2000)                       # only the day sample trims
+    assert len(s.items) == 5
+    s.sample(2, 2000)
+    assert sorted(s.items) == ["T@g2", "T@g3", "T@g4"]
+
+
+def test_producer_connection_list_request(cluster, traffic):
+    """GET_PRODUCER_CONNECTION_LIST (204): the live producer of a group; RocketMQ's SYSTEM_ERROR
+    for a group with none."""
+    from rmq.client.remoting import RemotingClient
+    from rmq.protocol import Frame, RequestCode, ResponseCode, unpack_body
+    with RemotingClient() as rc:
+        r = wait_for(lambda: (x := rc.invoke(cluster.broker, Frame(RequestCode.GET_PRODUCER_CONNECTION_LIST,
+                                                                   fields={"producerGroup": "spg"}))).code == 0 and x,
+                     30, "producer heartbeat")
+        assert [c["clientId"] for c in unpack_body(r)["connectionSet"]] == [traffic["producer"].client_id]
+        r = rc.invoke(cluster.broker, Frame(RequestCode.GET_PRODUCER_CONNECTION_LIST, fields={"producerGroup": "none"}))
+        assert r.code == ResponseCode.SYSTEM_ERROR and "not exist" in r.remark

@@ -417,3 +417,16 @@ def test_bad_dashboard_settings_are_refused_before_anything_starts(tmp_path, pro
             "--listen-port", "0")
     assert r.returncode == 1 and why in r.stderr and "Traceback" not in r.stderr, r.stdout + r.stderr
     assert not (store / "rmq.pid").exists()
+
+
+def test_dashboard_without_its_extra_is_refused(tmp_path, monkeypatch):
+    """dashboardEnable=true where the 'dashboard' extra is not installed: a clear error naming the
+    extra, before anything starts."""
+    import importlib.util
+    from rmq.actors.supervisor import Supervisor, SupervisorError, resolve_settings
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "uvicorn" else real(name, *a))
+    settings = resolve_settings(None, str(tmp_path / "store"), "127.0.0.1:0", 0, {"dashboardEnable": "true"})
+    with pytest.raises(SupervisorError, match=r"needs the 'dashboard' extra .*uvicorn not installed"):
+        Supervisor(settings)
+    assert not (tmp_path / "store" / "rmq.pid").exists()
