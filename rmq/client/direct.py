@@ -331,7 +331,10 @@ class DirectSender:
             links = list(self._links)
         for link in links:
             link.close()
-        self.ctx.term()
+        # no send is active (teardown runs only then), so no other thread uses a socket of this
+        # context: destroy closes any left over (a link whose thread died, a monitor) with linger 0
+        # instead of term() waiting forever for them -- this also runs in the producer's GC finalizer
+        self.ctx.destroy(linger=0)
 
 
 __all__ = ["DirectSender", "CLOSE_WAIT_S", "close_monitored"]

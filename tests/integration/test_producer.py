@@ -580,12 +580,21 @@ def _stopped_broker_send(c, topic, **send_kw):
     t.start()
     assert linked.wait(WAIT_S) and outcome == [SendStatus.SEND_OK]
     port = int(c.broker_addr.rsplit(":", 1)[1])
-    queued = _unread_bytes_at(port)
     os.kill(c.pids()["broker"], signal.SIGSTOP)
+    wait_for(lambda: _proc_state(c.pids()["broker"]) == "T", WAIT_S)
+    # the baseline once the broker reads nothing more: taken before the stop, a heartbeat the busy
+    # broker had not read yet (then read before the stop) could hide the request's bytes
+    queued = _unread_bytes_at(port)
     go.set()
     wait_for(lambda: p._direct._active == 1, WAIT_S)
     wait_for(lambda: _unread_bytes_at(port) > queued, WAIT_S)     # the request is in the stopped broker's socket
     return p, t, outcome
+
+
+def _proc_state(pid: int) -> str:
+    """/proc/PID/stat's state letter (T: stopped by a signal)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
 
 
 def _unread_bytes_at(port: int) -> int:
