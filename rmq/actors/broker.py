@@ -1484,11 +1484,8 @@ class BrokerActor(Actor):
         ack = max(self.ha_ack_offset, clog.get_min_offset())
         if ack >= clog.get_max_offset():
             return 0
-        size = self.store_config.mapped_file_size_commit_log
         try:
-            ts = int(clog.pickup_store_timestamp(ack))
-            if ts <= 0 and (ack // size + 1) * size < clog.get_max_offset():
-                ts = int(clog.pickup_store_timestamp((ack // size + 1) * size))   # ack sat on a file's end padding
+            ts = int(clog.store_timestamp_from(ack))     # past a file's end padding if ack sits on it
         except Exception:  # noqa: BLE001 - a file being deleted under us: no figure
             return -1
         return max(0, now_ms - ts) if ts > 0 else -1

@@ -928,14 +928,15 @@ class Admin:
             raise MQClientError(f"malformed broker stats from {broker_addr}: {body!r:.200}")
         return body if stats_key is not None else (body.get("statsTable") or {})
 
-    def stats_all(self, topic: Optional[str] = None, active_only: bool = False) -> list:
-        """``mqadmin statsAll``: for every topic (or ``topic``; retry and DLQ topics skipped, as
-        RocketMQ does) and every group with offsets for it, the accumulation (messages not yet
+    def stats_all(self, topic: Union[None, str, Iterable[str]] = None, active_only: bool = False) -> list:
+        """``mqadmin statsAll``: for every topic (or ``topic``, or each of a list of topics; retry
+        and DLQ topics skipped from the full list, as RocketMQ does) and every group with offsets for it, the accumulation (messages not yet
         consumed), in / out TPS over the last minute and in / out messages over the last 24 hours,
         summed over the masters.  ``active_only``: only rows with traffic in the last 24 hours.
 
         Returns a list of :class:`StatsRow`, by topic then group.  Raises MQClientError for an
-        unknown ``topic``.
+        unknown ``topic``.  The broker figures are fetched once per master whatever the number of
+        topics.
         """
         masters = self._all_masters()
         put, get, offsets = {}, {}, {}
@@ -943,16 +944,16 @@ class Admin:
             put[name] = self.broker_stats(addr, "TOPIC_PUT_NUMS")
             get[name] = self.broker_stats(addr, "GROUP_GET_NUMS")
             offsets[name] = self._offset_table(addr)
-        if topic is not None:
-            self.topic_route(topic)            # raises for an unknown topic
-            topics = [topic]
+        explicit = topic is not None
+        if explicit:
+            topics = [topic] if isinstance(topic, str) else list(topic)
         else:
             topics = [t for t in self.topic_list() if not t.startswith(("%RETRY%", "%DLQ%"))]
         rows = []
         for t in topics:
-            route = self._find_route(t)
+            route = self.topic_route(t) if explicit else self._find_route(t)   # a named unknown topic raises
             if route is None:
-                continue
+                continue            # deleted since the list was read
             max_offsets: dict = {}             # (broker, qid) -> max offset
             for name, addr in sorted({(n, a) for n, a, _ in self._route_queues(route, 0)}):
                 resp = self._invoke(addr, RequestCode.GET_TOPIC_STATS_INFO, {"topic": t})

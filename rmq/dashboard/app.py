@@ -45,7 +45,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
 from rmq.client.admin import Admin
-from rmq.errors import MQClientError, RmqError
+from rmq.errors import RmqError
 
 HERE = os.path.dirname(__file__)
 DEFAULT_DASHBOARD_PORT = 8082           # rocketmq-dashboard's port
@@ -375,14 +375,11 @@ def create_app(namesrv_addr: str, token: Optional[str] = None, sample: bool = Tr
         queues = [(qp, max(0, now - qp.lag_timestamp) if qp.lag_timestamp else 0)
                   for qp in (progress.queues if progress else [])]
         topics = sorted({qp.topic for qp, _ in queues})
-        stats = []
-        for t in topics:
-            if t.startswith("%RETRY%"):
-                continue
-            try:
-                stats += [r for r in state.call(lambda a: a.stats_all(t)) if r.consumer_group == group]
-            except RmqError:
-                pass
+        try:       # one statsAll pass for every topic of the group (not one per topic)
+            plain = [t for t in topics if not t.startswith("%RETRY%")]
+            stats = [r for r in state.call(lambda a: a.stats_all(plain)) if r.consumer_group == group] if plain else []
+        except RmqError:
+            stats = []
         return page(request, "group.html", group=group, clients=clients, queues=queues, why=why, topics=topics,
                     stats=stats,
                     total=progress.total_diff if progress else 0,
@@ -435,8 +432,7 @@ def create_app(namesrv_addr: str, token: Optional[str] = None, sample: bool = Tr
         form = await request.form()
         msg_id, topic, group = str(form.get("msgId", "")), str(form.get("topic", "")), str(form.get("group", ""))
         try:
-            views = state.call(lambda a: a.query_msg_by_id(msg_id, topic or None))
-            sent = state.call(lambda a: a.resend_to_group(views[0], group))
+            sent = state.call(lambda a: a.resend_to_group(a.query_msg_by_id(msg_id, topic or None)[0], group))
         except RmqError as e:
             return error_page(request, f"resend {msg_id} to {group}", e)
         note = f"resent {msg_id} to group {group} ({sent.message_queue.topic}, offset {sent.queue_offset})"
@@ -466,11 +462,8 @@ def create_app(namesrv_addr: str, token: Optional[str] = None, sample: bool = Tr
     async def dlq_resend(request: Request) -> Response:
         form = await request.form()
         msg_id, topic = str(form.get("msgId", "")), str(form.get("topic", ""))
-        try:
-            views = state.call(lambda a: a.query_msg_by_id(msg_id, topic or None))
-            if not views:
-                raise MQClientError(f"message {msg_id} not found")
-            v = views[0]
+        try:       # query_msg_by_id raises MQClientError when nothing has that id
+            v = state.call(lambda a: a.query_msg_by_id(msg_id, topic or None))[0]
             target = v.properties.get("RETRY_TOPIC") or v.topic
             sent = state.call(lambda a: a.send_message(target, v.body, tags=v.tags or None, keys=v.keys or None))
         except RmqError as e:

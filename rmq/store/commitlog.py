@@ -276,6 +276,17 @@ class CommitLog:
             return -1
         return _cl.store_timestamp_at(mf, physical_offset - mf.file_from_offset)
 
+    def store_timestamp_from(self, physical_offset: int) -> int:
+        """Store timestamp (ms) of the first record at or after ``physical_offset`` (a record
+        boundary): the record there, or -- when the offset is a file's end padding (the BLANK
+        record, SPEC.md §1.3) -- the next file's first record.  -1 when neither can be read."""
+        ts = self.pickup_store_timestamp(physical_offset)
+        if ts > 0:
+            return ts
+        size = self.config.mapped_file_size_commit_log
+        nxt = (physical_offset // size + 1) * size
+        return self.pickup_store_timestamp(nxt) if nxt < self.get_max_offset() else -1
+
     # -- flush -------------------------------------------------------------------
     def flush(self, least_pages: int = 0) -> bool:
         """msync from the flushed offset on; True if something new became durable."""

@@ -105,6 +105,10 @@ def test_stats_all_rows_and_cli(cluster, admin, traffic):
     wait_for(lambda: "QuietT" in admin.topic_list(), 30)
     assert "QuietT" in {x.topic for x in admin.stats_all()}
     assert "QuietT" not in {x.topic for x in admin.stats_all(active_only=True)}
+    both = admin.stats_all(["StatsT", "QuietT"])          # several topics, one pass over the masters
+    assert [(x.topic, x.consumer_group) for x in both] == [("StatsT", "sg1"), ("QuietT", "")]
+    with pytest.raises(MQClientError, match="does not exist"):
+        admin.stats_all(["StatsT", "NoSuchTopic"])
     bad = cli(cluster, "statsAll", "-t", "NoSuchTopic")
     assert bad.exit_code == 1 and "Traceback" not in bad.output
 

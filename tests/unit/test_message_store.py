@@ -288,3 +288,19 @@ def test_delay_levels_parse():
     assert len(parse_delay_levels()) == 18
     with pytest.raises(ValueError, match="bad token"):
         parse_delay_levels("1s 5x")
+
+
+def test_store_timestamp_from_skips_a_files_end_padding(open_store):
+    """CommitLog.store_timestamp_from (the master's HA lag in ms): at a file's BLANK end record the
+    next file's first record answers, where pickup_store_timestamp has no figure."""
+    s = open_store()
+    results = put_many(s, n=200, body=lambda i: b"y" * 200)
+    size = SMALL["mapped_file_size_commit_log"]
+    ends = [r.wrote_offset + r.append.wrote_bytes for r in results]
+    blank = max(e for e in ends if e < size)                     # where file 0's padding starts
+    first_of_next = next(r for r in results if r.wrote_offset >= size)
+    clog = s.commitlog
+    assert blank < size and clog.pickup_store_timestamp(blank) == -1
+    assert clog.store_timestamp_from(blank) == clog.pickup_store_timestamp(first_of_next.wrote_offset) > 0
+    assert clog.store_timestamp_from(results[3].wrote_offset) == clog.pickup_store_timestamp(results[3].wrote_offset)
+    assert clog.store_timestamp_from(clog.get_max_offset()) == -1    # nothing there yet
