@@ -278,3 +278,21 @@ def test_send_latency_from_a_scrape():
     assert latency_between(b, b) is None
     c = send_latency(text(210, 905.0, [("1.0", 20), ("5.0", 109), ("+Inf", 210)]))
     assert latency_between(b, c)[1] == 5.0                   # past every bucket: the last finite bound
+
+
+def test_an_empty_or_missing_token_file_is_refused(cluster, tmp_path):
+    """`rmq dashboard --token-file` and the supervised actor refuse an empty token: exit 1, one
+    line naming the file, nothing served."""
+    from click.testing import CliRunner
+    from rmq.cli import main
+    empty = tmp_path / "token.txt"
+    empty.write_text("\n")
+    r = CliRunner().invoke(main, ["dashboard", "--namesrv-addr", cluster.namesrv_addr, "--port", "0",
+                                  "--token-file", str(empty)])
+    assert r.exit_code == 1 and "the first line (the token) is empty" in r.output
+    for path in (empty, tmp_path / "missing.txt"):
+        p = subprocess.run(python_cmd("-m", "rmq.dashboard.actor", "--namesrv-addr", cluster.namesrv_addr,
+                                      "--port", "0", "--token-file", str(path)),
+                           capture_output=True, text=True, timeout=60, env=child_env(None), cwd=ROOT)
+        assert p.returncode == 1 and "dashboard: refusing to start" in p.stderr and "ready" not in p.stdout
+        assert "Traceback" not in p.stderr
