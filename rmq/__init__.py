@@ -18,6 +18,8 @@ _LAZY = {
     "PullConsumer": "rmq.client.consumer",
     "PushConsumer": "rmq.client.consumer",
     "Admin": "rmq.client.admin",
+    "MessageSelector": "rmq.filter",
+    "ExpressionType": "rmq.filter",
 }
 
 __all__ = sorted(_LAZY) + ["__version__"]

@@ -73,6 +73,27 @@ class IndexOverflowError(StoreError):
     """An IndexFile is full; the caller rolls to a new one."""
 
 
+class FilterExpressionError(RmqError, ValueError):
+    """A message filter expression (SQL92 or TAG) does not parse or breaks a rule.
+
+    Attributes
+    ----------
+    expression : str
+        The expression as given.
+    position : int
+        0-based character index of the offending token in ``expression``, or -1.
+    line, column : int
+        1-based line and column of ``position`` (0 when unknown).
+    """
+
+    def __init__(self, message: str, expression: str = "", position: int = -1, line: int = 0, column: int = 0):
+        super().__init__(message)
+        self.expression = expression
+        self.position = position
+        self.line = line
+        self.column = column
+
+
 class MQClientError(RmqError):
     """A client-side failure (RocketMQ MQClientException).
 

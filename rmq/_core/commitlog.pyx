@@ -822,6 +822,7 @@ def read_record(MappedFile mf, int64_t pos, bint check_crc=True, bint require_pr
 from libc.stdlib cimport free, malloc
 
 from rmq._core.layout cimport CQ_PHYSICAL_OFFSET_OFFSET, CQ_SIZE_OFFSET, CQ_STORE_UNIT_SIZE, CQ_TAGS_CODE_OFFSET
+from rmq._core.sqlfilter cimport SqlFilter
 
 # gather_records outcomes
 GATHER_FOUND = 0
@@ -834,7 +835,7 @@ cdef int32_t BLANK_UNIT_SIZE = 0x7FFFFFFF     # fillPreBlank units (0, Integer.M
 def gather_records(list files, int64_t file_size, const unsigned char[::1] cq_units,
                    codes, int64_t max_msgs, int64_t max_bytes,
                    int64_t min_physical_offset, int64_t max_physical_offset, bint check_crc,
-                   bint require_prop_crc=False):
+                   bint require_prop_crc=False, SqlFilter sql_filter=None):
     """Copy the CommitLog records that ConsumeQueue units point at into one ``bytes``.
 
     Parameters
@@ -854,6 +855,9 @@ def gather_records(list files, int64_t file_size, const unsigned char[::1] cq_un
         CommitLog range still held / readable (bytes).
     check_crc : bool
         Verify body and whole-record CRC of every record served.
+    sql_filter : SqlFilter, optional
+        A compiled SQL92 expression (:func:`rmq.filter.compile_sql92`): records whose properties
+        it does not match are skipped like tag misses (ExpressionMessageFilter.isMatchedByCommitLog).
 
     Returns
     -------
@@ -936,6 +940,10 @@ def gather_records(list files, int64_t file_size, const unsigned char[::1] cq_un
                 outcome = GATHER_CORRUPT
                 detail = phy
                 break
+            if sql_filter is not None and not sql_filter.match(
+                    mf.base + (phy - mf.file_from_offset) + rv.props_pos, rv.props_len):
+                scanned += 1
+                continue
             ptrs[count] = mf.base + (phy - mf.file_from_offset)
             lens[count] = size
             total += size

@@ -53,6 +53,8 @@ from rmq._core import commitlog as _cl
 from rmq.actors.actor import Actor, Reply
 from rmq.broker_conf import actor_settings
 from rmq import metrics as M
+from rmq.errors import FilterExpressionError
+from rmq.filter import ExpressionType, compile_sql92
 from rmq.protocol import Frame, ProtocolError, RequestCode, ResponseCode, field_int, field_str, pack_body, unpack_body
 from rmq.status import GetMessageStatus, PutMessageStatus
 from rmq.stats import STATS_NAMES, WINDOWS, BrokerStats
@@ -98,7 +100,7 @@ MASTER_ROLES = ("ASYNC_MASTER", "SYNC_MASTER")
 # never filter-server or path settings); brokerRole + brokerId together promote a slave
 RUNTIME_CONFIG_KEYS = frozenset({"brokerRole", "brokerId", "brokerPermission", "slaveReadEnable",
                                  "longPollingEnable", "autoCreateTopicEnable", "autoCreateSubscriptionGroup",
-                                 "wakePullOnAppendEnable"})
+                                 "wakePullOnAppendEnable", "enablePropertyFilter"})
 RECENT_APPENDS_PER_QUEUE = 256               # appends per queue the broker remembers until reput has
                                              # dispatched them (pulls ahead of the ConsumeQueue are served
                                              # from them); beyond it the oldest are left to reput
@@ -177,6 +179,8 @@ class BrokerActor(Actor):
         self.default_queue_nums = int(settings.get("defaultTopicQueueNums", 8))
         self.wait_time_ms_in_send_queue = int(settings.get("waitTimeMillsInSendQueue", 200))
         self.long_polling = str(settings.get("longPollingEnable", "true")).lower() == "true"
+        # SQL92 subscriptions are refused unless enabled (BrokerConfig.enablePropertyFilter, default false)
+        self.enable_property_filter = str(settings.get("enablePropertyFilter", "false")).lower() == "true"
         # rmq: pulls at a queue's tail are answered from the appends themselves (see _from_appends)
         self.wake_pull_on_append = str(settings.get("wakePullOnAppendEnable", "true")).lower() == "true"
         self.suspend_max_ms = int(settings.get("brokerSuspendMaxTimeMillis", BROKER_SUSPEND_MAX_TIME_MS))
@@ -693,6 +697,8 @@ class BrokerActor(Actor):
                 self.slave_read_enable = v.lower() == "true"
             elif k == "longPollingEnable":
                 self.long_polling = v.lower() == "true"
+            elif k == "enablePropertyFilter":
+                self.enable_property_filter = v.lower() == "true"
             elif k == "wakePullOnAppendEnable":
                 self.wake_pull_on_append = v.lower() == "true"
             elif k == "autoCreateTopicEnable":
@@ -1118,7 +1124,24 @@ class BrokerActor(Actor):
         subscription = frame.fields.get("subscription", "*")
         if not isinstance(subscription, str):
             return frame.response(ResponseCode.SUBSCRIPTION_PARSE_FAILED, "header field 'subscription' must be a str")
-        res = self.store.get_messages(group, topic, queue_id, offset, max_nums, subscription)
+        sql_filter = None
+        expression_type = frame.fields.get("expressionType")
+        if not ExpressionType.is_tag_type(expression_type):
+            # PullMessageProcessor: a non-tag expression needs enablePropertyFilter; it is compiled
+            # once per distinct expression (compile_sql92's cache), never per pull or message
+            if expression_type != ExpressionType.SQL92:
+                return frame.response(ResponseCode.SUBSCRIPTION_PARSE_FAILED,
+                                      f"unsupported expressionType {expression_type!r} (TAG or SQL92)")
+            if not self.enable_property_filter:
+                return frame.response(ResponseCode.SYSTEM_ERROR,
+                                      f"The broker does not support consumer to filter message by {expression_type}")
+            try:
+                sql_filter = compile_sql92(subscription)
+            except FilterExpressionError as e:
+                return frame.response(ResponseCode.SUBSCRIPTION_PARSE_FAILED,
+                                      f"parse the consumer's subscription[{subscription}] failed, group: {group}: {e}")
+        res = self.store.get_messages(group, topic, queue_id, offset, max_nums,
+                                      None if sql_filter is not None else subscription, sql_filter=sql_filter)
         code = GET_STATUS_TO_CODE.get(res.status)
         if code is None:      # NO_MESSAGE_IN_QUEUE / NO_MATCHED_LOGIC_QUEUE
             code = ResponseCode.PULL_NOT_FOUND if offset == 0 else ResponseCode.PULL_OFFSET_MOVED
@@ -1132,7 +1155,8 @@ class BrokerActor(Actor):
             # at or past the ConsumeQueue's end but within what was appended: reput has not announced
             # it yet.  Served from the appends (a consumer served that way pulls on before reput's
             # announcement), else nothing new yet -- never a moved offset
-            served = self._from_appends(topic, queue_id, offset, max_nums, subscription)
+            served = self._from_appends(topic, queue_id, offset, max_nums,
+                                        subscription if sql_filter is None else None)
             if served is not None:
                 return self._appends_response(frame, topic, queue_id, offset, served, gcfg, arrived)
             code, next_begin = ResponseCode.PULL_NOT_FOUND, offset
@@ -1179,7 +1203,7 @@ class BrokerActor(Actor):
         filter, or one older than what is remembered goes the normal way.
         """
         recent = self.recent_appends.get((topic, queue_id))
-        if not recent or subscription not in ("*", "") or offset < recent[0][0]:
+        if not recent or subscription not in ("*", "") or offset < recent[0][0]:     # None: a SQL92 filter
             return None
         limit = self.flushed_offset if self.store_config.flush_disk_type == SYNC_FLUSH \
             else self.store.commitlog.get_max_offset()
@@ -1236,7 +1260,8 @@ class BrokerActor(Actor):
                 f = pr.frame.fields
                 served = self._from_appends(key[0], key[1], pr.offset,
                                             field_int(pr.frame, "maxMsgNums", 32, lo=1, hi=MAX_PULL_BATCH),
-                                            f.get("subscription", "*"))
+                                            f.get("subscription", "*")
+                                            if ExpressionType.is_tag_type(f.get("expressionType")) else None)
                 if served is None:
                     keep.append(pr)
                     continue

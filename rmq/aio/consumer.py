@@ -69,6 +69,7 @@ from rmq.client.message import MessageQueue, PullResult, PullStatus
 from rmq.client.offset_store import LocalFileOffsetStore, OffsetStore
 from rmq.client.rebalance import resolve_strategy
 from rmq.client.remoting import DEFAULT_TIMEOUT_MS
+from rmq.filter import MessageSelector
 from rmq.errors import MQBrokerError, MQClientError, RemotingError, RemotingTimeoutError
 from rmq.protocol import Frame, ProtocolError, RequestCode, ResponseCode, unpack_body
 
@@ -302,7 +303,7 @@ class AsyncConsumerAPI:
         broker_id, addr = await self.pull_broker_addr(mq)
         if broker_id != 0:
             commit_offset = -1
-        frame = build_pull_frame(group, mq, offset, max_nums, sub.sub_string if sub else SUB_ALL, commit_offset,
+        frame = build_pull_frame(group, mq, offset, max_nums, sub if sub else SUB_ALL, commit_offset,
                                  suspend_ms)
         if timeout_ms is None:
             timeout_ms = suspend_ms + self.timeout_ms if suspend_ms else self.timeout_ms
@@ -543,7 +544,7 @@ class AsyncPullConsumer:
     async def _pull_one(self, mq: MessageQueue, offset: int, suspend: int) -> tuple:
         api = self._api()
         _, addr = await api.pull_broker_addr(mq)          # suggested broker / master / a slave
-        frame = build_pull_frame(self.group, mq, offset, self.pull_batch_size, self._subs[mq.topic].sub_string, -1,
+        frame = build_pull_frame(self.group, mq, offset, self.pull_batch_size, self._subs[mq.topic], -1,
                                  suspend)
         try:
             resp = await api.invoke(addr, frame, suspend + self.timeout_ms)
@@ -748,7 +749,8 @@ class AsyncPushConsumer:
         self.stats = {"consumed_ok": 0, "consumed_failed": 0, "sent_back": 0, "send_back_failed": 0, "pulls": 0}
 
     # -- configuration --------------------------------------------------------------------------
-    def subscribe(self, topic: str, sub_expression: str = "*") -> None:
+    def subscribe(self, topic: str, sub_expression: "str | MessageSelector" = "*") -> None:
+        """As :meth:`rmq.PushConsumer.subscribe`: tags or ``MessageSelector.by_sql(...)``."""
         self.subscriptions[topic] = SubscriptionData.build(topic, sub_expression)
         if self._wakeup is not None:
             self._wakeup.set()
@@ -1089,7 +1091,7 @@ class AsyncPushConsumer:
                 broker_id, addr = await self.api.pull_broker_addr(mq)
                 if broker_id != 0:
                     commit = -1                              # no commit-offset flag towards a slave
-                frame = build_pull_frame(self.group, mq, next_offset, self.pull_batch_size, sub.sub_string,
+                frame = build_pull_frame(self.group, mq, next_offset, self.pull_batch_size, sub,
                                          commit if commit > 0 else -1, BROKER_SUSPEND_MAX_TIME_MS)
                 self.stats["pulls"] += 1
                 resp = await self.api.invoke(addr, frame, CONSUMER_TIMEOUT_MS_WHEN_SUSPEND)

@@ -62,6 +62,7 @@ from rmq.client.rebalance import (AllocateMessageQueueAveragely, AllocateMessage
                                   AllocateMessageQueueByConfig, AllocateMessageQueueByMachineRoom,
                                   AllocateMessageQueueConsistentHash, AllocateMachineRoomNearby, resolve_strategy)
 from rmq.client.remoting import DEFAULT_TIMEOUT_MS
+from rmq.filter import MessageSelector
 from rmq.errors import MQClientError, RemotingError
 
 log = logging.getLogger("rmq.client.consumer")
@@ -449,7 +450,7 @@ class PullConsumer:
                     suspend = min(max(left_ms, 0), BROKER_SUSPEND_MAX_TIME_MS)
                     off = self._positions[mq]
                     frame = build_pull_frame(self.group, mq, off, self.pull_batch_size,
-                                             self._subs[mq.topic].sub_string, -1, suspend)
+                                             self._subs[mq.topic], -1, suspend)
                     token = (mq, off, next(self._seq))
                     addr = ""
                     try:
@@ -785,8 +786,18 @@ class PushConsumer:
         self._stats_lock = threading.Lock()
 
     # -- configuration ------------------------------------------------------------------------
-    def subscribe(self, topic: str, sub_expression: str = "*") -> None:
-        """Consume ``topic`` filtered by tags: ``"*"`` or ``"tagA || tagB"``."""
+    def subscribe(self, topic: str, sub_expression: "str | MessageSelector" = "*") -> None:
+        """Consume ``topic`` filtered by tags (``"*"`` or ``"tagA || tagB"``, or
+        ``MessageSelector.by_tag``) or by a SQL92 expression over message properties
+        (``MessageSelector.by_sql("a > 5")``; the broker needs ``enablePropertyFilter=true``).
+
+        Raises
+        ------
+        MQClientError
+            A tag expression with no tag.
+        FilterExpressionError
+            A SQL92 expression that does not parse (line and column in the message).
+        """
         self.subscriptions[topic] = SubscriptionData.build(topic, sub_expression)
         if self._state == "RUNNING":
             self._heartbeat_all()
@@ -1182,7 +1193,7 @@ class PushConsumer:
             broker_id, addr = self.api.pull_broker_addr(pr.mq, fetch=False)
             if broker_id != 0:
                 commit_offset = -1                   # no commit-offset flag towards a slave (RocketMQ)
-            frame = build_pull_frame(self.group, pr.mq, pr.next_offset, self.pull_batch_size, sub.sub_string,
+            frame = build_pull_frame(self.group, pr.mq, pr.next_offset, self.pull_batch_size, sub,
                                      commit_offset if commit_offset > 0 else -1, BROKER_SUSPEND_MAX_TIME_MS)
             pr.opaque = self._pull.mux.send(addr, frame, CONSUMER_TIMEOUT_MS_WHEN_SUSPEND, pr)
             self.stats["pulls"] += 1

@@ -43,7 +43,7 @@ import threading
 import time
 import zlib
 from dataclasses import dataclass, field
-from typing import Iterable, Optional, Sequence
+from typing import Iterable, Optional, Sequence, Union
 
 from rmq._core import commitlog as _cl
 from rmq.client.message import (PROPERTY_MAX_RECONSUME_TIMES, PROPERTY_RECONSUME_TIME, PROPERTY_RETRY_TOPIC,
@@ -57,6 +57,7 @@ from rmq.client.remoting import DEFAULT_TIMEOUT_MS, RemotingClient
 from rmq.client.route import MASTER_ID as MASTER_BROKER_ID
 from rmq.client.route import find_broker_address_in_subscribe
 from rmq.errors import MQBrokerError, MQClientError, RemotingError, RemotingTimeoutError
+from rmq.filter import ExpressionType, MessageSelector, sql92
 from rmq.protocol import Frame, ProtocolError, RequestCode, ResponseCode, pack_body, unpack_body
 
 log = logging.getLogger("rmq.client.consumer")
@@ -279,49 +280,84 @@ class PullFromWhichNode:
 # -- subscriptions -------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class SubscriptionData:
-    """A TAG subscription: ``"*"`` (everything) or ``"tagA || tagB"``.
+    """A subscription of one topic: a TAG expression (``"*"`` or ``"tagA || tagB"``) or a SQL92
+    property filter (``expression_type="SQL92"``), RocketMQ's SubscriptionData.
 
-    The broker filters on the tag hash code; :meth:`matches` re-checks the exact
-    tag string on the client (hash collisions, SPEC.md §13.2).
+    For tags the broker filters on the tag hash code and :meth:`matches` re-checks the exact tag
+    string on the client (hash collisions, SPEC.md §13.2).  A SQL92 expression is evaluated by the
+    broker alone: the client keeps what it is sent.
     """
     topic: str
     sub_string: str = SUB_ALL
     tags_set: frozenset = frozenset()
     sub_version: int = 0
+    expression_type: str = ExpressionType.TAG
 
     @classmethod
-    def build(cls, topic: str, expression: Optional[str]) -> "SubscriptionData":
+    def build(cls, topic: str, expression: "Union[None, str, MessageSelector]") -> "SubscriptionData":
+        """From a tag expression string or a :class:`rmq.MessageSelector`.
+
+        Raises
+        ------
+        MQClientError
+            A tag expression with no tag.
+        FilterExpressionError
+            A SQL92 expression that does not parse (line and column in the message).
+        """
+        version = time.time_ns() // 1000
+        if isinstance(expression, MessageSelector):
+            if expression.expression_type == ExpressionType.SQL92:
+                sql92.parse(expression.expression)
+                return cls(topic, expression.expression, frozenset(), version, ExpressionType.SQL92)
+            expression = expression.expression
+        elif expression is not None and not isinstance(expression, str):
+            raise MQClientError(f"subscription expression must be a str or a MessageSelector, "
+                                f"got {type(expression).__name__}")
         expr = (expression or "").strip()
         if not expr or expr == SUB_ALL:
-            return cls(topic, SUB_ALL, frozenset(), time.time_ns() // 1000)
+            return cls(topic, SUB_ALL, frozenset(), version)
         tags = frozenset(t.strip() for t in expr.split("||") if t.strip())
         if not tags:
             raise MQClientError(f"subscription expression {expression!r} has no tag")
-        return cls(topic, " || ".join(sorted(tags)), tags, time.time_ns() // 1000)
+        return cls(topic, " || ".join(sorted(tags)), tags, version)
 
     @property
     def is_all(self) -> bool:
+        """No client-side re-check: everything (``*``) or a SQL92 filter the broker applied."""
         return not self.tags_set
+
+    @property
+    def is_sql92(self) -> bool:
+        return self.expression_type == ExpressionType.SQL92
 
     def matches(self, tags: Optional[str]) -> bool:
         return not self.tags_set or (tags is not None and tags in self.tags_set)
 
     def to_wire(self) -> dict:
         return {"topic": self.topic, "subString": self.sub_string, "tagsSet": sorted(self.tags_set),
-                "subVersion": self.sub_version, "expressionType": "TAG"}
+                "subVersion": self.sub_version, "expressionType": self.expression_type}
 
 
 # -- frames ----------------------------------------------------------------------------------------
-def build_pull_frame(group: str, mq: MessageQueue, offset: int, max_nums: int, sub_string: str = SUB_ALL,
+def build_pull_frame(group: str, mq: MessageQueue, offset: int, max_nums: int,
+                     sub_string: "Union[str, SubscriptionData]" = SUB_ALL,
                      commit_offset: int = -1, suspend_ms: int = 0) -> Frame:
     """PULL_MESSAGE with the SUBSCRIPTION flag (the expression travels with every pull),
-    SUSPEND when ``suspend_ms`` > 0 and COMMIT_OFFSET when ``commit_offset`` >= 0."""
+    SUSPEND when ``suspend_ms`` > 0 and COMMIT_OFFSET when ``commit_offset`` >= 0.
+
+    ``sub_string``: a tag expression, or the :class:`SubscriptionData` (its expressionType goes
+    along, as PullMessageRequestHeader.expressionType)."""
+    expression_type = ExpressionType.TAG
+    if isinstance(sub_string, SubscriptionData):
+        expression_type = sub_string.expression_type
+        sub_string = sub_string.sub_string
     flag = PULL_FLAG_SUBSCRIPTION | (PULL_FLAG_SUSPEND if suspend_ms > 0 else 0) | (
         PULL_FLAG_COMMIT_OFFSET if commit_offset >= 0 else 0)
     return Frame(RequestCode.PULL_MESSAGE, fields={
         "consumerGroup": group, "topic": mq.topic, "queueId": mq.queue_id, "queueOffset": int(offset),
         "maxMsgNums": int(max_nums), "sysFlag": flag, "commitOffset": int(commit_offset),
-        "suspendTimeoutMillis": int(suspend_ms), "subscription": sub_string or SUB_ALL})
+        "suspendTimeoutMillis": int(suspend_ms), "subscription": sub_string or SUB_ALL,
+        "expressionType": expression_type})
 
 
 def _decompress(body: bytes, sys_flag: int) -> bytes:
@@ -689,7 +725,7 @@ class ConsumerAPI:
         bid, addr = self.pull_broker_addr(mq)
         if bid != MASTER_BROKER_ID:
             commit_offset = -1                  # a slave does not take commits in pulls (RocketMQ)
-        frame = build_pull_frame(group, mq, offset, max_nums, sub.sub_string if sub else SUB_ALL, commit_offset,
+        frame = build_pull_frame(group, mq, offset, max_nums, sub if sub else SUB_ALL, commit_offset,
                                  suspend_ms)
         if timeout_ms is None:
             timeout_ms = suspend_ms + self.timeout_ms if suspend_ms else self.timeout_ms

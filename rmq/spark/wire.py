@@ -304,7 +304,7 @@ class _RangeReader:
     def _send(self, c: _Chunk) -> None:
         n = min(self.opts.pull_batch_size, c.hi - c.cursor)
         frame = build_pull_frame(self.opts.consumer_group, self.mq, c.cursor, n,
-                                 self.sub.sub_string if self.sub else "*")
+                                 self.sub if self.sub else "*")
         try:
             self.mux.send(self.addr, frame, self.opts.pull_timeout_ms, c)
         except RemotingError as e:

@@ -684,13 +684,16 @@ class MessageStore:
 
     # -- get (SPEC.md §13) -------------------------------------------------------------------
     def get_messages(self, group: str, topic: str, queue_id: int, queue_offset: int, max_msgs: int,
-                     tags: Union[None, str, Iterable[str]] = None) -> GetMessageResult:
+                     tags: Union[None, str, Iterable[str]] = None, sql_filter=None) -> GetMessageResult:
         """Read up to ``max_msgs`` messages of a queue from ``queue_offset`` (entries).
 
         ``tags``: ``None`` / ``"*"`` for all, ``"a || b"`` or an iterable of tags;
         matched on tagsCode as RocketMQ's broker does (exact tags are re-checked
-        by clients).  ``group`` names the consumer (for statistics; reads do not
-        depend on it).
+        by clients).  ``sql_filter``: a compiled SQL92 expression
+        (:func:`rmq.filter.compile_sql92`) evaluated on each message's properties;
+        messages it rejects are skipped and count toward ``next_begin_offset`` like
+        tag misses (RocketMQ's getMessage with an ExpressionMessageFilter).  ``group``
+        names the consumer (for statistics; reads do not depend on it).
 
         Returns
         -------
@@ -736,7 +739,7 @@ class MessageStore:
         max_count = cfg.max_transfer_count_on_message_in_disk if in_disk else cfg.max_transfer_count_on_message_in_memory
         records, count, scanned, outcome, detail = _cl.gather_records(
             clog.mapped_file_queue.files, clog.file_size, raw, tag_codes(tags), min(max_msgs, max_count),
-            max_bytes, min_phy, max_phy, cfg.check_crc_on_read, cfg.require_prop_crc)
+            max_bytes, min_phy, max_phy, cfg.check_crc_on_read, cfg.require_prop_crc, sql_filter)
         if outcome == _cl.GATHER_CORRUPT and count == 0:
             mf = clog.mapped_file_queue.find_mapped_file_by_offset(detail)
             where = f"{mf.file_name} at {detail - mf.file_from_offset}" if mf else f"offset {detail}"
