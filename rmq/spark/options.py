@@ -13,7 +13,8 @@ import re
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
-from rmq.errors import RmqError
+from rmq.errors import FilterExpressionError, RmqError
+from rmq.filter import MessageSelector, sql92
 from rmq.spark.offsets import OffsetSpec, parse_offset_spec
 
 __all__ = ["RmqOptionError", "SourceOptions", "SinkOptions", "SOURCE_OPTIONS", "SINK_OPTIONS"]
@@ -30,7 +31,7 @@ DEFAULT_BATCH_BYTES = 256 << 10         # producer batching: ship at this many b
 
 # name (lower case) -> canonical spelling, for the error listing
 SOURCE_OPTIONS = {n.lower(): n for n in (
-    "nameServer", "topic", "topics", "topicPattern", "assign", "subExpression",
+    "nameServer", "topic", "topics", "topicPattern", "assign", "subExpression", "expressionType",
     "startingOffsets", "endingOffsets", "startingTimestamp", "endingTimestamp", "failOnDataLoss",
     "pullTimeoutMs", "pullBatchSize", "includeProperties", "minPartitions", "maxRecordsPerPartition",
     "maxOffsetsPerTrigger", "consumerGroup", "arrowBatchSize")}
@@ -115,6 +116,7 @@ class SourceOptions:
     topic_pattern: Optional[str] = None      # full-match regex over the NameServer's topic list
     assign: Optional[dict] = None            # topic -> frozenset of (broker or None, queue id)
     sub_expression: str = "*"
+    expression_type: str = "TAG"             # TAG or SQL92 (RocketMQ's ExpressionType)
     starting: Optional[OffsetSpec] = None    # None: the mode's default
     ending: Optional[OffsetSpec] = None
     starting_timestamp: Optional[int] = None  # ms since epoch (store time)
@@ -164,9 +166,21 @@ class SourceOptions:
         else:
             assign = _parse_assign(text)
             topics = tuple(sorted(assign))
-        sub = _get(options, "subExpression") or "*"
-        if sub != "*" and not [t for t in sub.split("||") if t.strip()]:
-            raise RmqOptionError(f"option 'subExpression': {sub!r} names no tag (use '*' or 'tagA || tagB')")
+        expression_type = (_get(options, "expressionType") or "TAG").strip().upper()
+        if expression_type not in ("TAG", "SQL92"):
+            raise RmqOptionError(f"option 'expressionType': {_get(options, 'expressionType')!r} is not TAG or SQL92")
+        if expression_type == "SQL92":
+            sub = _get(options, "subExpression")
+            if not sub or not sub.strip():
+                raise RmqOptionError("option 'expressionType' is SQL92 but 'subExpression' is not set")
+            try:
+                sql92.parse(sub)
+            except FilterExpressionError as e:
+                raise RmqOptionError(f"option 'subExpression': {e}") from None
+        else:
+            sub = _get(options, "subExpression") or "*"
+            if sub != "*" and not [t for t in sub.split("||") if t.strip()]:
+                raise RmqOptionError(f"option 'subExpression': {sub!r} names no tag (use '*' or 'tagA || tagB')")
         starting = ending = None
         try:
             if _get(options, "startingOffsets") is not None:
@@ -185,7 +199,7 @@ class SourceOptions:
                                  f"(1-255 characters of [%|a-zA-Z0-9_-])")
         return cls(
             name_server=ns, topics=topics, topic_pattern=pattern, assign=assign,
-            sub_expression=sub, starting=starting, ending=ending, starting_timestamp=st, ending_timestamp=et,
+            sub_expression=sub, expression_type=expression_type, starting=starting, ending=ending, starting_timestamp=st, ending_timestamp=et,
             fail_on_data_loss=_bool(options, "failOnDataLoss", True),
             pull_timeout_ms=_int(options, "pullTimeoutMs", DEFAULT_PULL_TIMEOUT_MS, 1, unit=" (ms)"),
             pull_batch_size=_int(options, "pullBatchSize", DEFAULT_PULL_BATCH_SIZE, 1, MAX_PULL_BATCH_SIZE,
@@ -196,6 +210,14 @@ class SourceOptions:
             max_offsets_per_trigger=_int(options, "maxOffsetsPerTrigger", None, 1),
             consumer_group=group or DEFAULT_CONSUMER_GROUP, commit_to_broker=group is not None,
             arrow_batch_size=_int(options, "arrowBatchSize", DEFAULT_ARROW_BATCH_ROWS, 1, unit=" (rows)"))
+
+    @property
+    def selector(self):
+        """The subscription as clients take it: None for everything, else a tag string or a
+        :class:`rmq.MessageSelector` for SQL92."""
+        if self.expression_type == "SQL92":
+            return MessageSelector.by_sql(self.sub_expression)
+        return None if self.sub_expression == "*" else self.sub_expression
 
     def check_batch(self) -> None:
         """Options that make no sense in a batch query.

@@ -50,7 +50,12 @@ class RmqDataSource(DataSource):
         expression that must match a whole topic name (re-evaluated every micro-batch);
         ``assign``: JSON ``{"t": [0, 1]}`` or ``{"t": {"broker-a": [0, 1]}}``.
     subExpression : str, default ``*``
-        Tag filter ``tagA || tagB`` (the broker filters, the client re-checks tags).
+        Tag filter ``tagA || tagB`` (the broker filters, the client re-checks tags), or with
+        ``expressionType=SQL92`` a SQL92 expression over message properties, e.g.
+        ``a > 5 AND region IN ('eu', 'us')`` (evaluated by the broker, which needs
+        ``enablePropertyFilter=true``; a bad expression fails the query with its position).
+    expressionType : ``TAG`` | ``SQL92``, default ``TAG``
+        RocketMQ's ExpressionType of ``subExpression``.
     startingOffsets : ``earliest`` | ``latest`` | JSON, default earliest (batch) / latest (stream)
         JSON: ``{"t/broker-a/0": 23}``, ``{"t": {"broker-a": {"0": 23}}}`` or ``{"t": {"0": 23}}``;
         -2 = earliest, -1 = latest; queues not named use the default.  A stream that
@@ -247,7 +252,7 @@ def read_partition(opts: SourceOptions, partition: InputPartition) -> Iterator:
 
 def _next_batch(pages_it: Iterator, opts: SourceOptions, mq: MessageQueue, schema) -> Optional[object]:
     """Raw pages (RawPage) -> one RecordBatch with :func:`pages_to_batch` (columnar decode)."""
-    sub = None if opts.sub_expression == "*" else SubscriptionData.build(mq.topic, opts.sub_expression)
+    sub = None if opts.selector is None else SubscriptionData.build(mq.topic, opts.selector)
     tags = None if sub is None or sub.is_all else sub.tags_set
     while True:
         pages: list = []

@@ -283,7 +283,7 @@ class _RangeReader:
         self.end = end
         self.next_lo = start
         self.api = consumer_api(opts.name_server, opts.pull_timeout_ms)
-        self.sub = None if opts.sub_expression == "*" else SubscriptionData.build(mq.topic, opts.sub_expression)
+        self.sub = None if opts.selector is None else SubscriptionData.build(mq.topic, opts.selector)
         self.chunk_size = opts.pull_batch_size
         self.learned = self.sub is not None       # filtered pulls return matches only: nothing to learn
         self.chunks: deque = deque()

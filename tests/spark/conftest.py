@@ -83,7 +83,8 @@ def spark():
 def cluster(tmp_path_factory):
     from tests.integration.cluster import Cluster
 
-    c = Cluster(tmp_path_factory.mktemp("rmq-spark") / "store")
+    # SQL92 subscriptions (expressionType=SQL92) need the broker's property filter
+    c = Cluster(tmp_path_factory.mktemp("rmq-spark") / "store", conf={"enablePropertyFilter": "true"})
     try:
         yield c
     finally:

@@ -144,6 +144,16 @@ def test_tag_filter_and_timestamps_select_the_right_rows(spark, cluster, flights
     assert {r.msg_id for r in rows} == {res.msg_id for i, res in enumerate(results) if i >= N // 2 and i % 3}
 
 
+def test_sql92_filter_is_applied_by_the_broker(spark, cluster, flights):
+    """expressionType=SQL92: the broker evaluates the expression on each message's properties."""
+    results, msgs, _ = flights
+    rows = reader(spark, cluster, topic="flights", expressionType="SQL92",
+                  subExpression="seq >= 300 AND (TAGS = 'A' OR seq BETWEEN 590 AND 599)").select("msg_id").collect()
+    want = {res.msg_id for i, res in enumerate(results) if i >= 300 and (i % 3 == 0 or 590 <= i <= 599)}
+    assert {r.msg_id for r in rows} == want and len(rows) == len(want)
+    assert reader(spark, cluster, topic="flights", expressionType="sql92", subExpression="seq > 100000").count() == 0
+
+
 def test_writer_round_trips_a_dataframe(spark, cluster, flights):
     from pyspark.sql import functions as F
 
@@ -222,6 +232,9 @@ BAD = [
     ({"topic": "flights", "includeProperties": "yes"}, "includeProperties"),
     ({"topic": "flights", "startingOffset": "earliest"}, "did you mean 'startingOffsets'?"),
     ({"topic": "flights", "subExpression": "||"}, "subExpression"),
+    ({"topic": "flights", "expressionType": "SQL92", "subExpression": "seq > AND"}, "line 1, column 7"),
+    ({"topic": "flights", "expressionType": "SQL92"}, "'subExpression' is not set"),
+    ({"topic": "flights", "expressionType": "JAVA"}, "expressionType"),
 ]
 
 
