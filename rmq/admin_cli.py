@@ -582,6 +582,39 @@ def query_msg_by_id(msg_id, topic) -> None:
     _emit({"messages": msgs, "tracks": tracks}, render)
 
 
+@_command("queryMsgTraceById", "query-msg-trace-by-id")
+@click.option("-i", "--msg-id", "msg_id", required=True, help="Message id (the UNIQ_KEY clients report).")
+@click.option("-t", "--trace-topic", "trace_topic", default=None,
+              help="Trace topic (default: RMQ_SYS_TRACE_TOPIC).")
+def query_msg_trace_by_id(msg_id, trace_topic) -> None:
+    """The life of a message from its trace (producers and consumers with enable_msg_trace):
+    when and by whom it was sent, where it was stored and how long that took; which groups and
+    clients consumed it, when, how long the listener took, with what result, on which retry.
+
+    JSON: {"msg_id", "trace": [{"trace_type", "group", "client_host", "time_ms", "cost_ms", "status",
+    "topic", "msg_id", "offset_msg_id", "tags", "keys", "store_host", "retry_times", "request_id"}]}
+    """
+    with _client() as a:
+        views = a.query_msg_trace_by_id(msg_id.strip(), trace_topic)
+
+    def render(c):
+        pubs = [v for v in views if v.trace_type != "Sub"]
+        subs = [v for v in views if v.trace_type == "Sub"]
+        c.print(_table(f"message trace of {msg_id}: sent",
+                       ["Type", "Producer Group", "Client Host", "Send Time", "Cost (ms)", "Status", "Topic",
+                        "Tags", "Keys", "Store Host"],
+                       [(v.trace_type, v.group, v.client_host, fmt_ts(v.time_ms), v.cost_ms, v.status, v.topic,
+                         v.tags, v.keys, v.store_host) for v in pubs] or [("-", "no send traced", "", "", "", "", "",
+                                                                            "", "", "")],
+                       right=("Cost (ms)",)))
+        c.print(_table(f"message trace of {msg_id}: consumed",
+                       ["Consumer Group", "Client Host", "Consume Time", "Cost (ms)", "Status", "Retry Times"],
+                       [(v.group, v.client_host, fmt_ts(v.time_ms), v.cost_ms, v.status, v.retry_times)
+                        for v in subs] or [("-", "no consumption traced", "", "", "", "")],
+                       right=("Cost (ms)", "Retry Times")))
+    _emit({"msg_id": msg_id, "trace": views}, render)
+
+
 @_command("queryMsgByKey", "query-msg-by-key")
 @click.option("-t", "--topic", required=True, help="Topic name.")
 @click.option("-k", "--msg-key", "key", required=True, help="Message key (KEYS).")

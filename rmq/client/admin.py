@@ -86,6 +86,31 @@ PROMOTE_TIMEOUT_MS = 60_000                 # a slave answers the promotion once
 
 # -- result types ----------------------------------------------------------------------------
 @dataclass
+class MessageTraceView:
+    """One step in a message's life from its trace (RocketMQ's MessageTraceView).
+
+    ``trace_type``: ``Pub`` (sent), ``Sub`` (one listener call: SubBefore with its SubAfter) or
+    ``EndTransaction``.  ``time_ms``: when (send time / consume start); ``cost_ms``: send round trip
+    or listener time; ``status``: ``success`` / ``failed`` / ``consuming`` (a SubBefore whose SubAfter
+    has not arrived).
+    """
+    trace_type: str
+    group: str
+    client_host: str
+    time_ms: int
+    cost_ms: int
+    status: str
+    topic: str = ""
+    msg_id: str = ""
+    offset_msg_id: str = ""
+    tags: str = ""
+    keys: str = ""
+    store_host: str = ""
+    retry_times: int = 0
+    request_id: str = ""
+
+
+@dataclass
 class TopicUpdate:
     """A topic config written to one broker (``updateTopic``)."""
     broker_name: str
@@ -1104,6 +1129,55 @@ class Admin:
             raise MQClientError(f"no message with id {msg_id}" + (f" in topic [{topic}]" if topic else "")
                                 + ": neither an offset id of a known broker nor an indexed unique key")
         return found
+
+    def query_msg_trace_by_id(self, msg_id: str, trace_topic: Optional[str] = None) -> list:
+        """The trace of message ``msg_id`` (its UNIQ_KEY, as clients report it): every ``Pub``
+        record and one ``Sub`` row per listener call (its SubBefore joined with its SubAfter by
+        request id), sorted by time (RocketMQ's queryMsgTraceById).
+
+        Reads the trace topic (default ``RMQ_SYS_TRACE_TOPIC``) through its IndexFile: trace
+        messages carry the traced messages' ids as keys.
+
+        Raises
+        ------
+        MQClientError
+            Empty id, or the trace topic does not exist (no client has traced yet).
+        """
+        from rmq.client import trace as _trace
+        if not msg_id:
+            raise MQClientError("message id is empty")
+        topic = trace_topic or _trace.TRACE_TOPIC
+        try:
+            route = self.topic_route(topic)
+        except MQClientError as e:
+            raise MQClientError(f"no trace topic [{topic}]: {e}") from None
+        pubs, before, after = [], {}, {}
+        for tm in self._query_key(route, msg_id, QUERY_MAX_NUM, 0, None):
+            born = tm.born_host
+            for ctx in _trace.decode((tm.body or b"").decode("utf-8", "replace")):
+                b = ctx.bean
+                if b.msg_id != msg_id:
+                    continue
+                if ctx.trace_type is _trace.TraceType.Pub:
+                    pubs.append(MessageTraceView("Pub", ctx.group_name, b.client_host or born, ctx.timestamp,
+                                                 ctx.cost_time, "success" if ctx.success else "failed", b.topic,
+                                                 b.msg_id, b.offset_msg_id, b.tags, b.keys, b.store_host))
+                elif ctx.trace_type is _trace.TraceType.SubBefore:
+                    before[ctx.request_id] = (ctx, b.client_host or born)
+                elif ctx.trace_type is _trace.TraceType.SubAfter:
+                    after[ctx.request_id] = ctx
+                elif ctx.trace_type is _trace.TraceType.EndTransaction:
+                    pubs.append(MessageTraceView("EndTransaction", ctx.group_name, born, ctx.timestamp, 0,
+                                                 b.transaction_state, b.topic, b.msg_id, "", b.tags, b.keys,
+                                                 b.store_host))
+        subs = []
+        for rid, (ctx, client) in before.items():
+            done = after.get(rid)
+            status = "consuming" if done is None else "success" if done.success else "failed"
+            subs.append(MessageTraceView("Sub", ctx.group_name, client, ctx.timestamp,
+                                         done.cost_time if done else 0, status, ctx.bean.topic, ctx.bean.msg_id,
+                                         keys=ctx.bean.keys, retry_times=ctx.bean.retry_times, request_id=rid))
+        return sorted(pubs, key=lambda v: v.time_ms) + sorted(subs, key=lambda v: (v.time_ms, v.group))
 
     def query_msg_by_key(self, topic: str, key: str, max_num: int = 32, begin_timestamp: int = 0,
                          end_timestamp: Optional[int] = None) -> list:

@@ -62,6 +62,7 @@ from rmq.client.rebalance import (AllocateMessageQueueAveragely, AllocateMessage
                                   AllocateMessageQueueByConfig, AllocateMessageQueueByMachineRoom,
                                   AllocateMessageQueueConsistentHash, AllocateMachineRoomNearby, resolve_strategy)
 from rmq.client.remoting import DEFAULT_TIMEOUT_MS
+from rmq.client import trace as _trace
 from rmq.filter import MessageSelector
 from rmq.errors import MQClientError, RemotingError
 
@@ -711,6 +712,10 @@ class PushConsumer:
         Root of BROADCASTING offset files (default ``$RMQ_OFFSET_STORE_DIR`` or ``~/.rmq_offsets``).
     shutdown_await_ms : int
         How long :meth:`shutdown` waits for running listener calls (10 000 ms).
+    enable_msg_trace, custom_trace_topic : bool, str
+        Record RocketMQ's ``SubBefore`` / ``SubAfter`` trace of every listener call (group,
+        client, time, cost, status, retries) in the background, to ``custom_trace_topic``
+        (default ``RMQ_SYS_TRACE_TOPIC``); ``rmq admin queryMsgTraceById`` reads it.
 
     Concurrency: ``subscribe`` / ``register_message_listener*`` before ``start``; ``start`` /
     ``shutdown`` from one thread.  The listener runs on the consume threads.
@@ -731,8 +736,12 @@ class PushConsumer:
                  poll_name_server_interval_ms: int = POLL_NAME_SERVER_INTERVAL_MS,
                  lock_interval_ms: int = REBALANCE_LOCK_INTERVAL_MS, instance_name: Optional[str] = None,
                  offset_store_dir: Optional[str] = None, timeout_ms: int = DEFAULT_TIMEOUT_MS,
-                 shutdown_await_ms: int = SHUTDOWN_AWAIT_MS, auth=None):
+                 shutdown_await_ms: int = SHUTDOWN_AWAIT_MS, auth=None, enable_msg_trace: bool = False,
+                 custom_trace_topic: Optional[str] = None):
         self.auth = auth            # CURVE client keys (rmq.security.client_auth); None: environment / plain
+        self.enable_msg_trace = enable_msg_trace
+        self.custom_trace_topic = custom_trace_topic
+        self._trace: Optional[_trace.TraceDispatcher] = None
         if not 1 <= consume_message_batch_max_size <= 1024:
             raise MQClientError(f"consume_message_batch_max_size must be in [1, 1024], got "
                                 f"{consume_message_batch_max_size}")
@@ -861,6 +870,8 @@ class PushConsumer:
         if self.consume_timestamp_ms is None:
             self.consume_timestamp_ms = int(time.time() * 1000) - 30 * 60 * 1000
         self._executor = _ConsumePool(self.consume_thread_max, f"rmq-consume-{self.group}")
+        if self.enable_msg_trace and self._trace is None:
+            self._trace = _trace.TraceDispatcher(self.namesrv_addr, self.group, self.custom_trace_topic)
         self._pull = _PullService(self)
         self._pull.start()
         self._state = "RUNNING"
@@ -916,6 +927,9 @@ class PushConsumer:
         finally:
             self._state = "SHUTDOWN"
             self.api.close()
+            if self._trace is not None:
+                self._trace.close()
+                self._trace = None
 
     close = shutdown
 
@@ -1276,11 +1290,29 @@ class PushConsumer:
     def _submit_consume_later(self, msgs: list, pq: ProcessQueue, mq: MessageQueue, delay_ms: float) -> None:
         self._pull.call_later(delay_ms, lambda: self._executor_submit(self._consume_concurrently, msgs, pq, mq))
 
+    # -- message trace (ConsumeMessageTraceHookImpl) ----------------------------------------------------
+    def _trace_before(self, msgs: list) -> tuple:
+        rid, recs = _trace.sub_contexts(self.group, msgs, self.client_id)
+        for r in recs:
+            self._trace.append(r)
+        return rid, time.monotonic()
+
+    def _trace_after(self, tr: tuple, msgs: list, success: bool) -> None:
+        rid, t0 = tr
+        for r in _trace.sub_after_contexts(self.group, rid, msgs, int((time.monotonic() - t0) * 1000), success):
+            self._trace.append(r)
+
+    @property
+    def trace_dispatcher(self) -> "Optional[_trace.TraceDispatcher]":
+        """The message-trace dispatcher while running with ``enable_msg_trace=True``, else None."""
+        return self._trace
+
     def _consume_concurrently(self, msgs: list, pq: ProcessQueue, mq: MessageQueue) -> None:
         """One listener call (RocketMQ ``ConsumeMessageConcurrentlyService.ConsumeRequest``)."""
         if pq.dropped:
             return
         ctx = ConsumeConcurrentlyContext(mq)
+        tr = self._trace_before(msgs) if self._trace is not None else None
         try:
             status = self.listener(msgs, ctx)
             if status is None or status == "CONSUME_SUCCESS":      # the str enum compares equal to its name
@@ -1294,6 +1326,8 @@ class PushConsumer:
         except Exception:
             log.exception("listener failed on %d message(s) of %s", len(msgs), mq)
             status = ConsumeConcurrentlyStatus.RECONSUME_LATER
+        if tr is not None:
+            self._trace_after(tr, msgs, status is ConsumeConcurrentlyStatus.CONSUME_SUCCESS)
         if pq.dropped:
             log.info("%s dropped while consuming; %d message(s) will be redelivered", mq, len(msgs))
             return
@@ -1391,6 +1425,7 @@ class PushConsumer:
                     if pq.dropped:
                         return
                     ctx = ConsumeOrderlyContext(mq)
+                    tr = self._trace_before(msgs) if self._trace is not None else None
                     try:
                         status = self.listener(msgs, ctx)
                         status = ConsumeOrderlyStatus.SUCCESS if status is None else \
@@ -1398,6 +1433,8 @@ class PushConsumer:
                     except Exception:
                         log.exception("orderly listener failed on %d message(s) of %s", len(msgs), mq)
                         status = ConsumeOrderlyStatus.SUSPEND_CURRENT_QUEUE_A_MOMENT
+                    if tr is not None:
+                        self._trace_after(tr, msgs, status is ConsumeOrderlyStatus.SUCCESS)
                     if not self._process_orderly_result(status, ctx, msgs, pq, mq):
                         return
 

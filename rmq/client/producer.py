@@ -52,6 +52,7 @@ Failure behaviour
 from __future__ import annotations
 
 import collections
+import dataclasses
 import heapq
 import itertools
 import logging
@@ -73,6 +74,7 @@ from zmq.utils.monitor import parse_monitor_message
 from rmq import latency_trace as _lt
 from rmq import protocol as P
 from rmq import security
+from rmq.client import trace as _trace
 from rmq._core.commitlog import encode_batch, encode_properties, tags_string_to_tags_code
 from rmq.client.direct import DirectSender, close_monitored
 from rmq.client.futures import SendFuture
@@ -1340,6 +1342,10 @@ class Producer:
     max_pending_messages : int
         :meth:`send_async` blocks (up to ``send_msg_timeout_ms``) while this many
         messages are unanswered (10 000).
+    enable_msg_trace : bool
+        Record a trace (RocketMQ's ``Pub`` record: when, cost, store host, result) of every
+        message sent, in the background, to ``custom_trace_topic`` (default
+        ``RMQ_SYS_TRACE_TOPIC``); ``rmq admin queryMsgTraceById`` reads it.  False by default.
     **options
         Any other :class:`ProducerOptions` field: ``delivery_timeout_ms`` (120 000: a
         :meth:`send_async` message fails if it has no result this long after it was
@@ -1362,7 +1368,8 @@ class Producer:
                  send_latency_fault_enable: bool = False, linger_ms: float = 0.0,
                  batch_size: Optional[int] = None,
                  max_in_flight: int = MAX_IN_FLIGHT, max_pending_messages: int = MAX_PENDING_MESSAGES,
-                 auth=None, **options: Any):
+                 auth=None, enable_msg_trace: bool = False, custom_trace_topic: Optional[str] = None,
+                 **options: Any):
         try:
             check_group(group)
         except ValueError as e:
@@ -1393,6 +1400,32 @@ class Producer:
                                     sender.client_auth,
                                     refresh_route=lambda topic: sender.call(lambda: sender._fetch_route(topic)))
         self._finalizer = weakref.finalize(self, _finalize, self._sender, self._direct)
+        # message trace (RocketMQ's enableMsgTrace / customizedTraceTopic): a Pub record per message
+        # sent, queued for a background dispatcher; off unless asked for
+        self._trace = _trace.TraceDispatcher(namesrv_addr, group, custom_trace_topic) if enable_msg_trace else None
+
+    # -- message trace ---------------------------------------------------------------------------
+    def _trace_sent(self, msgs: list, result: SendResult, t0: float, ordered: bool = False) -> None:
+        cost = int((time.monotonic() - t0) * 1000)
+        if len(msgs) == 1:
+            self._trace.append(_trace.pub_context(self.group, msgs[0], result, cost, self.client_id, ordered))
+            return
+        ids, offs = result.msg_id.split(","), result.offset_msg_id.split(",")
+        for i, m in enumerate(msgs):
+            one = dataclasses.replace(result, msg_id=ids[i] if i < len(ids) else "",
+                                      offset_msg_id=offs[i] if i < len(offs) else "")
+            self._trace.append(_trace.pub_context(self.group, m, one, cost, self.client_id, ordered))
+
+    def _trace_future(self, fut: Future, msgs: list, t0: float, ordered: bool = False) -> None:
+        def done(f: Future) -> None:
+            if not f.cancelled() and f.exception() is None:
+                self._trace_sent(msgs, f.result(), t0, ordered)
+        fut.add_done_callback(done)
+
+    @property
+    def trace_dispatcher(self) -> "Optional[_trace.TraceDispatcher]":
+        """The message-trace dispatcher (``enable_msg_trace=True``), else None."""
+        return self._trace
 
     # -- properties --------------------------------------------------------------------------
     @property
@@ -1459,12 +1492,17 @@ class Producer:
         self._not_in_io_thread("send")
         sel, arg = selector_for(selector, arg, sharding_key, msg)
         prep = prepare_message(msg, self.options)
+        t0 = time.monotonic() if self._trace is not None else 0.0
         if self._direct.usable(prep.msg.topic):       # known route: request / response on this thread
             self._check_open()
-            return self._direct.send(prep, timeout_ms, sel, arg, queue,
-                                     lambda: heartbeat_request(self.client_id, self.group))
-        fut = self._enqueue([prep], SYNC, timeout_ms, sel, arg, queue)
-        return self._wait(fut, timeout_ms)
+            result = self._direct.send(prep, timeout_ms, sel, arg, queue,
+                                       lambda: heartbeat_request(self.client_id, self.group))
+        else:
+            fut = self._enqueue([prep], SYNC, timeout_ms, sel, arg, queue)
+            result = self._wait(fut, timeout_ms)
+        if self._trace is not None:
+            self._trace_sent([prep.msg], result, t0, sel is not None)
+        return result
 
     def send_async(self, msg: Message, callback: Optional[Callable[[Future], Any]] = None, *,
                    timeout_ms: Optional[int] = None, selector: Optional[Selector] = None, arg: Any = None,
@@ -1487,7 +1525,10 @@ class Producer:
         """
         sel, arg = selector_for(selector, arg, sharding_key, msg)
         prep = prepare_message(msg, self.options)
+        t0 = time.monotonic() if self._trace is not None else 0.0
         fut = self._enqueue([prep], ASYNC, timeout_ms, sel, arg, queue, callback=callback)
+        if self._trace is not None:
+            self._trace_future(fut, [prep.msg], t0, sel is not None)
         return fut
 
     def send_oneway(self, msg: Message, *, selector: Optional[Selector] = None, arg: Any = None,
@@ -1524,14 +1565,22 @@ class Producer:
         """
         self._not_in_io_thread("send_batch")
         preps = prepare_batch(msgs, self.options)
+        t0 = time.monotonic() if self._trace is not None else 0.0
         fut = self._enqueue(preps, SYNC, timeout_ms, None, None, queue, whole=True)
-        return self._wait(fut, timeout_ms)
+        result = self._wait(fut, timeout_ms)
+        if self._trace is not None:
+            self._trace_sent([p.msg for p in preps], result, t0)
+        return result
 
     def send_batch_async(self, msgs: Iterable[Message], callback: Optional[Callable[[Future], Any]] = None, *,
                          timeout_ms: Optional[int] = None, queue: Optional[MessageQueue] = None) -> Future:
         """:meth:`send_batch` without waiting: a future of the batch's :class:`SendResult`."""
         preps = prepare_batch(msgs, self.options)
-        return self._enqueue(preps, ASYNC, timeout_ms, None, None, queue, whole=True, callback=callback)
+        t0 = time.monotonic() if self._trace is not None else 0.0
+        fut = self._enqueue(preps, ASYNC, timeout_ms, None, None, queue, whole=True, callback=callback)
+        if self._trace is not None:
+            self._trace_future(fut, [p.msg for p in preps], t0)
+        return fut
 
     def fetch_publish_message_queues(self, topic: str, timeout_ms: Optional[int] = None) -> list:
         """The writable queues of ``topic``, freshly read from the NameServer
@@ -1619,6 +1668,8 @@ class Producer:
                 log.error("producer %s: I/O thread did not stop (a callback blocking it?)", self.group)
             self._direct.close()
             self._finalizer.detach()
+            if self._trace is not None:
+                self._trace.close()
         if s.failures:
             first = s.failures[0][1]
             n = sum(len(p.preps) for p, _ in s.failures)

@@ -31,7 +31,7 @@ COMMANDS = [("updateTopic", "update-topic"), ("deleteTopic", "delete-topic"), ("
             ("sendMessage", "send-message"), ("consumeMessage", "consume-message"),
             ("updateBrokerConfig", "update-broker-config"), ("getBrokerConfig", "get-broker-config"),
             ("promoteSlave", "promote-slave"), ("statsAll", "stats-all"), ("resendMessage", "resend-message"),
-            ("producerConnection", "producer-connection")]
+            ("producerConnection", "producer-connection"), ("queryMsgTraceById", "query-msg-trace-by-id")]
 N_SEEDED = 6
 
 

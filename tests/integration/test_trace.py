@@ -1,0 +1,100 @@
+"""Message trace end to end: a traced producer and a traced push consumer (one failed listener
+call, then a retry that succeeds), read back with Admin.query_msg_trace_by_id and
+`rmq admin queryMsgTraceById`; a custom trace topic; an untraced client writes nothing."""
+import json
+import threading
+
+import pytest
+from click.testing import CliRunner
+
+from rmq import Admin, Message, Producer
+from rmq.cli import main
+from rmq.client.consumer import ConsumeConcurrentlyStatus
+from rmq.client.trace import TRACE_TOPIC
+from rmq.errors import MQClientError
+from tests.integration.test_consumer import DELAY_LEVELS, create_topic, push_consumer, wait_for
+from tests.integration.cluster import Cluster
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    c = Cluster(tmp_path_factory.mktemp("trace") / "store", conf={"messageDelayLevel": DELAY_LEVELS})
+    yield c
+    c.close()
+
+
+def test_the_whole_life_of_a_message(cluster):
+    create_topic(cluster, "TR", 2)
+    calls, lock = [], threading.Lock()
+
+    def listener(msgs, ctx):
+        with lock:
+            calls.append(msgs[0].reconsume_times)
+            first = len(calls) == 1
+        return ConsumeConcurrentlyStatus.RECONSUME_LATER if first else ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+
+    consumer = push_consumer(cluster, "trace-cg", listener, topic="TR", enable_msg_trace=True,
+                             consume_from_where="CONSUME_FROM_FIRST_OFFSET")
+    consumer.start()
+    try:
+        with Producer(cluster.namesrv_addr, group="trace-pg", enable_msg_trace=True) as p:
+            res = p.send(Message("TR", b"hello", tags="tg", keys=["order-1"]))
+        wait_for(lambda: len(calls) >= 2, 60, "the retry was consumed")
+        assert consumer.trace_dispatcher.flush(20)
+    finally:
+        consumer.shutdown()
+    with Admin(cluster.namesrv_addr) as a:
+        def complete():
+            v = a.query_msg_trace_by_id(res.msg_id)
+            return v if len([x for x in v if x.trace_type == "Sub" and x.status != "consuming"]) >= 2 else None
+        views = wait_for(complete, 30, "trace records indexed")
+    pub = [v for v in views if v.trace_type == "Pub"]
+    subs = [v for v in views if v.trace_type == "Sub"]
+    assert len(pub) == 1
+    p0 = pub[0]
+    assert (p0.group, p0.topic, p0.tags, p0.keys, p0.status, p0.msg_id, p0.offset_msg_id) == \
+        ("trace-pg", "TR", "tg", "order-1", "success", res.msg_id, res.offset_msg_id)
+    assert p0.store_host.endswith(f":{cluster.broker.rsplit(':', 1)[1]}") and p0.cost_ms >= 0 and p0.client_host
+    assert [(s.group, s.status, s.retry_times) for s in subs] == [("trace-cg", "failed", 0), ("trace-cg", "success", 1)]
+    assert all(s.client_host == consumer.client_id for s in subs)
+    assert subs[0].time_ms >= p0.time_ms - 1000
+
+    # the CLI shows the same, as JSON and as tables
+    r = CliRunner().invoke(main, ["admin", "-n", cluster.namesrv_addr, "queryMsgTraceById", "-i", res.msg_id,
+                                  "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert [t["trace_type"] for t in out["trace"]] == ["Pub", "Sub", "Sub"]
+    r = CliRunner().invoke(main, ["admin", "-n", cluster.namesrv_addr, "queryMsgTraceById", "-i", res.msg_id])
+    assert r.exit_code == 0 and "trace-pg" in r.stdout and "trace-cg" in r.stdout and "failed" in r.stdout
+
+
+def test_custom_trace_topic_and_untraced_clients(cluster):
+    create_topic(cluster, "TR2", 1)
+    with Producer(cluster.namesrv_addr, group="pg2", enable_msg_trace=True, custom_trace_topic="MY_TRACE") as p:
+        res = p.send(Message("TR2", b"x"))
+        batch = p.send_batch([Message("TR2", b"b%d" % i) for i in range(3)])
+        fut = p.send_async(Message("TR2", b"async"))
+        fut.result(10)
+        assert p.trace_dispatcher.flush(20)
+        assert p.trace_dispatcher.sent_records == 5 and p.trace_dispatcher.dropped == 0
+    with Admin(cluster.namesrv_addr) as a:
+        views = wait_for(lambda: a.query_msg_trace_by_id(res.msg_id, "MY_TRACE"), 30, "custom topic trace")
+        assert [(v.trace_type, v.group) for v in views] == [("Pub", "pg2")]
+        second = batch.msg_id.split(",")[1]
+        views = wait_for(lambda: a.query_msg_trace_by_id(second, "MY_TRACE"), 30, "batch member trace")
+        assert views[0].msg_id == second
+        views = wait_for(lambda: a.query_msg_trace_by_id(fut.result().msg_id, "MY_TRACE"), 30, "async trace")
+        assert views[0].status == "success"
+        # an untraced producer adds nothing
+        with Producer(cluster.namesrv_addr, group="pg3") as p:
+            plain = p.send(Message("TR2", b"plain"))
+            assert p.trace_dispatcher is None
+        assert a.query_msg_trace_by_id(plain.msg_id, "MY_TRACE") == []
+        with pytest.raises(MQClientError, match="no trace topic"):
+            a.query_msg_trace_by_id(plain.msg_id, "NO_SUCH_TRACE_TOPIC")
+    r = CliRunner().invoke(main, ["admin", "-n", cluster.namesrv_addr, "queryMsgTraceById", "-i", res.msg_id,
+                                  "-t", TRACE_TOPIC + "_NONE"])
+    assert r.exit_code == 1 and "no trace topic" in r.stderr
