@@ -69,6 +69,7 @@ from rmq.client.message import MessageQueue, PullResult, PullStatus
 from rmq.client.offset_store import LocalFileOffsetStore, OffsetStore
 from rmq.client.rebalance import resolve_strategy
 from rmq.client.remoting import DEFAULT_TIMEOUT_MS
+from rmq.client import trace as _trace
 from rmq.filter import MessageSelector
 from rmq.errors import MQBrokerError, MQClientError, RemotingError, RemotingTimeoutError
 from rmq.protocol import Frame, ProtocolError, RequestCode, ResponseCode, unpack_body
@@ -704,8 +705,11 @@ class AsyncPushConsumer:
                  poll_name_server_interval_ms: int = POLL_NAME_SERVER_INTERVAL_MS,
                  lock_interval_ms: int = REBALANCE_LOCK_INTERVAL_MS, instance_name: Optional[str] = None,
                  offset_store_dir: Optional[str] = None, timeout_ms: int = DEFAULT_TIMEOUT_MS,
-                 shutdown_await_ms: int = SHUTDOWN_AWAIT_MS, auth=None):
+                 shutdown_await_ms: int = SHUTDOWN_AWAIT_MS, auth=None, enable_msg_trace: bool = False,
+                 custom_trace_topic: Optional[str] = None):
         self.auth = auth            # CURVE client keys (rmq.security.client_auth)
+        # message trace, as rmq.PushConsumer (the dispatcher's thread sends; appending never blocks)
+        self._trace = _trace.TraceDispatcher(namesrv_addr, group, custom_trace_topic) if enable_msg_trace else None
         if not group or group == "DEFAULT_CONSUMER":
             raise MQClientError("consumer group must be set (and not DEFAULT_CONSUMER)")
         self.namesrv_addr = namesrv_addr
@@ -843,6 +847,8 @@ class AsyncPushConsumer:
         finally:
             self._state = "SHUTDOWN"
             await self.api.close()
+            if self._trace is not None:
+                await asyncio.to_thread(self._trace.close)
 
     close = shutdown
 
@@ -1129,6 +1135,26 @@ class AsyncPushConsumer:
 
     # -- consuming ----------------------------------------------------------------------------------------
     async def _call(self, msgs: list, ctx):
+        if self._trace is None:
+            return await self._call_listener(msgs, ctx)
+        rid, recs = _trace.sub_contexts(self.group, msgs, self.client_id)
+        for r in recs:
+            self._trace.append(r)
+        t0 = time.monotonic()
+        ok = False
+        try:
+            status = await self._call_listener(msgs, ctx)
+            ok = status is None or getattr(status, "value", status) in ("CONSUME_SUCCESS", "SUCCESS")
+            return status
+        finally:
+            for r in _trace.sub_after_contexts(self.group, rid, msgs, int((time.monotonic() - t0) * 1000), ok):
+                self._trace.append(r)
+
+    @property
+    def trace_dispatcher(self) -> "Optional[_trace.TraceDispatcher]":
+        return self._trace
+
+    async def _call_listener(self, msgs: list, ctx):
         fn = self.listener
         if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None)):
             return await fn(msgs, ctx)

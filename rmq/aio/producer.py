@@ -30,6 +30,7 @@ Failure behaviour
 from __future__ import annotations
 
 import asyncio
+import time
 import itertools
 import logging
 from typing import Any, Iterable, Optional
@@ -39,6 +40,7 @@ import zmq.asyncio
 
 from rmq import protocol as P
 from rmq import security
+from rmq.client import trace as _trace
 from rmq.client.message import Message, MessageQueue, SendResult
 from rmq.client.producer import (ProducerOptions, Selector, apply_selector, batch_body_of, check_group, client_id,
                                  final_error, heartbeat_request, merge_results, parse_send_response,
@@ -97,8 +99,11 @@ class Producer:
         A bad address, group or option.
     """
 
-    def __init__(self, namesrv_addr: str, group: str = "DEFAULT_PRODUCER", auth=None, **options: Any):
+    def __init__(self, namesrv_addr: str, group: str = "DEFAULT_PRODUCER", auth=None, *,
+                 enable_msg_trace: bool = False, custom_trace_topic: Optional[str] = None, **options: Any):
         self._auth = security.client_auth(auth)   # CURVE client keys (rmq.security); None: environment / plain
+        # message trace, as rmq.Producer: Pub records sent by a background dispatcher
+        self._trace = _trace.TraceDispatcher(namesrv_addr, group, custom_trace_topic) if enable_msg_trace else None
         try:
             check_group(group)
         except ValueError as e:
@@ -149,6 +154,8 @@ class Producer:
         if self._closed:
             return
         self._closed = True
+        if self._trace is not None:
+            await asyncio.to_thread(self._trace.close)
         for conn in self._conns.values():
             _send_nowait(conn.sock, P.encode(Frame(RequestCode.UNREGISTER_CLIENT, flag=P.FLAG_ONEWAY, fields={
                 "clientID": self.client_id, "producerGroup": self.group})))
@@ -189,14 +196,23 @@ class Producer:
         :meth:`rmq.Producer.send`."""
         sel, arg = selector_for(selector, arg, sharding_key, msg)
         prep = prepare_message(msg, self.options)
+        t0 = time.monotonic()
         results = await self._send([prep], False, timeout_ms, sel, arg, queue, oneway=False)
+        if self._trace is not None:
+            self._trace.append(_trace.pub_context(self.group, prep.msg, results[0],
+                                                  int((time.monotonic() - t0) * 1000), self.client_id, sel is not None))
         return results[0]
 
     async def send_batch(self, msgs: Iterable[Message], *, timeout_ms: Optional[int] = None,
                          queue: Optional[MessageQueue] = None) -> SendResult:
         """One SEND_BATCH_MESSAGE of messages of one topic; as :meth:`rmq.Producer.send_batch`."""
         preps = prepare_batch(msgs, self.options)
+        t0 = time.monotonic()
         results = await self._send(preps, True, timeout_ms, None, None, queue, oneway=False)
+        if self._trace is not None:
+            cost = int((time.monotonic() - t0) * 1000)
+            for p, r in zip(preps, results):
+                self._trace.append(_trace.pub_context(self.group, p.msg, r, cost, self.client_id))
         return merge_results(results)
 
     async def send_oneway(self, msg: Message, *, selector: Optional[Selector] = None, arg: Any = None,

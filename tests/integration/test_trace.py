@@ -98,3 +98,42 @@ def test_custom_trace_topic_and_untraced_clients(cluster):
     r = CliRunner().invoke(main, ["admin", "-n", cluster.namesrv_addr, "queryMsgTraceById", "-i", res.msg_id,
                                   "-t", TRACE_TOPIC + "_NONE"])
     assert r.exit_code == 1 and "no trace topic" in r.stderr
+
+
+def test_asyncio_producer_and_consumer_trace(cluster):
+    import asyncio
+
+    from rmq.aio.consumer import AsyncPushConsumer
+    from rmq.aio.producer import Producer as AsyncProducer
+    from tests.integration.test_consumer import FAST
+    create_topic(cluster, "TR3", 1)
+
+    async def main():
+        got = asyncio.Event()
+
+        async def listener(msgs, ctx):
+            got.set()
+            return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+        c = AsyncPushConsumer(cluster.namesrv_addr, "trace-acg", **FAST, enable_msg_trace=True,
+                              consume_from_where="CONSUME_FROM_FIRST_OFFSET")
+        c.subscribe("TR3", "*")
+        c.register_message_listener(listener)
+        await c.start()
+        try:
+            async with AsyncProducer(cluster.namesrv_addr, "trace-apg", enable_msg_trace=True) as p:
+                res = await p.send(Message("TR3", b"aio"))
+                batch = await p.send_batch([Message("TR3", b"a%d" % i) for i in range(2)])
+            await asyncio.wait_for(got.wait(), 30)
+            await asyncio.to_thread(c.trace_dispatcher.flush, 20)
+        finally:
+            await c.shutdown()
+        return res, batch
+
+    res, batch = asyncio.run(main())
+    with Admin(cluster.namesrv_addr) as a:
+        views = wait_for(lambda: (lambda v: v if {x.trace_type for x in v} == {"Pub", "Sub"} else None)(
+            a.query_msg_trace_by_id(res.msg_id)), 30, "aio trace")
+        assert [(v.trace_type, v.group, v.status) for v in views] == [("Pub", "trace-apg", "success"),
+                                                                        ("Sub", "trace-acg", "success")]
+        last = batch.msg_id.split(",")[-1]
+        assert wait_for(lambda: a.query_msg_trace_by_id(last), 30, "aio batch trace")[0].msg_id == last
