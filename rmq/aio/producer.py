@@ -199,8 +199,8 @@ class Producer:
         t0 = time.monotonic()
         results = await self._send([prep], False, timeout_ms, sel, arg, queue, oneway=False)
         if self._trace is not None:
-            self._trace.append(_trace.pub_context(self.group, prep.msg, results[0],
-                                                  int((time.monotonic() - t0) * 1000), self.client_id, sel is not None))
+            self._trace.append_pub(prep.msg, results[0], int((time.monotonic() - t0) * 1000), self.client_id,
+                                   sel is not None)
         return results[0]
 
     async def send_batch(self, msgs: Iterable[Message], *, timeout_ms: Optional[int] = None,
@@ -212,7 +212,7 @@ class Producer:
         if self._trace is not None:
             cost = int((time.monotonic() - t0) * 1000)
             for p, r in zip(preps, results):
-                self._trace.append(_trace.pub_context(self.group, p.msg, r, cost, self.client_id))
+                self._trace.append_pub(p.msg, r, cost, self.client_id)
         return merge_results(results)
 
     async def send_oneway(self, msg: Message, *, selector: Optional[Selector] = None, arg: Any = None,

@@ -1408,19 +1408,26 @@ class Producer:
     def _trace_sent(self, msgs: list, result: SendResult, t0: float, ordered: bool = False) -> None:
         cost = int((time.monotonic() - t0) * 1000)
         if len(msgs) == 1:
-            self._trace.append(_trace.pub_context(self.group, msgs[0], result, cost, self.client_id, ordered))
+            self._trace.append_pub(msgs[0], result, cost, self.client_id, ordered)
             return
         ids, offs = result.msg_id.split(","), result.offset_msg_id.split(",")
         for i, m in enumerate(msgs):
             one = dataclasses.replace(result, msg_id=ids[i] if i < len(ids) else "",
                                       offset_msg_id=offs[i] if i < len(offs) else "")
-            self._trace.append(_trace.pub_context(self.group, m, one, cost, self.client_id, ordered))
+            self._trace.append_pub(m, one, cost, self.client_id, ordered)
 
-    def _trace_future(self, fut: Future, msgs: list, t0: float, ordered: bool = False) -> None:
+    def _traced_callback(self, callback: Optional[Callable[[Future], Any]], msgs: list, ordered: bool = False):
+        """The done-callback of a traced send_async: the Pub record(s), then the user's callback.
+        Given at the future's creation (a callback added later costs the future its lock-free
+        completion)."""
+        t0 = time.monotonic()
+
         def done(f: Future) -> None:
-            if not f.cancelled() and f.exception() is None:
+            if f.exception() is None:
                 self._trace_sent(msgs, f.result(), t0, ordered)
-        fut.add_done_callback(done)
+            if callback is not None:
+                callback(f)
+        return done
 
     @property
     def trace_dispatcher(self) -> "Optional[_trace.TraceDispatcher]":
@@ -1525,11 +1532,9 @@ class Producer:
         """
         sel, arg = selector_for(selector, arg, sharding_key, msg)
         prep = prepare_message(msg, self.options)
-        t0 = time.monotonic() if self._trace is not None else 0.0
-        fut = self._enqueue([prep], ASYNC, timeout_ms, sel, arg, queue, callback=callback)
         if self._trace is not None:
-            self._trace_future(fut, [prep.msg], t0, sel is not None)
-        return fut
+            callback = self._traced_callback(callback, [prep.msg], sel is not None)
+        return self._enqueue([prep], ASYNC, timeout_ms, sel, arg, queue, callback=callback)
 
     def send_oneway(self, msg: Message, *, selector: Optional[Selector] = None, arg: Any = None,
                     sharding_key: Any = None, queue: Optional[MessageQueue] = None) -> None:
@@ -1576,11 +1581,9 @@ class Producer:
                          timeout_ms: Optional[int] = None, queue: Optional[MessageQueue] = None) -> Future:
         """:meth:`send_batch` without waiting: a future of the batch's :class:`SendResult`."""
         preps = prepare_batch(msgs, self.options)
-        t0 = time.monotonic() if self._trace is not None else 0.0
-        fut = self._enqueue(preps, ASYNC, timeout_ms, None, None, queue, whole=True, callback=callback)
         if self._trace is not None:
-            self._trace_future(fut, [p.msg for p in preps], t0)
-        return fut
+            callback = self._traced_callback(callback, [p.msg for p in preps])
+        return self._enqueue(preps, ASYNC, timeout_ms, None, None, queue, whole=True, callback=callback)
 
     def fetch_publish_message_queues(self, topic: str, timeout_ms: Optional[int] = None) -> list:
         """The writable queues of ``topic``, freshly read from the NameServer

@@ -21,9 +21,9 @@ drained by one thread that packs records into trace messages of at most
 """
 from __future__ import annotations
 
+import collections
 import enum
 import logging
-import queue
 import threading
 import time
 import uuid
@@ -41,10 +41,12 @@ FIELD_SPLITOR = "\x02"
 TRACE_PRODUCER_GROUP_PREFIX = "_INNER_TRACE_PRODUCER"  # TraceConstants.GROUP_NAME_PREFIX
 #: Largest trace message body, bytes (AsyncTraceDispatcher.maxMsgSize).
 MAX_TRACE_MESSAGE_BYTES = 128_000
-#: Records waiting to be sent; more are dropped (AsyncTraceDispatcher's queueSize).
-TRACE_QUEUE_SIZE = 2048
-#: Records the dispatcher takes per trace message at most.
-TRACE_BATCH_NUM = 100
+#: Records waiting to be sent; more are dropped (RocketMQ's AsyncTraceDispatcher keeps 2048; a
+#: Python producer's bursts of send_async outrun one dispatcher turn, so more are kept here).
+TRACE_QUEUE_SIZE = 20_000
+#: Records the dispatcher takes per turn at most (packed into trace messages of at most
+#: MAX_TRACE_MESSAGE_BYTES).
+TRACE_BATCH_NUM = 512
 #: How long the dispatcher waits for more records before sending what it has, ms
 #: (AsyncTraceDispatcher.pollingTimeMil).
 TRACE_POLL_MS = 100
@@ -197,53 +199,71 @@ class TraceDispatcher:
     trace_topic : str, optional
         Default ``RMQ_SYS_TRACE_TOPIC``.
 
-    :meth:`append` never blocks: with :data:`TRACE_QUEUE_SIZE` records waiting it drops the record
-    and counts it in ``dropped``.  A trace message that cannot be sent is logged and counted in
-    ``failed`` (records lost, the traced traffic unaffected).
+    :meth:`append` / :meth:`append_pub` never block: with :data:`TRACE_QUEUE_SIZE` records waiting
+    the record is dropped and counted in ``dropped``.  The caller's thread only queues a tuple;
+    records are built and encoded on the dispatcher's thread and sent with ``send_async`` (pipelined).
+    A trace message that cannot be sent is logged and its records counted in ``failed`` (the
+    traced traffic is never affected).
     """
 
     def __init__(self, namesrv_addr: str, group: str, trace_topic: Optional[str] = None):
         self.namesrv_addr = namesrv_addr
         self.group = group
         self.trace_topic = trace_topic or TRACE_TOPIC
-        self.queue: queue.Queue = queue.Queue(TRACE_QUEUE_SIZE)
+        self.client_host = ""
+        self._items: collections.deque = collections.deque()
         self.dropped = 0
         self.failed = 0
         self.sent_messages = 0
         self.sent_records = 0
         self._producer = None
+        self._wake = threading.Event()
         self._stop = threading.Event()
         self._idle = threading.Condition()
         self._busy = 0
+        self._inflight = 0
+        self._hosts: dict = {}
         self._thread = threading.Thread(target=self._run, name=f"rmq-trace-{group}", daemon=True)
         self._thread.start()
 
-    def append(self, ctx: TraceContext) -> bool:
-        """Queue one record; False (and ``dropped`` + 1) when the queue is full or closed."""
+    @property
+    def queued(self) -> int:
+        return len(self._items)
+
+    def _put(self, item) -> bool:
         if self._stop.is_set():
             return False
-        try:
-            self.queue.put_nowait(ctx)
-            return True
-        except queue.Full:
+        if len(self._items) >= TRACE_QUEUE_SIZE:
             self.dropped += 1
             return False
+        self._items.append(item)
+        if len(self._items) >= TRACE_BATCH_NUM:
+            self._wake.set()
+        return True
+
+    def append(self, ctx: TraceContext) -> bool:
+        """Queue one record; False (and ``dropped`` + 1) when the queue is full or closed."""
+        return self._put(ctx)
+
+    def append_pub(self, msg, result, cost_ms: int, client_host: str, ordered: bool = False) -> bool:
+        """Queue the Pub record of one sent message (built on the dispatcher's thread)."""
+        return self._put((msg, result, cost_ms, client_host, ordered, int(time.time() * 1000)))
 
     def _take(self) -> list:
+        if not self._items:
+            self._wake.wait(TRACE_POLL_MS / 1000.0)
+            self._wake.clear()
+        batch = []
+        pop = self._items.popleft
         try:
-            first = self.queue.get(timeout=TRACE_POLL_MS / 1000.0)
-        except queue.Empty:
-            return []
-        batch = [first]
-        while len(batch) < TRACE_BATCH_NUM:
-            try:
-                batch.append(self.queue.get_nowait())
-            except queue.Empty:
-                break
+            while len(batch) < TRACE_BATCH_NUM:
+                batch.append(pop())
+        except IndexError:
+            pass
         return batch
 
     def _run(self) -> None:
-        while not (self._stop.is_set() and self.queue.empty()):
+        while not (self._stop.is_set() and not self._items):
             batch = self._take()
             if not batch:
                 continue
@@ -251,58 +271,116 @@ class TraceDispatcher:
                 self._busy += 1
             try:
                 self._send(batch)
+            except Exception as e:           # never let the thread die: trace is best effort
+                self.failed += len(batch)
+                log.warning("trace: %d record(s) lost: %s", len(batch), e)
             finally:
                 with self._idle:
                     self._busy -= 1
                     self._idle.notify_all()
 
+    def _pub_line(self, item) -> tuple:
+        """The encoded Pub record and its keys of a queued ``append_pub`` tuple: :func:`encode` of
+        :func:`pub_context`, without the objects (the dispatcher's hot path).  Topic, tags, keys and
+        ids come from a validated message (no separators in them); the store host is cached per
+        broker (the first 16 hex digits of an IPv4 offset message id)."""
+        msg, result, cost, client, ordered, ts = item
+        props = msg.properties
+        off = result.offset_msg_id
+        host = self._hosts.get(off[:16])
+        if host is None:
+            host = store_host_of(off) or result.message_queue.broker_name
+            if len(off) == 32:
+                self._hosts[off[:16]] = host
+        mtype = _msg_type(props, ordered)
+        keys = props.get("KEYS", "")
+        ok = "true" if str(getattr(result.status, "value", result.status)) == "SEND_OK" else "false"
+        line = CONTENT_SPLITOR.join((
+            "Pub", str(ts), result.region_id or DEFAULT_REGION, _clean(self.group), msg.topic, result.msg_id,
+            props.get("TAGS", ""), keys, host, str(len(msg.body)), str(cost), str(int(mtype)), off, ok,
+            _clean(client))) + FIELD_SPLITOR
+        return line, ([result.msg_id] + keys.split(" ")) if keys else [result.msg_id]
+
     def _send(self, batch: list) -> None:
         from rmq.client.message import Message
         from rmq.client.producer import Producer
-        parts, keys, size = [], {}, 0
-        chunks = []
-        for ctx in batch:
-            rec = encode(ctx)
-            n = len(rec.encode("utf-8"))
-            if parts and size + n > MAX_TRACE_MESSAGE_BYTES:
-                chunks.append((parts, keys, len(parts)))
+        chunks, parts, keys, size = [], [], {}, 0
+        for item in batch:
+            if isinstance(item, TraceContext):
+                rec, rkeys = encode(item), trace_keys(item)
+            else:
+                rec, rkeys = self._pub_line(item)
+            n = len(rec)
+            if parts and size + n > MAX_TRACE_MESSAGE_BYTES // 2:      # chars; UTF-8 may double them
+                chunks.append((parts, keys))
                 parts, keys, size = [], {}, 0
             parts.append(rec)
             size += n
-            for k in trace_keys(ctx):
-                keys[k] = None
+            for k in rkeys:
+                if k:
+                    keys[k] = None
         if parts:
-            chunks.append((parts, keys, len(parts)))
-        try:
-            if self._producer is None:
-                self._producer = Producer(self.namesrv_addr, f"{TRACE_PRODUCER_GROUP_PREFIX}-{self.group}")
-            for parts, keys, n in chunks:
-                self._producer.send(Message(self.trace_topic, "".join(parts).encode("utf-8"), keys=list(keys)))
-                self.sent_messages += 1
-                self.sent_records += n
-        except Exception as e:        # trace is best effort: the traced traffic never fails for it
-            self.failed += sum(n for _, _, n in chunks)
-            log.warning("trace: %d record(s) to %s not sent: %s", len(batch), self.trace_topic, e)
+            chunks.append((parts, keys))
+        if self._producer is None:
+            self._producer = Producer(self.namesrv_addr, f"{TRACE_PRODUCER_GROUP_PREFIX}-{self.group}")
+        for parts, keys in chunks:
+            n = len(parts)
+            try:
+                fut = self._producer.send_async(Message(self.trace_topic, "".join(parts).encode("utf-8"),
+                                                        keys=list(keys)))
+            except Exception as e:
+                self.failed += n
+                log.warning("trace: %d record(s) to %s not sent: %s", n, self.trace_topic, e)
+                continue
+            with self._idle:
+                self._inflight += 1
+            fut.add_done_callback(lambda f, n=n: self._sent(f, n))
+
+    def _sent(self, fut, n: int) -> None:
+        if fut.exception() is not None:
+            self.failed += n
+            log.warning("trace: %d record(s) to %s not sent: %s", n, self.trace_topic, fut.exception())
+        else:
+            self.sent_messages += 1
+            self.sent_records += n
+        with self._idle:
+            self._inflight -= 1
+            self._idle.notify_all()
 
     def flush(self, timeout_s: float = 5.0) -> bool:
         """Wait until every queued record has been sent (or failed); False on timeout."""
         end = time.monotonic() + timeout_s
+        self._wake.set()
         with self._idle:
-            while not self.queue.empty() or self._busy:
+            while self._items or self._busy or self._inflight:
                 left = end - time.monotonic()
                 if left <= 0:
                     return False
                 self._idle.wait(min(left, TRACE_POLL_MS / 1000.0))
+                self._wake.set()
         return True
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Send what is queued (up to ``timeout_s``), then stop the thread and the trace producer."""
         self.flush(timeout_s)
         self._stop.set()
+        self._wake.set()
         self._thread.join(timeout_s)
         if self._producer is not None:
-            self._producer.close()
+            try:
+                self._producer.close()
+            except Exception as e:
+                log.warning("trace producer of %s: %s", self.group, e)
             self._producer = None
+
+
+def _msg_type(props: dict, ordered: bool) -> MessageType:
+    """SendMessageTraceHookImpl's message type: half (transactional), delay, order or normal."""
+    if props.get("TRAN_MSG") == "true":
+        return MessageType.Trans_Msg_Half
+    if (props.get("DELAY") or "0") not in ("0", ""):
+        return MessageType.Delay_Msg
+    return MessageType.Order_Msg if ordered else MessageType.Normal_Msg
 
 
 def store_host_of(offset_msg_id: str) -> str:
@@ -323,10 +401,7 @@ def store_host_of(offset_msg_id: str) -> str:
 def pub_context(group: str, msg, result, cost_ms: int, client_host: str, ordered: bool = False) -> TraceContext:
     """The Pub record of one sent message (SendMessageTraceHookImpl.sendMessageAfter)."""
     props = msg.properties
-    delay = int(props.get("DELAY", "0") or 0)
-    mtype = MessageType.Delay_Msg if delay > 0 else MessageType.Order_Msg if ordered else MessageType.Normal_Msg
-    if props.get("TRAN_MSG") == "true":
-        mtype = MessageType.Trans_Msg_Half
+    mtype = _msg_type(props, ordered)
     bean = TraceBean(topic=msg.topic, msg_id=result.msg_id, offset_msg_id=result.offset_msg_id,
                      tags=props.get("TAGS", ""), keys=props.get("KEYS", ""),
                      store_host=store_host_of(result.offset_msg_id) or result.message_queue.broker_name,

@@ -58,3 +58,19 @@ def test_dispatcher_never_blocks_and_counts_what_it_drops():
     assert accepted == T.TRACE_QUEUE_SIZE and d.dropped == 10
     d._stop.set()
     assert not d.append(ctx)               # closed: refused, not queued
+
+
+def test_the_dispatchers_fast_pub_line_is_encode_of_pub_context():
+    from rmq.client.message import Message, MessageQueue, SendResult, SendStatus
+    m = Message("BT", b"x" * 10, tags="t", keys=["k1", "k2"], delay_time_level=3)
+    m.properties["UNIQ_KEY"] = "A" * 32
+    r = SendResult(SendStatus.SEND_OK, "A" * 32, MessageQueue("BT", "b", 0), 5, "7F0000010000270F0000000000000010")
+    d = T.TraceDispatcher("127.0.0.1:1", "g")
+    try:
+        line, keys = d._pub_line((m, r, 4, "client-1", False, 1234))
+        ctx = T.pub_context("g", m, r, 4, "client-1")
+        ctx.timestamp = 1234
+        assert line == T.encode(ctx) and keys == T.trace_keys(ctx) == ["A" * 32, "k1", "k2"]
+        assert ctx.bean.msg_type is T.MessageType.Delay_Msg and ctx.bean.store_host == "127.0.0.1:9999"
+    finally:
+        d.close(1)
