@@ -41,6 +41,9 @@ FIELD_SPLITOR = "\x02"
 TRACE_PRODUCER_GROUP_PREFIX = "_INNER_TRACE_PRODUCER"  # TraceConstants.GROUP_NAME_PREFIX
 #: Largest trace message body, bytes (AsyncTraceDispatcher.maxMsgSize).
 MAX_TRACE_MESSAGE_BYTES = 128_000
+#: Most bytes of keys one trace message carries (its KEYS property; a message's properties must stay
+#: under 32 KiB, SPEC.md §1.6): a trace message is cut before its keys would pass this.
+MAX_TRACE_KEYS_BYTES = 16_000
 #: Records waiting to be sent; more are dropped (RocketMQ's AsyncTraceDispatcher keeps 2048; a
 #: Python producer's bursts of send_async outrun one dispatcher turn, so more are kept here).
 TRACE_QUEUE_SIZE = 20_000
@@ -210,7 +213,6 @@ class TraceDispatcher:
         self.namesrv_addr = namesrv_addr
         self.group = group
         self.trace_topic = trace_topic or TRACE_TOPIC
-        self.client_host = ""
         self._items: collections.deque = collections.deque()
         self.dropped = 0
         self.failed = 0
@@ -304,21 +306,24 @@ class TraceDispatcher:
     def _send(self, batch: list) -> None:
         from rmq.client.message import Message
         from rmq.client.producer import Producer
-        chunks, parts, keys, size = [], [], {}, 0
+        chunks, parts, keys, size, key_bytes = [], [], {}, 0, 0
         for item in batch:
             if isinstance(item, TraceContext):
                 rec, rkeys = encode(item), trace_keys(item)
             else:
                 rec, rkeys = self._pub_line(item)
             n = len(rec)
-            if parts and size + n > MAX_TRACE_MESSAGE_BYTES // 2:      # chars; UTF-8 may double them
+            kn = sum(len(k) + 1 for k in rkeys)
+            if parts and (size + n > MAX_TRACE_MESSAGE_BYTES // 2 or      # chars; UTF-8 may double them
+                          key_bytes + kn > MAX_TRACE_KEYS_BYTES // 2):
                 chunks.append((parts, keys))
-                parts, keys, size = [], {}, 0
+                parts, keys, size, key_bytes = [], {}, 0, 0
             parts.append(rec)
             size += n
             for k in rkeys:
-                if k:
+                if k and k not in keys:
                     keys[k] = None
+                    key_bytes += len(k) + 1
         if parts:
             chunks.append((parts, keys))
         if self._producer is None:

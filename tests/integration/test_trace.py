@@ -137,3 +137,23 @@ def test_asyncio_producer_and_consumer_trace(cluster):
                                                                         ("Sub", "trace-acg", "success")]
         last = batch.msg_id.split(",")[-1]
         assert wait_for(lambda: a.query_msg_trace_by_id(last), 30, "aio batch trace")[0].msg_id == last
+
+
+def test_long_keys_split_trace_messages_under_the_property_limit(cluster):
+    """Records whose keys would push one trace message's KEYS past MAX_TRACE_KEYS_BYTES go in
+    several trace messages; every record is sent and found by its message id."""
+    from rmq.client import trace as T
+    d = T.TraceDispatcher(cluster.namesrv_addr, "longkeys", "LONG_TRACE")
+    ids = [f"{i:032X}" for i in range(40)]
+    try:
+        for mid in ids:
+            d.append(T.TraceContext(T.TraceType.SubBefore, 1, group_name="lk", request_id=mid,
+                                    bean=T.TraceBean(msg_id=mid, keys="k" * 1000 + mid)))
+        assert d.flush(30)
+        assert d.failed == 0 and d.sent_records == 40 and d.sent_messages >= 40 * 1033 // T.MAX_TRACE_KEYS_BYTES
+    finally:
+        d.close()
+    with Admin(cluster.namesrv_addr) as a:
+        for mid in (ids[0], ids[-1]):
+            views = wait_for(lambda: a.query_msg_trace_by_id(mid, "LONG_TRACE"), 30, "long-key trace")
+            assert views[0].request_id == mid and views[0].status == "consuming"
