@@ -708,8 +708,10 @@ class AsyncPushConsumer:
                  shutdown_await_ms: int = SHUTDOWN_AWAIT_MS, auth=None, enable_msg_trace: bool = False,
                  custom_trace_topic: Optional[str] = None):
         self.auth = auth            # CURVE client keys (rmq.security.client_auth)
-        # message trace, as rmq.PushConsumer (the dispatcher's thread sends; appending never blocks)
-        self._trace = _trace.TraceDispatcher(namesrv_addr, group, custom_trace_topic) if enable_msg_trace else None
+        # message trace, as rmq.PushConsumer: the dispatcher (a thread) exists from start() to shutdown()
+        self.enable_msg_trace = enable_msg_trace
+        self.custom_trace_topic = custom_trace_topic
+        self._trace: Optional[_trace.TraceDispatcher] = None
         if not group or group == "DEFAULT_CONSUMER":
             raise MQClientError("consumer group must be set (and not DEFAULT_CONSUMER)")
         self.namesrv_addr = namesrv_addr
@@ -806,6 +808,8 @@ class AsyncPushConsumer:
             self.consume_timestamp_ms = int(time.time() * 1000) - 30 * 60 * 1000
         self._sem = asyncio.Semaphore(self.consume_thread_max)
         self._wakeup = asyncio.Event()
+        if self.enable_msg_trace and self._trace is None:
+            self._trace = _trace.TraceDispatcher(self.namesrv_addr, self.group, self.custom_trace_topic)
         self._state = "RUNNING"
         await self._heartbeat_all()
         self._service = asyncio.get_running_loop().create_task(self._service_loop())
@@ -849,6 +853,7 @@ class AsyncPushConsumer:
             await self.api.close()
             if self._trace is not None:
                 await asyncio.to_thread(self._trace.close)
+                self._trace = None
 
     close = shutdown
 

@@ -31,6 +31,7 @@ evaluator (plain Python, per message) that tests hold the broker's native evalua
 """
 from __future__ import annotations
 
+import functools
 import math
 import re
 from typing import Any, Mapping, Optional
@@ -401,9 +402,22 @@ def parse(expr: str) -> Node:
         boolean as the whole expression, ``BETWEEN 5 AND 1``...), deeper than
         :data:`MAX_SQL92_DEPTH` or naming more than :data:`MAX_SQL92_PROPERTIES` properties.  The
         message names the line and column; ``position`` is set.
+
+    Trees are cached per expression text (:data:`PARSE_CACHE_SIZE`, as RocketMQ's SelectorParser
+    caches its parses): a selector checked by the client, its SubscriptionData and the broker's
+    compile parse once.  A tree is never modified after parsing.
     """
     if not isinstance(expr, str):
         raise FilterExpressionError(f"SQL92 expression must be a str, got {type(expr).__name__}", str(expr))
+    return _parse_cached(expr)
+
+
+#: Parsed trees kept per process (RocketMQ's SelectorParser.PARSE_CACHE keeps 100).
+PARSE_CACHE_SIZE = 256
+
+
+@functools.lru_cache(maxsize=PARSE_CACHE_SIZE)
+def _parse_cached(expr: str) -> Node:
     if not expr.strip():
         raise FilterExpressionError("SQL92 expression is empty", expr)
     if len(expr) > MAX_SQL92_LENGTH:

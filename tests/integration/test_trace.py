@@ -157,3 +157,39 @@ def test_long_keys_split_trace_messages_under_the_property_limit(cluster):
         for mid in (ids[0], ids[-1]):
             views = wait_for(lambda: a.query_msg_trace_by_id(mid, "LONG_TRACE"), 30, "long-key trace")
             assert views[0].request_id == mid and views[0].status == "consuming"
+
+
+def test_trace_records_that_cannot_be_sent_are_counted_and_the_traffic_goes_on(tmp_path):
+    """The trace topic cannot be created (autoCreateTopicEnable=false): the producer's own sends
+    succeed, the trace records are counted in ``failed``, nothing raises."""
+    c = Cluster(tmp_path / "store", conf={"autoCreateTopicEnable": "false"})
+    try:
+        create_topic(c, "TF", 1)
+        with Producer(c.namesrv_addr, group="pgf", enable_msg_trace=True) as p:
+            for i in range(3):
+                assert p.send(Message("TF", b"%d" % i)).msg_id
+            d = p.trace_dispatcher
+            assert d.flush(30)
+            assert d.failed == 3 and d.sent_records == 0 and d.dropped == 0
+    finally:
+        c.close()
+
+
+def test_the_asyncio_consumer_has_a_trace_dispatcher_only_while_running(cluster):
+    import asyncio
+
+    from rmq.aio.consumer import AsyncPushConsumer
+    from tests.integration.test_consumer import FAST
+    create_topic(cluster, "TR4", 1)
+
+    async def main():
+        c = AsyncPushConsumer(cluster.namesrv_addr, "trace-life", **FAST, enable_msg_trace=True)
+        c.subscribe("TR4", "*")
+        c.register_message_listener(lambda msgs, ctx: ConsumeConcurrentlyStatus.CONSUME_SUCCESS)
+        assert c.trace_dispatcher is None                # nothing started by the constructor
+        await c.start()
+        running = c.trace_dispatcher
+        await c.shutdown()
+        return running, c.trace_dispatcher
+    running, after = asyncio.run(main())
+    assert running is not None and not running._thread.is_alive() and after is None

@@ -366,3 +366,21 @@ def test_store_skips_messages_the_filter_rejects(open_store):
     assert res.messages()[0].body == b"m101" and seen[0] is GetMessageStatus.NO_MATCHED_MESSAGE
     res = s.get_messages("g", "S", 0, 100, 32, None, sql_filter=compile_sql92("n = 'none'"))
     assert res.status is GetMessageStatus.NO_MATCHED_MESSAGE and res.next_begin_offset == 120
+
+
+def test_parse_is_cached_and_the_native_program_is_checked():
+    from rmq._core.sqlfilter import MAX_PROPERTIES, SqlFilter
+    assert sql92.parse("a > 1 AND b = 'x'") is sql92.parse("a > 1 AND b = 'x'")
+    assert MAX_PROPERTIES == MAX_SQL92_PROPERTIES
+    prop = ("prop", 0, 0, "", False, 0, 0.0, b"", [])
+    with pytest.raises(ValueError, match="over the limit"):
+        SqlFilter("x", [prop], 0, [b"p"] * (MAX_PROPERTIES + 1))
+    with pytest.raises(ValueError, match="property index"):
+        SqlFilter("x", [("prop", 3, 0, "", False, 0, 0.0, b"", [])], 0, [b"p"])
+    with pytest.raises(ValueError, match="child index"):
+        SqlFilter("x", [("not", 5, 0, "", False, 0, 0.0, b"", [])], 0, [])
+    with pytest.raises(ValueError, match="IN needs a property"):
+        SqlFilter("x", [("const", 0, 0, "str", False, 0, 0.0, b"a", []),
+                        ("in", 0, 0, "", False, 0, 0.0, b"", [b"a"])], 1, [])
+    with pytest.raises(ValueError, match="root out of range"):
+        SqlFilter("x", [prop], 4, [b"p"])
