@@ -17,6 +17,8 @@ _LAZY = {
     "Producer": "rmq.client.producer",
     "PullConsumer": "rmq.client.consumer",
     "PushConsumer": "rmq.client.consumer",
+    "SimpleConsumer": "rmq.client.simple_consumer",
+    "MessageView": "rmq.client.simple_consumer",
     "Admin": "rmq.client.admin",
     "MessageSelector": "rmq.filter",
     "ExpressionType": "rmq.filter",

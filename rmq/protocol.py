@@ -101,6 +101,11 @@ class RequestCode(IntEnum):
     QUERY_DATA_VERSION = 322
     ADD_WRITE_PERM_OF_BROKER = 327
     GET_ALL_PRODUCER_INFO = 328
+    # RocketMQ 5 POP consumption (RequestCode.java)
+    POP_MESSAGE = 200050
+    ACK_MESSAGE = 200051
+    CHANGE_MESSAGE_INVISIBLETIME = 200053
+    BATCH_ACK_MESSAGE = 200151
     # rmq internal (actor to actor), outside RocketMQ's range
     ACTOR_BEAT = 9000              # actor -> supervisor liveness
     APPEND_ANNOUNCE = 9001         # broker -> reput/flush: CommitLog end offset
@@ -146,6 +151,9 @@ class ResponseCode(IntEnum):
     TRANSACTION_SHOULD_COMMIT = 200
     TRANSACTION_SHOULD_ROLLBACK = 201
     TRANSACTION_STATE_UNKNOW = 202
+    NO_MESSAGE = 208               # POP: an ack / invisible-time change for a message no longer in flight
+    POLLING_FULL = 209
+    POLLING_TIMEOUT = 210
     FLOW_CONTROL = 215
 
 

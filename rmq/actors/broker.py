@@ -51,6 +51,7 @@ from rmq import latency_trace as _lt
 from rmq import protocol as P
 from rmq._core import commitlog as _cl
 from rmq.actors.actor import Actor, Reply
+from rmq.actors.pop import REVIVE_SCAN_MS, PopService
 from rmq.broker_conf import actor_settings
 from rmq import metrics as M
 from rmq.errors import FilterExpressionError
@@ -228,6 +229,7 @@ class BrokerActor(Actor):
         self.metrics_settings = M.metrics_settings(settings)
         self.metrics: Optional[M.BrokerMetrics] = None
         self.pull_offsets: dict[tuple, int] = {}   # (group, topic, queueId) -> next offset pulled (metrics)
+        self.pop: Optional[PopService] = None       # POP consumption (rmq.actors.pop)
         self.recovery_ms = 0.0
 
     # -- lifecycle --------------------------------------------------------------------
@@ -317,6 +319,13 @@ class BrokerActor(Actor):
         h(RequestCode.HA_TRUNCATE, self.on_ha_truncate)
         h(RequestCode.UPDATE_BROKER_CONFIG, self.on_update_broker_config)
         h(RequestCode.GET_BROKER_CONFIG, self.on_get_broker_config)
+        self.pop = PopService(self)
+        h(RequestCode.POP_MESSAGE, self.pop.on_pop)
+        h(RequestCode.ACK_MESSAGE, self.pop.on_ack)
+        h(RequestCode.BATCH_ACK_MESSAGE, self.pop.on_batch_ack)
+        h(RequestCode.CHANGE_MESSAGE_INVISIBLETIME, self.pop.on_change_invisible_time)
+        self.pop.start()
+        self.add_timer(REVIVE_SCAN_MS, self.pop.revive)
         self.add_timer(int(self.settings.get("slaveSyncInterval", SLAVE_SYNC_INTERVAL_MS)), self.sync_from_master,
                        first_ms=1000)
         self.add_timer(1000, self._find_master)
@@ -402,6 +411,10 @@ class BrokerActor(Actor):
             r_rx, r_done = frame.fields.get("traceReceivedNs", 0), frame.fields.get("traceDispatchedNs", 0)
             for topic, queue_id, max_offset in queues:
                 _lt.event("dispatch", topic, queue_id, max_offset, r_rx, r_done, now)
+        if not self.pop.ready:
+            self.pop.maybe_recover()
+        elif self.pop.holds and queues:
+            self.pop.on_arrivals({q[0] for q in queues})
         for topic, queue_id, max_offset in queues:
             cq = self.store.find_consume_queue(topic, queue_id)
             cq.mapped_file_queue.refresh(max_offset * 20)
@@ -750,6 +763,7 @@ class BrokerActor(Actor):
                               json.dumps({"brokerRole": role, "brokerId": 0, "epoch": epoch, "startOffset": end}))
         self.store.recover_topic_queue_table()
         self.role = role
+        self.pop.start()                         # POP checkpoints in flight, from the replicated revive log
         self.store_config.broker_role = role
         self.broker_id = 0
         self.ha_slaves, self.ha_ack_offset, self.ha_state = [], -1, {}
@@ -1304,6 +1318,8 @@ class BrokerActor(Actor):
                 self.pull_holds[key] = keep
             else:
                 del self.pull_holds[key]
+        if self.pop.holds:
+            self.pop.expire_holds()
         if self.sync_waits:
             self._release_sync_waits()
         if self.pending_promotions:
@@ -1675,6 +1691,8 @@ class BrokerActor(Actor):
         return frame.response(bodies=[pack_body({"offsetTable": table})])
 
     def persist_offsets(self) -> None:
+        if self.pop is not None:
+            self.pop.commit_revive_offsets()
         try:
             self.store.consumer_offset_manager.persist()
         except OSError as e:

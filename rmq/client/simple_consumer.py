@@ -1,0 +1,496 @@
+"""SimpleConsumer: POP consumption (RocketMQ 5's SimpleConsumer, snake_case).
+
+::
+
+    from rmq import SimpleConsumer
+    with SimpleConsumer("127.0.0.1:9876", "cg", subscriptions={"orders": "*"}) as c:
+        for view in c.receive(16, invisible_duration_s=30):
+            handle(view.body)
+            c.ack(view)
+
+No queue belongs to a consumer: every consumer of the group receives from every queue, and
+a message received and not acked within its invisible duration is delivered again (to any
+consumer of the group), up to the group's ``retryMaxTimes`` (16), then moved to
+``%DLQ%<group>``.  The broker side and the receipt handle format: :mod:`rmq.actors.pop`.
+
+The frame builders and the response parser here are shared with :mod:`rmq.aio`'s
+SimpleConsumer; only the I/O differs.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from typing import Iterable, Mapping, Optional, Sequence, Union
+
+from rmq._core import commitlog as _cl
+from rmq.client.consumer_api import (ConsumerAPI, SubscriptionData, consumer_data, default_client_id,
+                                     heartbeat_body, post_process_messages)
+from rmq.client.remoting import DEFAULT_TIMEOUT_MS
+from rmq.errors import MQBrokerError, MQClientError, RemotingError
+from rmq.filter import ExpressionType, MessageSelector
+from rmq.protocol import Frame, RequestCode, ResponseCode, pack_body
+from rmq.store.config_manager import PERM_READ
+
+log = logging.getLogger("rmq.simple_consumer")
+
+MAX_MESSAGE_NUM = 32                    # PopMessageProcessor's maxMsgNums ceiling
+MIN_INVISIBLE_DURATION_S = 1.0          # rmq.actors.pop.MIN_INVISIBLE_TIME_MS
+MAX_INVISIBLE_DURATION_S = 12 * 3600.0  # rmq.actors.pop.MAX_INVISIBLE_TIME_MS (RocketMQ's proxy: 12 h)
+AWAIT_DURATION_S = 15.0                 # long polling of an empty receive (brokerSuspendMaxTimeMillis)
+MAX_BATCH_ACK = 1024                    # receipt handles per BATCH_ACK_MESSAGE (rmq.actors.pop)
+HEARTBEAT_INTERVAL_S = 30.0             # heartbeatBrokerInterval
+CONSUME_TYPE_POP = "CONSUME_POP"        # ConsumeType.CONSUME_POP
+RETRY_FLAG_NORMAL = "0"
+
+
+class MessageView:
+    """A received message (RocketMQ 5's MessageView): the stored message plus its receipt handle.
+
+    ``topic`` is the topic subscribed to (also for a redelivery stored in the group's POP retry
+    topic); ``delivery_attempt`` is 1 for a first delivery (``reconsume_times + 1``).
+    """
+    __slots__ = ("message", "topic", "_ck", "_handle", "broker_name")
+
+    def __init__(self, message, topic: str, ck: tuple, broker_name: str):
+        self.message = message                # rmq._core.commitlog.MessageExt
+        self.topic = topic
+        self._ck = ck                         # (startOffset, popTime, invisibleTime, reviveQid, retry)
+        self._handle: Optional[str] = None
+        self.broker_name = broker_name
+
+    @property
+    def receipt_handle(self) -> str:
+        """RocketMQ's extraInfo of the message: ``"startOffset popTime invisibleTime reviveQid retry
+        brokerName queueId queueOffset"`` (ExtraInfoUtil); what ack / change_invisible_duration send."""
+        h = self._handle
+        if h is None:
+            so, pt, it, rq, retry = self._ck
+            m = self.message
+            h = self._handle = f"{so} {pt} {it} {rq} {retry} {self.broker_name} {m.queue_id} {m.queue_offset}"
+        return h
+
+    @property
+    def message_id(self) -> str:
+        return self.message.msg_id
+
+    @property
+    def body(self) -> bytes:
+        return self.message.body
+
+    @property
+    def properties(self) -> dict:
+        return self.message.properties
+
+    @property
+    def tag(self) -> Optional[str]:
+        return self.message.tags
+
+    @property
+    def keys(self) -> list:
+        return self.message.keys
+
+    @property
+    def queue_id(self) -> int:
+        return self.message.queue_id
+
+    @property
+    def queue_offset(self) -> int:
+        return self.message.queue_offset
+
+    @property
+    def born_timestamp(self) -> int:
+        return self.message.born_timestamp
+
+    @property
+    def store_timestamp(self) -> int:
+        return self.message.store_timestamp
+
+    @property
+    def delivery_attempt(self) -> int:
+        return self.message.reconsume_times + 1
+
+    @property
+    def invisible_until_ms(self) -> int:
+        """When the broker redelivers the message unless it is acked (epoch ms)."""
+        return self._ck[1] + self._ck[2]
+
+    def __repr__(self) -> str:
+        return (f"MessageView(topic={self.topic!r}, message_id={self.message_id!r}, "
+                f"delivery_attempt={self.delivery_attempt}, receipt_handle={self.receipt_handle!r})")
+
+
+class AckError(MQClientError):
+    """Some acks of :meth:`SimpleConsumer.ack_batch` were refused: ``failed`` holds their views
+    (not in flight any more: their invisible time passed and they will be delivered again)."""
+
+    def __init__(self, message: str, failed: list):
+        super().__init__(message)
+        self.failed = failed
+
+
+# -- sans-I/O parts, shared with rmq.aio ------------------------------------------------------
+def check_receive_args(max_message_num: int, invisible_duration_s: float) -> int:
+    """The invisible time in ms; ValueError for arguments out of range."""
+    if isinstance(max_message_num, bool) or not isinstance(max_message_num, int) \
+            or not 1 <= max_message_num <= MAX_MESSAGE_NUM:
+        raise ValueError(f"max_message_num must be an int in [1, {MAX_MESSAGE_NUM}], got {max_message_num!r}")
+    return check_invisible(invisible_duration_s)
+
+
+def check_invisible(seconds: float) -> int:
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) \
+            or not MIN_INVISIBLE_DURATION_S <= seconds <= MAX_INVISIBLE_DURATION_S:
+        raise ValueError(f"invisible duration must be in [{MIN_INVISIBLE_DURATION_S}, {MAX_INVISIBLE_DURATION_S}] "
+                         f"seconds, got {seconds!r}")
+    return int(seconds * 1000)
+
+
+def build_subscriptions(subscriptions: Optional[Mapping]) -> dict:
+    out = {}
+    for topic, expr in (subscriptions or {}).items():
+        out[topic] = SubscriptionData.build(topic, expr)
+    return out
+
+
+def pop_frame(group: str, sub: SubscriptionData, max_nums: int, invisible_ms: int, poll_ms: int,
+              init_mode: str = "MAX") -> Frame:
+    """POP_MESSAGE of every queue of ``sub.topic`` on one broker (PopMessageRequestHeader)."""
+    return Frame(RequestCode.POP_MESSAGE, fields={
+        "consumerGroup": group, "topic": sub.topic, "queueId": -1, "maxMsgNums": max_nums,
+        "invisibleTime": invisible_ms, "pollTime": poll_ms, "bornTime": int(time.time() * 1000),
+        "initMode": init_mode, "expType": sub.expression_type, "exp": sub.sub_string})
+
+
+def parse_pop_response(resp: Frame, sub: SubscriptionData, addr: str = "") -> tuple:
+    """``(views, dropped)``: the views to hand out, and those that failed the exact tag re-check
+    (a tag hash collision, SPEC.md §13.2; the caller acks them).
+
+    Raises
+    ------
+    MQBrokerError
+        Any refusal (TOPIC_NOT_EXIST, SUBSCRIPTION_PARSE_FAILED, ...).
+    MQClientError
+        The records do not decode or do not match the checkpoint info.
+    """
+    if resp.code in (ResponseCode.PULL_NOT_FOUND, ResponseCode.POLLING_TIMEOUT):
+        return [], []
+    if resp.code != ResponseCode.SUCCESS:
+        raise MQBrokerError(resp.remark or f"pop failed with code {resp.code}", resp.code, addr)
+    f = resp.fields
+    try:
+        msgs = _cl.decode_records(resp.bodies[0]) if resp.bodies else []
+        pt, it, bn = int(f["popTime"]), int(f["invisibleTime"]), str(f["brokerName"])
+        segments = [(int(so), int(rq), str(retry), int(n)) for so, retry, _q, rq, n in f["ckInfo"]]
+    except (KeyError, TypeError, ValueError, IndexError) as e:
+        raise MQClientError(f"pop from {addr}: malformed response: {e}") from None
+    if sum(s[3] for s in segments) != len(msgs):
+        raise MQClientError(f"pop from {addr}: {len(msgs)} records for {sum(s[3] for s in segments)} checkpointed")
+    post_process_messages(msgs, None)
+    topic = sub.topic
+    views, dropped = [], []
+    i = 0
+    for so, rq, retry, n in segments:
+        ck = (so, pt, it, rq, retry)
+        for m in msgs[i:i + n]:
+            v = MessageView(m, topic, ck, bn)
+            (views if sub.matches(m.tags) else dropped).append(v)
+        i += n
+    return views, dropped
+
+
+def ack_frame(group: str, view: MessageView) -> Frame:
+    return Frame(RequestCode.ACK_MESSAGE, fields={
+        "consumerGroup": group, "topic": view.topic, "queueId": view.queue_id,
+        "offset": view.queue_offset, "extraInfo": view.receipt_handle})
+
+
+def batch_ack_frame(group: str, views: Sequence[MessageView]) -> Frame:
+    return Frame(RequestCode.BATCH_ACK_MESSAGE, fields={"consumerGroup": group},
+                 bodies=[pack_body([[v.topic, v.receipt_handle] for v in views])])
+
+
+def change_invisible_frame(group: str, view: MessageView, invisible_ms: int) -> Frame:
+    return Frame(RequestCode.CHANGE_MESSAGE_INVISIBLETIME, fields={
+        "consumerGroup": group, "topic": view.topic, "queueId": view.queue_id, "offset": view.queue_offset,
+        "extraInfo": view.receipt_handle, "invisibleTime": invisible_ms})
+
+
+def check_ack_response(resp: Frame, view: MessageView, addr: str) -> None:
+    if resp.code != ResponseCode.SUCCESS:
+        raise MQBrokerError(resp.remark or f"ack failed with code {resp.code}", resp.code, addr)
+
+
+def apply_change_invisible(resp: Frame, view: MessageView, addr: str) -> None:
+    """Give ``view`` the receipt handle the broker answered with."""
+    if resp.code != ResponseCode.SUCCESS:
+        raise MQBrokerError(resp.remark or f"change invisible time failed with code {resp.code}", resp.code, addr)
+    f = resp.fields
+    view._ck = (view.queue_offset, int(f["popTime"]), int(f["invisibleTime"]), int(f["reviveQid"]), view._ck[4])
+    view._handle = None
+
+
+def batch_ack_failures(resp: Frame, views: Sequence[MessageView], addr: str) -> list:
+    if resp.code != ResponseCode.SUCCESS:
+        raise MQBrokerError(resp.remark or f"batch ack failed with code {resp.code}", resp.code, addr)
+    return [views[i] for i in resp.fields.get("failed", ()) if isinstance(i, int) and 0 <= i < len(views)]
+
+
+def pop_targets(routes: Iterable, subs: Mapping[str, SubscriptionData]) -> list:
+    """``[(subscription, broker name, master address)]``: every readable broker of every subscribed
+    topic with a master (POP is served by masters)."""
+    out = []
+    for route in routes:
+        sub = subs.get(route.topic)
+        if sub is None:
+            continue
+        for qd in route.queue_datas:
+            name = qd.get("brokerName")
+            addr = route.master_addr(name)
+            if addr and int(qd.get("perm", 0)) & PERM_READ and int(qd.get("readQueueNums", 0)) > 0:
+                out.append((sub, name, addr))
+    return out
+
+
+def group_by_broker(views: Sequence[MessageView]) -> dict:
+    out: dict = {}
+    for v in views:
+        out.setdefault(v.broker_name, []).append(v)
+    return out
+
+
+class SimpleConsumer:
+    """POP consumer (RocketMQ 5 ``SimpleConsumer``).
+
+    Parameters
+    ----------
+    namesrv_addr : str
+        ``host:port[;host:port...]``.
+    group : str
+        Consumer group; its broker-side ``retryMaxTimes`` (16) bounds redeliveries.
+    subscriptions : dict, optional
+        ``{topic: expression}``, an expression being a tag expression (``"*"``, ``"a || b"``) or a
+        :class:`rmq.MessageSelector` (SQL92 needs the broker's ``enablePropertyFilter=true``).
+    await_duration_s : float
+        How long an empty :meth:`receive` waits on the broker for messages (long polling; the
+        broker caps it at ``brokerSuspendMaxTimeMillis``, 15 s).
+    timeout_ms : int
+        Request timeout beyond the long polling (RocketMQ 3000 ms).
+    init_mode : str
+        Where the group's first receive of a queue starts: ``"MAX"`` (the default, RocketMQ's;
+        a queue that still starts at offset 0 is read from 0) or ``"MIN"`` (its oldest message).
+
+    Concurrency: one thread at a time per consumer (use one consumer per thread).
+    """
+
+    def __init__(self, namesrv_addr: str, group: str, subscriptions: Optional[Mapping] = None, *,
+                 await_duration_s: float = AWAIT_DURATION_S, timeout_ms: int = DEFAULT_TIMEOUT_MS,
+                 init_mode: str = "MAX", client_id: Optional[str] = None, auth=None):
+        if not isinstance(group, str) or not group:
+            raise ValueError("group must be a non-empty str")
+        if init_mode not in ("MAX", "MIN"):
+            raise ValueError(f"init_mode must be 'MAX' or 'MIN', got {init_mode!r}")
+        if not isinstance(await_duration_s, (int, float)) or await_duration_s < 0:
+            raise ValueError(f"await_duration_s must be >= 0, got {await_duration_s!r}")
+        self.namesrv_addr = namesrv_addr
+        self.group = group
+        self.await_ms = int(await_duration_s * 1000)
+        self.timeout_ms = timeout_ms
+        self.init_mode = init_mode
+        self.client_id = client_id or default_client_id()
+        self._subs = build_subscriptions(subscriptions)
+        self._auth = auth
+        self._api: Optional[ConsumerAPI] = None
+        self._rotate = itertools.count()
+        self._last_heartbeat = 0.0
+        self._lock = threading.Lock()
+
+    # -- life ------------------------------------------------------------------------------------
+    def start(self) -> "SimpleConsumer":
+        """Connect and look the subscribed topics up.
+
+        Raises
+        ------
+        MQClientError
+            A subscribed topic has no route (does not exist).
+        """
+        if self._api is None:
+            self._api = ConsumerAPI(self.namesrv_addr, self.timeout_ms, auth=self._auth)
+        for topic in self._subs:
+            self._route(topic)
+        self._heartbeat(force=True)
+        return self
+
+    def _started(self) -> ConsumerAPI:
+        if self._api is None:
+            raise MQClientError("SimpleConsumer not started: call start()")
+        return self._api
+
+    def shutdown(self) -> None:
+        """Unregister from the brokers and close; messages received and not acked are delivered
+        again after their invisible time."""
+        api, self._api = self._api, None
+        if api is None:
+            return
+        for addr in api.all_broker_addrs():
+            try:
+                api.unregister(addr, self.client_id, self.group)
+            except (RemotingError, MQClientError):
+                pass
+        api.close()
+
+    close = shutdown
+
+    def __enter__(self) -> "SimpleConsumer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+    # -- subscriptions ---------------------------------------------------------------------------
+    def subscribe(self, topic: str, expression: "Union[str, MessageSelector]" = "*") -> None:
+        """Add or replace the subscription of ``topic``."""
+        sub = SubscriptionData.build(topic, expression)
+        if self._api is not None:
+            self._route(topic)
+        self._subs[topic] = sub
+
+    def unsubscribe(self, topic: str) -> None:
+        self._subs.pop(topic, None)
+
+    @property
+    def subscriptions(self) -> dict:
+        """``{topic: expression}`` (a SQL92 one as its MessageSelector)."""
+        return {t: (MessageSelector.by_sql(s.sub_string) if s.expression_type == ExpressionType.SQL92
+                    else s.sub_string) for t, s in self._subs.items()}
+
+    def _route(self, topic: str):
+        r = self._started().route(topic)
+        if r is None:
+            raise MQClientError(f"no route for topic {topic!r}: does it exist?")
+        return r
+
+    def _heartbeat(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._last_heartbeat < HEARTBEAT_INTERVAL_S:
+            return
+        self._last_heartbeat = now
+        api = self._started()
+        data = consumer_data(self.group, CONSUME_TYPE_POP, "CLUSTERING", "CONSUME_FROM_LAST_OFFSET",
+                             list(self._subs.values()))
+        for addr in api.heartbeat_addrs():
+            try:
+                api.invoke(addr, Frame(RequestCode.HEART_BEAT, bodies=[heartbeat_body(self.client_id, [data])]))
+            except (RemotingError, MQClientError) as e:
+                log.debug("heartbeat to %s failed: %s", addr, e)
+
+    # -- receive / ack -----------------------------------------------------------------------------
+    def receive(self, max_message_num: int, invisible_duration_s: float) -> list:
+        """Up to ``max_message_num`` (1..32) messages of the subscribed topics, invisible to every
+        consumer of the group for ``invisible_duration_s`` seconds (1 s .. 12 h): ack each before
+        then or it is delivered again.  Waits up to ``await_duration_s`` when there is none; an
+        empty list then.
+
+        Raises
+        ------
+        ValueError
+            Arguments out of range.
+        MQBrokerError
+            The broker refused (e.g. SUBSCRIPTION_PARSE_FAILED, or SYSTEM_ERROR for SQL92 without
+            ``enablePropertyFilter``).
+        RemotingError
+            The broker did not answer.
+        """
+        invisible_ms = check_receive_args(max_message_num, invisible_duration_s)
+        api = self._started()
+        if not self._subs:
+            raise MQClientError("no subscription: call subscribe() first")
+        self._heartbeat()
+        for topic in self._subs:
+            api.refresh_route_if_stale(topic)
+        targets = pop_targets(api.cached_routes(), self._subs)
+        if not targets:
+            raise MQClientError(f"no readable broker for topics {sorted(self._subs)}")
+        start = next(self._rotate) % len(targets)
+        order = targets[start:] + targets[:start]
+        # every broker once without waiting, then long polling on the first (RocketMQ 5's client
+        # long-polls one broker per receive call)
+        for sub, name, addr in (order if len(order) > 1 else ()):
+            views = self._pop(api, sub, addr, max_message_num, invisible_ms, 0)
+            if views:
+                return views
+        sub, name, addr = order[0]
+        return self._pop(api, sub, addr, max_message_num, invisible_ms, self.await_ms)
+
+    def _pop(self, api: ConsumerAPI, sub: SubscriptionData, addr: str, n: int, invisible_ms: int,
+             poll_ms: int) -> list:
+        resp = api.invoke(addr, pop_frame(self.group, sub, n, invisible_ms, poll_ms, self.init_mode),
+                          poll_ms + self.timeout_ms)
+        views, dropped = parse_pop_response(resp, sub, addr)
+        if dropped:         # hash collisions of the tag filter: not this consumer's, acked at once
+            try:
+                self._batch_ack(api, dropped)
+            except (MQClientError, RemotingError) as e:
+                log.warning("ack of %d messages the tag filter dropped failed: %s", len(dropped), e)
+        return views
+
+    def _addr(self, view: MessageView) -> str:
+        return self._started().broker_addr(view.broker_name, view.topic)
+
+    def ack(self, message_view: MessageView) -> None:
+        """Acknowledge one message: it is never delivered again.
+
+        Raises
+        ------
+        MQBrokerError
+            NO_MESSAGE: the message is no longer in flight (acked before, or its invisible time
+            passed and it was handed back for redelivery).
+        RemotingError
+            No answer (the ack may or may not have been recorded).
+        """
+        addr = self._addr(message_view)
+        check_ack_response(self._started().invoke(addr, ack_frame(self.group, message_view)), message_view, addr)
+
+    def ack_batch(self, message_views: Sequence[MessageView]) -> None:
+        """Acknowledge many messages with one request per broker (BATCH_ACK_MESSAGE, at most
+        MAX_BATCH_ACK per request) - what a receive of many messages wants.
+
+        Raises
+        ------
+        AckError
+            Some were no longer in flight (``failed``); all others are acked.
+        MQBrokerError, RemotingError
+            As :meth:`ack`.
+        """
+        failed = self._batch_ack(self._started(), list(message_views))
+        if failed:
+            raise AckError(f"{len(failed)} of {len(message_views)} acks refused: no longer in flight "
+                           f"(their invisible time passed)", failed)
+
+    def _batch_ack(self, api: ConsumerAPI, views: list) -> list:
+        failed = []
+        for name, group_views in group_by_broker(views).items():
+            addr = api.broker_addr(name, group_views[0].topic)
+            for i in range(0, len(group_views), MAX_BATCH_ACK):
+                chunk = group_views[i:i + MAX_BATCH_ACK]
+                failed += batch_ack_failures(api.invoke(addr, batch_ack_frame(self.group, chunk)), chunk, addr)
+        return failed
+
+    def change_invisible_duration(self, message_view: MessageView, invisible_duration_s: float) -> None:
+        """Make the message invisible for ``invisible_duration_s`` seconds from now (1 s .. 12 h);
+        ``message_view`` gets the new receipt handle (the old one is spent).
+
+        Raises
+        ------
+        ValueError, MQBrokerError (NO_MESSAGE as :meth:`ack`), RemotingError
+        """
+        ms = check_invisible(invisible_duration_s)
+        addr = self._addr(message_view)
+        resp = self._started().invoke(addr, change_invisible_frame(self.group, message_view, ms))
+        apply_change_invisible(resp, message_view, addr)
+
+
+__all__ = ["SimpleConsumer", "MessageView", "AckError", "MAX_MESSAGE_NUM", "MIN_INVISIBLE_DURATION_S",
+           "MAX_INVISIBLE_DURATION_S", "AWAIT_DURATION_S", "MAX_BATCH_ACK"]
+
