@@ -499,18 +499,20 @@ def consumer_progress(group, topic) -> None:
     """Per queue: broker offset, the group's consumer offset and the difference (lag).
 
     JSON: {"group", "total_diff", "queues": [{"topic", "broker_name", "queue_id", "broker_offset",
-    "consumer_offset", "diff", "last_timestamp", "lag_timestamp"}]}  (lag_timestamp: store time of the first
-    message not consumed yet, 0 when nothing is behind)
+    "consumer_offset", "diff", "last_timestamp", "lag_timestamp", "inflight"}]}  (lag_timestamp: store time of
+    the first message not consumed yet, 0 when nothing is behind; inflight: messages a POP group
+    (SimpleConsumer) received and has not acked; for POP groups the consumer offset is the pop offset)
     """
     with _client() as a:
         p = a.consumer_progress(group, topic)
 
     def render(c):
         c.print(_table(f"progress of consumer group {group}",
-                       ["Topic", "Broker Name", "QID", "Broker Offset", "Consumer Offset", "Diff", "LastTime"],
+                       ["Topic", "Broker Name", "QID", "Broker Offset", "Consumer Offset", "Diff", "Inflight",
+                        "LastTime"],
                        [(q.topic, q.broker_name, q.queue_id, q.broker_offset, q.consumer_offset, q.diff,
-                         fmt_ts(q.last_timestamp)) for q in p.queues],
-                       right=("QID", "Broker Offset", "Consumer Offset", "Diff")))
+                         q.inflight, fmt_ts(q.last_timestamp)) for q in p.queues],
+                       right=("QID", "Broker Offset", "Consumer Offset", "Diff", "Inflight")))
         c.print(f"Diff Total: {p.total_diff}")
     _emit({"group": p.group, "total_diff": p.total_diff, "queues": p.queues}, render)
 

@@ -411,10 +411,6 @@ class BrokerActor(Actor):
             r_rx, r_done = frame.fields.get("traceReceivedNs", 0), frame.fields.get("traceDispatchedNs", 0)
             for topic, queue_id, max_offset in queues:
                 _lt.event("dispatch", topic, queue_id, max_offset, r_rx, r_done, now)
-        if not self.pop.ready:
-            self.pop.maybe_recover()
-        elif self.pop.holds and queues:
-            self.pop.on_arrivals({q[0] for q in queues})
         for topic, queue_id, max_offset in queues:
             cq = self.store.find_consume_queue(topic, queue_id)
             cq.mapped_file_queue.refresh(max_offset * 20)
@@ -425,6 +421,10 @@ class BrokerActor(Actor):
                 if not recent:
                     del self.recent_appends[(topic, queue_id)]
             self.wake_pulls(topic, queue_id, max_offset)
+        if not self.pop.ready:
+            self.pop.maybe_recover()
+        elif self.pop.holds and queues:          # the ConsumeQueues are refreshed above
+            self.pop.on_arrivals({q[0] for q in queues})
         return None
 
     def on_flush_announce(self, frame: Frame, reply: Reply) -> None:
@@ -1369,7 +1369,12 @@ class BrokerActor(Actor):
         return frame.response()
 
     def on_get_all_consumer_offset(self, frame: Frame, reply: Reply) -> Frame:
-        return frame.response(bodies=[pack_body(self.store.consumer_offset_manager.encode())])
+        body = self.store.consumer_offset_manager.encode()
+        inflight: dict = {}
+        for (group, topic, qid), n in self.pop.inflight().items():      # POP groups: popped, not acked
+            inflight.setdefault(f"{topic}@{group}", {})[qid] = n
+        body["popInflightTable"] = inflight
+        return frame.response(bodies=[pack_body(body)])
 
     def on_get_max_offset(self, frame: Frame, reply: Reply) -> Frame:
         return frame.response(fields={"offset": self.store.get_max_offset_in_queue(

@@ -201,7 +201,8 @@ class QueueProgress:
     """One queue of ``consumerProgress``: offsets in entries, ``diff`` = broker - consumer offset,
     ``last_timestamp`` = store time (ms) of the last consumed message, 0 if none;
     ``lag_timestamp`` = store time (ms) of the first message not consumed yet, 0 when nothing is
-    behind (now - lag_timestamp is the lag in time, RocketMQ's consumer_lag_latency)."""
+    behind (now - lag_timestamp is the lag in time, RocketMQ's consumer_lag_latency);
+    ``inflight`` = messages a POP group received and has not acked (their invisible time running)."""
     topic: str
     broker_name: str
     queue_id: int
@@ -210,6 +211,7 @@ class QueueProgress:
     diff: int
     last_timestamp: int = 0
     lag_timestamp: int = 0
+    inflight: int = 0              # POP groups: messages received and not acked yet (rmq.SimpleConsumer)
 
 
 @dataclass
@@ -860,8 +862,13 @@ class Admin:
 
     def _offset_table(self, addr: str) -> dict:
         """GET_ALL_CONSUMER_OFFSET of one broker: ``{"topic@group": {queue id: committed offset}}``."""
+        return self._offset_body(addr).get("offsetTable") or {}
+
+    def _offset_body(self, addr: str) -> dict:
+        """GET_ALL_CONSUMER_OFFSET of one broker: ``offsetTable`` and ``popInflightTable``
+        (``{"topic@group": {queue id: messages in flight}}``)."""
         body = _body(self._broker(addr, RequestCode.GET_ALL_CONSUMER_OFFSET), "consumer offsets")
-        return (body or {}).get("offsetTable") or {}
+        return body if isinstance(body, dict) else {}
 
     @staticmethod
     def _queue_offset(queues: dict, queue_id: int) -> int:
@@ -893,7 +900,9 @@ class Admin:
             Unknown topic; a group without any offset (and no topic given).
         """
         _check_group(group)
-        tables = {name: self._offset_table(addr) for name, addr in self._all_masters()}
+        bodies = {name: self._offset_body(addr) for name, addr in self._all_masters()}
+        tables = {name: body.get("offsetTable") or {} for name, body in bodies.items()}
+        inflight = {name: body.get("popInflightTable") or {} for name, body in bodies.items()}
         if topic is not None:
             topics = [_check_topic(topic)]
         else:
@@ -914,7 +923,10 @@ class Admin:
                     co = max(self._queue_offset(offsets, qid), 0)
                     rows.append(QueueProgress(t, name, qid, bo, co, bo - co,
                                               self._store_timestamp(addr, t, qid, co - 1),
-                                              self._store_timestamp(addr, t, qid, co) if bo > co else 0))
+                                              self._store_timestamp(addr, t, qid, co) if bo > co else 0,
+                                              self._queue_offset(inflight.get(name, {}).get(f"{t}@{group}", {}),
+                                                                 qid) if f"{t}@{group}" in inflight.get(name, {})
+                                              else 0))
         rows.sort(key=lambda r: (r.topic, r.broker_name, r.queue_id))
         return ConsumerProgress(group, rows, sum(r.diff for r in rows))
 

@@ -317,8 +317,13 @@ class SimpleConsumer:
         """
         if self._api is None:
             self._api = ConsumerAPI(self.namesrv_addr, self.timeout_ms, auth=self._auth)
-        for topic in self._subs:
-            self._route(topic)
+        try:
+            for topic in self._subs:
+                self._route(topic)
+        except BaseException:
+            api, self._api = self._api, None
+            api.close()
+            raise
         self._heartbeat(force=True)
         return self
 

@@ -1,0 +1,105 @@
+"""What a POP consumer gets: ``SimpleConsumer`` receive + ack of 100 B messages, beside the
+``PushConsumer`` with its defaults on the same messages, in one run.
+
+Run::
+
+    python bench/bench_pop.py
+
+One broker group on loopback (the test harness's Cluster), N messages (default 300,000) of 100 B
+in 8 queues, produced first.  Then, from one process:
+
+- ``SimpleConsumer.receive(32, 60)`` + ``ack_batch(views)`` (one BATCH_ACK_MESSAGE per receive),
+  one thread, until every message is acked;
+- the same with ``ack(view)`` per message (what RocketMQ 5's SimpleConsumer offers), on a slice;
+- ``PushConsumer`` (defaults: 20 consume threads, batch size 1) of another group, until its
+  listener saw every message.
+
+Each figure is messages per second, the ratio is to the push consumer of the same run.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from rmq import Message, Producer, PushConsumer, SimpleConsumer  # noqa: E402
+from rmq.client.consumer import ConsumeConcurrentlyStatus  # noqa: E402
+from tests.integration.cluster import Cluster  # noqa: E402
+from tests.integration.test_consumer import create_topic, wait_dispatched  # noqa: E402
+
+N = int(os.environ.get("RMQ_BENCH_POP_N", "300000"))
+N_SINGLE = int(os.environ.get("RMQ_BENCH_POP_SINGLE", "20000"))
+QUEUES = 8
+BODY = b"x" * 100
+
+
+def produce(c: Cluster, topic: str, n: int) -> None:
+    with Producer(c.namesrv_addr, group="bench-pg") as p:
+        for k in range(0, n, 1000):
+            p.send_batch([Message(topic, BODY) for _ in range(min(1000, n - k))])
+    wait_dispatched(c, topic, QUEUES, n)
+
+
+def pop_rate(c: Cluster, topic: str, group: str, n: int, batch_ack: bool) -> float:
+    got = 0
+    with SimpleConsumer(c.namesrv_addr, group, {topic: "*"}, await_duration_s=1, init_mode="MIN") as sc:
+        t0 = time.perf_counter()
+        while got < n:
+            views = sc.receive(32, 60)
+            if not views:
+                break
+            if batch_ack:
+                sc.ack_batch(views)
+            else:
+                for v in views:
+                    sc.ack(v)
+            got += len(views)
+        dt = time.perf_counter() - t0
+    assert got >= n, f"{got} of {n} received"
+    return got / dt
+
+
+def push_rate(c: Cluster, topic: str, n: int) -> float:
+    done = threading.Event()
+    count = [0]
+    lock = threading.Lock()
+    pc = PushConsumer(c.namesrv_addr, "bench-push", consume_from_where="CONSUME_FROM_FIRST_OFFSET")
+    pc.subscribe(topic, "*")
+
+    @pc.register_message_listener
+    def on(msgs, ctx):
+        with lock:
+            count[0] += len(msgs)
+            if count[0] >= n:
+                done.set()
+        return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+
+    t0 = time.perf_counter()
+    pc.start()
+    try:
+        assert done.wait(600), f"push consumer saw {count[0]} of {n}"
+        return n / (time.perf_counter() - t0)
+    finally:
+        pc.shutdown()
+
+
+def main() -> None:
+    with tempfile.TemporaryDirectory(prefix="rmq-bench-pop-") as tmp, \
+            Cluster(f"{tmp}/store", conf={"mapedFileSizeCommitLog": str(256 << 20)}) as c:
+        create_topic(c, "BP", QUEUES)
+        produce(c, "BP", N)
+        pop = pop_rate(c, "BP", "bench-pop", N, True)
+        single = pop_rate(c, "BP", "bench-pop-single", min(N_SINGLE, N), False)
+        push = push_rate(c, "BP", N)
+        print(f"messages: {N} x {len(BODY)} B in {QUEUES} queues, one process, one thread")
+        print(f"SimpleConsumer receive(32) + ack_batch : {pop:>10,.0f} msgs/s  ({pop / push:.2f}x push)")
+        print(f"SimpleConsumer receive(32) + ack each  : {single:>10,.0f} msgs/s  ({single / push:.2f}x push)")
+        print(f"PushConsumer, defaults                  : {push:>10,.0f} msgs/s  (1.00x)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,313 @@
+"""POP consumption against a real broker: SimpleConsumer receive / ack / ack_batch /
+change_invisible_duration, redelivery after the invisible time, the DLQ after retryMaxTimes,
+POP beside push consumers, tag and SQL92 filters, the broker's refusals of bad input, and the
+revive log surviving a broker restart (kill -9 cases: tests/fault/test_pop_kill9.py)."""
+import threading
+import time
+
+import msgpack
+import pytest
+
+from rmq import Message, MessageSelector, Producer, PullConsumer, SimpleConsumer
+from rmq.actors.pop import MAX_BATCH_ACK, POP_MAX_MSG_NUMS, pop_retry_topic, revive_topic
+from rmq.client.admin import Admin
+from rmq.client.consumer import ConsumeConcurrentlyStatus, MessageQueue
+from rmq.client.remoting import RemotingClient
+from rmq.client.simple_consumer import MAX_INVISIBLE_DURATION_S, MIN_INVISIBLE_DURATION_S, AckError
+from rmq.errors import FilterExpressionError, MQBrokerError, MQClientError
+from rmq.protocol import Frame, RequestCode, ResponseCode
+from tests.integration.cluster import Cluster
+from tests.integration.test_consumer import create_topic, push_consumer, wait_dispatched, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    c = Cluster(tmp_path_factory.mktemp("pop") / "store", conf={"enablePropertyFilter": "true"})
+    yield c
+    c.close()
+
+
+def produce(c, topic, n, queues, **kw):
+    bodies = [b"%s-%d" % (topic.encode(), i) for i in range(n)]
+    with Producer(c.namesrv_addr, group="pop-pg") as p:
+        for i in range(0, n, 100):
+            chunk = bodies[i:i + 100]
+            for q in range(queues):      # spread over the queues
+                part = chunk[q::queues]
+                if part:
+                    p.send_batch([Message(topic, b, **kw) for b in part], queue=MessageQueue(topic, "broker-a", q))
+    wait_dispatched(c, topic, queues, n, group=f"probe-{topic}")
+    return bodies
+
+
+def simple(c, group, subs, **kw):
+    kw.setdefault("await_duration_s", 0.5)
+    return SimpleConsumer(c.namesrv_addr, group, subs, **kw).start()
+
+
+def drain(sc, want, invisible=30.0, ack=True, timeout_s=30.0):
+    got = []
+    deadline = time.monotonic() + timeout_s
+    while len(got) < want and time.monotonic() < deadline:
+        views = sc.receive(POP_MAX_MSG_NUMS, invisible)
+        if ack and views:
+            sc.ack_batch(views)
+        got += views
+    return got
+
+
+def test_eight_consumers_share_one_queue_each_message_acked_once(cluster):
+    create_topic(cluster, "P1", 1)
+    bodies = produce(cluster, "P1", 2000, 1)
+    acked = [[] for _ in range(8)]
+    errors = []
+    done = threading.Event()
+
+    def run(i):
+        try:
+            with SimpleConsumer(cluster.namesrv_addr, "pop-g1", {"P1": "*"}, await_duration_s=0.3) as sc:
+                while not done.is_set():
+                    for v in sc.receive(8, 30):
+                        sc.ack(v)                     # one at a time: an ack refused would raise
+                        acked[i].append(v.body)
+                    if sum(len(a) for a in acked) >= len(bodies):
+                        done.set()
+        except Exception as e:      # noqa: BLE001 - reported below
+            errors.append(e)
+            done.set()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    all_acked = [b for a in acked for b in a]
+    assert len(all_acked) == len(bodies) and set(all_acked) == set(bodies), "each message acked exactly once"
+    assert sum(1 for a in acked if a) >= 2, "the one queue was shared"
+    with simple(cluster, "pop-g1", {"P1": "*"}) as sc:
+        assert sc.receive(32, 5) == [], "nothing left in flight or to redeliver"
+
+
+def test_unacked_messages_go_to_another_consumer_after_the_invisible_time(cluster):
+    create_topic(cluster, "P2", 2)
+    bodies = produce(cluster, "P2", 40, 2)
+    with simple(cluster, "pop-g2", {"P2": "*"}) as a, simple(cluster, "pop-g2", {"P2": "*"}) as b:
+        first = drain(a, 40, invisible=MIN_INVISIBLE_DURATION_S * 2, ack=False)
+        assert sorted(v.body for v in first) == sorted(bodies)
+        assert {v.delivery_attempt for v in first} == {1}
+        assert b.receive(32, 30) == [], "invisible to the group until the invisible time passes"
+        t0 = time.monotonic()
+        again = drain(b, 40, ack=True)
+        assert sorted(v.body for v in again) == sorted(bodies), "every un-acked message redelivered"
+        assert time.monotonic() - t0 < 20
+        assert {v.delivery_attempt for v in again} == {2}
+        assert {v.topic for v in again} == {"P2"}, "the subscribed topic, not the POP retry topic"
+        assert all(v.properties.get("RETRY_TOPIC") == "P2" for v in again)
+        assert {v.message.topic for v in again} == {pop_retry_topic("P2", "pop-g2")}
+        # the first consumer's handles are spent: its acks are refused, nothing is delivered twice more
+        with pytest.raises(MQBrokerError) as ei:
+            a.ack(first[0])
+        assert ei.value.response_code == ResponseCode.NO_MESSAGE
+        with pytest.raises(AckError) as ei:
+            a.ack_batch(first[:3])
+        assert len(ei.value.failed) == 3
+        assert b.receive(32, 5) == []
+
+
+def test_change_invisible_duration_and_spent_handles(cluster):
+    create_topic(cluster, "P3", 1)
+    produce(cluster, "P3", 3, 1)
+    with simple(cluster, "pop-g3", {"P3": "*"}) as sc:
+        views = drain(sc, 3, invisible=1.0, ack=False)
+        assert len(views) == 3
+        old = views[0].receipt_handle
+        sc.change_invisible_duration(views[0], 30)
+        assert views[0].receipt_handle != old
+        assert views[0].invisible_until_ms > time.time() * 1000 + 20_000
+        sc.ack(views[1])
+        # views[2] comes back after 1 s; views[0] (30 s now) and views[1] (acked) do not
+        back = drain(sc, 1, invisible=30, ack=False, timeout_s=15)
+        assert [v.body for v in back] == [views[2].body]
+        assert sc.receive(32, 30) == []
+        stale = type(views[0])(views[0].message, "P3", tuple(int(x) if i < 4 else x for i, x in
+                                                             enumerate(old.split(" ")[:5])), "broker-a")
+        with pytest.raises(MQBrokerError) as ei:
+            sc.ack(stale)                                    # the handle before the change is spent
+        assert ei.value.response_code == ResponseCode.NO_MESSAGE
+        sc.ack(views[0])
+        sc.ack(back[0])
+        with pytest.raises(MQBrokerError):
+            sc.ack(views[1])                                 # acked twice
+        with pytest.raises(MQBrokerError):
+            sc.change_invisible_duration(views[1], 10)
+
+
+def test_dlq_after_retry_max_times(cluster):
+    create_topic(cluster, "P4", 1)
+    produce(cluster, "P4", 2, 1)
+    with RemotingClient() as rc:
+        r = rc.invoke(cluster.broker, Frame(RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, fields={
+            "groupName": "pop-g4"}, bodies=[msgpack.packb({"groupName": "pop-g4", "retryMaxTimes": 1})]))
+        assert r.code == 0
+    attempts = []
+    with simple(cluster, "pop-g4", {"P4": "*"}) as sc:
+        deadline = time.monotonic() + 30
+        while len(attempts) < 4 and time.monotonic() < deadline:
+            attempts += [v.delivery_attempt for v in sc.receive(32, 1.0)]     # never acked
+        assert sorted(attempts) == [1, 1, 2, 2], "retryMaxTimes 1: a first delivery and one redelivery"
+    with PullConsumer(cluster.namesrv_addr, "dlq-reader") as pc:
+        mq = MessageQueue("%DLQ%pop-g4", "broker-a", 0)
+        def in_dlq():
+            try:
+                return pc.max_offset(mq) >= 2
+            except MQClientError:       # the DLQ topic is not routed yet
+                return False
+        wait_for(in_dlq, what="both messages in the DLQ")
+        msgs = pc.pull(mq, "*", 0, 32).msg_found_list
+        assert sorted(m.body for m in msgs) == [b"P4-0", b"P4-1"]
+        assert {m.properties.get("RETRY_TOPIC") for m in msgs} == {"P4"}
+    with simple(cluster, "pop-g4", {"P4": "*"}) as sc:
+        assert sc.receive(32, 5) == []
+
+
+def test_pop_and_push_groups_on_one_topic_do_not_disturb_each_other(cluster):
+    create_topic(cluster, "P5", 4)
+    bodies = produce(cluster, "P5", 400, 4)
+    pushed = []
+    lock = threading.Lock()
+
+    def listener(msgs, ctx):
+        with lock:
+            pushed.extend(m.body for m in msgs)
+        return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+
+    pc = push_consumer(cluster, "push-g5", listener, topic="P5", consume_from_where="CONSUME_FROM_FIRST_OFFSET")
+    pc.start()
+    try:
+        with simple(cluster, "pop-g5", {"P5": "*"}) as sc:
+            popped = drain(sc, 400)
+        wait_for(lambda: len(pushed) >= 400, what="push consumer saw every message")
+    finally:
+        pc.shutdown()
+    assert sorted(v.body for v in popped) == sorted(bodies)
+    assert sorted(set(pushed)) == sorted(bodies)
+    with Admin(cluster.namesrv_addr) as adm:
+        progress = adm.consumer_progress("pop-g5", "P5")
+    assert progress.total_diff == 0 and all(r.inflight == 0 for r in progress.queues)
+
+
+def test_tag_and_sql92_filters(cluster):
+    create_topic(cluster, "P6", 2)
+    with Producer(cluster.namesrv_addr, group="pop-pg") as p:
+        for i in range(60):
+            p.send(Message("P6", b"%d" % i, tags="a" if i % 3 else "b", properties={"n": str(i)}))
+    wait_dispatched(cluster, "P6", 2, 60, group="probe-P6")
+    with simple(cluster, "pop-g6a", {"P6": "b"}) as sc:
+        got = drain(sc, 20)
+        assert sorted(int(v.body) for v in got) == list(range(0, 60, 3))
+        assert {v.tag for v in got} == {"b"}
+    with simple(cluster, "pop-g6b", {"P6": MessageSelector.by_sql("n >= 50 AND TAGS = 'a'")}) as sc:
+        got = drain(sc, 6)
+        assert sorted(int(v.body) for v in got) == [i for i in range(50, 60) if i % 3]
+        assert sc.receive(32, 5) == []
+    with pytest.raises(FilterExpressionError) as ei:      # checked on the client, before any request
+        SimpleConsumer(cluster.namesrv_addr, "pop-g6d", {"P6": "b"}).subscribe("P6", MessageSelector("SQL92", "n >"))
+    assert "column 4" in str(ei.value)
+
+
+def test_bad_input_is_refused_and_changes_nothing(cluster):
+    create_topic(cluster, "P7", 1)
+    produce(cluster, "P7", 5, 1)
+    sc = simple(cluster, "pop-g7", {"P7": "*"})
+    try:
+        for n in (0, POP_MAX_MSG_NUMS + 1, 1.5, True):
+            with pytest.raises(ValueError):
+                sc.receive(n, 10)
+        for s in (0, MIN_INVISIBLE_DURATION_S / 2, MAX_INVISIBLE_DURATION_S + 1, "10"):
+            with pytest.raises(ValueError):
+                sc.receive(1, s)
+        with pytest.raises(MQClientError):
+            SimpleConsumer(cluster.namesrv_addr, "pop-g7", {"NoSuchTopicP7": "*"}).start()
+        with RemotingClient() as rc:
+            def pop(**f):
+                fields = {"consumerGroup": "pop-g7", "topic": "P7", "queueId": -1, "maxMsgNums": 4,
+                          "invisibleTime": 10_000, "pollTime": 0, **f}
+                return rc.invoke(cluster.broker, Frame(RequestCode.POP_MESSAGE, fields=fields))
+            assert pop(maxMsgNums=POP_MAX_MSG_NUMS + 1).code == ResponseCode.SYSTEM_ERROR
+            assert pop(invisibleTime=10).code == ResponseCode.SYSTEM_ERROR
+            assert pop(invisibleTime="x").code == ResponseCode.SYSTEM_ERROR
+            assert pop(queueId=5).code == ResponseCode.SYSTEM_ERROR
+            assert pop(topic="NoSuchTopicP7").code == ResponseCode.TOPIC_NOT_EXIST
+            assert pop(expType="XPATH").code == ResponseCode.SUBSCRIPTION_PARSE_FAILED
+            r = pop(expType="SQL92", exp="a >")
+            assert r.code == ResponseCode.SUBSCRIPTION_PARSE_FAILED and "column" in r.remark
+            for handle in ("", "1 2 3", "a b c d 0 broker-a 0 1", "1 2 3 4 9 broker-a 0 1", "-1 2 3 4 0 b 0 1",
+                           "x" * 600, 17):
+                r = rc.invoke(cluster.broker, Frame(RequestCode.ACK_MESSAGE, fields={
+                    "consumerGroup": "pop-g7", "topic": "P7", "extraInfo": handle}))
+                assert r.code == ResponseCode.SYSTEM_ERROR, handle
+                r = rc.invoke(cluster.broker, Frame(RequestCode.CHANGE_MESSAGE_INVISIBLETIME, fields={
+                    "consumerGroup": "pop-g7", "topic": "P7", "extraInfo": handle, "invisibleTime": 5000}))
+                assert r.code == ResponseCode.SYSTEM_ERROR, handle
+            for body in (msgpack.packb({"a": 1}), msgpack.packb([]), msgpack.packb([[1, 2]]),
+                         msgpack.packb([["P7", "bad"]]), msgpack.packb([["P7", "1 2 3 4 0 b 0 1"]] * (MAX_BATCH_ACK + 1)),
+                         b"\xc1"):
+                r = rc.invoke(cluster.broker, Frame(RequestCode.BATCH_ACK_MESSAGE, fields={"consumerGroup": "pop-g7"},
+                                                    bodies=[body]))
+                assert r.code == ResponseCode.SYSTEM_ERROR, body[:20]
+        # nothing above took a message: all 5 are still there, first delivery
+        got = drain(sc, 5)
+        assert len(got) == 5 and {v.delivery_attempt for v in got} == {1}
+    finally:
+        sc.shutdown()
+
+
+def test_sql92_needs_enable_property_filter(tmp_path):
+    with Cluster(tmp_path / "store") as c:
+        create_topic(c, "P8", 1)
+        with simple(c, "pop-g8", {"P8": MessageSelector.by_sql("a > 1")}) as sc:
+            with pytest.raises(MQBrokerError) as ei:
+                sc.receive(1, 10)
+            assert ei.value.response_code == ResponseCode.SYSTEM_ERROR and "SQL92" in str(ei.value)
+
+
+def test_long_polling_receive_wakes_on_arrival(cluster):
+    create_topic(cluster, "P9", 2)
+    with SimpleConsumer(cluster.namesrv_addr, "pop-g9", {"P9": "*"}, await_duration_s=10) as sc:
+        result = []
+        t = threading.Thread(target=lambda: result.append((sc.receive(32, 10), time.monotonic())))
+        t.start()
+        time.sleep(0.3)       # let the receive be held on the broker (not a correctness wait)
+        with Producer(cluster.namesrv_addr, group="pop-pg") as p:
+            sent_at = time.monotonic()
+            p.send(Message("P9", b"wake"))
+        t.join(15)
+        views, at = result[0]
+        assert [v.body for v in views] == [b"wake"]
+        assert at - sent_at < 8, "answered on arrival, not at the end of the poll"
+        sc.ack(views[0])
+
+
+def test_in_flight_messages_survive_a_broker_restart(tmp_path):
+    """Clean restart: the CK table is rebuilt from the revive log; acked messages stay acked,
+    un-acked ones come back after their invisible time, the pop offset does not go back."""
+    c = Cluster(tmp_path / "store")
+    try:
+        create_topic(c, "PR", 2)
+        bodies = produce(c, "PR", 100, 2)
+        with simple(c, "pop-gr", {"PR": "*"}) as sc:
+            got = drain(sc, 60, invisible=3, ack=False)
+            acked = got[:30]
+            sc.ack_batch(acked)
+        c.kill_group()
+        c.start_group()
+        with simple(c, "pop-gr", {"PR": "*"}) as sc:
+            rest = drain(sc, 70, invisible=30, timeout_s=60)
+        assert sorted(v.body for v in rest) == sorted(set(bodies) - {v.body for v in acked})
+        with PullConsumer(c.namesrv_addr, "revive-reader") as pc:    # the revive log is a topic of its own
+            assert pc.max_offset(MessageQueue(revive_topic("TestCluster"), "broker-a", 0)) >= 0
+    finally:
+        c.close()
