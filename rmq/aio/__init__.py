@@ -16,6 +16,8 @@ _LAZY = {
     "PushConsumer": "rmq.aio.consumer",
     "AsyncPullConsumer": "rmq.aio.consumer",
     "AsyncPushConsumer": "rmq.aio.consumer",
+    "SimpleConsumer": "rmq.aio.simple_consumer",
+    "AsyncSimpleConsumer": "rmq.aio.simple_consumer",
 }
 
 __all__ = sorted(_LAZY)

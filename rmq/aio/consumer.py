@@ -282,6 +282,10 @@ class AsyncConsumerAPI:
             raise MQClientError(f"the broker[{mq.broker_name}] does not exist")
         return found
 
+    def cached_routes(self) -> list:
+        """The routes fetched so far."""
+        return list(self._routes.values())
+
     def all_broker_addrs(self) -> list:
         """Master addresses of the cached routes."""
         return sorted({a for r in self._routes.values() for a in r.all_master_addrs()})

@@ -311,3 +311,48 @@ def test_in_flight_messages_survive_a_broker_restart(tmp_path):
             assert pc.max_offset(MessageQueue(revive_topic("TestCluster"), "broker-a", 0)) >= 0
     finally:
         c.close()
+
+
+def test_aio_simple_consumer(cluster):
+    import asyncio
+
+    from rmq.aio import SimpleConsumer as AioSimpleConsumer
+
+    create_topic(cluster, "PA", 4)
+    bodies = produce(cluster, "PA", 300, 4)
+
+    async def main():
+        async with AioSimpleConsumer(cluster.namesrv_addr, "pop-ga", {"PA": "*"}, await_duration_s=0.3) as sc:
+            got = []
+
+            async def loop():                 # four receives in flight at once on one consumer
+                while len(got) < 300:
+                    views = await sc.receive(32, 30)
+                    if not views:
+                        return
+                    got.extend(views)
+                    await sc.ack_batch(views[1:])
+                    await sc.ack(views[0])
+            await asyncio.wait_for(asyncio.gather(*(loop() for _ in range(4))), 60)
+            assert sorted(v.body for v in got) == sorted(bodies)
+            with pytest.raises(MQBrokerError):
+                await sc.ack(got[0])
+            with pytest.raises(ValueError):
+                await sc.receive(0, 10)
+        # change_invisible_duration, and a redelivery after a short invisible time
+        with Producer(cluster.namesrv_addr, group="pop-pg") as p:
+            p.send(Message("PA", b"late"))
+        async with AioSimpleConsumer(cluster.namesrv_addr, "pop-ga", {"PA": "*"}, await_duration_s=2) as sc:
+            views = []
+            while not views:
+                views = await sc.receive(1, 1)
+            await sc.change_invisible_duration(views[0], 2)
+            again = []
+            while not again:
+                again = await sc.receive(1, 30)
+            assert again[0].body == b"late" and again[0].delivery_attempt == 2
+            await sc.ack(again[0])
+        with pytest.raises(MQClientError):
+            await AioSimpleConsumer(cluster.namesrv_addr, "pop-ga", {"NoSuchTopicPA": "*"}).start()
+
+    asyncio.run(main())
