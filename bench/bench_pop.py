@@ -11,6 +11,7 @@ in 8 queues, produced first.  Then, from one process:
 - ``SimpleConsumer.receive(32, 60)`` + ``ack_batch(views)`` (one BATCH_ACK_MESSAGE per receive),
   one thread, until every message is acked;
 - the same with ``ack(view)`` per message (what RocketMQ 5's SimpleConsumer offers), on a slice;
+- ``rmq.aio``'s SimpleConsumer with AIO_TASKS (8) receive + ack_batch loops in flight at once;
 - ``PushConsumer`` (defaults: 20 consume threads, batch size 1) of another group, until its
   listener saw every message.
 
@@ -34,6 +35,7 @@ from tests.integration.test_consumer import create_topic, wait_dispatched  # noq
 N = int(os.environ.get("RMQ_BENCH_POP_N", "300000"))
 N_SINGLE = int(os.environ.get("RMQ_BENCH_POP_SINGLE", "20000"))
 QUEUES = 8
+AIO_TASKS = int(os.environ.get("RMQ_BENCH_POP_TASKS", "8"))
 BODY = b"x" * 100
 
 
@@ -61,6 +63,32 @@ def pop_rate(c: Cluster, topic: str, group: str, n: int, batch_ack: bool) -> flo
         dt = time.perf_counter() - t0
     assert got >= n, f"{got} of {n} received"
     return got / dt
+
+
+def aio_pop_rate(c: Cluster, topic: str, group: str, n: int, tasks: int) -> float:
+    """``tasks`` receive(32) + ack_batch loops on one rmq.aio SimpleConsumer (one thread)."""
+    import asyncio
+
+    from rmq.aio import SimpleConsumer as AioSimpleConsumer
+
+    async def main() -> float:
+        got = [0]
+        async with AioSimpleConsumer(c.namesrv_addr, group, {topic: "*"}, await_duration_s=1,
+                                     init_mode="MIN") as sc:
+            async def loop():
+                while got[0] < n:
+                    views = await sc.receive(32, 60)
+                    if not views:
+                        return
+                    got[0] += len(views)
+                    await sc.ack_batch(views)
+            t0 = time.perf_counter()
+            await asyncio.gather(*(loop() for _ in range(tasks)))
+            dt = time.perf_counter() - t0
+        assert got[0] >= n, f"{got[0]} of {n} received"
+        return got[0] / dt
+
+    return asyncio.run(main())
 
 
 def push_rate(c: Cluster, topic: str, n: int) -> float:
@@ -94,10 +122,12 @@ def main() -> None:
         produce(c, "BP", N)
         pop = pop_rate(c, "BP", "bench-pop", N, True)
         single = pop_rate(c, "BP", "bench-pop-single", min(N_SINGLE, N), False)
+        aio = aio_pop_rate(c, "BP", "bench-pop-aio", N, AIO_TASKS)
         push = push_rate(c, "BP", N)
         print(f"messages: {N} x {len(BODY)} B in {QUEUES} queues, one process, one thread")
         print(f"SimpleConsumer receive(32) + ack_batch : {pop:>10,.0f} msgs/s  ({pop / push:.2f}x push)")
         print(f"SimpleConsumer receive(32) + ack each  : {single:>10,.0f} msgs/s  ({single / push:.2f}x push)")
+        print(f"rmq.aio SimpleConsumer, {AIO_TASKS} receive loops: {aio:>9,.0f} msgs/s  ({aio / push:.2f}x push)")
         print(f"PushConsumer, defaults                  : {push:>10,.0f} msgs/s  (1.00x)")
 
 

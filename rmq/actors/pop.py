@@ -46,7 +46,7 @@ from rmq._core import commitlog as _cl
 from rmq.actors.actor import Reply
 from rmq.errors import FilterExpressionError
 from rmq.filter import ExpressionType, compile_sql92
-from rmq.protocol import Frame, ProtocolError, ResponseCode, field_int, field_str, pack_body, unpack_body
+from rmq.protocol import Frame, ProtocolError, ResponseCode, field_int, field_str, unpack_body
 from rmq.status import GetMessageStatus
 from rmq.store.config_manager import PERM_READ, PERM_WRITE
 from rmq.store.validators import MAX_QUEUE_NUMS, check_group
@@ -409,7 +409,10 @@ class PopService:
                 if res.next_begin_offset > offset and res.status is not GetMessageStatus.OFFSET_FOUND_NULL:
                     store.consumer_offset_manager.commit_offset(group, t, q, res.next_begin_offset)
                 continue
-            offsets = [m.queue_offset for m in _cl.decode_records(res.records, False)]
+            if res.next_begin_offset - offset == res.message_count:    # nothing skipped: dense offsets
+                offsets = list(range(offset, res.next_begin_offset))
+            else:
+                offsets = [m.queue_offset for m in _cl.decode_records(res.records, False)]
             rq = next(self._rq) % self.revive_queue_num
             key = (group, t, q, offset, now)
             put = self._put_revive(rq, [(CK_TAG, self._ck_body(key, invisible, offsets, res.next_begin_offset))])
@@ -527,49 +530,59 @@ class PopService:
             del self.cks[ck.key]
 
     def on_batch_ack(self, frame: Frame, reply: Reply) -> Frame:
-        """BATCH_ACK_MESSAGE (200151): fields consumerGroup; body a list of ``[topic, extraInfo]``
-        (at most MAX_BATCH_ACK).  Answer: SUCCESS with ``failed``, the indexes of the handles not
-        in flight any more (see :meth:`on_ack`); one ack record per checkpoint, one append per
-        revive queue."""
+        """BATCH_ACK_MESSAGE (200151): field consumerGroup; body RocketMQ's
+        BatchAckMessageRequestBody, ``{"brokerName", "acks": [BatchAck]}``, each BatchAck the messages
+        of one checkpoint: ``{"c": group, "t": topic, "r": retry ("0"/"1"), "so": startOffset,
+        "q": queueId, "rq": reviveQueueId, "pt": popTime, "it": invisibleTime, "b": [queue offset -
+        startOffset, ...]}`` (RocketMQ's ``b`` is a BitSet; here the list of its set bits).  At most
+        MAX_BATCH_ACK messages.  Answer: SUCCESS with ``failed``, ``[[ack index, bit], ...]`` of the
+        messages no longer in flight (see :meth:`on_ack`); one ack record per checkpoint, one append
+        per revive queue."""
         try:
             body = unpack_body(frame) if frame.bodies else None
         except ProtocolError as e:
             return frame.response(ResponseCode.SYSTEM_ERROR, str(e))
-        if not isinstance(body, list) or not body or len(body) > MAX_BATCH_ACK:
-            return frame.response(ResponseCode.SYSTEM_ERROR,
-                                  f"body must be a list of 1..{MAX_BATCH_ACK} [topic, receipt handle] pairs")
-        b = self.b
+        acks = body.get("acks") if isinstance(body, dict) else None
+        if not isinstance(acks, list) or not acks:
+            return frame.response(ResponseCode.SYSTEM_ERROR, "body must be {'brokerName', 'acks': [BatchAck, ...]}")
         group = field_str(frame, "consumerGroup")
-        failed, by_ck, seen_topics = [], {}, {}
-        for i, item in enumerate(body):
-            if not (isinstance(item, (list, tuple)) and len(item) == 2 and isinstance(item[0], str)):
-                return frame.response(ResponseCode.SYSTEM_ERROR, f"ack {i}: not a [topic, receipt handle] pair")
-            topic = item[0]
-            if topic not in seen_topics:
-                f = Frame(frame.code, fields={"consumerGroup": group, "topic": topic})
-                ok = self._check_group_topic(f)
+        failed, by_ck, checked, total = [], {}, {}, 0
+        for i, a in enumerate(acks):
+            try:
+                topic, retry, so, qid, pt = a["t"], a["r"], a["so"], a["q"], a["pt"]
+                bits = a["b"]
+                if a.get("c", group) != group or not isinstance(topic, str) or retry not in (
+                        RETRY_FLAG_NORMAL, RETRY_FLAG_RETRY) or not isinstance(bits, list) or not all(
+                        isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in (so, qid, pt, *bits)):
+                    raise ValueError
+            except (KeyError, TypeError, ValueError):
+                return frame.response(ResponseCode.SYSTEM_ERROR, f"ack {i}: not a BatchAck of group {group}")
+            total += len(bits)
+            if total > MAX_BATCH_ACK:
+                return frame.response(ResponseCode.SYSTEM_ERROR, f"more than {MAX_BATCH_ACK} messages in one batch ack")
+            if topic not in checked:
+                ok = self._check_group_topic(Frame(frame.code, fields={"consumerGroup": group, "topic": topic}))
                 if isinstance(ok, Frame):
                     return frame.response(ok.code, ok.remark)
-                seen_topics[topic] = True
-            try:
-                key, qo, _, _ = self._handle_key(group, topic, item[1])
-            except ValueError as e:
-                return frame.response(ResponseCode.SYSTEM_ERROR, f"ack {i}: {e}")
+                checked[topic] = True
+            key = (group, topic if retry == RETRY_FLAG_NORMAL else pop_retry_topic(topic, group), qid, so, pt)
             ck = self.cks.get(key)
-            if ck is None or qo not in ck.pending or qo in by_ck.get(key, ()):
-                failed.append(i)
-                continue
-            by_ck.setdefault(key, []).append(qo)
+            mine = by_ck.setdefault(key, []) if ck is not None else None
+            for d in bits:
+                qo = so + d
+                if ck is None or qo not in ck.pending or qo in mine:
+                    failed.append([i, d])
+                else:
+                    mine.append(qo)
         by_rq: dict[int, list] = {}
         for key, offs in by_ck.items():
-            by_rq.setdefault(self.cks[key].revive_qid, []).append((key, offs))
+            if offs:
+                by_rq.setdefault(self.cks[key].revive_qid, []).append((key, offs))
         for rq, items in by_rq.items():
             if self._put_revive(rq, [self._ack_body(k, offs) for k, offs in items]) is None:
                 return frame.response(ResponseCode.SYSTEM_ERROR, "cannot write the acks to the revive log")
             for k, offs in items:
                 self._acked(self.cks[k], offs)
-        if b.role == "SLAVE":       # pragma: no cover - refused by the checks above
-            return frame.response(ResponseCode.NO_PERMISSION)
         return frame.response(fields={"failed": failed})
 
     def on_change_invisible_time(self, frame: Frame, reply: Reply) -> Frame:
@@ -700,11 +713,6 @@ class PopService:
             if group is None or g == group:
                 out[(g, t, q)] = out.get((g, t, q), 0) + len(ck.pending)
         return out
-
-
-def pack_ack_list(items: list) -> bytes:
-    """Body of a BATCH_ACK_MESSAGE: ``[[topic, receipt handle], ...]``."""
-    return pack_body(items)
 
 
 __all__ = ["PopService", "revive_topic", "pop_retry_topic", "build_extra_info", "parse_extra_info",

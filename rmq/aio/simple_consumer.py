@@ -177,8 +177,8 @@ class SimpleConsumer:
         for name, group_views in group_by_broker(views).items():
             addr = await api.broker_addr(name, group_views[0].topic)
             for i in range(0, len(group_views), MAX_BATCH_ACK):
-                chunk = group_views[i:i + MAX_BATCH_ACK]
-                failed += batch_ack_failures(await api.invoke(addr, batch_ack_frame(self.group, chunk)), chunk, addr)
+                frame, index = batch_ack_frame(self.group, name, group_views[i:i + MAX_BATCH_ACK])
+                failed += batch_ack_failures(await api.invoke(addr, frame), index, addr)
         return failed
 
     async def change_invisible_duration(self, message_view: MessageView, invisible_duration_s: float) -> None:

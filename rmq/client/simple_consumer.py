@@ -206,9 +206,25 @@ def ack_frame(group: str, view: MessageView) -> Frame:
         "offset": view.queue_offset, "extraInfo": view.receipt_handle})
 
 
-def batch_ack_frame(group: str, views: Sequence[MessageView]) -> Frame:
+def batch_ack_frame(group: str, broker_name: str, views: Sequence[MessageView]) -> tuple:
+    """``(frame, index)``: one BATCH_ACK_MESSAGE of ``views`` (all of ``broker_name``), its body
+    RocketMQ's BatchAckMessageRequestBody (one BatchAck per checkpoint, see
+    :meth:`rmq.actors.pop.PopService.on_batch_ack`); ``index[(ack i, bit)]`` is the view."""
+    by_ck: dict = {}
+    for v in views:
+        by_ck.setdefault((v.topic, v._ck, v.message.queue_id), []).append(v)
+    acks, index = [], {}
+    for i, ((topic, ck, qid), vs) in enumerate(by_ck.items()):
+        so, pt, it, rq, retry = ck
+        bits = []
+        for v in vs:
+            d = v.message.queue_offset - so
+            bits.append(d)
+            index[(i, d)] = v
+        acks.append({"c": group, "t": topic, "r": retry, "so": so, "q": qid, "rq": rq, "pt": pt, "it": it,
+                     "b": bits})
     return Frame(RequestCode.BATCH_ACK_MESSAGE, fields={"consumerGroup": group},
-                 bodies=[pack_body([[v.topic, v.receipt_handle] for v in views])])
+                 bodies=[pack_body({"brokerName": broker_name, "acks": acks})]), index
 
 
 def change_invisible_frame(group: str, view: MessageView, invisible_ms: int) -> Frame:
@@ -231,10 +247,16 @@ def apply_change_invisible(resp: Frame, view: MessageView, addr: str) -> None:
     view._handle = None
 
 
-def batch_ack_failures(resp: Frame, views: Sequence[MessageView], addr: str) -> list:
+def batch_ack_failures(resp: Frame, index: dict, addr: str) -> list:
+    """The views of a BATCH_ACK_MESSAGE answer's ``failed`` (see :func:`batch_ack_frame`)."""
     if resp.code != ResponseCode.SUCCESS:
         raise MQBrokerError(resp.remark or f"batch ack failed with code {resp.code}", resp.code, addr)
-    return [views[i] for i in resp.fields.get("failed", ()) if isinstance(i, int) and 0 <= i < len(views)]
+    out = []
+    for item in resp.fields.get("failed", ()):
+        v = index.get(tuple(item)) if isinstance(item, (list, tuple)) else None
+        if v is not None:
+            out.append(v)
+    return out
 
 
 def pop_targets(routes: Iterable, subs: Mapping[str, SubscriptionData]) -> list:
@@ -478,8 +500,8 @@ class SimpleConsumer:
         for name, group_views in group_by_broker(views).items():
             addr = api.broker_addr(name, group_views[0].topic)
             for i in range(0, len(group_views), MAX_BATCH_ACK):
-                chunk = group_views[i:i + MAX_BATCH_ACK]
-                failed += batch_ack_failures(api.invoke(addr, batch_ack_frame(self.group, chunk)), chunk, addr)
+                frame, index = batch_ack_frame(self.group, name, group_views[i:i + MAX_BATCH_ACK])
+                failed += batch_ack_failures(api.invoke(addr, frame), index, addr)
         return failed
 
     def change_invisible_duration(self, message_view: MessageView, invisible_duration_s: float) -> None:
