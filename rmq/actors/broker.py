@@ -1372,7 +1372,7 @@ class BrokerActor(Actor):
         body = self.store.consumer_offset_manager.encode()
         inflight: dict = {}
         for (group, topic, qid), n in self.pop.inflight().items():      # POP groups: popped, not acked
-            inflight.setdefault(f"{topic}@{group}", {})[qid] = n
+            inflight.setdefault(f"{topic}@{group}", {})[str(qid)] = n
         body["popInflightTable"] = inflight
         return frame.response(bodies=[pack_body(body)])
 

@@ -200,7 +200,7 @@ def test_consumer_progress(cluster, admin, seeded):
     q1 = [q for q in d["queues"] if q["queue_id"] == 1][0]
     assert q1 == {"topic": "AdminT", "broker_name": "broker-a", "queue_id": 1, "broker_offset": N_SEEDED,
                   "consumer_offset": off1, "diff": N_SEEDED - off1, "last_timestamp": q1["last_timestamp"],
-                  "lag_timestamp": q1["lag_timestamp"]}
+                  "lag_timestamp": q1["lag_timestamp"], "inflight": 0}
     assert (q1["last_timestamp"] > 0) == (off1 > 0)
     # lag in time: the store time of the first message not consumed yet
     assert q1["lag_timestamp"] == admin.query_msg_by_offset("AdminT", "broker-a", 1, off1).store_timestamp

@@ -123,6 +123,9 @@ def test_change_invisible_duration_and_spent_handles(cluster):
     with simple(cluster, "pop-g3", {"P3": "*"}) as sc:
         views = drain(sc, 3, invisible=1.0, ack=False)
         assert len(views) == 3
+        with Admin(cluster.namesrv_addr) as adm:      # consumerProgress of a POP group: 3 in flight
+            row = adm.consumer_progress("pop-g3", "P3").queues[0]
+        assert (row.consumer_offset, row.diff, row.inflight) == (3, 0, 3)
         old = views[0].receipt_handle
         sc.change_invisible_duration(views[0], 30)
         assert views[0].receipt_handle != old
