@@ -1,5 +1,6 @@
 """POP consumption on the broker (RocketMQ 5): POP_MESSAGE, ACK_MESSAGE, BATCH_ACK_MESSAGE,
-CHANGE_MESSAGE_INVISIBLETIME and the revive service (semantics: SPEC.md §POP).
+CHANGE_MESSAGE_INVISIBLETIME and the revive service (RocketMQ 5 semantics, sources named below; SPEC.md has
+no POP section yet: this docstring is the reference).
 
 A POP consumer does not own queues: any number of consumers of one group receive from the
 same queue.  Each POP takes the next messages of a queue from the group's *pop offset*,
