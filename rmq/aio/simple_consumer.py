@@ -26,7 +26,7 @@ from rmq.client.remoting import DEFAULT_TIMEOUT_MS
 from rmq.client.simple_consumer import (AWAIT_DURATION_S, CONSUME_TYPE_POP, HEARTBEAT_INTERVAL_S, MAX_BATCH_ACK,
                                         AckError, MessageView, ack_frame, apply_change_invisible, batch_ack_failures,
                                         batch_ack_frame, build_subscriptions, change_invisible_frame,
-                                        check_ack_response, check_invisible, check_receive_args, group_by_broker,
+                                        check_ack_response, check_consumer_args, check_invisible, check_receive_args, group_by_broker,
                                         parse_pop_response, pop_frame, pop_targets)
 from rmq.errors import MQClientError, RemotingError
 from rmq.filter import MessageSelector
@@ -41,12 +41,7 @@ class SimpleConsumer:
     def __init__(self, namesrv_addr: str, group: str, subscriptions: Optional[Mapping] = None, *,
                  await_duration_s: float = AWAIT_DURATION_S, timeout_ms: int = DEFAULT_TIMEOUT_MS,
                  init_mode: str = "MAX", client_id: Optional[str] = None, auth=None):
-        if not isinstance(group, str) or not group:
-            raise ValueError("group must be a non-empty str")
-        if init_mode not in ("MAX", "MIN"):
-            raise ValueError(f"init_mode must be 'MAX' or 'MIN', got {init_mode!r}")
-        if not isinstance(await_duration_s, (int, float)) or await_duration_s < 0:
-            raise ValueError(f"await_duration_s must be >= 0, got {await_duration_s!r}")
+        check_consumer_args(group, init_mode, await_duration_s)
         self.namesrv_addr = namesrv_addr
         self.group = group
         self.await_ms = int(await_duration_s * 1000)

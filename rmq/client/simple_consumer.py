@@ -147,6 +147,16 @@ def check_invisible(seconds: float) -> int:
     return int(seconds * 1000)
 
 
+def check_consumer_args(group: str, init_mode: str, await_duration_s: float) -> None:
+    """ValueError for a SimpleConsumer's constructor arguments out of range."""
+    if not isinstance(group, str) or not group:
+        raise ValueError("group must be a non-empty str")
+    if init_mode not in ("MAX", "MIN"):
+        raise ValueError(f"init_mode must be 'MAX' or 'MIN', got {init_mode!r}")
+    if isinstance(await_duration_s, bool) or not isinstance(await_duration_s, (int, float)) or await_duration_s < 0:
+        raise ValueError(f"await_duration_s must be >= 0, got {await_duration_s!r}")
+
+
 def build_subscriptions(subscriptions: Optional[Mapping]) -> dict:
     out = {}
     for topic, expr in (subscriptions or {}).items():
@@ -309,12 +319,7 @@ class SimpleConsumer:
     def __init__(self, namesrv_addr: str, group: str, subscriptions: Optional[Mapping] = None, *,
                  await_duration_s: float = AWAIT_DURATION_S, timeout_ms: int = DEFAULT_TIMEOUT_MS,
                  init_mode: str = "MAX", client_id: Optional[str] = None, auth=None):
-        if not isinstance(group, str) or not group:
-            raise ValueError("group must be a non-empty str")
-        if init_mode not in ("MAX", "MIN"):
-            raise ValueError(f"init_mode must be 'MAX' or 'MIN', got {init_mode!r}")
-        if not isinstance(await_duration_s, (int, float)) or await_duration_s < 0:
-            raise ValueError(f"await_duration_s must be >= 0, got {await_duration_s!r}")
+        check_consumer_args(group, init_mode, await_duration_s)
         self.namesrv_addr = namesrv_addr
         self.group = group
         self.await_ms = int(await_duration_s * 1000)

@@ -234,6 +234,9 @@ def test_bad_input_is_refused_and_changes_nothing(cluster):
                 sc.receive(1, s)
         with pytest.raises(MQClientError):
             SimpleConsumer(cluster.namesrv_addr, "pop-g7", {"NoSuchTopicP7": "*"}).start()
+        for kw in ({"group": ""}, {"init_mode": "FIRST"}, {"await_duration_s": -1}, {"await_duration_s": True}):
+            with pytest.raises(ValueError):
+                SimpleConsumer(cluster.namesrv_addr, **{"group": "pop-g7", "subscriptions": {"P7": "*"}, **kw})
         with RemotingClient() as rc:
             def pop(**f):
                 fields = {"consumerGroup": "pop-g7", "topic": "P7", "queueId": -1, "maxMsgNums": 4,
