@@ -1138,22 +1138,9 @@ class BrokerActor(Actor):
         subscription = frame.fields.get("subscription", "*")
         if not isinstance(subscription, str):
             return frame.response(ResponseCode.SUBSCRIPTION_PARSE_FAILED, "header field 'subscription' must be a str")
-        sql_filter = None
-        expression_type = frame.fields.get("expressionType")
-        if not ExpressionType.is_tag_type(expression_type):
-            # PullMessageProcessor: a non-tag expression needs enablePropertyFilter; it is compiled
-            # once per distinct expression (compile_sql92's cache), never per pull or message
-            if expression_type != ExpressionType.SQL92:
-                return frame.response(ResponseCode.SUBSCRIPTION_PARSE_FAILED,
-                                      f"unsupported expressionType {expression_type!r} (TAG or SQL92)")
-            if not self.enable_property_filter:
-                return frame.response(ResponseCode.SYSTEM_ERROR,
-                                      f"The broker does not support consumer to filter message by {expression_type}")
-            try:
-                sql_filter = compile_sql92(subscription)
-            except FilterExpressionError as e:
-                return frame.response(ResponseCode.SUBSCRIPTION_PARSE_FAILED,
-                                      f"parse the consumer's subscription[{subscription}] failed, group: {group}: {e}")
+        sql_filter = self.subscription_filter(frame, group, frame.fields.get("expressionType"), subscription)
+        if isinstance(sql_filter, Frame):
+            return sql_filter
         res = self.store.get_messages(group, topic, queue_id, offset, max_nums,
                                       None if sql_filter is not None else subscription, sql_filter=sql_filter)
         code = GET_STATUS_TO_CODE.get(res.status)
@@ -1201,6 +1188,24 @@ class BrokerActor(Actor):
                 PullRequest(frame, reply, offset, time.monotonic() + suspend_ms / 1000.0, self.poll_returned_at))
             return None
         return frame.response(code, fields=fields)
+
+    def subscription_filter(self, frame: Frame, group: str, expression_type, expression: str):
+        """The compiled SQL92 filter of a subscription, None for a tag expression, or the error
+        response (PULL_MESSAGE and POP_MESSAGE).  PullMessageProcessor: a non-tag expression needs
+        enablePropertyFilter; it is compiled once per distinct expression (compile_sql92's cache)."""
+        if ExpressionType.is_tag_type(expression_type):
+            return None
+        if expression_type != ExpressionType.SQL92:
+            return frame.response(ResponseCode.SUBSCRIPTION_PARSE_FAILED,
+                                  f"unsupported expression type {expression_type!r} (TAG or SQL92)")
+        if not self.enable_property_filter:
+            return frame.response(ResponseCode.SYSTEM_ERROR,
+                                  f"The broker does not support consumer to filter message by {expression_type}")
+        try:
+            return compile_sql92(expression)
+        except FilterExpressionError as e:
+            return frame.response(ResponseCode.SUBSCRIPTION_PARSE_FAILED,
+                                  f"parse the consumer's subscription[{expression}] failed, group: {group}: {e}")
 
     def _from_appends(self, topic: str, queue_id: int, offset: int, max_nums: int, subscription) -> Optional[tuple]:
         """The records of queue offsets ``offset``.. from appends reput has not announced yet:

@@ -45,8 +45,7 @@ from typing import TYPE_CHECKING, Optional
 
 from rmq._core import commitlog as _cl
 from rmq.actors.actor import Reply
-from rmq.errors import FilterExpressionError
-from rmq.filter import ExpressionType, compile_sql92
+from rmq.filter import ExpressionType
 from rmq.protocol import Frame, ProtocolError, ResponseCode, field_int, field_str, unpack_body
 from rmq.status import GetMessageStatus
 from rmq.store.config_manager import PERM_READ, PERM_WRITE
@@ -350,19 +349,9 @@ class PopService:
         exp_type = frame.fields.get("expType") or ExpressionType.TAG
         if not isinstance(exp, str):
             return frame.response(ResponseCode.SUBSCRIPTION_PARSE_FAILED, "header field 'exp' must be a str")
-        sql_filter = None
-        if not ExpressionType.is_tag_type(exp_type):
-            if exp_type != ExpressionType.SQL92:
-                return frame.response(ResponseCode.SUBSCRIPTION_PARSE_FAILED,
-                                      f"unsupported expType {exp_type!r} (TAG or SQL92)")
-            if not self.b.enable_property_filter:
-                return frame.response(ResponseCode.SYSTEM_ERROR,
-                                      f"The broker does not support consumer to filter message by {exp_type}")
-            try:
-                sql_filter = compile_sql92(exp)
-            except FilterExpressionError as e:
-                return frame.response(ResponseCode.SUBSCRIPTION_PARSE_FAILED,
-                                      f"parse the consumer's subscription[{exp}] failed, group: {group}: {e}")
+        sql_filter = self.b.subscription_filter(frame, group, exp_type, exp)
+        if isinstance(sql_filter, Frame):
+            return sql_filter
         init_min = frame.fields.get("initMode") == "MIN"
         return group, gcfg, topic, cfg, queue_id, max_nums, invisible, (None if sql_filter is not None else exp), \
             sql_filter, init_min
