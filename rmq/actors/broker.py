@@ -52,6 +52,7 @@ from rmq import protocol as P
 from rmq._core import commitlog as _cl
 from rmq.actors.actor import Actor, Reply
 from rmq.actors.pop import REVIVE_SCAN_MS, PopService
+from rmq.actors.transaction import HALF_TOPIC, TransactionService, half_properties, is_half_request
 from rmq.broker_conf import actor_settings
 from rmq import metrics as M
 from rmq.errors import FilterExpressionError
@@ -230,6 +231,10 @@ class BrokerActor(Actor):
         self.metrics: Optional[M.BrokerMetrics] = None
         self.pull_offsets: dict[tuple, int] = {}   # (group, topic, queueId) -> next offset pulled (metrics)
         self.pop: Optional[PopService] = None       # POP consumption (rmq.actors.pop)
+        self.tx: Optional[TransactionService] = None   # transactional messages (rmq.actors.transaction)
+        # producer group -> clientId -> (socket, routing envelope) of its last heartbeat: where
+        # CHECK_TRANSACTION_STATE goes (RocketMQ's ProducerManager channels)
+        self.producer_channels: dict[str, dict[str, tuple]] = {}
         self.recovery_ms = 0.0
 
     # -- lifecycle --------------------------------------------------------------------
@@ -326,6 +331,11 @@ class BrokerActor(Actor):
         h(RequestCode.CHANGE_MESSAGE_INVISIBLETIME, self.pop.on_change_invisible_time)
         self.pop.start()
         self.add_timer(REVIVE_SCAN_MS, self.pop.revive)
+        self.tx = TransactionService(self)
+        h(RequestCode.END_TRANSACTION, self.tx.on_end_transaction)
+        h(RequestCode.GET_HALF_MESSAGES, self.tx.on_list_half)
+        self.tx.start()
+        self.add_timer(self.tx.check_interval_ms, self.tx.check)
         self.add_timer(int(self.settings.get("slaveSyncInterval", SLAVE_SYNC_INTERVAL_MS)), self.sync_from_master,
                        first_ms=1000)
         self.add_timer(1000, self._find_master)
@@ -421,6 +431,8 @@ class BrokerActor(Actor):
                 if not recent:
                     del self.recent_appends[(topic, queue_id)]
             self.wake_pulls(topic, queue_id, max_offset)
+        if not self.tx.ready:
+            self.tx.maybe_recover()
         if not self.pop.ready:
             self.pop.maybe_recover()
         elif self.pop.holds and queues:          # the ConsumeQueues are refreshed above
@@ -764,6 +776,7 @@ class BrokerActor(Actor):
         self.store.recover_topic_queue_table()
         self.role = role
         self.pop.start()                         # POP checkpoints in flight, from the replicated revive log
+        self.tx.start()                          # pending transactions, from the replicated half / op queues
         self.store_config.broker_role = role
         self.broker_id = 0
         self.ha_slaves, self.ha_ack_offset, self.ha_state = [], -1, {}
@@ -1016,7 +1029,10 @@ class BrokerActor(Actor):
         reconsume = field_int(frame, "reconsumeTimes", 0, lo=0)
         t0 = time.monotonic()
         store_topic, store_queue_id = topic, queue_id
+        is_half = False
         if frame.code == RequestCode.SEND_BATCH_MESSAGE:
+            if (sys_flag & TRANSACTION_TYPE_MASK) == TRANSACTION_PREPARED_TYPE:
+                return frame.response(ResponseCode.MESSAGE_ILLEGAL, "batch messages cannot be transactional")
             batch = frame.bodies[0]
             props = frame.fields.get("properties") or None
             if props is not None and not isinstance(props, dict):
@@ -1031,7 +1047,16 @@ class BrokerActor(Actor):
             if not isinstance(props, dict):
                 return frame.response(ResponseCode.MESSAGE_ILLEGAL, "header field 'properties' must be a map or str")
             sent_props = props
-            if "DELAY" in props and (sys_flag & TRANSACTION_TYPE_MASK) in (0, TRANSACTION_COMMIT_TYPE):
+            if is_half_request(sys_flag, props):
+                if self.tx.reject:
+                    return frame.response(ResponseCode.NO_PERMISSION,
+                                          f"the broker[{self.broker_name}] sending transaction message is forbidden")
+                # SPEC.md §11.2: parked in the half topic, invisible until END_TRANSACTION commits it
+                is_half = True
+                store_topic, store_queue_id = HALF_TOPIC, 0
+                props = half_properties(topic, queue_id, props)
+                sys_flag &= ~TRANSACTION_TYPE_MASK
+            elif "DELAY" in props and (sys_flag & TRANSACTION_TYPE_MASK) in (0, TRANSACTION_COMMIT_TYPE):
                 # parked in SCHEDULE_TOPIC_XXXX; the reply still names the queue the producer chose
                 # (RocketMQ's SendMessageProcessor answers with the request's queueId)
                 store_topic, store_queue_id, props = transform_delay(topic, queue_id, props,
@@ -1058,14 +1083,10 @@ class BrokerActor(Actor):
         if not res.ok:
             return frame.response(code, res.remark or res.status.value)
         a = res.append
-        if self.wake_pull_on_append and (sys_flag & TRANSACTION_TYPE_MASK) in (0, TRANSACTION_COMMIT_TYPE):
-            key = (store_topic, store_queue_id)
-            recent = self.recent_appends.get(key)
-            if recent is None:
-                recent = self.recent_appends[key] = deque(maxlen=RECENT_APPENDS_PER_QUEUE)
-            recent.append((a.queue_offset, a.msg_num, a.wrote_offset, a.wrote_bytes))
-            if key in self.pull_holds:
-                self.appended_queues.add(key)
+        if is_half:
+            self.tx.on_half_stored(props, a.queue_offset, a.wrote_offset)
+        elif (sys_flag & TRANSACTION_TYPE_MASK) in (0, TRANSACTION_COMMIT_TYPE):
+            self.note_append(store_topic, store_queue_id, res)
         if _lt.ENABLED:
             _lt.event("append", store_topic, store_queue_id, a.queue_offset, a.msg_num, t_handler,
                       time.monotonic_ns())
@@ -1073,7 +1094,7 @@ class BrokerActor(Actor):
         self.stats["putBytesTotal"] += a.wrote_bytes
         self.broker_stats.put.add(topic, a.msg_num, a.wrote_bytes, int(time.time() * 1000))
         if self.metrics is not None:
-            self.metrics.on_put(topic, M.message_type(sent_props, (sys_flag & TRANSACTION_TYPE_MASK) == TRANSACTION_PREPARED_TYPE),
+            self.metrics.on_put(topic, M.message_type(sent_props, is_half or (sys_flag & TRANSACTION_TYPE_MASK) == TRANSACTION_PREPARED_TYPE),
                                 a.msg_num, a.wrote_bytes)
         resp = frame.response(ResponseCode.SUCCESS, fields={
             "msgId": res.msg_id, "queueId": queue_id, "queueOffset": a.queue_offset,
@@ -1097,6 +1118,45 @@ class BrokerActor(Actor):
             self.sync_waits.append((end, time.monotonic(), reply, resp, need_flush, need_slave))
             return None
         return resp
+
+    def note_append(self, topic: str, queue_id: int, res) -> None:
+        """Remember an append of a consumable record (a send, a commit record) so that pulls held at
+        that queue's tail are answered before reput has dispatched it (see _from_appends)."""
+        if not self.wake_pull_on_append:
+            return
+        a = res.append
+        key = (topic, queue_id)
+        recent = self.recent_appends.get(key)
+        if recent is None:
+            recent = self.recent_appends[key] = deque(maxlen=RECENT_APPENDS_PER_QUEUE)
+        recent.append((a.queue_offset, a.msg_num, a.wrote_offset, a.wrote_bytes))
+        if key in self.pull_holds:
+            self.appended_queues.add(key)
+
+    def send_to_producer(self, group: str, parts: list) -> bool:
+        """Send a request (encoded ``parts``) one-way to a live producer of ``group``, over the
+        connection of its last heartbeat; producers are tried in random order, the gone ones
+        (ROUTER_MANDATORY: EHOSTUNREACH) and the expired ones dropped.  False: nobody to send to."""
+        channels = self.producer_channels.get(group)
+        if not channels:
+            return False
+        cutoff = time.monotonic() - self.channel_expired_ms / 1000.0
+        seen = self.producer_table.get(group, {})
+        clients = list(channels)
+        random.shuffle(clients)
+        for client in clients:
+            sock, envelope = channels[client]
+            if seen.get(client, 0.0) < cutoff:
+                del channels[client]
+                continue
+            try:
+                sock.send_multipart(envelope + parts, flags=zmq.NOBLOCK, copy=False)
+                return True
+            except zmq.Again:
+                continue                          # its queue is full: another producer, or the next round
+            except zmq.ZMQError:
+                del channels[client]              # the producer is gone
+        return False
 
     def slave_ok(self, end: int) -> bool:
         """A slave is connected and less than haSlaveFallbehindMax bytes behind ``end`` (HAService.isSlaveOK)."""
@@ -1419,7 +1479,10 @@ class BrokerActor(Actor):
                 changed_groups.append(group)
             members[client] = {"seen": now, "data": c}
         for pdata in body.get("producerDataSet", []) or []:
-            self.producer_table.setdefault(check_group(pdata.get("groupName")), {})[client] = now
+            pgroup = check_group(pdata.get("groupName"))
+            self.producer_table.setdefault(pgroup, {})[client] = now
+            if reply.envelope:
+                self.producer_channels.setdefault(pgroup, {})[client] = (reply.socket, list(reply.envelope))
         return frame.response()
 
     def on_unregister_client(self, frame: Frame, reply: Reply) -> Frame:
@@ -1430,6 +1493,7 @@ class BrokerActor(Actor):
         pgroup = frame.fields.get("producerGroup")
         if isinstance(pgroup, str):
             self.producer_table.get(pgroup, {}).pop(client, None)
+            self.producer_channels.get(pgroup, {}).pop(client, None)
         return frame.response()
 
     def _producer_rows(self, group: str) -> list:

@@ -836,6 +836,42 @@ class Admin:
         self.update_broker_config(broker_addr, {"brokerRole": role, "brokerId": "0"}, timeout_ms=int(timeout_ms))
         return self.broker_status(broker_addr)
 
+    def half_messages(self, broker: Optional[str] = None, max_rows: int = 1000) -> dict:
+        """Pending transactions (half messages without an outcome) of every master, or of one
+        (``broker``: a broker name or address); GET_HALF_MESSAGES, an rmq request.
+
+        Returns
+        -------
+        dict
+            ``{"pending": total, "ready": all brokers have rebuilt their state, "halfMessages":
+            [{brokerName, transactionId, producerGroup, topic, queueId, bornTimestamp (ms),
+            checkTimes, queueOffset, commitLogOffset}] oldest first per broker (at most
+            ``max_rows`` per broker), "stats": {brokerName: counters}}``.
+
+        Raises
+        ------
+        MQClientError
+            ``max_rows`` outside 1..10 000, or no such broker.
+        MQBrokerError, RemotingTimeoutError
+        """
+        if not isinstance(max_rows, int) or not 1 <= max_rows <= 10_000:
+            raise MQClientError(f"max_rows must be 1..10000, got {max_rows!r}")
+        masters = self._all_masters()
+        if broker is not None:
+            masters = [(n, a) for n, a in masters if broker in (n, a)]
+            if not masters:
+                raise MQClientError(f"no master broker {broker!r} in the cluster")
+        out: dict = {"pending": 0, "ready": True, "halfMessages": [], "stats": {}}
+        for name, addr in masters:
+            body = _body(self._broker(addr, RequestCode.GET_HALF_MESSAGES, {"maxRows": max_rows}), "half messages")
+            if not isinstance(body, dict):
+                raise MQClientError(f"malformed half-message list from broker {addr}")
+            out["pending"] += int(body.get("pending", 0))
+            out["ready"] = out["ready"] and bool(body.get("ready"))
+            out["stats"][name] = body.get("stats", {})
+            out["halfMessages"] += [dict(row, brokerName=name) for row in body.get("halfMessages", [])]
+        return out
+
     def cluster_broker_addrs(self, cluster: str) -> list:
         """Master addresses of ``cluster``."""
         return [a for _, a in self._masters_of_cluster(cluster)]

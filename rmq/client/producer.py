@@ -112,6 +112,8 @@ PROVISIONAL_POLL_MS = 500                  # route look-up period while a topic'
 BATCH_ELEMENT_OVERHEAD = 22                # TOTALSIZE+MAGIC+BODYCRC+FLAG+BODYLEN+PROPLEN (SPEC.md §1.11)
 
 COMPRESSED_FLAG = 0x1                      # MessageSysFlag (SPEC.md §1.5)
+TRANSACTION_PREPARED_TYPE = 0x4            # MessageSysFlag: a transaction's half message
+PROPERTY_TRANSACTION_PREPARED = "TRAN_MSG"  # MessageConst.PROPERTY_TRANSACTION_PREPARED
 COMPRESSION_ZLIB_TYPE = 0x300
 NO_BUYER_ID = 204                          # RocketMQ ResponseCode values not in rmq.protocol
 NOT_IN_CURRENT_UNIT = 205
@@ -246,6 +248,9 @@ def prepare_message(msg: Message, opts: ProducerOptions) -> PreparedMessage:
         sys_flag = COMPRESSED_FLAG | COMPRESSION_ZLIB_TYPE
     wait = props.get(PROPERTY_WAIT_STORE_MSG_OK, "true") != "false"
     batchable = sys_flag == 0 and PROPERTY_DELAY_TIME_LEVEL not in props
+    if props.get(PROPERTY_TRANSACTION_PREPARED) == "true":      # a half message (sendKernelImpl)
+        sys_flag |= TRANSACTION_PREPARED_TYPE
+        batchable = False
     return PreparedMessage(msg, body, sys_flag, uniq, wait, batchable)
 
 
@@ -612,8 +617,23 @@ class _Sender(threading.Thread):
         self._stopping = False
         self._next_refresh = 0.0
         self._next_heartbeat = 0.0
+        # called on this thread with (broker address, Frame) for requests a broker sends
+        # (CHECK_TRANSACTION_STATE to a TransactionProducer); None: ignored
+        self.request_handler: Optional[Callable[[str, Frame], None]] = None
 
     # -- caller side ---------------------------------------------------------------------------
+    def send_frame(self, addr: str, frame: Frame) -> None:
+        """I/O thread only: send ``frame`` (one-way) to the broker at ``addr`` on this producer's
+        connection (heartbeat first if due).  Raises RemotingError when it cannot be queued."""
+        conn = self._conn(addr)
+        try:
+            if conn.need_heartbeat:
+                conn.sock.send_multipart(P.encode(heartbeat_request(self.client, self.group)), zmq.NOBLOCK)
+                conn.need_heartbeat = False
+            conn.sock.send_multipart(P.encode(frame), zmq.NOBLOCK)
+        except zmq.ZMQError as e:
+            raise RemotingError(f"cannot send {RequestCode(frame.code).name} to broker {addr}: {e}") from None
+
     def wake(self) -> None:
         if not self._wake_pending:
             self._wake_pending = True
@@ -990,6 +1010,16 @@ class _Sender(threading.Thread):
                 resp = P.decode(parts)
             except ProtocolError as e:
                 log.warning("undecodable response from broker %s: %s", conn.addr, e)
+                continue
+            if not resp.is_response:           # a broker's request (CHECK_TRANSACTION_STATE)
+                handler = self.request_handler
+                if handler is None:
+                    log.debug("request %s from broker %s ignored: no handler", resp.code, conn.addr)
+                    continue
+                try:
+                    handler(conn.addr, resp)
+                except Exception:  # noqa: BLE001 - a handler's bug must not stop the I/O thread
+                    log.exception("handling request %s from broker %s failed", resp.code, conn.addr)
                 continue
             req = self._inflight.pop(resp.opaque, None)
             if req is None:
@@ -1400,6 +1430,9 @@ class Producer:
                                     sender.client_auth,
                                     refresh_route=lambda topic: sender.call(lambda: sender._fetch_route(topic)))
         self._finalizer = weakref.finalize(self, _finalize, self._sender, self._direct)
+        # False: every send goes through the I/O thread's connections (a TransactionProducer: the
+        # broker's check-backs arrive on the connection its heartbeats came from)
+        self._use_direct = True
         # message trace (RocketMQ's enableMsgTrace / customizedTraceTopic): a Pub record per message
         # sent, queued for a background dispatcher; off unless asked for
         self._trace = _trace.TraceDispatcher(namesrv_addr, group, custom_trace_topic) if enable_msg_trace else None
@@ -1500,7 +1533,7 @@ class Producer:
         sel, arg = selector_for(selector, arg, sharding_key, msg)
         prep = prepare_message(msg, self.options)
         t0 = time.monotonic() if self._trace is not None else 0.0
-        if self._direct.usable(prep.msg.topic):       # known route: request / response on this thread
+        if self._use_direct and self._direct.usable(prep.msg.topic):   # known route: on this thread
             self._check_open()
             result = self._direct.send(prep, timeout_ms, sel, arg, queue,
                                        lambda: heartbeat_request(self.client_id, self.group))

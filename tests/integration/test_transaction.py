@@ -1,0 +1,219 @@
+"""Transactional messages against a real broker: commit, rollback, check-back (by the sending
+producer and by another producer of the group once the sender is gone), check-back limits,
+consumers and pulls never seeing half or op records, END_TRANSACTION refusals, the admin view
+of pending transactions, restart recovery (kill -9 cases: tests/fault/test_transaction_kill9.py)."""
+import threading
+import time
+
+import pytest
+
+from rmq import LocalTransactionState, Message, Producer, PullConsumer, TransactionProducer
+from rmq.actors.transaction import CHECK_MAX_TIME_TOPIC, HALF_TOPIC, OP_TOPIC
+from rmq.client.admin import Admin
+from rmq.client.consumer import MessageQueue
+from rmq.client.remoting import RemotingClient
+from rmq.client.transaction import end_transaction_frame
+from rmq.errors import MQClientError
+from rmq.protocol import Frame, RequestCode, ResponseCode
+from tests.integration.cluster import Cluster
+from tests.integration.test_consumer import create_topic, wait_for
+
+pytestmark = pytest.mark.integration
+
+COMMIT, ROLLBACK, UNKNOW = (LocalTransactionState.COMMIT_MESSAGE, LocalTransactionState.ROLLBACK_MESSAGE,
+                            LocalTransactionState.UNKNOW)
+# fast check-backs: a round every 300 ms, a half message is checked once 1 s old
+FAST_CHECKS = {"transactionCheckInterval": "300", "transactionTimeOut": "1000", "transactionCheckMax": "4"}
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    c = Cluster(tmp_path_factory.mktemp("tx") / "store", conf=FAST_CHECKS)
+    yield c
+    c.close()
+
+
+def visible(c, topic, queues=1, group="tx-probe"):
+    """Every message of ``topic`` a consumer can pull: [(queue id, queue offset, body, sysflag)]."""
+    out = []
+    with PullConsumer(c.namesrv_addr, group=group, auto_commit=False) as pc:
+        for q in range(queues):
+            mq = MessageQueue(topic, "broker-a", q)
+            offset = 0
+            while True:
+                try:
+                    r = pc.pull(mq, "*", offset, 32, timeout_ms=3000)
+                except MQClientError:              # no route yet: the topic is not created
+                    return out
+                if not r.msg_found_list:
+                    break
+                out += [(q, m.queue_offset, m.body, m.sys_flag) for m in r.msg_found_list]
+                offset = r.next_begin_offset
+    return out
+
+
+def test_commit_is_visible_once_rollback_never(cluster):
+    create_topic(cluster, "TX1", 2)
+    with TransactionProducer(cluster.namesrv_addr, group="tx-pg1", checker=lambda m: UNKNOW) as p:
+        results = []
+        for i in range(20):
+            state = COMMIT if i % 2 == 0 else ROLLBACK
+            r = p.send_message_in_transaction(Message("TX1", b"m-%d" % i, keys=f"k{i}"), lambda m, a: a, state)
+            assert r.local_transaction_state is state
+            assert r.transaction_id == r.msg_id
+            results.append(r)
+    want = sorted(b"m-%d" % i for i in range(0, 20, 2))
+    got = wait_for(lambda: (lambda v: v if len(v) >= 10 else None)(visible(cluster, "TX1", 2)),
+                   what="10 committed messages")
+    time.sleep(0.5)                 # a late duplicate would be dispatched by now: look again
+    got = visible(cluster, "TX1", 2)
+    assert sorted(b for _, _, b, _ in got) == want
+    assert all(sf & 0xC == 0x8 for _, _, _, sf in got)         # TRANSACTION_COMMIT_TYPE
+    # the committed message keeps its id and keys (query by key finds it, once)
+    with Admin(cluster.namesrv_addr) as a:
+        assert len(a.query_msg_by_key("TX1", "k0")) == 1
+    # half and op records are in their own topics, not in TX1
+    assert len(visible(cluster, HALF_TOPIC)) >= 20
+    assert len(visible(cluster, OP_TOPIC)) >= 20
+
+
+def test_unknow_is_checked_back_and_checker_decides(cluster):
+    create_topic(cluster, "TX2", 1)
+    asked = []
+
+    def checker(m):
+        asked.append((m.topic, m.body, m.properties.get("UNIQ_KEY")))
+        return COMMIT if m.body.endswith(b"c") else ROLLBACK
+
+    with TransactionProducer(cluster.namesrv_addr, group="tx-pg2", checker=checker) as p:
+        r1 = p.send_message_in_transaction(Message("TX2", b"later-c"), lambda m, a: UNKNOW)
+        r2 = p.send_message_in_transaction(Message("TX2", b"later-r"), lambda m, a: 1 / 0)     # raises: UNKNOW
+        assert r1.local_transaction_state is UNKNOW and r2.local_transaction_state is UNKNOW
+        assert visible(cluster, "TX2") == []
+        wait_for(lambda: len(asked) >= 2, timeout_s=20, what="two check-backs")
+        wait_for(lambda: len(visible(cluster, "TX2")) == 1, timeout_s=10, what="the checked commit")
+    assert {(t, b) for t, b, _ in asked} >= {("TX2", b"later-c"), ("TX2", b"later-r")}
+    assert {u for _, _, u in asked} >= {r1.msg_id, r2.msg_id}
+    time.sleep(1.5)                 # more rounds: nothing committed twice, the rollback stays out
+    assert [b for _, _, b, _ in visible(cluster, "TX2")] == [b"later-c"]
+
+
+def test_check_back_reaches_another_producer_of_the_group(cluster):
+    create_topic(cluster, "TX3", 1)
+    asked_b = []
+    a = TransactionProducer(cluster.namesrv_addr, group="tx-pg3", checker=lambda m: pytest.fail("a is closed"))
+    b = TransactionProducer(cluster.namesrv_addr, group="tx-pg3",
+                            checker=lambda m: asked_b.append(m.body) or COMMIT)
+    try:
+        b.producer.send(Message("TX3-warm", b"x"))        # b has a connection to the broker
+        a.send_message_in_transaction(Message("TX3", b"from-a"), lambda m, arg: UNKNOW)
+        a.close()                                          # the sender is gone before the check
+        wait_for(lambda: asked_b, timeout_s=20, what="a check-back at the other producer")
+        wait_for(lambda: [x for _, _, x, _ in visible(cluster, "TX3")] == [b"from-a"], timeout_s=10,
+                 what="the commit answered by the other producer")
+    finally:
+        a.close()
+        b.close()
+
+
+def test_check_max_discards_to_trans_check_max_time_topic(cluster):
+    create_topic(cluster, "TX4", 1)
+    with TransactionProducer(cluster.namesrv_addr, group="tx-pg4", checker=lambda m: UNKNOW) as p:
+        r = p.send_message_in_transaction(Message("TX4", b"never-decided"), lambda m, a: UNKNOW)
+        wait_for(lambda: any(x == b"never-decided" for _, _, x, _ in visible(cluster, CHECK_MAX_TIME_TOPIC)),
+                 timeout_s=30, what="the discard after transactionCheckMax checks")
+    with Admin(cluster.namesrv_addr) as a:
+        rows = a.half_messages("broker-a")["halfMessages"]
+    assert r.transaction_id not in {row["transactionId"] for row in rows}
+    assert visible(cluster, "TX4") == []
+
+
+def test_admin_lists_pending_half_messages_with_check_counts(cluster):
+    create_topic(cluster, "TX5", 1)
+    gate = threading.Event()
+
+    def checker(m):
+        return COMMIT if gate.is_set() else UNKNOW
+
+    with TransactionProducer(cluster.namesrv_addr, group="tx-pg5", checker=checker) as p:
+        r = p.send_message_in_transaction(Message("TX5", b"pending"), lambda m, a: UNKNOW)
+        with Admin(cluster.namesrv_addr) as a:
+            row = wait_for(lambda: next((x for x in a.half_messages("broker-a")["halfMessages"]
+                                         if x["transactionId"] == r.transaction_id and x["checkTimes"] >= 1), None),
+                           timeout_s=20, what="a pending half message checked once")
+        assert row["topic"] == "TX5" and row["producerGroup"] == "tx-pg5" and row["queueId"] == 0
+        gate.set()
+        wait_for(lambda: len(visible(cluster, "TX5")) == 1, timeout_s=20, what="commit after the gate")
+
+
+def test_end_transaction_refusals_change_nothing(cluster):
+    create_topic(cluster, "TX6", 1)
+    with TransactionProducer(cluster.namesrv_addr, group="tx-pg6", checker=lambda m: UNKNOW) as p:
+        r = p.send_message_in_transaction(Message("TX6", b"x"), lambda m, a: UNKNOW)
+    from rmq.client.transaction import commitlog_offset_of
+    phys = commitlog_offset_of(r)
+    with RemotingClient() as c:
+        def end(group, state, qo, off, oneway=False):
+            f = end_transaction_frame(group, state, qo, off, "", r.msg_id, False)
+            f.flag = 0                                   # as a request, to see the answer
+            return c.invoke(cluster.broker, f)
+        assert end("other-group", COMMIT, r.queue_offset, phys).remark == "The producer group wrong"
+        assert end("tx-pg6", COMMIT, r.queue_offset, phys + 1).code == ResponseCode.SYSTEM_ERROR
+        assert end("tx-pg6", COMMIT, r.queue_offset + 7, phys).code == ResponseCode.SYSTEM_ERROR
+        bad = Frame(RequestCode.END_TRANSACTION, fields={"producerGroup": "tx-pg6", "commitLogOffset": phys,
+                                                         "tranStateTableOffset": r.queue_offset,
+                                                         "commitOrRollback": 5})
+        assert c.invoke(cluster.broker, bad).code == ResponseCode.SYSTEM_ERROR
+        assert visible(cluster, "TX6") == []
+        # the real END, twice: one commit
+        assert end("tx-pg6", COMMIT, r.queue_offset, phys).code == ResponseCode.SUCCESS
+        again = end("tx-pg6", ROLLBACK, r.queue_offset, phys)
+        assert again.code == ResponseCode.SUCCESS and "already ended" in again.remark
+    wait_for(lambda: len(visible(cluster, "TX6")) == 1, what="the commit")
+    time.sleep(0.3)
+    assert len(visible(cluster, "TX6")) == 1
+
+
+def test_client_refusals(cluster):
+    with pytest.raises(MQClientError):
+        TransactionProducer(cluster.namesrv_addr, group="tx-pg7", checker=None)
+    with TransactionProducer(cluster.namesrv_addr, group="tx-pg7", checker=lambda m: UNKNOW) as p:
+        with pytest.raises(MQClientError):
+            p.send_message_in_transaction(Message("TX7", b"x", delay_time_level=3), lambda m, a: COMMIT)
+        with pytest.raises(MQClientError):
+            p.send_message_in_transaction(Message("TX7", b"x"), None)
+
+
+def test_plain_producer_batch_with_prepared_flag_is_refused(cluster):
+    with RemotingClient() as c:
+        from rmq._core import commitlog as _cl
+        batch = _cl.encode_batch([(b"x", b"", 0)])
+        r = c.invoke(cluster.broker, Frame(RequestCode.SEND_BATCH_MESSAGE, fields={
+            "topic": "TX8", "queueId": 0, "sysFlag": 0x4, "producerGroup": "g"}, bodies=[batch]))
+        assert r.code == ResponseCode.MESSAGE_ILLEGAL
+
+
+def test_pending_transactions_survive_a_restart(tmp_path):
+    conf = dict(FAST_CHECKS, transactionCheckInterval="2000", transactionCheckMax="15")
+    with Cluster(tmp_path / "store", conf=conf) as c:
+        create_topic(c, "TXR", 1)
+        with TransactionProducer(c.namesrv_addr, group="tx-pgr", checker=lambda m: UNKNOW) as p:
+            rs = [p.send_message_in_transaction(Message("TXR", b"r-%d" % i), lambda m, a: UNKNOW) for i in range(5)]
+        c.stop_group()
+        c.start_group()
+        with Admin(c.namesrv_addr) as a:
+            rows = wait_for(lambda: (lambda h: h if h.get("ready") else None)(a.half_messages("broker-a")),
+                            what="transaction state recovered")
+        assert {r.transaction_id for r in rs} <= {x["transactionId"] for x in rows["halfMessages"]}
+        with TransactionProducer(c.namesrv_addr, group="tx-pgr", checker=lambda m: COMMIT) as p2:
+            p2.producer.send(Message("TXR-warm", b"x"))
+            wait_for(lambda: len(visible(c, "TXR")) == 5, timeout_s=90, what="five commits after restart")
+        assert sorted(b for _, _, b, _ in visible(c, "TXR")) == sorted(b"r-%d" % i for i in range(5))
+
+
+def test_plain_producer_unaffected(cluster):
+    create_topic(cluster, "TX9", 1)
+    with Producer(cluster.namesrv_addr, group="tx-plain") as p:
+        p.send(Message("TX9", b"plain"))
+    wait_for(lambda: visible(cluster, "TX9") and [b for _, _, b, _ in visible(cluster, "TX9")] == [b"plain"],
+             what="a plain message")
