@@ -247,7 +247,7 @@ class TransactionService:
         """Whether the record right after an op (at ``op_end``, or at the start of the next CommitLog
         file when it did not fit) is that transaction's commit record."""
         store = self.b.store
-        size = store.config.mapped_file_size_commitlog
+        size = store.config.mapped_file_size_commit_log
         for at in (op_end, (op_end // size + 1) * size):
             if at >= store.commitlog.get_max_offset():
                 return False

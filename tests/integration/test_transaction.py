@@ -217,3 +217,41 @@ def test_plain_producer_unaffected(cluster):
         p.send(Message("TX9", b"plain"))
     wait_for(lambda: visible(cluster, "TX9") and [b for _, _, b, _ in visible(cluster, "TX9")] == [b"plain"],
              what="a plain message")
+
+
+def test_commit_cut_after_its_op_is_rewritten_at_start(tmp_path):
+    """What a kill -9 between the op and the commit record leaves (the COMMIT op is the CommitLog's
+    last record) is repaired at start: the commit record is written, once, and stays once over
+    another restart."""
+    from rmq._core import commitlog as _cl
+    from rmq.actors.broker import store_config_from_settings
+    from rmq.actors.transaction import PROPERTY_TRAN_KEY, PROPERTY_TRAN_OUTCOME, REMOVE_TAG
+    from rmq.broker_conf import actor_settings
+    from rmq.store.message_store import MessageStore
+    with Cluster(tmp_path / "store", conf=dict(FAST_CHECKS, transactionCheckInterval="60000")) as c:
+        create_topic(c, "TXC", 1)
+        with TransactionProducer(c.namesrv_addr, group="tx-pgc", checker=lambda m: ROLLBACK) as p:
+            r = p.send_message_in_transaction(Message("TXC", b"cut"), lambda m, a: UNKNOW)
+        c.stop_group()
+        settings = actor_settings(c.conf_path, {"storePathRootDir": str(tmp_path / "store")}, "broker")
+        store = MessageStore(config=store_config_from_settings(settings))
+        try:
+            props = {"TAGS": REMOVE_TAG, "WAIT": "false", PROPERTY_TRAN_KEY: r.transaction_id,
+                     PROPERTY_TRAN_OUTCOME: "COMMIT"}
+            batch = _cl.encode_batch([(str(r.queue_offset).encode(), _cl.encode_properties(props), 0)])
+            assert store.put_encoded(OP_TOPIC, 0, batch, None, 0, int(time.time() * 1000), None, 0, 1).ok
+            store.commitlog.flush(0)
+        finally:
+            store.shutdown()
+        for _ in range(2):
+            c.start_group()
+            wait_for(lambda: [b for _, _, b, _ in visible(c, "TXC")] == [b"cut"], timeout_s=30,
+                     what="the commit record re-written after its op")
+            with Admin(c.namesrv_addr) as a:
+                h = wait_for(lambda: (lambda x: x if x["ready"] else None)(a.half_messages("broker-a")),
+                             what="recovered")
+            assert r.transaction_id not in {x["transactionId"] for x in h["halfMessages"]}
+            c.stop_group()
+        c.start_group()
+        time.sleep(0.5)
+        assert [b for _, _, b, _ in visible(c, "TXC")] == [b"cut"]
