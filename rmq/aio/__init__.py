@@ -18,6 +18,7 @@ _LAZY = {
     "AsyncPushConsumer": "rmq.aio.consumer",
     "SimpleConsumer": "rmq.aio.simple_consumer",
     "AsyncSimpleConsumer": "rmq.aio.simple_consumer",
+    "TransactionProducer": "rmq.aio.transaction",
 }
 
 __all__ = sorted(_LAZY)

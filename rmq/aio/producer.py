@@ -132,6 +132,9 @@ class Producer:
         self._tasks: set = set()
         self._started = False
         self._closed = False
+        # called on the loop with (broker address, Frame) for requests a broker sends
+        # (CHECK_TRANSACTION_STATE to an rmq.aio.TransactionProducer); None: ignored
+        self.request_handler = None
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> "Producer":
@@ -386,6 +389,13 @@ class Producer:
                 frame = P.decode(parts)
             except ProtocolError as e:
                 log.warning("undecodable response from %s: %s", conn.addr, e)
+                continue
+            if not frame.is_response:          # a broker's request (CHECK_TRANSACTION_STATE)
+                if self.request_handler is not None:
+                    try:
+                        self.request_handler(conn.addr, frame)
+                    except Exception:  # noqa: BLE001 - a handler's bug must not stop the reader
+                        log.exception("handling request %s from %s failed", frame.code, conn.addr)
                 continue
             fut = self._waiters.pop(frame.opaque, None)
             if fut is not None and not fut.done():

@@ -255,3 +255,34 @@ def test_commit_cut_after_its_op_is_rewritten_at_start(tmp_path):
         c.start_group()
         time.sleep(0.5)
         assert [b for _, _, b, _ in visible(c, "TXC")] == [b"cut"]
+
+
+def test_aio_transaction_producer_commit_rollback_and_check_back(cluster):
+    import asyncio
+
+    from rmq.aio import TransactionProducer as AioTransactionProducer
+    create_topic(cluster, "TXA", 1)
+    asked = []
+
+    async def check(m):
+        asked.append(m.body)
+        return COMMIT
+
+    async def run():
+        async def execute(msg, arg):
+            await asyncio.sleep(0)
+            return arg
+        async with AioTransactionProducer(cluster.namesrv_addr, group="tx-aio", checker=check) as p:
+            rs = [await p.send_message_in_transaction(Message("TXA", b"a-commit"), execute, COMMIT),
+                  await p.send_message_in_transaction(Message("TXA", b"a-rollback"), lambda m, a: a, ROLLBACK),
+                  await p.send_message_in_transaction(Message("TXA", b"a-unknown"), execute, UNKNOW)]
+            assert [r.local_transaction_state for r in rs] == [COMMIT, ROLLBACK, UNKNOW]
+            deadline = time.monotonic() + 20
+            while b"a-unknown" not in asked and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            with pytest.raises(MQClientError):
+                await p.send_message_in_transaction(Message("TXA", b"x"), None)
+    asyncio.run(run())
+    assert b"a-unknown" in asked
+    wait_for(lambda: sorted(b for _, _, b, _ in visible(cluster, "TXA")) == [b"a-commit", b"a-unknown"],
+             timeout_s=20, what="the commit and the checked-back commit")
