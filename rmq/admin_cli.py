@@ -745,3 +745,32 @@ def producer_connection(group) -> None:
         None, ["#Group", "#ClientId", "#Broker", "#Language", "#Version", "#LastHeartbeat"],
         [(p.producer_group, p.client_id, p.broker_name, p.language, p.version, fmt_ts(p.last_update_timestamp))
          for p in rows])))
+
+
+# -- transactions ----------------------------------------------------------------------------------------
+@_command("halfMessages", "half-messages")
+@click.option("-b", "--broker", "broker", default=None, help="Only this broker (name or address).")
+@click.option("--max-rows", "max_rows", type=click.IntRange(1, 10_000), default=1000, show_default=True,
+              help="Rows per broker, oldest first.")
+def half_messages(broker, max_rows) -> None:
+    """Pending transactions: half messages with no outcome yet, and how often each was checked back.
+
+    JSON: {"pending", "ready", "half_messages": [{"broker_name", "transaction_id", "producer_group",
+    "topic", "queue_id", "born_timestamp", "check_times", "queue_offset", "commit_log_offset"}],
+    "stats": {broker name: {"halves", "commits", "rollbacks", "discards", "checks", "checksUnsent",
+    "endsIgnored", "recommitted"}}}  (ready: false while a broker rebuilds its state after a start)
+    """
+    with _client() as a:
+        h = a.half_messages(broker, max_rows)
+    rows = [{"broker_name": r["brokerName"], "transaction_id": r["transactionId"],
+             "producer_group": r["producerGroup"], "topic": r["topic"], "queue_id": r["queueId"],
+             "born_timestamp": r["bornTimestamp"], "check_times": r["checkTimes"],
+             "queue_offset": r["queueOffset"], "commit_log_offset": r["commitLogOffset"]} for r in h["halfMessages"]]
+
+    def render(c):
+        c.print(_table(f"pending transactions: {h['pending']}" + ("" if h["ready"] else " (state being rebuilt)"),
+                       ["#Broker", "#TransactionId", "#ProducerGroup", "#Topic", "#QID", "#BornTime", "#Checks"],
+                       [(r["broker_name"], r["transaction_id"], r["producer_group"], r["topic"], r["queue_id"],
+                         fmt_ts(r["born_timestamp"]), r["check_times"]) for r in rows],
+                       right=("#QID", "#Checks")))
+    _emit({"pending": h["pending"], "ready": h["ready"], "half_messages": rows, "stats": h["stats"]}, render)

@@ -31,7 +31,8 @@ COMMANDS = [("updateTopic", "update-topic"), ("deleteTopic", "delete-topic"), ("
             ("sendMessage", "send-message"), ("consumeMessage", "consume-message"),
             ("updateBrokerConfig", "update-broker-config"), ("getBrokerConfig", "get-broker-config"),
             ("promoteSlave", "promote-slave"), ("statsAll", "stats-all"), ("resendMessage", "resend-message"),
-            ("producerConnection", "producer-connection"), ("queryMsgTraceById", "query-msg-trace-by-id")]
+            ("producerConnection", "producer-connection"), ("queryMsgTraceById", "query-msg-trace-by-id"),
+            ("halfMessages", "half-messages")]
 N_SEEDED = 6
 
 

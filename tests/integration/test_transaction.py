@@ -142,6 +142,20 @@ def test_admin_lists_pending_half_messages_with_check_counts(cluster):
                                          if x["transactionId"] == r.transaction_id and x["checkTimes"] >= 1), None),
                            timeout_s=20, what="a pending half message checked once")
         assert row["topic"] == "TX5" and row["producerGroup"] == "tx-pg5" and row["queueId"] == 0
+        # the CLI: rmq admin halfMessages (table and JSON)
+        from click.testing import CliRunner
+
+        from rmq.cli import main
+        out = CliRunner().invoke(main, ["admin", "-n", cluster.namesrv_addr, "--json", "halfMessages", "-b", "broker-a"])
+        assert out.exit_code == 0, out.output
+        import json
+        doc = json.loads(out.stdout)
+        mine = [x for x in doc["half_messages"] if x["transaction_id"] == r.transaction_id]
+        assert mine and mine[0]["topic"] == "TX5" and mine[0]["check_times"] >= 1 and doc["pending"] >= 1
+        table = CliRunner().invoke(main, ["admin", "-n", cluster.namesrv_addr, "half-messages"])
+        assert table.exit_code == 0 and r.transaction_id in table.stdout and "pending transactions" in table.stdout
+        bad = CliRunner().invoke(main, ["admin", "-n", cluster.namesrv_addr, "halfMessages", "-b", "no-such-broker"])
+        assert bad.exit_code != 0 and "no master broker" in bad.output
         gate.set()
         wait_for(lambda: len(visible(cluster, "TX5")) == 1, timeout_s=20, what="commit after the gate")
 
