@@ -300,3 +300,55 @@ def test_aio_transaction_producer_commit_rollback_and_check_back(cluster):
     assert b"a-unknown" in asked
     wait_for(lambda: sorted(b for _, _, b, _ in visible(cluster, "TXA")) == [b"a-commit", b"a-unknown"],
              timeout_s=20, what="the commit and the checked-back commit")
+
+
+def check_back_storm(tmp_path, n: int) -> dict:
+    """``n`` open transactions checked back at once while a plain producer sends: every send
+    succeeds, every transaction is committed once.  Send latencies are printed, not asserted."""
+    conf = {"transactionCheckInterval": "500", "transactionTimeOut": "1000", "transactionCheckMax": "100"}
+    with Cluster(tmp_path / "store", conf=conf) as c:
+        create_topic(c, "TXS", 4)
+        create_topic(c, "TXS-plain", 4)
+        with TransactionProducer(c.namesrv_addr, group="tx-storm", checker=lambda m: COMMIT,
+                                 check_thread_pool_size=2) as tp:
+            for i in range(n):
+                tp.send_message_in_transaction(Message("TXS", b"s-%06d" % i), lambda m, a: UNKNOW)
+            stop = threading.Event()
+            lat, failures = [], []
+
+            def plain():
+                with Producer(c.namesrv_addr, group="tx-storm-plain") as p:
+                    while not stop.is_set():
+                        t0 = time.perf_counter()
+                        try:
+                            p.send(Message("TXS-plain", b"p"))
+                        except Exception as e:  # noqa: BLE001 - counted
+                            failures.append(e)
+                        lat.append(time.perf_counter() - t0)
+            t = threading.Thread(target=plain, daemon=True)
+            t.start()
+            try:
+                with Admin(c.namesrv_addr) as a:
+                    wait_for(lambda: a.half_messages("broker-a")["pending"] == 0, timeout_s=120 + n / 100,
+                             what=f"{n} transactions committed by check-back")
+            finally:
+                stop.set()
+                t.join(30)
+        got = [b for _, _, b, _ in visible(c, "TXS", 4)]
+    lat.sort()
+    p99 = lat[int(len(lat) * 0.99)] * 1000 if lat else 0.0
+    print(f"\ncheck-back storm: {n} transactions; {len(lat)} plain sends beside it, "
+          f"{len(failures)} failed, p99 {p99:.1f} ms, max {lat[-1] * 1000 if lat else 0:.1f} ms")
+    assert not failures, failures[:3]
+    assert len(got) == n and len(set(got)) == n
+    return {"sends": len(lat), "p99_ms": p99}
+
+
+def test_check_back_storm_does_not_stall_sends(tmp_path):
+    assert check_back_storm(tmp_path, 1000)["sends"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_check_back_storm_10000(tmp_path):
+    assert check_back_storm(tmp_path, 10_000)["sends"] > 0
