@@ -64,7 +64,10 @@ def check_outputs(out, rows):
     assert (out / "monthly_dep_delay.png").read_bytes()[:8] == PNG_MAGIC
 
 
+@pytest.mark.slow
 def test_flights_reduced(tmp_path):
+    """Slow tier: CI's main job runs the whole batch pipeline on every submission, and
+    tests/integration/test_launch.py::test_flights_demo_in_decoy_cwd checks a reduced run's outputs."""
     p, out, _ = run_demo(tmp_path, "--limit", "20000")
     check_outputs(out, 20_000)
     assert str(out / "carrier_stats") in p.stdout and str(out / "monthly_dep_delay.png") in p.stdout
@@ -73,7 +76,9 @@ def test_flights_reduced(tmp_path):
     assert not (tmp_path / "store" / "abort").exists()
 
 
+@pytest.mark.slow
 def test_flights_stream_reduced(tmp_path):
+    """Slow tier (the streaming source and sink are covered by tests/spark/test_streaming.py)."""
     p, out, _ = run_demo(tmp_path, "--limit", "20000", "--stream")
     check_outputs(out, 20_000)
     # run 1 read what was sent before it started, run 2 only what arrived since

@@ -91,7 +91,7 @@ def power_cut_loop(tmp_path, monkeypatch, cuts, seed):
 
 
 def test_power_cuts_fast(tmp_path, monkeypatch):
-    res = power_cut_loop(tmp_path, monkeypatch, env_int("RMQ_POWER_CUTS", 5), fault_seed(20240801))
+    res = power_cut_loop(tmp_path, monkeypatch, env_int("RMQ_POWER_CUTS", 3), fault_seed(20240801))
     assert res["acked"] > 0
 
 

@@ -117,3 +117,9 @@ def test_flights_demo_in_decoy_cwd(tmp_path, decoy_cwd):
     assert p.returncode == 0, f"exit code {p.returncode}\n{p.stdout[-6000:]}\n{p.stderr[-4000:]}"
     assert re.search(r"^OK: ", p.stdout, re.M), p.stdout[-4000:]
     assert "decoy rmq imported" not in p.stdout + p.stderr
+    # the outputs (tests/test_flights.py's checks): Parquet tables of every flight read, the chart;
+    # the store given with --store-path is kept and its supervisor stopped cleanly
+    from tests.test_flights import check_outputs
+    check_outputs(tmp_path / "out", 2000)
+    assert (tmp_path / "store" / "commitlog").is_dir()
+    assert not (tmp_path / "store" / "abort").exists()

@@ -227,6 +227,7 @@ def _write_conf(path, **props):
         f.write("".join(f"{k}={v}\n" for k, v in props.items()))
 
 
+@pytest.mark.slow
 def test_broker_exit_75_restarts_its_group_and_recovery_truncates(tmp_path, actors):
     """The old master of a failover comes back as a slave (under its supervisor) with 50 messages
     the new master never had: its ha actor finds the divergence, the broker writes the truncate
