@@ -37,6 +37,9 @@ THREADS = int(os.environ.get("RMQ_BENCH_TX_THREADS", "4"))
 QUEUES = 8
 BODY = b"x" * 100
 COMMIT = LocalTransactionState.COMMIT_MESSAGE
+# production-like geometry (the test Cluster's tiny files would roll every few thousand messages)
+CONF = {"mappedFileSizeCommitLog": str(256 << 20), "mappedFileSizeConsumeQueue": str(300_000 * 20),
+        "maxHashSlotNum": "500000", "maxIndexNum": "2000000"}
 
 
 def timed(n_threads: int, fn) -> float:
@@ -63,7 +66,7 @@ def visible_total(c: Cluster, topic: str) -> int:
 
 
 def main() -> int:
-    with tempfile.TemporaryDirectory() as d, Cluster(os.path.join(d, "store")) as c:
+    with tempfile.TemporaryDirectory() as d, Cluster(os.path.join(d, "store"), conf=CONF) as c:
         create_topic(c, "BenchPlain", QUEUES)
         create_topic(c, "BenchTx", QUEUES)
         with Producer(c.namesrv_addr, group="bench-plain") as p:
