@@ -278,3 +278,19 @@ def test_bad_options_at_planning(spark, cluster, flights):
     w = spark.createDataFrame([("x",)], "body STRING").write.format("rmq").option("nameServer", ns)
     with pytest.raises(Exception, match="only appends"):
         w.option("topic", "copy").mode("overwrite").save()
+
+
+def test_transactions_only_committed_messages_are_read(spark, cluster):
+    """Half messages and op records live in their own topics: Spark reads a transactional topic's
+    committed messages only (rolled back and undecided ones never appear)."""
+    from rmq import LocalTransactionState, Message, TransactionProducer
+    create_topic(cluster, "sparktx", 2)
+    states = {0: LocalTransactionState.COMMIT_MESSAGE, 1: LocalTransactionState.ROLLBACK_MESSAGE,
+              2: LocalTransactionState.UNKNOW}
+    with TransactionProducer(cluster.namesrv_addr, group="spark-tx",
+                             checker=lambda m: LocalTransactionState.UNKNOW) as p:
+        for i in range(30):
+            p.send_message_in_transaction(Message("sparktx", b"t-%d" % i), lambda m, a: a, states[i % 3])
+    wait_dispatched(cluster, "sparktx", 2, 10)
+    rows = reader(spark, cluster, topic="sparktx").collect()
+    assert sorted(bytes(r["body"]) for r in rows) == sorted(b"t-%d" % i for i in range(0, 30, 3))
