@@ -33,9 +33,9 @@ from typing import Any, Callable, Optional
 
 from rmq.aio.producer import Producer
 from rmq.client.message import Message
-from rmq.client.transaction import (MAX_CHECK_REQUESTS, LocalTransactionState, TransactionSendResult,
-                                    check_fields, checked_message, commitlog_offset_of, end_transaction_frame,
-                                    half_message, to_state)
+from rmq.client.transaction import (MAX_CHECK_REQUESTS, STATE_STAT, LocalTransactionState, TransactionSendResult,
+                                    check_fields, checked_message, end_for_result, end_transaction_frame,
+                                    half_message, to_state, transaction_result)
 from rmq.errors import MQClientError, RmqError
 from rmq.protocol import Frame, RequestCode
 
@@ -123,19 +123,15 @@ class TransactionProducer:
                           result.msg_id)
             state = LocalTransactionState.UNKNOW
         self.stats["sent"] += 1
-        self.stats[{LocalTransactionState.COMMIT_MESSAGE: "commit",
-                    LocalTransactionState.ROLLBACK_MESSAGE: "rollback"}.get(state, "unknow")] += 1
+        self.stats[STATE_STAT[state]] += 1
         if state is not LocalTransactionState.UNKNOW:
             addr = self._producer.route_cache.find_broker_addr(result.message_queue.broker_name)
             if addr is None:
                 log.warning("no address for broker %s: transaction %s ends by check-back",
                             result.message_queue.broker_name, result.msg_id)
             else:
-                frame = end_transaction_frame(self.group, state, result.queue_offset, commitlog_offset_of(result),
-                                              result.offset_msg_id, result.msg_id, False)
-                await self._end(addr, frame)
-        return TransactionSendResult(result.status, result.msg_id, result.message_queue, result.queue_offset,
-                                     result.offset_msg_id, result.region_id, state, result.msg_id)
+                await self._end(addr, end_for_result(self.group, state, result))
+        return transaction_result(result, state)
 
     async def _end(self, addr: str, frame: Frame) -> None:
         try:

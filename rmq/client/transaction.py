@@ -118,6 +118,22 @@ def end_transaction_frame(group: str, state: LocalTransactionState, queue_offset
         "msgId": msg_id, "transactionId": transaction_id})
 
 
+STATE_STAT = {LocalTransactionState.COMMIT_MESSAGE: "commit", LocalTransactionState.ROLLBACK_MESSAGE: "rollback",
+              LocalTransactionState.UNKNOW: "unknow"}      # the producers' stats key of each outcome
+
+
+def end_for_result(group: str, state: LocalTransactionState, result: SendResult) -> Frame:
+    """The END_TRANSACTION that ends the transaction whose half message ``result`` stored."""
+    return end_transaction_frame(group, state, result.queue_offset, commitlog_offset_of(result),
+                                 result.offset_msg_id, result.msg_id, False)
+
+
+def transaction_result(result: SendResult, state: LocalTransactionState) -> TransactionSendResult:
+    """``result`` (the half message's) with the local state and the transaction id (its UNIQ_KEY)."""
+    return TransactionSendResult(result.status, result.msg_id, result.message_queue, result.queue_offset,
+                                 result.offset_msg_id, result.region_id, state, result.msg_id)
+
+
 def commitlog_offset_of(result: SendResult) -> int:
     """The half message's physical offset, from the offset message id (store host + offset)."""
     try:
@@ -231,14 +247,12 @@ class TransactionProducer:
                           result.msg_id)
             state = LocalTransactionState.UNKNOW
         self._end(result, state)
-        return TransactionSendResult(result.status, result.msg_id, result.message_queue, result.queue_offset,
-                                     result.offset_msg_id, result.region_id, state, result.msg_id)
+        return transaction_result(result, state)
 
     def _end(self, result: SendResult, state: LocalTransactionState) -> None:
-        key = {LocalTransactionState.COMMIT_MESSAGE: "commit", LocalTransactionState.ROLLBACK_MESSAGE: "rollback"}
         with self._lock:
             self.stats["sent"] += 1
-            self.stats[key.get(state, "unknow")] += 1
+            self.stats[STATE_STAT[state]] += 1
         if state is LocalTransactionState.UNKNOW:
             return                       # nothing to say: the broker checks back (END with 0 is a no-op)
         sender = self._producer._sender
@@ -247,8 +261,7 @@ class TransactionProducer:
             log.warning("no address for broker %s: transaction %s ends by check-back",
                         result.message_queue.broker_name, result.msg_id)
             return
-        frame = end_transaction_frame(self.group, state, result.queue_offset, commitlog_offset_of(result),
-                                      result.offset_msg_id, result.msg_id, False)
+        frame = end_for_result(self.group, state, result)
         sender.call(lambda: sender.send_frame(addr, frame)).add_done_callback(_log_end_failure)
 
     # -- check-back ---------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from rmq.client.admin import Admin
 from rmq.client.consumer import MessageQueue
 from rmq.client.remoting import RemotingClient
 from rmq.client.transaction import end_transaction_frame
-from rmq.errors import MQClientError
+from rmq.errors import MQBrokerError, MQClientError
 from rmq.protocol import Frame, RequestCode, ResponseCode
 from tests.integration.cluster import Cluster
 from tests.integration.test_consumer import create_topic, wait_for
@@ -352,3 +352,18 @@ def test_check_back_storm_does_not_stall_sends(tmp_path):
 @pytest.mark.timeout(1800)
 def test_check_back_storm_10000(tmp_path):
     assert check_back_storm(tmp_path, 10_000)["sends"] > 0
+
+
+def test_reject_transaction_message_refuses_half_messages(tmp_path):
+    """broker.conf ``rejectTransactionMessage=true``: a half message gets NO_PERMISSION and nothing is
+    stored; plain sends go on."""
+    with Cluster(tmp_path / "store", conf={"rejectTransactionMessage": "true"}) as c:
+        create_topic(c, "TXJ", 1)
+        with TransactionProducer(c.namesrv_addr, group="tx-pgj", checker=lambda m: COMMIT) as p:
+            with pytest.raises(MQBrokerError) as e:
+                p.send_message_in_transaction(Message("TXJ", b"refused"), lambda m, a: COMMIT)
+            assert e.value.response_code == ResponseCode.NO_PERMISSION
+            p.producer.send(Message("TXJ", b"plain"))
+            with Admin(c.namesrv_addr) as a:
+                assert a.half_messages("broker-a")["pending"] == 0
+        wait_for(lambda: [b for _, _, b, _ in visible(c, "TXJ")] == [b"plain"], what="the plain message only")
