@@ -47,6 +47,26 @@ def wait_routed(c: Cluster, topic: str) -> None:
     wait_for(routed, timeout_s=30, what=f"route of {topic} to {c.broker_addr}")
 
 
+def kill_mid_run(c: Cluster, worker, n_threads: int, progress, want: int, topic: str) -> None:
+    """One crash cycle: ``n_threads`` threads run ``worker(stop_event)`` until ``progress()``
+    reaches ``want`` (or 60 s, or every thread ended), then the broker group is killed with -9, the
+    threads are stopped and joined, and the group is restarted and routed for ``topic`` again."""
+    stop = threading.Event()
+    threads = [threading.Thread(target=worker, args=(stop,), daemon=True) for _ in range(n_threads)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 60
+    while progress() < want and time.monotonic() < deadline and any(t.is_alive() for t in threads):
+        time.sleep(0.002)
+    c.kill_group()
+    stop.set()
+    for t in threads:
+        t.join(30)
+    assert not any(t.is_alive() for t in threads)
+    c.start_group()
+    wait_routed(c, topic)
+
+
 class Ledger:
     def __init__(self):
         self.lock = threading.Lock()
@@ -114,23 +134,9 @@ def pop_crash_loop(tmp_path, cycles: int, seed: int) -> tuple:
                              queue=MessageQueue("PK", "broker-a", (i // 50) % QUEUES))
         wait_dispatched(c, "PK", QUEUES, N_MESSAGES, group="pk-probe")
         for cycle in range(cycles):
-            stop = threading.Event()
-            threads = [threading.Thread(target=consume, args=(c, ledger, stop, random.Random(rng.random())),
-                                        daemon=True) for _ in range(2)]
-            for t in threads:
-                t.start()
-            want = len(ledger.acked_at) + rng.randint(5, N_MESSAGES // (cycles + 2))
-            deadline = time.monotonic() + 60
-            while len(ledger.acked_at) < min(want, N_MESSAGES) and time.monotonic() < deadline \
-                    and any(t.is_alive() for t in threads):
-                time.sleep(0.005)
-            c.kill_group()
-            stop.set()
-            for t in threads:
-                t.join(30)
-            assert not any(t.is_alive() for t in threads)
-            c.start_group()
-            wait_routed(c, "PK")
+            want = min(len(ledger.acked_at) + rng.randint(5, N_MESSAGES // (cycles + 2)), N_MESSAGES)
+            kill_mid_run(c, lambda stop, r=random.Random(rng.random()): consume(c, ledger, stop, r), 2,
+                         lambda: len(ledger.acked_at), want, "PK")
         # drain: everything not acked yet comes back within its invisible time
         final = Ledger()
         with SimpleConsumer(c.namesrv_addr, "pop-kill", {"PK": "*"}, await_duration_s=0.5) as sc:

@@ -19,7 +19,6 @@ RMQ_TX_KILL9_CYCLES (default 50).
 """
 import random
 import threading
-import time
 
 import pytest
 
@@ -28,7 +27,7 @@ from rmq.client.admin import Admin
 from rmq.client.consumer import MessageQueue
 from rmq.errors import RmqError
 from tests.conftest import env_int
-from tests.fault.test_pop_kill9 import wait_routed
+from tests.fault.test_pop_kill9 import kill_mid_run
 from tests.integration.cluster import Cluster
 from tests.integration.test_consumer import create_topic, wait_for
 
@@ -102,22 +101,8 @@ def transaction_crash_loop(tmp_path, cycles: int, seed: int) -> dict:
     try:
         create_topic(c, TOPIC, 2)
         for cycle in range(cycles):
-            stop = threading.Event()
-            threads = [threading.Thread(target=run_producer, args=(c, ledger, stop, random.Random(rng.random())),
-                                        daemon=True) for _ in range(2)]
-            for t in threads:
-                t.start()
-            want = len(ledger.stored) + rng.randint(20, 300)
-            deadline = time.monotonic() + 60
-            while len(ledger.stored) < want and time.monotonic() < deadline and any(t.is_alive() for t in threads):
-                time.sleep(0.002)
-            c.kill_group()
-            stop.set()
-            for t in threads:
-                t.join(30)
-            assert not any(t.is_alive() for t in threads)
-            c.start_group()
-            wait_routed(c, TOPIC)
+            kill_mid_run(c, lambda stop, r=random.Random(rng.random()): run_producer(c, ledger, stop, r), 2,
+                         lambda: len(ledger.stored), len(ledger.stored) + rng.randint(20, 300), TOPIC)
         # one producer answers check-backs until nothing is pending
         with TransactionProducer(c.namesrv_addr, group=GROUP, checker=lambda m: outcome(m.body)) as p:
             p.producer.send(Message(TOPIC, b"warm-0"))       # its connection, for the check-backs

@@ -367,3 +367,31 @@ def test_reject_transaction_message_refuses_half_messages(tmp_path):
             with Admin(c.namesrv_addr) as a:
                 assert a.half_messages("broker-a")["pending"] == 0
         wait_for(lambda: [b for _, _, b, _ in visible(c, "TXJ")] == [b"plain"], what="the plain message only")
+
+
+def test_transactions_replicate_and_a_slave_refuses_end_transaction(tmp_path):
+    """Half, op and commit records are CommitLog records: the slave has them byte for byte (its
+    ConsumeQueues serve the commit, never the rollback) and answers END_TRANSACTION with
+    SLAVE_NOT_AVAILABLE, changing nothing."""
+    from rmq.client.transaction import commitlog_offset_of
+    from tests.integration.test_broker import pull_all
+    from tests.integration.test_ha import HA_CONF, slave_conf, wait_replicated
+    with Cluster(tmp_path / "m", conf={**HA_CONF, "brokerRole": "ASYNC_MASTER"}, with_ha=True) as m, \
+            Cluster(tmp_path / "s", conf=slave_conf(), with_ha=True, namesrv_addr=m.namesrv_addr) as s, \
+            RemotingClient() as rc:
+        create_topic(m, "TXH", 1)
+        with TransactionProducer(m.namesrv_addr, group="tx-ha", checker=lambda m_: UNKNOW) as p:
+            p.send_message_in_transaction(Message("TXH", b"committed"), lambda msg, a: COMMIT)
+            p.send_message_in_transaction(Message("TXH", b"rolled-back"), lambda msg, a: ROLLBACK)
+            r = p.send_message_in_transaction(Message("TXH", b"open"), lambda msg, a: UNKNOW)
+        wait_for(lambda: [bytes(x.body) for x in pull_all(rc, m.broker, "TXH", 0)[0]] == [b"committed"],
+                 what="the commit on the master")
+        wait_replicated(rc, m, s)
+        assert [bytes(x.body) for x in pull_all(rc, s.broker, "TXH", 0)[0]] == [b"committed"]
+        assert len(pull_all(rc, s.broker, HALF_TOPIC, 0)[0]) >= 3
+        assert len(pull_all(rc, s.broker, OP_TOPIC, 0)[0]) >= 2
+        f = end_transaction_frame("tx-ha", COMMIT, r.queue_offset, commitlog_offset_of(r), "", r.msg_id, False)
+        f.flag = 0
+        assert rc.invoke(s.broker, f).code == ResponseCode.SLAVE_NOT_AVAILABLE
+        time.sleep(0.3)
+        assert [bytes(x.body) for x in pull_all(rc, s.broker, "TXH", 0)[0]] == [b"committed"]
