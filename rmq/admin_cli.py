@@ -774,3 +774,30 @@ def half_messages(broker, max_rows) -> None:
                          fmt_ts(r["born_timestamp"]), r["check_times"]) for r in rows],
                        right=("#QID", "#Checks")))
     _emit({"pending": h["pending"], "ready": h["ready"], "half_messages": rows, "stats": h["stats"]}, render)
+
+
+# -- timers ----------------------------------------------------------------------------------------------
+@_command("pendingTimers", "timers")
+@click.option("-b", "--broker", "broker", default=None, help="Only this broker (name or address).")
+@click.option("--max-rows", "max_rows", type=click.IntRange(1, 10_000), default=100, show_default=True,
+              help="Rows per broker, soonest first.")
+def pending_timers(broker, max_rows) -> None:
+    """Timer messages (deliver_time_ms / delay_time_ms) not delivered yet, soonest first.
+
+    JSON: {"total", "ready", "timers": [{"broker_name", "deliver_time_ms", "slot_time_ms", "topic",
+    "queue_id", "msg_id", "rolled"}], "brokers": {broker name: {"precisionMs", "readTimeMs",
+    "writeTimeMs", "queueOffset", "queueBehind", "slots", "total", "stats"}}}
+    """
+    with _client() as a:
+        t = a.pending_timers(broker, max_rows)
+    rows = [{"broker_name": r["brokerName"], "deliver_time_ms": r["deliverTimeMs"], "slot_time_ms": r["slotTimeMs"],
+             "topic": r["topic"], "queue_id": r["queueId"], "msg_id": r["msgId"], "rolled": r["rolled"]}
+            for r in t["timers"]]
+
+    def render(c):
+        c.print(_table(f"pending timers: {t['total']}" + ("" if t["ready"] else " (timer store loading)"),
+                       ["#Broker", "#DeliverTime", "#Topic", "#QID", "#MsgId", "#Rolled"],
+                       [(r["broker_name"], fmt_ts(r["deliver_time_ms"]), r["topic"], r["queue_id"], r["msg_id"],
+                         "yes" if r["rolled"] else "") for r in rows],
+                       right=("#QID",)))
+    _emit({"total": t["total"], "ready": t["ready"], "timers": rows, "brokers": t["brokers"]}, render)

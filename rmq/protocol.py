@@ -121,6 +121,7 @@ class RequestCode(IntEnum):
     HA_TRUNCATE = 9015             # slave ha -> slave broker: cut the diverged tail, restart
     GET_LATENCY_TRACE = 9020       # client -> broker: hop events of rmq.latency_trace (bench --trace)
     GET_HALF_MESSAGES = 9021       # admin -> broker: pending transactions (rmq admin halfMessages)
+    GET_TIMER_PENDING = 9022       # admin -> broker: pending timer messages (rmq admin timers)
 
 
 class ResponseCode(IntEnum):

@@ -79,7 +79,7 @@ ADMIN_CODES = frozenset(int(c) for c in (
     RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, RequestCode.DELETE_SUBSCRIPTIONGROUP,
     RequestCode.UPDATE_BROKER_CONFIG, RequestCode.WIPE_WRITE_PERM_OF_BROKER, RequestCode.ADD_WRITE_PERM_OF_BROKER,
     RequestCode.PUT_KV_CONFIG, RequestCode.RESET_CONSUMER_CLIENT_OFFSET, RequestCode.INVOKE_BROKER_TO_RESET_OFFSET,
-    RequestCode.GET_LATENCY_TRACE, RequestCode.GET_HALF_MESSAGES,
+    RequestCode.GET_LATENCY_TRACE, RequestCode.GET_HALF_MESSAGES, RequestCode.GET_TIMER_PENDING,
 ))
 # node-to-node requests: only the cluster's node key (or an admin key) with CURVE on
 NODE_CODES = frozenset(int(c) for c in (

@@ -53,6 +53,7 @@ from rmq._core import commitlog as _cl
 from rmq.actors.actor import Actor, Reply
 from rmq.actors.pop import REVIVE_SCAN_MS, PopService
 from rmq.actors.transaction import HALF_TOPIC, TransactionService, half_properties, is_half_request
+from rmq.actors.timer import TimerService
 from rmq.broker_conf import actor_settings
 from rmq import metrics as M
 from rmq.errors import FilterExpressionError
@@ -69,6 +70,7 @@ from rmq.store.message_store import write_truncate_marker
 from rmq.store.config_manager import DEFAULT_QUEUE_NUMS, PERM_READ, PERM_WRITE
 from rmq.store.message_store import MessageStore
 from rmq.store.schedule import transform_delay
+from rmq.store.timer import TimerMessageError, is_timer_message, transform_timer
 from rmq.store.validators import MAX_QUEUE_NUMS, check_group, check_topic
 from rmq._core.layout import TRANSACTION_COMMIT_TYPE, TRANSACTION_PREPARED_TYPE, TRANSACTION_TYPE_MASK
 
@@ -232,6 +234,7 @@ class BrokerActor(Actor):
         self.pull_offsets: dict[tuple, int] = {}   # (group, topic, queueId) -> next offset pulled (metrics)
         self.pop: Optional[PopService] = None       # POP consumption (rmq.actors.pop)
         self.tx: Optional[TransactionService] = None   # transactional messages (rmq.actors.transaction)
+        self.timer: Optional[TimerService] = None      # timer messages (rmq.actors.timer)
         # producer group -> clientId -> (socket, routing envelope) of its last heartbeat: where
         # CHECK_TRANSACTION_STATE goes (RocketMQ's ProducerManager channels)
         self.producer_channels: dict[str, dict[str, tuple]] = {}
@@ -336,6 +339,10 @@ class BrokerActor(Actor):
         h(RequestCode.GET_HALF_MESSAGES, self.tx.on_list_half)
         self.tx.start()
         self.add_timer(self.tx.check_interval_ms, self.tx.check)
+        self.timer = TimerService(self)
+        h(RequestCode.GET_TIMER_PENDING, self.timer.on_pending)
+        self.timer.start()
+        self.add_timer(self.timer.tick_ms, self.timer.tick)
         self.add_timer(int(self.settings.get("slaveSyncInterval", SLAVE_SYNC_INTERVAL_MS)), self.sync_from_master,
                        first_ms=1000)
         self.add_timer(1000, self._find_master)
@@ -384,6 +391,8 @@ class BrokerActor(Actor):
         self._release_sync_waits(force_timeout=True)
         self.persist_offsets()
         self.persist_delay_offsets()
+        if self.timer is not None:
+            self.timer.close()
         self.unregister_broker_all()
         self.store.persist_tables()
         self.store.close_for_handoff()
@@ -433,6 +442,8 @@ class BrokerActor(Actor):
             self.wake_pulls(topic, queue_id, max_offset)
         if not self.tx.ready:
             self.tx.maybe_recover()
+        if not self.timer.ready:
+            self.timer.maybe_recover()
         if not self.pop.ready:
             self.pop.maybe_recover()
         elif self.pop.holds and queues:          # the ConsumeQueues are refreshed above
@@ -777,6 +788,7 @@ class BrokerActor(Actor):
         self.role = role
         self.pop.start()                         # POP checkpoints in flight, from the replicated revive log
         self.tx.start()                          # pending transactions, from the replicated half / op queues
+        self.timer.start()                       # timers, from the replicated rmq_sys_wheel_timer queue
         self.store_config.broker_role = role
         self.broker_id = 0
         self.ha_slaves, self.ha_ack_offset, self.ha_state = [], -1, {}
@@ -1061,6 +1073,23 @@ class BrokerActor(Actor):
                 # (RocketMQ's SendMessageProcessor answers with the request's queueId)
                 store_topic, store_queue_id, props = transform_delay(topic, queue_id, props,
                                                                      len(self.store_config.delay_levels_ms))
+            elif is_timer_message(props) and (sys_flag & TRANSACTION_TYPE_MASK) in (0, TRANSACTION_COMMIT_TYPE):
+                # SPEC.md §10.4: parked in rmq_sys_wheel_timer until its deliver time
+                refused = self._timer_refusal(frame, props)
+                if refused is not None:
+                    return refused
+                try:
+                    store_topic, store_queue_id, props = transform_timer(
+                        topic, queue_id, props, self.store_config.timer_precision_ms,
+                        self.store_config.timer_max_delay_sec)
+                except TimerMessageError as e:
+                    return frame.response(ResponseCode.MESSAGE_ILLEGAL, str(e))
+                if store_topic != topic and self.timer.timer_store is not None \
+                        and self.timer.timer_store.is_reject(int(props["TIMER_OUT_MS"])):
+                    cap = self.store_config.timer_congest_num_each_slot
+                    return frame.response(ResponseCode.SYSTEM_ERROR,
+                                          f"timer message is under flow control, max num limit is {cap} "
+                                          f"timers per slot (timerCongestNumEachSlot)")
             try:
                 props_bytes = _cl.encode_properties(props)
             except ValueError as e:
@@ -1118,6 +1147,13 @@ class BrokerActor(Actor):
             self.sync_waits.append((end, time.monotonic(), reply, resp, need_flush, need_slave))
             return None
         return resp
+
+    def _timer_refusal(self, frame: Frame, props: dict) -> Optional[Frame]:
+        """WHEEL_TIMER_NOT_ENABLE (RocketMQ: SYSTEM_ERROR) when this broker keeps no timers."""
+        if not self.store_config.timer_wheel_enable:
+            return frame.response(ResponseCode.SYSTEM_ERROR,
+                                  "accurate timer message is not enabled, timerWheelEnable is false")
+        return None
 
     def note_append(self, topic: str, queue_id: int, res) -> None:
         """Remember an append of a consumable record (a send, a commit record) so that pulls held at

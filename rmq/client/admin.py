@@ -872,6 +872,46 @@ class Admin:
             out["halfMessages"] += [dict(row, brokerName=name) for row in body.get("halfMessages", [])]
         return out
 
+    def pending_timers(self, broker: Optional[str] = None, max_rows: int = 100) -> dict:
+        """Timer messages not yet delivered, of every master or of one (``broker``: a name or an
+        address); GET_TIMER_PENDING, an rmq request.
+
+        Returns
+        -------
+        dict
+            ``{"total": timers in the wheels, "ready": every broker has loaded its timer store,
+            "timers": [{brokerName, deliverTimeMs, slotTimeMs, topic, queueId, msgId, rolled}]
+            soonest first per broker (at most ``max_rows`` per broker), "brokers": {brokerName:
+            {precisionMs, readTimeMs, writeTimeMs, queueOffset, queueBehind, slots, total,
+            stats}}}``.
+
+        Raises
+        ------
+        MQClientError
+            ``max_rows`` outside 1..10 000, or no such broker.
+        MQBrokerError
+            A broker with ``timerWheelEnable=false``.
+        RemotingTimeoutError
+        """
+        if not isinstance(max_rows, int) or not 1 <= max_rows <= 10_000:
+            raise MQClientError(f"max_rows must be 1..10000, got {max_rows!r}")
+        masters = self._all_masters()
+        if broker is not None:
+            masters = [(n, a) for n, a in masters if broker in (n, a)]
+            if not masters:
+                raise MQClientError(f"no master broker {broker!r} in the cluster")
+        out: dict = {"total": 0, "ready": True, "timers": [], "brokers": {}}
+        for name, addr in masters:
+            body = _body(self._broker(addr, RequestCode.GET_TIMER_PENDING, {"maxRows": max_rows}), "pending timers")
+            if not isinstance(body, dict):
+                raise MQClientError(f"malformed pending-timer list from broker {addr}")
+            rows = body.pop("rows", [])
+            out["total"] += int(body.get("total", 0))
+            out["ready"] = out["ready"] and bool(body.get("ready"))
+            out["brokers"][name] = body
+            out["timers"] += [dict(row, brokerName=name) for row in rows]
+        return out
+
     def cluster_broker_addrs(self, cluster: str) -> list:
         """Master addresses of ``cluster``."""
         return [a for _, a in self._masters_of_cluster(cluster)]

@@ -78,7 +78,7 @@ from rmq.client import trace as _trace
 from rmq._core.commitlog import encode_batch, encode_properties, tags_string_to_tags_code
 from rmq.client.direct import DirectSender, close_monitored
 from rmq.client.futures import SendFuture
-from rmq.client.message import (PROPERTY_DELAY_TIME_LEVEL, PROPERTY_SHARDING_KEY,
+from rmq.client.message import (PROPERTY_DELAY_TIME_LEVEL, PROPERTY_SHARDING_KEY, TIMER_PROPERTIES,
                                 PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, PROPERTY_WAIT_STORE_MSG_OK, Message,
                                 MessageQueue, SendResult, SendStatus, create_uniq_id)
 from rmq.client.route import (LATENCY_MAX_49, NOT_AVAILABLE_DURATION_49, ISOLATION_LATENCY_MS_49,
@@ -247,7 +247,8 @@ def prepare_message(msg: Message, opts: ProducerOptions) -> PreparedMessage:
         body = zlib.compress(body, opts.compress_level)
         sys_flag = COMPRESSED_FLAG | COMPRESSION_ZLIB_TYPE
     wait = props.get(PROPERTY_WAIT_STORE_MSG_OK, "true") != "false"
-    batchable = sys_flag == 0 and PROPERTY_DELAY_TIME_LEVEL not in props
+    batchable = sys_flag == 0 and PROPERTY_DELAY_TIME_LEVEL not in props \
+        and not any(t in props for t in TIMER_PROPERTIES)
     if props.get(PROPERTY_TRANSACTION_PREPARED) == "true":      # a half message (sendKernelImpl)
         sys_flag |= TRANSACTION_PREPARED_TYPE
         batchable = False
@@ -274,6 +275,9 @@ def prepare_batch(msgs: Iterable[Message], opts: ProducerOptions) -> list:
                                 f"{topic!r} and {m.topic!r}", ResponseCode.MESSAGE_ILLEGAL)
         if PROPERTY_DELAY_TIME_LEVEL in m.properties:
             raise MQClientError("TimeDelayLevel is not supported for batching", ResponseCode.MESSAGE_ILLEGAL)
+        if any(t in m.properties for t in TIMER_PROPERTIES):
+            raise MQClientError("timer messages (deliver_time_ms / delay_time_ms) are not supported for batching",
+                                ResponseCode.MESSAGE_ILLEGAL)
         if m.topic.startswith("%RETRY%"):
             raise MQClientError("Retry Group is not supported for batching", ResponseCode.MESSAGE_ILLEGAL)
         uniq = m.properties.get(PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX)

@@ -19,6 +19,10 @@ SYNC_FLUSH = "SYNC_FLUSH"
 FLUSH_DISK_TYPES = (ASYNC_FLUSH, SYNC_FLUSH)
 BROKER_ROLES = ("ASYNC_MASTER", "SYNC_MASTER", "SLAVE")
 HA_TRANSFER_BATCH_SIZE_MAX = 4 * 1024 * 1024   # bytes; rmq's cap of haTransferBatchSize
+TIMER_PRECISION_CANDIDATES_MS = (100, 200, 500, 1000)   # MessageStoreConfig.setTimerPrecisionMs
+# rmq's cap of timerMaxDelaySec (RocketMQ has none): a timer beyond the roll window is re-enqueued
+# ("rolled") until due, so any bound works; a year keeps TIMER_OUT_MS arithmetic far from overflow
+TIMER_MAX_DELAY_SEC_LIMIT = 365 * 86_400
 
 # RocketMQ keeps a few misspellings in its property names; both spellings load.
 _ALIASES = {"warm_maped_file_enable": "warm_mapped_file_enable",
@@ -80,6 +84,14 @@ class MessageStoreConfig:
     ha_slave_fallbehind_max: int = 256 * 1024 * 1024   # bytes a slave may lag and still count (SYNC_MASTER)
     slave_read_enable: bool = False          # consumers may be redirected to a slave
     slave_timeout: int = 3000                # ms, SYNC_MASTER wait for the slave's ack (SPEC.md §9.3)
+    # RocketMQ 5 timer messages (SPEC.md §10.4; MessageStoreConfig 5.x names and defaults)
+    timer_wheel_enable: bool = True
+    timer_precision_ms: int = 1000           # ms per TimerWheel slot; snapped to 100 / 200 / 500 / 1000
+    timer_max_delay_sec: int = 3 * 86_400    # s; a later deliver time is refused (WHEEL_TIMER_MSG_ILLEGAL)
+    timer_roll_window_slot: int = 2 * 86_400   # slots; a timer further ahead is re-enqueued ("rolled")
+    timer_flush_interval_ms: int = 1000      # ms between TimerLog / timerwheel / timercheck flushes
+    timer_congest_num_each_slot: int = 2_147_483_647   # timers per slot before flow control
+    mapped_file_size_timer_log: int = 100 * 1024 * 1024   # bytes per TimerLog file
     extra: dict = field(default_factory=dict)   # unknown properties, kept for the broker
 
     def __post_init__(self) -> None:
@@ -104,9 +116,25 @@ class MessageStoreConfig:
         if self.max_hash_slot_num <= 0 or self.max_index_num <= 1:
             raise ValueError("maxHashSlotNum must be > 0 and maxIndexNum > 1")
         self._validate_ha()
+        self._validate_timer()
         self.disk_max_used_space_ratio = min(95, max(10, self.disk_max_used_space_ratio))
         from rmq.store.schedule import parse_delay_levels
         self.delay_levels_ms = parse_delay_levels(self.message_delay_level)
+
+    def _validate_timer(self) -> None:
+        # setTimerPrecisionMs: the largest of 100 / 200 / 500 / 1000 not above the value
+        p = self.timer_precision_ms
+        self.timer_precision_ms = max([c for c in TIMER_PRECISION_CANDIDATES_MS if c <= p] or
+                                      [TIMER_PRECISION_CANDIDATES_MS[0]])
+        if not 0 < self.timer_max_delay_sec <= TIMER_MAX_DELAY_SEC_LIMIT:
+            raise ValueError(f"timerMaxDelaySec must be in (0, {TIMER_MAX_DELAY_SEC_LIMIT}] s, "
+                             f"got {self.timer_max_delay_sec}")
+        if self.mapped_file_size_timer_log < 4096:
+            raise ValueError(f"mappedFileSizeTimerLog must be >= 4096 bytes, got {self.mapped_file_size_timer_log}")
+        if not 0 < self.timer_flush_interval_ms <= 3_600_000:
+            raise ValueError(f"timerFlushIntervalMs must be in (0, 3600000] ms, got {self.timer_flush_interval_ms}")
+        if self.timer_congest_num_each_slot <= 0:
+            raise ValueError(f"timerCongestNumEachSlot must be > 0, got {self.timer_congest_num_each_slot}")
 
     def _validate_ha(self) -> None:
         if not 0 <= self.ha_listen_port <= 65535:

@@ -1,0 +1,807 @@
+"""Timer messages: RocketMQ 5's TimerLog, TimerWheel and timer checkpoint (SPEC.md §10.4).
+
+RocketMQ sources: ``store/.../timer/TimerMessageStore.java``, ``TimerLog.java``,
+``TimerWheel.java``, ``Slot.java``, ``TimerCheckpoint.java``; the send-side transformation is
+``broker/.../util/HookUtils.java`` (``checkIfTimerMessage``, ``transformTimerMessage``).
+
+A message with ``TIMER_DELIVER_MS`` (absolute, epoch ms), ``TIMER_DELAY_MS`` or
+``TIMER_DELAY_SEC`` (relative to the broker's clock) and no delay level is stored in topic
+``rmq_sys_wheel_timer`` queue 0 with ``TIMER_OUT_MS`` (the deliver time rounded down to
+``timerPrecisionMs``; an exact multiple is lowered by one precision), ``REAL_TOPIC`` and
+``REAL_QID``.  :class:`TimerMessageStore` then, on the broker's thread:
+
+* **enqueue**: reads that queue from its offset and appends one 52-byte TimerLog unit per message,
+  chained per wheel slot (``prevPos``), and updates the slot (first / last unit, count);
+* **dequeue**: once the write time (now, rounded down) passes a slot, walks the slot's chain and
+  re-puts each message to its real topic and queue (``TIMER_ENQUEUE_MS`` / ``TIMER_DEQUEUE_MS``
+  added, ``REAL_TOPIC`` / ``REAL_QID`` removed) -- or, for a timer beyond the roll window, back to
+  ``rmq_sys_wheel_timer`` with ``TIMER_ROLL_TIMES`` + 1 ("rolled": enqueued again later);
+* **flush**: every ``timerFlushIntervalMs`` the TimerLog, the ``timerwheel`` file and
+  ``config/timercheck`` are made durable.
+
+Files (byte layouts, big-endian as RocketMQ's ByteBuffer):
+
+* ``timerlog/<20-digit offset>`` -- ``mappedFileSizeTimerLog`` bytes each, 52-byte units:
+  size 4 (52) | prevPos 8 | magic 4 | currWriteTime 8 (ms) | delay 4 (ms, relative to
+  currWriteTime) | offsetPy 8 | sizePy 4 | real-topic hash 4 (Java ``String.hashCode``) |
+  reserved 8.  A file end too short for a unit holds a blank: size | 0 | BLANK_MAGIC_CODE.
+* ``timerwheel`` -- ``2 x slotsTotal`` 32-byte slots (slotsTotal = 7 days x 86 400):
+  timeMs / precision 8 | firstPos 8 | lastPos 8 | num 4 | magic 4; slot index
+  ``(timeMs / precision) % (2 x slotsTotal)``.
+* ``config/timercheck`` -- one page: lastReadTimeMs 8 | lastTimerLogFlushPos 8 |
+  lastTimerQueueOffset 8 | masterTimerQueueOffset 8 | dataVersion (stateVersion 8, timestamp 8,
+  counter 8).
+
+**Where rmq goes further than RocketMQ.**
+
+* *Accuracy.*  The reserved 8 bytes of a unit hold the message's exact deliver time (ms; RocketMQ
+  writes 0 there and never reads it).  A due slot is re-put in exact deliver-time order, so the
+  earliest-due timers of a crowded slot go first: a slot of 100 000 timers delivers each at most
+  ``max(precision, time to re-put the slot)`` late, not precision + the whole slot's time.
+* *None twice.*  RocketMQ redoes the slots and queue entries after its last checkpoint on restart,
+  re-delivering what it had already delivered.  rmq's checkpoint page also holds, after
+  RocketMQ's 56 bytes, ``RMQ_MARK_MAGIC`` 4 | the CommitLog offset before which every delivery
+  of the checkpointed state lies 8 (RocketMQ readers ignore the rest of the page).  Recovery reads
+  the CommitLog from there, collects the deliveries already made (records with
+  ``TIMER_DEQUEUE_MS``: ``UNIQ_KEY``, roll count, rolled or not) and skips them while redoing.  A
+  timer without ``UNIQ_KEY`` gets one at the broker, so every timer has its key.
+
+Not built: RocketMQ 5's timer deletion (``TIMER_DEL_UNIQKEY``, refused with a clear error), its
+warm-up and metrics files (``timermetrics``), and the dequeue thread pools (one broker thread does
+the work in slices).
+"""
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import struct
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from rmq._core import commitlog as _cl
+from rmq._core.layout import TRANSACTION_TYPE_MASK
+from rmq.status import GetMessageStatus, PutMessageStatus
+from rmq.store.mapped_file_queue import MappedFileQueue
+
+log = logging.getLogger("rmq.store.timer")
+
+TIMER_TOPIC = "rmq_sys_wheel_timer"          # TopicValidator.SYSTEM_TOPIC_PREFIX + "wheel_timer"
+TIMER_QUEUE_ID = 0
+TIMER_GROUP = "CID_RMQ_SYS_WHEEL_TIMER"      # rmq: the name reads of the timer queue are made under
+# MessageConst property names (RocketMQ 5)
+PROPERTY_TIMER_DELIVER_MS = "TIMER_DELIVER_MS"
+PROPERTY_TIMER_DELAY_MS = "TIMER_DELAY_MS"
+PROPERTY_TIMER_DELAY_SEC = "TIMER_DELAY_SEC"
+PROPERTY_TIMER_OUT_MS = "TIMER_OUT_MS"
+PROPERTY_TIMER_ENQUEUE_MS = "TIMER_ENQUEUE_MS"
+PROPERTY_TIMER_DEQUEUE_MS = "TIMER_DEQUEUE_MS"
+PROPERTY_TIMER_ROLL_TIMES = "TIMER_ROLL_TIMES"
+PROPERTY_TIMER_DEL_UNIQKEY = "TIMER_DEL_UNIQKEY"
+PROPERTY_REAL_TOPIC = "REAL_TOPIC"
+PROPERTY_REAL_QID = "REAL_QID"
+PROPERTY_UNIQ_KEY = "UNIQ_KEY"
+PROPERTY_DELAY = "DELAY"
+TIMER_PROPERTIES = (PROPERTY_TIMER_DELIVER_MS, PROPERTY_TIMER_DELAY_MS, PROPERTY_TIMER_DELAY_SEC)
+
+# TimerLog (TimerLog.java)
+UNIT_SIZE = 52
+UNIT_PRE_SIZE_FOR_MSG = 28                   # offsetPy starts here
+MIN_BLANK_LEN = 4 + 8 + 4
+BLANK_MAGIC_CODE = struct.unpack(">i", struct.pack(">I", (0xBBCCDDEE ^ (1880681586 + 8)) & 0xFFFFFFFF))[0]
+_UNIT = struct.Struct(">iqiqiqiiq")          # size, prevPos, magic, writeTime, delay, offsetPy, sizePy, hash, reserved
+_BLANK = struct.Struct(">iqi")
+# TimerWheel / Slot (TimerWheel.java, Slot.java)
+SLOT_SIZE = 32
+_SLOT = struct.Struct(">qqqii")
+TIMER_WHEEL_TTL_DAY = 7
+DAY_SECS = 86_400
+SLOTS_TOTAL = TIMER_WHEEL_TTL_DAY * DAY_SECS
+TIMER_BLANK_SLOTS = 60
+BLANK = -1
+# unit magic bits (TimerMessageStore)
+MAGIC_DEFAULT = 1
+MAGIC_ROLL = 1 << 1
+MAGIC_DELETE = 1 << 2
+# timercheck (TimerCheckpoint.java) plus rmq's delivery mark after RocketMQ's 56 bytes
+CHECKPOINT_FILE = "timercheck"
+CHECKPOINT_PAGE = 4096
+_CHECKPOINT = struct.Struct(">qqqqqqq")
+RMQ_MARK_MAGIC = 0x524D5154                  # "RMQT"
+_MARK = struct.Struct(">iq")
+_MARK_AT = _CHECKPOINT.size
+# rmq limits
+DEQUEUE_SLICE = 2048                         # units re-put per call of run() (the broker serves between)
+ENQUEUE_SLICE = 1024                         # queue entries enqueued per call of run()
+READ_BATCH = 64                              # messages per read of the timer queue
+
+
+class TimerMessageError(ValueError):
+    """A timer message the broker refuses (``status``: a PutMessageStatus name,
+    WHEEL_TIMER_MSG_ILLEGAL / WHEEL_TIMER_NOT_ENABLE / WHEEL_TIMER_FLOW_CONTROL)."""
+
+    def __init__(self, status: str, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+def java_string_hash(s: Optional[str]) -> int:
+    """Java ``String.hashCode`` (over UTF-16 code units), as a signed 32-bit int; 0 for None."""
+    if s is None:
+        return 0
+    h = 0
+    data = s.encode("utf-16-be")
+    for i in range(0, len(data), 2):
+        h = (31 * h + ((data[i] << 8) | data[i + 1])) & 0xFFFFFFFF
+    return h - (1 << 32) if h & 0x80000000 else h
+
+
+def is_timer_message(props: dict) -> bool:
+    """``HookUtils.checkIfTimerMessage``: a timer property, no delay level, not already converted."""
+    if props.get(PROPERTY_DELAY) not in (None, "", "0"):
+        return False
+    if PROPERTY_TIMER_OUT_MS in props:
+        return False
+    return any(k in props for k in TIMER_PROPERTIES)
+
+
+def transform_timer(topic: str, queue_id: int, props: dict, precision_ms: int, max_delay_sec: int,
+                    now_ms: Optional[int] = None) -> tuple[str, int, dict]:
+    """Where a timer message is stored (``HookUtils.transformTimerMessage``, SPEC.md §10.4).
+
+    Returns ``(topic, queue_id, properties)``: ``rmq_sys_wheel_timer`` queue 0 with
+    ``TIMER_OUT_MS`` / ``REAL_TOPIC`` / ``REAL_QID`` (and a ``UNIQ_KEY`` when the message has
+    none) for a deliver time ahead; the message unchanged (delivered at once) for a time not
+    ahead.  A delay level clears the timer properties (RocketMQ: the level wins).
+
+    Raises
+    ------
+    TimerMessageError
+        WHEEL_TIMER_MSG_ILLEGAL: a timer property that is not an integer, a negative delay, a
+        deliver time more than ``max_delay_sec`` ahead, or ``TIMER_DEL_UNIQKEY`` (deletion is
+        not supported).
+    """
+    if props.get(PROPERTY_DELAY) not in (None, "", "0"):
+        if any(k in props for k in TIMER_PROPERTIES):
+            props = {k: v for k, v in props.items() if k not in TIMER_PROPERTIES}
+        return topic, queue_id, props
+    if not is_timer_message(props) or topic == TIMER_TOPIC:
+        return topic, queue_id, props
+    now = int(time.time() * 1000) if now_ms is None else now_ms
+    try:
+        if PROPERTY_TIMER_DELAY_SEC in props:
+            d = int(props[PROPERTY_TIMER_DELAY_SEC])
+            deliver = now + d * 1000
+        elif PROPERTY_TIMER_DELAY_MS in props:
+            d = int(props[PROPERTY_TIMER_DELAY_MS])
+            deliver = now + d
+        else:
+            d = 0
+            deliver = int(props[PROPERTY_TIMER_DELIVER_MS])
+    except (TypeError, ValueError):
+        raise TimerMessageError("WHEEL_TIMER_MSG_ILLEGAL",
+                                "timer message illegal: TIMER_DELIVER_MS / TIMER_DELAY_MS / TIMER_DELAY_SEC "
+                                "must be an integer") from None
+    if d < 0:
+        raise TimerMessageError("WHEEL_TIMER_MSG_ILLEGAL", f"timer message illegal: negative delay {d}")
+    if PROPERTY_TIMER_DEL_UNIQKEY in props:
+        raise TimerMessageError("WHEEL_TIMER_MSG_ILLEGAL",
+                                "timer message illegal: deleting a timer (TIMER_DEL_UNIQKEY) is not supported")
+    if deliver <= now:
+        return topic, queue_id, props                 # a time not ahead: delivered at once
+    if deliver - now > max_delay_sec * 1000:
+        raise TimerMessageError(
+            "WHEEL_TIMER_MSG_ILLEGAL",
+            f"timer message illegal, the delay time should not be bigger than the max delay "
+            f"{max_delay_sec * 1000}ms (timerMaxDelaySec={max_delay_sec}); deliver time {deliver} is "
+            f"{deliver - now} ms ahead")
+    out_ms = deliver - precision_ms if deliver % precision_ms == 0 else deliver // precision_ms * precision_ms
+    props = dict(props)
+    props[PROPERTY_TIMER_OUT_MS] = str(out_ms)
+    props[PROPERTY_REAL_TOPIC] = topic
+    props[PROPERTY_REAL_QID] = str(queue_id)
+    if not props.get(PROPERTY_UNIQ_KEY):
+        props[PROPERTY_UNIQ_KEY] = uuid.uuid4().hex.upper()
+    if PROPERTY_TIMER_DELIVER_MS not in props:        # the exact time, for in-slot order and lateness
+        props[PROPERTY_TIMER_DELIVER_MS] = str(deliver)
+    return TIMER_TOPIC, TIMER_QUEUE_ID, props
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One TimerWheel slot (``Slot.java``); ``time_ms`` -1 when the slot holds another time."""
+    time_ms: int
+    first_pos: int
+    last_pos: int
+    num: int = 0
+    magic: int = 0
+
+
+EMPTY_SLOT = Slot(-1, -1, -1)
+
+
+class TimerWheel:
+    """The ``timerwheel`` file: ``2 x slots_total`` 32-byte slots, mmap'd (``TimerWheel.java``).
+
+    Raises
+    ------
+    StoreError-like ValueError
+        An existing file of another length (another precision build or slot count).
+    """
+
+    def __init__(self, path: str, slots_total: int, precision_ms: int):
+        self.path = path
+        self.slots_total = slots_total
+        self.precision_ms = precision_ms
+        self.length = slots_total * 2 * SLOT_SIZE
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            size = os.fstat(fd).st_size
+            if size not in (0, self.length):
+                raise ValueError(f"timer wheel {path} is {size} bytes, expected {self.length}")
+            if size == 0:
+                os.ftruncate(fd, self.length)           # sparse: untouched slots cost no disk
+            self._mm = mmap.mmap(fd, self.length, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)
+
+    def slot_index(self, time_ms: int) -> int:
+        return (time_ms // self.precision_ms) % (self.slots_total * 2)
+
+    def get_raw_slot(self, time_ms: int) -> Slot:
+        t, first, last, num, magic = _SLOT.unpack_from(self._mm, self.slot_index(time_ms) * SLOT_SIZE)
+        return Slot(t * self.precision_ms, first, last, num, magic)
+
+    def get_slot(self, time_ms: int) -> Slot:
+        s = self.get_raw_slot(time_ms)
+        if s.time_ms != time_ms // self.precision_ms * self.precision_ms:
+            return EMPTY_SLOT
+        return s
+
+    def put_slot(self, time_ms: int, first_pos: int, last_pos: int, num: int, magic: int = 0) -> None:
+        _SLOT.pack_into(self._mm, self.slot_index(time_ms) * SLOT_SIZE, time_ms // self.precision_ms,
+                        first_pos, last_pos, num, magic)
+
+    def revise_slot_last(self, time_ms: int, last_pos: int) -> None:
+        """``reviseSlot(timeMs, IGNORE, lastPos, force=true)``: point the slot's chain at ``last_pos``."""
+        s = self.get_raw_slot(time_ms)
+        if s.time_ms != time_ms // self.precision_ms * self.precision_ms:
+            self.put_slot(time_ms, last_pos, last_pos, 0)
+        else:
+            self.put_slot(time_ms, s.first_pos, last_pos, s.num, s.magic)
+
+    def occupied(self, start_ms: int) -> list[Slot]:
+        """Every slot holding a time from ``start_ms`` on, in time order (``getAllNum``'s walk)."""
+        p = self.precision_ms
+        start = start_ms // p
+        out = []
+        n = self.slots_total * 2
+        first = start % n
+        for idx, (t, f, last, num, magic) in enumerate(_SLOT.iter_unpack(self._mm)):
+            if t <= 0:
+                continue
+            i = (idx - first) % n
+            if t == start + i:
+                out.append(Slot(t * p, f, last, num, magic))
+        out.sort(key=lambda s: s.time_ms)
+        return out
+
+    def flush(self) -> None:
+        self._mm.flush()
+
+    def close(self) -> None:
+        try:
+            self._mm.flush()
+        finally:
+            self._mm.close()
+
+
+class TimerCheckpoint:
+    """``config/timercheck`` (``TimerCheckpoint.java``) plus rmq's delivery mark (module docstring)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        existed = os.path.exists(path) and os.path.getsize(path) > 0
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            if os.fstat(fd).st_size < CHECKPOINT_PAGE:
+                os.ftruncate(fd, CHECKPOINT_PAGE)
+            self._mm = mmap.mmap(fd, CHECKPOINT_PAGE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)
+        (self.last_read_time_ms, self.last_timer_log_flush_pos, self.last_timer_queue_offset,
+         self.master_timer_queue_offset, self.state_version, self.timestamp, self.counter) = \
+            _CHECKPOINT.unpack_from(self._mm, 0)
+        magic, mark = _MARK.unpack_from(self._mm, _MARK_AT)
+        self.delivery_mark = mark if magic == RMQ_MARK_MAGIC else -1
+        self.existed = existed
+
+    def flush(self) -> None:
+        self.counter += 1
+        self.timestamp = int(time.time() * 1000)
+        _CHECKPOINT.pack_into(self._mm, 0, self.last_read_time_ms, self.last_timer_log_flush_pos,
+                              self.last_timer_queue_offset, self.master_timer_queue_offset,
+                              self.state_version, self.timestamp, self.counter)
+        _MARK.pack_into(self._mm, _MARK_AT, RMQ_MARK_MAGIC, self.delivery_mark)
+        self._mm.flush()
+
+    def close(self) -> None:
+        self._mm.close()
+
+
+class TimerLog:
+    """``timerlog/``: a MappedFileQueue of 52-byte units (``TimerLog.java``)."""
+
+    def __init__(self, path: str, file_size: int):
+        self.file_size = file_size
+        self.mfq = MappedFileQueue(path, file_size)
+
+    def load(self) -> None:
+        self.mfq.load()
+
+    def append(self, unit: bytes) -> int:
+        """Append one unit; returns its offset (bytes).  A file end too short gets a blank."""
+        mfq = self.mfq
+        mf = mfq.get_last_mapped_file(0, need_create=True)
+        if len(unit) + MIN_BLANK_LEN > mf.file_size - mf.wrote_position:
+            remaining = mf.file_size - mf.wrote_position
+            mf.append(_BLANK.pack(remaining, 0, BLANK_MAGIC_CODE))
+            mf.wrote_position = mf.file_size
+            mf = mfq.get_last_mapped_file(0, need_create=True)
+        pos = mf.file_from_offset + mf.wrote_position
+        mf.append(unit)
+        return pos
+
+    def read_unit(self, pos: int) -> Optional[tuple]:
+        mf = self.mfq.find_mapped_file_by_offset(pos)
+        if mf is None:
+            return None
+        return _UNIT.unpack_from(mf, pos - mf.file_from_offset)
+
+    def max_offset(self) -> int:
+        return self.mfq.get_max_offset()
+
+    def flush(self) -> None:
+        self.mfq.flush(0)
+
+    def recover(self, begin: int) -> int:
+        """Find the end of the valid units from the file holding ``begin`` on and cut the rest
+        (``recoverAndRevise`` with checkTimerLog).  Returns the end offset (bytes); the units
+        seen are left in :attr:`recovered` as (offset, delayed time ms) pairs, to revise the wheel."""
+        self.recovered: list[tuple[int, int]] = []
+        files = self.mfq.files
+        if not files:
+            return 0
+        idx = len(files) - 1
+        while idx > 0 and files[idx].file_from_offset > begin:
+            idx -= 1
+        check = files[idx].file_from_offset
+        for mf in files[idx:]:
+            pos, full = 0, False
+            while pos + MIN_BLANK_LEN <= mf.file_size:
+                size, _prev, magic = _BLANK.unpack_from(mf, pos)
+                if magic == BLANK_MAGIC_CODE:
+                    full = True
+                    break
+                if size != UNIT_SIZE or (magic | 0xF) != 0xF or pos + UNIT_SIZE > mf.file_size:
+                    break
+                u = _UNIT.unpack_from(mf, pos)
+                self.recovered.append((mf.file_from_offset + pos, u[3] + u[4]))
+                pos += UNIT_SIZE
+            mf.wrote_position = mf.file_size if full else pos
+            check = mf.file_from_offset + mf.wrote_position
+            if not full:
+                break
+        self.mfq.truncate_dirty_files(check)
+        self.mfq.flushed_where = check
+        return check
+
+    def close(self) -> None:
+        try:
+            self.mfq.flush(0)
+        finally:
+            self.mfq.shutdown()
+
+
+@dataclass
+class _Due:
+    """A slot being re-put: its units in deliver-time order and how far it got."""
+    time_ms: int
+    units: list                                       # (deliver ms, pos, offsetPy, sizePy, magic, writeTime)
+    index: int
+    mark: int                                         # CommitLog end when the slot started
+
+
+class TimerMessageStore:
+    """RocketMQ 5's TimerMessageStore on an rmq :class:`~rmq.store.message_store.MessageStore`.
+
+    Parameters
+    ----------
+    store : MessageStore
+        Its ``rmq_sys_wheel_timer`` queue is read (ConsumeQueue built by reput) and due messages
+        are put back through :meth:`MessageStore.put_encoded`.
+    on_put : callable, optional
+        ``on_put(topic, queue_id, PutMessageResult)`` after every re-put (the broker wakes pulls
+        and counts it).
+
+    Settings come from ``store.config`` (MessageStoreConfig 5.x names): ``timer_precision_ms``,
+    ``timer_roll_window_slot``, ``timer_flush_interval_ms``, ``mapped_file_size_timer_log``,
+    ``timer_max_delay_sec``, ``timer_congest_num_each_slot``.
+    """
+
+    def __init__(self, store, on_put: Optional[Callable] = None, slots_total: int = SLOTS_TOTAL):
+        cfg = store.config
+        self.store = store
+        self.on_put = on_put
+        self.precision_ms = cfg.timer_precision_ms
+        self.slots_total = slots_total
+        rw = cfg.timer_roll_window_slot
+        self.roll_window_slots = slots_total - TIMER_BLANK_SLOTS if (rw > slots_total - TIMER_BLANK_SLOTS or rw < 2) \
+            else rw
+        root = cfg.store_path_root_dir
+        self.wheel = TimerWheel(os.path.join(root, "timerwheel"), slots_total, self.precision_ms)
+        self.timer_log = TimerLog(os.path.join(root, "timerlog"), cfg.mapped_file_size_timer_log)
+        self.checkpoint = TimerCheckpoint(os.path.join(root, "config", CHECKPOINT_FILE))
+        self.curr_read_time_ms = 0
+        self.curr_write_time_ms = 0
+        self.curr_queue_offset = 0
+        self._due: Optional[_Due] = None
+        self._delivered: set = set()                  # keys delivered after the checkpoint (recovery)
+        self._redo_until: tuple = (0, 0)              # (read time, queue offset) the redo ends at
+        self._redo_mark: Optional[int] = None         # the CommitLog offset the skip set was read from
+        self._last_flush = 0.0
+        self.stats = {"enqueued": 0, "delivered": 0, "rolled": 0, "skippedDuplicates": 0, "missing": 0,
+                      "putFailures": 0}
+        self.closed = False
+
+    # -- start / recovery ------------------------------------------------------------------
+    def load(self) -> None:
+        """Map the files and recover (``TimerMessageStore.load`` + ``recover``)."""
+        self.timer_log.load()
+        ck = self.checkpoint
+        lastfile = self.timer_log.mfq.files[-1] if self.timer_log.mfq.files else None
+        begin = max(0, ck.last_timer_log_flush_pos - (lastfile.file_size if lastfile is not None else 0))
+        end = self.timer_log.recover(begin)
+        for pos, delayed in self.timer_log.recovered:
+            self.wheel.revise_slot_last(delayed, pos)
+        self.timer_log.recovered = []
+        # queue offset: past the last unit's message, never behind the checkpoint (which the flushed
+        # TimerLog and the deliveries before the mark cover)
+        q = ck.last_timer_queue_offset
+        if end >= UNIT_SIZE:
+            u = self.timer_log.read_unit(self._last_unit_pos(end))
+            if u is not None:
+                m = self._message(u[5])
+                if m is not None and m.topic == TIMER_TOPIC:
+                    q = max(q, m.queue_offset + 1)
+        lo = self.store.get_min_offset_in_queue(TIMER_TOPIC, TIMER_QUEUE_ID)
+        hi = self.store.get_max_offset_in_queue(TIMER_TOPIC, TIMER_QUEUE_ID)
+        self.curr_queue_offset = min(max(q, lo), max(hi, lo))
+        now = self._floor(int(time.time() * 1000))
+        self.curr_read_time_ms = max(ck.last_read_time_ms,
+                                     now - self.slots_total * self.precision_ms + TIMER_BLANK_SLOTS * self.precision_ms)
+        self.curr_write_time_ms = now
+        # what was delivered after the checkpoint: skipped while the redo repeats it
+        if not ck.existed:
+            self.curr_read_time_ms = now                  # a new wheel: nothing before now to walk
+        mark = ck.delivery_mark if ck.delivery_mark >= 0 else (self.store.get_min_phy_offset() if ck.existed else -1)
+        if mark >= 0:
+            self._delivered = self._scan_deliveries(mark)
+            self._redo_mark = mark
+        self._redo_until = (now + self.precision_ms, hi)
+        self.flush()
+        log.info("timer store recovered: read time %d, queue offset %d of %d, TimerLog end %d, "
+                 "%d deliveries after the checkpoint", self.curr_read_time_ms, self.curr_queue_offset, hi, end,
+                 len(self._delivered))
+
+    def _last_unit_pos(self, end: int) -> int:
+        fs = self.timer_log.file_size
+        pos = end - UNIT_SIZE
+        if end % fs == 0 and end > 0:
+            # the unit before a file end: the last whole unit of the previous file
+            base = end - fs
+            pos = base + ((fs - MIN_BLANK_LEN) // UNIT_SIZE - 1) * UNIT_SIZE
+            u = self.timer_log.read_unit(pos)
+            if u is None or u[0] != UNIT_SIZE:
+                pos = end - UNIT_SIZE
+        return pos
+
+    def _scan_deliveries(self, start: int) -> set:
+        """Delivery keys of the records with TIMER_DEQUEUE_MS in the CommitLog from ``start``."""
+        store = self.store
+        out: set = set()
+        size = store.config.mapped_file_size_commit_log
+        end = store.get_max_phy_offset()
+        at = max(start, store.get_min_phy_offset())
+        while at < end:
+            try:
+                m = store.look_message_by_offset(at)
+            except Exception:  # noqa: BLE001 - a torn or blank record ends this file
+                m = None
+            if m is None:
+                at = (at // size + 1) * size
+                continue
+            props = m.properties
+            if PROPERTY_TIMER_DEQUEUE_MS in props:
+                out.add(_delivery_key(props, m.topic == TIMER_TOPIC))
+            at += m.store_size
+        return out
+
+    # -- helpers ---------------------------------------------------------------------------
+    def _floor(self, ms: int) -> int:
+        return ms // self.precision_ms * self.precision_ms
+
+    def _message(self, phy: int):
+        try:
+            return self.store.look_message_by_offset(phy)
+        except Exception:  # noqa: BLE001 - expired, torn or cut: the caller counts it missing
+            return None
+
+    def is_reject(self, deliver_ms: int) -> bool:
+        """Flow control (``isReject``): a slot past ``timerCongestNumEachSlot`` refuses more."""
+        limit = self.store.config.timer_congest_num_each_slot
+        num = self.wheel.get_slot(deliver_ms).num
+        if num <= limit:
+            return False
+        return True
+
+    # -- the work ---------------------------------------------------------------------------
+    def run(self, now_ms: Optional[int] = None) -> bool:
+        """One slice: enqueue new timer messages, re-put due ones, flush when due.
+
+        Returns True when work is left (call again soon), False when idle.
+        """
+        if self.closed:
+            return False
+        now = int(time.time() * 1000) if now_ms is None else now_ms
+        w = self._floor(now)
+        if w > self.curr_write_time_ms:
+            self.curr_write_time_ms = w
+        more = self._enqueue(ENQUEUE_SLICE)
+        more = self._dequeue(DEQUEUE_SLICE) or more
+        if self._redo_mark is not None and (self.curr_read_time_ms >= self._redo_until[0]
+                                            and self.curr_queue_offset >= self._redo_until[1]):
+            self._delivered = set()                   # the redo is over
+            self._redo_mark = None
+        if time.monotonic() - self._last_flush >= self.store.config.timer_flush_interval_ms / 1000.0:
+            self.flush()
+        return more
+
+    def _enqueue(self, budget: int) -> bool:
+        store = self.store
+        hi = store.get_max_offset_in_queue(TIMER_TOPIC, TIMER_QUEUE_ID)
+        lo = store.get_min_offset_in_queue(TIMER_TOPIC, TIMER_QUEUE_ID)
+        if self.curr_queue_offset < lo:
+            log.warning("timer queue offset %d is below the queue's min %d (expired)", self.curr_queue_offset, lo)
+            self.curr_queue_offset = lo
+        done = 0
+        while self.curr_queue_offset < hi and done < budget:
+            res = store.get_messages(TIMER_GROUP, TIMER_TOPIC, TIMER_QUEUE_ID, self.curr_queue_offset,
+                                     min(READ_BATCH, budget - done))
+            if not res.message_count:
+                if res.next_begin_offset > self.curr_queue_offset and res.status in (
+                        GetMessageStatus.OFFSET_TOO_SMALL, GetMessageStatus.NO_MATCHED_MESSAGE,
+                        GetMessageStatus.MESSAGE_WAS_REMOVING, GetMessageStatus.OFFSET_FOUND_NULL):
+                    self.curr_queue_offset = res.next_begin_offset
+                    continue
+                break
+            for m in res.messages():
+                if not self._enqueue_one(m):
+                    return True                        # a refused re-put: try again later
+                self.curr_queue_offset = m.queue_offset + 1
+                done += 1
+            self.curr_queue_offset = max(self.curr_queue_offset, res.next_begin_offset)
+        return self.curr_queue_offset < hi
+
+    def _enqueue_one(self, m) -> bool:
+        props = m.properties
+        try:
+            delayed = int(props[PROPERTY_TIMER_OUT_MS])
+        except (KeyError, ValueError):
+            log.error("timer message at %d has no valid TIMER_OUT_MS: dropped", m.commitlog_offset)
+            return True
+        exact = _exact_deliver_ms(props, m.store_timestamp, delayed)
+        if delayed < self.curr_write_time_ms:
+            # already due (a late enqueue, a restart): straight to the real topic
+            unit = (exact, -1, m.commitlog_offset, m.store_size, MAGIC_DEFAULT, 2 ** 63 - 1)
+            return self._deliver(unit, m)
+        self._append_unit(m.commitlog_offset, m.store_size, delayed, exact, props.get(PROPERTY_REAL_TOPIC))
+        self.stats["enqueued"] += 1
+        return True
+
+    def _append_unit(self, offset_py: int, size_py: int, delayed: int, exact: int, real_topic: Optional[str]) -> None:
+        write_time = self.curr_write_time_ms
+        magic = MAGIC_DEFAULT
+        window = self.roll_window_slots * self.precision_ms
+        if delayed - write_time >= window:
+            magic |= MAGIC_ROLL
+            if delayed - write_time - window < self.roll_window_slots // 3 * self.precision_ms:
+                delayed = write_time + self.roll_window_slots // 2 * self.precision_ms
+            else:
+                delayed = write_time + window
+        slot = self.wheel.get_slot(delayed)
+        unit = _UNIT.pack(UNIT_SIZE, slot.last_pos, magic, write_time, delayed - write_time, offset_py, size_py,
+                          java_string_hash(real_topic), exact)
+        pos = self.timer_log.append(unit)
+        self.wheel.put_slot(delayed, pos if slot.first_pos == -1 else slot.first_pos, pos, slot.num + 1, slot.magic)
+
+    def _dequeue(self, budget: int) -> bool:
+        done = 0
+        while done < budget:
+            due = self._due
+            if due is None:
+                if self.curr_read_time_ms >= self.curr_write_time_ms:
+                    return False
+                slot = self.wheel.get_slot(self.curr_read_time_ms)
+                if slot.time_ms == -1:
+                    self.curr_read_time_ms += self.precision_ms
+                    continue
+                due = self._due = _Due(self.curr_read_time_ms, self._read_chain(slot.last_pos), 0,
+                                       self.store.get_max_phy_offset())
+                done += len(due.units) // 16          # walking the chain costs too
+            while due.index < len(due.units) and done < budget:
+                u = due.units[due.index]
+                if not self._deliver(u, None):
+                    return True                        # refused: this unit again on the next call
+                due.index += 1
+                done += 1
+            if due.index >= len(due.units):
+                self._due = None
+                self.curr_read_time_ms = due.time_ms + self.precision_ms
+        return True
+
+    def _read_chain(self, last_pos: int) -> list:
+        units = []
+        pos = last_pos
+        tl = self.timer_log
+        seen = 0
+        while pos != -1 and seen < 50_000_000:
+            u = tl.read_unit(pos)
+            if u is None or u[0] != UNIT_SIZE:
+                break
+            _size, prev, magic, write_time, delay, offset_py, size_py, _h, exact = u
+            units.append((exact if exact > 0 else write_time + delay, pos, offset_py, size_py, magic, write_time))
+            pos = prev
+            seen += 1
+        units.sort()                                  # deliver-time order, enqueue order among equals
+        return units
+
+    def _deliver(self, unit: tuple, m) -> bool:
+        """Re-put one timer: to its real topic, or rolled back to the timer queue.  Returns False
+        when the store refused it for now (retry); True when done or skipped for good."""
+        exact, _pos, offset_py, _size_py, magic, write_time = unit
+        if m is None:
+            m = self._message(offset_py)
+        if m is None:
+            self.stats["missing"] += 1
+            log.warning("timer message at CommitLog offset %d is gone (expired?): not delivered", offset_py)
+            return True
+        props = dict(m.properties)
+        roll = bool(magic & MAGIC_ROLL)
+        now = int(time.time() * 1000)
+        props.pop("__CRC32#", None)
+        props[PROPERTY_TIMER_ENQUEUE_MS] = str(write_time)
+        if roll:
+            props[PROPERTY_TIMER_ROLL_TIMES] = str(int(props.get(PROPERTY_TIMER_ROLL_TIMES, "0") or 0) + 1)
+        props[PROPERTY_TIMER_DEQUEUE_MS] = str(now)
+        key = _delivery_key(props, roll)
+        if self._delivered and key in self._delivered:
+            self.stats["skippedDuplicates"] += 1
+            return True
+        if roll:
+            topic, qid = TIMER_TOPIC, TIMER_QUEUE_ID
+        else:
+            topic = props.pop(PROPERTY_REAL_TOPIC, None)
+            qid_s = props.pop(PROPERTY_REAL_QID, None)
+            if not topic or qid_s is None or not qid_s.isdigit():
+                log.error("timer message at %d has no REAL_TOPIC / REAL_QID: dropped", offset_py)
+                return True
+            qid = int(qid_s)
+        props["WAIT"] = "false"
+        try:
+            batch = _cl.encode_batch([(m.body, _cl.encode_properties(props), m.flag)])
+        except ValueError as e:
+            log.error("timer message at %d cannot be re-encoded (%s): dropped", offset_py, e)
+            return True
+        res = self.store.put_encoded(topic, qid, batch, None, m.sys_flag & ~TRANSACTION_TYPE_MASK,
+                                     m.born_timestamp, m.born_host, m.reconsume_times, 1)
+        if not res.ok:
+            self.stats["putFailures"] += 1
+            if res.status in (PutMessageStatus.MESSAGE_ILLEGAL, PutMessageStatus.PROPERTIES_SIZE_EXCEEDED):
+                log.error("timer message at %d refused for good (%s %s): dropped", offset_py, res.status, res.remark)
+                return True
+            log.warning("timer message at %d not re-put yet: %s %s", offset_py, res.status, res.remark)
+            return False
+        self.stats["rolled" if roll else "delivered"] += 1
+        if self.on_put is not None:
+            self.on_put(topic, qid, res)
+        return True
+
+    # -- durability --------------------------------------------------------------------------
+    def flush(self) -> None:
+        """Flush TimerLog and wheel, then write the checkpoint (``TimerFlushService``)."""
+        if self.closed:
+            return
+        self._last_flush = time.monotonic()
+        self.timer_log.flush()
+        self.wheel.flush()
+        ck = self.checkpoint
+        ck.last_timer_log_flush_pos = self.timer_log.mfq.flushed_where
+        ck.last_read_time_ms = self._due.time_ms if self._due is not None else self.curr_read_time_ms
+        ck.last_timer_queue_offset = self.curr_queue_offset
+        ck.master_timer_queue_offset = self.curr_queue_offset
+        ck.delivery_mark = self._due.mark if self._due is not None else self.store.get_max_phy_offset()
+        if self._redo_mark is not None:
+            # a redo in progress: what it skips must still be found after another crash
+            ck.delivery_mark = min(ck.delivery_mark, self._redo_mark)
+        ck.flush()
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        try:
+            self.flush()
+        finally:
+            self.closed = True
+            self.timer_log.close()
+            self.wheel.close()
+            self.checkpoint.close()
+
+    # -- admin -------------------------------------------------------------------------------
+    def pending(self, max_rows: int = 100) -> dict:
+        """Timers not yet re-put: totals and the first ``max_rows`` units in time order.
+
+        Returns ``{"total": n, "slots": k, "readTimeMs", "writeTimeMs", "queueOffset",
+        "queueBehind", "rows": [{"deliverTimeMs", "slotTimeMs", "topic", "queueId", "msgId",
+        "rolled"}]}``.
+        """
+        slots = self.wheel.occupied(self.curr_read_time_ms)
+        total = sum(s.num for s in slots)
+        if self._due is not None:
+            total -= self._due.index
+        rows = []
+        for s in slots:
+            if len(rows) >= max_rows:
+                break
+            units = self._read_chain(s.last_pos)
+            start = self._due.index if self._due is not None and s.time_ms == self._due.time_ms else 0
+            for u in units[start:]:
+                if len(rows) >= max_rows:
+                    break
+                m = self._message(u[2])
+                props = m.properties if m is not None else {}
+                rows.append({"deliverTimeMs": u[0], "slotTimeMs": s.time_ms,
+                             "topic": props.get(PROPERTY_REAL_TOPIC, ""),
+                             "queueId": int(props.get(PROPERTY_REAL_QID, "-1") or -1),
+                             "msgId": props.get(PROPERTY_UNIQ_KEY, ""),
+                             "rolled": bool(u[4] & MAGIC_ROLL)})
+        hi = self.store.get_max_offset_in_queue(TIMER_TOPIC, TIMER_QUEUE_ID)
+        return {"total": total, "slots": len(slots), "readTimeMs": self.curr_read_time_ms,
+                "writeTimeMs": self.curr_write_time_ms, "queueOffset": self.curr_queue_offset,
+                "queueBehind": max(0, hi - self.curr_queue_offset), "precisionMs": self.precision_ms,
+                "rows": rows, "stats": dict(self.stats)}
+
+
+def _exact_deliver_ms(props: dict, store_ts: int, fallback: int) -> int:
+    v = props.get(PROPERTY_TIMER_DELIVER_MS)
+    if v is not None:
+        try:
+            return int(v)
+        except ValueError:
+            pass
+    for name, mult in ((PROPERTY_TIMER_DELAY_MS, 1), (PROPERTY_TIMER_DELAY_SEC, 1000)):
+        v = props.get(name)
+        if v is not None:
+            try:
+                return store_ts + int(v) * mult
+            except ValueError:
+                pass
+    return fallback + 1
+
+
+def _delivery_key(props: dict, rolled: bool) -> tuple:
+    return (props.get(PROPERTY_UNIQ_KEY, ""), props.get(PROPERTY_TIMER_ROLL_TIMES, "0"), rolled)

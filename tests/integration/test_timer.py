@@ -1,0 +1,171 @@
+"""Timer messages (RocketMQ 5's TimerLog / TimerWheel) against a real broker: delivery at the
+deliver time and never before it, relative delays, a time in the past, the timerMaxDelaySec
+limit, consumers never seeing the timer queue, restart with timers pending, the admin view, the
+100 ms precision, asyncio, replication (kill -9 loops: tests/fault/test_timer_kill9.py)."""
+import asyncio
+import json
+import threading
+import time
+
+import pytest
+from click.testing import CliRunner
+
+from rmq import Message, Producer, PullConsumer, PushConsumer
+from rmq.client.consumer import MessageQueue
+from rmq.aio import Producer as AsyncProducer
+from rmq.cli import main as cli
+from rmq.client.admin import Admin
+from rmq.errors import MQBrokerError, MQClientError
+from rmq.store.timer import TIMER_TOPIC
+from tests.integration.cluster import Cluster
+from tests.integration.test_consumer import FAST, create_topic, wait_for
+
+pytestmark = pytest.mark.integration
+
+PRECISION_MS = 200
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    c = Cluster(tmp_path_factory.mktemp("timer") / "store",
+                conf={"timerPrecisionMs": str(PRECISION_MS), "mappedFileSizeTimerLog": str(64 * 1024),
+                      "timerMaxDelaySec": "3600"})
+    yield c
+    c.close()
+
+
+class Received:
+    """A push consumer of ``topic`` recording (body, received ms, properties)."""
+
+    def __init__(self, cluster, group, topic):
+        self.got: list = []
+        self.lock = threading.Lock()
+        self.c = PushConsumer(cluster.namesrv_addr, group, **FAST)
+        self.c.subscribe(topic, "*")
+
+        def listener(msgs, ctx):
+            now = int(time.time() * 1000)
+            with self.lock:
+                self.got += [(m.body, now, dict(m.properties), m.queue_id) for m in msgs]
+            return "CONSUME_SUCCESS"
+        self.c.register_message_listener(listener)
+        self.c.start()
+
+    def bodies(self):
+        with self.lock:
+            return [g[0] for g in self.got]
+
+    def wait(self, n, timeout_s=30.0):
+        wait_for(lambda: len(self.bodies()) >= n, timeout_s, what=f"{n} deliveries")
+        return list(self.got)
+
+    def close(self):
+        self.c.shutdown()
+
+
+def test_deliver_time_never_early_and_within_precision(cluster):
+    create_topic(cluster, "TM1", 4)
+    r = Received(cluster, "tm-g1", "TM1")
+    try:
+        base = int(time.time() * 1000) + 2500
+        want = {}
+        with Producer(cluster.namesrv_addr, group="tm-p1") as p:
+            for i in range(60):
+                at = base + (i * 37) % 1500          # spread over a second and a half
+                body = b"t-%d" % i
+                res = p.send(Message("TM1", body, deliver_time_ms=at))
+                assert res.status.value == "SEND_OK"
+                want[body] = at
+        assert not r.bodies()                          # nothing before its time
+        got = r.wait(60)
+        time.sleep(0.3)
+        assert sorted(r.bodies()) == sorted(want)      # each once
+        for body, now, props, _q in got:
+            assert now >= want[body], f"{body} early by {want[body] - now} ms"
+            assert now - want[body] <= PRECISION_MS + 3000     # loose: 2 shared cores
+            assert props["TIMER_DELIVER_MS"] == str(want[body])
+            assert "REAL_TOPIC" not in props and "TIMER_DEQUEUE_MS" in props
+    finally:
+        r.close()
+
+
+def test_delay_past_and_limit(cluster):
+    create_topic(cluster, "TM2", 2)
+    r = Received(cluster, "tm-g2", "TM2")
+    try:
+        with Producer(cluster.namesrv_addr, group="tm-p2") as p:
+            t0 = int(time.time() * 1000)
+            p.send(Message("TM2", b"delay", delay_time_ms=1200))
+            p.send(Message("TM2", b"past", deliver_time_ms=t0 - 60_000))
+            with pytest.raises(MQBrokerError, match="timerMaxDelaySec"):
+                p.send(Message("TM2", b"too-far", deliver_time_ms=t0 + 3_700_000))
+            got = r.wait(2)
+        by = {b: now for b, now, _p, _q in got}
+        assert by[b"past"] - t0 < 1200                 # at once
+        assert by[b"delay"] - t0 >= 1200
+        assert b"too-far" not in by
+    finally:
+        r.close()
+    with pytest.raises(MQClientError):
+        Message("TM2", b"x", deliver_time_ms=-1)
+    with pytest.raises(MQClientError):
+        Message("TM2", b"x", delay_time_level=2, delay_time_ms=10)
+    with pytest.raises(MQClientError):
+        Message("TM2", b"x", deliver_time_ms=1, delay_time_ms=10)
+
+
+def test_admin_lists_pending_timers_and_consumers_never_see_the_timer_queue(cluster):
+    create_topic(cluster, "TM3", 1)
+    at = int(time.time() * 1000) + 600_000
+    with Producer(cluster.namesrv_addr, group="tm-p3") as p:
+        ids = [p.send(Message("TM3", b"later-%d" % i, deliver_time_ms=at + i)).msg_id for i in range(5)]
+    with Admin(cluster.namesrv_addr) as a:
+        view = wait_for(lambda: (lambda v: v if v["total"] >= 5 else None)(a.pending_timers()),
+                        what="5 pending timers")
+    rows = [x for x in view["timers"] if x["topic"] == "TM3"]
+    assert sorted(x["msgId"] for x in rows) == sorted(ids)
+    assert all(x["deliverTimeMs"] >= at for x in rows)
+    out = CliRunner().invoke(cli, ["admin", "timers", "-n", cluster.namesrv_addr, "--json"])
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.output)["total"] >= 5
+    out = CliRunner().invoke(cli, ["admin", "timers", "-n", cluster.namesrv_addr])
+    assert out.exit_code == 0 and "TM3" in out.output
+    with PullConsumer(cluster.namesrv_addr, group="tm-g3") as pc:
+        assert pc.max_offset(MessageQueue("TM3", "broker-a", 0)) == 0     # parked, not in TM3
+        assert pc.max_offset(MessageQueue(TIMER_TOPIC, "broker-a", 0)) >= 5
+
+
+def test_asyncio_producer_timer(cluster):
+    create_topic(cluster, "TM4", 1)
+    r = Received(cluster, "tm-g4", "TM4")
+    try:
+        async def go():
+            async with AsyncProducer(cluster.namesrv_addr, group="tm-p4") as p:
+                return await p.send(Message("TM4", b"aio", delay_time_ms=800))
+        t0 = int(time.time() * 1000)
+        asyncio.run(go())
+        got = r.wait(1)
+        assert got[0][1] - t0 >= 800
+    finally:
+        r.close()
+
+
+def test_timers_survive_a_restart(tmp_path):
+    with Cluster(tmp_path / "store", conf={"timerPrecisionMs": "100"}) as c:
+        create_topic(c, "TM5", 2)
+        at = int(time.time() * 1000) + 4000
+        with Producer(c.namesrv_addr, group="tm-p5") as p:
+            for i in range(50):
+                p.send(Message("TM5", b"r-%d" % i, deliver_time_ms=at + i * 10))
+        with Admin(c.namesrv_addr) as a:
+            wait_for(lambda: a.pending_timers()["total"] >= 50, what="50 timers in the wheel")
+        c.stop_group()
+        c.start_group()
+        r = Received(c, "tm-g5", "TM5")
+        try:
+            got = r.wait(50, timeout_s=40)
+            time.sleep(1.0)
+            assert sorted(r.bodies()) == sorted(b"r-%d" % i for i in range(50))
+            assert all(now >= at for _b, now, _p, _q in got)
+        finally:
+            r.close()
