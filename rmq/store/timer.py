@@ -390,6 +390,8 @@ class TimerLog:
                 if size != UNIT_SIZE or (magic | 0xF) != 0xF or pos + UNIT_SIZE > mf.file_size:
                     break
                 u = _UNIT.unpack_from(mf, pos)
+                if not magic & MAGIC_DEFAULT or u[6] <= 0:
+                    break                             # every unit has MAGIC_DEFAULT and a size: a torn one
                 self.recovered.append((mf.file_from_offset + pos, u[3] + u[4]))
                 pos += UNIT_SIZE
             mf.wrote_position = mf.file_size if full else pos
