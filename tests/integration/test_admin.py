@@ -32,7 +32,7 @@ COMMANDS = [("updateTopic", "update-topic"), ("deleteTopic", "delete-topic"), ("
             ("updateBrokerConfig", "update-broker-config"), ("getBrokerConfig", "get-broker-config"),
             ("promoteSlave", "promote-slave"), ("statsAll", "stats-all"), ("resendMessage", "resend-message"),
             ("producerConnection", "producer-connection"), ("queryMsgTraceById", "query-msg-trace-by-id"),
-            ("halfMessages", "half-messages")]
+            ("halfMessages", "half-messages"), ("pendingTimers", "timers")]
 N_SEEDED = 6
 
 
