@@ -19,7 +19,8 @@ def validate_batch(batch: bytes, extra_props: bytes, topic_len: int, sys_flag: i
 def append_batch(mf: MappedFile, batch: bytes, topic: bytes, queue_id: int, queue_offset: int, sys_flag: int,
                  born_timestamp: int, born_host: bytes, store_host: bytes, store_timestamp: int,
                  extra_props: bytes, prop_crc: bool, reconsume_times: int, prepared_transaction_offset: int,
-                 max_body_size: int, out_physical_offsets: array) -> tuple[int, int, int, int]: ...
+                 max_body_size: int, out_physical_offsets: array,
+                 born_timestamps: array | None = None) -> tuple[int, int, int, int]: ...
 def check_message(data: bytes, pos: int = 0, check_crc: bool = True,
                   require_prop_crc: bool = False) -> tuple[str, int]: ...
 def scan_valid(mf: MappedFile, pos: int, check_crc: bool,

@@ -358,7 +358,8 @@ def append_batch(MappedFile mf, const unsigned char[::1] batch, const unsigned c
                  const unsigned char[::1] store_host, int64_t store_timestamp,
                  const unsigned char[::1] extra_props, bint prop_crc,
                  int32_t reconsume_times, int64_t prepared_transaction_offset,
-                 int64_t max_body_size, int64_t[::1] out_physical_offsets):
+                 int64_t max_body_size, int64_t[::1] out_physical_offsets,
+                 const int64_t[::1] born_timestamps=None):
     """Append a whole batch as CommitLog records at ``mf.wrote_position``.
 
     Parameters
@@ -386,6 +387,9 @@ def append_batch(MappedFile mf, const unsigned char[::1] batch, const unsigned c
         maxMessageSize, bytes.
     out_physical_offsets : int64 buffer
         Receives the physical offset of each record (length >= count).
+    born_timestamps : int64 buffer, optional
+        One BORNTIMESTAMP (ms) per element (length >= count), instead of ``born_timestamp`` for
+        all: a re-put of many stored messages keeps each one's (the timer service).
 
     Returns
     -------
@@ -419,6 +423,10 @@ def append_batch(MappedFile mf, const unsigned char[::1] batch, const unsigned c
     count, total_bytes = validate_batch(batch, extra_props, topic_len, sys_flag, max_body_size, prop_crc)
     if out_physical_offsets.shape[0] < count:
         raise ValueError(f"out_physical_offsets holds {out_physical_offsets.shape[0]} offsets, batch has {count}")
+    cdef bint per_born = born_timestamps is not None
+    if per_born and born_timestamps.shape[0] < count:
+        raise MessageIllegalError(f"born_timestamps holds {born_timestamps.shape[0]} values, batch has {count}")
+    cdef const int64_t* bts = &born_timestamps[0] if per_born and born_timestamps.shape[0] else NULL
     cdef int64_t file_size = mf.file_size
     if total_bytes + END_FILE_MIN_BLANK_LENGTH > file_size:
         raise MessageIllegalError(
@@ -469,7 +477,7 @@ def append_batch(MappedFile mf, const unsigned char[::1] batch, const unsigned c
             store_be64(p + MSG_QUEUE_OFFSET_OFFSET, qo if count_queue else 0)
             store_be64(p + MSG_PHYSICAL_OFFSET_OFFSET, file_from + wrote)
             store_be32(p + MSG_SYS_FLAG_OFFSET, sys_flag)
-            store_be64(p + MSG_BORN_TIMESTAMP_OFFSET, born_timestamp)
+            store_be64(p + MSG_BORN_TIMESTAMP_OFFSET, bts[i] if bts != NULL else born_timestamp)
             memcpy(p + MSG_BORN_HOST_OFFSET, bh, bh_len)
             q = MSG_BORN_HOST_OFFSET + bh_len
             store_be64(p + q, store_timestamp)

@@ -130,8 +130,12 @@ class CommitLog:
     def append(self, topic: bytes, queue_id: int, queue_offset: int, batch: bytes, *,
                sys_flag: int = 0, born_timestamp: int = 0, born_host: Optional[bytes] = None,
                extra_props: bytes = b"", reconsume_times: int = 0,
-               prepared_transaction_offset: int = 0, count_hint: int = 0) -> AppendResult:
+               prepared_transaction_offset: int = 0, count_hint: int = 0,
+               born_timestamps=None) -> AppendResult:
         """Append a batch (RocketMQ batch encoding) as CommitLog records.
+
+        ``born_timestamps``: an ``array("q")`` of one born timestamp (ms) per element, instead of
+        ``born_timestamp`` for all.
 
         Raises
         ------
@@ -158,7 +162,8 @@ class CommitLog:
                     status, count, wrote, qinc = _cl.append_batch(
                         mf, batch, topic, queue_id, queue_offset, sys_flag, born_timestamp, bh,
                         self.store_host, store_ts, extra_props, self.config.enabled_append_prop_crc,
-                        reconsume_times, prepared_transaction_offset, self.config.max_message_size, out)
+                        reconsume_times, prepared_transaction_offset, self.config.max_message_size, out,
+                        born_timestamps)
                 except ValueError as e:
                     if "out_physical_offsets" not in str(e):
                         raise

@@ -611,12 +611,15 @@ class MessageStore:
 
     def put_encoded(self, topic: str, queue_id: int, batch, properties: Optional[dict], sys_flag: int,
                     born_timestamp: Optional[int], born_host: Optional[bytes], reconsume_times: int,
-                    count_hint: int, prepared_transaction_offset: int = 0) -> PutMessageResult:
+                    count_hint: int, prepared_transaction_offset: int = 0,
+                    born_timestamps=None) -> PutMessageResult:
         """Store messages already in RocketMQ's batch encoding (one or many), without the
         batch-size check of :meth:`put_messages` (a single message may be a whole
         ``maxMessageSize`` body).  The broker's send path and the schedule service use it.
         ``prepared_transaction_offset``: the PREPARED TRANSACTION OFFSET field (bytes; the half
         message's physical offset on a transaction's COMMIT record, SPEC.md §1.1 field 14).
+        ``born_timestamps``: an ``array("q")`` of one BORNTIMESTAMP (ms) per message, instead of
+        ``born_timestamp`` for all (the timer service's re-puts).
         Same result contract as :meth:`put_message`."""
         status = self._check_store_status()
         if status is not None:
@@ -639,7 +642,8 @@ class MessageStore:
                     tb, queue_id, qo, batch, sys_flag=sys_flag,
                     born_timestamp=born_timestamp if born_timestamp is not None else int(time.time() * 1000),
                     born_host=born_host, extra_props=extra, reconsume_times=reconsume_times,
-                    prepared_transaction_offset=prepared_transaction_offset, count_hint=count_hint)
+                    prepared_transaction_offset=prepared_transaction_offset, count_hint=count_hint,
+                    born_timestamps=born_timestamps)
             except MessageIllegalError as e:
                 return PutMessageResult(PutMessageStatus(e.status), str(e))
             except StoreDiskFullError as e:

@@ -58,6 +58,7 @@ import os
 import struct
 import time
 import uuid
+from array import array
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -116,6 +117,7 @@ _MARK_AT = _CHECKPOINT.size
 DEQUEUE_SLICE = 2048                         # units re-put per call of run() (the broker serves between)
 ENQUEUE_SLICE = 1024                         # queue entries enqueued per call of run()
 READ_BATCH = 64                              # messages per read of the timer queue
+REPUT_BATCH_BYTES = 1 << 20                  # bodies per CommitLog batch of re-puts (one message may be more)
 
 
 class TimerMessageError(ValueError):
@@ -416,6 +418,7 @@ class _Due:
     units: list                                       # (deliver ms, pos, offsetPy, sizePy, magic, writeTime)
     index: int
     mark: int                                         # CommitLog end when the slot started
+    done_pos: set                                     # TimerLog offsets re-put in a slice cut short
 
 
 class TimerMessageStore:
@@ -610,7 +613,8 @@ class TimerMessageStore:
         if delayed < self.curr_write_time_ms:
             # already due (a late enqueue, a restart): straight to the real topic
             unit = (exact, -1, m.commitlog_offset, m.store_size, MAGIC_DEFAULT, 2 ** 63 - 1)
-            return self._deliver(unit, m)
+            _done, blocked = self._deliver_units([unit], [m])
+            return not blocked
         self._append_unit(m.commitlog_offset, m.store_size, delayed, exact, props.get(PROPERTY_REAL_TOPIC))
         self.stats["enqueued"] += 1
         return True
@@ -643,14 +647,18 @@ class TimerMessageStore:
                     self.curr_read_time_ms += self.precision_ms
                     continue
                 due = self._due = _Due(self.curr_read_time_ms, self._read_chain(slot.last_pos), 0,
-                                       self.store.get_max_phy_offset())
-                done += len(due.units) // 16          # walking the chain costs too
-            while due.index < len(due.units) and done < budget:
-                u = due.units[due.index]
-                if not self._deliver(u, None):
-                    return True                        # refused: this unit again on the next call
-                due.index += 1
-                done += 1
+                                       self.store.get_max_phy_offset(), set())
+                if len(due.units) > budget:
+                    return True                       # a crowded slot: its re-puts start on the next call
+            end = min(len(due.units), due.index + max(1, budget - done))
+            batch = [u for u in due.units[due.index:end] if u[1] not in due.done_pos]
+            ok, blocked = self._deliver_units(batch)
+            if blocked:                               # refused for now: the rest of this slice later
+                due.done_pos.update(batch[k][1] for k in ok)
+                return True
+            done += end - due.index
+            due.index = end
+            due.done_pos.clear()
             if due.index >= len(due.units):
                 self._due = None
                 self.curr_read_time_ms = due.time_ms + self.precision_ms
@@ -672,56 +680,85 @@ class TimerMessageStore:
         units.sort()                                  # deliver-time order, enqueue order among equals
         return units
 
-    def _deliver(self, unit: tuple, m) -> bool:
-        """Re-put one timer: to its real topic, or rolled back to the timer queue.  Returns False
-        when the store refused it for now (retry); True when done or skipped for good."""
-        exact, _pos, offset_py, _size_py, magic, write_time = unit
-        if m is None:
-            m = self._message(offset_py)
-        if m is None:
-            self.stats["missing"] += 1
-            log.warning("timer message at CommitLog offset %d is gone (expired?): not delivered", offset_py)
-            return True
-        props = dict(m.properties)
-        roll = bool(magic & MAGIC_ROLL)
-        now = int(time.time() * 1000)
-        props.pop("__CRC32#", None)
-        props[PROPERTY_TIMER_ENQUEUE_MS] = str(write_time)
-        if roll:
-            props[PROPERTY_TIMER_ROLL_TIMES] = str(int(props.get(PROPERTY_TIMER_ROLL_TIMES, "0") or 0) + 1)
-        props[PROPERTY_TIMER_DEQUEUE_MS] = str(now)
-        key = _delivery_key(props, roll)
-        if self._delivered and key in self._delivered:
-            self.stats["skippedDuplicates"] += 1
-            return True
-        if roll:
-            topic, qid = TIMER_TOPIC, TIMER_QUEUE_ID
-        else:
-            topic = props.pop(PROPERTY_REAL_TOPIC, None)
-            qid_s = props.pop(PROPERTY_REAL_QID, None)
-            if not topic or qid_s is None or not qid_s.isdigit():
-                log.error("timer message at %d has no REAL_TOPIC / REAL_QID: dropped", offset_py)
-                return True
-            qid = int(qid_s)
-        props["WAIT"] = "false"
-        try:
-            batch = _cl.encode_batch([(m.body, _cl.encode_properties(props), m.flag)])
-        except ValueError as e:
-            log.error("timer message at %d cannot be re-encoded (%s): dropped", offset_py, e)
-            return True
-        res = self.store.put_encoded(topic, qid, batch, None, m.sys_flag & ~TRANSACTION_TYPE_MASK,
-                                     m.born_timestamp, m.born_host, m.reconsume_times, 1)
-        if not res.ok:
-            self.stats["putFailures"] += 1
-            if res.status in (PutMessageStatus.MESSAGE_ILLEGAL, PutMessageStatus.PROPERTIES_SIZE_EXCEEDED):
-                log.error("timer message at %d refused for good (%s %s): dropped", offset_py, res.status, res.remark)
-                return True
-            log.warning("timer message at %d not re-put yet: %s %s", offset_py, res.status, res.remark)
-            return False
-        self.stats["rolled" if roll else "delivered"] += 1
-        if self.on_put is not None:
-            self.on_put(topic, qid, res)
-        return True
+    def _deliver_units(self, units: list, msgs: Optional[list] = None) -> tuple[set, bool]:
+        """Re-put timers: each to its real topic, or (rolled) back to the timer queue, in batches per
+        (topic, queue, born host, sysflag, reconsume times) that keep each message's born time.
+
+        Returns (indexes of ``units`` done -- re-put, or skipped for good --, blocked): blocked when
+        the store refused a batch for now (retry those later)."""
+        store = self.store
+        done: set = set()
+        groups: dict = {}
+        now = str(int(time.time() * 1000))
+        delivered = self._delivered
+        for k, unit in enumerate(units):
+            _exact, _pos, offset_py, _size_py, magic, write_time = unit
+            m = msgs[k] if msgs is not None else self._message(offset_py)
+            if m is None:
+                self.stats["missing"] += 1
+                log.warning("timer message at CommitLog offset %d is gone (expired?): not delivered", offset_py)
+                done.add(k)
+                continue
+            props = dict(m.properties)
+            roll = bool(magic & MAGIC_ROLL)
+            props.pop("__CRC32#", None)
+            props[PROPERTY_TIMER_ENQUEUE_MS] = str(write_time)
+            if roll:
+                props[PROPERTY_TIMER_ROLL_TIMES] = str(int(props.get(PROPERTY_TIMER_ROLL_TIMES, "0") or 0) + 1)
+            props[PROPERTY_TIMER_DEQUEUE_MS] = now
+            if delivered and _delivery_key(props, roll) in delivered:
+                self.stats["skippedDuplicates"] += 1
+                done.add(k)
+                continue
+            if roll:
+                topic, qid = TIMER_TOPIC, TIMER_QUEUE_ID
+            else:
+                topic = props.pop(PROPERTY_REAL_TOPIC, None)
+                qid_s = props.pop(PROPERTY_REAL_QID, None)
+                if not topic or qid_s is None or not qid_s.isdigit():
+                    log.error("timer message at %d has no REAL_TOPIC / REAL_QID: dropped", offset_py)
+                    done.add(k)
+                    continue
+                qid = int(qid_s)
+            props["WAIT"] = "false"
+            try:
+                pb = _cl.encode_properties(props)
+            except ValueError as e:
+                log.error("timer message at %d cannot be re-encoded (%s): dropped", offset_py, e)
+                done.add(k)
+                continue
+            gk = (topic, qid, m.born_host, m.sys_flag & ~TRANSACTION_TYPE_MASK, m.reconsume_times)
+            groups.setdefault(gk, []).append((k, m.body, pb, m.flag, m.born_timestamp, roll))
+        for (topic, qid, born_host, sys_flag, reconsume), elems in groups.items():
+            start = 0
+            while start < len(elems):
+                size, end = 0, start
+                while end < len(elems) and (end == start or size + len(elems[end][1]) <= REPUT_BATCH_BYTES):
+                    size += len(elems[end][1]) + len(elems[end][2])
+                    end += 1
+                chunk = elems[start:end]
+                batch = _cl.encode_batch([(body, pb, flag) for _k, body, pb, flag, _b, _r in chunk])
+                borns = array("q", [b for _k, _body, _pb, _f, b, _r in chunk])
+                res = store.put_encoded(topic, qid, batch, None, sys_flag, borns[0], born_host, reconsume,
+                                        len(chunk), born_timestamps=borns)
+                if not res.ok:
+                    self.stats["putFailures"] += 1
+                    if res.status in (PutMessageStatus.MESSAGE_ILLEGAL, PutMessageStatus.PROPERTIES_SIZE_EXCEEDED):
+                        log.error("%d timer messages refused for good (%s %s): dropped", len(chunk), res.status,
+                                  res.remark)
+                        done.update(e[0] for e in chunk)
+                        start = end
+                        continue
+                    log.warning("%d timer messages not re-put yet: %s %s", len(chunk), res.status, res.remark)
+                    return done, True
+                done.update(e[0] for e in chunk)
+                n_roll = sum(1 for e in chunk if e[5])
+                self.stats["rolled"] += n_roll
+                self.stats["delivered"] += len(chunk) - n_roll
+                if self.on_put is not None:
+                    self.on_put(topic, qid, res)
+                start = end
+        return done, False
 
     # -- durability --------------------------------------------------------------------------
     def flush(self) -> None:
