@@ -13,6 +13,7 @@ slave starts the service from its own (replicated) timer queue.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import TYPE_CHECKING, Optional
 
@@ -60,13 +61,21 @@ class TimerService:
         if self.ready or not self.enabled or self._recover_target < 0 \
                 or self.b.dispatched_offset < self._recover_target:
             return
+        self.ready = True
+        self._open_if_used()
+
+    def _open_if_used(self) -> None:
+        """Load the timer store -- only once a timer was ever sent (its files exist, or the timer
+        queue holds a record): a broker without timers keeps no 40 MB wheel."""
+        store = self.b.store
+        if not os.path.exists(os.path.join(store.config.store_path_root_dir, "timerwheel")) \
+                and store.get_max_offset_in_queue(TIMER_TOPIC, 0) <= 0:
+            return
         t0 = time.monotonic()
-        ts = TimerMessageStore(self.b.store, on_put=self._on_put)
+        ts = TimerMessageStore(store, on_put=self._on_put)
         ts.load()
         self.timer_store = ts
-        self.ready = True
         log.info("timer store ready in %.0f ms", (time.monotonic() - t0) * 1000.0)
-        self.tick()
 
     def _on_put(self, topic: str, queue_id: int, res) -> None:
         b = self.b
@@ -76,9 +85,13 @@ class TimerService:
 
     def tick(self) -> None:
         """One slice; a follow-up right after when work is left (a crowded slot, a backlog)."""
-        ts = self.timer_store
-        if not self.ready or ts is None or self.b.role == "SLAVE":
+        if not self.ready or self.b.role == "SLAVE":
             return
+        if self.timer_store is None:
+            self._open_if_used()
+            if self.timer_store is None:
+                return
+        ts = self.timer_store
         try:
             more = ts.run()
         except Exception:  # noqa: BLE001 - never kill the broker loop; the next tick retries

@@ -53,16 +53,16 @@ the work in slices).
 from __future__ import annotations
 
 import logging
-import mmap
 import os
 import struct
 import time
 import uuid
 from array import array
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from rmq._core import commitlog as _cl
+from rmq._core.mapped_file import MappedFile
 from rmq._core.layout import TRANSACTION_TYPE_MASK
 from rmq.status import GetMessageStatus, PutMessageStatus
 from rmq.store.mapped_file_queue import MappedFileQueue
@@ -117,6 +117,7 @@ _MARK_AT = _CHECKPOINT.size
 DEQUEUE_SLICE = 2048                         # units re-put per call of run() (the broker serves between)
 ENQUEUE_SLICE = 1024                         # queue entries enqueued per call of run()
 READ_BATCH = 64                              # messages per read of the timer queue
+WARM_AHEAD_MS = 2000                         # a slot is prepared up to this long before it is due
 REPUT_BATCH_BYTES = 1 << 20                  # bodies per CommitLog batch of re-puts (one message may be more)
 
 
@@ -225,12 +226,12 @@ EMPTY_SLOT = Slot(-1, -1, -1)
 
 
 class TimerWheel:
-    """The ``timerwheel`` file: ``2 x slots_total`` 32-byte slots, mmap'd (``TimerWheel.java``).
+    """The ``timerwheel`` file: ``2 x slots_total`` 32-byte slots, one MappedFile (``TimerWheel.java``).
 
     Raises
     ------
-    StoreError-like ValueError
-        An existing file of another length (another precision build or slot count).
+    StoreError
+        An existing file of another length (another slot count), or it cannot be created.
     """
 
     def __init__(self, path: str, slots_total: int, precision_ms: int):
@@ -239,22 +240,13 @@ class TimerWheel:
         self.precision_ms = precision_ms
         self.length = slots_total * 2 * SLOT_SIZE
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            size = os.fstat(fd).st_size
-            if size not in (0, self.length):
-                raise ValueError(f"timer wheel {path} is {size} bytes, expected {self.length}")
-            if size == 0:
-                os.ftruncate(fd, self.length)           # sparse: untouched slots cost no disk
-            self._mm = mmap.mmap(fd, self.length, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        finally:
-            os.close(fd)
+        self._mf = MappedFile(path, self.length, True)
 
     def slot_index(self, time_ms: int) -> int:
         return (time_ms // self.precision_ms) % (self.slots_total * 2)
 
     def get_raw_slot(self, time_ms: int) -> Slot:
-        t, first, last, num, magic = _SLOT.unpack_from(self._mm, self.slot_index(time_ms) * SLOT_SIZE)
+        t, first, last, num, magic = _SLOT.unpack_from(self._mf, self.slot_index(time_ms) * SLOT_SIZE)
         return Slot(t * self.precision_ms, first, last, num, magic)
 
     def get_slot(self, time_ms: int) -> Slot:
@@ -264,7 +256,7 @@ class TimerWheel:
         return s
 
     def put_slot(self, time_ms: int, first_pos: int, last_pos: int, num: int, magic: int = 0) -> None:
-        _SLOT.pack_into(self._mm, self.slot_index(time_ms) * SLOT_SIZE, time_ms // self.precision_ms,
+        _SLOT.pack_into(self._mf, self.slot_index(time_ms) * SLOT_SIZE, time_ms // self.precision_ms,
                         first_pos, last_pos, num, magic)
 
     def revise_slot_last(self, time_ms: int, last_pos: int) -> None:
@@ -282,7 +274,7 @@ class TimerWheel:
         out = []
         n = self.slots_total * 2
         first = start % n
-        for idx, (t, f, last, num, magic) in enumerate(_SLOT.iter_unpack(self._mm)):
+        for idx, (t, f, last, num, magic) in enumerate(_SLOT.iter_unpack(memoryview(self._mf))):
             if t <= 0:
                 continue
             i = (idx - first) % n
@@ -292,47 +284,48 @@ class TimerWheel:
         return out
 
     def flush(self) -> None:
-        self._mm.flush()
+        """msync the whole wheel (slots change anywhere; clean pages cost nothing) -- through
+        MappedFile's journaled sync (RELIABILITY.md T1b)."""
+        mf = self._mf
+        mf.wrote_position = self.length
+        mf.flushed_position = 0
+        mf.flush(0)
 
     def close(self) -> None:
         try:
-            self._mm.flush()
+            self.flush()
         finally:
-            self._mm.close()
+            self._mf.close()
 
 
 class TimerCheckpoint:
-    """``config/timercheck`` (``TimerCheckpoint.java``) plus rmq's delivery mark (module docstring)."""
+    """``config/timercheck`` (``TimerCheckpoint.java``: one OS page) plus rmq's delivery mark
+    (module docstring)."""
 
     def __init__(self, path: str):
         self.path = path
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        existed = os.path.exists(path) and os.path.getsize(path) > 0
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            if os.fstat(fd).st_size < CHECKPOINT_PAGE:
-                os.ftruncate(fd, CHECKPOINT_PAGE)
-            self._mm = mmap.mmap(fd, CHECKPOINT_PAGE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        finally:
-            os.close(fd)
+        self.existed = os.path.exists(path)
+        self._mf = MappedFile(path, CHECKPOINT_PAGE, True)
         (self.last_read_time_ms, self.last_timer_log_flush_pos, self.last_timer_queue_offset,
          self.master_timer_queue_offset, self.state_version, self.timestamp, self.counter) = \
-            _CHECKPOINT.unpack_from(self._mm, 0)
-        magic, mark = _MARK.unpack_from(self._mm, _MARK_AT)
+            _CHECKPOINT.unpack_from(self._mf, 0)
+        magic, mark = _MARK.unpack_from(self._mf, _MARK_AT)
         self.delivery_mark = mark if magic == RMQ_MARK_MAGIC else -1
-        self.existed = existed
 
     def flush(self) -> None:
         self.counter += 1
         self.timestamp = int(time.time() * 1000)
-        _CHECKPOINT.pack_into(self._mm, 0, self.last_read_time_ms, self.last_timer_log_flush_pos,
+        _CHECKPOINT.pack_into(self._mf, 0, self.last_read_time_ms, self.last_timer_log_flush_pos,
                               self.last_timer_queue_offset, self.master_timer_queue_offset,
                               self.state_version, self.timestamp, self.counter)
-        _MARK.pack_into(self._mm, _MARK_AT, RMQ_MARK_MAGIC, self.delivery_mark)
-        self._mm.flush()
+        _MARK.pack_into(self._mf, _MARK_AT, RMQ_MARK_MAGIC, self.delivery_mark)
+        self._mf.wrote_position = CHECKPOINT_PAGE
+        self._mf.flushed_position = 0
+        self._mf.flush(0)
 
     def close(self) -> None:
-        self._mm.close()
+        self._mf.close()
 
 
 class TimerLog:
@@ -413,12 +406,17 @@ class TimerLog:
 
 @dataclass
 class _Due:
-    """A slot being re-put: its units in deliver-time order and how far it got."""
+    """The next slot: its units collected and prepared ahead of its time (warm-up), then re-put in
+    deliver-time order once due, and how far that got."""
     time_ms: int
-    units: list                                       # (deliver ms, pos, offsetPy, sizePy, magic, writeTime)
-    index: int
-    mark: int                                         # CommitLog end when the slot started
-    done_pos: set                                     # TimerLog offsets re-put in a slice cut short
+    mark: int                                         # CommitLog end when the slot was taken up
+    head: int                                         # newest unit collected (the chain head then)
+    cursor: int                                       # next older unit to collect; -1: all collected
+    units: list = field(default_factory=list)         # (deliver ms, pos, offsetPy, sizePy, magic, writeTime)
+    prepared: dict = field(default_factory=dict)      # pos -> (group key, element) or None (skip)
+    index: int = 0                                    # units[:index] re-put (once sorted)
+    sorted: bool = False
+    done_pos: set = field(default_factory=set)        # TimerLog offsets re-put in a slice cut short
 
 
 class TimerMessageStore:
@@ -454,7 +452,8 @@ class TimerMessageStore:
         self.curr_read_time_ms = 0
         self.curr_write_time_ms = 0
         self.curr_queue_offset = 0
-        self._due: Optional[_Due] = None
+        self._due: Optional[_Due] = None              # the slot being re-put
+        self._warm: Optional[_Due] = None             # the next slot, prepared ahead of its time
         self._delivered: set = set()                  # keys delivered after the checkpoint (recovery)
         self._redo_until: tuple = (0, 0)              # (read time, queue offset) the redo ends at
         self._redo_mark: Optional[int] = None         # the CommitLog offset the skip set was read from
@@ -636,27 +635,38 @@ class TimerMessageStore:
         self.wheel.put_slot(delayed, pos if slot.first_pos == -1 else slot.first_pos, pos, slot.num + 1, slot.magic)
 
     def _dequeue(self, budget: int) -> bool:
+        """Re-put due slots; with nothing due, warm the slot filling now (collect and prepare its
+        units, so that only the CommitLog appends are left when it comes due).  True: work left."""
         done = 0
         while done < budget:
             due = self._due
             if due is None:
-                if self.curr_read_time_ms >= self.curr_write_time_ms:
-                    return False
-                slot = self.wheel.get_slot(self.curr_read_time_ms)
-                if slot.time_ms == -1:
-                    self.curr_read_time_ms += self.precision_ms
-                    continue
-                due = self._due = _Due(self.curr_read_time_ms, self._read_chain(slot.last_pos), 0,
-                                       self.store.get_max_phy_offset(), set())
-                if len(due.units) > budget:
-                    return True                       # a crowded slot: its re-puts start on the next call
+                t = self.curr_read_time_ms
+                if t >= self.curr_write_time_ms:
+                    return self._warm_next(budget - done)
+                w = self._warm
+                if w is not None and w.time_ms == t:
+                    due, self._warm = w, None         # prepared ahead: only the appends are left
+                    self._due = due
+                else:
+                    slot = self.wheel.get_slot(t)
+                    if slot.time_ms == -1:
+                        self.curr_read_time_ms += self.precision_ms
+                        continue
+                    due = self._due = _Due(t, self.store.get_max_phy_offset(), slot.last_pos, slot.last_pos)
+            if not due.sorted:
+                self._collect(due, self.wheel.get_slot(due.time_ms).last_pos, None)
+                due.units.sort()                      # deliver-time order, enqueue order among equals
+                due.sorted = True
             end = min(len(due.units), due.index + max(1, budget - done))
             batch = [u for u in due.units[due.index:end] if u[1] not in due.done_pos]
-            ok, blocked = self._deliver_units(batch)
+            ok, blocked = self._deliver_units(batch, prepared=due.prepared)
             if blocked:                               # refused for now: the rest of this slice later
                 due.done_pos.update(batch[k][1] for k in ok)
                 return True
             done += end - due.index
+            for u in due.units[due.index:end]:
+                due.prepared.pop(u[1], None)
             due.index = end
             due.done_pos.clear()
             if due.index >= len(due.units):
@@ -664,71 +674,126 @@ class TimerMessageStore:
                 self.curr_read_time_ms = due.time_ms + self.precision_ms
         return True
 
+    def _collect(self, due: _Due, head: int, budget: Optional[int]) -> bool:
+        """Add the slot's units not collected yet: those appended since ``due.head`` (all of them)
+        and older ones from ``due.cursor`` (``budget`` of them; None: all).  True when complete."""
+        tl = self.timer_log
+        pos = head
+        while pos != due.head and pos != -1:
+            u = tl.read_unit(pos)
+            if u is None or u[0] != UNIT_SIZE:
+                break
+            due.units.append(_unit_tuple(pos, u))
+            pos = u[1]
+        due.head = head
+        n = 0
+        while due.cursor != -1 and (budget is None or n < budget):
+            u = tl.read_unit(due.cursor)
+            if u is None or u[0] != UNIT_SIZE:
+                due.cursor = -1
+                break
+            due.units.append(_unit_tuple(due.cursor, u))
+            due.cursor = u[1]
+            n += 1
+        return due.cursor == -1
+
+    def _warm_next(self, budget: int) -> bool:
+        """Warm-up (RocketMQ's TimerDequeueWarmService, taken further): collect and prepare up to
+        ``budget`` units of the next non-empty slot within WARM_AHEAD_MS, so that only the CommitLog
+        appends are left when it comes due.  True: work left."""
+        p = self.precision_ms
+        t = self.curr_read_time_ms
+        horizon = self.curr_write_time_ms + max(WARM_AHEAD_MS, 2 * p)
+        while t <= horizon:
+            slot = self.wheel.get_slot(t)
+            if slot.time_ms != -1:
+                break
+            t += p
+        else:
+            return False
+        w = self._warm
+        if w is None or w.time_ms != t:
+            w = self._warm = _Due(t, self.store.get_max_phy_offset(), slot.last_pos, slot.last_pos)
+        complete = self._collect(w, slot.last_pos, budget)
+        n = 0
+        for u in w.units:
+            if n >= budget:
+                return True
+            if u[1] not in w.prepared:
+                w.prepared[u[1]] = self._prepare(u, None)
+                n += 1
+        return not complete
+
     def _read_chain(self, last_pos: int) -> list:
         units = []
         pos = last_pos
         tl = self.timer_log
-        seen = 0
-        while pos != -1 and seen < 50_000_000:
+        while pos != -1:
             u = tl.read_unit(pos)
             if u is None or u[0] != UNIT_SIZE:
                 break
-            _size, prev, magic, write_time, delay, offset_py, size_py, _h, exact = u
-            units.append((exact if exact > 0 else write_time + delay, pos, offset_py, size_py, magic, write_time))
-            pos = prev
-            seen += 1
-        units.sort()                                  # deliver-time order, enqueue order among equals
+            units.append(_unit_tuple(pos, u))
+            pos = u[1]
+        units.sort()
         return units
 
-    def _deliver_units(self, units: list, msgs: Optional[list] = None) -> tuple[set, bool]:
-        """Re-put timers: each to its real topic, or (rolled) back to the timer queue, in batches per
-        (topic, queue, born host, sysflag, reconsume times) that keep each message's born time.
+    def _prepare(self, unit: tuple, m) -> Optional[tuple]:
+        """A re-put ready to append: (group key, (body, properties, flag, born time, rolled)), or None
+        to skip it for good (gone, already delivered before a crash, unreadable)."""
+        _exact, _pos, offset_py, _size_py, magic, write_time = unit
+        if m is None:
+            m = self._message(offset_py)
+        if m is None:
+            self.stats["missing"] += 1
+            log.warning("timer message at CommitLog offset %d is gone (expired?): not delivered", offset_py)
+            return None
+        props = dict(m.properties)
+        roll = bool(magic & MAGIC_ROLL)
+        props.pop("__CRC32#", None)
+        props.pop(PROPERTY_TIMER_DEQUEUE_MS, None)            # set when appended
+        props[PROPERTY_TIMER_ENQUEUE_MS] = str(write_time)
+        if roll:
+            props[PROPERTY_TIMER_ROLL_TIMES] = str(int(props.get(PROPERTY_TIMER_ROLL_TIMES, "0") or 0) + 1)
+        if self._delivered and _delivery_key(props, roll) in self._delivered:
+            self.stats["skippedDuplicates"] += 1
+            return None
+        if roll:
+            topic, qid = TIMER_TOPIC, TIMER_QUEUE_ID
+        else:
+            topic = props.pop(PROPERTY_REAL_TOPIC, None)
+            qid_s = props.pop(PROPERTY_REAL_QID, None)
+            if not topic or qid_s is None or not qid_s.isdigit():
+                log.error("timer message at %d has no REAL_TOPIC / REAL_QID: dropped", offset_py)
+                return None
+            qid = int(qid_s)
+        props["WAIT"] = "false"
+        try:
+            pb = _cl.encode_properties(props)
+        except ValueError as e:
+            log.error("timer message at %d cannot be re-encoded (%s): dropped", offset_py, e)
+            return None
+        return ((topic, qid, m.born_host, m.sys_flag & ~TRANSACTION_TYPE_MASK, m.reconsume_times),
+                (m.body, pb, m.flag, m.born_timestamp, roll))
+
+    def _deliver_units(self, units: list, msgs: Optional[list] = None,
+                       prepared: Optional[dict] = None) -> tuple[set, bool]:
+        """Re-put timers: each to its real topic, or (rolled) back to the timer queue, in CommitLog
+        batches per (topic, queue, born host, sysflag, reconsume times) that keep each message's
+        born time; ``TIMER_DEQUEUE_MS`` is the time of the append.
 
         Returns (indexes of ``units`` done -- re-put, or skipped for good --, blocked): blocked when
         the store refused a batch for now (retry those later)."""
         store = self.store
         done: set = set()
         groups: dict = {}
-        now = str(int(time.time() * 1000))
-        delivered = self._delivered
         for k, unit in enumerate(units):
-            _exact, _pos, offset_py, _size_py, magic, write_time = unit
-            m = msgs[k] if msgs is not None else self._message(offset_py)
-            if m is None:
-                self.stats["missing"] += 1
-                log.warning("timer message at CommitLog offset %d is gone (expired?): not delivered", offset_py)
+            p = prepared.get(unit[1], False) if prepared is not None else False
+            if p is False:
+                p = self._prepare(unit, msgs[k] if msgs is not None else None)
+            if p is None:
                 done.add(k)
                 continue
-            props = dict(m.properties)
-            roll = bool(magic & MAGIC_ROLL)
-            props.pop("__CRC32#", None)
-            props[PROPERTY_TIMER_ENQUEUE_MS] = str(write_time)
-            if roll:
-                props[PROPERTY_TIMER_ROLL_TIMES] = str(int(props.get(PROPERTY_TIMER_ROLL_TIMES, "0") or 0) + 1)
-            props[PROPERTY_TIMER_DEQUEUE_MS] = now
-            if delivered and _delivery_key(props, roll) in delivered:
-                self.stats["skippedDuplicates"] += 1
-                done.add(k)
-                continue
-            if roll:
-                topic, qid = TIMER_TOPIC, TIMER_QUEUE_ID
-            else:
-                topic = props.pop(PROPERTY_REAL_TOPIC, None)
-                qid_s = props.pop(PROPERTY_REAL_QID, None)
-                if not topic or qid_s is None or not qid_s.isdigit():
-                    log.error("timer message at %d has no REAL_TOPIC / REAL_QID: dropped", offset_py)
-                    done.add(k)
-                    continue
-                qid = int(qid_s)
-            props["WAIT"] = "false"
-            try:
-                pb = _cl.encode_properties(props)
-            except ValueError as e:
-                log.error("timer message at %d cannot be re-encoded (%s): dropped", offset_py, e)
-                done.add(k)
-                continue
-            gk = (topic, qid, m.born_host, m.sys_flag & ~TRANSACTION_TYPE_MASK, m.reconsume_times)
-            groups.setdefault(gk, []).append((k, m.body, pb, m.flag, m.born_timestamp, roll))
+            groups.setdefault(p[0], []).append((k, *p[1]))
         for (topic, qid, born_host, sys_flag, reconsume), elems in groups.items():
             start = 0
             while start < len(elems):
@@ -739,8 +804,8 @@ class TimerMessageStore:
                 chunk = elems[start:end]
                 batch = _cl.encode_batch([(body, pb, flag) for _k, body, pb, flag, _b, _r in chunk])
                 borns = array("q", [b for _k, _body, _pb, _f, b, _r in chunk])
-                res = store.put_encoded(topic, qid, batch, None, sys_flag, borns[0], born_host, reconsume,
-                                        len(chunk), born_timestamps=borns)
+                res = store.put_encoded(topic, qid, batch, {PROPERTY_TIMER_DEQUEUE_MS: str(int(time.time() * 1000))},
+                                        sys_flag, borns[0], born_host, reconsume, len(chunk), born_timestamps=borns)
                 if not res.ok:
                     self.stats["putFailures"] += 1
                     if res.status in (PutMessageStatus.MESSAGE_ILLEGAL, PutMessageStatus.PROPERTIES_SIZE_EXCEEDED):
@@ -840,6 +905,12 @@ def _exact_deliver_ms(props: dict, store_ts: int, fallback: int) -> int:
             except ValueError:
                 pass
     return fallback + 1
+
+
+def _unit_tuple(pos: int, u: tuple) -> tuple:
+    """(deliver ms, pos, offsetPy, sizePy, magic, writeTime) of a TimerLog unit read at ``pos``."""
+    _size, _prev, magic, write_time, delay, offset_py, size_py, _h, exact = u
+    return (exact if exact > 0 else write_time + delay, pos, offset_py, size_py, magic, write_time)
 
 
 def _delivery_key(props: dict, rolled: bool) -> tuple:

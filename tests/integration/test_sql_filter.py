@@ -245,7 +245,9 @@ def test_the_broker_refuses_what_it_cannot_filter(loaded, tmp_path):
                 r = rc.invoke(plain.broker, Frame(RequestCode.UPDATE_BROKER_CONFIG,
                                                   bodies=[pack_body({"enablePropertyFilter": "true"})]))
                 assert r.code == ResponseCode.SUCCESS, r.remark
-            res = pc.pull(MessageQueue("P", "broker-a", 0), MessageSelector.by_sql("a > 5"), offset=0)
-            assert [m.body for m in res.msg_found_list] == [b"x"]
+            # (served once reput has dispatched the send: wait for it, the pull does not hold)
+            got = wait_for(lambda: pc.pull(MessageQueue("P", "broker-a", 0), MessageSelector.by_sql("a > 5"),
+                                           offset=0).msg_found_list, what="the filtered pull served")
+            assert [m.body for m in got] == [b"x"]
     finally:
         plain.close()
