@@ -169,3 +169,32 @@ def test_timers_survive_a_restart(tmp_path):
             assert all(now >= at for _b, now, _p, _q in got)
         finally:
             r.close()
+
+
+def test_timer_records_replicate_and_a_slave_keeps_no_wheel(tmp_path):
+    """The timer record and its delivery are CommitLog records: the slave has both (its timer queue
+    and the real topic's queue serve them); a slave runs no timer store (no timerwheel file) and
+    delivers nothing itself."""
+    import os
+
+    from rmq.client.remoting import RemotingClient
+    from tests.integration.test_broker import pull_all
+    from tests.integration.test_ha import HA_CONF, slave_conf, wait_replicated
+    with Cluster(tmp_path / "m", conf={**HA_CONF, "brokerRole": "ASYNC_MASTER", "timerPrecisionMs": "100"},
+                 with_ha=True) as m, \
+            Cluster(tmp_path / "s", conf={**slave_conf(), "timerPrecisionMs": "100"}, with_ha=True,
+                    namesrv_addr=m.namesrv_addr) as s, RemotingClient() as rc:
+        create_topic(m, "TMH", 1)
+        at = int(time.time() * 1000) + 1500
+        with Producer(m.namesrv_addr, group="tm-ha") as p:
+            p.send(Message("TMH", b"replicated", deliver_time_ms=at))
+        assert pull_all(rc, m.broker, "TMH", 0)[0] == []
+        wait_for(lambda: [bytes(x.body) for x in pull_all(rc, m.broker, "TMH", 0)[0]] == [b"replicated"],
+                 what="the delivery on the master")
+        wait_replicated(rc, m, s)
+        got = pull_all(rc, s.broker, "TMH", 0)[0]
+        assert [bytes(x.body) for x in got] == [b"replicated"]
+        assert got[0].store_timestamp >= at
+        assert [bytes(x.body) for x in pull_all(rc, s.broker, TIMER_TOPIC, 0)[0]] == [b"replicated"]
+        assert os.path.exists(os.path.join(m.store_path, "timerwheel"))
+        assert not os.path.exists(os.path.join(s.store_path, "timerwheel"))
