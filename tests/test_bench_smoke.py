@@ -17,6 +17,7 @@ pytestmark = pytest.mark.integration
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.mark.slow        # 33 s: the fast tier stays under 15 minutes on 2 cores (bench/README.md runs it)
 def test_bench_all_smoke(tmp_path):
     out = tmp_path / "bench.json"
     png = tmp_path / "bench.png"

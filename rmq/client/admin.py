@@ -854,13 +854,7 @@ class Admin:
             ``max_rows`` outside 1..10 000, or no such broker.
         MQBrokerError, RemotingTimeoutError
         """
-        if not isinstance(max_rows, int) or not 1 <= max_rows <= 10_000:
-            raise MQClientError(f"max_rows must be 1..10000, got {max_rows!r}")
-        masters = self._all_masters()
-        if broker is not None:
-            masters = [(n, a) for n, a in masters if broker in (n, a)]
-            if not masters:
-                raise MQClientError(f"no master broker {broker!r} in the cluster")
+        masters = self._masters_for_listing(broker, max_rows)
         out: dict = {"pending": 0, "ready": True, "halfMessages": [], "stats": {}}
         for name, addr in masters:
             body = _body(self._broker(addr, RequestCode.GET_HALF_MESSAGES, {"maxRows": max_rows}), "half messages")
@@ -893,13 +887,7 @@ class Admin:
             A broker with ``timerWheelEnable=false``.
         RemotingTimeoutError
         """
-        if not isinstance(max_rows, int) or not 1 <= max_rows <= 10_000:
-            raise MQClientError(f"max_rows must be 1..10000, got {max_rows!r}")
-        masters = self._all_masters()
-        if broker is not None:
-            masters = [(n, a) for n, a in masters if broker in (n, a)]
-            if not masters:
-                raise MQClientError(f"no master broker {broker!r} in the cluster")
+        masters = self._masters_for_listing(broker, max_rows)
         out: dict = {"total": 0, "ready": True, "timers": [], "brokers": {}}
         for name, addr in masters:
             body = _body(self._broker(addr, RequestCode.GET_TIMER_PENDING, {"maxRows": max_rows}), "pending timers")
@@ -911,6 +899,18 @@ class Admin:
             out["brokers"][name] = body
             out["timers"] += [dict(row, brokerName=name) for row in rows]
         return out
+
+    def _masters_for_listing(self, broker: Optional[str], max_rows: int) -> list:
+        """(name, address) of every master, or of ``broker`` (a name or an address), for the
+        per-broker listings (half messages, pending timers); ``max_rows`` checked (1..10 000)."""
+        if not isinstance(max_rows, int) or not 1 <= max_rows <= 10_000:
+            raise MQClientError(f"max_rows must be 1..10000, got {max_rows!r}")
+        masters = self._all_masters()
+        if broker is not None:
+            masters = [(n, a) for n, a in masters if broker in (n, a)]
+            if not masters:
+                raise MQClientError(f"no master broker {broker!r} in the cluster")
+        return masters
 
     def cluster_broker_addrs(self, cluster: str) -> list:
         """Master addresses of ``cluster``."""

@@ -198,3 +198,30 @@ def test_timer_records_replicate_and_a_slave_keeps_no_wheel(tmp_path):
         assert [bytes(x.body) for x in pull_all(rc, s.broker, TIMER_TOPIC, 0)[0]] == [b"replicated"]
         assert os.path.exists(os.path.join(m.store_path, "timerwheel"))
         assert not os.path.exists(os.path.join(s.store_path, "timerwheel"))
+
+
+def test_flow_control_and_a_disabled_wheel_refuse_timers(tmp_path):
+    """timerCongestNumEachSlot: a slot past the limit refuses more timers (SYSTEM_ERROR, nothing
+    stored); timerWheelEnable=false refuses every timer and the admin listing; plain sends and
+    delay levels still work."""
+    with Cluster(tmp_path / "cap", conf={"timerCongestNumEachSlot": "3"}) as c:
+        create_topic(c, "TMC", 1)
+        at = int(time.time() * 1000) + 300_000
+        with Producer(c.namesrv_addr, group="tm-cap", retry_times_when_send_failed=0) as p:
+            for i in range(4):                         # the 4th sees 3 in its slot once enqueued
+                p.send(Message("TMC", b"c-%d" % i, deliver_time_ms=at))
+            with Admin(c.namesrv_addr) as a:
+                wait_for(lambda: a.pending_timers()["total"] >= 4, what="4 timers in the slot")
+            with pytest.raises(MQBrokerError, match="flow control"):
+                p.send(Message("TMC", b"refused", deliver_time_ms=at))
+            p.send(Message("TMC", b"other-slot", deliver_time_ms=at + 5000))
+        with Admin(c.namesrv_addr) as a:
+            wait_for(lambda: a.pending_timers()["total"] == 5, what="5 timers, the refused one not stored")
+    with Cluster(tmp_path / "off", conf={"timerWheelEnable": "false"}) as c:
+        create_topic(c, "TMD", 1)
+        with Producer(c.namesrv_addr, group="tm-off", retry_times_when_send_failed=0) as p:
+            with pytest.raises(MQBrokerError, match="timerWheelEnable is false"):
+                p.send(Message("TMD", b"x", delay_time_ms=1000))
+            assert p.send(Message("TMD", b"plain")).status.value == "SEND_OK"
+        with Admin(c.namesrv_addr) as a, pytest.raises(MQBrokerError, match="timerWheelEnable"):
+            a.pending_timers()
