@@ -492,7 +492,15 @@ class TimerMessageStore:
         # what was delivered after the checkpoint: skipped while the redo repeats it
         if not ck.existed:
             self.curr_read_time_ms = now                  # a new wheel: nothing before now to walk
-        mark = ck.delivery_mark if ck.delivery_mark >= 0 else (self.store.get_min_phy_offset() if ck.existed else -1)
+        if ck.delivery_mark >= 0:
+            mark = ck.delivery_mark
+        elif ck.existed:
+            mark = self.store.get_min_phy_offset()        # a checkpoint without rmq's mark
+        else:
+            # no checkpoint but timer records (a promoted slave, lost files): the queue is enqueued
+            # from its start, so skip what another broker already delivered -- every delivery of a
+            # timer lies after that timer's own record
+            mark = self._first_timer_phy_offset(lo, hi)
         if mark >= 0:
             self._delivered = self._scan_deliveries(mark)
             self._redo_mark = mark
@@ -501,6 +509,13 @@ class TimerMessageStore:
         log.info("timer store recovered: read time %d, queue offset %d of %d, TimerLog end %d, "
                  "%d deliveries after the checkpoint", self.curr_read_time_ms, self.curr_queue_offset, hi, end,
                  len(self._delivered))
+
+    def _first_timer_phy_offset(self, lo: int, hi: int) -> int:
+        """CommitLog offset of the first record still in the timer queue; -1 when it is empty."""
+        if hi <= lo:
+            return -1
+        res = self.store.get_messages(TIMER_GROUP, TIMER_TOPIC, TIMER_QUEUE_ID, lo, 1)
+        return res.messages()[0].commitlog_offset if res.message_count else self.store.get_min_phy_offset()
 
     def _last_unit_pos(self, end: int) -> int:
         fs = self.timer_log.file_size

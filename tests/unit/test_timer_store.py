@@ -1,6 +1,7 @@
 """The timer store (rmq.store.timer) in process: RocketMQ 5's byte layouts and constants, the send-side
 transformation and its limits, deliver-time order within a slot, rolls beyond the roll window, TimerLog
 recovery of a torn tail, and a crash after re-puts but before the checkpoint (nothing delivered twice)."""
+import os
 import struct
 import time
 
@@ -184,5 +185,32 @@ def test_timerlog_torn_tail_is_cut_and_timers_survive(tmp_path):
     ts2.load()
     assert ts2.timer_log.max_offset() == end
     assert ts2.pending(100)["total"] == 10
+    ts2.close()
+    s2.shutdown()
+
+
+def test_without_timer_files_past_deliveries_are_not_repeated(tmp_path):
+    """A promoted slave (or lost timer files): the replicated timer queue is enqueued from its start
+    with no checkpoint; timers another broker already delivered are found and skipped."""
+    import shutil
+    s, ts = open_stores(tmp_path)
+    now = int(time.time() * 1000)
+    for i in range(10):
+        send_timer(s, "R", 0, now + 200 + i, f"p{i}")
+    drive(s, ts, lambda: ts.stats["delivered"] >= 10)
+    ts.close()
+    s.shutdown()
+    for name in ("timerwheel", "timerlog", os.path.join("config", "timercheck")):
+        path = os.path.join(str(tmp_path), name)
+        shutil.rmtree(path) if os.path.isdir(path) else os.unlink(path)
+    s2 = MessageStore(str(tmp_path), s.config)
+    ts2 = T.TimerMessageStore(s2, slots_total=3600)
+    ts2.load()
+    for _ in range(20):
+        s2.dispatch()
+        ts2.run()
+    s2.dispatch()
+    assert ts2.stats["delivered"] == 0 and ts2.stats["skippedDuplicates"] == 10
+    assert len(real_messages(s2, "R")) == 10
     ts2.close()
     s2.shutdown()
