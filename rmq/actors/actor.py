@@ -233,6 +233,12 @@ class Actor:
         self._socket_handlers[sock] = handler
         self.poller.register(sock, zmq.POLLIN)
 
+    def remove_socket(self, sock: zmq.Socket) -> None:
+        """Stop polling ``sock`` (added with :meth:`add_socket`) and close it at once (linger 0)."""
+        self.poller.unregister(sock)
+        self._socket_handlers.pop(sock, None)
+        sock.close(0)
+
     def serve(self, sock: zmq.Socket) -> None:
         """Serve requests arriving on a ROUTER (or DEALER) socket with the registered handlers."""
         self.add_socket(sock, lambda parts, s=sock: self._on_request(s, parts))

@@ -161,7 +161,7 @@ class PopService:
         self.ready = False
         self.cks.clear()
         self._heap = []
-        self._recover_target = b.store.commitlog.get_max_offset()
+        self._recover_target = b.store.get_max_phy_offset()
         self.maybe_recover()
 
     def maybe_recover(self) -> None:
@@ -283,7 +283,7 @@ class PopService:
             check_group(group)
         except ValueError as e:
             return frame.response(ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST, str(e))
-        gcfg = b._group_config(group)
+        gcfg = b.group_config(group)
         if gcfg is None:
             return frame.response(ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST, f"subscription group [{group}] does not exist")
         if not gcfg.get("consumeEnable", True):
@@ -349,7 +349,7 @@ class PopService:
         exp_type = frame.fields.get("expType") or ExpressionType.TAG
         if not isinstance(exp, str):
             return frame.response(ResponseCode.SUBSCRIPTION_PARSE_FAILED, "header field 'exp' must be a str")
-        sql_filter = self.b.subscription_filter(frame, group, exp_type, exp)
+        sql_filter = self.b.pull_processor.subscription_filter(frame, group, exp_type, exp)
         if isinstance(sql_filter, Frame):
             return sql_filter
         init_min = frame.fields.get("initMode") == "MIN"
@@ -638,7 +638,7 @@ class PopService:
         b = self.b
         store = b.store
         group, topic, qid, _, _ = ck.key
-        gcfg = b._group_config(group) or {}
+        gcfg = b.group_config(group) or {}
         max_times = int(gcfg.get("retryMaxTimes", MAX_RECONSUME_TIMES_DEFAULT))
         retry_topic = topic if topic.startswith("%RETRY%") else pop_retry_topic(topic, group)
         offsets = sorted(ck.pending)
@@ -659,7 +659,7 @@ class PopService:
                 dest = f"%DLQ%{group}"
             else:
                 dest = retry_topic
-            if b._topic_config(dest, create=True) is None:
+            if b.topic_config(dest, create=True) is None:
                 return None
             batch = _cl.encode_batch([(m.body, _cl.encode_properties(props), m.flag)])
             put = store.put_encoded(dest, 0, batch, None, m.sys_flag, m.born_timestamp, m.born_host,

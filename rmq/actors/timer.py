@@ -54,7 +54,7 @@ class TimerService:
             tcm.update_topic_config(tcm.new_topic_config(TIMER_TOPIC, 1, 1, PERM_READ | PERM_WRITE))
         self.close()
         self.ready = False
-        self._recover_target = self.b.store.commitlog.get_max_offset()
+        self._recover_target = self.b.store.get_max_phy_offset()
         self.maybe_recover()
 
     def maybe_recover(self) -> None:
@@ -79,7 +79,7 @@ class TimerService:
 
     def _on_put(self, topic: str, queue_id: int, res) -> None:
         b = self.b
-        b.note_append(topic, queue_id, res)
+        b.pull_processor.note_append(topic, queue_id, res)
         b.stats["putMessageTotal"] += res.append.msg_num
         b.stats["putBytesTotal"] += res.append.wrote_bytes
 

@@ -55,7 +55,7 @@ from rmq import protocol as P
 from rmq._core import commitlog as _cl
 from rmq._core.layout import TRANSACTION_COMMIT_TYPE, TRANSACTION_PREPARED_TYPE, TRANSACTION_TYPE_MASK
 from rmq.actors.actor import Reply
-from rmq.protocol import Frame, RequestCode, ResponseCode, field_int, field_str, pack_body
+from rmq.protocol import Frame, RequestCode, ResponseCode, field_int, pack_body
 from rmq.status import GetMessageStatus
 from rmq.store.config_manager import PERM_READ, PERM_WRITE
 
@@ -136,7 +136,7 @@ class TransactionService:
         self.op_of_half: dict[int, int] = {}         # half queue offset (>= check offset) -> op queue offset
         self.ready = False
         self._recover_target = -1
-        self._queued_ends: list = []                 # (frame, reply) while not ready
+        self._queued_ends: list = []                 # (frame, reply, *end_transaction args) while not ready
         self._round: Optional[dict] = None           # the check round in progress
         self._opaque = 1 << 29
         self.stats = {"halves": 0, "commits": 0, "rollbacks": 0, "discards": 0, "checks": 0,
@@ -153,7 +153,7 @@ class TransactionService:
         self.pending.clear()
         self.op_of_half.clear()
         self._round = None
-        self._recover_target = self.b.store.commitlog.get_max_offset()
+        self._recover_target = self.b.store.get_max_phy_offset()
         self.maybe_recover()
 
     def _offset(self, topic: str) -> int:
@@ -228,8 +228,8 @@ class TransactionService:
                  "%d commit records re-written", (time.monotonic() - t0) * 1000.0, n_half, n_op,
                  len(self.pending), repaired)
         queued, self._queued_ends = self._queued_ends, []
-        for frame, reply in queued:
-            resp = self.on_end_transaction(frame, reply)
+        for frame, reply, *args in queued:
+            resp = self.end_transaction(frame, reply, *args)
             if resp is not None:
                 reply.send(resp)
 
@@ -249,7 +249,7 @@ class TransactionService:
         store = self.b.store
         size = store.config.mapped_file_size_commit_log
         for at in (op_end, (op_end // size + 1) * size):
-            if at >= store.commitlog.get_max_offset():
+            if at >= store.get_max_phy_offset():
                 return False
             try:
                 m = store.look_message_by_offset(at)
@@ -272,32 +272,23 @@ class TransactionService:
         self.stats["halves"] += 1
 
     # -- END_TRANSACTION ---------------------------------------------------------------------
-    def on_end_transaction(self, frame: Frame, reply: Reply) -> Optional[Frame]:
-        """END_TRANSACTION (37), header ``producerGroup, tranStateTableOffset, commitLogOffset,
-        commitOrRollback (0 / 8 / 12), fromTransactionCheck, msgId, transactionId`` (SPEC.md §11.3).
+    def end_transaction(self, frame: Frame, reply: Reply, group: str, phys: int, qo: int,
+                        outcome: str) -> Optional[Frame]:
+        """Commit or roll back the half message at CommitLog ``phys`` (its queue offset ``qo``, -1:
+        unknown) of producer group ``group`` (END_TRANSACTION, parsed by
+        :class:`rmq.actors.processor.end_transaction.EndTransactionProcessor`).
 
-        A slave answers SLAVE_NOT_AVAILABLE; TRANSACTION_NOT_TYPE (0, the producer does not know
-        yet) is ignored without a response; a half message that does not exist, is not a half
-        message, or belongs to another producer group gets SYSTEM_ERROR; a transaction already
-        ended is acknowledged (SUCCESS, remark says so) and left as it is.
+        While the state is being recovered the request waits (at most MAX_QUEUED_ENDS, then
+        SYSTEM_BUSY); a half message that does not exist, is not a half message, or belongs to
+        another producer group gets SYSTEM_ERROR; a transaction already ended is acknowledged
+        (SUCCESS, remark says so) and left as it is.
         """
         b = self.b
-        if b.role not in ("ASYNC_MASTER", "SYNC_MASTER"):
-            return frame.response(ResponseCode.SLAVE_NOT_AVAILABLE, "Can't commit or rollback transaction on a slave")
-        group = field_str(frame, "producerGroup", max_len=255)
-        what = field_int(frame, "commitOrRollback", 0)
-        phys = field_int(frame, "commitLogOffset", lo=0)
-        qo = field_int(frame, "tranStateTableOffset", -1)
-        if what == 0:
-            return None
-        outcome = COMMIT_OR_ROLLBACK.get(what)
-        if outcome is None:
-            return frame.response(ResponseCode.SYSTEM_ERROR, f"commitOrRollback {what} is not 0, 8 or 12")
         if not self.ready:
             if len(self._queued_ends) >= MAX_QUEUED_ENDS:
                 return frame.response(ResponseCode.SYSTEM_BUSY, "transaction state is being recovered: retry")
             reply.held = True
-            self._queued_ends.append((frame, reply))
+            self._queued_ends.append((frame, reply, group, phys, qo, outcome))
             return None
         try:
             half = b.store.look_message_by_offset(phys)
@@ -360,7 +351,7 @@ class TransactionService:
             log.error("half message at %d has no REAL_TOPIC / REAL_QID: not committed", half.commitlog_offset)
             return False
         b = self.b
-        if b._topic_config(topic, create=True) is None:
+        if b.topic_config(topic, create=True) is None:
             return False
         out = {k: v for k, v in props.items() if k not in _DROP_ON_COMMIT}
         out["WAIT"] = "false"
@@ -369,7 +360,7 @@ class TransactionService:
                         half.reconsume_times, prepared=half.commitlog_offset)
         if res is None:
             return False
-        b.note_append(topic, int(qid), res)
+        b.pull_processor.note_append(topic, int(qid), res)
         return True
 
     # -- check-back ----------------------------------------------------------------------------
@@ -472,7 +463,7 @@ class TransactionService:
     def _discard(self, m, key: str) -> bool:
         """``resolveDiscardMsg``: checked ``transactionCheckMax`` times: copied to
         TRANS_CHECK_MAX_TIME_TOPIC, and the transaction closed with a DISCARD op."""
-        if self.b._topic_config(CHECK_MAX_TIME_TOPIC, create=True) is None:
+        if self.b.topic_config(CHECK_MAX_TIME_TOPIC, create=True) is None:
             return False
         props = {k: v for k, v in m.properties.items() if k != "__CRC32#"}
         props["WAIT"] = "false"
@@ -489,7 +480,7 @@ class TransactionService:
         ``sendCheckMessage`` does before encoding)."""
         phys, qo, key, offset_msg_id = renewed
         b = self.b
-        record = b.store.commitlog.get_message(phys, False)
+        record = b.store.select_one_message_by_offset(phys, check_crc=False)
         if not record:
             return
         self._opaque += 1
@@ -499,7 +490,7 @@ class TransactionService:
                        "producerGroup": group},
                       [bytes(record)])
         parts = P.encode(frame)
-        if b.send_to_producer(group, parts):
+        if b.client_manager.send_to_producer(group, parts):
             self.stats["checks"] += 1
         else:
             self.stats["checksUnsent"] += 1

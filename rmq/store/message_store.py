@@ -32,6 +32,7 @@ from rmq.errors import (CorruptRecordError, MessageIllegalError, StoreClosedErro
 from rmq.status import GetMessageStatus, PutMessageStatus
 from rmq.store.checkpoint import StoreCheckpoint
 from rmq.store.commitlog import AppendResult, CommitLog, ReplicaDataError, ReplicaOffsetMismatch  # noqa: F401
+from rmq.store.commitlog import host_to_bytes as _host_to_bytes
 from rmq.store.config import SYNC_FLUSH, MessageStoreConfig
 from rmq.store.config_manager import ConsumerOffsetManager, SubscriptionGroupManager, TopicConfigManager
 from rmq.store.consume_queue import ConsumeQueue
@@ -816,6 +817,82 @@ class MessageStore:
 
     def get_max_phy_offset(self) -> int:
         return self.commitlog.get_max_offset()
+
+    # -- what the broker actor reads and sets (it uses the store through these only) ---------------
+    def get_current_queue_offset(self, topic: str, queue_id: int) -> int:
+        """The next queue offset the CommitLog will assign in ``(topic, queue_id)`` (entries): past
+        what was appended, which may be ahead of the ConsumeQueue reput has built (RocketMQ 5's
+        ``QueueOffsetOperator.currentQueueOffset``)."""
+        return self.topic_queue_table.get((topic, queue_id), 0)
+
+    def select_one_message_by_offset(self, physical_offset: int, check_crc: Optional[bool] = None) -> Optional[bytes]:
+        """The stored record at ``physical_offset`` (bytes), or None when it is not held (RocketMQ's
+        ``selectOneMessageByOffset``); its CRC is checked when ``check_crc`` (default:
+        checkCRCOnRead)."""
+        return self.commitlog.get_message(physical_offset,
+                                          self.config.check_crc_on_read if check_crc is None else check_crc)
+
+    def get_commit_log_data(self, physical_offset: int, size: int):
+        """``size`` bytes of the CommitLog from ``physical_offset`` (a buffer of the mapped file), or
+        None when that file is gone; the range must lie in one file."""
+        mf = self.commitlog.mapped_file_queue.find_mapped_file_by_offset(physical_offset)
+        if mf is None:
+            return None
+        return mf.read(physical_offset - mf.file_from_offset, size)
+
+    def get_message_store_timestamp(self, topic: str, queue_id: int, queue_offset: int) -> int:
+        """Store time (ms) of the message at ``queue_offset`` of a queue; 0 when it is not there
+        (RocketMQ's ``getMessageStoreTimeStamp``)."""
+        cq = self.consume_queue_table.get((topic, queue_id))
+        entry = cq.get_entry(queue_offset) if cq is not None else None
+        if entry is None:
+            return 0
+        try:
+            return int(self.commitlog.pickup_store_timestamp(entry[0], entry[1]))
+        except Exception:  # noqa: BLE001 - a record the cleaner took: no figure
+            return 0
+
+    def get_store_timestamp_at(self, physical_offset: int) -> int:
+        """Store time (ms) of the first record at or after ``physical_offset`` (a record boundary,
+        past a file's end padding); -1 when it cannot be read."""
+        return int(self.commitlog.store_timestamp_from(physical_offset))
+
+    def get_earliest_message_time(self) -> int:
+        """Store time (ms) of the oldest stored message, -1 without one (``getEarliestMessageTime``)."""
+        lo = self.commitlog.get_min_offset()
+        if self.commitlog.get_max_offset() <= lo:
+            return -1
+        return int(self.commitlog.pickup_store_timestamp(lo))
+
+    def get_last_store_timestamp(self) -> int:
+        """Store time (ms) of the last record appended (0 before any)."""
+        return self.commitlog.last_store_timestamp
+
+    def set_store_host(self, addr: str) -> None:
+        """``host:port`` written as the storeHost of every record from now on (the broker's bound
+        address).  Raises ValueError when ``addr`` is not ip:port."""
+        self.commitlog.store_host = _host_to_bytes(addr)
+
+    def warm_last_commit_log_file(self) -> None:
+        """Create and map the CommitLog file appends go to now (warmMapedFileEnable)."""
+        self.commitlog.mapped_file_queue.get_last_mapped_file(0, need_create=True)
+
+    def set_flushed_offset(self, flushed: int) -> None:
+        """The CommitLog is durable up to ``flushed`` (bytes; another process, flush, msyncs)."""
+        self.commitlog.mapped_file_queue.flushed_where = flushed
+
+    def refresh_consume_queue(self, topic: str, queue_id: int, max_offset: int) -> None:
+        """Map what reput (another process) wrote to a ConsumeQueue, up to ``max_offset`` entries."""
+        self.find_consume_queue(topic, queue_id).mapped_file_queue.refresh(max_offset * CQ_STORE_UNIT_SIZE)
+
+    def drop_deleted_commit_log_files(self, min_offset: int) -> int:
+        """Unmap leading CommitLog files the cleaner (another process) deleted and move every
+        ConsumeQueue's min offset to ``min_offset`` (bytes) when one went; returns files dropped."""
+        n = self.commitlog.mapped_file_queue.drop_missing_head()
+        if n:
+            for cq in self.consume_queue_table.values():
+                cq.correct_min_offset(min_offset)
+        return n
 
     min_offset = get_min_offset_in_queue
     max_offset = get_max_offset_in_queue
