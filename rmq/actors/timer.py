@@ -97,9 +97,19 @@ class TimerService:
         except Exception:  # noqa: BLE001 - never kill the broker loop; the next tick retries
             log.exception("timer slice failed")
             more = False
-        if more and not self._followup:
+        if self._followup:
+            return
+        if more:
             self._followup = True
             self.b.add_timer(SLICE_PAUSE_MS, self._follow, repeat=False)
+            return
+        # the filling slot's next timer: a slice at its exact deliver time, not at the next tick
+        nxt = ts.next_due_ms()
+        if nxt is not None:
+            wait_ms = nxt - time.time() * 1000.0
+            if wait_ms < self.tick_ms:
+                self._followup = True
+                self.b.add_timer(max(SLICE_PAUSE_MS, wait_ms), self._follow, repeat=False)
 
     def _follow(self) -> None:
         self._followup = False

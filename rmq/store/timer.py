@@ -35,9 +35,14 @@ Files (byte layouts, big-endian as RocketMQ's ByteBuffer):
 **Where rmq goes further than RocketMQ.**
 
 * *Accuracy.*  The reserved 8 bytes of a unit hold the message's exact deliver time (ms; RocketMQ
-  writes 0 there and never reads it).  A due slot is re-put in exact deliver-time order, so the
-  earliest-due timers of a crowded slot go first: a slot of 100 000 timers delivers each at most
-  ``max(precision, time to re-put the slot)`` late, not precision + the whole slot's time.
+  writes 0 there and never reads it).  RocketMQ re-puts a slot once the write time has passed it,
+  so a timer is up to ``timerPrecisionMs`` late by design.  rmq re-puts each unit of the slot that
+  is filling now as soon as its exact time has come (the slot's units in a heap by deliver time,
+  checked every tick and at the next deliver time), and a slot already past in deliver-time
+  order, earliest first.  A timer is never early; its lateness is the tick plus the time to
+  re-put the timers due before it, not the precision.
+* *Warm-up.*  The next non-empty slot (up to WARM_AHEAD_MS ahead) is collected and its messages
+  read and re-encoded ahead of time, so that only the CommitLog appends are left when it is due.
 * *None twice.*  RocketMQ redoes the slots and queue entries after its last checkpoint on restart,
   re-delivering what it had already delivered.  rmq's checkpoint page also holds, after
   RocketMQ's 56 bytes, ``RMQ_MARK_MAGIC`` 4 | the CommitLog offset before which every delivery
@@ -57,6 +62,7 @@ import os
 import struct
 import time
 import uuid
+from heapq import heapify, heappop, heappush
 from array import array
 from dataclasses import dataclass, field
 from typing import Callable, Optional
@@ -118,6 +124,7 @@ DEQUEUE_SLICE = 2048                         # units re-put per call of run() (t
 ENQUEUE_SLICE = 1024                         # queue entries enqueued per call of run()
 READ_BATCH = 64                              # messages per read of the timer queue
 WARM_AHEAD_MS = 2000                         # a slot is prepared up to this long before it is due
+WARM_MAX_PREPARED = 500_000                  # units prepared ahead at most (memory: body + properties each)
 REPUT_BATCH_BYTES = 1 << 20                  # bodies per CommitLog batch of re-puts (one message may be more)
 
 
@@ -406,17 +413,34 @@ class TimerLog:
 
 @dataclass
 class _Due:
-    """The next slot: its units collected and prepared ahead of its time (warm-up), then re-put in
-    deliver-time order once due, and how far that got."""
+    """A slot being re-put (or warmed ahead of its time): its units collected from the chain, kept
+    in a heap by exact deliver time, prepared ahead where possible, and what was re-put already."""
     time_ms: int
     mark: int                                         # CommitLog end when the slot was taken up
     head: int                                         # newest unit collected (the chain head then)
     cursor: int                                       # next older unit to collect; -1: all collected
-    units: list = field(default_factory=list)         # (deliver ms, pos, offsetPy, sizePy, magic, writeTime)
+    heap: list = field(default_factory=list)          # units not re-put: (deliver ms, pos, offsetPy, sizePy,
+                                                      # magic, writeTime)
+    fresh: list = field(default_factory=list)         # collected, not in the heap yet
+    order: list = field(default_factory=list)         # every unit collected, in collection order (warm-up)
+    prep_index: int = 0                               # order[:prep_index] prepared (or re-put)
     prepared: dict = field(default_factory=dict)      # pos -> (group key, element) or None (skip)
-    index: int = 0                                    # units[:index] re-put (once sorted)
-    sorted: bool = False
-    done_pos: set = field(default_factory=set)        # TimerLog offsets re-put in a slice cut short
+    done: set = field(default_factory=set)            # TimerLog offsets re-put (or skipped for good)
+
+    def take_fresh(self) -> None:
+        """Move the units collected since the last call into the heap."""
+        if not self.fresh:
+            return
+        if self.heap:
+            for u in self.fresh:
+                heappush(self.heap, u)
+        else:
+            self.heap = self.fresh
+            heapify(self.heap)
+        self.fresh = []
+
+    def next_due_ms(self) -> Optional[int]:
+        return self.heap[0][0] if self.heap else None
 
 
 class TimerMessageStore:
@@ -581,7 +605,7 @@ class TimerMessageStore:
         if w > self.curr_write_time_ms:
             self.curr_write_time_ms = w
         more = self._enqueue(ENQUEUE_SLICE)
-        more = self._dequeue(DEQUEUE_SLICE) or more
+        more = self._dequeue(DEQUEUE_SLICE, now) or more
         if self._redo_mark is not None and (self.curr_read_time_ms >= self._redo_until[0]
                                             and self.curr_queue_offset >= self._redo_until[1]):
             self._delivered = set()                   # the redo is over
@@ -649,45 +673,68 @@ class TimerMessageStore:
         pos = self.timer_log.append(unit)
         self.wheel.put_slot(delayed, pos if slot.first_pos == -1 else slot.first_pos, pos, slot.num + 1, slot.magic)
 
-    def _dequeue(self, budget: int) -> bool:
-        """Re-put due slots; with nothing due, warm the slot filling now (collect and prepare its
-        units, so that only the CommitLog appends are left when it comes due).  True: work left."""
+    def _dequeue(self, budget: int, now_ms: int) -> bool:
+        """Re-put what is due: every unit of a slot the write time has passed (deliver-time order),
+        and the units of the slot filling now whose exact deliver time has come.  With budget left,
+        prepare the rest of that slot and warm the next one.  True: work left now."""
         done = 0
+        p = self.precision_ms
         while done < budget:
             due = self._due
             if due is None:
                 t = self.curr_read_time_ms
-                if t >= self.curr_write_time_ms:
-                    return self._warm_next(budget - done)
                 w = self._warm
                 if w is not None and w.time_ms == t:
-                    due, self._warm = w, None         # prepared ahead: only the appends are left
-                    self._due = due
+                    due, self._warm = w, None         # prepared ahead: mostly appends are left
                 else:
                     slot = self.wheel.get_slot(t)
                     if slot.time_ms == -1:
-                        self.curr_read_time_ms += self.precision_ms
+                        if t >= self.curr_write_time_ms:
+                            return self._warm_next(budget - done, t + p)
+                        self.curr_read_time_ms += p
                         continue
-                    due = self._due = _Due(t, self.store.get_max_phy_offset(), slot.last_pos, slot.last_pos)
-            if not due.sorted:
-                self._collect(due, self.wheel.get_slot(due.time_ms).last_pos, None)
-                due.units.sort()                      # deliver-time order, enqueue order among equals
-                due.sorted = True
-            end = min(len(due.units), due.index + max(1, budget - done))
-            batch = [u for u in due.units[due.index:end] if u[1] not in due.done_pos]
-            ok, blocked = self._deliver_units(batch, prepared=due.prepared)
-            if blocked:                               # refused for now: the rest of this slice later
-                due.done_pos.update(batch[k][1] for k in ok)
-                return True
-            done += end - due.index
-            for u in due.units[due.index:end]:
-                due.prepared.pop(u[1], None)
-            due.index = end
-            due.done_pos.clear()
-            if due.index >= len(due.units):
-                self._due = None
-                self.curr_read_time_ms = due.time_ms + self.precision_ms
+                    due = _Due(t, self.store.get_max_phy_offset(), slot.last_pos, slot.last_pos)
+                self._due = due
+            filling = due.time_ms >= self.curr_write_time_ms
+            # units appended to the slot since the last look, and (budgeted while it fills) older ones
+            complete = self._collect(due, self.wheel.get_slot(due.time_ms).last_pos,
+                                     budget - done if filling else None)
+            due.take_fresh()
+            heap = due.heap
+            limit = now_ms if filling else None
+            batch = []
+            room = max(1, budget - done)
+            while heap and len(batch) < room and (limit is None or heap[0][0] <= limit):
+                batch.append(heappop(heap))
+            if batch:
+                ok, blocked = self._deliver_units(batch, prepared=due.prepared)
+                for k, u in enumerate(batch):
+                    if k in ok:
+                        due.prepared.pop(u[1], None)
+                        due.done.add(u[1])
+                    else:
+                        heappush(heap, u)
+                if blocked:                           # refused for now: the rest later
+                    return True
+                done += len(batch)
+            if not filling:
+                if complete and not heap:
+                    self._due = None
+                    self.curr_read_time_ms = due.time_ms + p
+                continue
+            if not complete or (heap and heap[0][0] <= now_ms):
+                return True                           # more to collect or due now: the next slice
+            # nothing more due in the filling slot: prepare its units, then warm the next slot
+            left = budget - done
+            more = self._prepare_ahead(due, left)
+            return self._warm_next(left, due.time_ms + p) or more
         return True
+
+    def next_due_ms(self) -> Optional[int]:
+        """Exact deliver time (epoch ms) of the next unit of the slot filling now, None when it has
+        none left (the broker schedules a slice for then)."""
+        due = self._due
+        return due.next_due_ms() if due is not None else None
 
     def _collect(self, due: _Due, head: int, budget: Optional[int]) -> bool:
         """Add the slot's units not collected yet: those appended since ``due.head`` (all of them)
@@ -698,7 +745,9 @@ class TimerMessageStore:
             u = tl.read_unit(pos)
             if u is None or u[0] != UNIT_SIZE:
                 break
-            due.units.append(_unit_tuple(pos, u))
+            t = _unit_tuple(pos, u)
+            due.fresh.append(t)
+            due.order.append(t)
             pos = u[1]
         due.head = head
         n = 0
@@ -707,17 +756,34 @@ class TimerMessageStore:
             if u is None or u[0] != UNIT_SIZE:
                 due.cursor = -1
                 break
-            due.units.append(_unit_tuple(due.cursor, u))
+            t = _unit_tuple(due.cursor, u)
+            due.fresh.append(t)
+            due.order.append(t)
             due.cursor = u[1]
             n += 1
         return due.cursor == -1
 
-    def _warm_next(self, budget: int) -> bool:
+    def _prepare_ahead(self, due: _Due, budget: int) -> bool:
+        """Prepare up to ``budget`` collected units of ``due`` not yet prepared (WARM_MAX_PREPARED in
+        all).  True when some are left."""
+        order, n = due.order, 0
+        while due.prep_index < len(order) and n < budget and len(due.prepared) < WARM_MAX_PREPARED:
+            u = order[due.prep_index]
+            due.prep_index += 1
+            if u[1] in due.done or u[1] in due.prepared:
+                continue
+            due.prepared[u[1]] = self._prepare(u, None)
+            n += 1
+        return due.prep_index < len(order) and len(due.prepared) < WARM_MAX_PREPARED
+
+    def _warm_next(self, budget: int, start: int) -> bool:
         """Warm-up (RocketMQ's TimerDequeueWarmService, taken further): collect and prepare up to
-        ``budget`` units of the next non-empty slot within WARM_AHEAD_MS, so that only the CommitLog
-        appends are left when it comes due.  True: work left."""
+        ``budget`` units of the next non-empty slot from ``start`` within WARM_AHEAD_MS, so that
+        only the CommitLog appends are left when it comes due.  True: work left."""
+        if budget <= 0:
+            return True
         p = self.precision_ms
-        t = self.curr_read_time_ms
+        t = start
         horizon = self.curr_write_time_ms + max(WARM_AHEAD_MS, 2 * p)
         while t <= horizon:
             slot = self.wheel.get_slot(t)
@@ -730,14 +796,7 @@ class TimerMessageStore:
         if w is None or w.time_ms != t:
             w = self._warm = _Due(t, self.store.get_max_phy_offset(), slot.last_pos, slot.last_pos)
         complete = self._collect(w, slot.last_pos, budget)
-        n = 0
-        for u in w.units:
-            if n >= budget:
-                return True
-            if u[1] not in w.prepared:
-                w.prepared[u[1]] = self._prepare(u, None)
-                n += 1
-        return not complete
+        return self._prepare_ahead(w, budget) or not complete
 
     def _read_chain(self, last_pos: int) -> list:
         units = []
@@ -881,14 +940,15 @@ class TimerMessageStore:
         slots = self.wheel.occupied(self.curr_read_time_ms)
         total = sum(s.num for s in slots)
         if self._due is not None:
-            total -= self._due.index
+            total -= len(self._due.done)
         rows = []
         for s in slots:
             if len(rows) >= max_rows:
                 break
             units = self._read_chain(s.last_pos)
-            start = self._due.index if self._due is not None and s.time_ms == self._due.time_ms else 0
-            for u in units[start:]:
+            if self._due is not None and s.time_ms == self._due.time_ms:
+                units = [u for u in units if u[1] not in self._due.done]
+            for u in units:
                 if len(rows) >= max_rows:
                     break
                 m = self._message(u[2])

@@ -204,7 +204,10 @@ def test_flow_control_and_a_disabled_wheel_refuse_timers(tmp_path):
     """timerCongestNumEachSlot: a slot past the limit refuses more timers (SYSTEM_ERROR, nothing
     stored); timerWheelEnable=false refuses every timer and the admin listing; plain sends and
     delay levels still work."""
-    with Cluster(tmp_path / "cap", conf={"timerCongestNumEachSlot": "3"}) as c:
+    # sends never retried here: under a CPU hog a scheduling gap could age one past the default 200 ms
+    # waitTimeMillsInSendQueue (SYSTEM_BUSY, not what this test is about)
+    busy = {"waitTimeMillsInSendQueue": "600000"}
+    with Cluster(tmp_path / "cap", conf={"timerCongestNumEachSlot": "3", **busy}) as c:
         create_topic(c, "TMC", 1)
         at = int(time.time() * 1000) + 300_000
         with Producer(c.namesrv_addr, group="tm-cap", retry_times_when_send_failed=0) as p:
@@ -217,7 +220,7 @@ def test_flow_control_and_a_disabled_wheel_refuse_timers(tmp_path):
             p.send(Message("TMC", b"other-slot", deliver_time_ms=at + 5000))
         with Admin(c.namesrv_addr) as a:
             wait_for(lambda: a.pending_timers()["total"] == 5, what="5 timers, the refused one not stored")
-    with Cluster(tmp_path / "off", conf={"timerWheelEnable": "false"}) as c:
+    with Cluster(tmp_path / "off", conf={"timerWheelEnable": "false", **busy}) as c:
         create_topic(c, "TMD", 1)
         with Producer(c.namesrv_addr, group="tm-off", retry_times_when_send_failed=0) as p:
             with pytest.raises(MQBrokerError, match="timerWheelEnable is false"):

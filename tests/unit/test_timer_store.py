@@ -14,8 +14,9 @@ from rmq.store.message_store import MessageStore
 
 
 def open_stores(path, **cfg):
+    cfg.setdefault("timer_precision_ms", 100)
     conf = MessageStoreConfig(store_path_root_dir=str(path), mapped_file_size_commit_log=1 << 20,
-                              mapped_file_size_timer_log=8192, timer_precision_ms=100, **cfg)
+                              mapped_file_size_timer_log=8192, **cfg)
     s = MessageStore(str(path), conf)
     ts = T.TimerMessageStore(s, slots_total=3600)         # a small wheel: 2 x 6 minutes at 100 ms
     ts.load()
@@ -126,6 +127,31 @@ def test_slot_is_delivered_in_deliver_time_order_never_early(tmp_path):
     got = real_messages(s, "R")
     assert [int(m.properties["TIMER_DELIVER_MS"]) for m in got] == sorted(ats)
     assert all(m.store_timestamp >= int(m.properties["TIMER_DELIVER_MS"]) for m in got)
+    ts.close()
+    s.shutdown()
+
+
+def test_filling_slot_delivers_each_timer_at_its_own_time_not_the_slots_end(tmp_path):
+    """RocketMQ re-puts a slot once the write time passed it (up to timerPrecisionMs late); rmq
+    re-puts each unit of the slot filling now as its exact time comes.  Driven by run(now_ms)."""
+    s, ts = open_stores(tmp_path, timer_precision_ms=1000)
+    slot = (int(time.time() * 1000) // 1000 + 3) * 1000
+    for i, off in enumerate((900, 100, 500)):
+        send_timer(s, "R", 0, slot + off, f"e{i}", now=slot - 2500)
+    s.dispatch()
+    ts.run(now_ms=slot - 500)
+    assert ts.stats["enqueued"] == 3 and ts.stats["delivered"] == 0
+    steps = [(slot + 99, []), (slot + 150, [100]), (slot + 600, [100, 500]), (slot + 950, [100, 500, 900])]
+    for now, want in steps:
+        for _ in range(3):
+            ts.run(now_ms=now)
+        s.dispatch()
+        got = [int(m.properties["TIMER_DELIVER_MS"]) - slot for m in real_messages(s, "R")]
+        assert got == want, (now - slot, got)
+        assert ts.pending(10)["total"] == 3 - len(want)
+    assert ts.next_due_ms() is None
+    ts.run(now_ms=slot + 1000)                                      # the slot is over: read time moves on
+    assert ts.curr_read_time_ms == slot + 1000 and ts.stats["delivered"] == 3
     ts.close()
     s.shutdown()
 
