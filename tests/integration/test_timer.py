@@ -228,3 +228,52 @@ def test_flow_control_and_a_disabled_wheel_refuse_timers(tmp_path):
             assert p.send(Message("TMD", b"plain")).status.value == "SEND_OK"
         with Admin(c.namesrv_addr) as a, pytest.raises(MQBrokerError, match="timerWheelEnable"):
             a.pending_timers()
+
+
+def test_promoted_slave_delivers_pending_timers_once_and_repeats_no_past_one(tmp_path):
+    """A master delivers some timers, holds others, and is killed (-9); its slave, promoted, has
+    no timer files but the replicated timer queue: it delivers each pending timer once at its time
+    and none of those the old master already delivered (found in the replicated CommitLog)."""
+    import os
+
+    from rmq.client.remoting import RemotingClient
+    from tests.integration.test_broker import pull_all
+    from tests.integration.test_ha import HA_CONF, promote, runtime, slave_conf, wait_replicated
+    from rmq.protocol import ResponseCode
+    with Cluster(tmp_path / "m", conf={**HA_CONF, "brokerRole": "ASYNC_MASTER", "timerPrecisionMs": "100"},
+                 with_ha=True) as m, \
+            Cluster(tmp_path / "s", conf={**slave_conf(), "timerPrecisionMs": "100"}, with_ha=True,
+                    namesrv_addr=m.namesrv_addr) as s, RemotingClient() as rc:
+        create_topic(m, "TMP", 1)
+        now = int(time.time() * 1000)
+        at: dict = {}
+        with Producer(m.namesrv_addr, group="tm-promote") as p:
+            for i in range(10):
+                at[b"past-%d" % i] = now + 300 + 10 * i
+                p.send(Message("TMP", b"past-%d" % i, deliver_time_ms=at[b"past-%d" % i]))
+            wait_for(lambda: len(pull_all(rc, m.broker, "TMP", 0)[0]) == 10, what="the past timers delivered")
+            pending_at = int(time.time() * 1000) + 8000
+            for i in range(10):
+                at[b"pending-%d" % i] = pending_at + 10 * i
+                p.send(Message("TMP", b"pending-%d" % i, deliver_time_ms=at[b"pending-%d" % i]))
+        wait_replicated(rc, m, s)
+        m.kill_group()
+        r = promote(rc, s.broker)
+        assert r.code == ResponseCode.SUCCESS, r.remark
+
+        def delivered():
+            return pull_all(rc, s.broker, "TMP", 0)[0]
+        wait_for(lambda: len(delivered()) >= 20, timeout_s=60, what="the pending timers delivered by the new master")
+
+        def idle(a):
+            v = a.pending_timers()                    # the masters: the promoted slave only
+            return v["ready"] and v["total"] == 0 and all(b["queueBehind"] == 0 for b in v["brokers"].values())
+        with Admin(m.namesrv_addr) as a:             # every timer record enqueued, none left: a repeat
+            wait_for(lambda: idle(a), what="the new master's timer store idle")   # would be stored by now
+        end = runtime(rc, s.broker)["commitLogMaxOffset"]
+        wait_for(lambda: runtime(rc, s.broker)["dispatchedOffset"] >= end, what="reput caught up")
+        got = delivered()
+        bodies = sorted(bytes(x.body) for x in got)
+        assert bodies == sorted(at), bodies
+        assert all(x.store_timestamp >= at[bytes(x.body)] for x in got)
+        assert os.path.exists(os.path.join(s.store_path, "timerwheel"))
