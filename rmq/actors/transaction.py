@@ -406,13 +406,17 @@ class TransactionService:
         if done:
             if rnd["renewed"]:
                 log.info("transaction check: %d half messages checked back", rnd["renewed"])
+            if rnd.get("orphans"):
+                log.warning("transaction check: no live producer of group(s) %s: their half messages wait, "
+                            "uncounted, for the next round", ", ".join(sorted(rnd["orphans"])))
             self._round = None
         else:
             self.b.add_timer(CHECK_SLICE_PAUSE_MS, self._step, repeat=False)
 
     def _examine(self, m, round_start_ms: int, now_ms: int) -> str:
         """One half message of a round: "skip" (ended, or superseded by a renewed copy), "discard",
-        "stop" (too young: the round ends here), or "renewed" (re-appended and checked back)."""
+        "stop" (too young: the round ends here), "renewed" (re-appended and checked back), or "waiting"
+        (re-appended with its check count unchanged: no live producer of its group to ask)."""
         props = m.properties
         key = transaction_key(props, m.queue_offset)
         live = self.pending.get(key)
@@ -437,10 +441,23 @@ class TransactionService:
                 pass
         if 0 <= age <= immunity:
             return "stop"
-        renewed = self._renew(m, times + 1)
+        if age > self.b.store.config.file_reserved_time * 3_600_000:
+            # RocketMQ's needSkip: a half message older than fileReservedTime is given up (rmq keeps a
+            # copy in TRANS_CHECK_MAX_TIME_TOPIC, as for transactionCheckMax)
+            return "discard" if self._discard(m, key) else "stop"
+        group = props.get(PROPERTY_PGROUP, "")
+        asked = self.b.client_manager.has_live_producer(group)
+        # a check nobody can answer (no live producer of the group: all down, or not yet found this
+        # broker after a promotion or restart) is not counted against transactionCheckMax
+        renewed = self._renew(m, times + 1 if asked else times)
         if renewed is None:
             return "stop"                            # the store refused: try again next round
-        self._send_check(renewed, props.get(PROPERTY_PGROUP, ""))
+        if asked:
+            self._send_check(renewed, group)
+        else:
+            self.stats["checksUnsent"] += 1
+            self._round.setdefault("orphans", set()).add(group)
+            return "waiting"
         return "renewed"
 
     def _renew(self, m, times: int):

@@ -135,6 +135,9 @@ class Producer:
         # called on the loop with (broker address, Frame) for requests a broker sends
         # (CHECK_TRANSACTION_STATE to an rmq.aio.TransactionProducer); None: ignored
         self.request_handler = None
+        # True (an rmq.aio.TransactionProducer): learn every broker of the cluster at start and at each
+        # route poll, so that each master gets heartbeats (and can check back) before the first send
+        self.discover_brokers = False
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> "Producer":
@@ -413,6 +416,9 @@ class Producer:
         hb_interval = self.options.heartbeat_broker_interval_ms / 1000.0
         loop = asyncio.get_running_loop()
         next_refresh, next_hb = loop.time() + interval, loop.time() + hb_interval
+        if self.discover_brokers:
+            await self._discover()
+            next_hb = loop.time()
         while True:
             await asyncio.sleep(max(0.0, min(next_refresh, next_hb, loop.time() + PROVISIONAL_POLL_S) - loop.time()))
             now = loop.time()
@@ -426,10 +432,15 @@ class Producer:
                 next_refresh = now + interval
                 for topic in self.route_cache.topics():
                     self._spawn(self._refresh(topic))
+                if self.discover_brokers:
+                    self._spawn(self._discover())
             if now >= next_hb:
                 next_hb = now + hb_interval
+                fresh = [a for a in self.route_cache.master_addrs() if a not in self._conns]
                 for conn in list(self._conns.values()):
                     self._spawn(self._heartbeat(conn))
+                for addr in fresh:          # sendHeartbeatToAllBroker: every master, connected or not
+                    self._conn(addr)        # opens it and sends its first heartbeat
 
     def _spawn(self, coro) -> None:
         if self._closed:
@@ -480,6 +491,14 @@ class Producer:
         if route is not None:
             self.route_cache.update(topic, route)
         return route
+
+    async def _discover(self) -> None:
+        """The cluster's brokers from the NameServer into the route table (their masters get heartbeats)."""
+        try:
+            resp = await self._ns_invoke(cluster_info_request, self._loop_time() + self.options.send_msg_timeout_ms / 1000.0)
+            self.route_cache.update_brokers(parse_cluster_info(resp))
+        except MQClientError as e:
+            log.debug("cluster info refresh failed: %s", e)
 
     async def _refresh(self, topic: str) -> None:
         try:

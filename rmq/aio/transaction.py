@@ -70,6 +70,7 @@ class TransactionProducer:
         self.group = group
         self._producer = Producer(namesrv_addr, group, **options)
         self._producer.request_handler = self._on_broker_request
+        self._producer.discover_brokers = True          # check-backs reach it before its first send
         self._checks: set = set()
         self.stats = {"sent": 0, "commit": 0, "rollback": 0, "unknow": 0, "checks": 0, "checksDropped": 0}
 

@@ -624,6 +624,16 @@ class _Sender(threading.Thread):
         # called on this thread with (broker address, Frame) for requests a broker sends
         # (CHECK_TRANSACTION_STATE to a TransactionProducer); None: ignored
         self.request_handler: Optional[Callable[[str, Frame], None]] = None
+        # True (a TransactionProducer): learn every broker of the cluster from the NameServer at start
+        # and at each route poll, so that each master gets heartbeats, and can check back, before
+        # this producer has sent anything to it
+        self.discover_brokers = False
+
+    def enable_broker_discovery(self) -> None:
+        """(any thread) Set :attr:`discover_brokers` and ask the NameServer now."""
+        self.discover_brokers = True
+        self._next_refresh = 0.0
+        self.wake()
 
     # -- caller side ---------------------------------------------------------------------------
     def send_frame(self, addr: str, frame: Frame) -> None:
@@ -986,7 +996,7 @@ class _Sender(threading.Thread):
         conn = self._conns.get(addr)
         if conn is None:
             s = _socket(self._ctx, immediate=True)
-            mon = s.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+            mon = s.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED)
             s.connect(f"tcp://{addr}")
             conn = self._conns[addr] = _Conn(addr, s, mon)
             self._register(s, lambda sock, ev, c=conn: self._on_broker_readable(c, ev))
@@ -1056,16 +1066,26 @@ class _Sender(threading.Thread):
                 self._fetch_route(req.topic)
 
     def _on_monitor(self, conn: _Conn) -> None:
-        disconnected = False
+        disconnected = connected = False
         while True:
             try:
                 msg = conn.monitor.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 break
             try:
-                if parse_monitor_message(msg)["event"] == zmq.EVENT_DISCONNECTED:
-                    disconnected = True
+                event = parse_monitor_message(msg)["event"]
             except Exception:  # noqa: BLE001 - malformed monitor frame: ignore
+                continue
+            if event == zmq.EVENT_DISCONNECTED:
+                disconnected, connected = True, False
+            elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                connected = True
+        if connected and conn.need_heartbeat and not conn.parked:
+            # (re)connected: the broker learns of this producer now, not at the next send or interval
+            try:
+                conn.sock.send_multipart(P.encode(heartbeat_request(self.client, self.group)), zmq.NOBLOCK)
+                conn.need_heartbeat = False
+            except zmq.Again:
                 pass
         if not disconnected:
             return
@@ -1129,8 +1149,11 @@ class _Sender(threading.Thread):
             self._next_refresh = now + self.opts.poll_name_server_interval_ms / 1000.0
             for topic in self.route_cache.topics():
                 self._fetch_route(topic)
+            if self.discover_brokers:
+                self._fetch_cluster()
         if now >= self._next_heartbeat:
             self._next_heartbeat = now + self.opts.heartbeat_broker_interval_ms / 1000.0
+            self._heartbeat_new_masters()
             for conn in self._conns.values():
                 conn.need_heartbeat = True
                 if not conn.parked:
@@ -1160,6 +1183,14 @@ class _Sender(threading.Thread):
         self._route_fetching.add(topic)
         self._route_last_fetch[topic] = time.monotonic()
         self._ns_send("route", topic, route_request(topic), tries)
+
+    def _heartbeat_new_masters(self) -> None:
+        """Connect to, and heartbeat, every master of the route table not connected yet
+        (sendHeartbeatToAllBroker): a broker just promoted to master, or one a TransactionProducer
+        has not sent to, learns of this producer before it needs it (check-backs)."""
+        for addr in self.route_cache.master_addrs():
+            if addr not in self._conns:
+                self._conn(addr)         # its heartbeat goes once connected (_on_monitor)
 
     def _fetch_cluster(self, tries: int = 0) -> None:
         if self._cluster_fetching and tries == 0:
@@ -1224,6 +1255,7 @@ class _Sender(threading.Thread):
         if self.route_cache.update(topic, route):
             self._pub.clear()
             log.debug("route of topic %s: %s", topic, self.route_cache.publish_info(topic))
+            self._heartbeat_new_masters()
         self._answer_queries(topic)
         self._release_route_waiters(topic)
 
@@ -1247,6 +1279,7 @@ class _Sender(threading.Thread):
             return
         self._cluster_fetching = False
         self.route_cache.update_brokers(brokers)
+        self._heartbeat_new_masters()
         topics, self._cluster_waiters = self._cluster_waiters, set()
         for topic in topics:
             if not any(b.master_addr() for b in brokers):

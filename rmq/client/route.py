@@ -404,6 +404,11 @@ class RouteCache:
         with self._lock:
             return list(self._brokers.values())
 
+    def master_addrs(self) -> list:
+        """The master address of every broker group seen in a route (groups without one left out)."""
+        with self._lock:
+            return sorted({a for a in (bd.master_addr() for bd in self._brokers.values()) if a})
+
     def find_broker_addr(self, broker_name: str, master_only: bool = True) -> Optional[str]:
         """Address of ``broker_name``: its master, or (``master_only=False``) any address."""
         with self._lock:

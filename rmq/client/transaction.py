@@ -211,6 +211,7 @@ class TransactionProducer:
         self._lock = threading.Lock()
         self.stats = {"sent": 0, "commit": 0, "rollback": 0, "unknow": 0, "checks": 0, "checksDropped": 0}
         self._producer._sender.request_handler = self._on_broker_request
+        self._producer._sender.enable_broker_discovery()    # check-backs reach it before its first send
 
     @property
     def producer(self):

@@ -128,6 +128,31 @@ def test_check_max_discards_to_trans_check_max_time_topic(cluster):
     assert visible(cluster, "TX4") == []
 
 
+def test_checks_nobody_can_answer_are_not_counted(cluster):
+    """With no live producer of its group, a half message waits, renewed each round with its check
+    count unchanged (never discarded after transactionCheckMax = 4 rounds); the first producer of the
+    group that comes back is asked and decides."""
+    create_topic(cluster, "TX8", 1)
+    with TransactionProducer(cluster.namesrv_addr, group="tx-pg8", checker=lambda m: UNKNOW) as p:
+        r = p.send_message_in_transaction(Message("TX8", b"orphan"), lambda m, a: UNKNOW)
+    seen = set()                                   # queue offsets of its renewed copies: one per round
+
+    def renewed_rounds():
+        with Admin(cluster.namesrv_addr) as a:
+            row = next((x for x in a.half_messages("broker-a")["halfMessages"]
+                        if x["transactionId"] == r.transaction_id), None)
+        assert row is not None, "the orphaned transaction was dropped"
+        assert row["checkTimes"] <= 1, row           # at most the one round its producer may still have been live
+        seen.add(row["queueOffset"])
+        return len(seen) >= 8                          # twice transactionCheckMax rounds
+
+    wait_for(renewed_rounds, timeout_s=60, what="8 check rounds without a producer")
+    assert not any(x == b"orphan" for _, _, x, _ in visible(cluster, CHECK_MAX_TIME_TOPIC))
+    with TransactionProducer(cluster.namesrv_addr, group="tx-pg8", checker=lambda m: COMMIT):
+        wait_for(lambda: [x for _, _, x, _ in visible(cluster, "TX8")] == [b"orphan"], timeout_s=30,
+                 what="the commit decided by the producer that came back")
+
+
 def test_admin_lists_pending_half_messages_with_check_counts(cluster):
     create_topic(cluster, "TX5", 1)
     gate = threading.Event()
@@ -302,6 +327,32 @@ def test_aio_transaction_producer_commit_rollback_and_check_back(cluster):
              timeout_s=20, what="the commit and the checked-back commit")
 
 
+def test_aio_transaction_producer_that_never_sent_answers_check_backs(cluster):
+    """A restarted service's rmq.aio.TransactionProducer is asked about its group's open transaction
+    before it sends anything (it heartbeats every master the NameServer knows)."""
+    import asyncio
+
+    from rmq.aio import TransactionProducer as AioTransactionProducer
+    create_topic(cluster, "TXN", 1)
+    with TransactionProducer(cluster.namesrv_addr, group="tx-aio-late", checker=lambda m: UNKNOW) as p:
+        p.send_message_in_transaction(Message("TXN", b"left-open"), lambda m, a: UNKNOW)
+    asked = []
+
+    async def check(m):
+        asked.append(m.body)
+        return COMMIT
+
+    async def run():
+        async with AioTransactionProducer(cluster.namesrv_addr, group="tx-aio-late", checker=check):
+            deadline = time.monotonic() + 30
+            while not asked and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+    asyncio.run(run())
+    assert asked and set(asked) == {b"left-open"}       # asked again only if a round beat its answer
+    wait_for(lambda: [b for _, _, b, _ in visible(cluster, "TXN")] == [b"left-open"], timeout_s=20,
+             what="the commit the late producer decided")
+
+
 def check_back_storm(tmp_path, n: int) -> dict:
     """``n`` open transactions checked back at once while a plain producer sends: every send
     succeeds, every transaction is committed once.  Send latencies are printed, not asserted."""
@@ -387,7 +438,9 @@ def test_transactions_replicate_and_a_slave_refuses_end_transaction(tmp_path):
         wait_for(lambda: [bytes(x.body) for x in pull_all(rc, m.broker, "TXH", 0)[0]] == [b"committed"],
                  what="the commit on the master")
         wait_replicated(rc, m, s)
-        assert [bytes(x.body) for x in pull_all(rc, s.broker, "TXH", 0)[0]] == [b"committed"]
+        # the slave serves TXH once SlaveSynchronize copied its topic config (every few seconds)
+        wait_for(lambda: [bytes(x.body) for x in pull_all(rc, s.broker, "TXH", 0)[0]] == [b"committed"],
+                 what="the commit, and only it, on the slave")
         assert len(pull_all(rc, s.broker, HALF_TOPIC, 0)[0]) >= 3
         assert len(pull_all(rc, s.broker, OP_TOPIC, 0)[0]) >= 2
         f = end_transaction_frame("tx-ha", COMMIT, r.queue_offset, commitlog_offset_of(r), "", r.msg_id, False)
@@ -395,3 +448,45 @@ def test_transactions_replicate_and_a_slave_refuses_end_transaction(tmp_path):
         assert rc.invoke(s.broker, f).code == ResponseCode.SLAVE_NOT_AVAILABLE
         time.sleep(0.3)
         assert [bytes(x.body) for x in pull_all(rc, s.broker, "TXH", 0)[0]] == [b"committed"]
+
+
+def test_promoted_slave_checks_back_the_pending_transactions(tmp_path):
+    """The master holds open transactions (UNKNOW) and one committed, and is killed (-9); its slave,
+    promoted, rebuilds the pending ones from the replicated half / op queues and checks them back
+    with the group's live producer (which found the new master through the NameServer): each
+    ends as the checker says, once; the earlier commit is not repeated."""
+    from tests.integration.test_broker import pull_all
+    from tests.integration.test_ha import HA_CONF, promote, runtime, slave_conf, wait_replicated
+    decide = threading.Event()
+
+    def checker(m):
+        if not decide.is_set():
+            return UNKNOW
+        return COMMIT if m.body.endswith(b"-c") else ROLLBACK
+
+    with Cluster(tmp_path / "m", conf={**HA_CONF, "brokerRole": "ASYNC_MASTER", **FAST_CHECKS}, with_ha=True) as m, \
+            Cluster(tmp_path / "s", conf=slave_conf(**FAST_CHECKS), with_ha=True, namesrv_addr=m.namesrv_addr) as s, \
+            RemotingClient() as rc:
+        create_topic(m, "TXP", 1)
+        with TransactionProducer(m.namesrv_addr, group="tx-promote", checker=checker,
+                                 poll_name_server_interval_ms=500, heartbeat_broker_interval_ms=500) as p:
+            p.send_message_in_transaction(Message("TXP", b"done-c"), lambda msg, a: COMMIT)
+            for i in range(4):
+                p.send_message_in_transaction(Message("TXP", b"open%d-%s" % (i, b"c" if i % 2 == 0 else b"r")),
+                                              lambda msg, a: UNKNOW)
+            wait_for(lambda: [bytes(x.body) for x in pull_all(rc, m.broker, "TXP", 0)[0]] == [b"done-c"],
+                     what="the first commit on the master")
+            wait_replicated(rc, m, s)
+            m.kill_group()
+            r = promote(rc, s.broker)
+            assert r.code == ResponseCode.SUCCESS, r.remark
+            decide.set()
+            want = [b"done-c", b"open0-c", b"open2-c"]
+            wait_for(lambda: sorted(bytes(x.body) for x in pull_all(rc, s.broker, "TXP", 0)[0]) == want,
+                     timeout_s=60, what="the checked commits on the promoted slave")
+            with Admin(m.namesrv_addr) as a:          # every transaction ended: nothing left to check
+                wait_for(lambda: (lambda v: v["ready"] and v["pending"] == 0)(a.half_messages()), timeout_s=30,
+                         what="no open transaction")
+        end = runtime(rc, s.broker)["commitLogMaxOffset"]
+        wait_for(lambda: runtime(rc, s.broker)["dispatchedOffset"] >= end, what="reput caught up")
+        assert sorted(bytes(x.body) for x in pull_all(rc, s.broker, "TXP", 0)[0]) == want

@@ -88,6 +88,12 @@ class ClientManageProcessor(RequestProcessor):
                  "lastUpdateTimestamp": int((now_wall - (now - seen)) * 1000)}
                 for c, seen in sorted(self.producer_table.get(group, {}).items())]
 
+    def has_live_producer(self, group: str) -> bool:
+        """Whether a producer of ``group`` has sent a heartbeat within ``channelExpiredTimeout``."""
+        cutoff = time.monotonic() - self.b.channel_expired_ms / 1000.0
+        seen = self.producer_table.get(group, {})
+        return any(seen.get(client, 0.0) >= cutoff for client in self.producer_channels.get(group, ()))
+
     def send_to_producer(self, group: str, parts: list) -> bool:
         """Send a request (encoded ``parts``) one-way to a live producer of ``group``, over the
         connection of its last heartbeat; producers are tried in random order, the gone ones
