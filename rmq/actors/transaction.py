@@ -25,7 +25,10 @@ and expired like the rest):
    then CHECK_TRANSACTION_STATE (39) goes one-way to a live producer of its group over that
    producer's own connection (the ROUTER identity of its last heartbeat); the producer answers
    with END_TRANSACTION ``fromTransactionCheck=true``.  A half checked ``transactionCheckMax``
-   times is copied to ``TRANS_CHECK_MAX_TIME_TOPIC`` and closed with a ``DISCARD`` op.
+   times is copied to ``TRANS_CHECK_MAX_TIME_TOPIC`` and closed with a ``DISCARD`` op.  Unlike
+   RocketMQ, a round with no live producer of the group renews the half *without* counting a check
+   (nobody was asked); a half older than ``fileReservedTime`` is discarded the same way
+   (RocketMQ's ``needSkip``).
 
 **Exactly once, where RocketMQ is at least once.**  RocketMQ writes the commit record, then the
 op: a crash between the two, or a late END_TRANSACTION for a half message that was re-appended
