@@ -531,7 +531,8 @@ class TransactionService:
     def list_half(self, max_rows: int) -> dict:
         """Pending transactions, oldest first: ``{"pending": N, "halfMessages": [{transactionId,
         producerGroup, topic, queueId, bornTimestamp (ms), checkTimes, queueOffset, commitLogOffset}]},
-        plus the service's counters under "stats"."""
+        plus the service's counters under "stats", "ready" (state recovered) and "queuedEnds"
+        (END_TRANSACTIONs waiting for the recovery)."""
         rows = []
         for key, (qo, phys) in sorted(self.pending.items(), key=lambda kv: kv[1][0])[:max_rows]:
             try:
@@ -546,7 +547,7 @@ class TransactionService:
                          "bornTimestamp": m.born_timestamp, "checkTimes": int(p.get(PROPERTY_CHECK_TIMES, 0)),
                          "queueOffset": qo, "commitLogOffset": phys})
         return {"pending": len(self.pending), "halfMessages": rows, "stats": dict(self.stats),
-                "ready": self.ready}
+                "ready": self.ready, "queuedEnds": len(self._queued_ends)}
 
     def on_list_half(self, frame: Frame, reply: Reply) -> Frame:
         """GET_HALF_MESSAGES (rmq): :meth:`list_half` as a msgpack body; ``maxRows`` (1..10 000, 1 000)."""

@@ -843,7 +843,8 @@ class Admin:
         Returns
         -------
         dict
-            ``{"pending": total, "ready": all brokers have rebuilt their state, "halfMessages":
+            ``{"pending": total, "ready": all brokers have rebuilt their state, "queuedEnds":
+            END_TRANSACTIONs held until then (total), "halfMessages":
             [{brokerName, transactionId, producerGroup, topic, queueId, bornTimestamp (ms),
             checkTimes, queueOffset, commitLogOffset}] oldest first per broker (at most
             ``max_rows`` per broker), "stats": {brokerName: counters}}``.
@@ -855,13 +856,14 @@ class Admin:
         MQBrokerError, RemotingTimeoutError
         """
         masters = self._masters_for_listing(broker, max_rows)
-        out: dict = {"pending": 0, "ready": True, "halfMessages": [], "stats": {}}
+        out: dict = {"pending": 0, "ready": True, "queuedEnds": 0, "halfMessages": [], "stats": {}}
         for name, addr in masters:
             body = _body(self._broker(addr, RequestCode.GET_HALF_MESSAGES, {"maxRows": max_rows}), "half messages")
             if not isinstance(body, dict):
                 raise MQClientError(f"malformed half-message list from broker {addr}")
             out["pending"] += int(body.get("pending", 0))
             out["ready"] = out["ready"] and bool(body.get("ready"))
+            out["queuedEnds"] += int(body.get("queuedEnds", 0))
             out["stats"][name] = body.get("stats", {})
             out["halfMessages"] += [dict(row, brokerName=name) for row in body.get("halfMessages", [])]
         return out

@@ -192,8 +192,9 @@ def test_timer_records_replicate_and_a_slave_keeps_no_wheel(tmp_path):
         wait_for(lambda: [bytes(x.body) for x in pull_all(rc, m.broker, "TMH", 0)[0]] == [b"replicated"],
                  what="the delivery on the master")
         wait_replicated(rc, m, s)
-        got = pull_all(rc, s.broker, "TMH", 0)[0]
-        assert [bytes(x.body) for x in got] == [b"replicated"]
+        # the slave serves TMH once SlaveSynchronize copied its topic config (every few seconds)
+        got = wait_for(lambda: (lambda g: g if [bytes(x.body) for x in g] == [b"replicated"] else None)(
+            pull_all(rc, s.broker, "TMH", 0)[0]), what="the delivery, and only it, on the slave")
         assert got[0].store_timestamp >= at
         assert [bytes(x.body) for x in pull_all(rc, s.broker, TIMER_TOPIC, 0)[0]] == [b"replicated"]
         assert os.path.exists(os.path.join(m.store_path, "timerwheel"))
