@@ -374,6 +374,41 @@ def dashboard(namesrv_addr, host, port, token_file) -> None:
         raise click.ClickException(str(e))
 
 
+@main.command("proxy")
+@click.option("--namesrv-addr", default="127.0.0.1:9876", show_default=True, metavar="HOST:PORT[;HOST:PORT]",
+              help="The rmq NameServer(s) the proxy forwards to.")
+@click.option("--listen-addr", default="127.0.0.1", show_default=True, help="Address to bind.")
+@click.option("--remoting-listen-port", "--listen-port", "port", type=click.IntRange(0, 65535), default=8080,
+              show_default=True, help="remotingListenPort: RocketMQ 4.x clients connect here (0 = any free port, "
+                                      "printed).")
+@click.option("--advertised-addr", default=None, metavar="HOST:PORT",
+              help="The address routes point clients at (default: the bound one).")
+def proxy(namesrv_addr, listen_addr, port, advertised_addr) -> None:
+    """Serve RocketMQ's 4.x remoting protocol: existing RocketMQ clients (Java, C++, Go, Python
+    `rocketmq`) use this address as their NameServer and produce / consume through rmq.
+
+    Prints `proxy HOST:PORT` once it listens; stops on Ctrl-C / SIGTERM.
+    """
+    import asyncio
+    import signal
+
+    from rmq.proxy import run_proxy
+
+    async def main_() -> None:
+        task = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, task.cancel)
+        await run_proxy(namesrv_addr, listen_addr, port, advertised_addr,
+                        ready=lambda s: (click.echo(f"proxy {s.advertised_addr}"), sys.stdout.flush()))
+    try:
+        asyncio.run(main_())
+    except asyncio.CancelledError:
+        pass
+    except OSError as e:
+        raise click.ClickException(f"cannot listen on {listen_addr}:{port}: {e}")
+
+
 from rmq.admin_cli import admin as _admin_group  # noqa: E402  (``rmq admin``: mqadmin commands)
 main.add_command(_admin_group)
 
