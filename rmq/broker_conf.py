@@ -139,6 +139,27 @@ def check_namesrv_addr(value: str, allow_port_zero: bool = False) -> str:
     return ";".join(parts)
 
 
+DEFAULT_REMOTING_LISTEN_PORT = 8080        # RocketMQ 5 ProxyConfig.remotingListenPort
+
+
+def proxy_settings(s: Mapping[str, Any]) -> dict:
+    """The supervisor-run remoting proxy's settings from broker.conf properties: ``enableProxy``
+    (false; ``rmq start --enable-proxy``, RocketMQ 5's ``mqbroker --enable-proxy``) and
+    ``remotingListenPort`` (8080, 0 = any free port).  The proxy binds 127.0.0.1 like every other
+    listener.  Returns ``{"enabled", "port"}``.
+
+    Raises
+    ------
+    BrokerConfError
+        A bad boolean or port.
+    """
+    raw = str(s.get("enableProxy", "false")).strip().lower()
+    if raw not in ("true", "false"):
+        raise BrokerConfError(f"enableProxy must be true or false, got {s.get('enableProxy')!r}")
+    port = _int("remotingListenPort", s.get("remotingListenPort", DEFAULT_REMOTING_LISTEN_PORT), 0, 65535)
+    return {"enabled": raw == "true", "port": port}
+
+
 def dashboard_settings(s: Mapping[str, Any]) -> dict:
     """The supervisor-run dashboard's settings from broker.conf properties: ``dashboardEnable``
     (false), ``dashboardPort`` (8082, 0 = any free port), ``dashboardHost`` (127.0.0.1),

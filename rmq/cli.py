@@ -164,19 +164,26 @@ def demo_flights(namesrv, output, limit, stream, store_path) -> None:
                    "the 'dashboard' extra).")
 @click.option("--dashboard-port", type=click.IntRange(0, 65535), default=None,
               help="The dashboard's port (broker.conf dashboardPort, default 8082; 0 = any free port).")
+@click.option("--enable-proxy", is_flag=True, default=None,
+              help="Also run the remoting proxy for RocketMQ's own 4.x clients (broker.conf enableProxy=true; "
+                   "RocketMQ 5's mqbroker --enable-proxy).")
+@click.option("--remoting-listen-port", type=click.IntRange(0, 65535), default=None,
+              help="The proxy's port (broker.conf remotingListenPort, default 8080; 0 = any free port).")
 def start(config, store_path, namesrv_addr, listen_port, no_namesrv, detach, slave_store_path,
-          slave_listen_port, dashboard, dashboard_port) -> None:
+          slave_listen_port, dashboard, dashboard_port, enable_proxy, remoting_listen_port) -> None:
     """Start a NameServer and one broker group (broker, reput, flush, cleaner, ha) under a supervisor.
 
     Foreground by default (Ctrl-C stops it in order); `rmq stop` stops it from elsewhere.
-    With --dashboard (or dashboardEnable=true) the web dashboard runs too, restarted like the actors.
+    With --dashboard (or dashboardEnable=true) the web dashboard runs too, restarted like the actors;
+    with --enable-proxy (or enableProxy=true) the remoting proxy for RocketMQ's own clients.
     brokerRole / brokerId in broker.conf make this group member a master or a slave (HA:
     README.md "Master and slave").
     """
     from rmq.actors.supervisor import Supervisor, SupervisorError, resolve_settings, supervisor_running
     from rmq.broker_conf import BrokerConfError
 
-    extra = {"dashboardEnable": "true" if dashboard else None, "dashboardPort": dashboard_port}
+    extra = {"dashboardEnable": "true" if dashboard else None, "dashboardPort": dashboard_port,
+             "enableProxy": "true" if enable_proxy else None, "remotingListenPort": remoting_listen_port}
     try:
         settings = resolve_settings(config, store_path, namesrv_addr, listen_port, extra)
     except BrokerConfError as e:
@@ -214,6 +221,10 @@ def start(config, store_path, namesrv_addr, listen_port, no_namesrv, detach, sla
         argv.append("--dashboard")
     if dashboard_port is not None:
         argv += ["--dashboard-port", str(dashboard_port)]
+    if enable_proxy:
+        argv.append("--enable-proxy")
+    if remoting_listen_port is not None:
+        argv += ["--remoting-listen-port", str(remoting_listen_port)]
     _launch_detached(argv, store, "rmq")
     if slave_argv is not None:
         _launch_detached(slave_argv, slave_store_path, "the slave")
@@ -231,7 +242,8 @@ def _slave_supervisor_argv(settings: dict, slave_store: str, slave_port: Optiona
     if slave_store == os.path.abspath(settings["storePathRootDir"]):
         raise click.ClickException("--slave-store-path must differ from the master's store")
     conf = {k: v for k, v in settings.items()           # one dashboard per cluster: the master's
-            if k not in ("storePathRootDir", "listenPort", "haListenPort") and not k.startswith("dashboard")}
+            if k not in ("storePathRootDir", "listenPort", "haListenPort", "enableProxy", "remotingListenPort")
+            and not k.startswith("dashboard")}
     conf.update({"brokerRole": "SLAVE", "brokerId": 1, "storePathRootDir": slave_store,
                  "listenPort": slave_port or int(settings["listenPort"]) + 10})
     os.makedirs(slave_store, exist_ok=True)

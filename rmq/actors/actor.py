@@ -28,6 +28,7 @@ import logging.handlers
 import math
 import os
 import signal
+import threading
 import time
 from typing import Callable, Optional
 
@@ -450,3 +451,31 @@ class Actor:
                 self.log.exception("timer %s failed", getattr(fn, "__name__", fn))
             if interval is not None:
                 heapq.heappush(self._timers, (max(due + interval / 1000.0, now), seq, interval, fn))
+
+
+class BeatThread(threading.Thread):
+    """ACTOR_BEAT to the supervisor at ``endpoint`` every HEARTBEAT_INTERVAL_MS until ``done`` is set:
+    the beat of an actor whose main loop is not an :class:`Actor` loop (the dashboard, the proxy)."""
+
+    def __init__(self, endpoint: str, name: str):
+        super().__init__(name=f"rmq-{name}-beat", daemon=True)
+        self.endpoint = endpoint
+        self.actor_name = name
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        ctx = zmq.Context.instance()
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(self.endpoint)
+        frame = P.encode(Frame(RequestCode.ACTOR_BEAT, flag=P.FLAG_ONEWAY,
+                               fields={"name": self.actor_name, "pid": os.getpid()}))
+        try:
+            while not self.done.is_set():
+                try:
+                    sock.send_multipart(frame, flags=zmq.NOBLOCK)
+                except zmq.Again:
+                    pass
+                self.done.wait(HEARTBEAT_INTERVAL_MS / 1000.0)
+        finally:
+            sock.close(linger=0)

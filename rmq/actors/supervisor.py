@@ -91,7 +91,7 @@ import zmq
 
 from rmq import protocol as P
 from rmq.actors.actor import HEARTBEAT_INTERVAL_MS, HEARTBEAT_LIVENESS, LOG_BACKUPS, LOG_MAX_BYTES, RUN_DIR
-from rmq.broker_conf import (BrokerConfError, broker_settings, dashboard_settings, format_broker_conf,
+from rmq.broker_conf import (BrokerConfError, broker_settings, dashboard_settings, proxy_settings, format_broker_conf,
                              load_broker_conf)
 from rmq.launch import child_env, python_argv
 from rmq.protocol import ProtocolError, RequestCode
@@ -104,10 +104,12 @@ DEFAULT_MODULES = {
     "cleaner": "rmq.actors.cleaner",
     "ha": "rmq.actors.ha",
     "dashboard": "rmq.dashboard.actor",
+    "proxy": "rmq.proxy.actor",
 }
 NAMESRV_GROUP = ("nameserver",)
 BROKER_GROUP = ("broker", "reput", "flush", "cleaner", "ha")   # start order; the first one leads the group
 DASHBOARD_GROUP = ("dashboard",)                           # broker.conf dashboardEnable=true
+PROXY_GROUP = ("proxy",)                                   # broker.conf enableProxy=true (rmq start --enable-proxy)
 ACTOR_MODULES_ENV = "RMQ_ACTOR_MODULES"                    # test only: name=module,name=module
 ACTOR_NAME_ENV = "RMQ_ACTOR_NAME"                          # set in every child's environment
 
@@ -351,6 +353,12 @@ class Supervisor:
             raise SupervisorError(str(e)) from None
         if self.dashboard["enabled"]:
             self.groups.append(Group("dashboard", DASHBOARD_GROUP))
+        try:
+            self.proxy = proxy_settings(self.settings)
+        except BrokerConfError as e:
+            raise SupervisorError(str(e)) from None
+        if self.proxy["enabled"]:
+            self.groups.append(Group("proxy", PROXY_GROUP))
         self.starts: dict[str, int] = {}        # actor -> processes started (restarts = starts - 1)
         self.children: dict[str, Child] = {}
         self.by_fd: dict[int, Child] = {}
@@ -461,7 +469,7 @@ class Supervisor:
         return code
 
     def _summary(self) -> str:
-        parts = [f"{n} {c.endpoint}" for n, c in self.children.items() if n in ("nameserver", "broker", "dashboard")]
+        parts = [f"{n} {c.endpoint}" for n, c in self.children.items() if n in ("nameserver", "broker", "dashboard", "proxy")]
         return (f"rmq running ({', '.join(parts)}; store {self.store}); "
                 f"Ctrl-C or `rmq stop --store-path {self.store}` stops it")
 
@@ -532,6 +540,9 @@ class Supervisor:
             host, port = s["namesrvAddr"].split(";")[0].rsplit(":", 1)
             return ["--listen-addr", host.strip("[]"), "--listen-port", port, "--store-path", self.store,
                     "-c", self.conf_path, "--supervisor", self.endpoint]      # -c: auth* settings
+        if name == "proxy":
+            return ["--namesrv-addr", s["namesrvAddr"], "--listen-port", str(self.proxy["port"]),
+                    "--store-path", self.store, "--supervisor", self.endpoint]
         if name == "dashboard":
             d = self.dashboard
             return ["--namesrv-addr", s["namesrvAddr"], "--host", d["host"], "--port", str(d["port"]),
@@ -556,6 +567,9 @@ class Supervisor:
                 addrs[0] = f"{host}:{port}"
                 self.settings["namesrvAddr"] = ";".join(addrs)
                 log.info("NameServer port 0 resolved: namesrvAddr=%s", self.settings["namesrvAddr"])
+        elif child.name == "proxy" and self.proxy["port"] == 0:
+            self.proxy["port"] = int(port)
+            log.info("proxy port 0 resolved: remotingListenPort=%s", port)
         elif child.name == "dashboard" and self.dashboard["port"] == 0:
             self.dashboard["port"] = int(port)
             log.info("dashboard port 0 resolved: %s", port)
@@ -944,6 +958,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dashboard", action="store_true", default=None,
                    help="also run the web dashboard (dashboardEnable=true)")
     p.add_argument("--dashboard-port", type=int, default=None, help="dashboardPort (default 8082; 0 = any free)")
+    p.add_argument("--enable-proxy", action="store_true", default=None,
+                   help="also run the remoting proxy for RocketMQ's own clients (enableProxy=true)")
+    p.add_argument("--remoting-listen-port", type=int, default=None,
+                   help="remotingListenPort of the proxy (default 8080; 0 = any free)")
     p.add_argument("--ready-timeout-s", type=float, default=READY_TIMEOUT_S)
     p.add_argument("--stop-timeout-s", type=float, default=STOP_TIMEOUT_S)
     p.add_argument("--max-restarts", type=int, default=MAX_RESTARTS)
@@ -964,7 +982,9 @@ def main(argv: Optional[list] = None) -> int:
         p.error("--max-restarts must be >= 0, --heartbeat-liveness >= 1, timeouts > 0")
     try:
         settings = resolve_settings(a.config, a.store_path, a.namesrv_addr, a.listen_port,
-                                    {"dashboardEnable": "true" if a.dashboard else None, "dashboardPort": a.dashboard_port})
+                                    {"dashboardEnable": "true" if a.dashboard else None, "dashboardPort": a.dashboard_port,
+                                     "enableProxy": "true" if a.enable_proxy else None,
+                                     "remotingListenPort": a.remoting_listen_port})
         sup = Supervisor(settings, a.config, start_namesrv=not a.no_namesrv, ready_timeout_s=a.ready_timeout_s,
                          stop_timeout_s=a.stop_timeout_s, restart_backoff_s=a.restart_backoff_ms / 1000.0,
                          restart_backoff_max_s=a.restart_backoff_max_ms / 1000.0, max_restarts=a.max_restarts,

@@ -12,16 +12,11 @@ A bad token file or a non-loopback host without one: one line on stderr, exit co
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import threading
 from typing import Optional
 
-import zmq
 
-from rmq import protocol as P
-from rmq.actors.actor import HEARTBEAT_INTERVAL_MS, write_pid_file
-from rmq.protocol import Frame, RequestCode
+from rmq.actors.actor import BeatThread, write_pid_file
 
 NAME = "dashboard"
 
@@ -36,31 +31,6 @@ def read_token_file(path: str) -> str:
     if not token:
         raise ValueError(f"{path}: the first line (the token) is empty")
     return token
-
-
-class _Beat(threading.Thread):
-    """ACTOR_BEAT to the supervisor every HEARTBEAT_INTERVAL_MS until stopped."""
-
-    def __init__(self, endpoint: str):
-        super().__init__(name="rmq-dashboard-beat", daemon=True)
-        self.endpoint = endpoint
-        self.done = threading.Event()
-
-    def run(self) -> None:
-        ctx = zmq.Context.instance()
-        sock = ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.connect(self.endpoint)
-        frame = P.encode(Frame(RequestCode.ACTOR_BEAT, flag=P.FLAG_ONEWAY, fields={"name": NAME, "pid": os.getpid()}))
-        try:
-            while not self.done.is_set():
-                try:
-                    sock.send_multipart(frame, flags=zmq.NOBLOCK)
-                except zmq.Again:
-                    pass
-                self.done.wait(HEARTBEAT_INTERVAL_MS / 1000.0)
-        finally:
-            sock.close(linger=0)
 
 
 def main(argv: Optional[list] = None) -> int:
@@ -81,7 +51,7 @@ def main(argv: Optional[list] = None) -> int:
         return 1
     if a.store_path:
         write_pid_file(a.store_path, NAME)
-    beat = _Beat(a.supervisor) if a.supervisor else None
+    beat = BeatThread(a.supervisor, NAME) if a.supervisor else None
     if beat is not None:
         beat.start()
     try:

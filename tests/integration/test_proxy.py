@@ -190,3 +190,45 @@ def test_many_idle_connections_and_a_half_frame(proxy):
     finally:
         for c in conns:
             c.close()
+
+
+# -- under the supervisor -----------------------------------------------------------------------------
+def test_rmq_start_enable_proxy_runs_it_as_an_actor(tmp_path):
+    """`rmq start --enable-proxy`: the proxy is an actor of its own group, started after the broker
+    group; the C++ client works through it; killed, it comes back on the same port; it stops with
+    exit code 0; a bad enableProxy / remotingListenPort is refused before anything starts."""
+    import re
+    import signal
+
+    from tests.integration.test_supervisor_real import DEADLINE_S, alive, rmq, spawned
+    store = str(tmp_path / "store")
+    started = rmq("start", "--store-path", store, "--detach", "--namesrv-addr", "127.0.0.1:0", "--listen-port", "0",
+                  "--enable-proxy", "--remoting-listen-port", "0")
+    try:
+        assert started.returncode == 0, started.stdout + started.stderr
+        addr = re.search(r"^started proxy pid \d+ tcp://(\S+)$", started.stdout, re.M).group(1)
+        assert [ln.split()[1] for ln in started.stdout.splitlines() if ln.startswith("started ")][-1] == "proxy"
+        sent = cpp("produce", addr, "SupProxy", 20)["sent"]
+        assert [s["status"] for s in sent] == [0] * 20
+        first = spawned(store)["proxy"]
+        os.kill(first, signal.SIGKILL)
+        wait_for(lambda: spawned(store)["proxy"] != first and alive(spawned(store)["proxy"]), DEADLINE_S)
+
+        def pulled():
+            try:
+                return len(cpp("pull", addr, "SupProxy", "CID-sup-proxy")["messages"]) == 20
+            except AssertionError:             # not listening again yet
+                return False
+        wait_for(pulled, DEADLINE_S, what="the restarted proxy serving on the same port")
+    finally:
+        stopped = rmq("stop", "--store-path", store)
+    assert stopped.returncode == 0 and "stopped cleanly" in stopped.stdout, stopped.stdout + stopped.stderr
+    with open(os.path.join(store, "logs", "supervisor.log"), errors="replace") as f:
+        assert re.search(r"stopped proxy \(pid \d+\): exit code 0", f.read())
+    conf = tmp_path / "bad.conf"
+    for props, why in (("enableProxy=maybe\n", "enableProxy must be true or false"),
+                       ("enableProxy=true\nremotingListenPort=70000\n", "remotingListenPort=70000 outside")):
+        conf.write_text(props)
+        r = rmq("start", "-c", str(conf), "--store-path", str(tmp_path / "bad"), "--detach",
+                "--namesrv-addr", "127.0.0.1:0", "--listen-port", "0")
+        assert r.returncode == 1 and why in r.stderr and "Traceback" not in r.stderr, r.stdout + r.stderr

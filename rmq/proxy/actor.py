@@ -1,0 +1,62 @@
+"""The remoting proxy as an actor of ``rmq start --enable-proxy`` (broker.conf ``enableProxy=true``;
+RocketMQ 5's ``mqbroker --enable-proxy`` local mode).
+
+``python -m rmq.proxy.actor --namesrv-addr H:P[;H:P] [--listen-addr A] [--listen-port P]
+[--store-path S] [--supervisor EP]``
+
+Serves :class:`rmq.proxy.server.ProxyServer` and, like every actor: prints ``ready tcp://HOST:PORT``
+once it listens, beats ACTOR_BEAT to the supervisor every HEARTBEAT_INTERVAL_MS (from a thread:
+the server's asyncio loop is not an Actor loop), writes ``S/run/proxy.pid``, and exits 0 on
+SIGTERM / SIGINT.  A port it cannot bind: one line on stderr, exit code 1.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+from typing import Optional
+
+from rmq.actors.actor import BeatThread, write_pid_file
+from rmq.proxy.server import REMOTING_LISTEN_PORT, run_proxy
+
+NAME = "proxy"
+
+
+def main(argv: Optional[list] = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m rmq.proxy.actor", description=__doc__.split("\n")[0])
+    p.add_argument("--namesrv-addr", required=True)
+    p.add_argument("--listen-addr", default="127.0.0.1")
+    p.add_argument("--listen-port", type=int, default=REMOTING_LISTEN_PORT)
+    p.add_argument("--store-path", default=None)
+    p.add_argument("--supervisor", default=None)
+    a = p.parse_args(argv)
+    if a.store_path:
+        write_pid_file(a.store_path, NAME)
+    beat = BeatThread(a.supervisor, NAME) if a.supervisor else None
+
+    async def serve() -> None:
+        task = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, task.cancel)
+        await run_proxy(a.namesrv_addr, a.listen_addr, a.listen_port,
+                        ready=lambda s: print(f"ready tcp://{s.advertised_addr}", flush=True))
+
+    if beat is not None:
+        beat.start()
+    try:
+        asyncio.run(serve())
+    except asyncio.CancelledError:
+        pass
+    except OSError as e:           # the port is taken
+        print(f"{NAME}: cannot listen on {a.listen_addr}:{a.listen_port}: {e}", file=sys.stderr)
+        return 1
+    finally:
+        if beat is not None:
+            beat.done.set()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
