@@ -401,22 +401,10 @@ def proxy(namesrv_addr, listen_addr, port, advertised_addr) -> None:
 
     Prints `proxy HOST:PORT` once it listens; stops on Ctrl-C / SIGTERM.
     """
-    import asyncio
-    import signal
-
-    from rmq.proxy import run_proxy
-
-    async def main_() -> None:
-        task = asyncio.current_task()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, task.cancel)
-        await run_proxy(namesrv_addr, listen_addr, port, advertised_addr,
-                        ready=lambda s: (click.echo(f"proxy {s.advertised_addr}"), sys.stdout.flush()))
+    from rmq.proxy.server import serve
     try:
-        asyncio.run(main_())
-    except asyncio.CancelledError:
-        pass
+        serve(namesrv_addr, listen_addr, port, advertised_addr,
+              ready=lambda s: (click.echo(f"proxy {s.advertised_addr}"), sys.stdout.flush()))
     except OSError as e:
         raise click.ClickException(f"cannot listen on {listen_addr}:{port}: {e}")
 

@@ -12,13 +12,11 @@ SIGTERM / SIGINT.  A port it cannot bind: one line on stderr, exit code 1.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import signal
 import sys
 from typing import Optional
 
 from rmq.actors.actor import BeatThread, write_pid_file
-from rmq.proxy.server import REMOTING_LISTEN_PORT, run_proxy
+from rmq.proxy.server import REMOTING_LISTEN_PORT, serve
 
 NAME = "proxy"
 
@@ -34,21 +32,11 @@ def main(argv: Optional[list] = None) -> int:
     if a.store_path:
         write_pid_file(a.store_path, NAME)
     beat = BeatThread(a.supervisor, NAME) if a.supervisor else None
-
-    async def serve() -> None:
-        task = asyncio.current_task()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, task.cancel)
-        await run_proxy(a.namesrv_addr, a.listen_addr, a.listen_port,
-                        ready=lambda s: print(f"ready tcp://{s.advertised_addr}", flush=True))
-
     if beat is not None:
         beat.start()
     try:
-        asyncio.run(serve())
-    except asyncio.CancelledError:
-        pass
+        serve(a.namesrv_addr, a.listen_addr, a.listen_port,
+              ready=lambda s: print(f"ready tcp://{s.advertised_addr}", flush=True))
     except OSError as e:           # the port is taken
         print(f"{NAME}: cannot listen on {a.listen_addr}:{a.listen_port}: {e}", file=sys.stderr)
         return 1

@@ -533,7 +533,13 @@ def _first_failure(cmd: RemotingCommand, resps: list) -> Optional[RemotingComman
 
 async def run_proxy(namesrv_addr: str, listen_addr: str = "127.0.0.1", listen_port: int = REMOTING_LISTEN_PORT,
                     advertised_addr: Optional[str] = None, ready=None) -> None:
-    """Run a proxy until cancelled; ``ready(server)`` is called once it listens."""
+    """Run a proxy until cancelled; ``ready(server)`` is called once it listens.
+
+    Raises
+    ------
+    OSError
+        The address cannot be bound.
+    """
     server = ProxyServer(namesrv_addr, listen_addr, listen_port, advertised_addr)
     await server.start()
     if ready is not None:
@@ -544,5 +550,28 @@ async def run_proxy(namesrv_addr: str, listen_addr: str = "127.0.0.1", listen_po
         await server.close()
 
 
-__all__ = ["ProxyServer", "Layout", "run_proxy", "REMOTING_LISTEN_PORT", "PROXY_BROKER_NAME",
+def serve(namesrv_addr: str, listen_addr: str = "127.0.0.1", listen_port: int = REMOTING_LISTEN_PORT,
+          advertised_addr: Optional[str] = None, ready=None) -> None:
+    """:func:`run_proxy` in its own event loop until SIGTERM / SIGINT (then a clean return).
+
+    Raises
+    ------
+    OSError
+        The address cannot be bound.
+    """
+    import signal
+
+    async def main() -> None:
+        task = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, task.cancel)
+        await run_proxy(namesrv_addr, listen_addr, listen_port, advertised_addr, ready)
+    try:
+        asyncio.run(main())
+    except asyncio.CancelledError:
+        pass
+
+
+__all__ = ["ProxyServer", "Layout", "run_proxy", "serve", "REMOTING_LISTEN_PORT", "PROXY_BROKER_NAME",
            "MAX_IN_FLIGHT_PER_CONNECTION", "CHANNEL_MAX_IDLE_S", "MAX_CONNECTIONS"]

@@ -2,9 +2,11 @@
 against a NameServer address, in a process of its own: a native crash fails the calling test
 instead of killing pytest.  Prints one JSON document on stdout.
 
-    python cpp_client.py produce ADDR TOPIC N          -> {"sent": [{i, status, msg_id, offset}]}
+    python cpp_client.py produce ADDR TOPIC N          -> {"sent": [{i, status, msg_id, offset}], "seconds"}
     python cpp_client.py pull ADDR TOPIC GROUP         -> {"messages": [...]}
-    python cpp_client.py push ADDR TOPIC GROUP N TIMEOUT_S -> {"messages": [...]}
+    python cpp_client.py push ADDR TOPIC GROUP N TIMEOUT_S -> {"messages": [...], "seconds" (start to N, or null)}
+
+``seconds`` (wall, time.perf_counter) is what bench/bench_proxy.py reports.
 
 Messages produced: body ``cpp-<i>`` (every 100th padded past 4 KiB, which the client compresses),
 tag ``T<i % 3>``, keys ``k<i>``, user property ``seq=<i>``.
@@ -35,6 +37,7 @@ def produce(addr: str, topic: str, n: int) -> dict:
     p.set_namesrv_addr(addr)
     p.start()
     sent = []
+    t0 = time.perf_counter()
     try:
         for i in range(n):
             m = Message(topic)
@@ -44,9 +47,10 @@ def produce(addr: str, topic: str, n: int) -> dict:
             m.set_body(body_of(i))
             r = p.send_sync(m)
             sent.append({"i": i, "status": int(r.status), "msg_id": r.msg_id, "offset": r.offset})
+        seconds = time.perf_counter() - t0
     finally:
         p.shutdown()
-    return {"sent": sent}
+    return {"sent": sent, "seconds": seconds}
 
 
 def pull(addr: str, topic: str, group: str) -> dict:
@@ -70,18 +74,21 @@ def push(addr: str, topic: str, group: str, n: int, timeout_s: float) -> dict:
     c = PushConsumer(group)
     c.set_namesrv_addr(addr)
     c.subscribe(topic, on_message)
+    t0 = time.perf_counter()
     c.start()
+    seconds = None
     try:
         end = time.time() + timeout_s
         while time.time() < end:
             with lock:
                 if len(got) >= n:
+                    seconds = time.perf_counter() - t0
                     break
-            time.sleep(0.1)
+            time.sleep(0.01)
         time.sleep(1.0)          # duplicates arriving after the last new message are counted too
     finally:
         c.shutdown()
-    return {"messages": got}
+    return {"messages": got, "seconds": seconds}
 
 
 if __name__ == "__main__":

@@ -1,0 +1,129 @@
+"""The remoting proxy against rmq's own clients, same run (issue 14's targets): the official C++
+client (``rocketmq==0.4.4``) through ``rmq proxy`` beside rmq's ``Producer`` / ``PushConsumer``
+with their defaults, and the raw pyzmq request/reply round trip as the transport's ceiling.
+
+Run::
+
+    python bench/bench_proxy.py
+
+One broker group on loopback (the test harness's Cluster), 100 B bodies:
+
+- one at a time: rmq ``Producer.send`` and the C++ ``Producer.send_sync`` through the proxy, SINGLE
+  messages each (RMQ_BENCH_PROXY_SINGLE, default 3,000);
+- consume: CONSUME messages (RMQ_BENCH_PROXY_CONSUME, default 50,000) stored with
+  ``Producer.send_batch``, read from the first offset by rmq's ``PushConsumer`` and by the C++
+  push consumer through the proxy (fresh groups), from start until the last listener call;
+- the raw pyzmq DEALER -> ROUTER echo round trip, one at a time (the ceiling of any single send).
+
+Targets: C++ sync send >= 80 % of rmq ``Producer.send``; C++ consumer >= 80 % of ``PushConsumer``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import zmq  # noqa: E402
+
+from rmq import Message, Producer, PushConsumer  # noqa: E402
+from rmq.launch import child_env, python_argv  # noqa: E402
+from tests.integration.cluster import Cluster  # noqa: E402
+from tests.integration.test_consumer import create_topic  # noqa: E402
+
+SINGLE = int(os.environ.get("RMQ_BENCH_PROXY_SINGLE", "3000"))
+CONSUME = int(os.environ.get("RMQ_BENCH_PROXY_CONSUME", "50000"))
+BODY = b"x" * 100
+CPP = os.path.join(ROOT, "tests", "integration", "cpp_client.py")
+
+
+def cpp(*args) -> dict:
+    r = subprocess.run([sys.executable, CPP, *map(str, args)], capture_output=True, text=True, timeout=900)
+    if r.returncode != 0:
+        raise RuntimeError(f"C++ client {args[0]} failed: {r.stderr[-2000:]}")
+    return json.loads(r.stdout)
+
+
+def zmq_rtt(n: int) -> float:
+    ctx = zmq.Context()
+    router, dealer = ctx.socket(zmq.ROUTER), ctx.socket(zmq.DEALER)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    dealer.connect(f"tcp://127.0.0.1:{port}")
+
+    def echo():
+        for _ in range(n):
+            router.send_multipart(router.recv_multipart())
+    t = threading.Thread(target=echo, daemon=True)
+    t.start()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        dealer.send(BODY)
+        dealer.recv()
+    rate = n / (time.perf_counter() - t0)
+    t.join()
+    ctx.destroy(0)
+    return rate
+
+
+def main() -> None:
+    with Cluster(tempfile.mkdtemp(prefix="rmq-bench-proxy-") + "/store") as c:
+        create_topic(c, "BenchProxySingle", 8)
+        create_topic(c, "BenchProxyConsume", 8)
+        proxy = subprocess.Popen(python_argv("rmq.cli", "proxy", "--namesrv-addr", c.namesrv_addr, "--listen-port",
+                                             "0"), stdout=subprocess.PIPE, text=True, env=child_env())
+        addr = proxy.stdout.readline().split()[1]
+        try:
+            rows = []
+            rows.append(("raw pyzmq DEALER/ROUTER round trip, one at a time", zmq_rtt(SINGLE), None))
+            with Producer(c.namesrv_addr, group="bench-proxy-rmq") as p:
+                for _ in range(200):
+                    p.send(Message("BenchProxySingle", BODY))
+                t0 = time.perf_counter()
+                for _ in range(SINGLE):
+                    p.send(Message("BenchProxySingle", BODY))
+                mine = SINGLE / (time.perf_counter() - t0)
+            rows.append(("rmq Producer.send, one at a time", mine, None))
+            out = cpp("produce", addr, "BenchProxySingle", SINGLE)
+            assert all(s["status"] == 0 for s in out["sent"])
+            rows.append(("C++ Producer.send_sync through the proxy", SINGLE / out["seconds"], mine))
+            with Producer(c.namesrv_addr, group="bench-proxy-fill") as p:
+                for i in range(0, CONSUME, 1000):
+                    p.send_batch([Message("BenchProxyConsume", BODY) for _ in range(min(1000, CONSUME - i))])
+            got, done, lock = [0], threading.Event(), threading.Lock()
+
+            def listener(msgs, ctx):
+                with lock:
+                    got[0] += len(msgs)
+                    if got[0] >= CONSUME:
+                        done.set()
+            pc = PushConsumer(c.namesrv_addr, "bench-proxy-push", consume_from_where="CONSUME_FROM_FIRST_OFFSET")
+            pc.subscribe("BenchProxyConsume", "*")
+            pc.register_message_listener(listener)
+            t0 = time.perf_counter()
+            pc.start()
+            try:
+                done.wait(600)
+                push = got[0] / (time.perf_counter() - t0)
+            finally:
+                pc.shutdown()
+            rows.append(("rmq PushConsumer (defaults), from the first offset", push, None))
+            out = cpp("push", addr, "BenchProxyConsume", "CID-bench-proxy", CONSUME, 600)
+            n = len({m["msg_id"] for m in out["messages"]})
+            rows.append((f"C++ PushConsumer through the proxy ({n} distinct)", CONSUME / out["seconds"], push))
+        finally:
+            proxy.terminate()
+            proxy.wait(10)
+    print(f"bench_proxy: 100 B bodies, single {SINGLE}, consume {CONSUME}, one run, same machine")
+    for name, rate, ref in rows:
+        ratio = f"  {rate / ref:.2f}x of rmq's own" if ref else ""
+        print(f"  {name:<58} {rate:>10,.0f} msgs/s{ratio}")
+
+
+if __name__ == "__main__":
+    main()
