@@ -170,6 +170,9 @@ class Actor:
             h.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s[%(process)d] %(message)s"))
             log.addHandler(h)
             logging.getLogger("rmq.actor").addHandler(h)     # Reply's messages go to the same file
+            store_log = logging.getLogger("rmq.store")       # and the store's, run in this process
+            store_log.setLevel(min(level, logging.INFO))
+            store_log.addHandler(h)
         return log
 
     # -- security (rmq.security) ------------------------------------------------------------
