@@ -416,3 +416,23 @@ def test_replication_lag_in_ms_grows_while_the_slave_stalls_and_returns_to_zero(
             os.kill(ha.pid, signal.SIGCONT)
         wait_replicated(c, master, slave)
         assert runtime(c, master.broker_addr)["haLagMs"] == 0
+
+
+def test_promotion_adopts_a_topic_the_slave_never_synced(tmp_path):
+    """A topic the master created after the slave's last SlaveSynchronize (slaveSyncInterval far
+    away) has replicated messages but no topic config on the slave; once promoted, the slave
+    gives it one from its ConsumeQueues and serves every message (before: TOPIC_NOT_EXIST)."""
+    from tests.integration.test_broker import pull_all
+    from tests.integration.test_consumer import create_topic
+    with Cluster(tmp_path / "m", conf={**HA_CONF, "brokerRole": "ASYNC_MASTER"}, with_ha=True) as m, \
+            Cluster(tmp_path / "s", conf=slave_conf(slaveSyncInterval="3600000"), with_ha=True,
+                    namesrv_addr=m.namesrv_addr) as s, RemotingClient() as c:
+        create_topic(m, "Unsynced", 2)                     # the slave's first sync finds no master yet
+        for i in range(6):
+            assert send(c, m.broker_addr, "Unsynced", b"u%d" % i, i % 2).code == ResponseCode.SUCCESS
+        wait_replicated(c, m, s)
+        # usually TOPIC_NOT_EXIST here; the slave's one sync, 1 s after its start, can win the race
+        m.kill_group()
+        assert promote(c, s.broker).code == ResponseCode.SUCCESS
+        got = sorted(bytes(x.body) for q in (0, 1) for x in pull_all(c, s.broker, "Unsynced", q)[0])
+        assert got == [b"u%d" % i for i in range(6)]

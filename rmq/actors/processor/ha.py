@@ -17,7 +17,7 @@ from rmq import protocol as P
 from rmq.actors.actor import Reply
 from rmq.actors.processor import RequestProcessor
 from rmq.protocol import Frame, ProtocolError, RequestCode, ResponseCode, field_int, unpack_body
-from rmq.store.config_manager import write_file_atomically
+from rmq.store.config_manager import PERM_READ, PERM_WRITE, write_file_atomically
 from rmq.store.epoch import EpochEntry
 from rmq.store.message_store import write_truncate_marker
 
@@ -221,6 +221,7 @@ class HAProcessor(RequestProcessor):
         write_file_atomically(os.path.join(b.store_path, "config", HA_ROLE_FILE),
                               json.dumps({"brokerRole": role, "brokerId": 0, "epoch": epoch, "startOffset": end}))
         b.store.recover_topic_queue_table()
+        self._adopt_unsynced_topics()
         b.role = role
         b.pop.start()                         # POP checkpoints in flight, from the replicated revive log
         b.tx.start()                          # pending transactions, from the replicated half / op queues
@@ -233,6 +234,21 @@ class HAProcessor(RequestProcessor):
         b.register_broker_all()               # ... and routes id 0 here
         b.announce_append(force=True)          # the ha actor switches to serving slaves
         self.log.warning("promoted to %s (brokerId 0), epoch %d from CommitLog offset %d", role, epoch, end)
+
+    def _adopt_unsynced_topics(self) -> None:
+        """A topic the old master created after the last SlaveSynchronize has replicated messages
+        (ConsumeQueues here) but no topic config: give it one (its queue count from the
+        ConsumeQueues, read + write), or the promoted broker would answer its pulls TOPIC_NOT_EXIST."""
+        b = self.b
+        tcm = b.store.topic_config_manager
+        queues: dict = {}
+        for topic, qid in list(b.store.consume_queue_table):
+            queues[topic] = max(queues.get(topic, 0), qid + 1)
+        for topic, n in sorted(queues.items()):
+            if tcm.select_topic_config(topic) is None:
+                tcm.update_topic_config(tcm.new_topic_config(topic, n, n, PERM_READ | PERM_WRITE))
+                self.log.warning("promotion: topic %s had messages but no synced config: created with %d queues",
+                                 topic, n)
 
     # -- SlaveSynchronize ---------------------------------------------------------------------------------
     def sync_from_master(self) -> None:
