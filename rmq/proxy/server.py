@@ -37,12 +37,11 @@ from typing import Optional
 
 from rmq import protocol as P
 from rmq._core import commitlog as _cl
-from rmq.aio.consumer import AsyncRemoting
 from rmq.client.route import cluster_info_request, parse_cluster_info, parse_route_response
 from rmq.errors import MQClientError, RemotingError
 from rmq.protocol import Frame, RequestCode, ResponseCode
-from rmq.proxy.remoting import (MAX_FRAME_BYTES, RemotingCommand, RemotingFrameError, check_length, decode,
-                                encode)
+from rmq.proxy.forward import Forwarder
+from rmq.proxy.remoting import RemotingCommand, RemotingFrameError, check_length, decode, encode
 
 log = logging.getLogger("rmq.proxy")
 
@@ -51,6 +50,7 @@ PROXY_BROKER_NAME = "rmq-proxy"          # the one broker group clients see (mod
 PROXY_CLUSTER_NAME = "rmq-proxy-cluster"
 MAX_IN_FLIGHT_PER_CONNECTION = 1024      # requests of one connection handled at once
 CHANNEL_MAX_IDLE_S = 120.0               # NettyServerConfig.serverChannelMaxIdleTimeSeconds
+IDLE_SWEEP_S = 5.0                       # how often idle connections are looked for
 MAX_CONNECTIONS = 20_000
 ROUTE_CACHE_MS = 3_000                   # a topic's layout is reused this long
 AUTO_CREATE_SPAN = 8                     # BrokerConfig.defaultTopicQueueNums: TBW102's queues per group
@@ -150,7 +150,10 @@ class ProxyServer:
         self.listen_addr, self.listen_port = listen_addr, int(listen_port)
         self.advertised_addr = advertised_addr
         self._auth = auth
-        self.remoting: Optional[AsyncRemoting] = None
+        self.remoting: Optional[Forwarder] = None
+        self._conns: set = set()
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._sweeper: Optional[asyncio.Task] = None
         self._server: Optional[asyncio.base_events.Server] = None
         self._layouts: dict = {}
         self._masters: tuple = (0.0, [])           # (fetched monotonic s, [(broker name, addr)])
@@ -178,9 +181,11 @@ class ProxyServer:
 
     # -- lifecycle ----------------------------------------------------------------------------------------
     async def start(self) -> "ProxyServer":
-        self.remoting = AsyncRemoting(auth=self._auth)
-        self._server = await asyncio.start_server(self._serve_connection, self.listen_addr, self.listen_port,
-                                                  limit=MAX_FRAME_BYTES + 8, backlog=1024)
+        self._loop = asyncio.get_running_loop()
+        self.remoting = Forwarder(auth=self._auth)
+        self._server = await self._loop.create_server(lambda: _Connection(self), self.listen_addr, self.listen_port,
+                                                      backlog=1024)
+        self._sweeper = self._loop.create_task(self._sweep_idle())
         host, port = self._server.sockets[0].getsockname()[:2]
         self.listen_port = port
         if not self.advertised_addr:
@@ -196,6 +201,10 @@ class ProxyServer:
             await self._server.serve_forever()
 
     async def close(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        for conn in list(self._conns):
+            conn.close()
         if self._server is not None:
             self._server.close()
             try:
@@ -206,43 +215,33 @@ class ProxyServer:
             await self.remoting.close()
 
     # -- connections ----------------------------------------------------------------------------------------
-    async def _serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        peer = writer.get_extra_info("peername") or ("0.0.0.0", 0)
-        born_host = f"{peer[0]}:{peer[1]}"
+    def _connection_made(self, conn: "_Connection") -> bool:
         if self.connections >= MAX_CONNECTIONS:
             self.stats["refusedConnections"] += 1
-            writer.close()
-            return
+            return False
         self.connections += 1
-        slots = asyncio.Semaphore(MAX_IN_FLIGHT_PER_CONNECTION)
-        tasks: set = set()
-        try:
-            while True:
-                head = await asyncio.wait_for(reader.readexactly(4), CHANNEL_MAX_IDLE_S)
-                length = struct.unpack(">i", head)[0]
-                check_length(length)
-                data = await asyncio.wait_for(reader.readexactly(length), CHANNEL_MAX_IDLE_S)
-                cmd = decode(data)
-                if cmd.is_response:
-                    continue                      # the proxy sends no requests to clients
-                await slots.acquire()
-                t = asyncio.get_running_loop().create_task(self._handle(cmd, writer, born_host))
-                tasks.add(t)
-                t.add_done_callback(lambda t_: (tasks.discard(t_), slots.release()))
-        except RemotingFrameError as e:
-            self.stats["badFrames"] += 1
-            log.warning("closing %s: %s", born_host, e)
-        except (asyncio.IncompleteReadError, asyncio.TimeoutError, ConnectionError):
-            pass
-        finally:
-            self.connections -= 1
-            for t in tasks:
-                t.cancel()
-            writer.close()
+        self._conns.add(conn)
+        return True
 
-    async def _handle(self, cmd: RemotingCommand, writer: asyncio.StreamWriter, born_host: str) -> None:
+    def _connection_lost(self, conn: "_Connection") -> None:
+        if conn in self._conns:
+            self._conns.discard(conn)
+            self.connections -= 1
+
+    async def _sweep_idle(self) -> None:
+        """Close connections without a complete frame for CHANNEL_MAX_IDLE_S (one timer for all)."""
+        while True:
+            await asyncio.sleep(min(CHANNEL_MAX_IDLE_S / 4, IDLE_SWEEP_S))
+            cutoff = time.monotonic() - CHANNEL_MAX_IDLE_S
+            for conn in [c for c in self._conns if c.last_frame < cutoff]:
+                conn.close()
+
+    def _dispatch(self, cmd: RemotingCommand, conn: "_Connection") -> None:
+        t = self._loop.create_task(self._handle(cmd, conn, conn.born_host))
+        conn.started(t)
+
+    async def _handle(self, cmd: RemotingCommand, writer: "_Connection", born_host: str) -> None:
         self.stats["requests"] += 1
-        log.debug("%s: code %d opaque %d %s", born_host, cmd.code, cmd.opaque, cmd.ext_fields)
         handler = self.handlers.get(cmd.code)
         try:
             if handler is None:
@@ -260,12 +259,10 @@ class ProxyServer:
         if cmd.is_oneway or writer.is_closing():
             return
         try:
-            writer.write(encode(resp))
-            await writer.drain()
+            data = encode(resp)
         except RemotingFrameError as e:
-            writer.write(encode(cmd.response(ResponseCode.SYSTEM_ERROR, str(e))))
-        except ConnectionError:
-            pass
+            data = encode(cmd.response(ResponseCode.SYSTEM_ERROR, str(e)))
+        writer.write(data)
 
     # -- rmq side ----------------------------------------------------------------------------------------
     async def _invoke(self, addr: str, frame: Frame, timeout_ms: int = FORWARD_TIMEOUT_MS) -> Frame:
@@ -492,6 +489,122 @@ class ProxyServer:
             fields["maxReconsumeTimes"] = _int(f, "maxReconsumeTimes", 16)
         resp = await self._invoke(addr, Frame(RequestCode.CONSUMER_SEND_MSG_BACK, fields=fields))
         return cmd.response(resp.code, resp.remark or None)
+
+
+class _Connection(asyncio.Protocol):
+    """One remoting client connection: frames cut from the byte stream as they arrive, each request
+    handled in a task of its own (a held pull does not stop the sends behind it), answers written
+    in completion order (matched by opaque, as RocketMQ's clients do).
+
+    Flow control: at MAX_IN_FLIGHT_PER_CONNECTION requests in flight, or while the socket's send
+    buffer is over its high-water mark, the connection stops reading until that clears.
+    """
+
+    def __init__(self, server: ProxyServer):
+        self.server = server
+        self.transport: Optional[asyncio.Transport] = None
+        self.buf = bytearray()
+        self.need = 0                        # the current frame's length (0: reading a prefix)
+        self.tasks: set = set()
+        self.born_host = "0.0.0.0:0"
+        self.last_frame = time.monotonic()
+        self.paused_reading = False
+        self.paused_writing = False
+        self.closed = False
+
+    # asyncio.Protocol
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        peer = transport.get_extra_info("peername") or ("0.0.0.0", 0)
+        self.born_host = f"{peer[0]}:{peer[1]}"
+        if not self.server._connection_made(self):
+            self.closed = True
+            transport.abort()
+
+    def connection_lost(self, exc) -> None:
+        self.closed = True
+        self.server._connection_lost(self)
+        for t in self.tasks:
+            t.cancel()
+        self.tasks.clear()
+
+    def data_received(self, data: bytes) -> None:
+        buf = self.buf
+        buf += data
+        pos, end = 0, len(buf)
+        try:
+            while True:
+                if self.need == 0:
+                    if end - pos < 4:
+                        break
+                    length = int.from_bytes(buf[pos:pos + 4], "big", signed=True)
+                    check_length(length)
+                    self.need = length
+                    pos += 4
+                if end - pos < self.need:
+                    break
+                cmd = decode(bytes(buf[pos:pos + self.need]))
+                pos += self.need
+                self.need = 0
+                self.last_frame = time.monotonic()
+                if not cmd.is_response:          # the proxy sends no requests to clients
+                    self.server._dispatch(cmd, self)
+                if self.closed:
+                    return
+        except RemotingFrameError as e:
+            self.server.stats["badFrames"] += 1
+            log.warning("closing %s: %s", self.born_host, e)
+            self.close()
+            return
+        finally:
+            if pos:
+                del buf[:pos]
+
+    def eof_received(self):
+        return False                         # close our side too
+
+    def pause_writing(self) -> None:
+        self.paused_writing = True
+        self._flow()
+
+    def resume_writing(self) -> None:
+        self.paused_writing = False
+        self._flow()
+
+    # the proxy's side
+    def started(self, task: asyncio.Task) -> None:
+        self.tasks.add(task)
+        task.add_done_callback(self._done)
+        if len(self.tasks) >= MAX_IN_FLIGHT_PER_CONNECTION:
+            self._flow()
+
+    def _done(self, task: asyncio.Task) -> None:
+        self.tasks.discard(task)
+        if self.paused_reading:
+            self._flow()
+
+    def _flow(self) -> None:
+        if self.closed:
+            return
+        stop = self.paused_writing or len(self.tasks) >= MAX_IN_FLIGHT_PER_CONNECTION
+        if stop and not self.paused_reading:
+            self.paused_reading = True
+            self.transport.pause_reading()
+        elif not stop and self.paused_reading:
+            self.paused_reading = False
+            self.transport.resume_reading()
+
+    def write(self, data: bytes) -> None:
+        if not self.closed:
+            self.transport.write(data)
+
+    def is_closing(self) -> bool:
+        return self.closed or self.transport is None or self.transport.is_closing()
+
+    def close(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()
+        self.closed = True
 
 
 # -- helpers -------------------------------------------------------------------------------------------
