@@ -180,18 +180,6 @@ def test_bad_frames_close_the_connection_and_change_nothing(cluster, proxy, bad)
     assert broker_runtime_info(cluster.broker_addr)["commitLogMaxOffset"] == before
 
 
-def test_many_idle_connections_and_a_half_frame(proxy):
-    conns = [connect(proxy) for _ in range(500)]
-    try:
-        conns[0].sendall(struct.pack(">i", 50) + b"half")                    # then silence
-        with connect(proxy) as s:
-            s.sendall(encode(RemotingCommand(105, opaque=3, ext_fields={"topic": "TBW102"})))
-            assert read_frame(s).code == 0
-    finally:
-        for c in conns:
-            c.close()
-
-
 # -- under the supervisor -----------------------------------------------------------------------------
 def test_rmq_start_enable_proxy_runs_it_as_an_actor(tmp_path):
     """`rmq start --enable-proxy`: the proxy is an actor of its own group, started after the broker
