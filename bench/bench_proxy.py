@@ -13,7 +13,10 @@ One broker group on loopback (the test harness's Cluster), 100 B bodies:
 - consume: CONSUME messages (RMQ_BENCH_PROXY_CONSUME, default 50,000) stored with
   ``Producer.send_batch``, read from the first offset by rmq's ``PushConsumer`` and by the C++
   push consumer through the proxy (fresh groups), from start until the last listener call;
-- the raw pyzmq DEALER -> ROUTER echo round trip, one at a time (the ceiling of any single send).
+- the raw pyzmq DEALER -> ROUTER echo round trip, one at a time (the ceiling of any single send);
+- the C++ client's own ceiling: its ``send_sync`` against a remoting server that answers at once
+  without storing anything (:func:`zero_work_server`), so what the proxy and the broker add is the
+  gap between that row and the proxy's.
 
 Targets: C++ sync send >= 80 % of rmq ``Producer.send``; C++ consumer >= 80 % of ``PushConsumer``.
 """
@@ -71,6 +74,50 @@ def zmq_rtt(n: int) -> float:
     return rate
 
 
+def zero_work_server():
+    """A remoting server on 127.0.0.1 in a thread that answers a route (4 queues, itself) and
+    SEND_OK to every send, storing nothing: ``(address, stop)``."""
+    import asyncio
+    import struct
+
+    from rmq.protocol import RequestCode
+    from rmq.proxy.remoting import decode, encode
+    started, box = threading.Event(), {}
+
+    async def conn(reader, writer):
+        port, n = writer.get_extra_info("sockname")[1], 0
+        try:
+            while True:
+                cmd = decode(await reader.readexactly(struct.unpack(">i", await reader.readexactly(4))[0]))
+                if cmd.code == RequestCode.GET_ROUTEINFO_BY_TOPIC:
+                    doc = {"queueDatas": [{"brokerName": "zero", "readQueueNums": 4, "writeQueueNums": 4,
+                                           "perm": 6, "topicSysFlag": 0}],
+                           "brokerDatas": [{"cluster": "zero", "brokerName": "zero",
+                                            "brokerAddrs": {"0": f"127.0.0.1:{port}"}}]}
+                    r = cmd.response(body=json.dumps(doc).encode())
+                elif cmd.code == RequestCode.SEND_MESSAGE:
+                    n += 1
+                    r = cmd.response(0, None, {"msgId": "7F00000100002A9F%016X" % n, "queueOffset": n,
+                                               "queueId": cmd.ext_fields.get("queueId", "0")})
+                else:
+                    r = cmd.response()
+                if not cmd.is_oneway:
+                    writer.write(encode(r))
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+    def run():
+        loop = asyncio.new_event_loop()
+        server = loop.run_until_complete(asyncio.start_server(conn, "127.0.0.1", 0))
+        box["addr"] = "127.0.0.1:%d" % server.sockets[0].getsockname()[1]
+        box["loop"] = loop
+        started.set()
+        loop.run_forever()
+    threading.Thread(target=run, daemon=True).start()
+    started.wait(30)
+    return box["addr"], lambda: box["loop"].call_soon_threadsafe(box["loop"].stop)
+
+
 def main() -> None:
     with Cluster(tempfile.mkdtemp(prefix="rmq-bench-proxy-") + "/store") as c:
         create_topic(c, "BenchProxySingle", 8)
@@ -92,6 +139,12 @@ def main() -> None:
             out = cpp("produce", addr, "BenchProxySingle", SINGLE)
             assert all(s["status"] == 0 for s in out["sent"])
             rows.append(("C++ Producer.send_sync through the proxy", SINGLE / out["seconds"], mine))
+            zaddr, zstop = zero_work_server()
+            try:
+                out = cpp("produce", zaddr, "BenchProxySingle", SINGLE)
+            finally:
+                zstop()
+            rows.append(("C++ Producer.send_sync, zero-work server (client ceiling)", SINGLE / out["seconds"], mine))
             with Producer(c.namesrv_addr, group="bench-proxy-fill") as p:
                 for i in range(0, CONSUME, 1000):
                     p.send_batch([Message("BenchProxyConsume", BODY) for _ in range(min(1000, CONSUME - i))])

@@ -801,3 +801,61 @@ def pending_timers(broker, max_rows) -> None:
                          "yes" if r["rolled"] else "") for r in rows],
                        right=("#QID",)))
     _emit({"total": t["total"], "ready": t["ready"], "timers": rows, "brokers": t["brokers"]}, render)
+
+
+# -- ACL 1.0 accounts of the remoting proxy (plain_acl.yml) -----------------------------------------------
+def _perm_list(text: Optional[str]) -> Optional[list]:
+    """mqadmin's ``-t topicA=DENY,topicB=PUB|SUB`` -> ``["topicA=DENY", "topicB=PUB|SUB"]``."""
+    if text is None:
+        return None
+    return [p.strip() for p in text.split(",") if p.strip()]
+
+
+@_command("updateAclConfig", "update-acl-config")
+@click.option("-a", "--access-key", "access_key", required=True, help="accessKey (longer than 6 characters).")
+@click.option("-s", "--secret-key", "secret_key", default=None,
+              help="secretKey (longer than 6 characters; required for a new account).")
+@click.option("-w", "--white-remote-address", "white", default=None, metavar="ADDR",
+              help="Peers from here pass without a signature: 192.168.1.*, 10.0.0.1-20, 1.1.1.{1,2}, a,b.")
+@click.option("-i", "--default-topic-perm", "default_topic_perm", default=None, metavar="PERM",
+              help="PUB, SUB, PUB|SUB or DENY for topics not in --topic-perms (unset: DENY).")
+@click.option("-u", "--default-group-perm", "default_group_perm", default=None, metavar="PERM",
+              help="PUB, SUB, PUB|SUB or DENY for groups not in --group-perms (unset: DENY).")
+@click.option("-t", "--topic-perms", "topic_perms", default=None, metavar="T=PERM[,T=PERM]",
+              help="Per-topic permissions, e.g. topicA=DENY,topicB=PUB|SUB (replaces the list).")
+@click.option("-g", "--group-perms", "group_perms", default=None, metavar="G=PERM[,G=PERM]",
+              help="Per-group permissions, e.g. groupA=SUB (replaces the list).")
+@click.option("-m", "--admin", "is_admin", type=click.BOOL, is_flag=False, flag_value=True, default=None,
+              metavar="[true|false]", help="Admin account (may create / delete topics and groups).")
+@click.option("--acl-file", "acl_file", required=True, type=click.Path(dir_okay=False), metavar="PATH",
+              help="The proxy's plain_acl.yml (rmq proxy --acl-file; rmq start: aclPlainFile, default "
+                   "STORE/config/plain_acl.yml).  Written atomically, mode 0600; a running proxy re-reads it.")
+def update_acl_config(access_key, secret_key, white, default_topic_perm, default_group_perm, topic_perms,
+                      group_perms, is_admin, acl_file) -> None:
+    """Create or update an ACL 1.0 account of the remoting proxy (mqadmin updateAclConfig).
+
+    JSON: {"acl_file", "access_key", "action": "created" | "updated"}
+    """
+    from rmq.proxy.acl import update_account
+    action = update_account(acl_file, access_key, secret_key, white_remote_address=white, admin=is_admin,
+                            default_topic_perm=default_topic_perm, default_group_perm=default_group_perm,
+                            topic_perms=_perm_list(topic_perms), group_perms=_perm_list(group_perms))
+    out = {"acl_file": os.path.abspath(acl_file), "access_key": access_key, "action": action}
+    _emit(out, lambda c: c.print(f"{action} accessKey {access_key} in {out['acl_file']}"))
+
+
+@_command("deleteAclConfig", "delete-acl-config")
+@click.option("-a", "--access-key", "access_key", required=True, help="accessKey of the account to delete.")
+@click.option("--acl-file", "acl_file", required=True, type=click.Path(dir_okay=False), metavar="PATH",
+              help="The proxy's plain_acl.yml.")
+def delete_acl_config(access_key, acl_file) -> None:
+    """Delete an ACL 1.0 account of the remoting proxy (mqadmin deleteAclConfig); exit code 1 when
+    there is none.
+
+    JSON: {"acl_file", "access_key", "deleted": true}
+    """
+    from rmq.proxy.acl import delete_account
+    if not delete_account(acl_file, access_key):
+        raise click.ClickException(f"no account with accessKey {access_key} in {acl_file}")
+    out = {"acl_file": os.path.abspath(acl_file), "access_key": access_key, "deleted": True}
+    _emit(out, lambda c: c.print(f"deleted accessKey {access_key} from {out['acl_file']}"))

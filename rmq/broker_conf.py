@@ -146,7 +146,11 @@ def proxy_settings(s: Mapping[str, Any]) -> dict:
     """The supervisor-run remoting proxy's settings from broker.conf properties: ``enableProxy``
     (false; ``rmq start --enable-proxy``, RocketMQ 5's ``mqbroker --enable-proxy``) and
     ``remotingListenPort`` (8080, 0 = any free port).  The proxy binds 127.0.0.1 like every other
-    listener.  Returns ``{"enabled", "port"}``.
+    listener.  CURVE does not apply to raw TCP, so with ``authEnable=true`` (or ``aclEnable=true``,
+    RocketMQ 4.x BrokerConfig's name) the proxy checks its clients with RocketMQ ACL 1.0
+    (:mod:`rmq.proxy.acl`) against ``aclPlainFile`` (RocketMQ's ``rocketmq.acl.plain.file``; default
+    ``<storePathRootDir>/config/plain_acl.yml``, created empty if missing).  Returns
+    ``{"enabled", "port", "acl_file"}`` (``acl_file`` "" without ACL).
 
     Raises
     ------
@@ -157,7 +161,18 @@ def proxy_settings(s: Mapping[str, Any]) -> dict:
     if raw not in ("true", "false"):
         raise BrokerConfError(f"enableProxy must be true or false, got {s.get('enableProxy')!r}")
     port = _int("remotingListenPort", s.get("remotingListenPort", DEFAULT_REMOTING_LISTEN_PORT), 0, 65535)
-    return {"enabled": raw == "true", "port": port}
+    acl = False
+    for key in ("authEnable", "aclEnable"):
+        v = str(s.get(key, "false")).strip().lower()
+        if v not in ("true", "false"):
+            raise BrokerConfError(f"{key} must be true or false, got {s.get(key)!r}")
+        acl = acl or v == "true"
+    acl_file = ""
+    if acl:
+        acl_file = str(s.get("aclPlainFile", "") or "").strip() or os.path.join(
+            str(s.get("storePathRootDir") or DEFAULT_STORE_PATH), "config", "plain_acl.yml")
+        acl_file = os.path.abspath(os.path.expanduser(acl_file))
+    return {"enabled": raw == "true", "port": port, "acl_file": acl_file}
 
 
 def dashboard_settings(s: Mapping[str, Any]) -> dict:

@@ -395,16 +395,27 @@ def dashboard(namesrv_addr, host, port, token_file) -> None:
                                       "printed).")
 @click.option("--advertised-addr", default=None, metavar="HOST:PORT",
               help="The address routes point clients at (default: the bound one).")
-def proxy(namesrv_addr, listen_addr, port, advertised_addr) -> None:
+@click.option("--acl-file", default=None, metavar="PATH", type=click.Path(dir_okay=False),
+              help="RocketMQ ACL 1.0 (plain_acl.yml): clients must sign requests with an AccessKey / SecretKey "
+                   "of this file; re-read when it changes (created empty if missing; edit it with "
+                   "`rmq admin updateAclConfig`).  Without it: no ACL.")
+def proxy(namesrv_addr, listen_addr, port, advertised_addr, acl_file) -> None:
     """Serve RocketMQ's 4.x remoting protocol: existing RocketMQ clients (Java, C++, Go, Python
     `rocketmq`) use this address as their NameServer and produce / consume through rmq.
 
     Prints `proxy HOST:PORT` once it listens; stops on Ctrl-C / SIGTERM.
     """
     from rmq.proxy.server import serve
+    acl = None
+    if acl_file:
+        from rmq.proxy.acl import AclError, PlainAccessValidator
+        try:
+            acl = PlainAccessValidator(acl_file)
+        except (AclError, OSError) as e:
+            raise click.ClickException(f"ACL file {acl_file}: {e}") from None
     try:
         serve(namesrv_addr, listen_addr, port, advertised_addr,
-              ready=lambda s: (click.echo(f"proxy {s.advertised_addr}"), sys.stdout.flush()))
+              ready=lambda s: (click.echo(f"proxy {s.advertised_addr}"), sys.stdout.flush()), acl=acl)
     except OSError as e:
         raise click.ClickException(f"cannot listen on {listen_addr}:{port}: {e}")
 

@@ -542,7 +542,8 @@ class Supervisor:
                     "-c", self.conf_path, "--supervisor", self.endpoint]      # -c: auth* settings
         if name == "proxy":
             return ["--namesrv-addr", s["namesrvAddr"], "--listen-port", str(self.proxy["port"]),
-                    "--store-path", self.store, "--supervisor", self.endpoint]
+                    "--store-path", self.store, "--supervisor", self.endpoint,
+                    *(["--acl-file", self.proxy["acl_file"]] if self.proxy.get("acl_file") else [])]
         if name == "dashboard":
             d = self.dashboard
             return ["--namesrv-addr", s["namesrvAddr"], "--host", d["host"], "--port", str(d["port"]),

@@ -2,7 +2,10 @@
 RocketMQ 5's ``mqbroker --enable-proxy`` local mode).
 
 ``python -m rmq.proxy.actor --namesrv-addr H:P[;H:P] [--listen-addr A] [--listen-port P]
-[--store-path S] [--supervisor EP]``
+[--store-path S] [--supervisor EP] [--acl-file F]``
+
+``--acl-file``: RocketMQ ACL 1.0 for the clients (:mod:`rmq.proxy.acl`; broker.conf
+``authEnable`` / ``aclEnable``, ``aclPlainFile``).
 
 Serves :class:`rmq.proxy.server.ProxyServer` and, like every actor: prints ``ready tcp://HOST:PORT``
 once it listens, beats ACTOR_BEAT to the supervisor every HEARTBEAT_INTERVAL_MS (from a thread:
@@ -28,7 +31,16 @@ def main(argv: Optional[list] = None) -> int:
     p.add_argument("--listen-port", type=int, default=REMOTING_LISTEN_PORT)
     p.add_argument("--store-path", default=None)
     p.add_argument("--supervisor", default=None)
+    p.add_argument("--acl-file", default=None)
     a = p.parse_args(argv)
+    acl = None
+    if a.acl_file:
+        from rmq.proxy.acl import AclError, PlainAccessValidator
+        try:
+            acl = PlainAccessValidator(a.acl_file)
+        except (AclError, OSError) as e:
+            print(f"{NAME}: refusing to start: ACL file {a.acl_file}: {e}", file=sys.stderr)
+            return 1
     if a.store_path:
         write_pid_file(a.store_path, NAME)
     beat = BeatThread(a.supervisor, NAME) if a.supervisor else None
@@ -36,7 +48,7 @@ def main(argv: Optional[list] = None) -> int:
         beat.start()
     try:
         serve(a.namesrv_addr, a.listen_addr, a.listen_port,
-              ready=lambda s: print(f"ready tcp://{s.advertised_addr}", flush=True))
+              ready=lambda s: print(f"ready tcp://{s.advertised_addr}", flush=True), acl=acl)
     except OSError as e:           # the port is taken
         print(f"{NAME}: cannot listen on {a.listen_addr}:{a.listen_port}: {e}", file=sys.stderr)
         return 1

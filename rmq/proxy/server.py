@@ -23,7 +23,9 @@ request's header type (JSON or RocketMQ's binary).  Unknown codes get REQUEST_CO
 Limits: :data:`rmq.proxy.remoting.MAX_FRAME_BYTES` per frame (longer: the connection is closed,
 as RocketMQ's decoder does), :data:`MAX_IN_FLIGHT_PER_CONNECTION` requests handled at once per
 connection (the reader waits), :data:`CHANNEL_MAX_IDLE_S` without a complete frame closes the
-connection (``serverChannelMaxIdleTimeSeconds``), :data:`MAX_CONNECTIONS` connections.
+connection (``serverChannelMaxIdleTimeSeconds``), :data:`MAX_CONNECTIONS` connections (fewer when the
+open-file limit, raised to its hard limit at start, minus :data:`FD_RESERVE` is lower: the extra
+connections are closed at once and counted in ``stats["refusedConnections"]``).
 """
 from __future__ import annotations
 
@@ -52,6 +54,7 @@ MAX_IN_FLIGHT_PER_CONNECTION = 1024      # requests of one connection handled at
 CHANNEL_MAX_IDLE_S = 120.0               # NettyServerConfig.serverChannelMaxIdleTimeSeconds
 IDLE_SWEEP_S = 5.0                       # how often idle connections are looked for
 MAX_CONNECTIONS = 20_000
+FD_RESERVE = 256                         # descriptors kept for the proxy's own sockets and files
 ROUTE_CACHE_MS = 3_000                   # a topic's layout is reused this long
 AUTO_CREATE_SPAN = 8                     # BrokerConfig.defaultTopicQueueNums: TBW102's queues per group
 FORWARD_TIMEOUT_MS = 3_000               # a forwarded request (pulls: their suspend time + this)
@@ -140,10 +143,14 @@ class ProxyServer:
         Where to listen (127.0.0.1 and REMOTING_LISTEN_PORT by default; port 0 picks a free one).
     advertised_addr : str, optional
         The ``host:port`` routes point at (default: the bound address).
+    acl : rmq.proxy.acl.PlainAccessValidator, optional
+        RocketMQ ACL 1.0: every request is checked (AccessKey, Signature, permissions) before it
+        is handled; a refusal answers NO_PERMISSION (None: no check).
     """
 
     def __init__(self, namesrv_addr: str, listen_addr: str = "127.0.0.1", listen_port: int = REMOTING_LISTEN_PORT,
-                 advertised_addr: Optional[str] = None, auth=None):
+                 advertised_addr: Optional[str] = None, auth=None, acl=None):
+        self.acl = acl
         self.namesrv_addrs = [a.strip() for a in (namesrv_addr or "").split(";") if a.strip()]
         if not self.namesrv_addrs:
             raise MQClientError("no NameServer address given")
@@ -152,6 +159,7 @@ class ProxyServer:
         self._auth = auth
         self.remoting: Optional[Forwarder] = None
         self._conns: set = set()
+        self._fd_budget = _raise_nofile() - FD_RESERVE
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._sweeper: Optional[asyncio.Task] = None
         self._server: Optional[asyncio.base_events.Server] = None
@@ -178,6 +186,8 @@ class ProxyServer:
             RequestCode.GET_CONSUMER_LIST_BY_GROUP: self.on_consumer_list,
             RequestCode.CONSUMER_SEND_MSG_BACK: self.on_send_back,
         }
+        from rmq.proxy.admin import admin_handlers   # mqadmin's codes (imports this module)
+        self.handlers.update(admin_handlers(self))
 
     # -- lifecycle ----------------------------------------------------------------------------------------
     async def start(self) -> "ProxyServer":
@@ -216,7 +226,7 @@ class ProxyServer:
 
     # -- connections ----------------------------------------------------------------------------------------
     def _connection_made(self, conn: "_Connection") -> bool:
-        if self.connections >= MAX_CONNECTIONS:
+        if self.connections >= min(MAX_CONNECTIONS, self._fd_budget):
             self.stats["refusedConnections"] += 1
             return False
         self.connections += 1
@@ -244,6 +254,8 @@ class ProxyServer:
         self.stats["requests"] += 1
         handler = self.handlers.get(cmd.code)
         try:
+            if self.acl is not None:                   # ACL 1.0: raises AclError (NO_PERMISSION)
+                self.acl.check(cmd, born_host)
             if handler is None:
                 self.stats["unsupported"] += 1
                 resp = cmd.response(ResponseCode.REQUEST_CODE_NOT_SUPPORTED, f" request type {cmd.code} not supported")
@@ -529,11 +541,16 @@ class _Connection(asyncio.Protocol):
         self.tasks.clear()
 
     def data_received(self, data: bytes) -> None:
+        self.buf += data
+        self._process()
+
+    def _process(self) -> None:
+        """Cut and dispatch the complete frames in the buffer; stops at MAX_IN_FLIGHT_PER_CONNECTION
+        requests in flight (the rest waits in the buffer, reading paused, until answers go)."""
         buf = self.buf
-        buf += data
         pos, end = 0, len(buf)
         try:
-            while True:
+            while not self.closed:
                 if self.need == 0:
                     if end - pos < 4:
                         break
@@ -543,19 +560,19 @@ class _Connection(asyncio.Protocol):
                     pos += 4
                 if end - pos < self.need:
                     break
+                if len(self.tasks) >= MAX_IN_FLIGHT_PER_CONNECTION:
+                    self._flow()
+                    break
                 cmd = decode(bytes(buf[pos:pos + self.need]))
                 pos += self.need
                 self.need = 0
                 self.last_frame = time.monotonic()
                 if not cmd.is_response:          # the proxy sends no requests to clients
                     self.server._dispatch(cmd, self)
-                if self.closed:
-                    return
         except RemotingFrameError as e:
             self.server.stats["badFrames"] += 1
             log.warning("closing %s: %s", self.born_host, e)
             self.close()
-            return
         finally:
             if pos:
                 del buf[:pos]
@@ -582,6 +599,8 @@ class _Connection(asyncio.Protocol):
         self.tasks.discard(task)
         if self.paused_reading:
             self._flow()
+            if not self.paused_reading and self.buf:
+                self._process()                  # the frames that waited for a free slot
 
     def _flow(self) -> None:
         if self.closed:
@@ -637,6 +656,35 @@ def _host_str(host: bytes) -> str:
     return ""
 
 
+def _run(coro) -> None:
+    """``asyncio.run`` on uvloop's event loop (libuv: about half the per-request cost of the
+    default loop's transports) when installed and RMQ_PROXY_LOOP is not ``asyncio``."""
+    import os
+    if os.environ.get("RMQ_PROXY_LOOP", "uvloop") != "asyncio":
+        try:
+            import uvloop
+        except ImportError:
+            uvloop = None
+        if uvloop is not None:
+            return uvloop.run(coro)
+    return asyncio.run(coro)
+
+
+def _raise_nofile() -> int:
+    """Raise this process's open-file limit to its hard limit (a proxy holds one descriptor per
+    client) and return it; the proxy takes at most that minus FD_RESERVE connections, so accept
+    never fails on EMFILE."""
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):
+            pass
+    return soft if soft != resource.RLIM_INFINITY else 1 << 20
+
+
 def _first_failure(cmd: RemotingCommand, resps: list) -> Optional[RemotingCommand]:
     for r in resps:
         if r.code != ResponseCode.SUCCESS:
@@ -645,15 +693,16 @@ def _first_failure(cmd: RemotingCommand, resps: list) -> Optional[RemotingComman
 
 
 async def run_proxy(namesrv_addr: str, listen_addr: str = "127.0.0.1", listen_port: int = REMOTING_LISTEN_PORT,
-                    advertised_addr: Optional[str] = None, ready=None) -> None:
-    """Run a proxy until cancelled; ``ready(server)`` is called once it listens.
+                    advertised_addr: Optional[str] = None, ready=None, acl=None) -> None:
+    """Run a proxy until cancelled; ``ready(server)`` is called once it listens; ``acl``: see
+    :class:`ProxyServer`.
 
     Raises
     ------
     OSError
         The address cannot be bound.
     """
-    server = ProxyServer(namesrv_addr, listen_addr, listen_port, advertised_addr)
+    server = ProxyServer(namesrv_addr, listen_addr, listen_port, advertised_addr, acl=acl)
     await server.start()
     if ready is not None:
         ready(server)
@@ -664,7 +713,7 @@ async def run_proxy(namesrv_addr: str, listen_addr: str = "127.0.0.1", listen_po
 
 
 def serve(namesrv_addr: str, listen_addr: str = "127.0.0.1", listen_port: int = REMOTING_LISTEN_PORT,
-          advertised_addr: Optional[str] = None, ready=None) -> None:
+          advertised_addr: Optional[str] = None, ready=None, acl=None) -> None:
     """:func:`run_proxy` in its own event loop until SIGTERM / SIGINT (then a clean return).
 
     Raises
@@ -679,9 +728,9 @@ def serve(namesrv_addr: str, listen_addr: str = "127.0.0.1", listen_port: int = 
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, task.cancel)
-        await run_proxy(namesrv_addr, listen_addr, listen_port, advertised_addr, ready)
+        await run_proxy(namesrv_addr, listen_addr, listen_port, advertised_addr, ready, acl)
     try:
-        asyncio.run(main())
+        _run(main())
     except asyncio.CancelledError:
         pass
 

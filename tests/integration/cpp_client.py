@@ -8,6 +8,10 @@ instead of killing pytest.  Prints one JSON document on stdout.
 
 ``seconds`` (wall, time.perf_counter) is what bench/bench_proxy.py reports.
 
+``--access-key AK --secret-key SK`` anywhere on the line: the client signs its requests (RocketMQ
+ACL 1.0, ``set_session_credentials(AK, SK, "")``).  A send or pull that raises prints
+``{"sent" | "messages": [...so far], "error": "..."}`` and exits with code 3.
+
 Messages produced: body ``cpp-<i>`` (every 100th padded past 4 KiB, which the client compresses),
 tag ``T<i % 3>``, keys ``k<i>``, user property ``seq=<i>``.
 """
@@ -32,9 +36,25 @@ def view(m) -> dict:
             "queue_offset": m.queue_offset, "topic": m.topic}
 
 
+CREDENTIALS: list = []          # [access key, secret key] from --access-key / --secret-key
+EXIT_CLIENT_ERROR = 3
+
+
+class ClientFailed(Exception):
+    def __init__(self, partial: dict, error: BaseException):
+        super().__init__(str(error))
+        self.partial = partial
+
+
+def _credentials(client) -> None:
+    if CREDENTIALS:
+        client.set_session_credentials(CREDENTIALS[0], CREDENTIALS[1], "")
+
+
 def produce(addr: str, topic: str, n: int) -> dict:
     p = Producer("PID-cpp-proxy")
     p.set_namesrv_addr(addr)
+    _credentials(p)
     p.start()
     sent = []
     t0 = time.perf_counter()
@@ -45,7 +65,10 @@ def produce(addr: str, topic: str, n: int) -> dict:
             m.set_tags("T%d" % (i % 3))
             m.set_property("seq", str(i))
             m.set_body(body_of(i))
-            r = p.send_sync(m)
+            try:
+                r = p.send_sync(m)
+            except Exception as e:  # noqa: BLE001 - reported with what was sent so far
+                raise ClientFailed({"sent": sent}, e) from None
             sent.append({"i": i, "status": int(r.status), "msg_id": r.msg_id, "offset": r.offset})
         seconds = time.perf_counter() - t0
     finally:
@@ -56,10 +79,16 @@ def produce(addr: str, topic: str, n: int) -> dict:
 def pull(addr: str, topic: str, group: str) -> dict:
     c = PullConsumer(group)
     c.set_namesrv_addr(addr)
+    _credentials(c)
     c.start()
+    got = []
     try:
         # read each message while its pull result is alive (the binding frees it afterwards)
-        return {"messages": [view(m) for m in c.pull(topic)]}
+        for m in c.pull(topic):
+            got.append(view(m))
+        return {"messages": got}
+    except Exception as e:  # noqa: BLE001 - reported with what was read so far
+        raise ClientFailed({"messages": got}, e) from None
     finally:
         c.shutdown()
 
@@ -73,6 +102,7 @@ def push(addr: str, topic: str, group: str, n: int, timeout_s: float) -> dict:
 
     c = PushConsumer(group)
     c.set_namesrv_addr(addr)
+    _credentials(c)
     c.subscribe(topic, on_message)
     t0 = time.perf_counter()
     c.start()
@@ -91,13 +121,32 @@ def push(addr: str, topic: str, group: str, n: int, timeout_s: float) -> dict:
     return {"messages": got, "seconds": seconds}
 
 
+def _take_option(argv: list, name: str):
+    if name in argv:
+        i = argv.index(name)
+        value = argv[i + 1]
+        del argv[i:i + 2]
+        return value
+    return None
+
+
 if __name__ == "__main__":
-    mode, a = sys.argv[1], sys.argv[2:]
-    if mode == "produce":
-        out = produce(a[0], a[1], int(a[2]))
-    elif mode == "pull":
-        out = pull(a[0], a[1], a[2])
-    else:
-        out = push(a[0], a[1], a[2], int(a[3]), float(a[4]))
+    argv = sys.argv[1:]
+    ak, sk = _take_option(argv, "--access-key"), _take_option(argv, "--secret-key")
+    if ak is not None or sk is not None:
+        CREDENTIALS[:] = [ak or "", sk or ""]
+    mode, a = argv[0], argv[1:]
+    code = 0
+    try:
+        if mode == "produce":
+            out = produce(a[0], a[1], int(a[2]))
+        elif mode == "pull":
+            out = pull(a[0], a[1], a[2])
+        else:
+            out = push(a[0], a[1], a[2], int(a[3]), float(a[4]))
+    except ClientFailed as e:
+        out, code = dict(e.partial, error=str(e)), EXIT_CLIENT_ERROR
+        sys.stderr.write(f"C++ client {mode} failed: {e}\n")
     sys.stdout.write(json.dumps(out))
     sys.stdout.flush()
+    sys.exit(code)
