@@ -48,15 +48,19 @@ class Forwarder:
     auth : optional
         CURVE client keys as :func:`rmq.security.client_auth` takes them (None: plain, or the
         ``RMQ_AUTH_*`` environment).
+    on_request : callable, optional
+        ``on_request(addr, frame)`` for a frame a broker sends that is not a response (its
+        one-way CHECK_TRANSACTION_STATE to a producer); None: such frames are dropped.
     """
 
-    def __init__(self, auth=None):
+    def __init__(self, auth=None, on_request=None):
         self.ctx = zmq.Context.instance()
         self.auth = security.client_auth(auth)
         self._channels: dict = {}
         self._futures: dict = {}
         self._opaque = itertools.count(1)
         self._closed = False
+        self.on_request = on_request
         self._loop: Optional[asyncio.AbstractEventLoop] = None
 
     def _channel(self, addr: str) -> _Channel:
@@ -83,6 +87,13 @@ class Forwarder:
                 resp = P.decode(parts)
             except ProtocolError as e:
                 log.warning("undecodable response from %s: %s", ch.addr, e)
+                continue
+            if not resp.is_response:
+                if self.on_request is not None:
+                    try:
+                        self.on_request(ch.addr, resp)
+                    except Exception:  # noqa: BLE001 - one bad request never stops the reader
+                        log.exception("request code %d from %s failed", resp.code, ch.addr)
                 continue
             fut = self._futures.pop(resp.opaque, None)
             if fut is not None and not fut.done():
@@ -125,6 +136,20 @@ class Forwarder:
         finally:
             timer.cancel()
             self._futures.pop(opaque, None)
+
+    def oneway(self, addr: str, frame: Frame) -> bool:
+        """Send ``frame`` with the ONEWAY flag (no response is awaited); False when the socket's
+        send queue is full (the frame is dropped, as RocketMQ's oneway under pressure)."""
+        ch = self._channel(addr)
+        frame.opaque = next(self._opaque)
+        frame.flag |= P.FLAG_ONEWAY
+        try:
+            ch.sock.send_multipart(P.encode(frame), zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            return False
+        if ch.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            self._drain(ch)
+        return True
 
     async def close(self) -> None:
         self._closed = True

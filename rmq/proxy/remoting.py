@@ -29,7 +29,7 @@ FLAG_ONEWAY = 0x2                     # RPC_ONEWAY bit
 # LanguageCode ordinals (the binary header carries the ordinal, JSON the name)
 LANGUAGES = ("JAVA", "CPP", "DOTNET", "PYTHON", "DELPHI", "ERLANG", "RUBY", "OTHER", "HTTP", "GO", "PHP",
              "OMS", "RUST")
-SERVER_VERSION = 433                  # MQVersion.Version.V4_9_7 ordinal: what a 4.9 broker answers with
+SERVER_VERSION = 407                  # MQVersion.Version.V4_9_7 ordinal (V4_9_3 = 399; 433 is V5_1_0): what a 4.9 broker answers with
 
 _U32 = struct.Struct(">I")
 _BIN_FIXED = struct.Struct(">hBhii")  # code, language, version, opaque, flag

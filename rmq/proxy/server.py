@@ -30,6 +30,7 @@ connections are closed at once and counted in ``stats["refusedConnections"]``).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import struct
@@ -43,7 +44,8 @@ from rmq.client.route import cluster_info_request, parse_cluster_info, parse_rou
 from rmq.errors import MQClientError, RemotingError
 from rmq.protocol import Frame, RequestCode, ResponseCode
 from rmq.proxy.forward import Forwarder
-from rmq.proxy.remoting import RemotingCommand, RemotingFrameError, check_length, decode, encode
+from rmq.proxy.transaction import TransactionRoutes, check_message_body, uniq_key
+from rmq.proxy.remoting import FLAG_ONEWAY, SERIALIZE_JSON, RemotingCommand, RemotingFrameError, check_length, decode, encode
 
 log = logging.getLogger("rmq.proxy")
 
@@ -60,6 +62,8 @@ AUTO_CREATE_SPAN = 8                     # BrokerConfig.defaultTopicQueueNums: T
 FORWARD_TIMEOUT_MS = 3_000               # a forwarded request (pulls: their suspend time + this)
 TBW102 = "TBW102"                        # TopicValidator.AUTO_CREATE_TOPIC_KEY_TOPIC
 PERM_READ, PERM_WRITE = 4, 2
+TRANSACTION_PREPARED_TYPE = 0x4          # MessageSysFlag: a half message
+TRANSACTION_TYPE_MASK = 0xC
 
 # SendMessageRequestHeaderV2's one-letter names (SEND_MESSAGE_V2 310 / SEND_BATCH_MESSAGE 320)
 V2_NAMES = {"a": "producerGroup", "b": "topic", "c": "defaultTopic", "d": "defaultTopicQueueNums", "e": "queueId",
@@ -159,6 +163,11 @@ class ProxyServer:
         self._auth = auth
         self.remoting: Optional[Forwarder] = None
         self._conns: set = set()
+        self._conn_by_host: dict = {}              # born host -> _Connection
+        self._producer_conns: dict = {}            # producer group -> {clientID: _Connection}
+        self.tx_routes = TransactionRoutes()
+        self._check_rr = 0
+        self._out_opaque = itertools.count(1)      # the proxy's own requests to clients
         self._fd_budget = _raise_nofile() - FD_RESERVE
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._sweeper: Optional[asyncio.Task] = None
@@ -168,7 +177,8 @@ class ProxyServer:
         self._ns_next = 0
         self._rr = 0
         self.connections = 0
-        self.stats = {"requests": 0, "unsupported": 0, "badFrames": 0, "errors": 0, "refusedConnections": 0}
+        self.stats = {"requests": 0, "unsupported": 0, "badFrames": 0, "errors": 0, "refusedConnections": 0,
+                      "checksRelayed": 0, "checksUnrelayed": 0}
         self.handlers = {
             RequestCode.GET_ROUTEINFO_BY_TOPIC: self.on_route,
             RequestCode.HEART_BEAT: self.on_heartbeat,
@@ -185,6 +195,7 @@ class ProxyServer:
             RequestCode.GET_EARLIEST_MSG_STORETIME: self.on_queue_request,
             RequestCode.GET_CONSUMER_LIST_BY_GROUP: self.on_consumer_list,
             RequestCode.CONSUMER_SEND_MSG_BACK: self.on_send_back,
+            RequestCode.END_TRANSACTION: self.on_end_transaction,
         }
         from rmq.proxy.admin import admin_handlers   # mqadmin's codes (imports this module)
         self.handlers.update(admin_handlers(self))
@@ -192,7 +203,7 @@ class ProxyServer:
     # -- lifecycle ----------------------------------------------------------------------------------------
     async def start(self) -> "ProxyServer":
         self._loop = asyncio.get_running_loop()
-        self.remoting = Forwarder(auth=self._auth)
+        self.remoting = Forwarder(auth=self._auth, on_request=self._on_broker_request)
         self._server = await self._loop.create_server(lambda: _Connection(self), self.listen_addr, self.listen_port,
                                                       backlog=1024)
         self._sweeper = self._loop.create_task(self._sweep_idle())
@@ -231,12 +242,21 @@ class ProxyServer:
             return False
         self.connections += 1
         self._conns.add(conn)
+        self._conn_by_host[conn.born_host] = conn
         return True
 
     def _connection_lost(self, conn: "_Connection") -> None:
         if conn in self._conns:
             self._conns.discard(conn)
             self.connections -= 1
+        if self._conn_by_host.get(conn.born_host) is conn:
+            del self._conn_by_host[conn.born_host]
+        for group in [g for g, members in self._producer_conns.items() if conn in members.values()]:
+            members = self._producer_conns[group]
+            for client in [c for c, x in members.items() if x is conn]:
+                del members[client]
+            if not members:
+                del self._producer_conns[group]
 
     async def _sweep_idle(self) -> None:
         """Close connections without a complete frame for CHANNEL_MAX_IDLE_S (one timer for all)."""
@@ -361,11 +381,23 @@ class ProxyServer:
                 _enum(c, "consumeFromWhere", CONSUME_FROM)
         frame_body = P.pack_body(data)
         resps = await self._to_masters(lambda: Frame(RequestCode.HEART_BEAT, bodies=[frame_body]))
-        return _first_failure(cmd, resps) or cmd.response()
+        failed = _first_failure(cmd, resps)
+        conn = self._conn_by_host.get(born_host)
+        if failed is None and conn is not None:
+            # where the brokers' CHECK_TRANSACTION_STATE for these groups is relayed
+            conn.serialize_type = cmd.serialize_type
+            for p in data.get("producerDataSet") or []:
+                group = p.get("groupName") if isinstance(p, dict) else None
+                if isinstance(group, str) and group:
+                    self._producer_conns.setdefault(group, {})[data["clientID"]] = conn
+        return failed or cmd.response()
 
     async def on_unregister(self, cmd: RemotingCommand, born_host: str) -> RemotingCommand:
         """UNREGISTER_CLIENT (35) to every master."""
         fields = {k: cmd.ext_fields[k] for k in ("clientID", "producerGroup", "consumerGroup") if k in cmd.ext_fields}
+        members = self._producer_conns.get(fields.get("producerGroup", ""))
+        if members is not None:
+            members.pop(fields.get("clientID", ""), None)
         resps = await self._to_masters(lambda: Frame(RequestCode.UNREGISTER_CLIENT, fields=dict(fields)))
         return _first_failure(cmd, resps) or cmd.response()
 
@@ -425,6 +457,9 @@ class ProxyServer:
                "MSG_REGION": "DefaultRegion", "TRACE_ON": "true"}
         if "transactionId" in resp.fields:
             out["transactionId"] = resp.fields["transactionId"]
+        if (fields["sysFlag"] & TRANSACTION_TYPE_MASK) == TRANSACTION_PREPARED_TYPE and not batch:
+            # a half message: its END_TRANSACTION goes to this group
+            self.tx_routes.remember(resp.fields.get("transactionId") or uniq_key(props_str), group.addr)
         return cmd.response(resp.code, resp.remark or None, out)
 
     async def on_pull(self, cmd: RemotingCommand, born_host: str) -> RemotingCommand:
@@ -503,6 +538,70 @@ class ProxyServer:
         return cmd.response(resp.code, resp.remark or None)
 
 
+    END_FIELDS_INT = ("tranStateTableOffset", "commitLogOffset", "commitOrRollback")
+
+    async def on_end_transaction(self, cmd: RemotingCommand, born_host: str) -> Optional[RemotingCommand]:
+        """END_TRANSACTION (37, one-way from RocketMQ's clients): to the broker group of the half
+        message (:class:`rmq.proxy.transaction.TransactionRoutes`; with one group, that group).
+
+        Raises
+        ------
+        MQClientError
+            The group cannot be told (several groups and a transaction the proxy never saw; the
+            broker's check-back settles it), or a header field is not an integer.
+        """
+        f = cmd.ext_fields
+        keys = (f.get("transactionId"), f.get("msgId"))
+        addr = self.tx_routes.lookup(*keys)
+        if addr is None:
+            masters = await self.masters()
+            if len(masters) != 1:
+                raise MQClientError(f"cannot tell which broker group holds transaction {keys[0] or keys[1]!r}; "
+                                    "the broker's check-back will settle it", int(ResponseCode.SYSTEM_ERROR))
+            addr = masters[0][1]
+        fields = {name: _int(f, name, -1 if name == "tranStateTableOffset" else 0) for name in self.END_FIELDS_INT}
+        fields.update(producerGroup=f.get("producerGroup", ""), msgId=f.get("msgId", ""),
+                      transactionId=f.get("transactionId", ""),
+                      fromTransactionCheck=str(f.get("fromTransactionCheck", "")).lower() == "true")
+        frame = Frame(RequestCode.END_TRANSACTION, fields=fields)
+        if fields["commitOrRollback"] != 0:
+            self.tx_routes.forget(*keys)
+        if cmd.is_oneway:
+            self.remoting.oneway(addr, frame)
+            return None
+        resp = await self._invoke(addr, frame)
+        return cmd.response(resp.code, resp.remark or None)
+
+    def _on_broker_request(self, addr: str, frame: Frame) -> None:
+        """A broker's own request on a forwarding socket: its one-way CHECK_TRANSACTION_STATE for a
+        producer group whose heartbeats came through this proxy, relayed to one of the group's
+        connections (round robin) with the real topic restored, as RocketMQ's broker sends it."""
+        if frame.code != RequestCode.CHECK_TRANSACTION_STATE:
+            return
+        f = frame.fields
+        group = str(f.get("producerGroup", ""))
+        conns = [c for c in self._producer_conns.get(group, {}).values() if not c.is_closing()]
+        if not conns or not frame.bodies:
+            self.stats["checksUnrelayed"] += 1
+            log.warning("check-back of transaction %s: no remoting producer of group %s", f.get("transactionId"), group)
+            return
+        try:
+            body = check_message_body(bytes(frame.bodies[0]))
+        except ValueError as e:
+            self.stats["checksUnrelayed"] += 1
+            log.warning("check-back of transaction %s: %s", f.get("transactionId"), e)
+            return
+        self._check_rr += 1
+        conn = conns[self._check_rr % len(conns)]
+        ext = {k: f[k] for k in ("tranStateTableOffset", "commitLogOffset", "msgId", "transactionId", "offsetMsgId")
+               if k in f}
+        ext["brokerName"] = PROXY_BROKER_NAME
+        self.tx_routes.remember(str(f.get("transactionId", "")), addr)
+        self.tx_routes.remember(str(f.get("msgId", "")), addr)
+        conn.write(encode(RemotingCommand(RequestCode.CHECK_TRANSACTION_STATE, next(self._out_opaque), FLAG_ONEWAY,
+                                          None, ext, body, serialize_type=conn.serialize_type)))
+        self.stats["checksRelayed"] += 1
+
 class _Connection(asyncio.Protocol):
     """One remoting client connection: frames cut from the byte stream as they arrive, each request
     handled in a task of its own (a held pull does not stop the sends behind it), answers written
@@ -523,6 +622,7 @@ class _Connection(asyncio.Protocol):
         self.paused_reading = False
         self.paused_writing = False
         self.closed = False
+        self.serialize_type = SERIALIZE_JSON   # the header type of the client's heartbeats
 
     # asyncio.Protocol
     def connection_made(self, transport) -> None:
