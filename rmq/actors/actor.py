@@ -28,6 +28,7 @@ import logging.handlers
 import math
 import os
 import signal
+import sys
 import threading
 import time
 from typing import Callable, Optional
@@ -454,6 +455,34 @@ class Actor:
                 self.log.exception("timer %s failed", getattr(fn, "__name__", fn))
             if interval is not None:
                 heapq.heappush(self._timers, (max(due + interval / 1000.0, now), seq, interval, fn))
+
+
+def serve_as_actor(name: str, serve: Callable[[], None], listen: str, store_path: Optional[str] = None,
+                   supervisor: Optional[str] = None) -> int:
+    """Run ``serve()`` (a server with its own event loop: the dashboard, the proxy) as an actor of
+    ``rmq start``: writes ``<store>/run/<name>.pid``, beats ACTOR_BEAT to ``supervisor`` from a
+    :class:`BeatThread` while it runs, and turns a refusal into one line on stderr.
+
+    Returns the exit code: 0 after ``serve`` returned (SIGTERM / SIGINT), 1 when it raised
+    ValueError (a bad setting: "refusing to start") or OSError (``listen`` cannot be bound).
+    """
+    if store_path:
+        write_pid_file(store_path, name)
+    beat = BeatThread(supervisor, name) if supervisor else None
+    if beat is not None:
+        beat.start()
+    try:
+        serve()
+    except ValueError as e:
+        print(f"{name}: refusing to start: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:          # the port is taken
+        print(f"{name}: cannot listen on {listen}: {e}", file=sys.stderr)
+        return 1
+    finally:
+        if beat is not None:
+            beat.done.set()
+    return 0
 
 
 class BeatThread(threading.Thread):

@@ -16,7 +16,7 @@ import sys
 from typing import Optional
 
 
-from rmq.actors.actor import BeatThread, write_pid_file
+from rmq.actors.actor import serve_as_actor
 
 NAME = "dashboard"
 
@@ -49,23 +49,9 @@ def main(argv: Optional[list] = None) -> int:
     except ValueError as e:
         print(f"{NAME}: refusing to start: {e}", file=sys.stderr)
         return 1
-    if a.store_path:
-        write_pid_file(a.store_path, NAME)
-    beat = BeatThread(a.supervisor, NAME) if a.supervisor else None
-    if beat is not None:
-        beat.start()
-    try:
-        serve(a.namesrv_addr, a.host, a.port, token, ready=lambda url: print("ready", url, flush=True))
-    except ValueError as e:
-        print(f"{NAME}: refusing to start: {e}", file=sys.stderr)
-        return 1
-    except OSError as e:          # the port is taken
-        print(f"{NAME}: cannot listen on {a.host}:{a.port}: {e}", file=sys.stderr)
-        return 1
-    finally:
-        if beat is not None:
-            beat.done.set()
-    return 0
+    return serve_as_actor(NAME, lambda: serve(a.namesrv_addr, a.host, a.port, token,
+                                              ready=lambda url: print("ready", url, flush=True)),
+                          f"{a.host}:{a.port}", a.store_path, a.supervisor)
 
 
 if __name__ == "__main__":

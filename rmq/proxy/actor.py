@@ -18,7 +18,7 @@ import argparse
 import sys
 from typing import Optional
 
-from rmq.actors.actor import BeatThread, write_pid_file
+from rmq.actors.actor import serve_as_actor
 from rmq.proxy.server import REMOTING_LISTEN_PORT, serve
 
 NAME = "proxy"
@@ -41,21 +41,9 @@ def main(argv: Optional[list] = None) -> int:
         except (AclError, OSError) as e:
             print(f"{NAME}: refusing to start: ACL file {a.acl_file}: {e}", file=sys.stderr)
             return 1
-    if a.store_path:
-        write_pid_file(a.store_path, NAME)
-    beat = BeatThread(a.supervisor, NAME) if a.supervisor else None
-    if beat is not None:
-        beat.start()
-    try:
-        serve(a.namesrv_addr, a.listen_addr, a.listen_port,
-              ready=lambda s: print(f"ready tcp://{s.advertised_addr}", flush=True), acl=acl)
-    except OSError as e:           # the port is taken
-        print(f"{NAME}: cannot listen on {a.listen_addr}:{a.listen_port}: {e}", file=sys.stderr)
-        return 1
-    finally:
-        if beat is not None:
-            beat.done.set()
-    return 0
+    return serve_as_actor(NAME, lambda: serve(a.namesrv_addr, a.listen_addr, a.listen_port, acl=acl,
+                                              ready=lambda s: print(f"ready tcp://{s.advertised_addr}", flush=True)),
+                          f"{a.listen_addr}:{a.listen_port}", a.store_path, a.supervisor)
 
 
 if __name__ == "__main__":
