@@ -166,7 +166,7 @@ def main() -> None:
             finally:
                 pc.shutdown()
             rows.append(("rmq PushConsumer (defaults), from the first offset", push, None))
-            out = cpp("push", addr, "BenchProxyConsume", "CID-bench-proxy", CONSUME, 600)
+            out = cpp("push-ids", addr, "BenchProxyConsume", "CID-bench-proxy", CONSUME, 600)
             n = len({m["msg_id"] for m in out["messages"]})
             rows.append((f"C++ PushConsumer through the proxy ({n} distinct)", CONSUME / out["seconds"], push))
         finally:

@@ -5,6 +5,7 @@ instead of killing pytest.  Prints one JSON document on stdout.
     python cpp_client.py produce ADDR TOPIC N          -> {"sent": [{i, status, msg_id, offset}], "seconds"}
     python cpp_client.py pull ADDR TOPIC GROUP         -> {"messages": [...]}
     python cpp_client.py push ADDR TOPIC GROUP N TIMEOUT_S -> {"messages": [...], "seconds" (start to N, or null)}
+    python cpp_client.py push-ids ...                  -> the same, each message only {"msg_id"}
 
 ``seconds`` (wall, time.perf_counter) is what bench/bench_proxy.py reports.
 
@@ -93,12 +94,15 @@ def pull(addr: str, topic: str, group: str) -> dict:
         c.shutdown()
 
 
-def push(addr: str, topic: str, group: str, n: int, timeout_s: float) -> dict:
+def push(addr: str, topic: str, group: str, n: int, timeout_s: float, ids_only: bool = False) -> dict:
+    """``ids_only`` (mode ``push-ids``): the listener reads only each message's id, as a benchmark's
+    listener that counts (every field read is a ctypes call into the client)."""
     got, lock = [], threading.Lock()
 
     def on_message(m):
+        v = {"msg_id": m.id} if ids_only else view(m)
         with lock:
-            got.append(view(m))
+            got.append(v)
 
     c = PushConsumer(group)
     c.set_namesrv_addr(addr)
@@ -143,7 +147,7 @@ if __name__ == "__main__":
         elif mode == "pull":
             out = pull(a[0], a[1], a[2])
         else:
-            out = push(a[0], a[1], a[2], int(a[3]), float(a[4]))
+            out = push(a[0], a[1], a[2], int(a[3]), float(a[4]), ids_only=(mode == "push-ids"))
     except ClientFailed as e:
         out, code = dict(e.partial, error=str(e)), EXIT_CLIENT_ERROR
         sys.stderr.write(f"C++ client {mode} failed: {e}\n")
