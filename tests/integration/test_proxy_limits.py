@@ -183,7 +183,10 @@ def test_ten_thousand_idle_connections_leave_the_proxy_serving():
         host, port = p.stdout.readline().split()[1].rsplit(":", 1)
         addr = (host, int(port))
         for _ in range(IDLE_CONNECTIONS):
-            conns.append(connect(addr, timeout=30))
+            s = connect(addr, timeout=30)
+            # closed with a reset: 10,000 client ports in TIME_WAIT would starve the tests that follow
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            conns.append(s)
         with connect(addr) as s:
             s.sendall(encode(RemotingCommand(UNKNOWN_CODE, opaque=9)))
             assert read_frame(s).code == 3
