@@ -9,7 +9,8 @@ Run::
 One broker group on loopback (the test harness's Cluster), 100 B bodies:
 
 - one at a time: rmq ``Producer.send`` and the C++ ``Producer.send_sync`` through the proxy, SINGLE
-  messages each (RMQ_BENCH_PROXY_SINGLE, default 3,000);
+  messages each (RMQ_BENCH_PROXY_SINGLE, default 3,000), the same messages both ways (cpp_client.py's:
+  a tag, a key, a user property, every 100th body over 4 KiB);
 - consume: CONSUME messages (RMQ_BENCH_PROXY_CONSUME, default 50,000) stored with
   ``Producer.send_batch``, read from the first offset by rmq's ``PushConsumer`` and by the C++
   push consumer through the proxy (fresh groups), from start until the last listener call;
@@ -38,6 +39,7 @@ import zmq  # noqa: E402
 from rmq import Message, Producer, PushConsumer  # noqa: E402
 from rmq.launch import child_env, python_argv  # noqa: E402
 from tests.integration.cluster import Cluster  # noqa: E402
+from tests.integration.cpp_client import body_of  # noqa: E402
 from tests.integration.test_consumer import create_topic  # noqa: E402
 
 SINGLE = int(os.environ.get("RMQ_BENCH_PROXY_SINGLE", "3000"))
@@ -72,6 +74,12 @@ def zmq_rtt(n: int) -> float:
     t.join()
     ctx.destroy(0)
     return rate
+
+
+def same_as_cpp(i: int) -> Message:
+    """The message cpp_client.py's producer sends as its i-th (body, tag, key, user property): both
+    clients store the same messages (keys cost an IndexFile entry each)."""
+    return Message("BenchProxySingle", body_of(i), tags=f"T{i % 3}", keys=f"k{i}", properties={"seq": str(i)})
 
 
 def zero_work_server():
@@ -129,13 +137,13 @@ def main() -> None:
             rows = []
             rows.append(("raw pyzmq DEALER/ROUTER round trip, one at a time", zmq_rtt(SINGLE), None))
             with Producer(c.namesrv_addr, group="bench-proxy-rmq") as p:
-                for _ in range(200):
-                    p.send(Message("BenchProxySingle", BODY))
+                for i in range(200):
+                    p.send(same_as_cpp(i))
                 t0 = time.perf_counter()
-                for _ in range(SINGLE):
-                    p.send(Message("BenchProxySingle", BODY))
+                for i in range(SINGLE):
+                    p.send(same_as_cpp(i))
                 mine = SINGLE / (time.perf_counter() - t0)
-            rows.append(("rmq Producer.send, one at a time", mine, None))
+            rows.append(("rmq Producer.send, one at a time (the C++ messages)", mine, None))
             out = cpp("produce", addr, "BenchProxySingle", SINGLE)
             assert all(s["status"] == 0 for s in out["sent"])
             rows.append(("C++ Producer.send_sync through the proxy", SINGLE / out["seconds"], mine))

@@ -7,9 +7,10 @@ transport keeps only what forwarding needs: one DEALER per address, its file des
 with ``loop.add_reader``, responses matched to futures by opaque, one timer handle per request.
 Same frames (:mod:`rmq.protocol`), same CURVE keys (:mod:`rmq.security`).
 
-ZeroMQ's descriptor is edge-triggered: after every send the socket's ``EVENTS`` are checked and
-whatever has arrived is drained, or a response that came during the send would wait for the next
-edge.
+ZeroMQ's descriptor is edge-triggered and only reading ``EVENTS`` clears it: the reader drains
+while ``EVENTS`` has POLLIN (a bare recv raising Again would leave the descriptor readable and the
+loop spinning on it), and after every send ``EVENTS`` is checked again, or a response that came
+during the send would wait for the next edge.
 
 Concurrency: one event loop.
 """
@@ -78,9 +79,13 @@ class Forwarder:
         sock = ch.sock
         while True:
             try:
+                # reading EVENTS is what clears the descriptor's signal: a recv that only raises
+                # Again leaves it readable, and the loop's level-triggered poll would spin on it
+                if not sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                    return
                 parts = sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
-                return
+                continue
             except zmq.ZMQError:
                 return
             try:
