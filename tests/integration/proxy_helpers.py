@@ -50,7 +50,7 @@ def read_frame(s) -> RemotingCommand:
 
 
 def request(s, code: int, fields=None, body: bytes = b"", stype: int = SERIALIZE_JSON, flag: int = 0,
-            language: str = "JAVA", version: int = 433) -> RemotingCommand:
+            language: str = "JAVA", version: int = 407) -> RemotingCommand:
     """Send one request on socket ``s``; read and return its answer (same opaque, checked)."""
     opaque = next(_opaque)
     s.sendall(encode(RemotingCommand(code, opaque, flag, None, {k: str(v) for k, v in (fields or {}).items()},
