@@ -43,15 +43,24 @@ class ActorProcess:
     ``cwd``: working directory of the child (default: the caller's); ``env``: variables
     added to this process's environment for the child."""
 
-    def __init__(self, args, cwd: Optional[str] = None, env: Optional[dict] = None, timeout: float = 30):
+    def __init__(self, args, cwd: Optional[str] = None, env: Optional[dict] = None, timeout: float = 30,
+                 wait: bool = True):
         self.args = list(args)
+        self.endpoint = ""
         self.proc = subprocess.Popen(python_cmd(*self.args), cwd=cwd, stdout=subprocess.PIPE, text=True,
                                      env=child_env(env))
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self) -> "ActorProcess":
+        """Read the ``ready <endpoint>`` line (``wait=False`` processes: started side by side, then
+        waited for).  Raises RuntimeError, the process killed, on any other line or none."""
         line = self.proc.stdout.readline().split()
         if not line or line[0] != "ready":
             self.kill()
             raise RuntimeError(f"actor {self.args} did not start: {line}")
         self.endpoint = line[1]
+        return self
 
     @property
     def pid(self) -> int:
@@ -113,8 +122,8 @@ class Cluster:
             self.close()
             raise
 
-    def _actor(self, args) -> ActorProcess:
-        return ActorProcess(args, cwd=self.cwd, env=self.env)
+    def _actor(self, args, wait: bool = True) -> ActorProcess:
+        return ActorProcess(args, cwd=self.cwd, env=self.env, wait=wait)
 
     def start_group(self) -> None:
         common = ["--store-path", self.store_path, "-c", self.conf_path]
@@ -124,12 +133,12 @@ class Cluster:
         self.procs["broker"] = self._actor(args)
         self.broker = self.procs["broker"].endpoint
         self.broker_addr = self.broker.replace("tcp://", "")
-        self.procs["reput"] = self._actor(["-m", "rmq.actors.reput", *common])
-        self.procs["flush"] = self._actor(["-m", "rmq.actors.flush", *common])
-        if self.with_cleaner:
-            self.procs["cleaner"] = self._actor(["-m", "rmq.actors.cleaner", *common])
-        if self.with_ha:
-            self.procs["ha"] = self._actor(["-m", "rmq.actors.ha", *common])
+        # the broker's followers only need it serving: they start side by side
+        followers = ["reput", "flush"] + ["cleaner"] * self.with_cleaner + ["ha"] * self.with_ha
+        for name in followers:
+            self.procs[name] = self._actor(["-m", f"rmq.actors.{name}", *common], wait=False)
+        for name in followers:
+            self.procs[name].wait_ready()
 
     def pids(self) -> dict:
         """name -> pid of the group's processes (nameserver included when started here)."""

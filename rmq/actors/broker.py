@@ -48,6 +48,8 @@ import zmq
 
 from rmq import metrics as M
 from rmq import protocol as P
+from rmq.actors.broker_endpoints import (ANNOUNCE_APPEND, ANNOUNCE_TICK, announce_endpoint,  # noqa: F401
+                                         internal_endpoint, store_config_from_settings)
 from rmq.actors.actor import Actor, Reply
 from rmq.actors.pop import REVIVE_SCAN_MS, PopService
 from rmq.actors.processor import VERSION
@@ -82,18 +84,6 @@ APPEND_REANNOUNCE_MS = 200
 STATS_INTERVAL_MS = 1000
 SCHEDULE_DELIVER_INTERVAL_MS = 100           # DELAY_FOR_A_WHILE (SPEC.md §10.3)
 FLUSH_DELAY_OFFSET_INTERVAL_MS = 10_000      # flushDelayOffsetInterval
-
-ANNOUNCE_APPEND = b"A"    # PUB topic: sent after every poll that appended
-ANNOUNCE_TICK = b"T"      # PUB topic: periodic re-announcement
-
-
-def internal_endpoint(store_path: str) -> str:
-    return f"ipc://{os.path.abspath(store_path)}/broker.ipc"
-
-
-def announce_endpoint(store_path: str) -> str:
-    return f"ipc://{os.path.abspath(store_path)}/broker-pub.ipc"
-
 
 def _true(v) -> bool:
     return str(v).lower() == "true"
@@ -633,13 +623,6 @@ def main(argv: Optional[list] = None) -> int:
     actor = BrokerActor(settings, store_config, namesrv, args.supervisor)
     actor.run()
     return actor.exit_code
-
-
-def store_config_from_settings(settings: dict) -> MessageStoreConfig:
-    """MessageStoreConfig from broker settings (RocketMQ property names; unknown keys kept in ``extra``)."""
-    props = dict(settings)
-    props["storeHost"] = f"{settings.get('brokerIP1', '127.0.0.1')}:{settings.get('listenPort', 10911)}"
-    return MessageStoreConfig.from_properties(props)
 
 
 if __name__ == "__main__":

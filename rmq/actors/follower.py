@@ -18,8 +18,8 @@ import zmq
 
 from rmq import protocol as P
 from rmq.actors.actor import Actor
-from rmq.actors.broker import (ANNOUNCE_APPEND, ANNOUNCE_TICK, announce_endpoint, internal_endpoint,
-                               store_config_from_settings)
+from rmq.actors.broker_endpoints import (ANNOUNCE_APPEND, ANNOUNCE_TICK, announce_endpoint, internal_endpoint,
+                                         store_config_from_settings)
 from rmq.broker_conf import actor_settings
 from rmq.protocol import Frame, ProtocolError, RequestCode
 from rmq.store.config import MessageStoreConfig

@@ -313,6 +313,7 @@ def test_dead_broker_restarts_its_group_in_order_on_the_same_port(supervisor, st
     assert not os.path.exists(os.path.join(store, "abort"))
 
 
+@pytest.mark.slow   # the fast tier has test_supervisor_real.py::test_real_repeated_crashes_are_given_up_and_reported
 def test_repeated_crashes_are_given_up_and_reported(supervisor, store):
     sup = supervisor("--restart-backoff-ms", "50", "--max-restarts", "2",
                      env={"FAKE_ACTOR_CRASH": "flush:0.3"})
@@ -352,6 +353,7 @@ def test_no_namesrv_joins_a_cluster_and_exits_when_nothing_is_left(supervisor, s
     assert ns.proc.poll() is None                               # the other node's NameServer is not ours
 
 
+@pytest.mark.slow   # the fast tier has test_supervisor_real.py::test_real_hung_actor_is_killed_and_restarted
 def test_hung_actor_is_killed_and_restarted(supervisor, store):
     sup = supervisor("--restart-backoff-ms", "100", "--heartbeat-liveness", "3",
                      env={"FAKE_ACTOR_HANG": "flush:0.3:once"})
@@ -402,6 +404,7 @@ def test_actor_exiting_before_ready_is_reported(supervisor, store):
     assert [n for n, _ in of(events(store), "stop")] == ["broker", "reput", "flush"]
 
 
+@pytest.mark.slow   # the fast tier has test_supervisor_real.py::test_real_stop_timeout_kills_a_hung_actor_and_keeps_abort
 def test_stop_timeout_kills_and_keeps_abort(supervisor, store):
     sup = supervisor("--stop-timeout-s", "3", env={"FAKE_ACTOR_SLOW_STOP": "reput:30"})  # others stop in < 1.1 s
     started = sup.ready()

@@ -1,4 +1,4 @@
-"""Spark fixtures: one local[2] SparkSession per test module (loopback only, UI off), and
+"""Spark fixtures: one local[2] SparkSession for the package (loopback only, UI off), and
 a broker group of real processes (tests/integration/cluster.py) to read from and write to.
 
 The session's Python workers find ``rmq`` through PYTHONPATH, and a generated
@@ -45,8 +45,10 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def spark():
+    """One local SparkSession for tests/spark (a JVM start and the Python workers' warm-up cost
+    about 10 s each time), stopped after the package's last test."""
     from pyspark.sql import SparkSession
 
     shim_dir = tempfile.mkdtemp(prefix="rmq-spark-shim-")
