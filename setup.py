@@ -1,4 +1,6 @@
-"""Build of rmq's Cython core: one extension module per ``rmq/_core/*.pyx``."""
+"""Build of rmq's Cython core (one extension module per ``rmq/_core/*.pyx``) and of the proxy's
+gRPC messages (``rmq/proxy/grpc_v2/messaging_pb2.py`` from ``messaging.proto``, by grpcio-tools'
+protoc): both are build outputs, never committed."""
 import glob
 import os
 
@@ -21,6 +23,24 @@ DIRECTIVES = {
 }
 
 
+PROTOS = [os.path.join("rmq", "proxy", "grpc_v2", "messaging.proto")]
+
+
+def generate_protos():
+    """``protoc --python_out --pyi_out`` for PROTOS, into the source tree (paths relative to the
+    repository root: the generated module imports as ``rmq.proxy.grpc_v2.messaging_pb2``)."""
+    from grpc_tools import protoc
+
+    include = os.path.join(os.path.dirname(protoc.__file__), "_proto")
+    for proto in PROTOS:
+        out = proto[:-len(".proto")] + "_pb2.py"
+        if os.path.exists(out) and os.path.getmtime(out) >= os.path.getmtime(proto):
+            continue
+        rc = protoc.main(["protoc", "-I.", f"-I{include}", "--python_out=.", "--pyi_out=.", proto])
+        if rc != 0:
+            raise SystemExit(f"protoc failed on {proto} (exit {rc})")
+
+
 def extensions():
     exts = []
     for pyx in sorted(glob.glob(os.path.join("rmq", "_core", "*.pyx"))):
@@ -29,4 +49,5 @@ def extensions():
     return exts
 
 
+generate_protos()
 setup(ext_modules=cythonize(extensions(), compiler_directives=DIRECTIVES, annotate=DEBUG))

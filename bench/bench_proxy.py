@@ -131,7 +131,8 @@ def main() -> None:
         create_topic(c, "BenchProxySingle", 8)
         create_topic(c, "BenchProxyConsume", 8)
         proxy = subprocess.Popen(python_argv("rmq.cli", "proxy", "--namesrv-addr", c.namesrv_addr, "--listen-port",
-                                             "0"), stdout=subprocess.PIPE, text=True, env=child_env())
+                                             "0", "--grpc-listen-port", "0"), stdout=subprocess.PIPE, text=True,
+                                 env=child_env())
         addr = proxy.stdout.readline().split()[1]
         try:
             rows = []

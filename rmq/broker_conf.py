@@ -140,17 +140,20 @@ def check_namesrv_addr(value: str, allow_port_zero: bool = False) -> str:
 
 
 DEFAULT_REMOTING_LISTEN_PORT = 8080        # RocketMQ 5 ProxyConfig.remotingListenPort
+DEFAULT_GRPC_SERVER_PORT = 8081            # RocketMQ 5 ProxyConfig.grpcServerPort
 
 
 def proxy_settings(s: Mapping[str, Any]) -> dict:
     """The supervisor-run remoting proxy's settings from broker.conf properties: ``enableProxy``
     (false; ``rmq start --enable-proxy``, RocketMQ 5's ``mqbroker --enable-proxy``) and
-    ``remotingListenPort`` (8080, 0 = any free port).  The proxy binds 127.0.0.1 like every other
+    ``remotingListenPort`` (8080, 0 = any free port) and ``grpcServerPort`` (8081, RocketMQ 5's gRPC API;
+    0 = any free port, logged).  The proxy binds 127.0.0.1 like every other
     listener.  CURVE does not apply to raw TCP, so with ``authEnable=true`` (or ``aclEnable=true``,
     RocketMQ 4.x BrokerConfig's name) the proxy checks its clients with RocketMQ ACL 1.0
     (:mod:`rmq.proxy.acl`) against ``aclPlainFile`` (RocketMQ's ``rocketmq.acl.plain.file``; default
     ``<storePathRootDir>/config/plain_acl.yml``, created empty if missing).  Returns
-    ``{"enabled", "port", "acl_file"}`` (``acl_file`` "" without ACL).
+    ``{"enabled", "port", "grpc_port", "acl_file"}`` (``acl_file`` "" without ACL; ``grpc_port`` None
+    with ACL: the gRPC endpoint does not check its clients' signatures yet, so it stays off).
 
     Raises
     ------
@@ -172,7 +175,9 @@ def proxy_settings(s: Mapping[str, Any]) -> dict:
         acl_file = str(s.get("aclPlainFile", "") or "").strip() or os.path.join(
             str(s.get("storePathRootDir") or DEFAULT_STORE_PATH), "config", "plain_acl.yml")
         acl_file = os.path.abspath(os.path.expanduser(acl_file))
-    return {"enabled": raw == "true", "port": port, "acl_file": acl_file}
+    grpc_port = _int("grpcServerPort", s.get("grpcServerPort", DEFAULT_GRPC_SERVER_PORT), 0, 65535)
+    return {"enabled": raw == "true", "port": port, "grpc_port": None if acl_file else grpc_port,
+            "acl_file": acl_file}
 
 
 def dashboard_settings(s: Mapping[str, Any]) -> dict:

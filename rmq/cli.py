@@ -169,8 +169,11 @@ def demo_flights(namesrv, output, limit, stream, store_path) -> None:
                    "RocketMQ 5's mqbroker --enable-proxy).")
 @click.option("--remoting-listen-port", type=click.IntRange(0, 65535), default=None,
               help="The proxy's port (broker.conf remotingListenPort, default 8080; 0 = any free port).")
+@click.option("--grpc-listen-port", type=click.IntRange(0, 65535), default=None,
+              help="The proxy's gRPC port for RocketMQ 5 clients (broker.conf grpcServerPort, default 8081; "
+                   "0 = any free port).")
 def start(config, store_path, namesrv_addr, listen_port, no_namesrv, detach, slave_store_path,
-          slave_listen_port, dashboard, dashboard_port, enable_proxy, remoting_listen_port) -> None:
+          slave_listen_port, dashboard, dashboard_port, enable_proxy, remoting_listen_port, grpc_listen_port) -> None:
     """Start a NameServer and one broker group (broker, reput, flush, cleaner, ha) under a supervisor.
 
     Foreground by default (Ctrl-C stops it in order); `rmq stop` stops it from elsewhere.
@@ -183,7 +186,8 @@ def start(config, store_path, namesrv_addr, listen_port, no_namesrv, detach, sla
     from rmq.broker_conf import BrokerConfError
 
     extra = {"dashboardEnable": "true" if dashboard else None, "dashboardPort": dashboard_port,
-             "enableProxy": "true" if enable_proxy else None, "remotingListenPort": remoting_listen_port}
+             "enableProxy": "true" if enable_proxy else None, "remotingListenPort": remoting_listen_port,
+             "grpcServerPort": grpc_listen_port}
     try:
         settings = resolve_settings(config, store_path, namesrv_addr, listen_port, extra)
     except BrokerConfError as e:
@@ -225,6 +229,8 @@ def start(config, store_path, namesrv_addr, listen_port, no_namesrv, detach, sla
         argv.append("--enable-proxy")
     if remoting_listen_port is not None:
         argv += ["--remoting-listen-port", str(remoting_listen_port)]
+    if grpc_listen_port is not None:
+        argv += ["--grpc-listen-port", str(grpc_listen_port)]
     _launch_detached(argv, store, "rmq")
     if slave_argv is not None:
         _launch_detached(slave_argv, slave_store_path, "the slave")
@@ -242,7 +248,8 @@ def _slave_supervisor_argv(settings: dict, slave_store: str, slave_port: Optiona
     if slave_store == os.path.abspath(settings["storePathRootDir"]):
         raise click.ClickException("--slave-store-path must differ from the master's store")
     conf = {k: v for k, v in settings.items()           # one dashboard per cluster: the master's
-            if k not in ("storePathRootDir", "listenPort", "haListenPort", "enableProxy", "remotingListenPort")
+            if k not in ("storePathRootDir", "listenPort", "haListenPort", "enableProxy", "remotingListenPort",
+                         "grpcServerPort")
             and not k.startswith("dashboard")}
     conf.update({"brokerRole": "SLAVE", "brokerId": 1, "storePathRootDir": slave_store,
                  "listenPort": slave_port or int(settings["listenPort"]) + 10})
@@ -399,11 +406,16 @@ def dashboard(namesrv_addr, host, port, token_file) -> None:
               help="RocketMQ ACL 1.0 (plain_acl.yml): clients must sign requests with an AccessKey / SecretKey "
                    "of this file; re-read when it changes (created empty if missing; edit it with "
                    "`rmq admin updateAclConfig`).  Without it: no ACL.")
-def proxy(namesrv_addr, listen_addr, port, advertised_addr, acl_file) -> None:
-    """Serve RocketMQ's 4.x remoting protocol: existing RocketMQ clients (Java, C++, Go, Python
-    `rocketmq`) use this address as their NameServer and produce / consume through rmq.
+@click.option("--grpc-listen-port", "grpc_port", type=click.IntRange(0, 65535), default=8081, show_default=True,
+              help="grpcServerPort: RocketMQ 5.x clients (gRPC, apache.rocketmq.v2) connect here (0 = any free port).")
+@click.option("--no-grpc", is_flag=True, default=False, help="Serve the 4.x remoting protocol only.")
+def proxy(namesrv_addr, listen_addr, port, advertised_addr, acl_file, grpc_port, no_grpc) -> None:
+    """Serve RocketMQ's 4.x remoting protocol and RocketMQ 5's gRPC API: existing RocketMQ clients
+    (Java, C++, Go, Python `rocketmq` / `rocketmq-python-client`) use these addresses as their
+    NameServer / endpoints and produce / consume through rmq.
 
-    Prints `proxy HOST:PORT` once it listens; stops on Ctrl-C / SIGTERM.
+    Prints `proxy HOST:PORT [grpc HOST:PORT]` once it listens; stops on Ctrl-C / SIGTERM.  With
+    --acl-file the gRPC endpoint stays off (its clients' signatures are not checked yet).
     """
     from rmq.proxy.server import serve
     acl = None
@@ -413,11 +425,18 @@ def proxy(namesrv_addr, listen_addr, port, advertised_addr, acl_file) -> None:
             acl = PlainAccessValidator(acl_file)
         except (AclError, OSError) as e:
             raise click.ClickException(f"ACL file {acl_file}: {e}") from None
+    if acl is not None and not no_grpc:
+        click.echo("proxy: --acl-file: the gRPC endpoint stays off (remoting clients only)", err=True)
+        no_grpc = True
+
+    def ready(s):
+        click.echo(f"proxy {s.advertised_addr}" + (f" grpc {listen_addr}:{s.grpc_port}" if s.grpc_port else ""))
+        sys.stdout.flush()
     try:
-        serve(namesrv_addr, listen_addr, port, advertised_addr,
-              ready=lambda s: (click.echo(f"proxy {s.advertised_addr}"), sys.stdout.flush()), acl=acl)
+        serve(namesrv_addr, listen_addr, port, advertised_addr, ready=ready, acl=acl,
+              grpc_port=None if no_grpc else grpc_port)
     except OSError as e:
-        raise click.ClickException(f"cannot listen on {listen_addr}:{port}: {e}")
+        raise click.ClickException(f"cannot listen on {listen_addr}: {e}")
 
 
 from rmq.admin_cli import admin as _admin_group  # noqa: E402  (``rmq admin``: mqadmin commands)

@@ -543,6 +543,8 @@ class Supervisor:
         if name == "proxy":
             return ["--namesrv-addr", s["namesrvAddr"], "--listen-port", str(self.proxy["port"]),
                     "--store-path", self.store, "--supervisor", self.endpoint,
+                    *(["--grpc-listen-port", str(self.proxy["grpc_port"])] if self.proxy.get("grpc_port") is not None
+                      else []),
                     *(["--acl-file", self.proxy["acl_file"]] if self.proxy.get("acl_file") else [])]
         if name == "dashboard":
             d = self.dashboard
@@ -963,6 +965,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also run the remoting proxy for RocketMQ's own clients (enableProxy=true)")
     p.add_argument("--remoting-listen-port", type=int, default=None,
                    help="remotingListenPort of the proxy (default 8080; 0 = any free)")
+    p.add_argument("--grpc-listen-port", type=int, default=None,
+                   help="grpcServerPort of the proxy (default 8081; 0 = any free)")
     p.add_argument("--ready-timeout-s", type=float, default=READY_TIMEOUT_S)
     p.add_argument("--stop-timeout-s", type=float, default=STOP_TIMEOUT_S)
     p.add_argument("--max-restarts", type=int, default=MAX_RESTARTS)
@@ -985,7 +989,8 @@ def main(argv: Optional[list] = None) -> int:
         settings = resolve_settings(a.config, a.store_path, a.namesrv_addr, a.listen_port,
                                     {"dashboardEnable": "true" if a.dashboard else None, "dashboardPort": a.dashboard_port,
                                      "enableProxy": "true" if a.enable_proxy else None,
-                                     "remotingListenPort": a.remoting_listen_port})
+                                     "remotingListenPort": a.remoting_listen_port,
+                                     "grpcServerPort": a.grpc_listen_port})
         sup = Supervisor(settings, a.config, start_namesrv=not a.no_namesrv, ready_timeout_s=a.ready_timeout_s,
                          stop_timeout_s=a.stop_timeout_s, restart_backoff_s=a.restart_backoff_ms / 1000.0,
                          restart_backoff_max_s=a.restart_backoff_max_ms / 1000.0, max_restarts=a.max_restarts,

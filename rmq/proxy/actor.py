@@ -2,7 +2,10 @@
 RocketMQ 5's ``mqbroker --enable-proxy`` local mode).
 
 ``python -m rmq.proxy.actor --namesrv-addr H:P[;H:P] [--listen-addr A] [--listen-port P]
-[--store-path S] [--supervisor EP] [--acl-file F]``
+[--store-path S] [--supervisor EP] [--acl-file F] [--grpc-listen-port G]``
+
+``--grpc-listen-port``: also serve RocketMQ 5's gRPC API there (:mod:`rmq.proxy.grpc_server`;
+broker.conf ``grpcServerPort``, 0 = any free port, logged); off with an ACL file.
 
 ``--acl-file``: RocketMQ ACL 1.0 for the clients (:mod:`rmq.proxy.acl`; broker.conf
 ``authEnable`` / ``aclEnable``, ``aclPlainFile``).
@@ -32,6 +35,7 @@ def main(argv: Optional[list] = None) -> int:
     p.add_argument("--store-path", default=None)
     p.add_argument("--supervisor", default=None)
     p.add_argument("--acl-file", default=None)
+    p.add_argument("--grpc-listen-port", type=int, default=None)
     a = p.parse_args(argv)
     acl = None
     if a.acl_file:
@@ -42,6 +46,7 @@ def main(argv: Optional[list] = None) -> int:
             print(f"{NAME}: refusing to start: ACL file {a.acl_file}: {e}", file=sys.stderr)
             return 1
     return serve_as_actor(NAME, lambda: serve(a.namesrv_addr, a.listen_addr, a.listen_port, acl=acl,
+                                              grpc_port=None if acl is not None else a.grpc_listen_port,
                                               ready=lambda s: print(f"ready tcp://{s.advertised_addr}", flush=True)),
                           f"{a.listen_addr}:{a.listen_port}", a.store_path, a.supervisor)
 

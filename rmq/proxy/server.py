@@ -155,6 +155,7 @@ class ProxyServer:
     def __init__(self, namesrv_addr: str, listen_addr: str = "127.0.0.1", listen_port: int = REMOTING_LISTEN_PORT,
                  advertised_addr: Optional[str] = None, auth=None, acl=None):
         self.acl = acl
+        self.grpc_port: Optional[int] = None         # set by run_proxy when it serves gRPC too
         self.namesrv_addrs = [a.strip() for a in (namesrv_addr or "").split(";") if a.strip()]
         if not self.namesrv_addrs:
             raise MQClientError("no NameServer address given")
@@ -793,33 +794,44 @@ def _first_failure(cmd: RemotingCommand, resps: list) -> Optional[RemotingComman
 
 
 async def run_proxy(namesrv_addr: str, listen_addr: str = "127.0.0.1", listen_port: int = REMOTING_LISTEN_PORT,
-                    advertised_addr: Optional[str] = None, ready=None, acl=None) -> None:
+                    advertised_addr: Optional[str] = None, ready=None, acl=None,
+                    grpc_port: Optional[int] = None) -> None:
     """Run a proxy until cancelled; ``ready(server)`` is called once it listens; ``acl``: see
-    :class:`ProxyServer`.
+    :class:`ProxyServer`; ``grpc_port``: also serve RocketMQ 5's gRPC API there
+    (:class:`rmq.proxy.grpc_server.GrpcProxy`, 0 = any free port: ``server.grpc_port`` once ready;
+    None: no gRPC endpoint).
 
     Raises
     ------
     OSError
-        The address cannot be bound.
+        An address cannot be bound.
     """
     server = ProxyServer(namesrv_addr, listen_addr, listen_port, advertised_addr, acl=acl)
     await server.start()
-    if ready is not None:
-        ready(server)
+    grpc_proxy = None
     try:
+        if grpc_port is not None:
+            from rmq.proxy.grpc_server import GrpcProxy
+            grpc_proxy = await asyncio.get_running_loop().run_in_executor(
+                None, lambda: GrpcProxy(namesrv_addr, listen_addr, grpc_port).start())
+            server.grpc_port = grpc_proxy.port
+        if ready is not None:
+            ready(server)
         await server.serve_forever()
     finally:
+        if grpc_proxy is not None:
+            await asyncio.get_running_loop().run_in_executor(None, grpc_proxy.stop)
         await server.close()
 
 
 def serve(namesrv_addr: str, listen_addr: str = "127.0.0.1", listen_port: int = REMOTING_LISTEN_PORT,
-          advertised_addr: Optional[str] = None, ready=None, acl=None) -> None:
+          advertised_addr: Optional[str] = None, ready=None, acl=None, grpc_port: Optional[int] = None) -> None:
     """:func:`run_proxy` in its own event loop until SIGTERM / SIGINT (then a clean return).
 
     Raises
     ------
     OSError
-        The address cannot be bound.
+        An address cannot be bound.
     """
     import signal
 
@@ -828,7 +840,7 @@ def serve(namesrv_addr: str, listen_addr: str = "127.0.0.1", listen_port: int = 
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, task.cancel)
-        await run_proxy(namesrv_addr, listen_addr, listen_port, advertised_addr, ready, acl)
+        await run_proxy(namesrv_addr, listen_addr, listen_port, advertised_addr, ready, acl, grpc_port)
     try:
         _run(main())
     except asyncio.CancelledError:

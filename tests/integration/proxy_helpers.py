@@ -16,7 +16,8 @@ _opaque = itertools.count(1000)
 @contextmanager
 def running_proxy(namesrv_addr: str):
     """``rmq proxy`` on an ephemeral port in front of ``namesrv_addr``; yields its ``host:port``."""
-    p = subprocess.Popen(python_argv("rmq.cli", "proxy", "--namesrv-addr", namesrv_addr, "--listen-port", "0"),
+    p = subprocess.Popen(python_argv("rmq.cli", "proxy", "--namesrv-addr", namesrv_addr, "--listen-port", "0",
+                                     "--grpc-listen-port", "0"),
                          stdout=subprocess.PIPE, text=True, env=child_env())
     try:
         line = p.stdout.readline().split()

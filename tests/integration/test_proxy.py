@@ -35,7 +35,8 @@ def cluster(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def proxy(cluster):
-    p = subprocess.Popen(python_argv("rmq.cli", "proxy", "--namesrv-addr", cluster.namesrv_addr, "--listen-port", "0"),
+    p = subprocess.Popen(python_argv("rmq.cli", "proxy", "--namesrv-addr", cluster.namesrv_addr, "--listen-port", "0",
+                                     "--grpc-listen-port", "0"),
                          stdout=subprocess.PIPE, text=True, env=child_env())
     line = p.stdout.readline().split()
     assert line and line[0] == "proxy", f"the proxy did not start: {line}"
@@ -191,7 +192,7 @@ def test_rmq_start_enable_proxy_runs_it_as_an_actor(tmp_path):
     from tests.integration.test_supervisor_real import DEADLINE_S, alive, rmq, spawned
     store = str(tmp_path / "store")
     started = rmq("start", "--store-path", store, "--detach", "--namesrv-addr", "127.0.0.1:0", "--listen-port", "0",
-                  "--enable-proxy", "--remoting-listen-port", "0")
+                  "--enable-proxy", "--remoting-listen-port", "0", "--grpc-listen-port", "0")
     try:
         assert started.returncode == 0, started.stdout + started.stderr
         addr = re.search(r"^started proxy pid \d+ tcp://(\S+)$", started.stdout, re.M).group(1)

@@ -176,7 +176,7 @@ IDLE_CONNECTIONS = 10_000     # issue 14: "10,000 idle connections: ... the prox
 
 
 def test_ten_thousand_idle_connections_leave_the_proxy_serving():
-    p = subprocess.Popen(python_argv("rmq.cli", "proxy", "--namesrv-addr", "127.0.0.1:1", "--listen-port", "0"),
+    p = subprocess.Popen(python_argv("rmq.cli", "proxy", "--namesrv-addr", "127.0.0.1:1", "--listen-port", "0", "--no-grpc"),
                          stdout=subprocess.PIPE, text=True, env=child_env())
     conns = []
     try:
