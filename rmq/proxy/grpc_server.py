@@ -157,6 +157,7 @@ class MessagingService:
         self.b = backend
         self.endpoint = endpoint                   # (host, port) clients are sent back to
         self.settings: dict = {}                   # client id -> its last Settings (Telemetry)
+        self._rr: dict = {}                        # topic -> next round-robin position
 
     # -- helpers -----------------------------------------------------------------------------------
     @staticmethod
@@ -249,8 +250,7 @@ class MessagingService:
         if s.client_type == pb.PRODUCER:
             out.backoff_policy.CopyFrom(pb.RetryPolicy(max_attempts=PRODUCER_MAX_ATTEMPTS, exponential_backoff=pb.ExponentialBackoff(
                 initial=_dur(10), max=_dur(1000), multiplier=2.0)))
-            out.publishing.max_body_size = MAX_BODY_SIZE
-            out.publishing.validate_message_type = False
+            out.publishing.max_body_size = MAX_BODY_SIZE       # a reply without it: every send fails
         else:
             levels = [1_000, 5_000, 10_000, 30_000, 60_000, 120_000, 180_000, 240_000, 300_000, 360_000, 420_000,
                       480_000, 540_000, 600_000, 1_200_000, 1_800_000, 3_600_000, 7_200_000]
@@ -327,9 +327,7 @@ class MessagingService:
             props[PROPERTY_TIMER_DELIVER_MS] = str(sp.delivery_timestamp.ToMilliseconds())
         topic = m.topic.name
         lay = await self._layout(topic)
-        group, qid = lay.locate(sp.queue_id if 0 <= sp.queue_id < lay.total else
-                                (zlib.crc32(sp.message_group.encode()) if sp.HasField("message_group") else int(time.time() * 1000))
-                                % lay.total)
+        group, qid = lay.locate(self._select_queue(topic, lay, sp))
         fields = {"producerGroup": "CLIENT_INNER_PRODUCER", "topic": topic, "queueId": qid,
                   "defaultTopicQueueNums": group.span, "sysFlag": 0,
                   "bornTimestamp": sp.born_timestamp.ToMilliseconds() or int(time.time() * 1000), "flag": 0,
@@ -343,6 +341,23 @@ class MessagingService:
         return pb.SendResultEntry(status=st, message_id=sp.message_id or str(resp.fields.get("msgId", "")),
                                   transaction_id=str(resp.fields.get("transactionId", "") or ""),
                                   offset=int(resp.fields.get("queueOffset", 0)))
+
+    def _select_queue(self, topic: str, lay, sp) -> int:
+        """The global queue id a message goes to: a FIFO message group always to the same queue
+        (CRC32 of the group), the rest round robin over the writable queues (RocketMQ 5 proxy's
+        SendMessageQueueSelector; a 5.x client does not send the queue it chose)."""
+        writable, base = [], 0
+        for g in lay.groups:
+            if g.perm & PERM_WRITE:
+                writable.extend(range(base, base + g.span))
+            base += g.span
+        if not writable:
+            raise MQClientError(f"topic {topic} has no writable queue", int(ResponseCode.NO_PERMISSION))
+        if sp.HasField("message_group"):
+            return writable[zlib.crc32(sp.message_group.encode("utf-8")) % len(writable)]
+        n = self._rr.get(topic, zlib.crc32(topic.encode("utf-8")))
+        self._rr[topic] = n + 1
+        return writable[n % len(writable)]
 
     async def EndTransaction(self, request, context):
         return pb.EndTransactionResponse(status=status(pb.UNSUPPORTED, "transactional messages are not served by "

@@ -38,3 +38,5 @@ def actors():
             a.kill()
         elif not a.proc.stdout.closed:
             a.proc.stdout.close()
+
+from tests.integration.grpc_helpers import grpc_client_path  # noqa: E402,F401 - the RocketMQ 5 client fixture
