@@ -15,6 +15,9 @@ One broker group on loopback (the test harness's Cluster), 100 B bodies:
   ``Producer.send_batch``, read from the first offset by rmq's ``PushConsumer`` and by the C++
   push consumer through the proxy (fresh groups), from start until the last listener call;
 - the raw pyzmq DEALER -> ROUTER echo round trip, one at a time (the ceiling of any single send);
+- the RocketMQ 5 Python client (gRPC, ``rocketmq-python-client``) through the proxy's gRPC endpoint:
+  Producer.send one at a time, SimpleConsumer receive + ack;
+- Redis single XADD in the same run (when ``redis-server`` is installed);
 - the C++ client's own ceiling: its ``send_sync`` against a remoting server that answers at once
   without storing anything (:func:`zero_work_server`), so what the proxy and the broker add is the
   gap between that row and the proxy's.
@@ -76,6 +79,40 @@ def zmq_rtt(n: int) -> float:
     return rate
 
 
+def redis_single_xadd(n: int):
+    """Single XADD round trips of 100 B (redis-py, AOF everysec), or the reason there is no figure."""
+    from rmq.bench.peers import RedisServer, redis_missing
+    why = redis_missing()
+    if why:
+        return None, why
+    srv = RedisServer("everysec")
+    try:
+        r = srv.client
+        for _ in range(200):
+            r.xadd("bench-proxy", {"b": BODY})
+        t0 = time.perf_counter()
+        for _ in range(n):
+            r.xadd("bench-proxy", {"b": BODY})
+        return n / (time.perf_counter() - t0), ""
+    finally:
+        srv.close()
+
+
+def grpc_rows(endpoint: str, single: int, consume: int, rmq_send: float, rmq_push: float) -> list:
+    """The RocketMQ 5 Python client (rocketmq-python-client, gRPC) through the proxy: Producer.send
+    one at a time, SimpleConsumer receive (batches of 32) + ack of each, same messages and sizes as
+    the C++ rows' (tests/integration/grpc_client.py)."""
+    from tests.integration.grpc_helpers import ensure_installed, grpc_client
+    ensure_installed()
+    out = grpc_client("produce", endpoint, "BenchProxyGrpc", single, timeout=900)
+    rows = [("5.x Producer.send through the proxy (gRPC)", single / out["seconds"], rmq_send)]
+    out = grpc_client("receive", endpoint, "BenchProxyConsume", "GID-bench-grpc", consume, "--batch", "32",
+                      "--timeout-s", "600", "--await-s", "2", timeout=900)
+    rows.append((f"5.x SimpleConsumer receive + ack through the proxy ({out['distinct']} distinct)",
+                 consume / out["seconds"] if out["seconds"] else 0.0, rmq_push))
+    return rows
+
+
 def same_as_cpp(i: int) -> Message:
     """The message cpp_client.py's producer sends as its i-th (body, tag, key, user property): both
     clients store the same messages (keys cost an IndexFile entry each)."""
@@ -130,10 +167,12 @@ def main() -> None:
     with Cluster(tempfile.mkdtemp(prefix="rmq-bench-proxy-") + "/store") as c:
         create_topic(c, "BenchProxySingle", 8)
         create_topic(c, "BenchProxyConsume", 8)
+        create_topic(c, "BenchProxyGrpc", 8)
         proxy = subprocess.Popen(python_argv("rmq.cli", "proxy", "--namesrv-addr", c.namesrv_addr, "--listen-port",
                                              "0", "--grpc-listen-port", "0"), stdout=subprocess.PIPE, text=True,
                                  env=child_env())
-        addr = proxy.stdout.readline().split()[1]
+        line = proxy.stdout.readline().split()
+        addr, grpc_addr = line[1], line[3]
         try:
             rows = []
             rows.append(("raw pyzmq DEALER/ROUTER round trip, one at a time", zmq_rtt(SINGLE), None))
@@ -178,13 +217,19 @@ def main() -> None:
             out = cpp("push-ids", addr, "BenchProxyConsume", "CID-bench-proxy", CONSUME, 600)
             n = len({m["msg_id"] for m in out["messages"]})
             rows.append((f"C++ PushConsumer through the proxy ({n} distinct)", CONSUME / out["seconds"], push))
+            rows.extend(grpc_rows(grpc_addr, SINGLE, CONSUME, mine, push))
+            xadd, why = redis_single_xadd(SINGLE)
+            rows.append(("Redis single XADD (redis-py, AOF everysec)" + (f": {why}" if why else ""), xadd, None))
         finally:
             proxy.terminate()
             proxy.wait(10)
     print(f"bench_proxy: 100 B bodies, single {SINGLE}, consume {CONSUME}, one run, same machine")
     for name, rate, ref in rows:
+        if rate is None:
+            print(f"  {name}")
+            continue
         ratio = f"  {rate / ref:.2f}x of rmq's own" if ref else ""
-        print(f"  {name:<58} {rate:>10,.0f} msgs/s{ratio}")
+        print(f"  {name:<62} {rate:>10,.0f} msgs/s{ratio}")
 
 
 if __name__ == "__main__":
