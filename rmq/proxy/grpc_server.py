@@ -13,8 +13,12 @@ Served (the rest answers UNIMPLEMENTED): QueryRoute, Heartbeat, SendMessage (NOR
 its message group as the sharding key, DELAY as a timer message), QueryAssignment,
 ReceiveMessage (server stream: a status, the messages, their delivery timestamp),
 AckMessage, ChangeInvisibleDuration, Telemetry (the client's Settings, answered with the
-server's), NotifyClientTermination, EndTransaction (answered UNSUPPORTED: transactional sends
-are refused at SendMessage, see :data:`UNSUPPORTED_TYPES`).
+server's; the brokers' transaction check-backs go out on it), NotifyClientTermination, and
+transactional messages: as RocketMQ 5's proxy, a half message's producer group is its topic
+(``SendMessageActivity``), the heartbeat registers each client for the topics it publishes, a
+broker's CHECK_TRANSACTION_STATE becomes a ``RecoverOrphanedTransactionCommand`` on the Telemetry
+stream of a client publishing that topic, and EndTransaction goes to the group of the half
+(:class:`rmq.proxy.transaction.TransactionRoutes`, keyed by message id).
 
 Concurrency: one asyncio event loop (grpc.aio) in a thread of the proxy process, with its own
 forwarding sockets (:class:`rmq.proxy.forward.Forwarder`).
@@ -38,7 +42,9 @@ from rmq.errors import MQClientError, RemotingError
 from rmq.protocol import Frame, RequestCode, ResponseCode
 from rmq.proxy.forward import Forwarder
 from rmq.proxy.grpc_v2 import messaging_pb2 as pb
+from rmq._core import commitlog as _cl
 from rmq.proxy.server import FORWARD_TIMEOUT_MS, PERM_READ, PERM_WRITE, PROXY_BROKER_NAME, ProxyServer
+from rmq.proxy.transaction import TransactionRoutes, check_message_body
 
 log = logging.getLogger("rmq.proxy.grpc")
 
@@ -47,6 +53,7 @@ SERVICE = "apache.rocketmq.v2.MessagingService"
 CLIENT_ID_HEADER = "x-mq-client-id"        # the 5.x clients' metadata (Signature / MetadataUtils)
 MAX_BODY_SIZE = 4 * 1024 * 1024            # Publishing.max_body_size sent to producers (maxMessageSize)
 MAX_RECEIVE_BATCH = MAX_MESSAGE_NUM        # messages of one ReceiveMessage (POP's maxMsgNums ceiling)
+MAX_PENDING_COMMANDS = 1024                # Telemetry commands queued for one client (check-backs beyond: dropped)
 MAX_LONG_POLLING_MS = 30_000               # ProxyConfig.grpcClientConsumerMaxLongPollingTimeoutMillis
 DEFAULT_INVISIBLE_MS = 30_000              # a receive without invisible_duration
 MAX_MESSAGE_SIZE_ON_WIRE = 16 * 1024 * 1024  # grpc max receive length (a 4 MiB body and its properties)
@@ -64,7 +71,10 @@ SYSTEM_PROPERTIES = frozenset({
     "CLUSTER", "__transactionId__", "TRAN_PREPARED_QUEUE_OFFSET", "CHECK_IMMUNITY_TIME_IN_SECONDS",
     "INSTANCE_ID", "CORRELATION_ID", "REPLY_TO_CLIENT", "TTL", "ARRIVE_TIME", "PUSH_REPLY_TIME", "__CRC32#",
     "BORN_HOST"})
-UNSUPPORTED_TYPES = (pb.TRANSACTION, pb.LITE, pb.PRIORITY)
+UNSUPPORTED_TYPES = (pb.LITE, pb.PRIORITY)
+TRANSACTION_PREPARED_TYPE = 0x4            # MessageSysFlag
+COMMIT_TYPE, ROLLBACK_TYPE = 0x8, 0xC      # MessageSysFlag: END_TRANSACTION's commitOrRollback
+ACCEPTED_TYPES = (pb.NORMAL, pb.FIFO, pb.DELAY, pb.TRANSACTION)
 # rmq / RocketMQ remoting response code -> RocketMQ 5 status code (the proxy's ResponseCode mapping)
 CODES = {int(ResponseCode.TOPIC_NOT_EXIST): pb.TOPIC_NOT_FOUND,
          int(ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST): pb.CONSUMER_GROUP_NOT_FOUND,
@@ -150,6 +160,24 @@ class ReceiptHandle:
                 f"{self.queue_id} {self.queue_offset}")
 
 
+class _CheckView:
+    """A checked half message in the shape :meth:`MessagingService._message` takes (no receipt handle)."""
+    receipt_handle = ""
+
+    def __init__(self, message):
+        self.message = message
+
+
+class _IdLayout:
+    """A layout whose only queue id is the one already mapped."""
+
+    def __init__(self, gid: int):
+        self.gid = gid
+
+    def global_id(self, broker_name: str, queue_id: int) -> int:
+        return self.gid
+
+
 class MessagingService:
     """The handlers (one per RPC) over a :class:`ProxyServer` used as the forwarding backend."""
 
@@ -158,6 +186,9 @@ class MessagingService:
         self.endpoint = endpoint                   # (host, port) clients are sent back to
         self.settings: dict = {}                   # client id -> its last Settings (Telemetry)
         self._rr: dict = {}                        # topic -> next round-robin position
+        self.streams: dict = {}                    # client id -> asyncio.Queue of its Telemetry commands
+        self.tx = TransactionRoutes()              # message / transaction id -> (addr, group, phys, queue offset)
+        self.stats = {"checksRelayed": 0, "checksUnrelayed": 0}
 
     # -- helpers -----------------------------------------------------------------------------------
     @staticmethod
@@ -193,7 +224,7 @@ class MessagingService:
         except Exception as e:  # noqa: BLE001 - answered as a status
             return pb.QueryRouteResponse(status=_status_of(e))
         queues, base = [], 0
-        types = [pb.NORMAL, pb.FIFO, pb.DELAY]
+        types = list(ACCEPTED_TYPES)
         for g in lay.groups:
             for q in range(g.span):
                 queues.append(pb.MessageQueue(topic=topic, id=base + q, permission=self.permission(g.perm),
@@ -212,14 +243,19 @@ class MessagingService:
             if g.perm & PERM_READ:
                 out.append(pb.Assignment(message_queue=pb.MessageQueue(
                     topic=request.topic, id=base, permission=self.permission(g.perm), broker=self.broker(),
-                    accept_message_types=[pb.NORMAL, pb.FIFO, pb.DELAY])))
+                    accept_message_types=list(ACCEPTED_TYPES))))
             base += g.span
         return pb.QueryAssignmentResponse(status=status(), assignments=out)
 
     def _heartbeat_body(self, client_id: str, client_type: int, group: str) -> Optional[bytes]:
         if client_type == pb.PRODUCER:
+            # a half message's producer group is its topic (RocketMQ 5 proxy): the client is a
+            # producer of every topic it publishes, where the brokers' check-backs look for it
+            s = self.settings.get(client_id)
+            groups = [t.name for t in s.publishing.topics] if s is not None and s.HasField("publishing") else []
             return P.pack_body({"clientID": client_id, "consumerDataSet": [],
-                                "producerDataSet": [{"groupName": group or "CLIENT_INNER_PRODUCER"}]})
+                                "producerDataSet": [{"groupName": g} for g in (groups or [group or
+                                                                                       "CLIENT_INNER_PRODUCER"])]})
         if client_type in (pb.SIMPLE_CONSUMER, pb.PUSH_CONSUMER) and group:
             subs = []
             s = self.settings.get(client_id)
@@ -265,12 +301,31 @@ class MessagingService:
         return out
 
     async def Telemetry(self, request_iterator, context):
+        """The client's settings in, the server's settings and transaction check-backs out."""
         cid = self.client_id(context)
-        async for cmd in request_iterator:
-            if cmd.HasField("settings"):
-                self.settings[cid] = cmd.settings
-                yield pb.TelemetryCommand(status=status(), settings=self._server_settings(cmd.settings))
-            # thread stack traces / verify results the proxy never asked for: nothing to answer
+        out: asyncio.Queue = asyncio.Queue(maxsize=MAX_PENDING_COMMANDS)
+        self.streams[cid] = out
+
+        async def read():
+            try:
+                async for cmd in request_iterator:
+                    if cmd.HasField("settings"):
+                        self.settings[cid] = cmd.settings
+                        out.put_nowait(pb.TelemetryCommand(status=status(), settings=self._server_settings(cmd.settings)))
+                    # thread stack traces / verify results the proxy never asked for: nothing to answer
+            finally:
+                out.put_nowait(None)
+        reader = asyncio.get_running_loop().create_task(read())
+        try:
+            while True:
+                cmd = await out.get()
+                if cmd is None:
+                    break
+                await context.write(cmd)
+        finally:
+            reader.cancel()
+            if self.streams.get(cid) is out:
+                del self.streams[cid]
 
     async def NotifyClientTermination(self, request, context):
         cid = self.client_id(context)
@@ -306,6 +361,8 @@ class MessagingService:
                 return pb.SendResultEntry(status=status(pb.MESSAGE_CORRUPTED, f"body is not GZIP: {e}"))
         if not body:
             return pb.SendResultEntry(status=status(pb.MESSAGE_BODY_EMPTY, "message body is empty"))
+        if not sp.message_id.strip():
+            return pb.SendResultEntry(status=status(pb.ILLEGAL_MESSAGE_ID, "message id cannot be empty"))
         if len(body) > MAX_BODY_SIZE:
             return pb.SendResultEntry(status=status(pb.MESSAGE_BODY_TOO_LARGE,
                                                     f"body of {len(body)} bytes is over {MAX_BODY_SIZE}"))
@@ -326,10 +383,17 @@ class MessagingService:
         if sp.message_type == pb.DELAY or sp.HasField("delivery_timestamp"):
             props[PROPERTY_TIMER_DELIVER_MS] = str(sp.delivery_timestamp.ToMilliseconds())
         topic = m.topic.name
+        sys_flag = 0
+        if sp.message_type == pb.TRANSACTION:
+            sys_flag = TRANSACTION_PREPARED_TYPE
+            props["TRAN_MSG"] = "true"
+            props["PGROUP"] = topic                 # the producer group of a half (SendMessageActivity)
+            if sp.HasField("orphaned_transaction_recovery_duration"):
+                props["CHECK_IMMUNITY_TIME_IN_SECONDS"] = str(sp.orphaned_transaction_recovery_duration.seconds)
         lay = await self._layout(topic)
         group, qid = lay.locate(self._select_queue(topic, lay, sp))
         fields = {"producerGroup": "CLIENT_INNER_PRODUCER", "topic": topic, "queueId": qid,
-                  "defaultTopicQueueNums": group.span, "sysFlag": 0,
+                  "defaultTopicQueueNums": group.span, "sysFlag": sys_flag,
                   "bornTimestamp": sp.born_timestamp.ToMilliseconds() or int(time.time() * 1000), "flag": 0,
                   "reconsumeTimes": 0, "bornHost": _peer(context), "properties": _props_string(props)}
         resp = await self.b._invoke(group.addr, Frame(RequestCode.SEND_MESSAGE, fields=fields, bodies=[body]))
@@ -338,6 +402,12 @@ class MessagingService:
             raise MQClientError(resp.remark or f"send failed with code {resp.code}", int(resp.code))
         st = status() if resp.code == ResponseCode.SUCCESS else status(CODES.get(int(resp.code), pb.INTERNAL_ERROR),
                                                                        resp.remark or "")
+        if sys_flag:
+            try:
+                phys = _cl.decode_message_id(str(resp.fields.get("msgId", "")))[1]
+            except (ValueError, TypeError):
+                phys = -1
+            self.tx.remember(sp.message_id, (group.addr, topic, phys, int(resp.fields.get("queueOffset", -1))))
         return pb.SendResultEntry(status=st, message_id=sp.message_id or str(resp.fields.get("msgId", "")),
                                   transaction_id=str(resp.fields.get("transactionId", "") or ""),
                                   offset=int(resp.fields.get("queueOffset", 0)))
@@ -360,8 +430,66 @@ class MessagingService:
         return writable[n % len(writable)]
 
     async def EndTransaction(self, request, context):
-        return pb.EndTransactionResponse(status=status(pb.UNSUPPORTED, "transactional messages are not served by "
-                                                                       "rmq's gRPC endpoint yet; use the remoting port"))
+        """COMMIT / ROLLBACK of a half message (``source`` SOURCE_SERVER_CHECK: the answer to a
+        check-back) as END_TRANSACTION to the broker group that holds it."""
+        route = self.tx.lookup(request.message_id, request.transaction_id)
+        if route is None:
+            return pb.EndTransactionResponse(status=status(pb.INVALID_TRANSACTION_ID, (
+                f"transaction {request.transaction_id or request.message_id!r} is not known here (sent through "
+                "another proxy, or already ended); the broker's check-back will settle it")))
+        if request.resolution not in (pb.COMMIT, pb.ROLLBACK):
+            return pb.EndTransactionResponse(status=status(pb.BAD_REQUEST, "resolution must be COMMIT or ROLLBACK"))
+        addr, group, phys, queue_offset = route
+        fields = {"producerGroup": group, "tranStateTableOffset": queue_offset, "commitLogOffset": phys,
+                  "commitOrRollback": COMMIT_TYPE if request.resolution == pb.COMMIT else ROLLBACK_TYPE,
+                  "fromTransactionCheck": request.source == pb.SOURCE_SERVER_CHECK,
+                  "msgId": request.message_id, "transactionId": request.transaction_id or request.message_id}
+        try:
+            resp = await self.b._invoke(addr, Frame(RequestCode.END_TRANSACTION, fields=fields))
+        except Exception as e:  # noqa: BLE001
+            return pb.EndTransactionResponse(status=_status_of(e))
+        if resp.code != ResponseCode.SUCCESS:
+            return pb.EndTransactionResponse(status=status(CODES.get(int(resp.code), pb.INTERNAL_ERROR),
+                                                           resp.remark or f"end transaction failed ({resp.code})"))
+        self.tx.forget(request.message_id, request.transaction_id)
+        return pb.EndTransactionResponse(status=status())
+
+    def on_broker_request(self, addr: str, frame: Frame) -> None:
+        """A broker's CHECK_TRANSACTION_STATE for a producer group (a topic): a
+        RecoverOrphanedTransactionCommand on the Telemetry stream of a client publishing it."""
+        if frame.code != RequestCode.CHECK_TRANSACTION_STATE or not frame.bodies:
+            return
+        f = frame.fields
+        group = str(f.get("producerGroup", ""))
+        clients = [cid for cid, s in self.settings.items() if cid in self.streams and s.HasField("publishing")
+                   and any(t.name == group for t in s.publishing.topics)]
+        try:
+            (m,) = _cl.decode_records(check_message_body(bytes(frame.bodies[0])))
+        except ValueError as e:
+            log.warning("check-back of %s: %s", f.get("transactionId"), e)
+            clients = []
+        if not clients:
+            self.stats["checksUnrelayed"] += 1
+            return
+        msg_id = (m.properties or {}).get(PROPERTY_UNIQ_KEY) or str(f.get("msgId", ""))
+        self.tx.remember(msg_id, (addr, group, int(f.get("commitLogOffset", -1)), int(f.get("tranStateTableOffset", -1))))
+        self._rr[("check", group)] = n = self._rr.get(("check", group), 0) + 1
+        cid = clients[n % len(clients)]
+        lay = self.b._layouts.get(m.topic)
+        gid = m.queue_id
+        if lay is not None:
+            g = next((g for g in lay.groups if g.addr == addr), None)
+            if g is not None:
+                gid = lay.global_id(g.broker_name, m.queue_id)
+        view = _CheckView(m)
+        msg = self._message(pb.Resource(name=m.topic), _IdLayout(gid), None, view, 0)
+        try:
+            self.streams[cid].put_nowait(pb.TelemetryCommand(
+                recover_orphaned_transaction_command=pb.RecoverOrphanedTransactionCommand(
+                    message=msg, transaction_id=str(f.get("transactionId", "") or msg_id))))
+            self.stats["checksRelayed"] += 1
+        except asyncio.QueueFull:
+            self.stats["checksUnrelayed"] += 1
 
     # -- receiving -------------------------------------------------------------------------------------------
     @staticmethod
@@ -425,7 +553,7 @@ class MessagingService:
             pb.DELAY if PROPERTY_TIMER_DELIVER_MS in props else pb.NORMAL,
             born_timestamp=_ts(m.born_timestamp), born_host=_host(m.born_host),
             store_timestamp=_ts(m.store_timestamp), store_host=_host(m.store_host),
-            receipt_handle=v.receipt_handle, queue_id=lay.global_id(g.broker_name, m.queue_id),
+            receipt_handle=v.receipt_handle, queue_id=lay.global_id(g.broker_name if g else "", m.queue_id),
             queue_offset=m.queue_offset, invisible_duration=_dur(invisible_ms),
             delivery_attempt=m.reconsume_times + 1)
         if props.get("TAGS"):
@@ -545,7 +673,9 @@ class GrpcProxy:
 
         async def main():
             backend = ProxyServer(self.namesrv_addr, auth=self.auth)
-            backend.remoting = Forwarder(auth=self.auth)
+            holder = {}
+            backend.remoting = Forwarder(auth=self.auth,
+                                         on_request=lambda addr, fr: holder["svc"].on_broker_request(addr, fr))
             server = grpc.aio.server(options=[("grpc.max_receive_message_length", MAX_MESSAGE_SIZE_ON_WIRE),
                                               ("grpc.max_send_message_length", MAX_MESSAGE_SIZE_ON_WIRE),
                                               ("grpc.so_reuseport", 0)])
@@ -556,7 +686,7 @@ class GrpcProxy:
                 ready.set()
                 return
             self.port = port
-            self.service = MessagingService(backend, (self.listen_addr, port))
+            self.service = holder["svc"] = MessagingService(backend, (self.listen_addr, port))
             server.add_generic_rpc_handlers((_handlers(self.service),))
             await server.start()
             self._stop = asyncio.Event()

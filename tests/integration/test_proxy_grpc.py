@@ -17,7 +17,7 @@ from rmq.testing import broker_runtime_info
 from tests.integration.cluster import Cluster
 from tests.integration.grpc_client import BIG_EVERY, body_of
 from tests.integration.grpc_helpers import grpc_client
-from tests.integration.test_consumer import create_topic
+from tests.integration.test_consumer import create_topic, wait_for
 
 pytestmark = pytest.mark.integration
 N = 300
@@ -25,7 +25,9 @@ N = 300
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    c = Cluster(tmp_path_factory.mktemp("proxy-grpc") / "store")
+    # fast transaction check-backs (tests/integration/test_transaction.py's settings)
+    c = Cluster(tmp_path_factory.mktemp("proxy-grpc") / "store",
+                conf={"transactionCheckInterval": "300", "transactionTimeOut": "1000", "transactionCheckMax": "30"})
     yield c
     c.close()
 
@@ -108,6 +110,23 @@ def test_unacked_message_comes_back_after_its_invisible_time(cluster, endpoint, 
     assert (again["msg_id"], again["body"], again["delivery_attempt"]) == (first["msg_id"], "again", 2)
 
 
+def test_transactions_commit_rollback_and_check_backs_over_grpc(cluster, endpoint, grpc_client_path):
+    """Half messages (producer group = topic, as RocketMQ 5's proxy): even ones committed, odd ones
+    rolled back by the client; then odd ones left open, and the broker's check-backs reach the
+    client's TransactionChecker through the Telemetry stream, which answers by parity."""
+    create_topic(cluster, "G5TX", 2)
+    out = grpc_client("transaction", endpoint, "G5TX", 6)
+    assert [s["resolution"] for s in out["sent"]] == ["COMMIT", "ROLLBACK"] * 3
+    out2 = grpc_client("transaction", endpoint, "G5TX", 6, "--unresolved", "--check-wait-s", "60", timeout=240)
+    open_ids = {s["msg_id"] for s in out2["sent"] if s["resolution"] is None}
+    assert len(open_ids) == 3 and open_ids <= {c["msg_id"] for c in out2["checked"]}       # every open one checked
+    assert {c["resolution"] for c in out2["checked"] if c["msg_id"] in open_ids} == {"ROLLBACK"}  # odd seqs
+    committed = {s["msg_id"] for s in out["sent"] + out2["sent"] if s["resolution"] == "COMMIT"}
+    want = committed | {c["msg_id"] for c in out2["checked"] if c["resolution"] == "COMMIT"}
+    wait_for(lambda: set(rmq_view(cluster, "G5TX", 2)) == want, 60, what="the committed messages visible")
+    assert len(want) == 6                                       # 3 + 3 even ones; no rolled-back one shows
+
+
 # -- the wire, with rmq's own stubs of the same messages ---------------------------------------------------
 def stub(endpoint):
     ch = grpc.insecure_channel(endpoint)
@@ -132,9 +151,9 @@ def test_bad_requests_get_rocketmq5_status_codes_and_write_nothing(cluster, endp
         before = broker_runtime_info(cluster.broker_addr)["commitLogMaxOffset"]
         send = unary("SendMessage", pb.SendMessageRequest, pb.SendMessageResponse)
 
-        def one(body=b"x", props=None, mtype=pb.NORMAL, topic="G5B"):
+        def one(body=b"x", props=None, mtype=pb.NORMAL, topic="G5B", msg_id="BAD0"):
             m = pb.Message(topic=pb.Resource(name=topic), body=body, user_properties=props or {},
-                           system_properties=pb.SystemProperties(message_id="BAD0", message_type=mtype,
+                           system_properties=pb.SystemProperties(message_id=msg_id, message_type=mtype,
                                                                  body_encoding=pb.IDENTITY))
             r = send(pb.SendMessageRequest(messages=[m]), metadata=MD, timeout=10)
             return r.status.code, r.entries[0].status.code
@@ -142,7 +161,8 @@ def test_bad_requests_get_rocketmq5_status_codes_and_write_nothing(cluster, endp
         assert one(body=b"x" * (G.MAX_BODY_SIZE + 1)) == (pb.MESSAGE_BODY_TOO_LARGE,) * 2
         assert one(props={"UNIQ_KEY": "mine"}) == (pb.ILLEGAL_MESSAGE_PROPERTY_KEY,) * 2   # a system property
         assert one(props={"a\x01b": "c"}) == (pb.ILLEGAL_MESSAGE_PROPERTY_KEY,) * 2        # a separator
-        assert one(mtype=pb.TRANSACTION) == (pb.UNSUPPORTED,) * 2
+        assert one(mtype=pb.LITE) == (pb.UNSUPPORTED,) * 2
+        assert one(msg_id=" ") == (pb.ILLEGAL_MESSAGE_ID,) * 2
         assert one(topic="NoSuchTopicG5") == (pb.TOPIC_NOT_FOUND,) * 2
         assert broker_runtime_info(cluster.broker_addr)["commitLogMaxOffset"] == before     # nothing written
         route = unary("QueryRoute", pb.QueryRouteRequest, pb.QueryRouteResponse)(
