@@ -152,8 +152,8 @@ def proxy_settings(s: Mapping[str, Any]) -> dict:
     RocketMQ 4.x BrokerConfig's name) the proxy checks its clients with RocketMQ ACL 1.0
     (:mod:`rmq.proxy.acl`) against ``aclPlainFile`` (RocketMQ's ``rocketmq.acl.plain.file``; default
     ``<storePathRootDir>/config/plain_acl.yml``, created empty if missing).  Returns
-    ``{"enabled", "port", "grpc_port", "acl_file"}`` (``acl_file`` "" without ACL; ``grpc_port`` None
-    with ACL: the gRPC endpoint does not check its clients' signatures yet, so it stays off).
+    ``{"enabled", "port", "grpc_port", "acl_file"}`` (``acl_file`` "" without ACL; with it, both the
+    remoting and the gRPC clients are checked).
 
     Raises
     ------
@@ -176,8 +176,7 @@ def proxy_settings(s: Mapping[str, Any]) -> dict:
             str(s.get("storePathRootDir") or DEFAULT_STORE_PATH), "config", "plain_acl.yml")
         acl_file = os.path.abspath(os.path.expanduser(acl_file))
     grpc_port = _int("grpcServerPort", s.get("grpcServerPort", DEFAULT_GRPC_SERVER_PORT), 0, 65535)
-    return {"enabled": raw == "true", "port": port, "grpc_port": None if acl_file else grpc_port,
-            "acl_file": acl_file}
+    return {"enabled": raw == "true", "port": port, "grpc_port": grpc_port, "acl_file": acl_file}
 
 
 def dashboard_settings(s: Mapping[str, Any]) -> dict:

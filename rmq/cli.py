@@ -403,7 +403,7 @@ def dashboard(namesrv_addr, host, port, token_file) -> None:
 @click.option("--advertised-addr", default=None, metavar="HOST:PORT",
               help="The address routes point clients at (default: the bound one).")
 @click.option("--acl-file", default=None, metavar="PATH", type=click.Path(dir_okay=False),
-              help="RocketMQ ACL 1.0 (plain_acl.yml): clients must sign requests with an AccessKey / SecretKey "
+              help="RocketMQ ACL 1.0 (plain_acl.yml): clients (remoting and gRPC) must sign requests with an AccessKey / SecretKey "
                    "of this file; re-read when it changes (created empty if missing; edit it with "
                    "`rmq admin updateAclConfig`).  Without it: no ACL.")
 @click.option("--grpc-listen-port", "grpc_port", type=click.IntRange(0, 65535), default=8081, show_default=True,
@@ -415,7 +415,7 @@ def proxy(namesrv_addr, listen_addr, port, advertised_addr, acl_file, grpc_port,
     NameServer / endpoints and produce / consume through rmq.
 
     Prints `proxy HOST:PORT [grpc HOST:PORT]` once it listens; stops on Ctrl-C / SIGTERM.  With
-    --acl-file the gRPC endpoint stays off (its clients' signatures are not checked yet).
+    --acl-file both ports check their clients' signatures (RocketMQ ACL 1.0).
     """
     from rmq.proxy.server import serve
     acl = None
@@ -425,10 +425,6 @@ def proxy(namesrv_addr, listen_addr, port, advertised_addr, acl_file, grpc_port,
             acl = PlainAccessValidator(acl_file)
         except (AclError, OSError) as e:
             raise click.ClickException(f"ACL file {acl_file}: {e}") from None
-    if acl is not None and not no_grpc:
-        click.echo("proxy: --acl-file: the gRPC endpoint stays off (remoting clients only)", err=True)
-        no_grpc = True
-
     def ready(s):
         click.echo(f"proxy {s.advertised_addr}" + (f" grpc {listen_addr}:{s.grpc_port}" if s.grpc_port else ""))
         sys.stdout.flush()

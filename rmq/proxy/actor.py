@@ -5,7 +5,7 @@ RocketMQ 5's ``mqbroker --enable-proxy`` local mode).
 [--store-path S] [--supervisor EP] [--acl-file F] [--grpc-listen-port G]``
 
 ``--grpc-listen-port``: also serve RocketMQ 5's gRPC API there (:mod:`rmq.proxy.grpc_server`;
-broker.conf ``grpcServerPort``, 0 = any free port, logged); off with an ACL file.
+broker.conf ``grpcServerPort``, 0 = any free port, logged); the ACL file guards it too.
 
 ``--acl-file``: RocketMQ ACL 1.0 for the clients (:mod:`rmq.proxy.acl`; broker.conf
 ``authEnable`` / ``aclEnable``, ``aclPlainFile``).
@@ -46,7 +46,7 @@ def main(argv: Optional[list] = None) -> int:
             print(f"{NAME}: refusing to start: ACL file {a.acl_file}: {e}", file=sys.stderr)
             return 1
     return serve_as_actor(NAME, lambda: serve(a.namesrv_addr, a.listen_addr, a.listen_port, acl=acl,
-                                              grpc_port=None if acl is not None else a.grpc_listen_port,
+                                              grpc_port=a.grpc_listen_port,
                                               ready=lambda s: print(f"ready tcp://{s.advertised_addr}", flush=True)),
                           f"{a.listen_addr}:{a.listen_port}", a.store_path, a.supervisor)
 

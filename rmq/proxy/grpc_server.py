@@ -181,8 +181,9 @@ class _IdLayout:
 class MessagingService:
     """The handlers (one per RPC) over a :class:`ProxyServer` used as the forwarding backend."""
 
-    def __init__(self, backend: ProxyServer, endpoint: tuple):
+    def __init__(self, backend: ProxyServer, endpoint: tuple, acl=None):
         self.b = backend
+        self.acl = acl                             # rmq.proxy.acl.PlainAccessValidator, or None
         self.endpoint = endpoint                   # (host, port) clients are sent back to
         self.settings: dict = {}                   # client id -> its last Settings (Telemetry)
         self._rr: dict = {}                        # topic -> next round-robin position
@@ -215,6 +216,21 @@ class MessagingService:
         if lay is None:
             raise MQClientError(f"topic {topic} does not exist", int(ResponseCode.TOPIC_NOT_EXIST))
         return lay
+
+    def denied(self, context, need: dict) -> Optional[pb.Status]:
+        """None when the call may go on (no ACL, or the client's signature and permissions check:
+        :meth:`rmq.proxy.acl.PlainAccessValidator.check_grpc`), else its status: UNAUTHORIZED
+        (no / unknown access key, bad signature) or FORBIDDEN (a missing permission)."""
+        if self.acl is None:
+            return None
+        from rmq.proxy.acl import AclError
+        try:
+            self.acl.check_grpc(dict(context.invocation_metadata() or ()), context.peer() or "", need)
+        except AclError as e:
+            text = str(e)
+            code = pb.FORBIDDEN if text.startswith(("No default permission", "Need admin")) else pb.UNAUTHORIZED
+            return status(code, text)
+        return None
 
     # -- routes, heartbeats, settings ------------------------------------------------------------------
     async def QueryRoute(self, request, context):
@@ -310,6 +326,10 @@ class MessagingService:
             try:
                 async for cmd in request_iterator:
                     if cmd.HasField("settings"):
+                        refused = self.denied(context, settings_needs(cmd.settings))
+                        if refused is not None:
+                            out.put_nowait(pb.TelemetryCommand(status=refused))
+                            break
                         self.settings[cid] = cmd.settings
                         out.put_nowait(pb.TelemetryCommand(status=status(), settings=self._server_settings(cmd.settings)))
                     # thread stack traces / verify results the proxy never asked for: nothing to answer
@@ -618,8 +638,78 @@ class MessagingService:
             int(f["popTime"]), int(f["invisibleTime"]), int(f["reviveQid"])))
 
 
+def _group(name: str) -> str:
+    from rmq.proxy.acl import retry_topic
+    return retry_topic(name)
+
+
+def settings_needs(s) -> dict:
+    """ACL resources of a client's Settings: PUB on the topics it publishes, SUB on the topics it
+    subscribes and on its group."""
+    from rmq.proxy.acl import PUB, SUB
+    need = {}
+    if s.HasField("publishing"):
+        for t in s.publishing.topics:
+            need[t.name] = PUB
+    if s.HasField("subscription"):
+        if s.subscription.HasField("group"):
+            need[_group(s.subscription.group.name)] = SUB
+        for e in s.subscription.subscriptions:
+            need[e.topic.name] = SUB
+    return need
+
+
+def _needs() -> dict:
+    """RPC name -> the ACL resources of its request (RocketMQ 5 ``PlainAccessResource.parse`` of the
+    gRPC requests: PUB to send / end a transaction, SUB and the group's SUB to receive / ack /
+    change the invisible time / query assignments, ANY to read a route)."""
+    from rmq.proxy.acl import ANY, PUB, SUB
+
+    def sends(r):
+        return {m.topic.name: SUB if m.topic.name.startswith("%RETRY%") else PUB for m in r.messages}
+
+    def consume(topic, group):
+        return {topic: SUB, _group(group): SUB}
+    return {
+        "QueryRoute": lambda r: {r.topic.name: ANY},
+        "Heartbeat": lambda r: {_group(r.group.name): SUB} if r.HasField("group") and r.group.name and
+        r.client_type != pb.PRODUCER else {},
+        "SendMessage": sends,
+        "QueryAssignment": lambda r: consume(r.topic.name, r.group.name),
+        "ReceiveMessage": lambda r: consume(r.message_queue.topic.name, r.group.name),
+        "AckMessage": lambda r: consume(r.topic.name, r.group.name),
+        "ChangeInvisibleDuration": lambda r: consume(r.topic.name, r.group.name),
+        "EndTransaction": lambda r: {r.topic.name: PUB},
+        "NotifyClientTermination": lambda r: {},
+    }
+
+
+def _guarded(svc: MessagingService, name: str, fn, resp_cls, stream: bool = False):
+    """``fn`` with the ACL check in front (nothing when the service has no ACL)."""
+    need_of = _needs().get(name)
+    if svc.acl is None or need_of is None:
+        return fn
+    if stream:
+        async def guarded_stream(request, context):
+            refused = svc.denied(context, need_of(request))
+            if refused is not None:
+                yield resp_cls(status=refused)
+                return
+            async for item in fn(request, context):
+                yield item
+        return guarded_stream
+
+    async def guarded(request, context):
+        refused = svc.denied(context, need_of(request))
+        if refused is not None:
+            return resp_cls(status=refused)
+        return await fn(request, context)
+    return guarded
+
+
 def _handlers(svc: MessagingService) -> grpc.GenericRpcHandler:
     def unary(fn, req, resp):
+        fn = _guarded(svc, fn.__name__, fn, resp)
         return grpc.unary_unary_rpc_method_handler(fn, request_deserializer=req.FromString,
                                                    response_serializer=resp.SerializeToString)
     methods = {
@@ -628,7 +718,8 @@ def _handlers(svc: MessagingService) -> grpc.GenericRpcHandler:
         "SendMessage": unary(svc.SendMessage, pb.SendMessageRequest, pb.SendMessageResponse),
         "QueryAssignment": unary(svc.QueryAssignment, pb.QueryAssignmentRequest, pb.QueryAssignmentResponse),
         "ReceiveMessage": grpc.unary_stream_rpc_method_handler(
-            svc.ReceiveMessage, request_deserializer=pb.ReceiveMessageRequest.FromString,
+            _guarded(svc, "ReceiveMessage", svc.ReceiveMessage, pb.ReceiveMessageResponse, stream=True),
+            request_deserializer=pb.ReceiveMessageRequest.FromString,
             response_serializer=pb.ReceiveMessageResponse.SerializeToString),
         "AckMessage": unary(svc.AckMessage, pb.AckMessageRequest, pb.AckMessageResponse),
         "EndTransaction": unary(svc.EndTransaction, pb.EndTransactionRequest, pb.EndTransactionResponse),
@@ -652,6 +743,8 @@ class GrpcProxy:
         rmq NameServer address(es).
     listen_addr, listen_port : str, int
         Where to listen (port 0: any free one; :attr:`port` after :meth:`start`).
+    acl : rmq.proxy.acl.PlainAccessValidator, optional
+        ACL 1.0 for the 5.x clients (their ``authorization`` metadata; the remoting port's accounts).
 
     Raises
     ------
@@ -660,9 +753,10 @@ class GrpcProxy:
     """
 
     def __init__(self, namesrv_addr: str, listen_addr: str = "127.0.0.1", listen_port: int = GRPC_SERVER_PORT,
-                 auth=None):
+                 auth=None, acl=None):
         self.namesrv_addr, self.listen_addr, self.port = namesrv_addr, listen_addr, int(listen_port)
         self.auth = auth
+        self.acl = acl
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._thread: Optional[threading.Thread] = None
         self._stop: Optional[asyncio.Event] = None
@@ -686,7 +780,7 @@ class GrpcProxy:
                 ready.set()
                 return
             self.port = port
-            self.service = holder["svc"] = MessagingService(backend, (self.listen_addr, port))
+            self.service = holder["svc"] = MessagingService(backend, (self.listen_addr, port), self.acl)
             server.add_generic_rpc_handlers((_handlers(self.service),))
             await server.start()
             self._stop = asyncio.Event()

@@ -813,7 +813,7 @@ async def run_proxy(namesrv_addr: str, listen_addr: str = "127.0.0.1", listen_po
         if grpc_port is not None:
             from rmq.proxy.grpc_server import GrpcProxy
             grpc_proxy = await asyncio.get_running_loop().run_in_executor(
-                None, lambda: GrpcProxy(namesrv_addr, listen_addr, grpc_port).start())
+                None, lambda: GrpcProxy(namesrv_addr, listen_addr, grpc_port, acl=acl).start())
             server.grpc_port = grpc_proxy.port
         if ready is not None:
             ready(server)

@@ -25,6 +25,9 @@ pytestmark = pytest.mark.integration
 TOPIC = "AclTopic"
 PUB_AK, PUB_SK = "rmqPublisher", "publisher-secret"        # PUB|SUB on TOPIC
 SUB_AK, SUB_SK = "subOnlyUser", "subonly-secret"            # SUB on every topic, no PUB
+G_TOPIC = "AclGrpcTopic"
+G_PUB_AK, G_PUB_SK = "grpcPublisher", "grpc-pub-secret"     # the gRPC test's: PUB|SUB on G_TOPIC
+G_SUB_AK, G_SUB_SK = "grpcSubOnly", "grpc-sub-secret"       # the gRPC test's: SUB only
 N = 20
 NO_PERMISSION = 16
 
@@ -33,6 +36,7 @@ NO_PERMISSION = 16
 def cluster(tmp_path_factory):
     c = Cluster(tmp_path_factory.mktemp("proxy-acl") / "store")
     create_topic(c, TOPIC, 2)
+    create_topic(c, G_TOPIC, 2)
     yield c
     c.close()
 
@@ -43,23 +47,33 @@ def acl_file(tmp_path_factory):
     doc = {"accounts": [
         {"accessKey": PUB_AK, "secretKey": PUB_SK, "defaultTopicPerm": "DENY", "defaultGroupPerm": "SUB",
          "topicPerms": [f"{TOPIC}=PUB|SUB"]},
-        {"accessKey": SUB_AK, "secretKey": SUB_SK, "defaultTopicPerm": "SUB", "defaultGroupPerm": "SUB"}]}
+        {"accessKey": SUB_AK, "secretKey": SUB_SK, "defaultTopicPerm": "SUB", "defaultGroupPerm": "SUB"},
+        {"accessKey": G_PUB_AK, "secretKey": G_PUB_SK, "defaultTopicPerm": "DENY", "defaultGroupPerm": "SUB",
+         "topicPerms": [f"{G_TOPIC}=PUB|SUB"]},
+        {"accessKey": G_SUB_AK, "secretKey": G_SUB_SK, "defaultTopicPerm": "SUB", "defaultGroupPerm": "SUB"}]}
     with open(path, "w") as f:
         yaml.safe_dump(doc, f)
     return path
 
 
 @pytest.fixture(scope="module")
-def proxy(cluster, acl_file):
+def proxy_addrs(cluster, acl_file):
+    """(remoting address, gRPC endpoint) of ``rmq proxy --acl-file``."""
     p = subprocess.Popen(python_argv("rmq.cli", "proxy", "--namesrv-addr", cluster.namesrv_addr, "--listen-port", "0",
-                                     "--acl-file", acl_file), stdout=subprocess.PIPE, text=True, env=child_env())
+                                     "--grpc-listen-port", "0", "--acl-file", acl_file),
+                         stdout=subprocess.PIPE, text=True, env=child_env())
     line = p.stdout.readline().split()
-    assert line and line[0] == "proxy", f"the proxy did not start: {line}"
-    assert line[1].startswith("127.0.0.1:")                 # loopback by default
-    yield line[1]
+    assert line and line[0] == "proxy" and line[2] == "grpc", f"the proxy did not start: {line}"
+    assert line[1].startswith("127.0.0.1:") and line[3].startswith("127.0.0.1:")    # loopback by default
+    yield line[1], line[3]
     p.terminate()
     assert p.wait(10) == 0
     p.stdout.close()
+
+
+@pytest.fixture(scope="module")
+def proxy(proxy_addrs):
+    return proxy_addrs[0]
 
 
 def cpp_as(ak, sk, *args, timeout=120) -> tuple:
@@ -136,3 +150,21 @@ def test_update_acl_config_takes_effect_without_restart(cluster, proxy, acl_file
     r = wait_for(lambda: (lambda r: r if r.code == NO_PERMISSION else None)(wire_send(proxy, SUB_AK, SUB_SK)),
                  15, "the proxy dropping the account")
     assert r.remark == f"No acl config for {SUB_AK}"
+
+
+# -- RocketMQ 5 gRPC clients: the same accounts (authorization metadata, MQv2-HMAC-SHA1) ----------------------
+def test_grpc_clients_sign_with_the_same_accounts(cluster, proxy_addrs, grpc_client_path):
+    from tests.integration.grpc_helpers import grpc_client
+    endpoint = proxy_addrs[1]
+    sent = grpc_client("produce", endpoint, G_TOPIC, 5, "--access-key", G_PUB_AK, "--secret-key", G_PUB_SK)["sent"]
+    assert len(sent) == 5
+    got = grpc_client("receive", endpoint, G_TOPIC, "GID-acl-grpc", 5, "--access-key", G_SUB_AK, "--secret-key",
+                      G_SUB_SK, "--timeout-s", "60", "--await-s", "2")
+    assert {m["msg_id"] for m in got["messages"]} >= {s["msg_id"] for s in sent}
+    # a wrong secret: UNAUTHORIZED; no PUB: FORBIDDEN; no keys at all: refused too; nothing sent
+    for args, what in ((("--access-key", G_PUB_AK, "--secret-key", "wrong-secret"), "Check signature failed"),
+                       (("--access-key", G_SUB_AK, "--secret-key", G_SUB_SK), "No default permission for topic"),
+                       ((), "No accessKey is configured")):
+        out = grpc_client("produce", endpoint, G_TOPIC, 1, *args, expect_code=3)
+        assert not out.get("sent"), out
+        assert what in out["error"] + json.dumps(out.get("client_log", "")), (what, out)

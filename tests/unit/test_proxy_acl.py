@@ -373,3 +373,38 @@ def test_proxy_settings_acl(tmp_path):
     from rmq.broker_conf import BrokerConfError
     with pytest.raises(BrokerConfError, match="aclEnable must be true or false"):
         proxy_settings({"aclEnable": "yes"})
+
+
+# -- RocketMQ 5 gRPC clients ------------------------------------------------------------------------------
+def test_grpc_authorization_header_parses_and_signs_as_the_5x_client(tmp_path):
+    import hashlib as _hashlib
+    import hmac as _hmac
+
+    from rmq.proxy.acl import GRPC_AUTHORIZATION, GRPC_DATE_TIME, PUB, SUB, AclError, PlainAccessValidator
+    from rmq.proxy.acl import parse_grpc_authorization as parse
+    assert parse("MQv2-HMAC-SHA1 Credential=AK123456, SignedHeaders=x-mq-date-time, Signature=ab12") == \
+        ("AK123456", "ab12")
+    assert parse("MQv2-HMAC-SHA1 Credential=AK123456/2026/x, SignedHeaders=x-mq-date-time, Signature=ab") == \
+        ("AK123456", "ab")
+    for bad in ("", "Basic abc", "MQv2-HMAC-SHA1 Signature=ab", "MQv2-HMAC-SHA1 Credential=AK"):
+        assert parse(bad) is None
+    path = tmp_path / "acl.yml"
+    path.write_text("accounts:\n- accessKey: grpcUser1\n  secretKey: grpc-secret-1\n  defaultTopicPerm: DENY\n"
+                    "  defaultGroupPerm: SUB\n  topicPerms:\n  - Orders=PUB\n")
+    v = PlainAccessValidator(str(path))
+    when = "20261125T120000Z"
+    sig = _hmac.new(b"grpc-secret-1", when.encode(), _hashlib.sha1).hexdigest()     # the client's Signature.sign
+    md = {GRPC_DATE_TIME: when,
+          GRPC_AUTHORIZATION: f"MQv2-HMAC-SHA1 Credential=grpcUser1, SignedHeaders=x-mq-date-time, Signature={sig}"}
+    v.validate_grpc(md, "ipv4:127.0.0.1:5000", {"Orders": PUB})
+    upper = dict(md, **{GRPC_AUTHORIZATION: md[GRPC_AUTHORIZATION].replace(sig, sig.upper())})
+    v.validate_grpc(upper, "ipv4:127.0.0.1:5000", {"Orders": PUB})                  # hex case does not matter
+    with pytest.raises(AclError, match="Check signature failed for accessKey=grpcUser1"):
+        v.validate_grpc(dict(md, **{GRPC_DATE_TIME: "20261125T120001Z"}), "ipv4:127.0.0.1:5000", {})
+    with pytest.raises(AclError, match="No default permission for topic:Orders"):
+        v.validate_grpc(md, "ipv4:127.0.0.1:5000", {"Orders": SUB})
+    with pytest.raises(AclError, match="No acl config for nobody"):
+        v.validate_grpc({GRPC_AUTHORIZATION: "MQv2-HMAC-SHA1 Credential=nobody, SignedHeaders=x, Signature=0"},
+                        "ipv4:127.0.0.1:5000", {})
+    with pytest.raises(AclError, match="No accessKey is configured"):
+        v.validate_grpc({}, "ipv4:127.0.0.1:5000", {})
