@@ -16,6 +16,8 @@ HOME at a scratch directory (the client logs to ``~/logs/rocketmq_python/rocketm
         -> {"messages": [view, ...every delivery, in order], "distinct", "seconds" (to N distinct, or null)}
            (fewer than N distinct by the timeout is no error: exit 0, the test checks "distinct"; the
            last long poll may run past the timeout by up to --await-s (default 5) + request timeout)
+    python grpc_client.py push ENDPOINT TOPIC GROUP N [--fail-first] [--timeout-s T]
+        -> {"messages": [view, ...every listener call], "distinct" (SUCCESS), "seconds" (start to N, or null)}
     python grpc_client.py change-invisible ENDPOINT TOPIC GROUP [--invisible-s S] [--new-invisible-s S2]
                           [--timeout-s T] [--no-watch] [--no-ack]
         -> {"first": view, "changed": {receipt_handle_before, receipt_handle_after, seconds},
@@ -255,6 +257,46 @@ def receive(endpoint: str, topic: str, group: str, n: int, expr: str = "*", sql:
     return {"messages": got, "distinct": len(ids), "seconds": seconds}
 
 
+def push(endpoint: str, topic: str, group: str, n: int, timeout_s: float = 60.0, fail_first: bool = False) -> dict:
+    """PushConsumer (QueryAssignment, then ReceiveMessage on the assigned queues; the listener's
+    SUCCESS acks).  ``fail_first``: the listener answers FAILURE to each message's first delivery,
+    so every message comes back (delivery_attempt 2)."""
+    from rocketmq import FilterExpression
+    from rocketmq.v5.consumer.push.message_listener import ConsumeResult, MessageListener
+    from rocketmq.v5.consumer.push.push_consumer import PushConsumer
+
+    got, ids, lock = [], set(), threading.Lock()
+
+    class Listener(MessageListener):
+        def consume(self, message):
+            with lock:
+                got.append(view(message))
+                if fail_first and (message.delivery_attempt or 1) < 2:
+                    return ConsumeResult.FAILURE
+                ids.add(message.message_id)
+            return ConsumeResult.SUCCESS
+
+    c = PushConsumer(_config(endpoint), group, Listener(), {topic: FilterExpression("*")},
+                     consumption_thread_count=4)
+    seconds = None
+    try:
+        t0 = time.perf_counter()
+        c.startup()
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end:
+            with lock:
+                if len(ids) >= n:
+                    seconds = time.perf_counter() - t0
+                    break
+            time.sleep(0.05)
+    except Exception as e:  # noqa: BLE001
+        raise ClientFailed({"messages": got, "distinct": len(ids)}, e) from None
+    finally:
+        _shutdown(c)
+    with lock:
+        return {"messages": list(got), "distinct": len(ids), "seconds": seconds}
+
+
 def change_invisible(endpoint: str, topic: str, group: str, invisible_s: int = 30, new_invisible_s: int = 2,
                      timeout_s: float = 60.0, watch: bool = True, ack: bool = True, await_s: int = 5) -> dict:
     c = _consumer(endpoint, topic, group, "*", False, await_s)
@@ -395,6 +437,12 @@ def main(argv: list) -> tuple:
             if v is not None:
                 kw[key] = conv(v)
         return receive(a[0], a[1], a[2], int(a[3]), **kw)
+    if mode == "push":
+        kw = dict(fail_first=_take_option(a, "--fail-first", flag=True))
+        v = _take_option(a, "--timeout-s")
+        if v is not None:
+            kw["timeout_s"] = float(v)
+        return push(a[0], a[1], a[2], int(a[3]), **kw)
     if mode == "change-invisible":
         kw = dict(watch=not _take_option(a, "--no-watch", flag=True), ack=not _take_option(a, "--no-ack", flag=True))
         for opt, key, conv in (("--invisible-s", "invisible_s", int), ("--new-invisible-s", "new_invisible_s", int),

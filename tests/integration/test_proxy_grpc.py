@@ -110,6 +110,21 @@ def test_unacked_message_comes_back_after_its_invisible_time(cluster, endpoint, 
     assert (again["msg_id"], again["body"], again["delivery_attempt"]) == (first["msg_id"], "again", 2)
 
 
+def test_rocketmq5_push_consumer_and_its_retries(cluster, endpoint, grpc_client_path):
+    """The 5.x PushConsumer (QueryAssignment, receives on the assigned queue, the listener's result
+    acks or, on FAILURE, changes the invisible time to the retry policy's first backoff)."""
+    create_topic(cluster, "G5P", 4)
+    sent = grpc_client("produce", endpoint, "G5P", 40)["sent"]
+    out = grpc_client("push", endpoint, "G5P", "GID-g5p", 40, "--timeout-s", "60")
+    assert out["distinct"] == 40 and {m["msg_id"] for m in out["messages"]} == {s["msg_id"] for s in sent}
+    out = grpc_client("push", endpoint, "G5P", "GID-g5p-retry", 40, "--fail-first", "--timeout-s", "90")
+    assert out["distinct"] == 40                                   # each SUCCEEDED on its second delivery
+    attempts = {}
+    for m in out["messages"]:
+        attempts.setdefault(m["msg_id"], []).append(m["delivery_attempt"])
+    assert all(sorted(a)[:2] == [1, 2] for a in attempts.values()), attempts
+
+
 def test_transactions_commit_rollback_and_check_backs_over_grpc(cluster, endpoint, grpc_client_path):
     """Half messages (producer group = topic, as RocketMQ 5's proxy): even ones committed, odd ones
     rolled back by the client; then odd ones left open, and the broker's check-backs reach the
