@@ -852,8 +852,10 @@ def _write_doc(path: str, doc: dict) -> None:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 f.write(text)
                 f.flush()
-                os.fsync(f.fileno())
+                from rmq._core.mapped_file import fsync_dir, fsync_file   # the one sync wrapper (journals)
+                fsync_file(f.fileno(), path)
             os.replace(tmp, path)
+            fsync_dir(directory)                       # the rename survives a crash too
         except BaseException:
             try:
                 os.unlink(tmp)

@@ -32,7 +32,8 @@ COMMANDS = [("updateTopic", "update-topic"), ("deleteTopic", "delete-topic"), ("
             ("updateBrokerConfig", "update-broker-config"), ("getBrokerConfig", "get-broker-config"),
             ("promoteSlave", "promote-slave"), ("statsAll", "stats-all"), ("resendMessage", "resend-message"),
             ("producerConnection", "producer-connection"), ("queryMsgTraceById", "query-msg-trace-by-id"),
-            ("halfMessages", "half-messages"), ("pendingTimers", "timers")]
+            ("halfMessages", "half-messages"), ("pendingTimers", "timers"),
+            ("updateAclConfig", "update-acl-config"), ("deleteAclConfig", "delete-acl-config")]
 N_SEEDED = 6
 
 
