@@ -18,9 +18,10 @@ One broker group on loopback (the test harness's Cluster), 100 B bodies:
 - the RocketMQ 5 Python client (gRPC, ``rocketmq-python-client``) through the proxy's gRPC endpoint:
   Producer.send one at a time, SimpleConsumer receive + ack;
 - Redis single XADD in the same run (when ``redis-server`` is installed);
-- the C++ client's own ceiling: its ``send_sync`` against a remoting server that answers at once
-  without storing anything (:func:`zero_work_server`), so what the proxy and the broker add is the
-  gap between that row and the proxy's.
+- the C++ client's own ceilings: its ``send_sync`` against a remoting server that answers at once
+  without storing anything, and its push consumer against the same server replaying the broker's
+  pull answers (:func:`zero_work_server`, :func:`canned_pulls`), so what the proxy and the broker
+  add is the gap between those rows and the proxy's.
 
 Targets: C++ sync send >= 80 % of rmq ``Producer.send``; C++ consumer >= 80 % of ``PushConsumer``.
 """
@@ -119,23 +120,53 @@ def same_as_cpp(i: int) -> Message:
     return Message("BenchProxySingle", body_of(i), tags=f"T{i % 3}", keys=f"k{i}", properties={"seq": str(i)})
 
 
-def zero_work_server():
-    """A remoting server on 127.0.0.1 in a thread that answers a route (4 queues, itself) and
-    SEND_OK to every send, storing nothing: ``(address, stop)``."""
+def canned_pulls(broker_addr: str, topic: str, queues: int) -> dict:
+    """Every PULL_MESSAGE answer of ``topic`` as the broker gives it (32 records a pull, from offset
+    0): ``{(queue id, offset): (stored records, next offset, max offset)}`` for a zero-work replay."""
+    from rmq.client.remoting import RemotingClient
+    from rmq.protocol import Frame, RequestCode
+    out, rc = {}, RemotingClient()
+    try:
+        for q in range(queues):
+            offset = 0
+            while True:
+                r = rc.invoke(broker_addr, Frame(RequestCode.PULL_MESSAGE, fields={
+                    "consumerGroup": "bench-proxy-canned", "topic": topic, "queueId": q, "queueOffset": offset,
+                    "maxMsgNums": 32, "sysFlag": 0, "commitOffset": 0, "suspendTimeoutMillis": 0,
+                    "subscription": "*", "subVersion": 0, "expressionType": "TAG"}), 5000)
+                if r.code != 0 or not r.bodies:
+                    break
+                nxt = int(r.fields["nextBeginOffset"])
+                out[(q, offset)] = (bytes(r.bodies[0]), nxt, int(r.fields["maxOffset"]))
+                offset = nxt
+    finally:
+        rc.close()
+    return out
+
+
+def zero_work_server(pulls=None, queues: int = 4):
+    """A remoting server on 127.0.0.1 in a thread that does no broker work: a route of ``queues``
+    queues (itself), SEND_OK to every send, and PULL_MESSAGE answered from ``pulls``
+    (:func:`canned_pulls`; nothing there: PULL_NOT_FOUND after the client's suspend time, at most
+    1 s); heartbeats, offsets and consumer lists answered as a broker would for one client.
+    Returns ``(address, stop)``."""
     import asyncio
     import struct
 
     from rmq.protocol import RequestCode
     from rmq.proxy.remoting import decode, encode
     started, box = threading.Event(), {}
+    pulls = pulls or {}
+    clients: set = set()
 
     async def conn(reader, writer):
         port, n = writer.get_extra_info("sockname")[1], 0
         try:
             while True:
                 cmd = decode(await reader.readexactly(struct.unpack(">i", await reader.readexactly(4))[0]))
+                f = cmd.ext_fields
                 if cmd.code == RequestCode.GET_ROUTEINFO_BY_TOPIC:
-                    doc = {"queueDatas": [{"brokerName": "zero", "readQueueNums": 4, "writeQueueNums": 4,
+                    doc = {"queueDatas": [{"brokerName": "zero", "readQueueNums": queues, "writeQueueNums": queues,
                                            "perm": 6, "topicSysFlag": 0}],
                            "brokerDatas": [{"cluster": "zero", "brokerName": "zero",
                                             "brokerAddrs": {"0": f"127.0.0.1:{port}"}}]}
@@ -143,7 +174,30 @@ def zero_work_server():
                 elif cmd.code == RequestCode.SEND_MESSAGE:
                     n += 1
                     r = cmd.response(0, None, {"msgId": "7F00000100002A9F%016X" % n, "queueOffset": n,
-                                               "queueId": cmd.ext_fields.get("queueId", "0")})
+                                               "queueId": f.get("queueId", "0")})
+                elif cmd.code == RequestCode.HEART_BEAT:
+                    cid = json.loads(cmd.body or b"{}").get("clientID")
+                    if cid:
+                        clients.add(cid)
+                    r = cmd.response()
+                elif cmd.code == RequestCode.GET_CONSUMER_LIST_BY_GROUP:
+                    r = cmd.response(body=json.dumps({"consumerIdList": sorted(clients)}).encode())
+                elif cmd.code == RequestCode.QUERY_CONSUMER_OFFSET:
+                    r = cmd.response(0, None, {"offset": 0})
+                elif cmd.code == RequestCode.PULL_MESSAGE:
+                    hit = pulls.get((int(f.get("queueId", 0)), int(f.get("queueOffset", 0))))
+                    if hit is None:          # held like a broker's long poll, without holding the connection
+                        async def not_found(cmd=cmd, f=f):
+                            await asyncio.sleep(min(int(f.get("suspendTimeoutMillis", 0) or 0), 1000) / 1000)
+                            writer.write(encode(cmd.response(19, None, {
+                                "nextBeginOffset": f.get("queueOffset", 0), "minOffset": 0,
+                                "maxOffset": f.get("queueOffset", 0), "suggestWhichBrokerId": 0})))
+                        asyncio.get_running_loop().create_task(not_found())
+                        continue
+                    else:
+                        body, nxt, mx = hit
+                        r = cmd.response(0, None, {"nextBeginOffset": nxt, "minOffset": 0, "maxOffset": mx,
+                                                   "suggestWhichBrokerId": 0}, body)
                 else:
                     r = cmd.response()
                 if not cmd.is_oneway:
@@ -217,6 +271,13 @@ def main() -> None:
             out = cpp("push-ids", addr, "BenchProxyConsume", "CID-bench-proxy", CONSUME, 600)
             n = len({m["msg_id"] for m in out["messages"]})
             rows.append((f"C++ PushConsumer through the proxy ({n} distinct)", CONSUME / out["seconds"], push))
+            zaddr, zstop = zero_work_server(canned_pulls(c.broker_addr, "BenchProxyConsume", 8), queues=8)
+            try:
+                out = cpp("push-ids", zaddr, "BenchProxyConsume", "CID-bench-zero", CONSUME, 600)
+            finally:
+                zstop()
+            rows.append(("C++ PushConsumer, zero-work replay of the pulls (client ceiling)",
+                         CONSUME / out["seconds"] if out["seconds"] else 0.0, push))
             rows.extend(grpc_rows(grpc_addr, SINGLE, CONSUME, mine, push))
             xadd, why = redis_single_xadd(SINGLE)
             rows.append(("Redis single XADD (redis-py, AOF everysec)" + (f": {why}" if why else ""), xadd, None))
