@@ -334,18 +334,26 @@ class MessagingService:
                         out.put_nowait(pb.TelemetryCommand(status=status(), settings=self._server_settings(cmd.settings)))
                     # thread stack traces / verify results the proxy never asked for: nothing to answer
             finally:
-                out.put_nowait(None)
+                done.set()
+        done = asyncio.Event()
         reader = asyncio.get_running_loop().create_task(read())
+        ended = asyncio.get_running_loop().create_task(done.wait())
         try:
             while True:
-                cmd = await out.get()
-                if cmd is None:
+                getter = asyncio.ensure_future(out.get())
+                await asyncio.wait((getter, ended), return_when=asyncio.FIRST_COMPLETED)
+                if not getter.done():
+                    getter.cancel()
                     break
-                await context.write(cmd)
+                await context.write(getter.result())
         finally:
             reader.cancel()
+            ended.cancel()
             if self.streams.get(cid) is out:
+                # the client is gone (or reconnects and sends its settings again): forget them, so a
+                # proxy that outlives many clients keeps no state of theirs
                 del self.streams[cid]
+                self.settings.pop(cid, None)
 
     async def NotifyClientTermination(self, request, context):
         cid = self.client_id(context)
