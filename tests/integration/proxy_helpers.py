@@ -2,15 +2,27 @@
 raw RocketMQ remoting frames (:mod:`rmq.proxy.remoting`), read the JSON-ish bodies fastjson writes."""
 import itertools
 import json
+import os
 import socket
 import struct
 import subprocess
+import sys
 from contextlib import contextmanager
 
 from rmq.launch import child_env, python_argv
 from rmq.proxy.remoting import SERIALIZE_JSON, RemotingCommand, decode, encode
 
 _opaque = itertools.count(1000)
+CPP_CLIENT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpp_client.py")
+
+
+def cpp(*args, timeout=180) -> dict:
+    """Run tests/integration/cpp_client.py (the official C++ client) with ``args``; its JSON output.
+    A non-zero exit fails the calling test with the client's stderr."""
+    r = subprocess.run([sys.executable, CPP_CLIENT, *map(str, args)], capture_output=True, text=True,
+                       timeout=timeout)
+    assert r.returncode == 0, f"C++ client {args[0]} failed ({r.returncode}): {r.stderr[-2000:]}"
+    return json.loads(r.stdout)
 
 
 @contextmanager

@@ -7,7 +7,6 @@ import os
 import socket
 import struct
 import subprocess
-import sys
 
 import pytest
 
@@ -19,6 +18,7 @@ from rmq.proxy.remoting import (MAX_FRAME_BYTES, SERIALIZE_JSON, SERIALIZE_ROCKE
                                 encode)
 from tests.integration.cluster import Cluster
 from tests.integration.cpp_client import BIG_EVERY, body_of
+from tests.integration.proxy_helpers import cpp
 from tests.integration.test_consumer import create_topic, wait_for
 
 pytestmark = pytest.mark.integration
@@ -44,13 +44,6 @@ def proxy(cluster):
     p.terminate()
     assert p.wait(10) == 0                                  # SIGTERM: a clean stop
     p.stdout.close()
-
-
-def cpp(*args, timeout=180) -> dict:
-    r = subprocess.run([sys.executable, os.path.join(HERE, "cpp_client.py"), *map(str, args)], capture_output=True,
-                       text=True, timeout=timeout)
-    assert r.returncode == 0, f"C++ client {args[0]} failed ({r.returncode}): {r.stderr[-2000:]}"
-    return json.loads(r.stdout)
 
 
 def rmq_view(cluster, topic, queues) -> dict:
