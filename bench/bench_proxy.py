@@ -21,7 +21,12 @@ One broker group on loopback (the test harness's Cluster), 100 B bodies:
 - the C++ client's own ceilings: its ``send_sync`` against a remoting server that answers at once
   without storing anything, and its push consumer against the same server replaying the broker's
   pull answers (:func:`zero_work_server`, :func:`canned_pulls`), so what the proxy and the broker
-  add is the gap between those rows and the proxy's.
+  add is the gap between those rows and the proxy's;
+- the single send taken apart (:func:`raw_remoting_sends`, :func:`raw_broker_sends`): the same
+  SEND_MESSAGE one at a time from a bare Python socket (no client library) through the proxy and
+  straight to the zero-work server, and the same request as one ZeroMQ frame straight to the broker
+  (``RemotingClient.invoke``): the proxy's hop is the first minus the third, the C++ client's own
+  cost is its zero-work row minus the bare socket's.
 
 Targets: C++ sync send >= 80 % of rmq ``Producer.send``; C++ consumer >= 80 % of ``PushConsumer``.
 """
@@ -112,6 +117,73 @@ def grpc_rows(endpoint: str, single: int, consume: int, rmq_send: float, rmq_pus
     rows.append((f"5.x SimpleConsumer receive + ack through the proxy ({out['distinct']} distinct)",
                  consume / out["seconds"] if out["seconds"] else 0.0, rmq_push))
     return rows
+
+
+def _props(i: int) -> str:
+    """cpp_client.py's i-th message's properties as the C++ client writes them (RocketMQ's string)."""
+    return f"KEYS\x01k{i}\x02TAGS\x01T{i % 3}\x02seq\x01{i}\x02UNIQ_KEY\x01BENCH{i:027d}\x02WAIT\x01true\x02"
+
+
+def raw_remoting_sends(addr: str, n: int, topic: str) -> float:
+    """SEND_MESSAGE (10, JSON header) one at a time from a bare TCP socket to ``addr`` (a proxy or a
+    zero-work server), the C++ client's fields and cpp_client.py's messages; returns msgs/s."""
+    import socket
+    import struct
+
+    from rmq.proxy.remoting import SERIALIZE_JSON, RemotingCommand, decode, encode
+    host, port = addr.rsplit(":", 1)
+    s = socket.create_connection((host, int(port)))
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def read(k: int) -> bytes:
+        data = b""
+        while len(data) < k:
+            chunk = s.recv(k - len(data))
+            if not chunk:
+                raise ConnectionError("closed")
+            data += chunk
+        return data
+    try:
+        t0 = 0.0
+        for i in range(-200, n):                       # 200 warm-up sends
+            if i == 0:
+                t0 = time.perf_counter()
+            j = max(i, 0)
+            f = {"producerGroup": "bench-proxy-raw", "topic": topic, "defaultTopic": "TBW102",
+                 "defaultTopicQueueNums": "4", "queueId": str(j % 8), "sysFlag": "0",
+                 "bornTimestamp": str(int(time.time() * 1000)), "flag": "0", "properties": _props(j),
+                 "reconsumeTimes": "0", "unitMode": "false", "batch": "false"}
+            s.sendall(encode(RemotingCommand(10, i + 1000, 0, None, f, body_of(j), "CPP", 407, SERIALIZE_JSON)))
+            r = decode(read(struct.unpack(">i", read(4))[0]))
+            if r.code != 0:
+                raise RuntimeError(f"raw send answered {r.code}: {r.remark}")
+        return n / (time.perf_counter() - t0)
+    finally:
+        s.close()
+
+
+def raw_broker_sends(broker_addr: str, n: int, topic: str) -> float:
+    """The same sends as one rmq frame each, straight to the broker (``RemotingClient.invoke``, no
+    producer library): the broker and the ZeroMQ round trip alone; returns msgs/s."""
+    from rmq.client.remoting import RemotingClient
+    from rmq.protocol import Frame, RequestCode
+    rc = RemotingClient()
+    try:
+        t0 = 0.0
+        for i in range(-200, n):
+            if i == 0:
+                t0 = time.perf_counter()
+            j = max(i, 0)
+            r = rc.invoke(broker_addr, Frame(RequestCode.SEND_MESSAGE, fields={
+                "producerGroup": "bench-proxy-raw", "topic": topic, "queueId": j % 8, "sysFlag": 0,
+                "bornTimestamp": int(time.time() * 1000), "flag": 0, "reconsumeTimes": 0,
+                "bornHost": "127.0.0.1:1", "properties": _props(j), "defaultTopicQueueNums": 4},
+                bodies=[body_of(j)]), 5000)
+            if r.code != 0:
+                raise RuntimeError(f"raw send answered {r.code}: {r.remark}")
+        return n / (time.perf_counter() - t0)
+    finally:
+        rc.close()
 
 
 def same_as_cpp(i: int) -> Message:
@@ -247,6 +319,17 @@ def main() -> None:
             finally:
                 zstop()
             rows.append(("C++ Producer.send_sync, zero-work server (client ceiling)", SINGLE / out["seconds"], mine))
+            rows.append(("bare socket SEND_MESSAGE through the proxy", raw_remoting_sends(addr, SINGLE,
+                                                                                           "BenchProxySingle"), mine))
+            zaddr, zstop = zero_work_server()
+            try:
+                rows.append(("bare socket SEND_MESSAGE, zero-work server", raw_remoting_sends(zaddr, SINGLE,
+                                                                                               "BenchProxySingle"),
+                             mine))
+            finally:
+                zstop()
+            rows.append(("bare rmq frame straight to the broker (RemotingClient.invoke)",
+                         raw_broker_sends(c.broker_addr, SINGLE, "BenchProxySingle"), mine))
             with Producer(c.namesrv_addr, group="bench-proxy-fill") as p:
                 for i in range(0, CONSUME, 1000):
                     p.send_batch([Message("BenchProxyConsume", BODY) for _ in range(min(1000, CONSUME - i))])

@@ -107,6 +107,14 @@ class RequestCode(IntEnum):
     ACK_MESSAGE = 200051
     CHANGE_MESSAGE_INVISIBLETIME = 200053
     BATCH_ACK_MESSAGE = 200151
+    # RocketMQ 5 controller mode (RequestCode.java; rmq.controller)
+    BROKER_HEARTBEAT = 904                 # broker -> controllers: liveness, epoch, max offset
+    CONTROLLER_ALTER_SYNC_STATE_SET = 1001  # master -> controller: its new SyncStateSet
+    CONTROLLER_ELECT_MASTER = 1002         # admin -> controller: elect (optionally a given broker id)
+    CONTROLLER_REGISTER_BROKER = 1003      # broker -> controller: its replica id, the current master
+    CONTROLLER_GET_REPLICA_INFO = 1004     # broker / admin -> controller: master, epoch, SyncStateSet
+    CONTROLLER_GET_METADATA_INFO = 1005    # admin -> controller: the controllers, who leads
+    CONTROLLER_GET_SYNC_STATE_DATA = 1006  # admin -> controller: SyncStateSets and replicas of broker sets
     # rmq internal (actor to actor), outside RocketMQ's range
     ACTOR_BEAT = 9000              # actor -> supervisor liveness
     APPEND_ANNOUNCE = 9001         # broker -> reput/flush: CommitLog end offset
@@ -158,6 +166,16 @@ class ResponseCode(IntEnum):
     POLLING_FULL = 209
     POLLING_TIMEOUT = 210
     FLOW_CONTROL = 215
+    # RocketMQ 5 controller mode (ResponseCode.java)
+    CONTROLLER_FENCED_MASTER_EPOCH = 2000
+    CONTROLLER_FENCED_SYNC_STATE_SET_EPOCH = 2001
+    CONTROLLER_INVALID_MASTER = 2002
+    CONTROLLER_INVALID_REPLICAS = 2003
+    CONTROLLER_MASTER_NOT_AVAILABLE = 2004
+    CONTROLLER_INVALID_REQUEST = 2005
+    CONTROLLER_BROKER_NOT_ALIVE = 2006
+    CONTROLLER_NOT_LEADER = 2007
+    CONTROLLER_BROKER_METADATA_NOT_EXIST = 2008
 
 
 class ProtocolError(RmqError):
