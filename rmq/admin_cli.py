@@ -491,6 +491,84 @@ def promote_slave(broker_addr, role, wait_ms) -> None:
     _emit({"broker_addr": broker_addr, "role": role, "status": status}, render)
 
 
+# -- controller mode (RocketMQ 5) ------------------------------------------------------------------------
+_CONTROLLER_OPT = click.option("-a", "--controller-addr", "controller_addr", required=True, metavar="HOST:PORT",
+                               help="Address of a controller (rmq controller --listen-port).")
+
+
+def _replica_rows(name: str, d: dict) -> list:
+    rows = []
+    for r in sorted(d.get("replicas") or [], key=lambda r: r.get("brokerId", 0)):
+        rid = r.get("brokerId")
+        rows.append([name, rid, r.get("brokerAddress"), "MASTER" if rid == d.get("masterBrokerId") else "replica",
+                     "yes" if r.get("inSyncStateSet") else "no", "yes" if r.get("alive") else "no",
+                     r.get("lastHeartbeatAgoMs"), r.get("epoch"), r.get("maxOffset")])
+    return rows
+
+
+@_command("getSyncStateSet", "get-sync-state-set")
+@_CONTROLLER_OPT
+@click.option("-b", "--broker-name", "broker_names", multiple=True,
+              help="Broker set (brokerName); repeatable (default: every set the controller knows).")
+def get_sync_state_set(controller_addr, broker_names) -> None:
+    """The master, master epoch and SyncStateSet of broker sets, with each replica's liveness, epoch
+    and CommitLog end as the controller sees them (CONTROLLER_GET_SYNC_STATE_DATA).
+
+    JSON: {brokerName: {"masterBrokerId", "masterAddress", "masterEpoch", "syncStateSet",
+    "syncStateSetEpoch", "replicas": [{"brokerId", "brokerAddress", "alive", "lastHeartbeatAgoMs",
+    "epoch", "maxOffset", "inSyncStateSet"}]}}
+    """
+    with _client() as a:
+        data = a.get_sync_state_set(controller_addr, list(broker_names) or None)
+
+    def render(c):
+        c.print(_table(f"broker sets of controller {controller_addr}",
+                       ["Broker set", "Master id", "Master", "Master epoch", "SyncStateSet", "SyncStateSet epoch"],
+                       [[n, d.get("masterBrokerId"), d.get("masterAddress"), d.get("masterEpoch"),
+                         ",".join(str(x) for x in d.get("syncStateSet") or []), d.get("syncStateSetEpoch")]
+                        for n, d in sorted(data.items())]))
+        rows = [row for n, d in sorted(data.items()) for row in _replica_rows(n, d)]
+        c.print(_table("replicas", ["Broker set", "Id", "Address", "Role", "In sync", "Alive", "Heartbeat ago ms",
+                                    "Epoch", "Max offset"], rows, right=("Heartbeat ago ms", "Epoch", "Max offset")))
+    _emit(data, render)
+
+
+@_command("getControllerMetaData", "get-controller-metadata")
+@_CONTROLLER_OPT
+def get_controller_metadata(controller_addr) -> None:
+    """The controller group as one controller sees it: itself, the Raft leader, the peers
+    (CONTROLLER_GET_METADATA_INFO).
+
+    JSON: {"controllerAddress", "leaderAddress", "isLeader", "peers", ...}
+    """
+    with _client() as a:
+        meta = a.get_controller_metadata(controller_addr)
+    _emit(meta, lambda c: c.print(_table(f"controller {controller_addr}", ["Key", "Value"],
+                                         [[k, ",".join(map(str, v)) if isinstance(v, list) else v]
+                                          for k, v in sorted(meta.items())])))
+
+
+@_command("electMaster", "elect-master")
+@_CONTROLLER_OPT
+@click.option("-N", "--broker-name", required=True,
+              help="Broker set (brokerName; mqadmin's -n, which is --namesrv-addr here).")
+@click.option("-b", "--broker-addr", default=None, metavar="HOST:PORT", help="Elect the replica at this address.")
+@click.option("-i", "--broker-id", type=click.IntRange(1, 2 ** 31 - 1), default=None,
+              help="Elect the replica with this id.")
+def elect_master(controller_addr, broker_name, broker_addr, broker_id) -> None:
+    """Manual override of controller mode: elect a master of a broker set now, a given replica
+    (alive and in the SyncStateSet) or the controller's choice (CONTROLLER_ELECT_MASTER).  The
+    brokers switch roles at their next heartbeat.
+
+    JSON: {"masterBrokerId", "masterAddress", "masterEpoch", "syncStateSet", "syncStateSetEpoch", ...}
+    """
+    with _client() as a:
+        info = a.elect_master(controller_addr, broker_name, broker_id=broker_id, broker_addr=broker_addr)
+    _emit(info, lambda c: c.print(f"elected master of {broker_name}: replica {info.get('masterBrokerId')} at "
+                                  f"{info.get('masterAddress')}, epoch {info.get('masterEpoch')}, SyncStateSet "
+                                  f"{info.get('syncStateSet')}"))
+
+
 # -- consumers -----------------------------------------------------------------------------------------
 @_command("consumerProgress", "consumer-progress")
 @click.option("-g", "--group", "group", required=True, help="Consumer group.")

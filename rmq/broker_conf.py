@@ -179,6 +179,53 @@ def proxy_settings(s: Mapping[str, Any]) -> dict:
     return {"enabled": raw == "true", "port": port, "grpc_port": grpc_port, "acl_file": acl_file}
 
 
+DEFAULT_BROKER_HEARTBEAT_INTERVAL_MS = 1000      # RocketMQ 5 BrokerConfig.brokerHeartbeatInterval
+DEFAULT_CONTROLLER_HEARTBEAT_TIMEOUT_MS = 4000   # BrokerConfig.controllerHeartBeatTimeoutMills (RocketMQ: 10 s;
+                                                 # rmq: 4 s, so a failover ends within 10 s with defaults)
+DEFAULT_HA_MAX_TIME_SLAVE_NOT_CATCHUP_MS = 15000  # MessageStoreConfig.haMaxTimeSlaveNotCatchup
+
+
+def controller_settings(s: Mapping[str, Any]) -> dict:
+    """RocketMQ 5 controller mode's broker properties: ``enableControllerMode`` (false),
+    ``controllerAddr`` (``h:p;h:p``, the controllers' request addresses; required when enabled),
+    ``brokerHeartbeatInterval`` (ms, 1000), ``controllerHeartBeatTimeoutMills`` (ms, 4000: a master
+    silent this long is replaced; it stops taking writes itself after 3/4 of it without a
+    controller's answer), ``haMaxTimeSlaveNotCatchup`` (ms, 15000: a replica that has not caught up
+    this long leaves the SyncStateSet), ``brokerElectionPriority`` (int, lower first, 2**31 - 1).
+    Returns ``{"enabled", "addrs" (list), "heartbeat_interval_ms", "heartbeat_timeout_ms",
+    "not_catchup_ms", "election_priority"}``.
+
+    Raises
+    ------
+    BrokerConfError
+        A bad boolean, address list or duration, or controller mode without ``controllerAddr``.
+    """
+    raw = str(s.get("enableControllerMode", "false")).strip().lower()
+    if raw not in ("true", "false"):
+        raise BrokerConfError(f"enableControllerMode must be true or false, got {s.get('enableControllerMode')!r}")
+    addrs: list = []
+    if raw == "true":
+        value = str(s.get("controllerAddr", "") or "").strip()
+        if not value:
+            raise BrokerConfError("enableControllerMode=true needs controllerAddr (host:port;host:port)")
+        try:
+            addrs = check_namesrv_addr(value).split(";")
+        except BrokerConfError as e:
+            raise BrokerConfError(str(e).replace("namesrvAddr", "controllerAddr")) from None
+    interval = _int("brokerHeartbeatInterval", s.get("brokerHeartbeatInterval", DEFAULT_BROKER_HEARTBEAT_INTERVAL_MS),
+                    10, 60_000)
+    timeout = _int("controllerHeartBeatTimeoutMills",
+                   s.get("controllerHeartBeatTimeoutMills", DEFAULT_CONTROLLER_HEARTBEAT_TIMEOUT_MS), 100, 600_000)
+    if timeout < 2 * interval:
+        raise BrokerConfError(f"controllerHeartBeatTimeoutMills={timeout} must be at least twice "
+                              f"brokerHeartbeatInterval={interval}")
+    not_catchup = _int("haMaxTimeSlaveNotCatchup",
+                       s.get("haMaxTimeSlaveNotCatchup", DEFAULT_HA_MAX_TIME_SLAVE_NOT_CATCHUP_MS), 100, 3_600_000)
+    priority = _int("brokerElectionPriority", s.get("brokerElectionPriority", 2 ** 31 - 1), 0, 2 ** 31 - 1)
+    return {"enabled": raw == "true", "addrs": addrs, "heartbeat_interval_ms": interval,
+            "heartbeat_timeout_ms": timeout, "not_catchup_ms": not_catchup, "election_priority": priority}
+
+
 def dashboard_settings(s: Mapping[str, Any]) -> dict:
     """The supervisor-run dashboard's settings from broker.conf properties: ``dashboardEnable``
     (false), ``dashboardPort`` (8082, 0 = any free port), ``dashboardHost`` (127.0.0.1),
@@ -274,11 +321,14 @@ def broker_settings(props: Optional[Mapping[str, Any]] = None,
     except MetricsConfigError as e:
         raise BrokerConfError(str(e)) from None
     dashboard_settings(s)   # dashboardEnable / dashboardPort / dashboardHost / dashboardTokenFile
+    controller = controller_settings(s)   # enableControllerMode / controllerAddr / heartbeat settings
     try:     # authEnable / authServerKeyFile / authClientKeysDir / authAdminKeysDir (rmq.security)
         check_auth_properties(s)
     except SecurityError as e:
         raise BrokerConfError(str(e)) from None
-    if s["brokerRole"] == "SLAVE":
+    if controller["enabled"]:
+        pass     # the controller assigns replica ids and decides the role (rmq.actors.controller_client)
+    elif s["brokerRole"] == "SLAVE":
         if s["brokerId"] <= 0:
             raise BrokerConfError(f"a SLAVE's brokerId must be > 0, got {s['brokerId']}")
     else:

@@ -51,6 +51,7 @@ from rmq import protocol as P
 from rmq.actors.broker_endpoints import (ANNOUNCE_APPEND, ANNOUNCE_TICK, announce_endpoint,  # noqa: F401
                                          internal_endpoint, store_config_from_settings)
 from rmq.actors.actor import Actor, Reply
+from rmq.actors.controller_client import ControllerClient
 from rmq.actors.pop import REVIVE_SCAN_MS, PopService
 from rmq.actors.processor import VERSION
 from rmq.actors.processor.admin import AdminBrokerProcessor
@@ -65,7 +66,7 @@ from rmq.actors.processor.send import SendMessageProcessor
 from rmq.actors.processor.store_announce import StoreAnnounceProcessor
 from rmq.actors.timer import TimerService
 from rmq.actors.transaction import TransactionService
-from rmq.broker_conf import actor_settings
+from rmq.broker_conf import actor_settings, controller_settings
 from rmq.protocol import Frame, RequestCode, ResponseCode, pack_body
 from rmq.stats import WINDOWS, BrokerStats
 from rmq.store.config import MessageStoreConfig
@@ -158,6 +159,7 @@ class BrokerActor(Actor):
         self.pop: Optional[PopService] = None       # POP consumption (rmq.actors.pop)
         self.tx: Optional[TransactionService] = None   # transactional messages (rmq.actors.transaction)
         self.timer: Optional[TimerService] = None      # timer messages (rmq.actors.timer)
+        self.controller: Optional[ControllerClient] = None   # controller mode (rmq.actors.controller_client)
 
     # -- lifecycle --------------------------------------------------------------------
     def _load_role_override(self) -> None:
@@ -177,7 +179,14 @@ class BrokerActor(Actor):
         self.store_config.broker_role = role
 
     def on_start(self) -> None:
-        self._load_role_override()
+        ctl = controller_settings(self.settings)
+        if ctl["enabled"]:
+            # RocketMQ 5 controller mode: start as a slave, the controllers decide who is master
+            self.controller = ControllerClient(self, ctl)
+            self.role = self.store_config.broker_role = "SLAVE"
+            self.broker_id = self.controller._load_replica_id()
+        else:
+            self._load_role_override()
         t0 = time.monotonic()
         self.store = MessageStore(config=self.store_config)     # recovery happens here
         self.recovery_ms = (time.monotonic() - t0) * 1000.0
@@ -208,6 +217,8 @@ class BrokerActor(Actor):
         self.tx = TransactionService(self)
         self.timer = TimerService(self)
         self.register_processors()
+        if self.controller is not None:
+            self.controller.start()
         self.pop.start()
         self.add_timer(REVIVE_SCAN_MS, self.pop.revive)
         self.tx.start()
@@ -397,6 +408,8 @@ class BrokerActor(Actor):
         return pack_body({"topicConfigTable": tcm.topic_config_table, "dataVersion": tcm.data_version.to_json()})
 
     def register_broker_all(self) -> None:
+        if self.controller is not None and self.controller.replica_id <= 0:
+            return                               # controller mode: no replica id yet, nothing to register as
         frame = Frame(RequestCode.REGISTER_BROKER, fields={
             "clusterName": self.cluster_name, "brokerAddr": self.broker_addr, "brokerName": self.broker_name,
             "brokerId": self.broker_id, "haServerAddr": self.ha_server_addr,

@@ -372,6 +372,14 @@ def _check_topic(topic: str) -> str:
     return topic
 
 
+def _check_addr(addr: str, what: str) -> str:
+    """``host:port`` with a port in 1..65535, else MQClientError naming ``what``."""
+    host, sep, port = str(addr).rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise MQClientError(f"invalid {what} {addr!r}: expected HOST:PORT")
+    return addr
+
+
 def _check_group(group: str) -> str:
     try:
         check_group(group)
@@ -835,6 +843,77 @@ class Admin:
             raise MQClientError(f"broker {broker_addr} is {what}, not a SLAVE: nothing to promote")
         self.update_broker_config(broker_addr, {"brokerRole": role, "brokerId": "0"}, timeout_ms=int(timeout_ms))
         return self.broker_status(broker_addr)
+
+    # -- controller mode (RocketMQ 5: mqadmin getSyncStateSet / getControllerMetaData / electMaster) ------
+    def _controller(self, addr: str, code: int, fields: Optional[dict] = None, bodies: Optional[list] = None) -> Frame:
+        """A controller request; MQBrokerError (its code and remark) unless SUCCESS."""
+        _check_addr(addr, "controller address")
+        resp = self._invoke(addr, code, fields, bodies, what="controller")
+        if resp.code != ResponseCode.SUCCESS:
+            name = ResponseCode(resp.code).name if resp.code in ResponseCode._value2member_map_ else str(resp.code)
+            raise MQBrokerError(f"{resp.remark or name} (controller {addr})", resp.code, addr)
+        return resp
+
+    def get_controller_metadata(self, controller_addr: str) -> dict:
+        """CONTROLLER_GET_METADATA_INFO: ``{"controllerAddress", "leaderAddress", "isLeader", "peers",
+        ...}`` as the controller at ``controller_addr`` (``host:port``) sees its Raft group.
+
+        Raises
+        ------
+        MQClientError
+            A malformed address. RemotingTimeoutError: no answer in time.
+        """
+        return dict(self._controller(controller_addr, RequestCode.CONTROLLER_GET_METADATA_INFO).fields)
+
+    def get_sync_state_set(self, controller_addr: str, broker_names: Optional[list] = None) -> dict:
+        """CONTROLLER_GET_SYNC_STATE_DATA: ``{brokerName: {"masterBrokerId", "masterAddress",
+        "masterEpoch", "syncStateSet", "syncStateSetEpoch", "replicas": [{"brokerId", "brokerAddress",
+        "alive", "lastHeartbeatAgoMs", "epoch", "maxOffset", "inSyncStateSet"}]}}`` of the named broker
+        sets (None: all the controller knows).
+
+        Raises
+        ------
+        MQBrokerError
+            The controller refused (code and remark). RemotingTimeoutError: no answer in time.
+        """
+        body = pack_body({"brokerNames": list(broker_names or [])})
+        resp = self._controller(controller_addr, RequestCode.CONTROLLER_GET_SYNC_STATE_DATA, bodies=[body])
+        data = unpack_body(resp) if resp.bodies else {}
+        if not isinstance(data, dict):
+            raise MQClientError(f"controller {controller_addr} answered a sync state body that is not a map")
+        return data
+
+    def elect_master(self, controller_addr: str, broker_name: str, broker_id: Optional[int] = None,
+                     broker_addr: Optional[str] = None) -> dict:
+        """CONTROLLER_ELECT_MASTER, the manual override: elect a master of ``broker_name`` now,
+        the replica ``broker_id`` (or the one at ``broker_addr``) if given; it must be alive and in
+        the SyncStateSet.  Returns the replica info after the election (``masterBrokerId``,
+        ``masterAddress``, ``masterEpoch``, ``syncStateSet``...); the brokers switch roles at their
+        next heartbeat.
+
+        Raises
+        ------
+        MQClientError
+            Both or a malformed ``broker_id`` / ``broker_addr``, or no replica at ``broker_addr``.
+        MQBrokerError
+            The controller refused (e.g. CONTROLLER_MASTER_NOT_AVAILABLE: no eligible replica).
+        """
+        if broker_id is not None and broker_addr is not None:
+            raise MQClientError("give a broker id or a broker address, not both")
+        if broker_addr is not None:
+            _check_addr(broker_addr, "broker address")
+            replicas = (self.get_sync_state_set(controller_addr, [broker_name]).get(broker_name) or {}).get(
+                "replicas") or []
+            match = [r.get("brokerId") for r in replicas if r.get("brokerAddress") == broker_addr]
+            if not match:
+                raise MQClientError(f"no replica of {broker_name} at {broker_addr} is registered with the controller")
+            broker_id = match[0]
+        fields = {"brokerName": broker_name}
+        if broker_id is not None:
+            if isinstance(broker_id, bool) or not isinstance(broker_id, int) or broker_id <= 0:
+                raise MQClientError(f"broker id must be a positive integer, got {broker_id!r}")
+            fields["brokerId"] = broker_id
+        return dict(self._controller(controller_addr, RequestCode.CONTROLLER_ELECT_MASTER, fields).fields)
 
     def half_messages(self, broker: Optional[str] = None, max_rows: int = 1000) -> dict:
         """Pending transactions (half messages without an outcome) of every master, or of one

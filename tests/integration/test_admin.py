@@ -33,7 +33,9 @@ COMMANDS = [("updateTopic", "update-topic"), ("deleteTopic", "delete-topic"), ("
             ("promoteSlave", "promote-slave"), ("statsAll", "stats-all"), ("resendMessage", "resend-message"),
             ("producerConnection", "producer-connection"), ("queryMsgTraceById", "query-msg-trace-by-id"),
             ("halfMessages", "half-messages"), ("pendingTimers", "timers"),
-            ("updateAclConfig", "update-acl-config"), ("deleteAclConfig", "delete-acl-config")]
+            ("updateAclConfig", "update-acl-config"), ("deleteAclConfig", "delete-acl-config"),
+            ("getSyncStateSet", "get-sync-state-set"), ("getControllerMetaData", "get-controller-metadata"),
+            ("electMaster", "elect-master")]
 N_SEEDED = 6
 
 

@@ -212,12 +212,32 @@ class HAProcessor(RequestProcessor):
                                           f"reput has not dispatched the CommitLog within {PROMOTE_WAIT_MS} ms "
                                           f"({end - b.dispatched_offset} bytes left); retry"))
 
-    def _promote(self, role: str) -> None:
+    def promote_to_epoch(self, role: str, epoch: int) -> bool:
+        """Controller mode: the controllers elected this SLAVE master at ``epoch``; promote it now
+        when reput has dispatched everything it holds (True), else False (the next heartbeat
+        answer asks again).  No probe of the old master: the controllers' election is the decision."""
+        b = self.b
+        if b.role != "SLAVE":
+            return False
+        end = b.store.get_max_phy_offset()
+        if b.dispatched_offset < end:
+            self.log.info("elected master at epoch %d: waiting for reput (%d bytes left)", epoch,
+                          end - b.dispatched_offset)
+            return False
+        self._promote(role, epoch)
+        return True
+
+    def _promote(self, role: str, epoch: Optional[int] = None) -> None:
+        """Make this SLAVE the master: a new epoch from its CommitLog end (``epoch``: the
+        controllers' master epoch; one the epoch file already holds continues that reign)."""
         b = self.b
         old_id = b.broker_id
         end = b.store.get_max_phy_offset()
-        epoch = b.epochs.last_epoch() + 1
-        b.epochs.append(epoch, end)
+        last = b.epochs.last_epoch()
+        if epoch is None:
+            epoch = last + 1
+        if epoch > last:
+            b.epochs.append(epoch, end)
         write_file_atomically(os.path.join(b.store_path, "config", HA_ROLE_FILE),
                               json.dumps({"brokerRole": role, "brokerId": 0, "epoch": epoch, "startOffset": end}))
         b.store.recover_topic_queue_table()

@@ -138,6 +138,10 @@ class SendMessageProcessor(RequestProcessor):
             return frame.response(ResponseCode.SERVICE_NOT_AVAILABLE,
                                   f"this master was replaced by a promoted slave (epoch {b.fenced_by}): "
                                   f"sends refused; restart it as a slave")
+        if b.controller is not None and b.role != "SLAVE" and not b.controller.lease_valid(time.monotonic()):
+            return frame.response(ResponseCode.SERVICE_NOT_AVAILABLE,
+                                  "no leading controller confirmed this master within its lease "
+                                  "(controller mode): sends refused until one does")
         topic = field_str(frame, "topic")
         try:
             check_topic(topic)
