@@ -185,7 +185,29 @@ DEFAULT_CONTROLLER_HEARTBEAT_TIMEOUT_MS = 4000   # BrokerConfig.controllerHeartB
 DEFAULT_HA_MAX_TIME_SLAVE_NOT_CATCHUP_MS = 15000  # MessageStoreConfig.haMaxTimeSlaveNotCatchup
 
 
-def controller_settings(s: Mapping[str, Any]) -> dict:
+DEFAULT_CONTROLLER_PORT = 9878                   # RocketMQ 5's controller (mqcontroller) listen port
+
+
+def local_controller_settings(s: Mapping[str, Any]) -> dict:
+    """A controller run by ``rmq start`` beside its NameServer (``rmq start --controller``):
+    ``enableControllerInNamesrv`` (false; RocketMQ 5's NamesrvConfig name) and
+    ``controllerListenPort`` (9878; 0 = any free port, resolved by the supervisor).  Returns
+    ``{"enabled", "port"}``.
+
+    Raises
+    ------
+    BrokerConfError
+        A bad boolean or port.
+    """
+    raw = str(s.get("enableControllerInNamesrv", "false")).strip().lower()
+    if raw not in ("true", "false"):
+        raise BrokerConfError(f"enableControllerInNamesrv must be true or false, got "
+                              f"{s.get('enableControllerInNamesrv')!r}")
+    return {"enabled": raw == "true",
+            "port": _int("controllerListenPort", s.get("controllerListenPort", DEFAULT_CONTROLLER_PORT), 0, 65535)}
+
+
+def controller_settings(s: Mapping[str, Any], allow_port_zero: bool = False) -> dict:
     """RocketMQ 5 controller mode's broker properties: ``enableControllerMode`` (false),
     ``controllerAddr`` (``h:p;h:p``, the controllers' request addresses; required when enabled),
     ``brokerHeartbeatInterval`` (ms, 1000), ``controllerHeartBeatTimeoutMills`` (ms, 4000: a master
@@ -209,7 +231,7 @@ def controller_settings(s: Mapping[str, Any]) -> dict:
         if not value:
             raise BrokerConfError("enableControllerMode=true needs controllerAddr (host:port;host:port)")
         try:
-            addrs = check_namesrv_addr(value).split(";")
+            addrs = check_namesrv_addr(value, allow_port_zero).split(";")
         except BrokerConfError as e:
             raise BrokerConfError(str(e).replace("namesrvAddr", "controllerAddr")) from None
     interval = _int("brokerHeartbeatInterval", s.get("brokerHeartbeatInterval", DEFAULT_BROKER_HEARTBEAT_INTERVAL_MS),
@@ -321,7 +343,12 @@ def broker_settings(props: Optional[Mapping[str, Any]] = None,
     except MetricsConfigError as e:
         raise BrokerConfError(str(e)) from None
     dashboard_settings(s)   # dashboardEnable / dashboardPort / dashboardHost / dashboardTokenFile
-    controller = controller_settings(s)   # enableControllerMode / controllerAddr / heartbeat settings
+    if local_controller_settings(s)["enabled"]:       # rmq start --controller: its brokers use it
+        s.setdefault("enableControllerMode", "true")
+        if str(s.get("enableControllerMode")).strip().lower() == "true" and not s.get("controllerAddr"):
+            s["controllerAddr"] = f"127.0.0.1:{local_controller_settings(s)['port']}"
+    # enableControllerMode / controllerAddr / heartbeat settings
+    controller = controller_settings(s, ephemeral_ports)
     try:     # authEnable / authServerKeyFile / authClientKeysDir / authAdminKeysDir (rmq.security)
         check_auth_properties(s)
     except SecurityError as e:

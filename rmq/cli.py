@@ -172,13 +172,20 @@ def demo_flights(namesrv, output, limit, stream, store_path) -> None:
 @click.option("--grpc-listen-port", type=click.IntRange(0, 65535), default=None,
               help="The proxy's gRPC port for RocketMQ 5 clients (broker.conf grpcServerPort, default 8081; "
                    "0 = any free port).")
+@click.option("--controller", "controller", is_flag=True, default=None,
+              help="Also run a controller beside the NameServer and put the broker group in controller mode: "
+                   "the controller elects its master (broker.conf enableControllerInNamesrv=true, RocketMQ 5).")
+@click.option("--controller-port", type=click.IntRange(0, 65535), default=None,
+              help="The controller's port (broker.conf controllerListenPort, default 9878; 0 = any free port).")
 def start(config, store_path, namesrv_addr, listen_port, no_namesrv, detach, slave_store_path,
-          slave_listen_port, dashboard, dashboard_port, enable_proxy, remoting_listen_port, grpc_listen_port) -> None:
+          slave_listen_port, dashboard, dashboard_port, enable_proxy, remoting_listen_port, grpc_listen_port,
+          controller, controller_port) -> None:
     """Start a NameServer and one broker group (broker, reput, flush, cleaner, ha) under a supervisor.
 
     Foreground by default (Ctrl-C stops it in order); `rmq stop` stops it from elsewhere.
     With --dashboard (or dashboardEnable=true) the web dashboard runs too, restarted like the actors;
-    with --enable-proxy (or enableProxy=true) the remoting proxy for RocketMQ's own clients.
+    with --enable-proxy (or enableProxy=true) the remoting proxy for RocketMQ's own clients;
+    with --controller a controller that elects the group's master (RocketMQ 5 controller mode).
     brokerRole / brokerId in broker.conf make this group member a master or a slave (HA:
     README.md "Master and slave").
     """
@@ -187,7 +194,8 @@ def start(config, store_path, namesrv_addr, listen_port, no_namesrv, detach, sla
 
     extra = {"dashboardEnable": "true" if dashboard else None, "dashboardPort": dashboard_port,
              "enableProxy": "true" if enable_proxy else None, "remotingListenPort": remoting_listen_port,
-             "grpcServerPort": grpc_listen_port}
+             "grpcServerPort": grpc_listen_port, "enableControllerInNamesrv": "true" if controller else None,
+             "controllerListenPort": controller_port}
     try:
         settings = resolve_settings(config, store_path, namesrv_addr, listen_port, extra)
     except BrokerConfError as e:
@@ -231,6 +239,10 @@ def start(config, store_path, namesrv_addr, listen_port, no_namesrv, detach, sla
         argv += ["--remoting-listen-port", str(remoting_listen_port)]
     if grpc_listen_port is not None:
         argv += ["--grpc-listen-port", str(grpc_listen_port)]
+    if controller:
+        argv.append("--controller")
+    if controller_port is not None:
+        argv += ["--controller-port", str(controller_port)]
     _launch_detached(argv, store, "rmq")
     if slave_argv is not None:
         _launch_detached(slave_argv, slave_store_path, "the slave")
@@ -241,16 +253,18 @@ def _slave_supervisor_argv(settings: dict, slave_store: str, slave_port: Optiona
     brokerRole=SLAVE, brokerId=1, its own store and port) and its supervisor's command line."""
     from rmq.broker_conf import format_broker_conf
 
-    if any(a.rsplit(":", 1)[1] == "0" for a in settings["namesrvAddr"].split(";")) or not settings["listenPort"]:
-        raise click.ClickException("--slave-store-path needs fixed ports (the slave must find the NameServer "
+    addrs = settings["namesrvAddr"].split(";") + [a for a in str(settings.get("controllerAddr") or "").split(";") if a]
+    if any(a.rsplit(":", 1)[1] == "0" for a in addrs) or not settings["listenPort"]:
+        raise click.ClickException("--slave-store-path needs fixed ports (the slave must find the NameServer, "
+                                   "the controller "
                                    "and not collide with the master): not 0")
     slave_store = os.path.abspath(os.path.expanduser(slave_store))
     if slave_store == os.path.abspath(settings["storePathRootDir"]):
         raise click.ClickException("--slave-store-path must differ from the master's store")
     conf = {k: v for k, v in settings.items()           # one dashboard per cluster: the master's
             if k not in ("storePathRootDir", "listenPort", "haListenPort", "enableProxy", "remotingListenPort",
-                         "grpcServerPort")
-            and not k.startswith("dashboard")}
+                         "grpcServerPort", "enableControllerInNamesrv", "controllerListenPort")
+            and not k.startswith("dashboard")}     # the master's controller (controllerAddr) is the slave's too
     conf.update({"brokerRole": "SLAVE", "brokerId": 1, "storePathRootDir": slave_store,
                  "listenPort": slave_port or int(settings["listenPort"]) + 10})
     os.makedirs(slave_store, exist_ok=True)

@@ -91,7 +91,8 @@ import zmq
 
 from rmq import protocol as P
 from rmq.actors.actor import HEARTBEAT_INTERVAL_MS, HEARTBEAT_LIVENESS, LOG_BACKUPS, LOG_MAX_BYTES, RUN_DIR
-from rmq.broker_conf import (BrokerConfError, broker_settings, dashboard_settings, proxy_settings, format_broker_conf,
+from rmq.broker_conf import (BrokerConfError, broker_settings, dashboard_settings, local_controller_settings,
+                             proxy_settings, format_broker_conf,
                              load_broker_conf)
 from rmq.launch import child_env, python_argv
 from rmq.protocol import ProtocolError, RequestCode
@@ -105,10 +106,12 @@ DEFAULT_MODULES = {
     "ha": "rmq.actors.ha",
     "dashboard": "rmq.dashboard.actor",
     "proxy": "rmq.proxy.actor",
+    "controller": "rmq.controller.actor",
 }
 NAMESRV_GROUP = ("nameserver",)
 BROKER_GROUP = ("broker", "reput", "flush", "cleaner", "ha")   # start order; the first one leads the group
 DASHBOARD_GROUP = ("dashboard",)                           # broker.conf dashboardEnable=true
+CONTROLLER_GROUP = ("controller",)                         # enableControllerInNamesrv=true (rmq start --controller)
 PROXY_GROUP = ("proxy",)                                   # broker.conf enableProxy=true (rmq start --enable-proxy)
 ACTOR_MODULES_ENV = "RMQ_ACTOR_MODULES"                    # test only: name=module,name=module
 ACTOR_NAME_ENV = "RMQ_ACTOR_NAME"                          # set in every child's environment
@@ -346,7 +349,13 @@ class Supervisor:
         self.liveness_s = heartbeat_liveness * heartbeat_interval_ms / 1000.0
         self.detached = detached
         self.out = out if out is not None else sys.stdout
-        self.groups = ([Group("namesrv", NAMESRV_GROUP)] if start_namesrv else []) + [Group("broker", BROKER_GROUP)]
+        try:
+            self.controller = local_controller_settings(self.settings)
+        except BrokerConfError as e:
+            raise SupervisorError(str(e)) from None
+        self.groups = (([Group("namesrv", NAMESRV_GROUP)] if start_namesrv else []) +
+                       ([Group("controller", CONTROLLER_GROUP)] if self.controller["enabled"] else []) +
+                       [Group("broker", BROKER_GROUP)])
         try:
             self.dashboard = dashboard_settings(self.settings)
         except BrokerConfError as e:
@@ -469,7 +478,8 @@ class Supervisor:
         return code
 
     def _summary(self) -> str:
-        parts = [f"{n} {c.endpoint}" for n, c in self.children.items() if n in ("nameserver", "broker", "dashboard", "proxy")]
+        parts = [f"{n} {c.endpoint}" for n, c in self.children.items()
+                 if n in ("nameserver", "controller", "broker", "dashboard", "proxy")]
         return (f"rmq running ({', '.join(parts)}; store {self.store}); "
                 f"Ctrl-C or `rmq stop --store-path {self.store}` stops it")
 
@@ -540,6 +550,9 @@ class Supervisor:
             host, port = s["namesrvAddr"].split(";")[0].rsplit(":", 1)
             return ["--listen-addr", host.strip("[]"), "--listen-port", port, "--store-path", self.store,
                     "-c", self.conf_path, "--supervisor", self.endpoint]      # -c: auth* settings
+        if name == "controller":
+            return ["--listen-addr", "127.0.0.1", "--listen-port", str(self.controller["port"]),
+                    "--store-path", os.path.join(self.store, "controller"), "--supervisor", self.endpoint]
         if name == "proxy":
             return ["--namesrv-addr", s["namesrvAddr"], "--listen-port", str(self.proxy["port"]),
                     "--store-path", self.store, "--supervisor", self.endpoint,
@@ -570,6 +583,13 @@ class Supervisor:
                 addrs[0] = f"{host}:{port}"
                 self.settings["namesrvAddr"] = ";".join(addrs)
                 log.info("NameServer port 0 resolved: namesrvAddr=%s", self.settings["namesrvAddr"])
+        elif child.name == "controller" and self.controller["port"] == 0:
+            self.controller["port"] = int(port)
+            self.settings["controllerListenPort"] = int(port)
+            addrs = [a for a in str(self.settings.get("controllerAddr") or "").split(";") if a]
+            self.settings["controllerAddr"] = ";".join(f"127.0.0.1:{port}" if a == "127.0.0.1:0" else a for a in addrs)
+            log.info("controller port 0 resolved: controllerAddr=%s", self.settings["controllerAddr"])
+            self._write_conf()
         elif child.name == "proxy" and self.proxy["port"] == 0:
             self.proxy["port"] = int(port)
             log.info("proxy port 0 resolved: remotingListenPort=%s", port)
@@ -967,6 +987,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="remotingListenPort of the proxy (default 8080; 0 = any free)")
     p.add_argument("--grpc-listen-port", type=int, default=None,
                    help="grpcServerPort of the proxy (default 8081; 0 = any free)")
+    p.add_argument("--controller", action="store_true", default=None,
+                   help="also run a controller beside the NameServer (enableControllerInNamesrv=true)")
+    p.add_argument("--controller-port", type=int, default=None,
+                   help="controllerListenPort (default 9878; 0 = any free)")
     p.add_argument("--ready-timeout-s", type=float, default=READY_TIMEOUT_S)
     p.add_argument("--stop-timeout-s", type=float, default=STOP_TIMEOUT_S)
     p.add_argument("--max-restarts", type=int, default=MAX_RESTARTS)
@@ -990,7 +1014,9 @@ def main(argv: Optional[list] = None) -> int:
                                     {"dashboardEnable": "true" if a.dashboard else None, "dashboardPort": a.dashboard_port,
                                      "enableProxy": "true" if a.enable_proxy else None,
                                      "remotingListenPort": a.remoting_listen_port,
-                                     "grpcServerPort": a.grpc_listen_port})
+                                     "grpcServerPort": a.grpc_listen_port,
+                                     "enableControllerInNamesrv": "true" if a.controller else None,
+                                     "controllerListenPort": a.controller_port})
         sup = Supervisor(settings, a.config, start_namesrv=not a.no_namesrv, ready_timeout_s=a.ready_timeout_s,
                          stop_timeout_s=a.stop_timeout_s, restart_backoff_s=a.restart_backoff_ms / 1000.0,
                          restart_backoff_max_s=a.restart_backoff_max_ms / 1000.0, max_restarts=a.max_restarts,
