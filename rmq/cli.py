@@ -449,6 +449,17 @@ def proxy(namesrv_addr, listen_addr, port, advertised_addr, acl_file, grpc_port,
         raise click.ClickException(f"cannot listen on {listen_addr}: {e}")
 
 
+@main.command("controller", context_settings={"ignore_unknown_options": True, "allow_extra_args": True,
+                                              "help_option_names": []}, add_help_option=False)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def controller(args) -> None:
+    """Run a RocketMQ 5 controller (automatic master election; Raft-replicated state):
+    rmq controller --listen-port P --peers HOST:PORT,... --store-path DIR.  `rmq controller --help`
+    lists the options."""
+    from rmq.controller.actor import main as controller_main
+    raise SystemExit(controller_main(list(args)))
+
+
 from rmq.admin_cli import admin as _admin_group  # noqa: E402  (``rmq admin``: mqadmin commands)
 main.add_command(_admin_group)
 

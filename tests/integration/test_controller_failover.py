@@ -1,0 +1,202 @@
+"""Controller mode (RocketMQ 5, ``enableControllerMode=true``) with real processes on loopback: the
+controllers elect a master among the brokers of a set, a killed master is replaced automatically by a
+replica of the SyncStateSet (no ``promoteSlave``), the old master rejoins as a replica, ``electMaster``
+moves the master back (the replaced master fences itself and restarts as a replica), and a master cut
+off from every controller stops acknowledging writes before the controllers could elect another."""
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+from click.testing import CliRunner
+
+from rmq.cli import main
+from rmq.client.admin import Admin
+from rmq.client.remoting import RemotingClient
+from rmq.launch import child_env, python_argv
+from rmq.protocol import ResponseCode
+from tests.integration.cluster import Cluster
+from tests.integration.test_broker import pull_all, send, wait_for
+from tests.integration.test_ha import HA_CONF, create_topic, fill, runtime, wait_replicated
+
+pytestmark = pytest.mark.integration
+
+HEARTBEAT_MS = 300
+TIMEOUT_MS = 2000            # controllerHeartBeatTimeoutMills of the tests' brokers
+
+
+class Controller:
+    """``rmq controller`` as a process of its own (one node, ephemeral port)."""
+
+    def __init__(self, store: str, *args: str):
+        self.store = store
+        os.makedirs(store, exist_ok=True)
+        self.proc = subprocess.Popen(python_argv("rmq.controller.actor", "--listen-port", "0", "--store-path", store,
+                                                 "--scan-interval-ms", "200", *args),
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=child_env())
+        line = self.proc.stdout.readline().split()
+        assert line and line[0] == "ready", f"the controller did not start: {line}"
+        self.addr = line[1].replace("tcp://", "")
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+        self.proc.stdout.close()
+
+
+def controlled_conf(ctl, **kw):
+    return {**HA_CONF, "enableControllerMode": "true", "controllerAddr": ctl.addr,
+            "brokerHeartbeatInterval": str(HEARTBEAT_MS), "controllerHeartBeatTimeoutMills": str(TIMEOUT_MS),
+            "brokerRole": "ASYNC_MASTER", **kw}
+
+
+def role(c, cluster) -> str:
+    try:
+        return runtime(c, cluster.broker_addr)["brokerRole"]
+    except Exception:  # noqa: BLE001 - a broker that is restarting: no role yet
+        return ""
+
+
+def sync_state(ctl, name="broker-a") -> dict:
+    with Admin("127.0.0.1:1", timeout_ms=5000) as a:
+        return a.get_sync_state_set(ctl.addr, [name]).get(name) or {}
+
+
+@pytest.fixture
+def setup(tmp_path):
+    made = []
+
+    def start(n=2, **conf):
+        ctl = Controller(str(tmp_path / "controller"))
+        made.append(ctl)
+        first = Cluster(tmp_path / "b0", conf=controlled_conf(ctl, **conf), with_ha=True)
+        made.append(first)
+        brokers = [first]
+        for i in range(1, n):
+            b = Cluster(tmp_path / f"b{i}", conf=controlled_conf(ctl, **conf), with_ha=True,
+                        namesrv_addr=first.namesrv_addr)
+            made.append(b)
+            brokers.append(b)
+        return ctl, brokers
+    yield start
+    for m in reversed(made):
+        m.close()
+
+
+def the_master(c, brokers, timeout_s=60.0):
+    """The one broker of ``brokers`` whose role is a master (waits until exactly one is)."""
+    def one():
+        masters = [b for b in brokers if role(c, b) in ("ASYNC_MASTER", "SYNC_MASTER")]
+        return masters[0] if len(masters) == 1 else None
+    return wait_for(one, timeout_s)
+
+
+def test_master_elected_then_replaced_automatically_and_rejoins(setup):
+    ctl, brokers = setup()
+    with RemotingClient() as c:
+        master = the_master(c, brokers)
+        replica = next(b for b in brokers if b is not master)
+        wait_for(lambda: role(c, replica) == "SLAVE" and runtime(c, master.broker_addr)["haSlaves"], 60)
+        create_topic(c, master.broker_addr, "T")
+        fill(c, master.broker_addr, "T", 100, prefix=b"before")
+        wait_replicated(c, master, replica)
+        # the master reports its SyncStateSet: both replicas
+        wait_for(lambda: len(sync_state(ctl).get("syncStateSet") or []) == 2, 30)
+        first = sync_state(ctl)
+        assert first["masterEpoch"] >= 1 and first["masterAddress"] == master.broker_addr
+
+        master.kill_group()                                   # kill -9, no promoteSlave anywhere
+        t0 = time.monotonic()
+        wait_for(lambda: role(c, replica) == "ASYNC_MASTER", 60)
+        # the first SEND_OK on the new master
+        deadline = time.monotonic() + 60
+        while True:
+            r = send(c, replica.broker_addr, "T", b"after-0", 0)
+            if r.code == ResponseCode.SUCCESS:
+                break
+            assert time.monotonic() < deadline, f"the new master never took a send: {r.code} {r.remark}"
+            time.sleep(0.05)
+        print(f"kill -9 of the master to the first SEND_OK on the new one: {time.monotonic() - t0:.1f} s "
+              f"(heartbeat timeout {TIMEOUT_MS} ms)")
+        after = sync_state(ctl)
+        assert after["masterEpoch"] == first["masterEpoch"] + 1
+        assert after["masterAddress"] == replica.broker_addr and after["syncStateSet"] == [after["masterBrokerId"]]
+        bodies = []
+        for q in range(4):
+            msgs, _ = pull_all(c, replica.broker_addr, "T", q, deadline_s=20)
+            bodies += [bytes(m.body) for m in msgs]
+        assert sum(b.startswith(b"before") for b in bodies) == 100, "acked messages lost in the failover"
+
+        # the old master comes back: a replica of the new one (controller mode starts every broker as one)
+        master.start_group()
+        wait_for(lambda: role(c, master) == "SLAVE", 60)
+        fill(c, replica.broker_addr, "T", 20, prefix=b"new")
+        wait_replicated(c, replica, master, 60)
+        wait_for(lambda: len(sync_state(ctl).get("syncStateSet") or []) == 2, 30)
+
+        # the admin CLI shows it all
+        r = CliRunner().invoke(main, ["admin", "getSyncStateSet", "-a", ctl.addr, "-b", "broker-a", "--json"])
+        assert r.exit_code == 0, r.output
+        data = json.loads(r.stdout)["broker-a"]
+        assert data["masterAddress"] == replica.broker_addr
+        assert {x["brokerAddress"]: (x["alive"], x["inSyncStateSet"]) for x in data["replicas"]} == {
+            replica.broker_addr: (True, True), master.broker_addr: (True, True)}
+        r = CliRunner().invoke(main, ["admin", "getControllerMetaData", "-a", ctl.addr, "--json"])
+        assert r.exit_code == 0 and json.loads(r.stdout)["isLeader"] is True, r.output
+
+
+def test_elect_master_moves_the_master_and_the_old_one_fences_and_restarts(setup):
+    ctl, brokers = setup()
+    with RemotingClient() as c:
+        master = the_master(c, brokers)
+        other = next(b for b in brokers if b is not master)
+        create_topic(c, master.broker_addr, "T")
+        fill(c, master.broker_addr, "T", 30)
+        wait_replicated(c, master, other)
+        wait_for(lambda: len(sync_state(ctl).get("syncStateSet") or []) == 2, 30)
+        ids = {x["brokerAddress"]: x["brokerId"] for x in sync_state(ctl)["replicas"]}
+        # a replica outside the SyncStateSet or unknown is refused, nothing changes
+        r = CliRunner().invoke(main, ["admin", "electMaster", "-a", ctl.addr, "-N", "broker-a", "-i", "99"])
+        assert r.exit_code != 0
+        assert sync_state(ctl)["masterAddress"] == master.broker_addr
+        r = CliRunner().invoke(main, ["admin", "electMaster", "-a", ctl.addr, "-N", "broker-a",
+                                      "-b", other.broker_addr, "--json"])
+        assert r.exit_code == 0, r.output
+        assert json.loads(r.stdout)["masterBrokerId"] == ids[other.broker_addr]
+        # the replaced master stops taking writes and exits 75 (its supervisor restarts the group)
+        assert master.procs["broker"].proc.wait(30) == 75
+        master.kill_group()
+        wait_for(lambda: role(c, other) == "ASYNC_MASTER", 60)
+        master.start_group()
+        wait_for(lambda: role(c, master) == "SLAVE", 60)
+        fill(c, other.broker_addr, "T", 10, prefix=b"moved")
+        wait_replicated(c, other, master, 60)
+
+
+def test_a_master_cut_off_from_the_controllers_stops_acking_before_a_new_one_is_elected(setup):
+    ctl, brokers = setup(n=1)
+    b = brokers[0]
+    with RemotingClient() as c:
+        wait_for(lambda: role(c, b) == "ASYNC_MASTER", 60)
+        create_topic(c, b.broker_addr, "T")
+        assert send(c, b.broker_addr, "T", b"x", 0).code == ResponseCode.SUCCESS
+        ctl.proc.send_signal(signal.SIGSTOP)              # the controllers go silent (a partition)
+        t0 = time.monotonic()
+        try:
+            def refused():
+                r = send(c, b.broker_addr, "T", b"y", 0)
+                return r if r.code == ResponseCode.SERVICE_NOT_AVAILABLE else None
+            # refused while the controllers are stopped: no election happened, the master fenced itself
+            r = wait_for(refused, 30)
+            waited = time.monotonic() - t0
+            assert "lease" in r.remark
+            assert ctl.proc.poll() is None
+            print(f"writes refused {waited:.2f} s after the controllers went silent "
+                  f"(lease {0.75 * TIMEOUT_MS:.0f} ms, election after {TIMEOUT_MS} ms)")
+        finally:
+            ctl.proc.send_signal(signal.SIGCONT)
+        # the controllers are back: the same master (nobody else to elect) takes writes again
+        wait_for(lambda: send(c, b.broker_addr, "T", b"z", 0).code == ResponseCode.SUCCESS, 30)
