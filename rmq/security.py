@@ -80,10 +80,12 @@ ADMIN_CODES = frozenset(int(c) for c in (
     RequestCode.UPDATE_BROKER_CONFIG, RequestCode.WIPE_WRITE_PERM_OF_BROKER, RequestCode.ADD_WRITE_PERM_OF_BROKER,
     RequestCode.PUT_KV_CONFIG, RequestCode.RESET_CONSUMER_CLIENT_OFFSET, RequestCode.INVOKE_BROKER_TO_RESET_OFFSET,
     RequestCode.GET_LATENCY_TRACE, RequestCode.GET_HALF_MESSAGES, RequestCode.GET_TIMER_PENDING,
+    RequestCode.CONTROLLER_ELECT_MASTER,
 ))
 # node-to-node requests: only the cluster's node key (or an admin key) with CURVE on
 NODE_CODES = frozenset(int(c) for c in (
     RequestCode.REGISTER_BROKER, RequestCode.UNREGISTER_BROKER, RequestCode.HA_HANDSHAKE, RequestCode.HA_REPORT,
+    RequestCode.CONTROLLER_REGISTER_BROKER, RequestCode.BROKER_HEARTBEAT, RequestCode.CONTROLLER_ALTER_SYNC_STATE_SET,
 ))
 # actor-to-actor requests inside one broker group: ipc only, never over tcp
 LOCAL_CODES = frozenset(int(c) for c in (

@@ -200,3 +200,50 @@ def test_a_master_cut_off_from_the_controllers_stops_acking_before_a_new_one_is_
             ctl.proc.send_signal(signal.SIGCONT)
         # the controllers are back: the same master (nobody else to elect) takes writes again
         wait_for(lambda: send(c, b.broker_addr, "T", b"z", 0).code == ResponseCode.SUCCESS, 30)
+
+
+def rmq(*args, timeout=180):
+    return subprocess.run(python_argv("rmq.cli", *args), capture_output=True, text=True, timeout=timeout,
+                          env=child_env())
+
+
+def test_rmq_start_controller_elects_its_broker_and_reelects_it_after_a_crash(tmp_path):
+    """``rmq start --controller``: a controller beside the NameServer, the broker group in controller
+    mode; the broker (the set's only replica) is elected master, and after a kill -9 the supervisor
+    restarts its group, which the controller names master again."""
+    import re
+
+    from rmq import Message, Producer
+    from tests.integration.test_supervisor_real import spawned
+
+    store = str(tmp_path / "store")
+    started = rmq("start", "--store-path", store, "--detach", "--namesrv-addr", "127.0.0.1:0", "--listen-port", "0",
+                  "--controller", "--controller-port", "0")
+    try:
+        assert started.returncode == 0, started.stdout + started.stderr
+        namesrv = re.search(r"^started nameserver pid \d+ tcp://(\S+)$", started.stdout, re.M).group(1)
+        ctl = re.search(r"^started controller pid \d+ tcp://(\S+)$", started.stdout, re.M).group(1)
+        with open(os.path.join(store, "broker.effective.conf")) as f:
+            conf = f.read()
+        assert f"controllerAddr={ctl}\n" in conf and "enableControllerMode=true\n" in conf
+
+        def sends(body):
+            def once():
+                try:
+                    with Producer(namesrv, group="ctl-start-pg") as p:
+                        return p.send(Message("CtlStart", body)).status.name == "SEND_OK"
+                except Exception:  # noqa: BLE001 - no route / no master yet
+                    return False
+            wait_for(once, 90)
+        sends(b"first")
+        with Admin(namesrv, timeout_ms=5000) as a:
+            first = a.get_sync_state_set(ctl)["broker-a"]
+        assert first["masterEpoch"] >= 1 and first["syncStateSet"] == [first["masterBrokerId"]]
+        os.kill(spawned(store)["broker"], signal.SIGKILL)
+        sends(b"after the crash")
+        with Admin(namesrv, timeout_ms=5000) as a:
+            after = a.get_sync_state_set(ctl)["broker-a"]
+        assert after["masterBrokerId"] == first["masterBrokerId"] and after["masterEpoch"] >= first["masterEpoch"]
+    finally:
+        stopped = rmq("stop", "--store-path", store)
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
