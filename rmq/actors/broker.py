@@ -69,7 +69,7 @@ from rmq.actors.transaction import TransactionService
 from rmq.broker_conf import actor_settings, controller_settings
 from rmq.protocol import Frame, RequestCode, ResponseCode, pack_body
 from rmq.stats import WINDOWS, BrokerStats
-from rmq.store.config import MessageStoreConfig
+from rmq.store.config import SYNC_FLUSH, MessageStoreConfig
 from rmq.store.config_manager import PERM_READ, PERM_WRITE
 from rmq.store.epoch import EPOCH_FILE, EpochFile
 from rmq.store.message_store import MessageStore
@@ -121,6 +121,7 @@ class BrokerActor(Actor):
         self.flushed_offset = 0                  # CommitLog bytes the flush actor reported durable
         self.dispatched_offset = 0               # CommitLog bytes reput reported dispatched
         self.last_announced = -1
+        self.last_confirmed = -1
         self.stats = {"putMessageTotal": 0, "putBytesTotal": 0, "getMessageTotal": 0, "getBytesTotal": 0}
         self.tps = {"putTps": 0.0, "getTps": 0.0}
         self.broker_stats = BrokerStats()       # VIEW_BROKER_STATS_DATA windows (rmq.stats)
@@ -359,18 +360,32 @@ class BrokerActor(Actor):
             hs.wake_from_appends()
         self.announce_append()
 
+    def consumable_end(self) -> int:
+        """The CommitLog offset up to which consumers may see records: the end, under SYNC_FLUSH the
+        flushed offset, and with allAckInSyncStateSet (controller mode) at most the confirm offset:
+        what every member of the SyncStateSet holds (RocketMQ 5's confirmOffset)."""
+        base = self.flushed_offset if self.store_config.flush_disk_type == SYNC_FLUSH else \
+            self.store.get_max_phy_offset()
+        if self.controller is not None and self.controller.read_committed:
+            return self.controller.update_confirm(base)
+        return base
+
     def announce_append(self, force: bool = False) -> None:
         """PUB the CommitLog end: topic ANNOUNCE_APPEND right after appends (reput; flush under
-        SYNC_FLUSH), topic ANNOUNCE_TICK every 200 ms (everyone, incl. late subscribers)."""
+        SYNC_FLUSH), topic ANNOUNCE_TICK every 200 ms (everyone, incl. late subscribers).
+        ``confirmed`` (-1: no bound) caps what reput dispatches (allAckInSyncStateSet)."""
         store = self.store
         end = store.get_max_phy_offset()
-        if end == self.last_announced and not force:
+        confirmed = self.consumable_end() if self.controller is not None and self.controller.read_committed else -1
+        if end == self.last_announced and confirmed == self.last_confirmed and not force:
             return
         self.last_announced = end
+        self.last_confirmed = confirmed
         frame = Frame(RequestCode.APPEND_ANNOUNCE, flag=P.FLAG_ONEWAY,
                       fields={"end": end, "flushed": self.flushed_offset, "dispatched": self.dispatched_offset,
                               "minOffset": store.get_min_phy_offset(),
                               "storeTimestamp": store.get_last_store_timestamp(),
+                              "confirmed": confirmed,
                               "brokerRole": self.role, "brokerAddr": self.broker_addr, "brokerId": self.broker_id,
                               "haMasterAddress": self.ha_master_address})
         try:

@@ -80,6 +80,10 @@ class ControllerClient:
         self._prev_end = -1                       # CommitLog end at the previous heartbeat (master)
         self._alter_pending_until = 0.0
         self.demoting = False
+        # allAckInSyncStateSet=true (RocketMQ 5): acknowledged (SYNC_MASTER) and visible only once every
+        # member of the SyncStateSet holds it; the confirm offset only grows (AutoSwitchHAService)
+        self.read_committed = str(broker.settings.get("allAckInSyncStateSet", "false")).strip().lower() == "true"
+        self.confirm_offset = 0
         self.stats = {"heartbeats": 0, "answers": 0, "promotions": 0, "demotions": 0, "alters": 0,
                       "leaseLost": 0}
 
@@ -245,6 +249,41 @@ class ControllerClient:
         b.exit_code = EXIT_RESTART_GROUP
         b.stop()
 
+    # -- read-committed (allAckInSyncStateSet) -------------------------------------------------------
+    def sync_state_set(self) -> list:
+        """The SyncStateSet this master works with: the controllers' (committed) one, or itself alone
+        before they answered."""
+        if self.info.get("masterBrokerId") == self.replica_id and self.replica_id > 0:
+            return list(self.info.get("syncStateSet") or [self.replica_id])
+        return [self.replica_id]
+
+    def sss_acked(self) -> int:
+        """Master: the CommitLog offset every other member of the SyncStateSet acknowledged
+        (2**63 - 1 when it is alone in the set; -1 for a member with no link)."""
+        acks = {}
+        for s in self.b.ha_slaves:
+            try:
+                acks[int(s.get("brokerId", -1))] = int(s.get("ackOffset", -1))
+            except (TypeError, ValueError, AttributeError):
+                continue
+        others = [acks.get(rid, -1) for rid in self.sync_state_set() if rid != self.replica_id]
+        return min(others) if others else 2 ** 63 - 1
+
+    def update_confirm(self, base: int) -> int:
+        """The confirm offset from ``base`` (what this broker itself may expose: its CommitLog end, or
+        its flushed offset under SYNC_FLUSH): a master's is ``base`` capped by what every other
+        SyncStateSet member acknowledged; a slave's is ``base`` capped by its master's confirm offset
+        (carried by the HA pushes).  Never decreases."""
+        b = self.b
+        if b.role in MASTER_ROLES:
+            c = min(base, self.sss_acked())
+        else:
+            master = int(b.ha_state.get("masterConfirmOffset", -1) or -1) if b.ha_state else -1
+            c = min(base, master)
+        if c > self.confirm_offset:
+            self.confirm_offset = c
+        return self.confirm_offset
+
     # -- the master's SyncStateSet ---------------------------------------------------------------
     def in_sync_replicas(self, now_ms: int, end: int) -> list:
         """Replica ids in sync by this master's view (itself included), sorted."""
@@ -260,7 +299,10 @@ class ControllerClient:
                 continue
             if ack >= end or (prev >= 0 and ack >= prev):
                 self.caught_up_ms[rid] = now_ms
-            if now_ms - self.caught_up_ms.get(rid, -10 ** 12) <= self.not_catchup_ms:
+            in_set = rid in (self.info.get("syncStateSet") or [])
+            if now_ms - self.caught_up_ms.get(rid, -10 ** 12) <= self.not_catchup_ms and \
+                    (in_set or ack >= self.confirm_offset):
+                # a replica joins only holding everything consumers may have read (maybeExpandSyncStateSet)
                 members.add(rid)
         return sorted(members)
 

@@ -35,7 +35,8 @@ Sockets
 Frames (rmq.protocol, codes 9010-9015)
     slave -> master HA_HANDSHAKE {maxOffset, minOffset, epochs [[epoch, startOffset]], brokerAddr, brokerId}
     master -> slave response {startOffset, truncateTo (-1: none), epoch, epochs, masterMinOffset, masterMaxOffset}
-    master -> slave HA_PUSH {offset, epoch, masterMaxOffset} + body (empty body = heartbeat)
+    master -> slave HA_PUSH {offset, epoch, masterMaxOffset, confirmOffset} + body (empty body = heartbeat;
+                     one also goes when the confirm offset moved: allAckInSyncStateSet)
     slave -> master HA_REPORT {offset} (one-way)
 
 Timers
@@ -76,7 +77,7 @@ class SlaveLink:
     """Master side: one connected slave."""
 
     __slots__ = ("identity", "broker_addr", "broker_id", "ack", "next_offset", "last_seen", "last_sent",
-                 "first_ack_ms")
+                 "first_ack_ms", "confirm_sent")
 
     def __init__(self, identity: bytes, broker_addr: str, broker_id: int, start: int):
         self.identity = identity
@@ -88,6 +89,7 @@ class SlaveLink:
         self.last_seen = now
         self.last_sent = now
         self.first_ack_ms = int(time.time() * 1000)
+        self.confirm_sent = -1         # the master's confirm offset last told this slave
 
 
 class HAActor(FollowerActor):
@@ -125,6 +127,8 @@ class HAActor(FollowerActor):
         self.appends_in_flight = 0
         self.generation = 0            # link generation: HA_APPEND answers of an old link are ignored
         self.master_max = 0
+        self.confirmed = -1            # master: the broker's confirm offset (allAckInSyncStateSet; -1: none)
+        self.master_confirm = -1       # slave: the master's confirm offset, from its pushes
         self.master_epochs: list = []
         self.next_connect = 0.0
         self.stats = {"pushedBytes": 0, "appliedBytes": 0, "handshakes": 0, "resets": 0, "dropped": 0}
@@ -146,6 +150,7 @@ class HAActor(FollowerActor):
 
     # -- announcements from the broker ---------------------------------------------------------
     def on_append_announce(self, fields: dict) -> None:
+        self.confirmed = int(fields.get("confirmed", -1))
         role = str(fields.get("brokerRole") or "")
         if fields.get("brokerAddr"):
             self.broker_addr = str(fields["brokerAddr"])
@@ -195,6 +200,7 @@ class HAActor(FollowerActor):
             fields = {"role": "SLAVE", "connected": self.link_state == "STREAMING",
                       "linkState": self.link_state, "masterHaAddr": self.master_ha_addr,
                       "masterMaxOffset": self.master_max, "masterEpochs": self.master_epochs,
+                      "masterConfirmOffset": self.master_confirm,
                       "applied": self.applied, **self.stats}
         self.tell_broker(RequestCode.HA_ANNOUNCE, fields)
 
@@ -343,18 +349,24 @@ class HAActor(FollowerActor):
                     break
                 data = mf.read(pos, stop - pos)
                 frame = Frame(RequestCode.HA_PUSH, flag=P.FLAG_ONEWAY,
-                              fields={"offset": link.next_offset, "masterMaxOffset": end}, bodies=[data])
+                              fields={"offset": link.next_offset, "masterMaxOffset": end,
+                                      "confirmOffset": self.confirmed}, bodies=[data])
                 if not self._send_slave(link.identity, frame):
                     break
                 link.next_offset = mf.file_from_offset + stop
+                link.confirm_sent = self.confirmed
                 self.stats["pushedBytes"] += len(data)
                 sent = True
             if sent:
                 link.last_sent = now
-            elif link.identity in self.slaves and now - link.last_sent >= self.heartbeat_s:
+            elif link.identity in self.slaves and (now - link.last_sent >= self.heartbeat_s or
+                                                   link.confirm_sent != self.confirmed):
+                # a heartbeat, or the confirm offset moved (allAckInSyncStateSet: the slave's reput
+                # dispatches up to it)
                 link.last_sent = now
+                link.confirm_sent = self.confirmed
                 self._send_slave(link.identity, Frame(RequestCode.HA_PUSH, flag=P.FLAG_ONEWAY, fields={
-                    "offset": link.next_offset, "masterMaxOffset": end}))
+                    "offset": link.next_offset, "masterMaxOffset": end, "confirmOffset": self.confirmed}))
 
     # -- slave side ------------------------------------------------------------------------------
     def _connect(self) -> None:
@@ -401,6 +413,10 @@ class HAActor(FollowerActor):
         elif f.code == RequestCode.HA_PUSH and self.link_state == "STREAMING":
             offset = int(f.fields.get("offset", -1))
             self.master_max = max(self.master_max, int(f.fields.get("masterMaxOffset", 0)))
+            confirm = int(f.fields.get("confirmOffset", -1))
+            if confirm > self.master_confirm:
+                self.master_confirm = confirm
+                self.dirty = True
             if not f.bodies or not len(f.bodies[0]):
                 return               # heartbeat
             if offset != self.expected:

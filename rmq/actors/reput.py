@@ -12,7 +12,7 @@ Responsibility
     checkpoint (it owns that field).
 
 Sockets
-    SUB ``ipc://STORE/broker-pub.ipc``: APPEND_ANNOUNCE {end, flushed, minOffset}.
+    SUB ``ipc://STORE/broker-pub.ipc``: APPEND_ANNOUNCE {end, flushed, minOffset, confirmed}.
     DEALER ``ipc://STORE/broker.ipc``: one-way DISPATCH_ANNOUNCE {dispatched};
     body 0 = [[topic, queueId, maxOffset], ...].
 
@@ -59,6 +59,7 @@ class ReputActor(FollowerActor):
         self._last_thorough = time.monotonic()
         self._last_dispatch = 0.0          # monotonic s of the last dispatch that found work
         self._deferred = False             # a coalesced dispatch is scheduled
+        self.confirmed = -1                # the broker's confirm offset (-1: no bound)
 
     def on_started(self) -> None:
         self.view = StoreView(self.config)
@@ -79,9 +80,15 @@ class ReputActor(FollowerActor):
         self.log.info("CommitLog min offset %d: %d ConsumeQueue and %d index file(s) deleted",
                       min_offset, cq_files, index_files)
 
+    def on_append_announce(self, fields: dict) -> None:
+        self.confirmed = int(fields.get("confirmed", -1))
+
     def limit(self) -> int:
-        """Dispatch bound: under SYNC_FLUSH only what is flushed (SPEC.md header, 5.x confirm offset)."""
-        return self.flushed if self.config.flush_disk_type == SYNC_FLUSH else self.end
+        """Dispatch bound: under SYNC_FLUSH only what is flushed (SPEC.md header), and with
+        allAckInSyncStateSet only up to the broker's confirm offset (RocketMQ 5's confirmOffset:
+        what every member of the SyncStateSet holds)."""
+        base = self.flushed if self.config.flush_disk_type == SYNC_FLUSH else self.end
+        return base if self.confirmed < 0 else min(base, self.confirmed)
 
     def after_poll(self) -> None:
         wait_ms = DISPATCH_MIN_INTERVAL_MS - (time.monotonic() - self._last_dispatch) * 1000.0

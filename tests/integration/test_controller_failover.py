@@ -25,6 +25,7 @@ pytestmark = pytest.mark.integration
 
 HEARTBEAT_MS = 300
 TIMEOUT_MS = 2000            # controllerHeartBeatTimeoutMills of the tests' brokers
+NOT_CATCHUP_MS = 10_000      # haMaxTimeSlaveNotCatchup of the read-committed test (5x its 2 s slaveTimeout)
 
 
 class Controller:
@@ -247,3 +248,54 @@ def test_rmq_start_controller_elects_its_broker_and_reelects_it_after_a_crash(tm
     finally:
         stopped = rmq("stop", "--store-path", store)
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+
+
+def max_offset(c, addr, topic, q=0) -> int:
+    from rmq.protocol import Frame, RequestCode
+    r = c.invoke(addr, Frame(RequestCode.GET_MAX_OFFSET, fields={"topic": topic, "queueId": q}))
+    assert r.code == ResponseCode.SUCCESS, r.remark
+    return int(r.fields["offset"])
+
+
+@pytest.mark.parametrize("master_role", ["ASYNC_MASTER", "SYNC_MASTER"])
+def test_all_ack_in_sync_state_set_shows_only_what_every_member_holds(setup, master_role):
+    """allAckInSyncStateSet=true: with a member of the SyncStateSet stalled, the master's messages stay
+    invisible (getMaxOffset, pulls) and a SYNC_MASTER does not acknowledge them, until the master drops
+    the stalled member from the set (haMaxTimeSlaveNotCatchup); when it catches up it rejoins."""
+    ctl, brokers = setup(allAckInSyncStateSet="true", haMaxTimeSlaveNotCatchup=str(NOT_CATCHUP_MS),
+                         brokerRole=master_role)
+    with RemotingClient() as c:
+        master = the_master(c, brokers)
+        replica = next(b for b in brokers if b is not master)
+        create_topic(c, master.broker_addr, "RC", queues=1)
+        wait_for(lambda: len(sync_state(ctl).get("syncStateSet") or []) == 2, 30)
+        for i in range(5):
+            assert send(c, master.broker_addr, "RC", b"both-%d" % i, 0).code == ResponseCode.SUCCESS
+        wait_for(lambda: max_offset(c, master.broker_addr, "RC") == 5, 30)
+        wait_for(lambda: max_offset(c, replica.broker_addr, "RC") == 5, 30)     # the replica's reput too
+
+        ha = replica.procs["ha"].proc
+        ha.send_signal(signal.SIGSTOP)                       # the replica stops acknowledging
+        try:
+            before = sync_state(ctl)
+            code = send(c, master.broker_addr, "RC", b"alone", 0, timeout_ms=10_000).code
+            # SYNC_MASTER: not acknowledged by the whole set within slaveTimeout (2 s)
+            assert code == (ResponseCode.SUCCESS if master_role == "ASYNC_MASTER" else
+                            ResponseCode.FLUSH_SLAVE_TIMEOUT), code
+            # and, while the stalled member is in the set (the same SyncStateSet epoch around the
+            # reads; it is dropped only NOT_CATCHUP_MS after it stalled), not visible to consumers
+            seen = max_offset(c, master.broker_addr, "RC")
+            held, _ = pull_all(c, master.broker_addr, "RC", 0, deadline_s=1)
+            after = sync_state(ctl)
+            assert (before["syncStateSetEpoch"], len(before["syncStateSet"])) == \
+                (after["syncStateSetEpoch"], 2), "the set changed during the check: the machine stalled"
+            assert seen == 5 and len(held) == 5, (seen, len(held))
+            # the master drops the stalled member: the message becomes visible, sends are acknowledged
+            wait_for(lambda: len(sync_state(ctl).get("syncStateSet") or []) == 1, 60)
+            wait_for(lambda: max_offset(c, master.broker_addr, "RC") == 6, 30)
+            assert send(c, master.broker_addr, "RC", b"after-shrink", 0).code == ResponseCode.SUCCESS
+        finally:
+            ha.send_signal(signal.SIGCONT)
+        # it catches up and rejoins the set; its own reput shows what the set holds
+        wait_for(lambda: len(sync_state(ctl).get("syncStateSet") or []) == 2, 60)
+        wait_for(lambda: max_offset(c, replica.broker_addr, "RC") == 7, 60)

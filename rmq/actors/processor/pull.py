@@ -17,7 +17,6 @@ from rmq.errors import FilterExpressionError
 from rmq.filter import ExpressionType, compile_sql92
 from rmq.protocol import Frame, ResponseCode, field_int, field_str
 from rmq.status import GetMessageStatus
-from rmq.store.config import SYNC_FLUSH
 from rmq.store.config_manager import PERM_READ
 from rmq.store.validators import MAX_QUEUE_NUMS, check_group
 
@@ -298,8 +297,8 @@ class PullMessageProcessor(RequestProcessor):
         away.  The broker wrote these records and assigned their queue offsets itself, so it gives the
         very reply a pull gets once the ConsumeQueue has the entries: the records byte for byte,
         whole appends in queue-offset order from ``offset``, at most ``max_nums`` messages.  Only what
-        a consumer may see: under SYNC_FLUSH only flushed bytes (SPEC.md header: only flushed data is
-        dispatched); half (prepared) messages are never recorded.  Whole appends only: a pull that
+        a consumer may see (:meth:`BrokerActor.consumable_end`: under SYNC_FLUSH only flushed bytes, with
+        allAckInSyncStateSet only what the SyncStateSet holds; SPEC.md header); half (prepared) messages are never recorded.  Whole appends only: a pull that
         starts inside a batch or wants fewer messages than the next append holds, one with a tag
         filter, or one older than what is remembered goes the normal way.
         """
@@ -307,7 +306,7 @@ class PullMessageProcessor(RequestProcessor):
         if not recent or subscription not in ("*", "") or offset < recent[0][0]:     # None: a SQL92 filter
             return None
         b = self.b
-        limit = b.flushed_offset if b.store_config.flush_disk_type == SYNC_FLUSH else b.store.get_max_phy_offset()
+        limit = b.consumable_end()
         parts, count, size, want = [], 0, 0, offset
         for first, n, phys, nbytes in recent:
             if first + n <= want:

@@ -117,8 +117,9 @@ class SendMessageProcessor(RequestProcessor):
     def release_sync_waits(self, force_timeout: bool = False) -> None:
         b = self.b
         cfg = b.store_config
-        self.sync_waits.release(b.flushed_offset, b.ha_ack_offset, cfg.sync_flush_timeout, cfg.slave_timeout,
-                                force_timeout)
+        acked = b.controller.sss_acked() if b.controller is not None and b.controller.read_committed \
+            else b.ha_ack_offset
+        self.sync_waits.release(b.flushed_offset, acked, cfg.sync_flush_timeout, cfg.slave_timeout, force_timeout)
 
     # -- SEND_MESSAGE / SEND_MESSAGE_V2 / SEND_BATCH_MESSAGE ---------------------------------------
     def on_send(self, frame: Frame, reply: Reply) -> Optional[Frame]:
@@ -268,7 +269,10 @@ class SendMessageProcessor(RequestProcessor):
         end = a.wrote_offset + a.wrote_bytes
         need_flush = b.store_config.flush_disk_type == SYNC_FLUSH and end > b.flushed_offset
         need_slave = False
-        if b.role == "SYNC_MASTER":
+        if b.role == "SYNC_MASTER" and b.controller is not None and b.controller.read_committed:
+            # allAckInSyncStateSet: every other member of the SyncStateSet holds it (none: at once)
+            need_slave = end > b.controller.sss_acked()
+        elif b.role == "SYNC_MASTER":
             # SPEC.md §9.3 (4.9): the record is written; without a slave in reach the sender is told so
             if not b.ha_processor.slave_ok(end):
                 resp.code = ResponseCode.SLAVE_NOT_AVAILABLE
