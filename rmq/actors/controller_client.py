@@ -84,6 +84,7 @@ class ControllerClient:
         # member of the SyncStateSet holds it; the confirm offset only grows (AutoSwitchHAService)
         self.read_committed = str(broker.settings.get("allAckInSyncStateSet", "false")).strip().lower() == "true"
         self.confirm_offset = 0
+        self.joining: set = set()                 # replicas caught up, not yet in the set (read-committed)
         self.stats = {"heartbeats": 0, "answers": 0, "promotions": 0, "demotions": 0, "alters": 0,
                       "leaseLost": 0}
 
@@ -224,6 +225,7 @@ class ControllerClient:
                 if b.ha_processor.promote_to_epoch(self.master_role, master_epoch):
                     self.stats["promotions"] += 1
                     self.caught_up_ms.clear()
+                    self.joining.clear()
                     self._prev_end = -1
         elif b.role in MASTER_ROLES:
             self._demote(master_id, master_epoch)
@@ -257,16 +259,18 @@ class ControllerClient:
             return list(self.info.get("syncStateSet") or [self.replica_id])
         return [self.replica_id]
 
-    def sss_acked(self) -> int:
+    def sss_acked(self, joining: bool = False) -> int:
         """Master: the CommitLog offset every other member of the SyncStateSet acknowledged
-        (2**63 - 1 when it is alone in the set; -1 for a member with no link)."""
+        (2**63 - 1 when it is alone in the set; -1 for a member with no link); ``joining``: the
+        replicas about to join the set count too."""
         acks = {}
         for s in self.b.ha_slaves:
             try:
                 acks[int(s.get("brokerId", -1))] = int(s.get("ackOffset", -1))
             except (TypeError, ValueError, AttributeError):
                 continue
-        others = [acks.get(rid, -1) for rid in self.sync_state_set() if rid != self.replica_id]
+        members = set(self.sync_state_set()) | (self.joining if joining else set())
+        others = [acks.get(rid, -1) for rid in members if rid != self.replica_id]
         return min(others) if others else 2 ** 63 - 1
 
     def update_confirm(self, base: int) -> int:
@@ -275,8 +279,11 @@ class ControllerClient:
         SyncStateSet member acknowledged; a slave's is ``base`` capped by its master's confirm offset
         (carried by the HA pushes).  Never decreases."""
         b = self.b
-        if b.role in MASTER_ROLES:
-            c = min(base, self.sss_acked())
+        if b.role in MASTER_ROLES or (self.replica_id > 0 and self.info.get("masterBrokerId") == self.replica_id):
+            # a master, or a replica just elected one: what it holds is the log now (its reput must
+            # dispatch all of it before the promotion, which waits for that)
+            # a replica about to join holds the bound still (below), so that it can reach it under load
+            c = min(base, self.sss_acked(joining=True))
         else:
             master = int(b.ha_state.get("masterConfirmOffset", -1) or -1) if b.ha_state else -1
             c = min(base, master)
@@ -290,6 +297,7 @@ class ControllerClient:
         b = self.b
         members = {self.replica_id}
         prev = self._prev_end
+        linked = set()
         for s in b.ha_slaves:
             try:
                 rid, ack = int(s.get("brokerId", -1)), int(s.get("ackOffset", -1))
@@ -297,13 +305,21 @@ class ControllerClient:
                 continue
             if rid <= 0:
                 continue
+            linked.add(rid)
             if ack >= end or (prev >= 0 and ack >= prev):
                 self.caught_up_ms[rid] = now_ms
             in_set = rid in (self.info.get("syncStateSet") or [])
-            if now_ms - self.caught_up_ms.get(rid, -10 ** 12) <= self.not_catchup_ms and \
-                    (in_set or ack >= self.confirm_offset):
-                # a replica joins only holding everything consumers may have read (maybeExpandSyncStateSet)
-                members.add(rid)
+            if now_ms - self.caught_up_ms.get(rid, -10 ** 12) <= self.not_catchup_ms:
+                if in_set or not self.read_committed or ack >= self.confirm_offset:
+                    # read-committed: a replica joins only holding everything consumers may have read
+                    # (maybeExpandSyncStateSet); until then the confirm offset waits for it
+                    members.add(rid)
+                    self.joining.discard(rid)
+                else:
+                    self.joining.add(rid)
+            else:
+                self.joining.discard(rid)
+        self.joining &= linked
         return sorted(members)
 
     def _maybe_alter_sync_state_set(self, end: int) -> None:
