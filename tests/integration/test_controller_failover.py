@@ -31,11 +31,11 @@ NOT_CATCHUP_MS = 10_000      # haMaxTimeSlaveNotCatchup of the read-committed te
 class Controller:
     """``rmq controller`` as a process of its own (one node, ephemeral port)."""
 
-    def __init__(self, store: str, *args: str):
+    def __init__(self, store: str, *args: str, scan_interval_ms: int = 200):
         self.store = store
         os.makedirs(store, exist_ok=True)
         self.proc = subprocess.Popen(python_argv("rmq.controller.actor", "--listen-port", "0", "--store-path", store,
-                                                 "--scan-interval-ms", "200", *args),
+                                                 "--scan-interval-ms", str(scan_interval_ms), *args),
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=child_env())
         line = self.proc.stdout.readline().split()
         assert line and line[0] == "ready", f"the controller did not start: {line}"
