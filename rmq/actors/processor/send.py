@@ -93,6 +93,14 @@ class SyncWaits:
                 keep.append(w)
         self.waits = keep
 
+    def fail_all(self, code: int, remark: str) -> None:
+        """Answer every parked send with ``code`` (the master lost its right to acknowledge)."""
+        for w in self.waits:
+            w.response.code = code
+            w.response.remark = remark
+            w.reply.send(w.response)
+        self.waits = deque()
+
     def fail_unflushed(self, flushed: int, error: str) -> None:
         """A failed msync: every parked SYNC_FLUSH send not yet durable gets FLUSH_DISK_TIMEOUT."""
         keep: deque[SyncWait] = deque()
@@ -117,6 +125,12 @@ class SendMessageProcessor(RequestProcessor):
     def release_sync_waits(self, force_timeout: bool = False) -> None:
         b = self.b
         cfg = b.store_config
+        if b.controller is not None and not b.controller.lease_valid(time.monotonic()) and self.sync_waits:
+            # controller mode: a master whose lease ran out acknowledges nothing more, parked sends
+            # included (another master may be elected now: no two masters acknowledge at once)
+            self.sync_waits.fail_all(ResponseCode.SERVICE_NOT_AVAILABLE,
+                                     "no leading controller confirmed this master within its lease: not acknowledged")
+            return
         acked = b.controller.sss_acked() if b.controller is not None and b.controller.read_committed \
             else b.ha_ack_offset
         self.sync_waits.release(b.flushed_offset, acked, cfg.sync_flush_timeout, cfg.slave_timeout, force_timeout)
