@@ -31,11 +31,11 @@ NOT_CATCHUP_MS = 10_000      # haMaxTimeSlaveNotCatchup of the read-committed te
 class Controller:
     """``rmq controller`` as a process of its own (one node, ephemeral port)."""
 
-    def __init__(self, store: str, *args: str, scan_interval_ms: int = 200):
+    def __init__(self, store: str, *args: str, scan_interval_ms: int = 200, port: int = 0):
         self.store = store
         os.makedirs(store, exist_ok=True)
-        self.proc = subprocess.Popen(python_argv("rmq.controller.actor", "--listen-port", "0", "--store-path", store,
-                                                 "--scan-interval-ms", str(scan_interval_ms), *args),
+        self.proc = subprocess.Popen(python_argv("rmq.controller.actor", "--listen-port", str(port), "--store-path",
+                                                 store, "--scan-interval-ms", str(scan_interval_ms), *args),
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=child_env())
         line = self.proc.stdout.readline().split()
         assert line and line[0] == "ready", f"the controller did not start: {line}"
@@ -299,3 +299,51 @@ def test_all_ack_in_sync_state_set_shows_only_what_every_member_holds(setup, mas
         # it catches up and rejoins the set; its own reput shows what the set holds
         wait_for(lambda: len(sync_state(ctl).get("syncStateSet") or []) == 2, 60)
         wait_for(lambda: max_offset(c, replica.broker_addr, "RC") == 7, 60)
+
+
+def test_three_controllers_lose_their_leader_and_still_fail_a_killed_master_over(tmp_path):
+    """Three controllers (Raft): the leading one is killed with -9, then the master broker; the two
+    left elect a new Raft leader, which replaces the master; the brokers heartbeat all three."""
+    from tests.integration.test_controller import free_port_pairs
+
+    ports = free_port_pairs(3)
+    peers = ";".join(f"127.0.0.1:{p}" for p in ports)
+    ctls = []
+    brokers = []
+    try:
+        for i, p in enumerate(ports):
+            ctls.append(Controller(str(tmp_path / f"c{i}"), "--peers", peers, port=p))
+        conf = {**controlled_conf(ctls[0]), "controllerAddr": peers}
+        brokers.append(Cluster(tmp_path / "b0", conf=conf, with_ha=True))
+        brokers.append(Cluster(tmp_path / "b1", conf=conf, with_ha=True, namesrv_addr=brokers[0].namesrv_addr))
+        with RemotingClient() as c, Admin("127.0.0.1:1", timeout_ms=5000) as a:
+            master = the_master(c, brokers)
+            replica = next(b for b in brokers if b is not master)
+            create_topic(c, master.broker_addr, "T3")
+            fill(c, master.broker_addr, "T3", 30)
+            wait_replicated(c, master, replica)
+
+            def leader():
+                try:
+                    metas = [a.get_controller_metadata(x.addr) for x in ctls if x.proc.poll() is None]
+                except Exception:  # noqa: BLE001 - a controller busy electing: ask again
+                    return None
+                lead = {m.get("leaderAddress") for m in metas}
+                return lead.pop() if len(lead) == 1 and "" not in lead else None
+            first = wait_for(leader, 60)
+            wait_for(lambda: len(a.get_sync_state_set(first).get("broker-a", {}).get("syncStateSet") or []) == 2, 60)
+            victim = next(x for x in ctls if x.addr == first)
+            victim.proc.kill()
+            victim.proc.wait(10)
+            second = wait_for(lambda: (lambda lead: lead if lead and lead != first else None)(leader()), 60)
+            master.kill_group()
+            wait_for(lambda: role(c, replica) == "ASYNC_MASTER", 60)
+            assert send(c, replica.broker_addr, "T3", b"after", 0).code == ResponseCode.SUCCESS
+            state = a.get_sync_state_set(second)["broker-a"]
+            assert state["masterAddress"] == replica.broker_addr and state["masterEpoch"] == 2
+    finally:
+        for b in brokers:
+            b.close()
+        for x in ctls:
+            if x is not None:
+                x.close()
