@@ -147,6 +147,10 @@ def test_master_elected_then_replaced_automatically_and_rejoins(setup):
             replica.broker_addr: (True, True), master.broker_addr: (True, True)}
         r = CliRunner().invoke(main, ["admin", "getControllerMetaData", "-a", ctl.addr, "--json"])
         assert r.exit_code == 0 and json.loads(r.stdout)["isLeader"] is True, r.output
+        # a manual promotion would bypass the controllers: refused, naming electMaster
+        r = CliRunner().invoke(main, ["admin", "promoteSlave", "-b", master.broker_addr])
+        assert r.exit_code != 0 and "electMaster" in r.output, r.output
+        assert role(c, master) == "SLAVE"
 
 
 def test_elect_master_moves_the_master_and_the_old_one_fences_and_restarts(setup):

@@ -166,6 +166,10 @@ class AdminBrokerProcessor(RequestProcessor):
                 return frame.response(ResponseCode.SYSTEM_ERROR,
                                       "only a promotion can change brokerRole/brokerId at runtime: "
                                       "brokerRole=ASYNC_MASTER|SYNC_MASTER with brokerId=0")
+            if b.controller is not None:
+                return frame.response(ResponseCode.SYSTEM_ERROR,
+                                      "controller mode: the controllers elect the master; use "
+                                      "`rmq admin electMaster -a CONTROLLER -N BROKER_NAME -b THIS_ADDR`")
             if b.role != "SLAVE":
                 if b.role == role:
                     return self.apply_runtime_props(frame, props)
