@@ -17,7 +17,6 @@ send to both brokers all along.  Checked and printed:
 Needs root and iproute2 (``ip netns``, veth): the CI machine has both.
 """
 import os
-import shutil
 import subprocess
 import sys
 import threading
@@ -28,6 +27,7 @@ import pytest
 from rmq.client.remoting import RemotingClient
 from rmq.protocol import ResponseCode
 from rmq.testing import ActorProcess
+from tests.fault.netns import veth_namespace
 from tests.integration.cluster import Cluster
 from tests.integration.test_broker import pull_all, send, wait_for
 from tests.integration.test_controller_failover import Controller, controlled_conf, role, sync_state
@@ -42,28 +42,10 @@ TIMEOUT_MS = 4000                 # controllerHeartBeatTimeoutMills: lease 3 s, 
 TOPIC = "PART"
 
 
-def sh(*cmd):
-    subprocess.run(cmd, check=True, capture_output=True, timeout=30)
-
-
 @pytest.fixture
 def netns():
-    if os.geteuid() != 0 or shutil.which("ip") is None:
-        pytest.skip("network namespaces need root and iproute2 (ip)")
-    sh("ip", "netns", "add", NS)
-    try:
-        sh("ip", "link", "add", ROOT_IF, "type", "veth", "peer", "name", NS_IF)
-        sh("ip", "link", "set", NS_IF, "netns", NS)
-        sh("ip", "addr", "add", f"{ROOT_IP}/24", "dev", ROOT_IF)
-        sh("ip", "addr", "add", f"{CTL_IP}/24", "dev", ROOT_IF)
-        sh("ip", "link", "set", ROOT_IF, "up")
-        sh("ip", "netns", "exec", NS, "ip", "addr", "add", f"{NS_IP}/24", "dev", NS_IF)
-        sh("ip", "netns", "exec", NS, "ip", "link", "set", NS_IF, "up")
-        sh("ip", "netns", "exec", NS, "ip", "link", "set", "lo", "up")
-        yield NS
-    finally:
-        subprocess.run(["ip", "link", "del", ROOT_IF], capture_output=True, timeout=30)
-        subprocess.run(["ip", "netns", "del", NS], capture_output=True, timeout=30)
+    with veth_namespace(NS, ROOT_IF, NS_IF, (ROOT_IP, CTL_IP), NS_IP) as ns:
+        yield ns
 
 
 def isolate_from_controller(on: bool) -> None:

@@ -11,7 +11,6 @@ Needs root and iproute2 (``ip netns``, veth): the CI machine has both.
 """
 import os
 import random
-import shutil
 import subprocess
 import sys
 import threading
@@ -21,6 +20,7 @@ import pytest
 
 from rmq.client.remoting import RemotingClient
 from rmq.protocol import Frame, RequestCode, ResponseCode, unpack_body
+from tests.fault.netns import sh, veth_namespace
 from tests.integration.cluster import Cluster
 from tests.integration.test_broker import pull_all, send, wait_for
 from tests.integration.test_ha import commitlog_digests as digests
@@ -34,27 +34,10 @@ HA_CONF = {"mappedFileSizeCommitLog": str(256 * 1024), "haSendHeartbeatInterval"
            "haHousekeepingInterval": "2000", "slaveTimeout": "1500"}
 
 
-def sh(*cmd):
-    subprocess.run(cmd, check=True, capture_output=True, timeout=30)
-
-
 @pytest.fixture
 def netns():
-    if os.geteuid() != 0 or shutil.which("ip") is None:
-        pytest.skip("network namespaces need root and iproute2 (ip)")
-    sh("ip", "netns", "add", NS)
-    try:
-        sh("ip", "link", "add", ROOT_IF, "type", "veth", "peer", "name", NS_IF)
-        sh("ip", "link", "set", NS_IF, "netns", NS)
-        sh("ip", "addr", "add", f"{MASTER_IP}/24", "dev", ROOT_IF)
-        sh("ip", "link", "set", ROOT_IF, "up")
-        sh("ip", "netns", "exec", NS, "ip", "addr", "add", f"{SLAVE_IP}/24", "dev", NS_IF)
-        sh("ip", "netns", "exec", NS, "ip", "link", "set", NS_IF, "up")
-        sh("ip", "netns", "exec", NS, "ip", "link", "set", "lo", "up")
-        yield NS
-    finally:
-        subprocess.run(["ip", "link", "del", ROOT_IF], capture_output=True, timeout=30)
-        subprocess.run(["ip", "netns", "del", NS], capture_output=True, timeout=30)
+    with veth_namespace(NS, ROOT_IF, NS_IF, (MASTER_IP,), SLAVE_IP) as ns:
+        yield ns
 
 
 def cut(up: bool) -> None:
