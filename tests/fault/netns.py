@@ -3,6 +3,7 @@
 import os
 import shutil
 import subprocess
+import sys
 from contextlib import contextmanager
 
 import pytest
@@ -33,3 +34,46 @@ def veth_namespace(ns: str, root_if: str, ns_if: str, root_ips: tuple, ns_ip: st
     finally:
         subprocess.run(["ip", "link", "del", root_if], capture_output=True, timeout=30)
         subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
+
+
+class NsGroup:
+    """A broker group (broker, reput, flush, ha) inside namespace ``ns``, started at once (and again
+    by :meth:`start_group` after :meth:`close`); ``conf``: its broker.conf properties."""
+
+    def __init__(self, ns, store, namesrv_addr, conf):
+        self.ns = ns
+        self.store = str(store)
+        self.namesrv_addr = namesrv_addr
+        os.makedirs(self.store, exist_ok=True)
+        self.conf_path = os.path.join(self.store, "broker.conf")
+        with open(self.conf_path, "w") as f:
+            f.write("".join(f"{k}={v}\n" for k, v in conf.items()))
+        self.procs = []
+        self.start_group()
+
+    def start_group(self):
+        self.procs = []
+        common = ["--store-path", self.store, "-c", self.conf_path]
+        self.broker = self._start(["rmq.actors.broker", *common, "--listen-port", "0",
+                                   "--namesrv-addr", self.namesrv_addr])
+        self.broker_addr = self.broker.replace("tcp://", "")
+        for name in ("reput", "flush", "ha"):
+            self._start([f"rmq.actors.{name}", *common])
+
+    def _start(self, args):
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        p = subprocess.Popen(["ip", "netns", "exec", self.ns, sys.executable, "-m", *args], cwd=root,
+                             stdout=subprocess.PIPE, text=True)
+        self.procs.append(p)
+        line = p.stdout.readline().split()
+        if not line or line[0] != "ready":
+            self.close()
+            raise RuntimeError(f"{args[0]} did not start in {self.ns}: {line}")
+        return line[1]
+
+    def close(self):
+        for p in reversed(self.procs):
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+            p.stdout.close()

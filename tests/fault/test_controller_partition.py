@@ -18,7 +18,6 @@ Needs root and iproute2 (``ip netns``, veth): the CI machine has both.
 """
 import os
 import subprocess
-import sys
 import threading
 import time
 
@@ -27,7 +26,7 @@ import pytest
 from rmq.client.remoting import RemotingClient
 from rmq.protocol import ResponseCode
 from rmq.testing import ActorProcess
-from tests.fault.netns import veth_namespace
+from tests.fault.netns import NsGroup, veth_namespace
 from tests.integration.cluster import Cluster
 from tests.integration.test_broker import pull_all, send, wait_for
 from tests.integration.test_controller_failover import Controller, controlled_conf, role, sync_state
@@ -53,47 +52,6 @@ def isolate_from_controller(on: bool) -> None:
                    check=on, capture_output=True, timeout=30)
 
 
-class NsGroup:
-    """A broker group (broker, reput, flush, ha) inside the namespace."""
-
-    def __init__(self, store, namesrv_addr, conf):
-        self.store = str(store)
-        self.namesrv_addr = namesrv_addr
-        os.makedirs(self.store, exist_ok=True)
-        self.conf_path = os.path.join(self.store, "broker.conf")
-        with open(self.conf_path, "w") as f:
-            f.write("".join(f"{k}={v}\n" for k, v in conf.items()))
-        self.procs = []
-        self.start_group()
-
-    def start_group(self):
-        self.procs = []
-        common = ["--store-path", self.store, "-c", self.conf_path]
-        self.broker = self._start(["rmq.actors.broker", *common, "--listen-port", "0",
-                                   "--namesrv-addr", self.namesrv_addr])
-        self.broker_addr = self.broker.replace("tcp://", "")
-        for name in ("reput", "flush", "ha"):
-            self._start([f"rmq.actors.{name}", *common])
-
-    def _start(self, args):
-        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        p = subprocess.Popen(["ip", "netns", "exec", NS, sys.executable, "-m", *args], cwd=root,
-                             stdout=subprocess.PIPE, text=True)
-        self.procs.append(p)
-        line = p.stdout.readline().split()
-        if not line or line[0] != "ready":
-            self.close()
-            raise RuntimeError(f"{args[0]} did not start in {NS}: {line}")
-        return line[1]
-
-    def close(self):
-        for p in reversed(self.procs):
-            if p.poll() is None:
-                p.kill()
-            p.wait()
-            p.stdout.close()
-
-
 def test_master_cut_off_from_the_controllers_stops_acking_before_a_new_one_is_elected(netns, tmp_path):
     ctl = Controller(str(tmp_path / "controller"), "--listen-addr", CTL_IP)
     conf = {**controlled_conf(ctl, brokerRole="SYNC_MASTER", allAckInSyncStateSet="true",
@@ -105,7 +63,7 @@ def test_master_cut_off_from_the_controllers_stops_acking_before_a_new_one_is_el
         namesrv = ActorProcess(["-m", "rmq.actors.nameserver", "--listen-addr", ROOT_IP, "--listen-port", "0",
                                 "--store-path", str(tmp_path / "namesrv")])
         namesrv_addr = namesrv.endpoint.replace("tcp://", "")
-        old = NsGroup(tmp_path / "old", namesrv_addr, {**conf, "brokerIP1": NS_IP})
+        old = NsGroup(NS, tmp_path / "old", namesrv_addr, {**conf, "brokerIP1": NS_IP})
         with RemotingClient() as c:
             wait_for(lambda: role(c, old) == "SYNC_MASTER", 60)
             replica = Cluster(tmp_path / "replica", conf={**conf, "brokerIP1": ROOT_IP}, with_ha=True,

@@ -11,8 +11,6 @@ Needs root and iproute2 (``ip netns``, veth): the CI machine has both.
 """
 import os
 import random
-import subprocess
-import sys
 import threading
 import time
 
@@ -20,7 +18,7 @@ import pytest
 
 from rmq.client.remoting import RemotingClient
 from rmq.protocol import Frame, RequestCode, ResponseCode, unpack_body
-from tests.fault.netns import sh, veth_namespace
+from tests.fault.netns import NsGroup, sh, veth_namespace
 from tests.integration.cluster import Cluster
 from tests.integration.test_broker import pull_all, send, wait_for
 from tests.integration.test_ha import commitlog_digests as digests
@@ -44,41 +42,6 @@ def cut(up: bool) -> None:
     sh("ip", "link", "set", ROOT_IF, "up" if up else "down")
 
 
-class NsGroup:
-    """The slave's broker group (broker, reput, flush, ha) inside the namespace."""
-
-    def __init__(self, store, namesrv_addr, conf):
-        self.store = str(store)
-        os.makedirs(self.store, exist_ok=True)
-        self.conf_path = os.path.join(self.store, "broker.conf")
-        with open(self.conf_path, "w") as f:
-            f.write("".join(f"{k}={v}\n" for k, v in conf.items()))
-        self.procs = []
-        common = ["--store-path", self.store, "-c", self.conf_path]
-        self.broker = self._start(["rmq.actors.broker", *common, "--listen-port", "0", "--namesrv-addr", namesrv_addr])
-        self.broker_addr = self.broker.replace("tcp://", "")
-        for name in ("reput", "flush", "ha"):
-            self._start([f"rmq.actors.{name}", *common])
-
-    def _start(self, args):
-        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        p = subprocess.Popen(["ip", "netns", "exec", NS, sys.executable, "-m", *args], cwd=root,
-                             stdout=subprocess.PIPE, text=True)
-        self.procs.append(p)
-        line = p.stdout.readline().split()
-        if not line or line[0] != "ready":
-            self.close()
-            raise RuntimeError(f"{args[0]} did not start in {NS}: {line}")
-        return line[1]
-
-    def close(self):
-        for p in reversed(self.procs):
-            if p.poll() is None:
-                p.kill()
-            p.wait()
-            p.stdout.close()
-
-
 def runtime(c, addr, timeout_ms=5000):
     return unpack_body(c.invoke(addr, Frame(RequestCode.GET_BROKER_RUNTIME_INFO), timeout_ms))["table"]
 
@@ -92,7 +55,7 @@ def test_partition_between_sync_master_and_slave(netns, tmp_path):
         with RemotingClient() as c:
             # (topic P is auto-created by the first send: admin commands are served to loopback
             # peers only, and this master listens on the veth address)
-            slave = NsGroup(tmp_path / "slave", master.namesrv_addr,
+            slave = NsGroup(NS, tmp_path / "slave", master.namesrv_addr,
                             {**HA_CONF, "brokerRole": "SLAVE", "brokerId": "1", "brokerIP1": SLAVE_IP,
                              "brokerClusterName": "TestCluster", "brokerName": "broker-a"})
             wait_for(lambda: runtime(c, master.broker_addr)["haSlaves"], 30)
