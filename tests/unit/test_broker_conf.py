@@ -139,3 +139,42 @@ def test_format_round_trip():
         format_broker_conf({"k": "two\nlines"})
     with pytest.raises(BrokerConfError):
         format_broker_conf({"bad key": "v"})
+
+
+# -- controller mode (RocketMQ 5) ---------------------------------------------------------------------
+def test_controller_settings_defaults_and_refusals():
+    from rmq.broker_conf import (DEFAULT_BROKER_HEARTBEAT_INTERVAL_MS, DEFAULT_CONTROLLER_HEARTBEAT_TIMEOUT_MS,
+                                 DEFAULT_CONTROLLER_PORT, DEFAULT_HA_MAX_TIME_SLAVE_NOT_CATCHUP_MS,
+                                 controller_settings, local_controller_settings)
+    off = controller_settings({})
+    assert off["enabled"] is False and off["addrs"] == []
+    on = controller_settings({"enableControllerMode": "true", "controllerAddr": " 127.0.0.1:9878;h2:9878 "})
+    assert on["addrs"] == ["127.0.0.1:9878", "h2:9878"]
+    assert (on["heartbeat_interval_ms"], on["heartbeat_timeout_ms"], on["not_catchup_ms"]) == (
+        DEFAULT_BROKER_HEARTBEAT_INTERVAL_MS, DEFAULT_CONTROLLER_HEARTBEAT_TIMEOUT_MS,
+        DEFAULT_HA_MAX_TIME_SLAVE_NOT_CATCHUP_MS)
+    for props, words in (({"enableControllerMode": "yes"}, "enableControllerMode"),
+                         ({"enableControllerMode": "true"}, "needs controllerAddr"),
+                         ({"enableControllerMode": "true", "controllerAddr": "nohost"}, "controllerAddr entry"),
+                         ({"enableControllerMode": "true", "controllerAddr": "h:0"}, "controllerAddr entry"),
+                         ({"brokerHeartbeatInterval": "5"}, "brokerHeartbeatInterval"),
+                         ({"brokerHeartbeatInterval": "1000", "controllerHeartBeatTimeoutMills": "1500"},
+                          "at least twice"),
+                         ({"haMaxTimeSlaveNotCatchup": "x"}, "haMaxTimeSlaveNotCatchup"),
+                         ({"brokerElectionPriority": "-1"}, "brokerElectionPriority")):
+        with pytest.raises(BrokerConfError, match=words):
+            controller_settings(props)
+    # port 0 only where an ephemeral port is resolved (rmq start --controller --controller-port 0)
+    assert controller_settings({"enableControllerMode": "true", "controllerAddr": "127.0.0.1:0"},
+                               allow_port_zero=True)["addrs"] == ["127.0.0.1:0"]
+    assert local_controller_settings({}) == {"enabled": False, "port": DEFAULT_CONTROLLER_PORT}
+    with pytest.raises(BrokerConfError, match="enableControllerInNamesrv"):
+        local_controller_settings({"enableControllerInNamesrv": "1"})
+
+
+def test_rmq_start_controller_puts_the_broker_in_controller_mode():
+    s = broker_settings({"enableControllerInNamesrv": "true", "controllerListenPort": "0"}, ephemeral_ports=True)
+    assert (s["enableControllerMode"], s["controllerAddr"]) == ("true", "127.0.0.1:0")
+    # a broker in controller mode may be a SLAVE without a brokerId: the controllers assign it
+    s = broker_settings({"enableControllerMode": "true", "controllerAddr": "127.0.0.1:9878", "brokerRole": "SLAVE"})
+    assert s["brokerRole"] == "SLAVE"
