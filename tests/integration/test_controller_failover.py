@@ -351,3 +351,24 @@ def test_three_controllers_lose_their_leader_and_still_fail_a_killed_master_over
         for x in ctls:
             if x is not None:
                 x.close()
+
+
+def test_a_parked_sync_send_is_not_acknowledged_once_the_master_lease_ran_out(setup):
+    """SYNC_MASTER: a send parked for its replica's ack, when the controllers go silent, is answered
+    SERVICE_NOT_AVAILABLE as the lease runs out, never SEND_OK later (another master may exist then)."""
+    ctl, brokers = setup(brokerRole="SYNC_MASTER", slaveTimeout="20000")
+    with RemotingClient() as c:
+        master = the_master(c, brokers)
+        replica = next(b for b in brokers if b is not master)
+        create_topic(c, master.broker_addr, "LEASE", queues=1)
+        wait_for(lambda: runtime(c, master.broker_addr)["haSlaves"], 60)
+        assert send(c, master.broker_addr, "LEASE", b"before", 0).code == ResponseCode.SUCCESS
+        ha = replica.procs["ha"].proc
+        ha.send_signal(signal.SIGSTOP)                    # no ack will come: the send parks
+        ctl.proc.send_signal(signal.SIGSTOP)              # and the controllers go silent
+        try:
+            r = send(c, master.broker_addr, "LEASE", b"parked", 0, timeout_ms=15_000)
+            assert r.code == ResponseCode.SERVICE_NOT_AVAILABLE and "lease" in r.remark, (r.code, r.remark)
+        finally:
+            ctl.proc.send_signal(signal.SIGCONT)
+            ha.send_signal(signal.SIGCONT)
