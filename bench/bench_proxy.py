@@ -128,21 +128,11 @@ def raw_remoting_sends(addr: str, n: int, topic: str) -> float:
     """SEND_MESSAGE (10, JSON header) one at a time from a bare TCP socket to ``addr`` (a proxy or a
     zero-work server), the C++ client's fields and cpp_client.py's messages; returns msgs/s."""
     import socket
-    import struct
 
-    from rmq.proxy.remoting import SERIALIZE_JSON, RemotingCommand, decode, encode
-    host, port = addr.rsplit(":", 1)
-    s = socket.create_connection((host, int(port)))
+    from rmq.proxy.remoting import SERIALIZE_JSON, RemotingCommand, encode
+    from tests.integration.proxy_helpers import connect, read_frame
+    s = connect(addr)
     s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-    def read(k: int) -> bytes:
-        data = b""
-        while len(data) < k:
-            chunk = s.recv(k - len(data))
-            if not chunk:
-                raise ConnectionError("closed")
-            data += chunk
-        return data
     try:
         t0 = 0.0
         for i in range(-200, n):                       # 200 warm-up sends
@@ -154,7 +144,7 @@ def raw_remoting_sends(addr: str, n: int, topic: str) -> float:
                  "bornTimestamp": str(int(time.time() * 1000)), "flag": "0", "properties": _props(j),
                  "reconsumeTimes": "0", "unitMode": "false", "batch": "false"}
             s.sendall(encode(RemotingCommand(10, i + 1000, 0, None, f, body_of(j), "CPP", 407, SERIALIZE_JSON)))
-            r = decode(read(struct.unpack(">i", read(4))[0]))
+            r = read_frame(s)
             if r.code != 0:
                 raise RuntimeError(f"raw send answered {r.code}: {r.remark}")
         return n / (time.perf_counter() - t0)

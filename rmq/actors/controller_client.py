@@ -72,6 +72,7 @@ class ControllerClient:
         self.replica_id = -1
         self.info: dict = {}                      # newest replica info from a leading controller
         self.lease_until = 0.0                    # monotonic s: a master takes writes until then
+        self._lease_logged = False                # the lease's loss was logged (once per loss)
         self.leader_addr = ""
         self.socks: dict = {}                     # controller address -> DEALER
         self._sent_at: dict = {}                  # opaque -> (monotonic s of the send, code)
@@ -159,7 +160,8 @@ class ControllerClient:
             return
         end = b.store.get_max_phy_offset()
         fields = {**self._base_fields(), "epoch": b.epochs.last_epoch(), "maxOffset": end,
-                  "confirmOffset": end, "electionPriority": self.election_priority,
+                  "confirmOffset": self.confirm_offset if self.read_committed else end,
+                  "electionPriority": self.election_priority,
                   "heartbeatTimeoutMillis": self.timeout_ms}
         for addr in self.addrs:
             self._send(addr, Frame(RequestCode.BROKER_HEARTBEAT, fields=dict(fields)))
@@ -169,7 +171,7 @@ class ControllerClient:
             self._maybe_alter_sync_state_set(end)
 
     def _check_lease(self) -> None:
-        if not self.lease_valid(time.monotonic()) and not getattr(self, "_lease_logged", False):
+        if not self.lease_valid(time.monotonic()) and not self._lease_logged:
             self._lease_logged = True
             self.stats["leaseLost"] += 1
             self.log.error("no leading controller answered for %.0f ms: writes refused until one does",

@@ -28,9 +28,9 @@ Concurrency
 """
 from __future__ import annotations
 
-import re
 from typing import Iterable, NamedTuple, Optional
 
+from rmq.broker_conf import ADDR_PATTERN, NAME_PATTERN  # noqa: F401 - re-exported for the controller
 from rmq.protocol import ResponseCode
 
 __all__ = ["ControllerState", "Result", "NO_MASTER", "FIRST_BROKER_ID", "check_name", "check_address",
@@ -49,9 +49,7 @@ ADDR_MAX_LENGTH = 255              # "host:port", characters
 MAX_BROKERS_PER_SET = 256          # replicas of one broker set (RocketMQ runs 2-3); bounds a request's lists
 MAX_BROKER_SETS = 65536            # broker sets of the whole controller group: bounds its memory
 SNAPSHOT_VERSION = 1               # ``to_dict()["version"]``
-# the NameServer's rules (rmq.actors.nameserver): RocketMQ's name charset plus '.'; "host:port"
-NAME_PATTERN = re.compile(r"^[%|a-zA-Z0-9_.-]+$")
-ADDR_PATTERN = re.compile(r"^(?:[a-zA-Z0-9_.-]+|\[[0-9a-fA-F:.]+\]):([0-9]{1,5})$")
+# the NameServer's and broker.conf's rules: RocketMQ's name charset plus '.'; "host:port"
 
 _OK = int(ResponseCode.SUCCESS)
 _INVALID_REQUEST = int(ResponseCode.CONTROLLER_INVALID_REQUEST)
