@@ -188,6 +188,32 @@ DEFAULT_HA_MAX_TIME_SLAVE_NOT_CATCHUP_MS = 15000  # MessageStoreConfig.haMaxTime
 DEFAULT_CONTROLLER_PORT = 9878                   # RocketMQ 5's controller (mqcontroller) listen port
 
 
+DEFAULT_WAIT_TIME_MS_IN_SEND_QUEUE = 200          # waitTimeMillsInSendQueue (SPEC.md §6.3)
+DEFAULT_SEND_QUEUE_CAPACITY = 10_000              # sendThreadPoolQueueCapacity (BrokerConfig)
+MAX_WAIT_TIME_MS_IN_SEND_QUEUE = 600_000
+MAX_SEND_QUEUE_CAPACITY = 1_000_000
+
+
+def flow_control_settings(s: Mapping[str, Any]) -> dict:
+    """The broker's send flow control (RocketMQ's BrokerFastFailure): ``waitTimeMillsInSendQueue``
+    (ms, 200: a send that waited longer since the broker read it is answered SYSTEM_BUSY
+    [TIMEOUT_CLEAN_QUEUE]) and ``sendThreadPoolQueueCapacity`` (10000: client requests the broker
+    reads off its socket per loop round, so their wait is measured; the rest wait in ZeroMQ's
+    buffers).  Returns ``{"wait_ms", "queue_capacity"}``.
+
+    Raises
+    ------
+    BrokerConfError
+        Not an integer, or outside [0, MAX_WAIT_TIME_MS_IN_SEND_QUEUE] / [1, MAX_SEND_QUEUE_CAPACITY].
+    """
+    return {"wait_ms": _int("waitTimeMillsInSendQueue", s.get("waitTimeMillsInSendQueue",
+                                                               DEFAULT_WAIT_TIME_MS_IN_SEND_QUEUE),
+                            0, MAX_WAIT_TIME_MS_IN_SEND_QUEUE),
+            "queue_capacity": _int("sendThreadPoolQueueCapacity", s.get("sendThreadPoolQueueCapacity",
+                                                                         DEFAULT_SEND_QUEUE_CAPACITY),
+                                   1, MAX_SEND_QUEUE_CAPACITY)}
+
+
 def local_controller_settings(s: Mapping[str, Any]) -> dict:
     """A controller run by ``rmq start`` beside its NameServer (``rmq start --controller``):
     ``enableControllerInNamesrv`` (false; RocketMQ 5's NamesrvConfig name) and
@@ -347,6 +373,7 @@ def broker_settings(props: Optional[Mapping[str, Any]] = None,
         s.setdefault("enableControllerMode", "true")
         if str(s.get("enableControllerMode")).strip().lower() == "true" and not s.get("controllerAddr"):
             s["controllerAddr"] = f"127.0.0.1:{local_controller_settings(s)['port']}"
+    flow_control_settings(s)      # waitTimeMillsInSendQueue / sendThreadPoolQueueCapacity
     # enableControllerMode / controllerAddr / heartbeat settings
     controller = controller_settings(s, ephemeral_ports)
     try:     # authEnable / authServerKeyFile / authClientKeysDir / authAdminKeysDir (rmq.security)

@@ -41,6 +41,7 @@ from rmq.protocol import Frame, ProtocolError, RequestCode, ResponseCode
 
 HEARTBEAT_INTERVAL_MS = 1000        # actor -> supervisor beat
 HEARTBEAT_LIVENESS = 5              # beats missed before the supervisor calls an actor dead
+DRAIN_PER_POLL = 256                # messages read from one socket per poll round (timers are not starved)
 LOG_MAX_BYTES = 16 * 1024 * 1024
 LOG_BACKUPS = 3
 
@@ -153,6 +154,8 @@ class Actor:
         self.log = self._setup_logging(log_level)
         self.started_at = time.time()
         self.poll_returned_at = time.monotonic()   # when the current batch of messages was read
+        self.request_received_at = self.poll_returned_at   # monotonic s the message being handled was read
+        self._drain_limits: dict[zmq.Socket, int] = {}      # socket -> messages read per round (DRAIN_PER_POLL)
         self.security: Optional[S.ServerSecurity] = None
         self._security_checked = False
         self._auth_enabled = False
@@ -233,20 +236,33 @@ class Actor:
             s.connect(connect)
         return s
 
-    def add_socket(self, sock: zmq.Socket, handler: Callable[[list], None]) -> None:
-        """Poll ``sock``; ``handler(parts)`` gets each multipart message (zmq.Frame parts)."""
+    def add_socket(self, sock: zmq.Socket, handler: Callable[[list], None], drain_max: int = DRAIN_PER_POLL) -> None:
+        """Poll ``sock``; ``handler(parts)`` gets each multipart message (zmq.Frame parts).
+
+        Each poll round reads up to ``drain_max`` messages from ``sock`` first, each stamped with
+        the monotonic time it was read, then hands them to ``handler`` in order; while one is
+        handled, :attr:`request_received_at` is its stamp.  A large ``drain_max`` moves a
+        backlog out of ZeroMQ's buffers, where its age cannot be seen, into this loop, where a
+        handler can refuse what waited too long (the broker's send queue: RocketMQ's
+        sendThreadPoolQueueCapacity and [TIMEOUT_CLEAN_QUEUE]).
+        """
+        if drain_max < 1:
+            raise ValueError(f"drain_max must be >= 1, got {drain_max}")
         self._socket_handlers[sock] = handler
+        self._drain_limits[sock] = drain_max
         self.poller.register(sock, zmq.POLLIN)
 
     def remove_socket(self, sock: zmq.Socket) -> None:
         """Stop polling ``sock`` (added with :meth:`add_socket`) and close it at once (linger 0)."""
         self.poller.unregister(sock)
         self._socket_handlers.pop(sock, None)
+        self._drain_limits.pop(sock, None)
         sock.close(0)
 
-    def serve(self, sock: zmq.Socket) -> None:
-        """Serve requests arriving on a ROUTER (or DEALER) socket with the registered handlers."""
-        self.add_socket(sock, lambda parts, s=sock: self._on_request(s, parts))
+    def serve(self, sock: zmq.Socket, drain_max: int = DRAIN_PER_POLL) -> None:
+        """Serve requests arriving on a ROUTER (or DEALER) socket with the registered handlers
+        (``drain_max``: see :meth:`add_socket`)."""
+        self.add_socket(sock, lambda parts, s=sock: self._on_request(s, parts), drain_max)
 
     def handle(self, code: int, fn: Handler) -> None:
         """Register ``fn`` for requests with ``code``."""
@@ -278,6 +294,7 @@ class Actor:
             self.on_response(frame)
             return
         reply = Reply(sock, envelope, frame.opaque, frame.is_oneway)
+        reply.received_at = self.request_received_at      # read off the socket (RPC latency metrics)
         if self.rpc_observer is not None and sock in self._observed_socks:
             reply.request_code = frame.code
             reply.observer = self.rpc_observer
@@ -437,12 +454,14 @@ class Actor:
             handler = self._socket_handlers.get(sock)
             if handler is None:
                 continue
-            # drain what is queued, bounded so timers are not starved
-            for _ in range(256):
+            # read what is queued (bounded so timers are not starved), each stamped, then handle it
+            batch = []
+            for _ in range(self._drain_limits.get(sock, DRAIN_PER_POLL)):
                 try:
-                    parts = sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+                    batch.append((sock.recv_multipart(flags=zmq.NOBLOCK, copy=False), time.monotonic()))
                 except zmq.Again:
                     break
+            for parts, self.request_received_at in batch:
                 handler(parts)
         if events:
             self.after_poll()

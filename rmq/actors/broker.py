@@ -66,7 +66,7 @@ from rmq.actors.processor.send import SendMessageProcessor
 from rmq.actors.processor.store_announce import StoreAnnounceProcessor
 from rmq.actors.timer import TimerService
 from rmq.actors.transaction import TransactionService
-from rmq.broker_conf import actor_settings, controller_settings
+from rmq.broker_conf import actor_settings, controller_settings, flow_control_settings
 from rmq.protocol import Frame, RequestCode, ResponseCode, pack_body
 from rmq.stats import WINDOWS, BrokerStats
 from rmq.store.config import SYNC_FLUSH, MessageStoreConfig
@@ -107,7 +107,11 @@ class BrokerActor(Actor):
         self.auto_create_topic = _true(settings.get("autoCreateTopicEnable", "true"))
         self.auto_create_group = _true(settings.get("autoCreateSubscriptionGroup", "true"))
         self.default_queue_nums = int(settings.get("defaultTopicQueueNums", 8))
-        self.wait_time_ms_in_send_queue = int(settings.get("waitTimeMillsInSendQueue", 200))
+        # send flow control; the client socket's backlog is read into this loop each round, up to
+        # sendThreadPoolQueueCapacity requests, so a send's wait is seen from the moment it was read
+        flow = flow_control_settings(settings)
+        self.wait_time_ms_in_send_queue = flow["wait_ms"]
+        self.send_queue_capacity = flow["queue_capacity"]
         self.long_polling = _true(settings.get("longPollingEnable", "true"))
         # SQL92 subscriptions are refused unless enabled (BrokerConfig.enablePropertyFilter, default false)
         self.enable_property_filter = _true(settings.get("enablePropertyFilter", "false"))
@@ -208,7 +212,7 @@ class BrokerActor(Actor):
         self.store.set_store_host(self.broker_addr)
         self.internal_sock = self.socket(zmq.ROUTER, bind=internal_endpoint(self.store_path))
         self.pub_sock = self.socket(zmq.PUB, bind=announce_endpoint(self.store_path))
-        self.serve(self.client_sock)
+        self.serve(self.client_sock, drain_max=self.send_queue_capacity)
         self.serve(self.internal_sock)
         for addr in self.namesrv_addrs:
             s = self.socket(zmq.DEALER, connect=f"tcp://{addr}")

@@ -186,6 +186,74 @@ def test_batch_send(cluster):
         assert [m.body for m in cl.decode_records(bytes(r.bodies[0]))] == [b"b42"]
 
 
+BACKLOG_REQUESTS = 20_000        # sends offered at once: several times what the broker handles in 100 ms
+BACKLOG_WAIT_MS = 100            # the broker's waitTimeMillsInSendQueue for the backlog test
+
+
+def test_backlog_beyond_the_send_queue_wait_gets_system_busy(tmp_path):
+    """Flow control under a backlog: sends offered faster than the broker appends wait in its
+    queue; those that waited longer than waitTimeMillsInSendQueue since the broker read them are
+    answered SYSTEM_BUSY [TIMEOUT_CLEAN_QUEUE] (RocketMQ's BrokerFastFailure), not left to age in
+    ZeroMQ's buffers.  Every request is answered SUCCESS or SYSTEM_BUSY, exactly the successes are
+    stored (distinct queue offsets 0..n-1), and a send after the backlog succeeds."""
+    import zmq
+    c = Cluster(tmp_path / "backlog", conf={"waitTimeMillsInSendQueue": str(BACKLOG_WAIT_MS)}, with_namesrv=False)
+    ctx = zmq.Context.instance()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RCVHWM, 0)
+    rc = RemotingClient()
+    try:
+        sock.connect(c.broker)
+        assert send(rc, c.broker, "Backlog", b"warm").code == ResponseCode.SUCCESS     # topic created
+        frames = [P.encode(Frame(RequestCode.SEND_MESSAGE, opaque=i + 1, fields={
+            "producerGroup": "pg", "topic": "Backlog", "queueId": 0, "properties": {},
+            "bornTimestamp": 0}, bodies=[b"%099d" % i])) for i in range(BACKLOG_REQUESTS)]
+        answers: dict = {}
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN | zmq.POLLOUT)
+        sent, deadline = 0, time.monotonic() + 120
+        while len(answers) < BACKLOG_REQUESTS and time.monotonic() < deadline:
+            if sent == BACKLOG_REQUESTS:
+                poller.modify(sock, zmq.POLLIN)
+            events = dict(poller.poll(1000))
+            if events.get(sock, 0) & zmq.POLLOUT and sent < BACKLOG_REQUESTS:
+                for _ in range(1000):
+                    try:
+                        sock.send_multipart(frames[sent], flags=zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    sent += 1
+                    if sent == BACKLOG_REQUESTS:
+                        break
+            if events.get(sock, 0) & zmq.POLLIN:
+                while True:
+                    try:
+                        r = P.decode(sock.recv_multipart(flags=zmq.NOBLOCK))
+                    except zmq.Again:
+                        break
+                    assert r.opaque not in answers, f"request {r.opaque} answered twice"
+                    answers[r.opaque] = r
+        assert len(answers) == BACKLOG_REQUESTS, f"{BACKLOG_REQUESTS - len(answers)} requests never answered"
+        codes: dict = {}
+        for r in answers.values():
+            codes[ResponseCode(r.code).name] = codes.get(ResponseCode(r.code).name, 0) + 1
+        assert set(codes) <= {"SUCCESS", "SYSTEM_BUSY"}, codes
+        busy = [r for r in answers.values() if r.code == ResponseCode.SYSTEM_BUSY]
+        assert busy, f"no SYSTEM_BUSY for a backlog of {BACKLOG_REQUESTS} sends: {codes}"
+        assert all("[TIMEOUT_CLEAN_QUEUE]" in r.remark for r in busy), busy[0].remark
+        ok = {r.fields["queueOffset"]: r.opaque for r in answers.values() if r.code == ResponseCode.SUCCESS}
+        assert len(ok) == codes.get("SUCCESS", 0) and sorted(ok) == list(range(1, len(ok) + 1))
+        after = send(rc, c.broker, "Backlog", b"after")            # flow control lets go once the backlog is gone
+        assert after.code == ResponseCode.SUCCESS and after.fields["queueOffset"] == len(ok) + 1
+        stored, _ = pull_all(rc, c.broker, "Backlog", 0, deadline_s=60)
+        assert [m.body for m in stored] == [b"warm"] + [b"%099d" % (ok[o] - 1) for o in sorted(ok)] + [b"after"]
+    finally:
+        rc.close()
+        sock.close(0)
+        c.close()
+
+
 def test_request_waiting_too_long_gets_system_busy(tmp_path):
     """Fast failure: a send read longer than waitTimeMillsInSendQueue ago is refused with
     SYSTEM_BUSY and nothing is stored (0 ms makes every send late)."""

@@ -178,3 +178,27 @@ def test_rmq_start_controller_puts_the_broker_in_controller_mode():
     # a broker in controller mode may be a SLAVE without a brokerId: the controllers assign it
     s = broker_settings({"enableControllerMode": "true", "controllerAddr": "127.0.0.1:9878", "brokerRole": "SLAVE"})
     assert s["brokerRole"] == "SLAVE"
+
+
+def test_flow_control_settings_defaults_limits_and_refusals():
+    from rmq.broker_conf import (DEFAULT_SEND_QUEUE_CAPACITY, DEFAULT_WAIT_TIME_MS_IN_SEND_QUEUE,
+                                 MAX_SEND_QUEUE_CAPACITY, MAX_WAIT_TIME_MS_IN_SEND_QUEUE, flow_control_settings)
+    assert flow_control_settings({}) == {"wait_ms": DEFAULT_WAIT_TIME_MS_IN_SEND_QUEUE,
+                                         "queue_capacity": DEFAULT_SEND_QUEUE_CAPACITY}
+    assert (DEFAULT_WAIT_TIME_MS_IN_SEND_QUEUE, DEFAULT_SEND_QUEUE_CAPACITY) == (200, 10_000)   # RocketMQ's
+    edges = flow_control_settings({"waitTimeMillsInSendQueue": str(MAX_WAIT_TIME_MS_IN_SEND_QUEUE),
+                                   "sendThreadPoolQueueCapacity": str(MAX_SEND_QUEUE_CAPACITY)})
+    assert edges == {"wait_ms": MAX_WAIT_TIME_MS_IN_SEND_QUEUE, "queue_capacity": MAX_SEND_QUEUE_CAPACITY}
+    assert flow_control_settings({"waitTimeMillsInSendQueue": "0", "sendThreadPoolQueueCapacity": "1"}) == {
+        "wait_ms": 0, "queue_capacity": 1}
+    for props, words in (({"waitTimeMillsInSendQueue": "-1"}, "waitTimeMillsInSendQueue"),
+                         ({"waitTimeMillsInSendQueue": str(MAX_WAIT_TIME_MS_IN_SEND_QUEUE + 1)},
+                          "waitTimeMillsInSendQueue"),
+                         ({"waitTimeMillsInSendQueue": "fast"}, "waitTimeMillsInSendQueue"),
+                         ({"sendThreadPoolQueueCapacity": "0"}, "sendThreadPoolQueueCapacity"),
+                         ({"sendThreadPoolQueueCapacity": str(MAX_SEND_QUEUE_CAPACITY + 1)},
+                          "sendThreadPoolQueueCapacity")):
+        with pytest.raises(BrokerConfError, match=words):
+            flow_control_settings(props)
+        with pytest.raises(BrokerConfError, match=words):      # rmq start refuses before launching anything
+            broker_settings(props)

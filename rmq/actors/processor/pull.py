@@ -216,14 +216,14 @@ class PullMessageProcessor(RequestProcessor):
         if code == ResponseCode.SUCCESS:
             if _lt.ENABLED:
                 _lt.event("pull", topic, queue_id, offset, res.next_begin_offset,
-                          int((arrived or b.poll_returned_at) * 1e9), time.monotonic_ns(), arrived is not None)
+                          int((arrived or b.request_received_at) * 1e9), time.monotonic_ns(), arrived is not None)
             self._count_get(topic, group, queue_id, res.message_count, len(res.records), res.next_begin_offset)
             return frame.response(code, fields=fields, bodies=[res.records])
         if code == ResponseCode.PULL_NOT_FOUND and allow_suspend and sys_flag & PULL_FLAG_SUSPEND:
             suspend_ms = min(field_int(frame, "suspendTimeoutMillis", b.suspend_max_ms, lo=0),
                              b.suspend_max_ms) if b.long_polling else NOT_LONG_POLLING_HOLD_MS
             self.hold_service.suspend((topic, queue_id), PullRequest(
-                frame, reply, offset, time.monotonic() + suspend_ms / 1000.0, b.poll_returned_at))
+                frame, reply, offset, time.monotonic() + suspend_ms / 1000.0, b.request_received_at))
             return None
         return frame.response(code, fields=fields)
 
@@ -335,7 +335,7 @@ class PullMessageProcessor(RequestProcessor):
         self._count_get(topic, group, queue_id, count, size, offset + count)
         if _lt.ENABLED:
             _lt.event("pull", topic, queue_id, offset, offset + count,
-                      int((arrived or b.poll_returned_at) * 1e9), time.monotonic_ns(), arrived is not None)
+                      int((arrived or b.request_received_at) * 1e9), time.monotonic_ns(), arrived is not None)
         store = b.store
         return frame.response(ResponseCode.SUCCESS, fields={
             "nextBeginOffset": offset + count, "minOffset": store.get_min_offset_in_queue(topic, queue_id),

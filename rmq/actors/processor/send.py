@@ -139,7 +139,7 @@ class SendMessageProcessor(RequestProcessor):
     def on_send(self, frame: Frame, reply: Reply) -> Optional[Frame]:
         b = self.b
         t_handler = time.monotonic_ns() if _lt.ENABLED else 0     # read from the socket (latency trace)
-        waited_ms = (time.monotonic() - b.poll_returned_at) * 1000.0
+        waited_ms = (time.monotonic() - b.request_received_at) * 1000.0    # since it was read off the socket
         if waited_ms > b.wait_time_ms_in_send_queue:
             return frame.response(ResponseCode.SYSTEM_BUSY,
                                   f"[TIMEOUT_CLEAN_QUEUE]broker busy, start flow control for a while, "
