@@ -43,6 +43,7 @@ from typing import Callable, Iterable, Optional, Union
 
 import zmq
 import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
 
 from rmq import latency_trace as _lt
 from rmq import protocol as P
@@ -60,6 +61,7 @@ from rmq.client.consumer import (BROKER_SUSPEND_MAX_TIME_MS, CONCURRENT_MAX_RECO
                                  compute_pull_from_where)
 from rmq.client.consumer_api import (ROUTE_REFRESH_INTERVAL_MS, PullFromWhichNode, group_addrs,
                                      route_refresh_due)
+from rmq.client.route import ROUTE_REFRESH_ON_FAILURE_MS, route_suspect
 from rmq.client.consumer_api import (CONSUMER_TIMEOUT_MS_WHEN_SUSPEND, SUB_ALL, SubscriptionData, TopicRoute, _check,
                                      build_pull_frame, consumer_data, default_client_id, heartbeat_body,
                                      mq_set_body, parse_lock_response, parse_pull_response, retry_send_frame,
@@ -93,6 +95,8 @@ class AsyncRemoting:
         self._sockets: dict = {}
         self._readers: dict = {}
         self._futures: dict = {}
+        self._in_flight: dict = {}       # addr -> {opaque: future}: failed at once when the connection drops
+        self._monitors: dict = {}        # addr -> (monitor socket, its task)
         self._opaque = itertools.count(1)
         self._closed = False
 
@@ -101,10 +105,32 @@ class AsyncRemoting:
             raise MQClientError("consumer client is closed")
         s = self._sockets.get(addr)
         if s is None:
-            s = P.dealer(self.ctx, addr, auth=self.auth)
+            s = P.dealer(self.ctx, auth=self.auth)
+            mon = s.get_monitor_socket(zmq.EVENT_DISCONNECTED)     # a dead broker fails its requests at once
+            s.connect(P.endpoint(addr))
             self._sockets[addr] = s
-            self._readers[addr] = asyncio.get_running_loop().create_task(self._read(addr, s))
+            loop = asyncio.get_running_loop()
+            self._readers[addr] = loop.create_task(self._read(addr, s))
+            self._monitors[addr] = (mon, loop.create_task(self._watch(addr, mon)))
         return s
+
+    async def _watch(self, addr: str, mon) -> None:
+        """Fail the requests in flight to ``addr`` when its connection drops (a killed broker),
+        rather than at their deadline (a long poll's is 30 s away)."""
+        while True:
+            try:
+                msg = await mon.recv_multipart()
+            except (asyncio.CancelledError, zmq.ZMQError):
+                return
+            try:
+                if parse_monitor_message(msg)["event"] != zmq.EVENT_DISCONNECTED:
+                    continue
+            except Exception:  # noqa: BLE001 - a malformed monitor frame: ignore it
+                continue
+            await asyncio.sleep(0)                    # answers already read count first
+            for fut in list(self._in_flight.get(addr, {}).values()):
+                if not fut.done():
+                    fut.set_exception(RemotingError(f"connection to {addr} closed with the request in flight"))
 
     async def _read(self, addr: str, s) -> None:
         while True:
@@ -134,6 +160,8 @@ class AsyncRemoting:
         frame.flag &= ~P.FLAG_ONEWAY
         fut = asyncio.get_running_loop().create_future()
         self._futures[frame.opaque] = fut
+        flying = self._in_flight.setdefault(addr, {})
+        flying[frame.opaque] = fut
         try:
             await s.send_multipart(P.encode(frame), copy=False)
             return await asyncio.wait_for(fut, timeout_ms / 1000.0)
@@ -142,12 +170,22 @@ class AsyncRemoting:
                 f"no response from {addr} to request code {frame.code} within {timeout_ms} ms") from None
         finally:
             self._futures.pop(frame.opaque, None)
+            flying.pop(frame.opaque, None)
 
     async def close(self) -> None:
         self._closed = True
-        for t in self._readers.values():
+        tasks = list(self._readers.values()) + [t for _, t in self._monitors.values()]
+        for t in tasks:
             t.cancel()
-        await asyncio.gather(*self._readers.values(), return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for addr, (mon, _) in self._monitors.items():
+            try:
+                self._sockets[addr].disable_monitor()
+            except zmq.ZMQError:
+                pass
+            mon.close(0)
+        self._monitors.clear()
+        self._in_flight.clear()
         for s in self._sockets.values():
             s.close(0)
         for f in self._futures.values():
@@ -172,6 +210,17 @@ class AsyncConsumerAPI:
         self.pull_from = PullFromWhichNode()
         self.route_refresh_interval_ms = ROUTE_REFRESH_INTERVAL_MS
         self._refresh_tried: dict = {}
+        self._route_doubt: set = set()            # topics whose last pull failed on a broker (route_suspect)
+
+    def note_pull_outcome(self, mq: MessageQueue, outcome: object) -> None:
+        """A pull of ``mq`` answered (a Frame) or failed (an exception): a failure that puts the
+        route in doubt makes :meth:`refresh_route_if_stale` refetch it every
+        ROUTE_REFRESH_ON_FAILURE_MS until a pull of the topic is answered again (as the sync
+        :meth:`rmq.client.consumer_api.ConsumerAPI.on_pull_response`)."""
+        if route_suspect(outcome):
+            self._route_doubt.add(mq.topic)
+        elif self._route_doubt and isinstance(outcome, Frame):
+            self._route_doubt.discard(mq.topic)
 
     async def invoke(self, addr: str, frame: Frame, timeout_ms: Optional[int] = None) -> Frame:
         """Send ``frame``, await the answer; a RemotingError makes ``addr`` avoided by the read
@@ -218,6 +267,8 @@ class AsyncConsumerAPI:
         """Refetch ``topic``'s route when older than ``max_age_ms`` (default
         ``route_refresh_interval_ms``), at most one attempt per that interval; errors are logged."""
         max_age_ms = self.route_refresh_interval_ms if max_age_ms is None else max_age_ms
+        if topic in self._route_doubt:           # a pull failed on a broker: its master may have changed
+            max_age_ms = min(max_age_ms, ROUTE_REFRESH_ON_FAILURE_MS)
         now = time.monotonic()
         if not route_refresh_due(self._routes.get(topic), self._refresh_tried.get(topic, -1e18), now, max_age_ms):
             return
@@ -312,7 +363,12 @@ class AsyncConsumerAPI:
                                  suspend_ms)
         if timeout_ms is None:
             timeout_ms = suspend_ms + self.timeout_ms if suspend_ms else self.timeout_ms
-        resp = await self.invoke(addr, frame, timeout_ms)
+        try:
+            resp = await self.invoke(addr, frame, timeout_ms)
+        except RemotingError as e:
+            self.note_pull_outcome(mq, e)
+            raise
+        self.note_pull_outcome(mq, resp)
         self.pull_from.update_from_response(mq, resp)
         return parse_pull_response(resp, sub, addr, group_retry_topic)
 
@@ -555,7 +611,9 @@ class AsyncPullConsumer:
             resp = await api.invoke(addr, frame, suspend + self.timeout_ms)
         except RemotingError as e:
             e.broker_addr = addr                          # for poll: retry elsewhere when it can
+            api.note_pull_outcome(mq, e)
             raise
+        api.note_pull_outcome(mq, resp)
         api.pull_from.update_from_response(mq, resp)
         return resp, addr
 
@@ -1109,12 +1167,18 @@ class AsyncPushConsumer:
                 frame = build_pull_frame(self.group, mq, next_offset, self.pull_batch_size, sub,
                                          commit if commit > 0 else -1, BROKER_SUSPEND_MAX_TIME_MS)
                 self.stats["pulls"] += 1
-                resp = await self.api.invoke(addr, frame, CONSUMER_TIMEOUT_MS_WHEN_SUSPEND)
+                try:
+                    resp = await self.api.invoke(addr, frame, CONSUMER_TIMEOUT_MS_WHEN_SUSPEND)
+                except RemotingError as e:
+                    self.api.note_pull_outcome(mq, e)
+                    raise
+                self.api.note_pull_outcome(mq, resp)
                 self.api.pull_from.update_from_response(mq, resp)
                 res = parse_pull_response(resp, sub, addr, retry)
             except MQClientError as e:
                 log.warning("pull of %s failed: %s", mq, e)
                 await asyncio.sleep(delay)
+                await self.api.refresh_route_if_stale(mq.topic)     # in doubt: a new master within ~1 s
                 continue
             if pq.dropped:
                 return

@@ -42,9 +42,10 @@ from rmq import protocol as P
 from rmq import security
 from rmq.client import trace as _trace
 from rmq.client.message import Message, MessageQueue, SendResult
-from rmq.client.producer import (ProducerOptions, Selector, apply_selector, batch_body_of, check_group, client_id,
-                                 final_error, heartbeat_request, merge_results, parse_send_response,
-                                 prepare_batch, prepare_message, selector_for, send_request)
+from rmq.client.producer import (ROUTE_REFRESH_ON_FAILURE_MS, ProducerOptions, Selector, apply_selector, batch_body_of,
+                                 check_group, client_id, final_error, heartbeat_request, merge_results,
+                                 parse_send_response, prepare_batch, prepare_message, route_suspect, selector_for,
+                                 send_request)
 from rmq.client.route import (MQFaultStrategy, RouteCache, TopicPublishInfo, cluster_info_request, parse_cluster_info,
                               parse_route_response, route_request, split_namesrv_addr)
 from rmq.errors import MQBrokerError, MQClientError, RemotingError, RemotingTimeoutError
@@ -290,8 +291,7 @@ class Producer:
             except MQBrokerError as e:
                 self.fault_strategy.update_fault_item(mq.broker_name, (self._loop_time() - t0) * 1000, True)
                 last_exc = e
-                if e.response_code in (ResponseCode.TOPIC_NOT_EXIST, ResponseCode.NO_PERMISSION):
-                    self._spawn(self._refresh(topic))
+                self._refresh_suspect(topic, e)
                 if fixed is not None or e.response_code not in self.options.retry_response_codes:
                     raise
                 last_broker = mq.broker_name
@@ -299,6 +299,7 @@ class Producer:
             except RemotingError as e:
                 self.fault_strategy.update_fault_item(mq.broker_name, (self._loop_time() - t0) * 1000, True)
                 last_exc = e
+                self._refresh_suspect(topic, e)
                 if fixed is not None:
                     raise
                 last_broker = mq.broker_name
@@ -499,6 +500,17 @@ class Producer:
             self.route_cache.update_brokers(parse_cluster_info(resp))
         except MQClientError as e:
             log.debug("cluster info refresh failed: %s", e)
+
+    def _refresh_suspect(self, topic: str, exc: BaseException) -> None:
+        """A send failed: refetch the route in the background when the failure puts it in doubt
+        (:func:`rmq.client.producer.route_suspect`), at most every ROUTE_REFRESH_ON_FAILURE_MS."""
+        now = self._loop_time()
+        if isinstance(exc, MQBrokerError) and exc.response_code in (ResponseCode.TOPIC_NOT_EXIST,
+                                                                    ResponseCode.NO_PERMISSION):
+            self._spawn(self._refresh(topic))       # the route is wrong for sure: at once
+        elif route_suspect(exc) and now - self._last_fetch.get(topic, -1e18) >= ROUTE_REFRESH_ON_FAILURE_MS / 1000.0:
+            self._last_fetch[topic] = now
+            self._spawn(self._refresh(topic))
 
     async def _refresh(self, topic: str) -> None:
         try:

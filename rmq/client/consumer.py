@@ -974,6 +974,7 @@ class PushConsumer:
                 if self.orderly and self.clustering and now >= next_lock:
                     self._lock_all()
                     next_lock = now + self.lock_interval_ms / 1000.0
+                self.api.refresh_doubtful_routes()      # a pull failed on a broker: a new master?
             except Exception:                    # keep the member alive whatever one step does
                 log.exception("consumer %s service step failed", self.group)
             if self._state != "RUNNING":

@@ -49,13 +49,14 @@ from rmq._core import commitlog as _cl
 from rmq.client.message import (PROPERTY_MAX_RECONSUME_TIMES, PROPERTY_RECONSUME_TIME, PROPERTY_RETRY_TOPIC,
                                 MessageQueue, PullResult, PullStatus)
 import zmq
+from zmq.utils.monitor import parse_monitor_message
 
 from rmq import latency_trace as _lt
 from rmq import protocol as P
 from rmq import security
 from rmq.client.remoting import DEFAULT_TIMEOUT_MS, RemotingClient
 from rmq.client.route import MASTER_ID as MASTER_BROKER_ID
-from rmq.client.route import find_broker_address_in_subscribe
+from rmq.client.route import ROUTE_REFRESH_ON_FAILURE_MS, find_broker_address_in_subscribe, route_suspect
 from rmq.errors import MQBrokerError, MQClientError, RemotingError, RemotingTimeoutError
 from rmq.filter import ExpressionType, MessageSelector, sql92
 from rmq.protocol import Frame, ProtocolError, RequestCode, ResponseCode, pack_body, unpack_body
@@ -524,6 +525,7 @@ class ConsumerAPI:
         self.pull_from = PullFromWhichNode()
         self.route_refresh_interval_ms = ROUTE_REFRESH_INTERVAL_MS
         self._refresh_tried: dict = {}            # topic -> time.monotonic() of the last refresh attempt
+        self._route_doubt: set = set()            # topics whose last pull failed on a broker (route_suspect)
 
     def remoting(self) -> RemotingClient:
         if self._closed:
@@ -614,6 +616,8 @@ class ConsumerAPI:
         (an unreachable NameServer costs one timeout per interval, not one per call).  Errors are
         logged; the cached route stays."""
         max_age_ms = self.route_refresh_interval_ms if max_age_ms is None else max_age_ms
+        if topic in self._route_doubt:           # a pull failed on a broker: its master may have changed
+            max_age_ms = min(max_age_ms, ROUTE_REFRESH_ON_FAILURE_MS)
         now = time.monotonic()
         with self._lock:
             if not route_refresh_due(self._routes.get(topic), self._refresh_tried.get(topic, -1e18), now,
@@ -690,8 +694,21 @@ class ConsumerAPI:
         return found
 
     def on_pull_response(self, mq: MessageQueue, resp: object, addr: str) -> None:
-        """Record a pull's outcome (a Frame or an exception from a RequestMux) for the next choice."""
+        """Record a pull's outcome (a Frame or an exception from a RequestMux) for the next choice;
+        a failure that puts the route in doubt (:func:`rmq.client.route.route_suspect`) makes
+        :meth:`refresh_route_if_stale` / :meth:`refresh_doubtful_routes` refetch ``mq.topic``'s
+        route every ROUTE_REFRESH_ON_FAILURE_MS until a pull of it succeeds."""
         self.pull_from.on_response(mq, resp, addr)
+        if route_suspect(resp):
+            self._route_doubt.add(mq.topic)
+        elif self._route_doubt and isinstance(resp, Frame):
+            self._route_doubt.discard(mq.topic)
+
+    def refresh_doubtful_routes(self) -> None:
+        """Refetch the routes in doubt (a pull of them failed on a broker), each at most every
+        ROUTE_REFRESH_ON_FAILURE_MS (a blocking NameServer call: the push consumer's service thread)."""
+        for topic in list(self._route_doubt):
+            self.refresh_route_if_stale(topic, ROUTE_REFRESH_ON_FAILURE_MS)
 
     def all_broker_addrs(self) -> list:
         """Master addresses of the cached routes."""
@@ -852,14 +869,21 @@ class RequestMux:
         self._addr_of: dict = {}
         self._opaque = itertools.count(1)
         self.pending: dict = {}          # opaque -> (deadline, addr, token)
+        self._monitors: dict = {}        # addr -> its socket's monitor (disconnect events)
+        self._monitor_addr: dict = {}    # monitor socket -> addr
 
     def _socket(self, addr: str) -> zmq.Socket:
         s = self._sockets.get(addr)
         if s is None:
-            s = P.dealer(self.ctx, addr, auth=self.auth)
+            s = P.dealer(self.ctx, auth=self.auth)
+            mon = s.get_monitor_socket(zmq.EVENT_DISCONNECTED)     # a dead broker fails its pulls at once
+            s.connect(P.endpoint(addr))
             self._sockets[addr] = s
             self._addr_of[s] = addr
+            self._monitors[addr] = mon
+            self._monitor_addr[mon] = addr
             self.poller.register(s, zmq.POLLIN)
+            self.poller.register(mon, zmq.POLLIN)
         return s
 
     def send(self, addr: str, frame: Frame, timeout_ms: int, token: object) -> int:
@@ -894,24 +918,24 @@ class RequestMux:
         events = self.poller.poll(max(0.0, timeout_ms))
         done = []
         fds = set()
+        closed = []
         for sock, _ in events:
             if isinstance(sock, int):
                 fds.add(sock)
                 continue
-            addr = self._addr_of.get(sock, "")
-            for _ in range(1024):
-                try:
-                    parts = sock.recv_multipart(zmq.NOBLOCK, copy=False)
-                except zmq.Again:
-                    break
-                try:
-                    resp = P.decode(parts)
-                except ProtocolError as e:
-                    log.warning("undecodable response from %s: %s", addr, e)
-                    continue
-                entry = self.pending.pop(resp.opaque, None)
-                if entry is not None:
-                    done.append((entry[2], resp, addr))
+            addr = self._monitor_addr.get(sock)
+            if addr is not None:
+                if self._disconnected(sock):
+                    closed.append(addr)
+                continue
+            self._drain(sock, self._addr_of.get(sock, ""), done)
+        for addr in closed:
+            # the connection dropped (a killed broker): what it answered before counts, the rest of
+            # its requests fail now rather than at their deadline (a long poll's is 30 s away)
+            self._drain(self._sockets[addr], addr, done)
+            for opaque in [o for o, (_, a, _) in self.pending.items() if a == addr]:
+                _, _, token = self.pending.pop(opaque)
+                done.append((token, RemotingError(f"connection to {addr} closed with the request in flight"), addr))
         if self.pending:
             now = time.monotonic()
             for opaque in [o for o, (d, _, _) in self.pending.items() if d <= now]:
@@ -919,9 +943,47 @@ class RequestMux:
                 done.append((token, RemotingTimeoutError(f"no response from {addr} in time"), addr))
         return done, fds
 
+    def _drain(self, sock: zmq.Socket, addr: str, done: list) -> None:
+        for _ in range(1024):
+            try:
+                parts = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                break
+            try:
+                resp = P.decode(parts)
+            except ProtocolError as e:
+                log.warning("undecodable response from %s: %s", addr, e)
+                continue
+            entry = self.pending.pop(resp.opaque, None)
+            if entry is not None:
+                done.append((entry[2], resp, addr))
+
+    @staticmethod
+    def _disconnected(monitor: zmq.Socket) -> bool:
+        """Drain a monitor socket; True when it reported a disconnection."""
+        seen = False
+        while True:
+            try:
+                msg = monitor.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return seen
+            try:
+                seen = seen or parse_monitor_message(msg)["event"] == zmq.EVENT_DISCONNECTED
+            except Exception:  # noqa: BLE001 - a malformed monitor frame: ignore it
+                continue
+
     def close(self) -> None:
-        for s in self._sockets.values():
+        for addr, s in self._sockets.items():
+            mon = self._monitors.get(addr)
+            if mon is not None:
+                try:
+                    s.disable_monitor()
+                except zmq.ZMQError:
+                    pass
+                mon.close(0)
             s.close(0)
         self._sockets.clear()
         self._addr_of.clear()
+        self._monitors.clear()
+        self._monitor_addr.clear()
         self.pending.clear()

@@ -32,6 +32,7 @@ from rmq import latency_trace as _lt
 from rmq import protocol as P
 from rmq import security
 from rmq.client.message import MessageQueue, SendResult
+from rmq.client.route import route_suspect
 from rmq.errors import MQBrokerError, MQClientError, RemotingError, RemotingTimeoutError
 from rmq.protocol import Frame, ProtocolError, ResponseCode
 
@@ -160,7 +161,7 @@ class DirectSender:
     """
 
     def __init__(self, group: str, client: str, opts, route_cache, fault, client_auth=None,
-                 refresh_route: Optional[Callable[[str], None]] = None):
+                 refresh_route: Optional[Callable[[str, bool], Any]] = None):
         self.group = group
         self.client = client
         self.opts = opts
@@ -276,12 +277,14 @@ class DirectSender:
                 except MQBrokerError as e:                      # the broker answered with an error
                     self._count("requests")
                     self.fault.update_fault_item(mq.broker_name, (time.monotonic() - sent_at) * 1000.0, True)
-                    if e.response_code in (ResponseCode.TOPIC_NOT_EXIST, ResponseCode.NO_PERMISSION) \
-                            and self.refresh_route is not None:
-                        self.refresh_route(topic)
+                    if route_suspect(e) and self.refresh_route is not None:
+                        self.refresh_route(topic, e.response_code in (ResponseCode.TOPIC_NOT_EXIST,
+                                                                      ResponseCode.NO_PERMISSION))
                     exc = e
                 except RemotingError as e:
                     self.fault.update_fault_item(mq.broker_name, (time.monotonic() - sent_at) * 1000.0, True)
+                    if self.refresh_route is not None:
+                        self.refresh_route(topic, False)       # a new master may have replaced this one
                     exc = e
                 else:
                     self.fault.update_fault_item(mq.broker_name, (time.monotonic() - sent_at) * 1000.0, False)

@@ -82,8 +82,9 @@ from rmq.client.message import (PROPERTY_DELAY_TIME_LEVEL, PROPERTY_SHARDING_KEY
                                 PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, PROPERTY_WAIT_STORE_MSG_OK, Message,
                                 MessageQueue, SendResult, SendStatus, create_uniq_id)
 from rmq.client.route import (LATENCY_MAX_49, NOT_AVAILABLE_DURATION_49, ISOLATION_LATENCY_MS_49,
-                              MQFaultStrategy, RouteCache, TopicPublishInfo, cluster_info_request,
-                              parse_cluster_info, parse_route_response, route_request, split_namesrv_addr)
+                              ROUTE_REFRESH_ON_FAILURE_MS, MQFaultStrategy, RouteCache, TopicPublishInfo,
+                              cluster_info_request, parse_cluster_info, parse_route_response, route_request,
+                              route_suspect, split_namesrv_addr)
 from rmq.errors import MQBrokerError, MQClientError, RemotingError, RemotingTimeoutError
 from rmq.protocol import Frame, ProtocolError, RequestCode, ResponseCode
 from rmq.store.validators import check_group, check_topic   # pure functions: the client never touches files
@@ -1102,6 +1103,8 @@ class _Sender(threading.Thread):
     def _retry_or_fail(self, req: _Request, exc: BaseException, now: float) -> None:
         if not isinstance(exc, MQBrokerError):
             self.fault.update_fault_item(req.mq.broker_name, (now - req.sent_at) * 1000.0, True)
+        if route_suspect(exc):
+            self.route_in_doubt(req.topic)      # a new master may have replaced this one
         if (req.attempt < req.max_attempts and now < req.deadline and is_retryable(exc, self.opts)):
             req.last_broker = req.mq.broker_name
             log.debug("retrying send to topic %s after: %s", req.topic, exc)
@@ -1183,6 +1186,12 @@ class _Sender(threading.Thread):
         self._route_fetching.add(topic)
         self._route_last_fetch[topic] = time.monotonic()
         self._ns_send("route", topic, route_request(topic), tries)
+
+    def route_in_doubt(self, topic: str) -> None:
+        """(I/O thread) A send to ``topic`` failed on a broker in a way that puts its route in doubt
+        (:func:`rmq.client.route.route_suspect`): refetch it, at most every ROUTE_REFRESH_ON_FAILURE_MS."""
+        if time.monotonic() - self._route_last_fetch.get(topic, 0.0) >= ROUTE_REFRESH_ON_FAILURE_MS / 1000.0:
+            self._fetch_route(topic)
 
     def _heartbeat_new_masters(self) -> None:
         """Connect to, and heartbeat, every master of the route table not connected yet
@@ -1465,7 +1474,8 @@ class Producer:
         sender = self._sender
         self._direct = DirectSender(group, self.client_id, self.options, sender.route_cache, sender.fault,
                                     sender.client_auth,
-                                    refresh_route=lambda topic: sender.call(lambda: sender._fetch_route(topic)))
+                                    refresh_route=lambda topic, at_once=True: sender.call(
+                                        lambda: sender._fetch_route(topic) if at_once else sender.route_in_doubt(topic)))
         self._finalizer = weakref.finalize(self, _finalize, self._sender, self._direct)
         # False: every send goes through the I/O thread's connections (a TransactionProducer: the
         # broker's check-backs arrive on the connection its heartbeats came from)

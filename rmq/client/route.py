@@ -33,6 +33,13 @@ PERM_READ = 0x4
 PERM_WRITE = 0x2
 PERM_INHERIT = 0x1
 MASTER_ID = 0                                   # brokerId of a master (MixAll.MASTER_ID)
+# A request that failed on a broker (no answer, connection lost, SERVICE_NOT_AVAILABLE: a dead or
+# fenced master) refetches the topic's route at most this often, so a master elected in its place
+# (controller mode, promoteSlave) is used within about a second rather than at the next 30 s poll
+# (Kafka's clients refresh metadata on NOT_LEADER_OR_FOLLOWER the same way; RocketMQ's wait for the poll).
+ROUTE_REFRESH_ON_FAILURE_MS = 1000
+ROUTE_SUSPECT_CODES = frozenset({int(ResponseCode.SERVICE_NOT_AVAILABLE), int(ResponseCode.NO_PERMISSION),
+                                 int(ResponseCode.TOPIC_NOT_EXIST)})
 
 # MQFaultStrategy tables (SPEC.md §15.1), milliseconds
 LATENCY_MAX_49 = (50, 100, 550, 1000, 2000, 3000, 15000)
@@ -640,3 +647,16 @@ __all__ = ["QueueData", "BrokerData", "TopicRouteData", "TopicPublishInfo", "Rou
            "split_namesrv_addr", "monotonic_ms", "LATENCY_MAX_49", "NOT_AVAILABLE_DURATION_49",
            "LATENCY_MAX_5", "NOT_AVAILABLE_DURATION_5", "ISOLATION_LATENCY_MS_49", "ISOLATION_LATENCY_MS_5",
            "PERM_READ", "PERM_WRITE", "PERM_INHERIT", "PERM_PRIORITY", "MASTER_ID"]
+
+
+def route_suspect(exc: object) -> bool:
+    """Whether a failed request (an exception or an answer Frame) puts the topic's route in doubt,
+    to be refetched within ROUTE_REFRESH_ON_FAILURE_MS: no answer or a lost connection
+    (:class:`rmq.errors.RemotingError`), or a code in ROUTE_SUSPECT_CODES (a slave, a fenced master,
+    a topic gone); never a refusal of the message itself."""
+    from rmq.errors import MQBrokerError, RemotingError
+    if isinstance(exc, Frame):
+        return exc.code in ROUTE_SUSPECT_CODES
+    if isinstance(exc, MQBrokerError):
+        return exc.response_code in ROUTE_SUSPECT_CODES
+    return isinstance(exc, RemotingError)

@@ -3,18 +3,24 @@ controllers elect a master among the brokers of a set, a killed master is replac
 replica of the SyncStateSet (no ``promoteSlave``), the old master rejoins as a replica, ``electMaster``
 moves the master back (the replaced master fences itself and restarts as a replica), and a master cut
 off from every controller stops acknowledging writes before the controllers could elect another."""
+import asyncio
 import json
 import os
 import signal
 import subprocess
+import threading
 import time
 
 import pytest
 from click.testing import CliRunner
 
+from rmq import Message, Producer, PushConsumer, SendStatus
+from rmq.aio import Producer as AioProducer
+from rmq.aio import PushConsumer as AioPushConsumer
 from rmq.cli import main
 from rmq.client.admin import Admin
 from rmq.client.remoting import RemotingClient
+from rmq.errors import MQClientError
 from rmq.launch import child_env, python_argv
 from rmq.protocol import ResponseCode
 from tests.integration.cluster import Cluster
@@ -25,6 +31,7 @@ pytestmark = pytest.mark.integration
 
 HEARTBEAT_MS = 300
 TIMEOUT_MS = 2000            # controllerHeartBeatTimeoutMills of the tests' brokers
+NO_ROUTE_POLL_MS = 600_000   # clients' pollNameServerInterval in the failover test: only failures refresh routes
 NOT_CATCHUP_MS = 10_000      # haMaxTimeSlaveNotCatchup of the read-committed test (5x its 2 s slaveTimeout)
 
 
@@ -109,9 +116,71 @@ def test_master_elected_then_replaced_automatically_and_rejoins(setup):
         first = sync_state(ctl)
         assert first["masterEpoch"] >= 1 and first["masterAddress"] == master.broker_addr
 
-        master.kill_group()                                   # kill -9, no promoteSlave anywhere
-        t0 = time.monotonic()
-        wait_for(lambda: role(c, replica) == "ASYNC_MASTER", 60)
+        # public clients that learn routes only from their failures: the 30 s route poll is off
+        got, aio_got, lock = set(), set(), threading.Lock()
+
+        def listener(msgs, ctx):
+            with lock:
+                got.update(bytes(m.body) for m in msgs)
+
+        async def aio_listener(msgs, ctx):
+            aio_got.update(bytes(m.body) for m in msgs)
+        loop = asyncio.new_event_loop()                   # the asyncio clients' loop, in a thread of its own
+        loop_thread = threading.Thread(target=loop.run_forever, daemon=True)
+        loop_thread.start()
+
+        def on_loop(coro, timeout=60):
+            return asyncio.run_coroutine_threadsafe(coro, loop).result(timeout)
+
+        async def aio_start():
+            aio_p = AioProducer(master.namesrv_addr, group="failover-aio-pg",
+                                poll_name_server_interval_ms=NO_ROUTE_POLL_MS)
+            aio_c = AioPushConsumer(master.namesrv_addr, "failover-aio-cg",
+                                    poll_name_server_interval_ms=NO_ROUTE_POLL_MS)
+            aio_c.subscribe("T", "*")
+            aio_c.register_message_listener(aio_listener)
+            await aio_c.start()
+            return aio_p, aio_c
+        aio_p, aio_c = on_loop(aio_start())
+        pc = PushConsumer(master.namesrv_addr, "failover-cg", poll_name_server_interval_ms=NO_ROUTE_POLL_MS)
+        pc.subscribe("T", "*")
+        pc.register_message_listener(listener)
+        pc.start()
+        p = Producer(master.namesrv_addr, group="failover-pg", poll_name_server_interval_ms=NO_ROUTE_POLL_MS)
+        try:
+            assert p.send(Message("T", b"public-before")).status == SendStatus.SEND_OK
+            assert on_loop(aio_p.send(Message("T", b"aio-before"))).status == SendStatus.SEND_OK
+            wait_for(lambda: {b"public-before", b"aio-before"} <= got and {b"public-before", b"aio-before"} <= aio_got,
+                     60)
+
+            master.kill_group()                                   # kill -9, no promoteSlave anywhere
+            t0 = time.monotonic()
+            wait_for(lambda: role(c, replica) == "ASYNC_MASTER", 60)
+            # Producer.send / rmq.aio's send reach the new master by refreshing the route on failure;
+            # both PushConsumers' listeners get what is sent after the kill
+            for name, send_one in (("Producer.send", lambda body: p.send(Message("T", body))),
+                                   ("rmq.aio Producer.send", lambda body: on_loop(aio_p.send(Message("T", body))))):
+                deadline, i = time.monotonic() + 60, 0
+                while True:
+                    i += 1
+                    try:
+                        r = send_one(b"%s-after-%d" % (name.encode(), i))
+                        if r.status == SendStatus.SEND_OK:
+                            break
+                    except MQClientError as e:
+                        assert time.monotonic() < deadline, f"{name} never reached the new master: {e}"
+                print(f"kill -9 to {name} SEND_OK: {time.monotonic() - t0:.1f} s ({i} sends)")
+                body = b"%s-after-%d" % (name.encode(), i)
+                wait_for(lambda: body in got and body in aio_got, 60)
+                print(f"kill -9 to both listeners called with it: {time.monotonic() - t0:.1f} s")
+        finally:
+            p.close()
+            pc.shutdown()
+            on_loop(aio_c.shutdown())
+            on_loop(aio_p.close())
+            loop.call_soon_threadsafe(loop.stop)
+            loop_thread.join(10)
+            loop.close()
         # the first SEND_OK on the new master
         deadline = time.monotonic() + 60
         while True:
