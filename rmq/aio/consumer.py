@@ -97,6 +97,8 @@ class AsyncRemoting:
         self._futures: dict = {}
         self._in_flight: dict = {}       # addr -> {opaque: future}: failed at once when the connection drops
         self._monitors: dict = {}        # addr -> (monitor socket, its task)
+        # on_request(frame, addr): a broker's own request on these connections (NOTIFY_CONSUMER_IDS_CHANGED)
+        self.on_request: Optional[Callable] = None
         self._opaque = itertools.count(1)
         self._closed = False
 
@@ -142,6 +144,13 @@ class AsyncRemoting:
                 resp = P.decode(parts)
             except ProtocolError as e:
                 log.warning("undecodable response from %s: %s", addr, e)
+                continue
+            if not resp.is_response:                 # a broker's request: NOTIFY_CONSUMER_IDS_CHANGED
+                if self.on_request is not None:
+                    try:
+                        self.on_request(resp, addr)
+                    except Exception:  # noqa: BLE001 - a handler's bug must not stop the reader
+                        log.exception("handling request %s from %s failed", resp.code, addr)
                 continue
             fut = self._futures.pop(resp.opaque, None)
             if fut is not None and not fut.done():
@@ -828,6 +837,13 @@ class AsyncPushConsumer:
         if self._wakeup is not None:
             self._wakeup.set()
 
+    def _on_broker_request(self, frame: Frame, addr: str) -> None:
+        """A broker's request on a consumer connection: NOTIFY_CONSUMER_IDS_CHANGED of this group
+        makes it rebalance now (RocketMQ's ClientRemotingProcessor.notifyConsumerIdsChanged)."""
+        if frame.code == RequestCode.NOTIFY_CONSUMER_IDS_CHANGED and \
+                frame.fields.get("consumerGroup") == self.group and self._wakeup is not None:
+            self._wakeup.set()
+
     def register_message_listener(self, fn: Callable) -> Callable:
         self.listener, self.orderly = fn, False
         return fn
@@ -858,6 +874,7 @@ class AsyncPushConsumer:
         if not self.subscriptions:
             raise MQClientError("subscribe to a topic before start()")
         self.api = AsyncConsumerAPI(self.namesrv_addr, self.timeout_ms, auth=self.auth)
+        self.api.remoting.on_request = self._on_broker_request
         if self.clustering:
             self.subscriptions.setdefault(retry_topic(self.group), SubscriptionData.build(retry_topic(self.group), "*"))
             self.offset_store = OffsetStore(self.group)

@@ -65,6 +65,7 @@ from rmq.client.remoting import DEFAULT_TIMEOUT_MS
 from rmq.client import trace as _trace
 from rmq.filter import MessageSelector
 from rmq.errors import MQClientError, RemotingError
+from rmq.protocol import Frame, RequestCode
 
 log = logging.getLogger("rmq.client.consumer")
 
@@ -586,8 +587,17 @@ class _PullService(threading.Thread):
             self._stopping = True
         self._wake()
 
+    def _on_broker_request(self, frame: Frame, addr: str) -> None:
+        """A broker's request on a pull connection: NOTIFY_CONSUMER_IDS_CHANGED of this group makes
+        it rebalance now (RocketMQ's ClientRemotingProcessor.notifyConsumerIdsChanged)."""
+        if frame.code == RequestCode.NOTIFY_CONSUMER_IDS_CHANGED and \
+                frame.fields.get("consumerGroup") == self.c.group:
+            self.c.stats["notifications"] += 1
+            self.c.rebalance_immediately()
+
     def run(self) -> None:
         self.mux = RequestMux(auth=self.c.api.auth)
+        self.mux.on_request = self._on_broker_request
         self.mux.register_fd(self._rfd)
         try:
             while not self._stopping:
@@ -791,7 +801,8 @@ class PushConsumer:
         self._heartbeat_stop = threading.Event()
         self._wakeup = threading.Event()
         self._state = "CREATED"
-        self.stats = {"consumed_ok": 0, "consumed_failed": 0, "sent_back": 0, "send_back_failed": 0, "pulls": 0}
+        self.stats = {"consumed_ok": 0, "consumed_failed": 0, "sent_back": 0, "send_back_failed": 0, "pulls": 0,
+                      "notifications": 0}
         self._stats_lock = threading.Lock()
 
     # -- configuration ------------------------------------------------------------------------

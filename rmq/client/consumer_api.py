@@ -43,7 +43,7 @@ import threading
 import time
 import zlib
 from dataclasses import dataclass, field
-from typing import Iterable, Optional, Sequence, Union
+from typing import Callable, Iterable, Optional, Sequence, Union
 
 from rmq._core import commitlog as _cl
 from rmq.client.message import (PROPERTY_MAX_RECONSUME_TIMES, PROPERTY_RECONSUME_TIME, PROPERTY_RETRY_TOPIC,
@@ -870,6 +870,8 @@ class RequestMux:
         self._opaque = itertools.count(1)
         self.pending: dict = {}          # opaque -> (deadline, addr, token)
         self._monitors: dict = {}        # addr -> its socket's monitor (disconnect events)
+        # on_request(frame, addr): a broker's own request on these connections (NOTIFY_CONSUMER_IDS_CHANGED)
+        self.on_request: Optional[Callable[[Frame, str], None]] = None
         self._monitor_addr: dict = {}    # monitor socket -> addr
 
     def _socket(self, addr: str) -> zmq.Socket:
@@ -953,6 +955,13 @@ class RequestMux:
                 resp = P.decode(parts)
             except ProtocolError as e:
                 log.warning("undecodable response from %s: %s", addr, e)
+                continue
+            if not resp.is_response:                 # a broker's request: NOTIFY_CONSUMER_IDS_CHANGED
+                if self.on_request is not None:
+                    try:
+                        self.on_request(resp, addr)
+                    except Exception:  # noqa: BLE001 - a handler's bug must not stop the pull engine
+                        log.exception("handling request %s from %s failed", resp.code, addr)
                 continue
             entry = self.pending.pop(resp.opaque, None)
             if entry is not None:

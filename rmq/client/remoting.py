@@ -64,7 +64,7 @@ class RemotingClient:
                     f"no response from {addr} to request code {frame.code} within {timeout_ms} ms")
             parts = s.recv_multipart(copy=False)
             resp = P.decode(parts)
-            if resp.opaque == frame.opaque:
+            if resp.opaque == frame.opaque and resp.is_response:   # not a broker's own request (NOTIFY_...)
                 return resp
 
     def invoke_oneway(self, addr: str, frame: Frame) -> None:

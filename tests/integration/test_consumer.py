@@ -772,3 +772,70 @@ def test_async_orderly_push_consumer_keeps_queue_order(cluster):
     seen = asyncio.run(asyncio.wait_for(main(), 60))
     for q in (0, 1):
         assert seen[q] == [b"q%d-%d" % (q, i) for i in range(30)]
+
+
+NO_PERIODIC_REBALANCE_MS = 600_000      # members that rebalance only at start and when the broker notifies them
+
+
+def test_members_joining_and_leaving_are_notified_and_rebalance_at_once(cluster):
+    """NOTIFY_CONSUMER_IDS_CHANGED (RocketMQ's Broker2Client): a member joining (heartbeat) or leaving
+    (unregister) makes the broker notify the group's other members on their pull connections, and
+    they rebalance at once; the periodic rebalance is 10 min away here, so only the notification
+    can split the queues.  Sync PushConsumer and rmq.aio's, each as the notified one."""
+    from rmq.aio.consumer import AsyncPushConsumer
+
+    create_topic(cluster, "N", 8)
+    all_mqs = {MessageQueue("N", "broker-a", q) for q in range(8)}
+    loop = asyncio.new_event_loop()
+    loop_thread = threading.Thread(target=loop.run_forever, daemon=True)
+    loop_thread.start()
+
+    def on_loop(coro):
+        return asyncio.run_coroutine_threadsafe(coro, loop).result(60)
+
+    async def aio_listener(msgs, ctx):
+        return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+
+    async def aio_member(group):
+        m = AsyncPushConsumer(cluster.namesrv_addr, group, rebalance_interval_ms=NO_PERIODIC_REBALANCE_MS)
+        m.subscribe("N", "*")
+        m.register_message_listener(aio_listener)
+        await m.start()
+        return m
+
+    def split(a, b):
+        qa, qb = set(a.assigned_message_queues("N")), set(b.assigned_message_queues("N"))
+        return qa and qb and not qa & qb and qa | qb == all_mqs
+
+    try:
+        for first_aio in (True, False):
+            group = f"notify-{'aio' if first_aio else 'sync'}-first"
+            if first_aio:
+                a = on_loop(aio_member(group))
+            else:
+                a = push_consumer(cluster, group, lambda msgs, ctx: ConsumeConcurrentlyStatus.CONSUME_SUCCESS,
+                                  topic="N", rebalance_interval_ms=NO_PERIODIC_REBALANCE_MS)
+                a.start()
+            wait_for(lambda: set(a.assigned_message_queues("N")) == all_mqs, 30, "the first member owns every queue")
+            if first_aio:                         # the notified member is the asyncio one: a sync one joins
+                b = push_consumer(cluster, group, lambda msgs, ctx: ConsumeConcurrentlyStatus.CONSUME_SUCCESS,
+                                  topic="N", rebalance_interval_ms=NO_PERIODIC_REBALANCE_MS)
+                b.start()
+            else:
+                b = on_loop(aio_member(group))
+            wait_for(lambda: split(a, b), 30, f"{group}: the members split the queues after the join")
+            if first_aio:
+                b.shutdown()                      # leaves: unregisters, the broker notifies the other
+            else:
+                on_loop(b.shutdown())
+            wait_for(lambda: set(a.assigned_message_queues("N")) == all_mqs, 30,
+                     f"{group}: the member left takes every queue back")
+            if first_aio:
+                on_loop(a.shutdown())
+            else:
+                assert a.stats["notifications"] >= 2          # the join and the leave
+                a.shutdown()
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        loop_thread.join(10)
+        loop.close()

@@ -164,6 +164,8 @@ class PullMessageProcessor(RequestProcessor):
                                   f"subscription group [{group}] does not exist")
         if not gcfg.get("consumeEnable", True):
             return frame.response(ResponseCode.NO_PERMISSION, f"subscription group no permission, {group}")
+        if arrived is None:
+            b.client_manager.note_consumer_channel(group, reply)   # where NOTIFY_CONSUMER_IDS_CHANGED goes
         topic = field_str(frame, "topic")
         store = b.store
         cfg = store.topic_config_manager.select_topic_config(topic)
