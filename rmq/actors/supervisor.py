@@ -552,7 +552,8 @@ class Supervisor:
                     "-c", self.conf_path, "--supervisor", self.endpoint]      # -c: auth* settings
         if name == "controller":
             return ["--listen-addr", "127.0.0.1", "--listen-port", str(self.controller["port"]),
-                    "--store-path", os.path.join(self.store, "controller"), "--supervisor", self.endpoint]
+                    "--store-path", os.path.join(self.store, "controller"), "-c", self.conf_path,   # -c: auth*
+                    "--supervisor", self.endpoint]
         if name == "proxy":
             return ["--namesrv-addr", s["namesrvAddr"], "--listen-port", str(self.proxy["port"]),
                     "--store-path", self.store, "--supervisor", self.endpoint,

@@ -636,7 +636,17 @@ def main(argv: Optional[list] = None) -> int:
                    help="file holding the group's shared secret (first line): Raft peer traffic encrypted and "
                         "authenticated; needed when the Raft ports are reachable from untrusted hosts")
     p.add_argument("--supervisor", default=None, help="supervisor endpoint for liveness beats")
+    p.add_argument("-c", "--config", default=None,
+                   help="properties file (key=value): authEnable, authServerKeyFile, authClientKeysDir, "
+                        "authAdminKeysDir (rmq.security: CURVE on the request port, as the brokers')")
     args = p.parse_args(argv)
+    props: Optional[dict] = None
+    if args.config:     # auth hooks: the actor base enforces them (rmq.security)
+        from rmq.broker_conf import BrokerConfError, load_broker_conf
+        try:
+            props = load_broker_conf(args.config)
+        except BrokerConfError as e:
+            p.error(str(e))
     if not 0 <= args.listen_port <= 65535 - RAFT_PORT_OFFSET:
         p.error(f"--listen-port {args.listen_port} outside [0, {65535 - RAFT_PORT_OFFSET}]")
     if args.scan_interval_ms <= 0:
@@ -660,6 +670,8 @@ def main(argv: Optional[list] = None) -> int:
     actor = ControllerActor(args.listen_addr, args.listen_port, peers, args.store_path, args.supervisor,
                             args.scan_interval_ms, args.enable_elect_unclean_master, args.snapshot_min_entries,
                             password)
+    if props is not None:
+        actor.auth_props = props
     actor.run()
     return 1 if actor.failed else 0
 

@@ -160,6 +160,49 @@ def test_right_key_accepted_and_cluster_works(secure, keys):
         rc.close()
 
 
+def test_controller_mode_over_curve(tmp_path, keys):
+    """A controller run with the brokers' auth properties (``rmq controller -c``, as ``rmq start
+    --controller`` runs it) serves CURVE only: its broker is elected over it (node key), an admin
+    key reads its metadata, a null or unknown key is never answered."""
+    from tests.integration.test_controller_failover import Controller, controlled_conf
+
+    conf_path = tmp_path / "controller.conf"
+    conf_path.write_text("".join(f"{k}={v}\n" for k, v in _auth_conf(keys).items()))
+    ctl = Controller(str(tmp_path / "controller"), "-c", str(conf_path))
+    store = tmp_path / "b0"
+    c = None
+    rc, admin = _client(keys, "client"), _client(keys, "admin")
+    try:
+        c = Cluster(store, conf={**controlled_conf(ctl), **_auth_conf(keys)},
+                    namesrv_args=("-c", os.path.join(str(store), "broker.conf")), with_ha=True)
+        deadline = time.monotonic() + 60
+        while True:
+            r = _invoke(rc, c.broker_addr, RequestCode.GET_BROKER_RUNTIME_INFO)
+            if P.unpack_body(r)["table"]["brokerRole"] == "ASYNC_MASTER":
+                break
+            assert time.monotonic() < deadline, "the broker was never elected over CURVE"
+            time.sleep(0.2)
+        r = _invoke(admin, ctl.addr, RequestCode.CONTROLLER_GET_SYNC_STATE_DATA, bodies=[P.pack_body({"brokerNames": ["broker-a"]})])
+        assert r.code == ResponseCode.SUCCESS and P.unpack_body(r)["broker-a"]["masterAddress"] == c.broker_addr
+        for who in (None, "rogue"):
+            other = _client(keys, who)
+            try:
+                frames = [Frame(RequestCode.CONTROLLER_GET_METADATA_INFO),
+                          Frame(RequestCode.CONTROLLER_GET_SYNC_STATE_DATA, bodies=[P.pack_body({"brokerNames": ["broker-a"]})])]
+                got = _answered(other, ctl.addr, frames)
+                FIGURES["unauth"][0] += len(got)
+                FIGURES["unauth"][1] += len(frames)
+                assert got == [], f"the controller answered a {who or 'null'} key: {got}"
+            finally:
+                other.close()
+    finally:
+        rc.close()
+        admin.close()
+        if c is not None:
+            c.close()
+        ctl.close()
+
+
 @pytest.mark.parametrize("who", [None, "rogue"])
 def test_null_and_unknown_keys_never_answered(secure, keys, who):
     for addr in (secure.broker_addr, secure.namesrv_addr):
