@@ -79,8 +79,16 @@ def find(driver, by, what, timeout=30):
     return WebDriverWait(driver, timeout).until(EC.presence_of_element_located((by, what)))
 
 
-def offsets_shown(driver):
-    return [e.text for e in driver.find_elements("css selector", "#progress td.consumer-offset")]
+def offsets_shown(driver, attempts=50):
+    """The consumer offsets the group page shows; read again when the page re-renders the table
+    between finding its cells and reading them (a stale element: the page is refreshing)."""
+    from selenium.common.exceptions import StaleElementReferenceException
+    for _ in range(attempts):
+        try:
+            return [e.text for e in driver.find_elements("css selector", "#progress td.consumer-offset")]
+        except StaleElementReferenceException:
+            time.sleep(0.05)
+    raise AssertionError(f"the progress table kept re-rendering for {attempts} reads")
 
 
 def shot(driver, name):
