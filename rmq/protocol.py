@@ -39,6 +39,8 @@ MAX_REMARK_LENGTH = 4096           # characters
 UNPACK_LIMITS = dict(max_buffer_size=MAX_HEADER_SIZE, max_str_len=MAX_HEADER_SIZE,
                      max_bin_len=MAX_HEADER_SIZE, max_array_len=4096, max_map_len=MAX_FIELDS + 8,
                      max_ext_len=0)
+# msgpack.unpackb takes the same limits but the buffer's (decode checks the header's size itself)
+_UNPACKB_LIMITS = {k: v for k, v in UNPACK_LIMITS.items() if k != "max_buffer_size"}
 
 FLAG_RESPONSE = 0x1                # RemotingCommand flag bit 0
 FLAG_ONEWAY = 0x2                  # RemotingCommand flag bit 1
@@ -276,17 +278,10 @@ def decode(parts: Sequence) -> Frame:
     if len(raw) > MAX_HEADER_SIZE:
         raise ProtocolError(f"header of {len(raw)} bytes exceeds {MAX_HEADER_SIZE}")
     try:
-        unpacker = msgpack.Unpacker(raw=False, strict_map_key=True, **UNPACK_LIMITS)
-        unpacker.feed(raw)
-        header = unpacker.unpack()
-        try:
-            unpacker.unpack()
-            raise ProtocolError("trailing bytes after the msgpack header")
-        except msgpack.OutOfData:
-            pass
-    except ProtocolError:
-        raise
-    except (msgpack.OutOfData, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError,
+        header = msgpack.unpackb(raw, raw=False, strict_map_key=True, **_UNPACKB_LIMITS)
+    except msgpack.ExtraData:
+        raise ProtocolError("trailing bytes after the msgpack header") from None
+    except (msgpack.OutOfData, msgpack.FormatError, msgpack.StackError,
             ValueError, TypeError, UnicodeDecodeError) as e:
         raise ProtocolError(f"malformed msgpack header: {type(e).__name__}: {e}") from None
     if not isinstance(header, dict):
@@ -308,6 +303,34 @@ def decode(parts: Sequence) -> Frame:
         raise ProtocolError(f"header field 'fields' must be a map of at most {MAX_FIELDS} entries",
                             opaque=opaque)
     return Frame(code, opaque, flag, remark, fields, [_buffer(p) for p in parts[2:]])
+
+
+def peek_header(magic_part: Any, header_part: Any) -> tuple:
+    """``(code, opaque, flag)`` of a message's magic and header parts, without building a Frame
+    (the broker's cheap refusal of late sends).
+
+    Raises
+    ------
+    ProtocolError
+        Wrong magic, oversized or malformed header, or code / opaque / flag not ints.
+    """
+    if _bytes(magic_part) != PROTOCOL_MAGIC:
+        raise ProtocolError("unknown protocol", ResponseCode.VERSION_NOT_SUPPORTED)
+    raw = _bytes(header_part)
+    if len(raw) > MAX_HEADER_SIZE:
+        raise ProtocolError(f"header of {len(raw)} bytes exceeds {MAX_HEADER_SIZE}")
+    try:
+        header = msgpack.unpackb(raw, raw=False, strict_map_key=True, **_UNPACKB_LIMITS)
+    except (msgpack.OutOfData, msgpack.FormatError, msgpack.StackError,
+            ValueError, TypeError, UnicodeDecodeError) as e:
+        raise ProtocolError(f"malformed msgpack header: {type(e).__name__}: {e}") from None
+    if not isinstance(header, dict):
+        raise ProtocolError("header must be a map")
+    code, opaque, flag = header.get("code"), header.get("opaque", 0), header.get("flag", 0)
+    for v in (code, opaque, flag):
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise ProtocolError("header fields code / opaque / flag must be ints")
+    return code, opaque, flag
 
 
 def _bytes(p: Any) -> bytes:

@@ -35,6 +35,8 @@ from typing import Callable, Optional
 
 import zmq
 
+from rmq.zmqio import recv_parts, send_parts
+
 from rmq import protocol as P
 from rmq import security as S
 from rmq.protocol import Frame, ProtocolError, RequestCode, ResponseCode
@@ -110,7 +112,7 @@ class Reply:
             parts = P.encode(Frame(ResponseCode.SYSTEM_ERROR, self.opaque, P.FLAG_RESPONSE, e.remark))
         result = "success"
         try:
-            self.socket.send_multipart(self.envelope + parts, flags=zmq.NOBLOCK, copy=False)
+            send_parts(self.socket, self.envelope + parts)
         except zmq.Again:
             result = "write_channel_failed"
             logging.getLogger("rmq.actor").warning("reply to %r dropped: peer queue full", self.envelope[:1])
@@ -156,6 +158,7 @@ class Actor:
         self.poll_returned_at = time.monotonic()   # when the current batch of messages was read
         self.request_received_at = self.poll_returned_at   # monotonic s the message being handled was read
         self._drain_limits: dict[zmq.Socket, int] = {}      # socket -> messages read per round (DRAIN_PER_POLL)
+        self._shed: dict = {}                               # socket -> (seconds, shed function): shed_late
         self.security: Optional[S.ServerSecurity] = None
         self._security_checked = False
         self._auth_enabled = False
@@ -257,12 +260,21 @@ class Actor:
         self.poller.unregister(sock)
         self._socket_handlers.pop(sock, None)
         self._drain_limits.pop(sock, None)
+        self._shed.pop(sock, None)
         sock.close(0)
 
     def serve(self, sock: zmq.Socket, drain_max: int = DRAIN_PER_POLL) -> None:
         """Serve requests arriving on a ROUTER (or DEALER) socket with the registered handlers
         (``drain_max``: see :meth:`add_socket`)."""
-        self.add_socket(sock, lambda parts, s=sock: self._on_request(s, parts), drain_max)
+        router = sock.socket_type == zmq.ROUTER
+        self.add_socket(sock, lambda parts, s=sock, r=router: self._on_request(s, parts, r), drain_max)
+
+    def shed_late(self, sock: zmq.Socket, after_ms: float, shed: Callable[[zmq.Socket, list, float], bool]) -> None:
+        """Before a message read from ``sock`` is handled, one that waited longer than ``after_ms``
+        since it was read goes to ``shed(sock, parts, waited_ms)`` first; True means it was
+        answered there (the broker's cheap SYSTEM_BUSY for late sends: an overloaded loop must
+        refuse faster than it serves)."""
+        self._shed[sock] = (after_ms / 1000.0, shed)
 
     def handle(self, code: int, fn: Handler) -> None:
         """Register ``fn`` for requests with ``code``."""
@@ -275,11 +287,13 @@ class Actor:
         heapq.heappush(self._timers, (due, next(self._timer_seq), interval_ms if repeat else None, fn))
 
     # -- request path -------------------------------------------------------------------
-    def _on_request(self, sock: zmq.Socket, parts: list) -> None:
+    def _on_request(self, sock: zmq.Socket, parts: list, router: Optional[bool] = None) -> None:
         # envelope: the peer identity a ROUTER prepends, plus a REQ-style empty delimiter if present
         envelope: list = []
         rest = parts
-        if sock.socket_type == zmq.ROUTER:
+        if router is None:
+            router = sock.socket_type == zmq.ROUTER
+        if router:
             if not parts:
                 return
             envelope, rest = parts[:1], parts[1:]
@@ -456,13 +470,23 @@ class Actor:
                 continue
             # read what is queued (bounded so timers are not starved), each stamped, then handle it
             batch = []
+            monotonic = time.monotonic
             for _ in range(self._drain_limits.get(sock, DRAIN_PER_POLL)):
                 try:
-                    batch.append((sock.recv_multipart(flags=zmq.NOBLOCK, copy=False), time.monotonic()))
+                    batch.append((recv_parts(sock), monotonic()))
                 except zmq.Again:
                     break
-            for parts, self.request_received_at in batch:
-                handler(parts)
+            shed = self._shed.get(sock)
+            if shed is None:
+                for parts, self.request_received_at in batch:
+                    handler(parts)
+            else:
+                after_s, shed_fn = shed
+                for parts, self.request_received_at in batch:
+                    waited = monotonic() - self.request_received_at
+                    if waited > after_s and shed_fn(sock, parts, waited * 1000.0):
+                        continue
+                    handler(parts)
         if events:
             self.after_poll()
         now = time.monotonic()

@@ -81,6 +81,7 @@ REGISTER_NAME_SERVER_PERIOD_MS = 30_000      # registerNameServerPeriod
 FLUSH_CONSUMER_OFFSET_INTERVAL_MS = 5_000    # flushConsumerOffsetInterval
 BROKER_SUSPEND_MAX_TIME_MS = 15_000          # long-poll ceiling (SPEC.md §13.3)
 HOLD_CHECK_MS = 10                           # expiry of parked pulls / sends
+CLIENT_REPLY_HWM = 100_000                   # answers queued per client connection (ZeroMQ SNDHWM)
 APPEND_REANNOUNCE_MS = 200
 STATS_INTERVAL_MS = 1000
 SCHEDULE_DELIVER_INTERVAL_MS = 100           # DELAY_FOR_A_WHILE (SPEC.md §10.3)
@@ -206,6 +207,10 @@ class BrokerActor(Actor):
         self.dispatched_offset = self.store.reput_from_offset
         host = self.settings.get("brokerIP1", "127.0.0.1")
         self.client_sock = self.socket(zmq.ROUTER, bind=f"tcp://{host}:{self.listen_port or '*'}")
+        # answers queued per client before one is dropped (ROUTER_MANDATORY: EAGAIN): a client
+        # that sends faster than it reads its answers still gets them (netty buffers a channel's
+        # writes the same way); set before any client connects, so every pipe has it
+        self.client_sock.setsockopt(zmq.SNDHWM, CLIENT_REPLY_HWM)
         self.listen_endpoint = self.client_sock.getsockopt_string(zmq.LAST_ENDPOINT)
         port = int(self.listen_endpoint.rsplit(":", 1)[1])
         self.broker_addr = f"{host}:{port}"
@@ -213,6 +218,8 @@ class BrokerActor(Actor):
         self.internal_sock = self.socket(zmq.ROUTER, bind=internal_endpoint(self.store_path))
         self.pub_sock = self.socket(zmq.PUB, bind=announce_endpoint(self.store_path))
         self.serve(self.client_sock, drain_max=self.send_queue_capacity)
+        # a send read longer ago than waitTimeMillsInSendQueue is refused before it is decoded
+        self.shed_late(self.client_sock, self.wait_time_ms_in_send_queue, self.send_processor.shed_late_send)
         self.serve(self.internal_sock)
         for addr in self.namesrv_addrs:
             s = self.socket(zmq.DEALER, connect=f"tcp://{addr}")

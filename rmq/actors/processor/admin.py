@@ -213,6 +213,8 @@ class AdminBrokerProcessor(RequestProcessor):
                 "clusterName": b.cluster_name, "bootTimestamp": int(b.started_at * 1000),
                 "version": VERSION, "parkedPulls": len(b.pull_processor.hold_service),
                 "parkedSyncSends": len(b.send_processor.sync_waits), "brokerRole": b.role, "brokerId": b.broker_id,
+                # late sends refused SYSTEM_BUSY before being decoded (flow control)
+                "sendShedBusy": b.send_processor.shed,
                 "haEpoch": b.epochs.last_epoch(), "haServerAddr": b.ha_server_addr,
                 "haMasterAddress": b.ha_master_address if b.role == "SLAVE" else "",
                 "masterAddr": b.master_broker_addr if b.role == "SLAVE" else "",

@@ -19,7 +19,9 @@ from rmq._core.layout import TRANSACTION_COMMIT_TYPE, TRANSACTION_PREPARED_TYPE,
 from rmq.actors.actor import Reply
 from rmq.actors.processor import RequestProcessor
 from rmq.actors.transaction import HALF_TOPIC, half_properties, is_half_request
+from rmq import protocol as P
 from rmq.protocol import Frame, RequestCode, ResponseCode, field_int, field_str
+from rmq.zmqio import send_parts
 from rmq.status import PutMessageStatus
 from rmq.store.commitlog import host_to_bytes
 from rmq.store.config import SYNC_FLUSH
@@ -28,6 +30,8 @@ from rmq.store.schedule import transform_delay
 from rmq.store.timer import TimerMessageError, is_timer_message, transform_timer
 from rmq.store.validators import MAX_QUEUE_NUMS, check_group, check_topic
 
+SEND_CODES = frozenset({int(RequestCode.SEND_MESSAGE), int(RequestCode.SEND_MESSAGE_V2),
+                        int(RequestCode.SEND_BATCH_MESSAGE)})
 MAX_RECONSUME_TIMES_DEFAULT = 16             # SubscriptionGroupConfig.retryMaxTimes
 MAX_SYS_FLAG = 0x7FF                         # MessageSysFlag bits a request may carry
 
@@ -121,6 +125,7 @@ class SendMessageProcessor(RequestProcessor):
         super().__init__(broker)
         self.sync_waits = SyncWaits()
         self.page_cache_busy_until = 0.0         # monotonic s: sends refused (PCBUSY) until then
+        self.shed = 0                            # late sends answered SYSTEM_BUSY by shed_late_send
 
     def release_sync_waits(self, force_timeout: bool = False) -> None:
         b = self.b
@@ -134,6 +139,34 @@ class SendMessageProcessor(RequestProcessor):
         acked = b.controller.sss_acked() if b.controller is not None and b.controller.read_committed \
             else b.ha_ack_offset
         self.sync_waits.release(b.flushed_offset, acked, cfg.sync_flush_timeout, cfg.slave_timeout, force_timeout)
+
+    def shed_late_send(self, sock, parts: list, waited_ms: float) -> bool:
+        """A request that waited longer than waitTimeMillsInSendQueue since the broker read it,
+        before it is decoded: a send is answered SYSTEM_BUSY [TIMEOUT_CLEAN_QUEUE] here, with
+        only its header's code, opaque and flag read (RocketMQ's BrokerFastFailure
+        cleanExpiredRequest) - about a third of the full path's cost, so a backlog is shed
+        faster than it is served.  Anything else (not a send, unreadable, one-way: no answer
+        due) returns False and takes the normal path, which has the same check.
+        ``parts``: a ROUTER message (identity, optional empty delimiter, magic, header, bodies)."""
+        i = 2 if len(parts) > 3 and not len(parts[1]) else 1
+        if len(parts) < i + 2:
+            return False
+        try:
+            header = P.peek_header(parts[i], parts[i + 1])
+        except P.ProtocolError:
+            return False
+        code, opaque, flag = header
+        if code not in SEND_CODES or flag & P.FLAG_ONEWAY:
+            return False
+        self.shed += 1
+        try:
+            send_parts(sock, parts[:i] + P.encode(Frame(
+                ResponseCode.SYSTEM_BUSY, opaque, P.FLAG_RESPONSE,
+                f"[TIMEOUT_CLEAN_QUEUE]broker busy, start flow control for a while, period in queue: "
+                f"{waited_ms:.0f}ms")))
+        except Exception as e:  # noqa: BLE001 - the peer is gone or its queue is full: nothing to answer
+            self.log.info("SYSTEM_BUSY answer dropped (opaque %s): %s", opaque, e)
+        return True
 
     # -- SEND_MESSAGE / SEND_MESSAGE_V2 / SEND_BATCH_MESSAGE ---------------------------------------
     def on_send(self, frame: Frame, reply: Reply) -> Optional[Frame]:
