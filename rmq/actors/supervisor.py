@@ -321,6 +321,9 @@ class Group:
     restart_all_at: Optional[float] = None      # whole group due (its leader died)
     pending: dict = field(default_factory=dict)  # member -> due time
     given_up: bool = False
+    # members a stop kept from starting during a group restart: never ran against the recovered
+    # store, so they leave nothing to recover (the group still stops cleanly without them)
+    unstarted: set = field(default_factory=set)
 
 
 class Supervisor:
@@ -821,12 +824,13 @@ class Supervisor:
 
     def _stop_group(self, group: Group, skip: Optional[Child] = None) -> bool:
         """Stop the running members of ``group`` (leader first, then in start order).
-        True when every member was running and exited 0."""
+        True when every member was running (or, in a group restart a stop interrupted, not started
+        yet: ``group.unstarted``) and exited 0."""
         clean = True
         for name in group.members:
             child = self.children.get(name)
             if child is None or child is skip:
-                clean = False
+                clean = clean and child is None and name in group.unstarted
                 continue
             clean = self._stop_child(child) and clean
         return clean
@@ -944,10 +948,15 @@ class Supervisor:
             now = time.monotonic()
             if group.restart_all_at is not None and now >= group.restart_all_at:
                 group.restart_all_at = None
-                for name in group.members:
+                group.unstarted.clear()
+                for i, name in enumerate(group.members):
                     if name in self.children or name in group.pending:
                         continue
                     self._restart(group, name)      # a member that fails gets its own pending restart
+                    if self.stop_requested and group.restart_all_at is None and not group.given_up \
+                            and group.members[0] in self.children:
+                        group.unstarted = {m for m in group.members[i + 1:]
+                                           if m not in self.children and m not in group.pending}
                     if group.restart_all_at is not None or group.given_up or self.stop_requested:
                         break                       # the leader failed again: the group waits its backoff
                 continue

@@ -59,7 +59,7 @@ from rmq.client.consumer import (BROKER_SUSPEND_MAX_TIME_MS, CONCURRENT_MAX_RECO
                                  ConsumeConcurrentlyContext, ConsumeConcurrentlyStatus, ConsumeFromWhere,
                                  ConsumeOrderlyContext, ConsumeOrderlyStatus, MessageModel, _enum,
                                  compute_pull_from_where)
-from rmq.client.consumer_api import (ROUTE_REFRESH_INTERVAL_MS, PullFromWhichNode, group_addrs,
+from rmq.client.consumer_api import (RECONNECT_WAIT_MS, ROUTE_REFRESH_INTERVAL_MS, PullFromWhichNode, group_addrs,
                                      route_refresh_due)
 from rmq.client.route import ROUTE_REFRESH_ON_FAILURE_MS, route_suspect
 from rmq.client.consumer_api import (CONSUMER_TIMEOUT_MS_WHEN_SUSPEND, SUB_ALL, SubscriptionData, TopicRoute, _check,
@@ -97,6 +97,7 @@ class AsyncRemoting:
         self._futures: dict = {}
         self._in_flight: dict = {}       # addr -> {opaque: future}: failed at once when the connection drops
         self._monitors: dict = {}        # addr -> (monitor socket, its task)
+        self._down: set = set()          # addrs whose connection dropped and has not come back
         # on_request(frame, addr): a broker's own request on these connections (NOTIFY_CONSUMER_IDS_CHANGED)
         self.on_request: Optional[Callable] = None
         self._opaque = itertools.count(1)
@@ -108,7 +109,8 @@ class AsyncRemoting:
         s = self._sockets.get(addr)
         if s is None:
             s = P.dealer(self.ctx, auth=self.auth)
-            mon = s.get_monitor_socket(zmq.EVENT_DISCONNECTED)     # a dead broker fails its requests at once
+            # a dead broker fails its requests at once, and later ones after RECONNECT_WAIT_MS
+            mon = s.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED)
             s.connect(P.endpoint(addr))
             self._sockets[addr] = s
             loop = asyncio.get_running_loop()
@@ -125,10 +127,15 @@ class AsyncRemoting:
             except (asyncio.CancelledError, zmq.ZMQError):
                 return
             try:
-                if parse_monitor_message(msg)["event"] != zmq.EVENT_DISCONNECTED:
-                    continue
+                event = parse_monitor_message(msg)["event"]
             except Exception:  # noqa: BLE001 - a malformed monitor frame: ignore it
                 continue
+            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self._down.discard(addr)
+                continue
+            if event != zmq.EVENT_DISCONNECTED:
+                continue
+            self._down.add(addr)
             await asyncio.sleep(0)                    # answers already read count first
             for fut in list(self._in_flight.get(addr, {}).values()):
                 if not fut.done():
@@ -171,6 +178,8 @@ class AsyncRemoting:
         self._futures[frame.opaque] = fut
         flying = self._in_flight.setdefault(addr, {})
         flying[frame.opaque] = fut
+        if addr in self._down:                   # its connection dropped and has not come back (yet)
+            timeout_ms = min(timeout_ms, RECONNECT_WAIT_MS)
         try:
             await s.send_multipart(P.encode(frame), copy=False)
             return await asyncio.wait_for(fut, timeout_ms / 1000.0)

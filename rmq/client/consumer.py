@@ -975,6 +975,7 @@ class PushConsumer:
         while self._state == "RUNNING":
             now = time.monotonic()
             try:
+                self.api.refresh_doubtful_routes()      # a pull failed on a broker: a new master?
                 if self._wakeup.is_set() or now >= next_rebalance:
                     self._wakeup.clear()
                     self.do_rebalance()
@@ -985,7 +986,6 @@ class PushConsumer:
                 if self.orderly and self.clustering and now >= next_lock:
                     self._lock_all()
                     next_lock = now + self.lock_interval_ms / 1000.0
-                self.api.refresh_doubtful_routes()      # a pull failed on a broker: a new master?
             except Exception:                    # keep the member alive whatever one step does
                 log.exception("consumer %s service step failed", self.group)
             if self._state != "RUNNING":

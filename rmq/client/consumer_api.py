@@ -76,6 +76,8 @@ PULL_FLAG_SUBSCRIPTION = 0x4
 SYS_FLAG_COMPRESSED = 0x1
 COMPRESSION_TYPE_MASK = 0x700
 SUB_ALL = "*"
+RECONNECT_WAIT_MS = 3_000                         # a request to a broker whose connection dropped waits this
+                                                  # long for it to come back (not a long poll's 30 s)
 ADDR_ISOLATION_MS = 30_000                        # a broker address that failed a request is avoided this long
 ROUTE_REFRESH_INTERVAL_MS = 30_000                # pollNameServerInterval of the blocking pull paths
 
@@ -873,12 +875,14 @@ class RequestMux:
         # on_request(frame, addr): a broker's own request on these connections (NOTIFY_CONSUMER_IDS_CHANGED)
         self.on_request: Optional[Callable[[Frame, str], None]] = None
         self._monitor_addr: dict = {}    # monitor socket -> addr
+        self._down: set = set()          # addrs whose connection dropped and has not come back
 
     def _socket(self, addr: str) -> zmq.Socket:
         s = self._sockets.get(addr)
         if s is None:
             s = P.dealer(self.ctx, auth=self.auth)
-            mon = s.get_monitor_socket(zmq.EVENT_DISCONNECTED)     # a dead broker fails its pulls at once
+            # a dead broker fails its pulls at once, and later ones after RECONNECT_WAIT_MS
+            mon = s.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED)
             s.connect(P.endpoint(addr))
             self._sockets[addr] = s
             self._addr_of[s] = addr
@@ -903,7 +907,11 @@ class RequestMux:
             s.send_multipart(P.encode(frame), flags=zmq.NOBLOCK, copy=False)
         except zmq.Again:
             raise RemotingError(f"send queue to {addr} is full") from None
-        self.pending[frame.opaque] = (time.monotonic() + timeout_ms / 1000.0, addr, token)
+        now = time.monotonic()
+        deadline = now + timeout_ms / 1000.0
+        if addr in self._down:                   # its connection dropped and has not come back (yet)
+            deadline = min(deadline, now + RECONNECT_WAIT_MS / 1000.0)
+        self.pending[frame.opaque] = (deadline, addr, token)
         return frame.opaque
 
     def cancel(self, opaque: int) -> None:
@@ -927,8 +935,13 @@ class RequestMux:
                 continue
             addr = self._monitor_addr.get(sock)
             if addr is not None:
-                if self._disconnected(sock):
+                dropped, up = self._connection_events(sock)
+                if dropped:                      # what was in flight on the old connection is lost
                     closed.append(addr)
+                if up is False:
+                    self._down.add(addr)
+                elif up:
+                    self._down.discard(addr)
                 continue
             self._drain(sock, self._addr_of.get(sock, ""), done)
         for addr in closed:
@@ -968,18 +981,24 @@ class RequestMux:
                 done.append((entry[2], resp, addr))
 
     @staticmethod
-    def _disconnected(monitor: zmq.Socket) -> bool:
-        """Drain a monitor socket; True when it reported a disconnection."""
-        seen = False
+    def _connection_events(monitor: zmq.Socket) -> tuple:
+        """Drain a monitor socket: ``(a disconnection was seen, state)`` with state False when the
+        last event was a disconnection, True when it was a handshake, None when there was none."""
+        state = None
+        dropped = False
         while True:
             try:
                 msg = monitor.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
-                return seen
+                return dropped, state
             try:
-                seen = seen or parse_monitor_message(msg)["event"] == zmq.EVENT_DISCONNECTED
+                event = parse_monitor_message(msg)["event"]
             except Exception:  # noqa: BLE001 - a malformed monitor frame: ignore it
                 continue
+            if event == zmq.EVENT_DISCONNECTED:
+                state, dropped = False, True
+            elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                state = True
 
     def close(self) -> None:
         for addr, s in self._sockets.items():

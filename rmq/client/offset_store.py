@@ -35,7 +35,7 @@ import threading
 from typing import Callable, Iterable, Optional
 
 from rmq.client.message import MessageQueue
-from rmq.errors import MQBrokerError, MQClientError
+from rmq.errors import MQBrokerError, MQClientError, RemotingError
 
 log = logging.getLogger("rmq.client.offset_store")
 
@@ -156,11 +156,18 @@ class RemoteBrokerOffsetStore(OffsetStore):
         with self._lock:
             todo = [(mq, off) for mq, off in self._table.items()
                     if mq in wanted and off >= 0 and self._persisted.get(mq) != off]
+        unreachable: set = set()          # broker groups that did not answer this round: one timeout each
         for mq, off in todo:
+            if mq.broker_name in unreachable:
+                continue                      # kept in memory: the next round tries again
             try:
                 self._update(self.group, mq, off)
                 with self._lock:
                     self._persisted[mq] = off
+            except RemotingError as e:
+                unreachable.add(mq.broker_name)
+                log.warning("persist offset %d of %s for %s failed: %s (the other queues of %s wait for the next "
+                            "round)", off, mq, self.group, e, mq.broker_name)
             except MQClientError as e:
                 log.warning("persist offset %d of %s for %s failed: %s", off, mq, self.group, e)
 

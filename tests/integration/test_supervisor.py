@@ -381,6 +381,23 @@ def test_stop_during_a_restart_waits_for_the_starting_actor(supervisor, store):
     assert not os.path.exists(os.path.join(store, "abort"))
 
 
+def test_stop_during_a_group_restart_is_clean_without_the_members_not_started_yet(supervisor, store):
+    """The group leader died, the group restarts in order, and a stop lands while a member is
+    still starting: that member is waited for and stopped, the members after it are never
+    started (they never ran against the recovered store), and the stop is clean (abort removed)."""
+    sup = supervisor("--restart-backoff-ms", "100",
+                     env={"FAKE_ACTOR_CRASH": "broker:0.3:once", "FAKE_ACTOR_SLOW_START": "flush:3:restart"})
+    started = sup.ready()
+    wait_for(lambda: ("slow-start", "flush") in [(k, n) for k, n, _ in events(store)], what="flush restarting")
+    assert sup.stop() == 0, sup.stderr()
+    starts = [n for n, _ in of(events(store), "start")]
+    first = starts.index("broker", 1)                                 # the group restart, up to the stop
+    assert starts[:first] == ["broker", "reput", "flush", "cleaner", "ha"] and \
+        starts[first:] == ["broker", "reput", "flush"], (starts, started)
+    assert [n for n, _ in of(events(store), "stop")][-3:] == ["broker", "reput", "flush"]
+    assert not os.path.exists(os.path.join(store, "abort"))
+
+
 def test_actor_not_ready_in_time_stops_what_started(supervisor, store):
     sup = supervisor("--ready-timeout-s", "2", env={"FAKE_ACTOR_NO_READY": "flush"})
     assert sup.wait() == 1
