@@ -289,6 +289,30 @@ def test_remote_offset_store_reads_broker_and_persists_changes():
     assert s.read_offset(a) == 5                        # memory first, then the broker
 
 
+def test_remote_offset_store_persist_gives_up_on_a_silent_broker_group_for_the_round():
+    """A broker group that does not answer costs one timeout per persist round, not one per queue
+    (the push consumer's service thread persists, and must go on to refresh routes and rebalance);
+    its offsets stay in memory and go in the next round; a refusal (MQBrokerError) skips only its queue."""
+    calls, down = [], {"dead"}
+
+    def update(group, mq, off):
+        calls.append((mq.broker_name, mq.queue_id))
+        if mq.broker_name in down:
+            raise RemotingError("no response in time")
+        if mq.queue_id == 9:
+            raise MQBrokerError("refused", 1, "addr")
+    s = RemoteBrokerOffsetStore("g", lambda g, mq: -1, update)
+    queues = mqs(4, broker="dead") + mqs(2, broker="alive") + [MessageQueue("T", "alive", 9)]
+    for mq in queues:
+        s.update_offset(mq, 10 + mq.queue_id)
+    s.persist_all(queues)
+    assert calls == [("dead", 0), ("alive", 0), ("alive", 1), ("alive", 9)]
+    down.clear()
+    calls.clear()
+    s.persist_all(queues)                      # the group is back: its queues go now, the others are done
+    assert calls == [("dead", 0), ("dead", 1), ("dead", 2), ("dead", 3), ("alive", 9)]
+
+
 def test_local_offset_store_round_trip_and_bak(tmp_path):
     s = LocalFileOffsetStore("g", "10.0.0.1@inst/x", str(tmp_path))
     assert s.store_path == os.path.join(str(tmp_path), "10.0.0.1@inst_x", "g", "offsets.json")
