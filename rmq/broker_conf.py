@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 from rmq.metrics import MetricsConfigError, metrics_settings
 from rmq.security import SecurityError, check_auth_properties
@@ -388,6 +388,17 @@ def broker_settings(props: Optional[Mapping[str, Any]] = None,
     else:
         s["brokerId"] = MASTER_ID
     return s
+
+
+def load_optional_conf(path: Optional[str], error: Callable[[str], Any]) -> Optional[dict]:
+    """The properties of ``path`` for an actor's ``-c`` (None without one); a bad file goes to
+    ``error`` (an argparse parser's ``error``: one line, exit 2)."""
+    if not path:
+        return None
+    try:
+        return load_broker_conf(path)
+    except BrokerConfError as e:
+        return error(str(e))
 
 
 def actor_settings(config_path: Optional[str], overrides: Mapping[str, Any], actor: str) -> dict:

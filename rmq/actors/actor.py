@@ -210,8 +210,10 @@ class Actor:
                           cfg.client_keys_dir or "-", cfg.admin_keys_dir or "-")
 
     def socket(self, kind: int, bind: Optional[str] = None, connect: Optional[str] = None,
-               secure: Optional[bool] = None) -> zmq.Socket:
-        """A socket with rmq's options: linger 0, max message size, ROUTER_MANDATORY on ROUTERs.
+               secure: Optional[bool] = None, options: Optional[dict] = None) -> zmq.Socket:
+        """A socket with rmq's options: linger 0, max message size, ROUTER_MANDATORY on ROUTERs,
+        then ``options`` (ZeroMQ option -> value, e.g. SNDHWM), all set before the bind / connect
+        (a listener's pipes take the options it had when it was bound).
 
         With CURVE on (``authEnable``) a tcp ``bind`` is a CURVE server with the ZAP domain and
         a tcp ``connect`` a CURVE client with the node key (``secure=False``: never); an ipc
@@ -221,6 +223,8 @@ class Actor:
         s = P.configure_socket(self.ctx.socket(kind))
         if kind == zmq.ROUTER:
             s.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        for opt, value in (options or {}).items():
+            s.setsockopt(opt, value)
         curve = self.security is not None and secure is not False
         if bind:
             if bind.startswith("tcp://"):

@@ -206,11 +206,11 @@ class BrokerActor(Actor):
         self.flushed_offset = self.store.get_max_phy_offset()
         self.dispatched_offset = self.store.reput_from_offset
         host = self.settings.get("brokerIP1", "127.0.0.1")
-        self.client_sock = self.socket(zmq.ROUTER, bind=f"tcp://{host}:{self.listen_port or '*'}")
         # answers queued per client before one is dropped (ROUTER_MANDATORY: EAGAIN): a client
         # that sends faster than it reads its answers still gets them (netty buffers a channel's
-        # writes the same way); set before any client connects, so every pipe has it
-        self.client_sock.setsockopt(zmq.SNDHWM, CLIENT_REPLY_HWM)
+        # writes the same way); set before the bind, which is when the pipes take it
+        self.client_sock = self.socket(zmq.ROUTER, bind=f"tcp://{host}:{self.listen_port or '*'}",
+                                       options={zmq.SNDHWM: CLIENT_REPLY_HWM})
         self.listen_endpoint = self.client_sock.getsockopt_string(zmq.LAST_ENDPOINT)
         port = int(self.listen_endpoint.rsplit(":", 1)[1])
         self.broker_addr = f"{host}:{port}"

@@ -376,13 +376,8 @@ def main(argv: Optional[list] = None) -> int:
         p.error(f"--listen-port {args.listen_port} outside [0, 65535]")
     if args.scan_interval_ms <= 0 or args.broker_expired_ms <= 0:
         p.error("--scan-interval-ms and --broker-expired-ms must be positive")
-    props: Optional[dict] = None
-    if args.config:     # auth hooks: the actor base enforces them (rmq.security)
-        from rmq.broker_conf import BrokerConfError, load_broker_conf
-        try:
-            props = load_broker_conf(args.config)
-        except BrokerConfError as e:
-            p.error(str(e))
+    from rmq.broker_conf import load_optional_conf
+    props = load_optional_conf(args.config, p.error)     # auth hooks: the actor base enforces them (rmq.security)
     try:
         metrics = M.namesrv_metrics_settings(props or {}, args.metrics_port, args.listen_addr)
     except M.MetricsConfigError as e:

@@ -63,7 +63,7 @@ from rmq.client.consumer_api import (RECONNECT_WAIT_MS, ROUTE_REFRESH_INTERVAL_M
                                      route_refresh_due)
 from rmq.client.route import ROUTE_REFRESH_ON_FAILURE_MS, route_suspect
 from rmq.client.consumer_api import (CONSUMER_TIMEOUT_MS_WHEN_SUSPEND, SUB_ALL, SubscriptionData, TopicRoute, _check,
-                                     build_pull_frame, consumer_data, default_client_id, heartbeat_body,
+                                     build_pull_frame, decode_answer, consumer_data, default_client_id, heartbeat_body,
                                      mq_set_body, parse_lock_response, parse_pull_response, retry_send_frame,
                                      retry_topic, send_back_frame)
 from rmq.client.consumer_process_queue import ProcessQueue
@@ -74,7 +74,7 @@ from rmq.client.remoting import DEFAULT_TIMEOUT_MS
 from rmq.client import trace as _trace
 from rmq.filter import MessageSelector
 from rmq.errors import MQBrokerError, MQClientError, RemotingError, RemotingTimeoutError
-from rmq.protocol import Frame, ProtocolError, RequestCode, ResponseCode, unpack_body
+from rmq.protocol import Frame, RequestCode, ResponseCode, unpack_body
 
 log = logging.getLogger("rmq.aio.consumer")
 
@@ -147,17 +147,8 @@ class AsyncRemoting:
                 parts = await s.recv_multipart(copy=False)
             except (asyncio.CancelledError, zmq.ZMQError):
                 return
-            try:
-                resp = P.decode(parts)
-            except ProtocolError as e:
-                log.warning("undecodable response from %s: %s", addr, e)
-                continue
-            if not resp.is_response:                 # a broker's request: NOTIFY_CONSUMER_IDS_CHANGED
-                if self.on_request is not None:
-                    try:
-                        self.on_request(resp, addr)
-                    except Exception:  # noqa: BLE001 - a handler's bug must not stop the reader
-                        log.exception("handling request %s from %s failed", resp.code, addr)
+            resp = decode_answer(parts, addr, self.on_request)   # None: undecodable, or a broker's request
+            if resp is None:
                 continue
             fut = self._futures.pop(resp.opaque, None)
             if fut is not None and not fut.done():

@@ -60,6 +60,7 @@ from rmq.client.route import ROUTE_REFRESH_ON_FAILURE_MS, find_broker_address_in
 from rmq.errors import MQBrokerError, MQClientError, RemotingError, RemotingTimeoutError
 from rmq.filter import ExpressionType, MessageSelector, sql92
 from rmq.protocol import Frame, ProtocolError, RequestCode, ResponseCode, pack_body, unpack_body
+from rmq.zmqio import recv_parts
 
 log = logging.getLogger("rmq.client.consumer")
 
@@ -851,6 +852,25 @@ class ConsumerAPI:
                "send to retry topic")
 
 
+def decode_answer(parts: list, addr: str, on_request: Optional[Callable[[Frame, str], None]]) -> Optional[Frame]:
+    """A message read from a broker connection: its response Frame, or None when it was
+    undecodable (logged) or a broker's own request (NOTIFY_CONSUMER_IDS_CHANGED), which goes
+    to ``on_request(frame, addr)`` if given (its errors logged, never raised)."""
+    try:
+        frame = P.decode(parts)
+    except ProtocolError as e:
+        log.warning("undecodable response from %s: %s", addr, e)
+        return None
+    if frame.is_response:
+        return frame
+    if on_request is not None:
+        try:
+            on_request(frame, addr)
+        except Exception:  # noqa: BLE001 - a handler's bug must not stop the reader
+            log.exception("handling request %s from %s failed", frame.code, addr)
+    return None
+
+
 class RequestMux:
     """Many outstanding requests over DEALER sockets (one per address), answered in any order.
 
@@ -961,20 +981,11 @@ class RequestMux:
     def _drain(self, sock: zmq.Socket, addr: str, done: list) -> None:
         for _ in range(1024):
             try:
-                parts = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                parts = recv_parts(sock)
             except zmq.Again:
                 break
-            try:
-                resp = P.decode(parts)
-            except ProtocolError as e:
-                log.warning("undecodable response from %s: %s", addr, e)
-                continue
-            if not resp.is_response:                 # a broker's request: NOTIFY_CONSUMER_IDS_CHANGED
-                if self.on_request is not None:
-                    try:
-                        self.on_request(resp, addr)
-                    except Exception:  # noqa: BLE001 - a handler's bug must not stop the pull engine
-                        log.exception("handling request %s from %s failed", resp.code, addr)
+            resp = decode_answer(parts, addr, self.on_request)
+            if resp is None:
                 continue
             entry = self.pending.pop(resp.opaque, None)
             if entry is not None:

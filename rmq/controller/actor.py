@@ -640,13 +640,8 @@ def main(argv: Optional[list] = None) -> int:
                    help="properties file (key=value): authEnable, authServerKeyFile, authClientKeysDir, "
                         "authAdminKeysDir (rmq.security: CURVE on the request port, as the brokers')")
     args = p.parse_args(argv)
-    props: Optional[dict] = None
-    if args.config:     # auth hooks: the actor base enforces them (rmq.security)
-        from rmq.broker_conf import BrokerConfError, load_broker_conf
-        try:
-            props = load_broker_conf(args.config)
-        except BrokerConfError as e:
-            p.error(str(e))
+    from rmq.broker_conf import load_optional_conf
+    props = load_optional_conf(args.config, p.error)     # auth hooks: the actor base enforces them (rmq.security)
     if not 0 <= args.listen_port <= 65535 - RAFT_PORT_OFFSET:
         p.error(f"--listen-port {args.listen_port} outside [0, {65535 - RAFT_PORT_OFFSET}]")
     if args.scan_interval_ms <= 0:
