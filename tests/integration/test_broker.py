@@ -242,6 +242,8 @@ def test_backlog_beyond_the_send_queue_wait_gets_system_busy(tmp_path):
         busy = [r for r in answers.values() if r.code == ResponseCode.SYSTEM_BUSY]
         assert busy, f"no SYSTEM_BUSY for a backlog of {BACKLOG_REQUESTS} sends: {codes}"
         assert all("[TIMEOUT_CLEAN_QUEUE]" in r.remark for r in busy), busy[0].remark
+        table = msgpack.unpackb(bytes(rc.invoke(c.broker, Frame(RequestCode.GET_BROKER_RUNTIME_INFO)).bodies[0]))
+        assert 0 < table["table"]["sendShedBusy"] <= len(busy)      # refused before being decoded
         ok = {r.fields["queueOffset"]: r.opaque for r in answers.values() if r.code == ResponseCode.SUCCESS}
         assert len(ok) == codes.get("SUCCESS", 0) and sorted(ok) == list(range(1, len(ok) + 1))
         after = send(rc, c.broker, "Backlog", b"after")            # flow control lets go once the backlog is gone
