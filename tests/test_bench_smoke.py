@@ -87,6 +87,17 @@ def test_bench_latency_smoke(tmp_path):
         assert 0 < r["delivery"]["p50_us"] <= r["delivery"]["p99_us"] <= r["delivery"]["max_us"], r
         if not r["path"].startswith("raw"):
             assert r["ack"]["p50_us"] > 0, r
+    # one send at a time, beside its ceilings measured in the same run, with the checks
+    single = {(r["path"], r["flush"]): r for r in rep["single"]["rows"]}
+    want = {("raw pyzmq round trip", "-"), ("Producer.send", "ASYNC_FLUSH"), ("Producer.send", "SYNC_FLUSH"),
+            ("append 4 KiB + fdatasync", "-")}
+    assert want <= set(single), list(single)
+    assert (("Redis XADD, one per call", "everysec") in single) != ("redis" in rep["skipped"])
+    for r in single.values():
+        assert not r.get("error") and r["msgs_per_s"] > 0 and 0 < r["p50_us"] <= r["p99_us"] <= r["max_us"], r
+    checks = [c["what"] for c in rep["single"]["checks"]]
+    assert any("rate / raw round trip rate" in c for c in checks) and any("SYNC_FLUSH" in c for c in checks), checks
+    assert "Producer.send" in p.stdout and "fdatasync" in p.stdout
 
 
 def test_bench_latency_trace(tmp_path):
@@ -96,7 +107,7 @@ def test_bench_latency_trace(tmp_path):
     from rmq.bench.trace import HOPS
     out = tmp_path / "latency.json"
     cmd = python_argv("rmq.cli", "bench", "latency", "--rates", "200", "--size", "100", "--duration", "0.5",
-                      "--consumers", "push,poll", "--peers", "none", "--trace", "--dir", str(tmp_path),
+                      "--consumers", "push,poll", "--peers", "none", "--trace", "--no-single", "--dir", str(tmp_path),
                       "--json", str(out))
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env=child_env())
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]

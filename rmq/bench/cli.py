@@ -147,6 +147,10 @@ def _run(scenarios: tuple, default_extras: bool, **kw) -> None:
         report["latency"] = L.run(rates=latency_rates, sizes=o.sizes, consumers=("push", "poll", "aio"),
                                   peers=("zmq", "redis"), seconds=kw["latency_seconds"], store_dir=o.store_dir,
                                   log=functools.partial(console.print, highlight=False, markup=False))
+        report["latency"]["single"] = L.run_single(sizes=o.sizes, peers=("redis",), seconds=kw["latency_seconds"],
+                                                   store_dir=o.store_dir,
+                                                   log=functools.partial(console.print, highlight=False,
+                                                                         markup=False))
     report["loadavg_after"] = os.getloadavg()
     report["wall_seconds"] = round(time.monotonic() - t0, 1)
     R.annotate(report)
@@ -163,7 +167,8 @@ def _run(scenarios: tuple, default_extras: bool, **kw) -> None:
     failed = [r["scenario"] for r in report["rows"] if r.get("error")] + \
         (["HA replication"] if (report.get("ha") or {}).get("error") else []) + \
         [r["path"] for r in (report.get("latency") or {}).get("rows", [])
-         if r.get("error") or r["delivered"] < r["sent"]]
+         if r.get("error") or r["delivered"] < r["sent"]] + \
+        [r["path"] for r in ((report.get("latency") or {}).get("single") or {}).get("rows", []) if r.get("error")]
     if failed:
         raise SystemExit(1)
 
@@ -274,16 +279,23 @@ def timers_cmd(n, precision_ms, namesrv, store_dir, json_path) -> None:
               help="Also print where the time goes, hop by hop (client enqueue ... listener call), from "
                    "CLOCK_MONOTONIC stamps taken at each hop (RMQ_LATENCY_TRACE=1 in every process; "
                    "with --namesrv the cluster must have been started with it).")
-def latency_cmd(rates, sizes, consumers, peers, duration, namesrv, store_dir, json_path, trace) -> None:
+@click.option("--single/--no-single", default=True, show_default=True,
+              help="Also Producer.send one at a time (closed loop), ASYNC_FLUSH and SYNC_FLUSH, beside the raw "
+                   "pyzmq round trip, Redis one XADD per call and append + fdatasync, with the issue's targets.")
+def latency_cmd(rates, sizes, consumers, peers, duration, namesrv, store_dir, json_path, trace, single) -> None:
     """One message at a time: paced Producer.send_async (defaults) -> SEND_OK and -> delivery
     (listener called / poll returned), p50 / p99 / p99.9 / max, beside a raw pyzmq relay and
-    Redis Streams at the same rates.  Exit code 1 when a row failed or lost messages."""
+    Redis Streams at the same rates; then Producer.send one at a time beside the raw round trip.
+    Exit code 1 when a row failed or lost messages."""
     import json
 
     from rmq.bench import latency as L
+    log = functools.partial(console.print, highlight=False, markup=False)
     report = L.run(rates=rates, sizes=sizes, consumers=consumers, peers=peers, seconds=duration, namesrv=namesrv,
-                   store_dir=store_dir, log=functools.partial(console.print, highlight=False, markup=False),
-                   trace=trace)
+                   store_dir=store_dir, log=log, trace=trace)
+    if single:
+        report["single"] = L.run_single(sizes=sizes, peers=peers, seconds=duration, namesrv=namesrv,
+                                        store_dir=store_dir, log=log)
     report["when"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     report["cpus"] = os.cpu_count()
     L.print_table(report, console)
@@ -291,5 +303,6 @@ def latency_cmd(rates, sizes, consumers, peers, duration, namesrv, store_dir, js
         with open(json_path, "w") as f:
             json.dump(report, f, indent=1, default=str)
         console.print(f"wrote {json_path}")
-    if any(r.get("error") or r["delivered"] < r["sent"] for r in report["rows"]):
+    if any(r.get("error") or r["delivered"] < r["sent"] for r in report["rows"]) or \
+            any(r.get("error") for r in (report.get("single") or {}).get("rows", [])):
         raise SystemExit(1)

@@ -498,3 +498,165 @@ def print_table(report: dict, console) -> None:
     console.print(t)
     for peer, why in report["skipped"].items():
         console.print(f"{peer}: not measured: {why}")
+    single = report.get("single")
+    if single:
+        t = Table(title="rmq bench latency: one send at a time, each waited for (us)")
+        for col in ("path", "size", "flush", "msgs/s", "p50", "p99", "p99.9", "max"):
+            t.add_column(col, justify="left" if col in ("path", "flush") else "right")
+        for r in single["rows"]:
+            t.add_row(r["path"], str(r["size"]), r["flush"],
+                      f"[red]{r['error']}[/]" if r.get("error") else f"{r['msgs_per_s']:,.0f}",
+                      _us(r.get("p50_us")), _us(r.get("p99_us")), _us(r.get("p999_us")), _us(r.get("max_us")))
+        console.print(t)
+        for c in single["checks"]:
+            console.print(f"{'OK  ' if c['ok'] else 'MISS'} {c['what']}: {c['value']:,.2f} (bound {c['bound']:,.2f})",
+                          highlight=False, markup=False)
+
+
+# -- one send at a time (closed loop): Producer.send beside the raw round trip ---------------------
+
+SINGLE_FLUSHES = ("ASYNC_FLUSH", "SYNC_FLUSH")
+SINGLE_RATIO_TARGET = 0.80          # issue 12: Producer.send >= 80 % of the raw pyzmq round-trip rate
+SINGLE_P50_FACTOR = 1.3             # ... and p50 <= 1.3x the raw round trip's p50
+SYNC_FLUSH_ADDED_US = 100.0         # SYNC_FLUSH: p50 <= fdatasync p50 + round trip p50 + this
+SINGLE_WARMUP = 200                 # untimed sends first (route, connections, page cache)
+
+
+def _single_row(path: str, size: int, flush: str, n: int, seconds: float, h: Histogram, **extra) -> dict:
+    return {"path": path, "size": size, "flush": flush, "msgs": n, "seconds": round(seconds, 3),
+            "msgs_per_s": n / seconds if seconds > 0 else float("nan"), **h.stats(), **extra}
+
+
+def single_rmq(namesrv: str, size: int, seconds: float, flush: str) -> dict:
+    """``Producer.send`` (defaults), one at a time, each waited for, for ``seconds``."""
+    from rmq import Message, Producer
+    topic = f"lat_single_{flush}_{size}_{os.getpid()}"
+    body = bytes((i * 131 + 7) & 0xFF for i in range(size))
+    h = Histogram()
+    with Producer(namesrv, group="lat-pg-single") as p:
+        for _ in range(SINGLE_WARMUP):
+            p.send(Message(topic, body))
+        n = 0
+        pc = time.perf_counter_ns
+        t0 = time.perf_counter()
+        stop = t0 + seconds
+        while time.perf_counter() < stop:
+            a = pc()
+            p.send(Message(topic, body))
+            h.record(pc() - a)
+            n += 1
+        el = time.perf_counter() - t0
+    return _single_row("Producer.send", size, flush, n, el, h)
+
+
+def single_rtt(size: int, seconds: float) -> dict:
+    """The raw pyzmq request / reply round trip with the broker's frame shapes (DEALER -> ROUTER
+    answering a pre-built SEND_OK; :mod:`rmq.bench.e2e`'s ``rtt`` ceiling, two processes)."""
+    from rmq.bench import e2e as E
+    cb = E.CeilingBench(E.Params(rounds=1, sizes=(size,), ceiling_seconds=seconds))
+    try:
+        r = cb.measure("rtt", size)
+    finally:
+        cb.close()
+    return {"path": "raw pyzmq round trip", "size": size, "flush": "-", "msgs": r.get("msgs"),
+            "seconds": r.get("seconds"), "msgs_per_s": r["msgs_per_s"],
+            **{k: r[k] for k in ("p50_us", "p99_us", "p999_us", "max_us") if k in r}}
+
+
+def single_redis(size: int, seconds: float, store_dir=None) -> dict:
+    """Redis Streams XADD, one per call (``appendfsync everysec``)."""
+    from rmq.bench.peers import RedisServer
+    srv = RedisServer("everysec", store_dir)
+    body = bytes((i * 131 + 7) & 0xFF for i in range(size))
+    h = Histogram()
+    try:
+        r = srv.client
+        for _ in range(SINGLE_WARMUP):
+            r.xadd("single", {"b": body})
+        n = 0
+        pc = time.perf_counter_ns
+        t0 = time.perf_counter()
+        stop = t0 + seconds
+        while time.perf_counter() < stop:
+            a = pc()
+            r.xadd("single", {"b": body})
+            h.record(pc() - a)
+            n += 1
+        el = time.perf_counter() - t0
+    finally:
+        srv.close()
+    return _single_row("Redis XADD, one per call", size, "everysec", n, el, h)
+
+
+def run_single(sizes=SIZES, flushes=SINGLE_FLUSHES, peers=PEERS, seconds: float = DURATION_S,
+               namesrv: Optional[str] = None, store_dir=None, log=print) -> dict:
+    """``Producer.send`` one at a time beside its ceilings, measured in the same run: the raw pyzmq
+    round trip (target: >= SINGLE_RATIO_TARGET of its rate, p50 <= SINGLE_P50_FACTOR x its p50),
+    Redis one XADD per call, and for SYNC_FLUSH append 4 KiB + fdatasync (target: p50 <=
+    fdatasync p50 + round trip p50 + SYNC_FLUSH_ADDED_US).  ``namesrv``: measure that cluster
+    only (its flush type is what it is, reported as "external"); else one embedded cluster per
+    flush type.  Returns ``{"rows": [...], "checks": [...]}``."""
+    from rmq.bench.ceilings import fdatasync_rate
+    from rmq.bench.peers import redis_missing
+    rows, checks = [], []
+
+    def add(row):
+        rows.append(row)
+        if row.get("error"):
+            log(f"{row['path']:<28} {row['size']:>5} B {row['flush']:<11} ERROR {row['error']}")
+        else:
+            log(f"{row['path']:<28} {row['size']:>5} B {row['flush']:<11} {row['msgs_per_s']:>9,.0f} msgs/s  "
+                f"p50 {_us(row.get('p50_us'))} p99 {_us(row.get('p99_us'))} p99.9 {_us(row.get('p999_us'))} "
+                f"max {_us(row.get('max_us'))} us")
+        return row
+
+    def guarded(path, size, flush, fn):
+        try:
+            return add(fn())
+        except Exception as e:  # noqa: BLE001 - one failed row does not stop the run
+            return add({"path": path, "size": size, "flush": flush, "error": f"{type(e).__name__}: {e}"})
+
+    sync = fdatasync_rate(4096, seconds, store_dir) if "SYNC_FLUSH" in flushes and namesrv is None else None
+    if sync is not None:
+        add({"path": "append 4 KiB + fdatasync", "size": 4096, "flush": "-", "msgs": sync["syncs"],
+             "seconds": sync["seconds"], "msgs_per_s": sync["syncs_per_s"],
+             **{k: sync[k] for k in ("p50_us", "p99_us", "p999_us", "max_us") if k in sync}})
+    for size in sizes:
+        rtt = guarded("raw pyzmq round trip", size, "-", functools.partial(single_rtt, size, seconds))
+        if "redis" in peers and not redis_missing():
+            guarded("Redis XADD, one per call", size, "everysec", functools.partial(single_redis, size, seconds,
+                                                                                     store_dir))
+        for flush in (("external",) if namesrv else flushes):
+            me = guarded("Producer.send", size, flush, functools.partial(_single_cluster, namesrv, size, seconds,
+                                                                        flush, store_dir))
+            if me.get("error") or rtt.get("error"):
+                continue
+            if flush == "SYNC_FLUSH" and sync is not None:
+                bound = sync["p50_us"] + rtt["p50_us"] + SYNC_FLUSH_ADDED_US
+                checks.append({"what": f"SYNC_FLUSH Producer.send {size} B p50 <= fdatasync p50 + rtt p50 + "
+                                       f"{SYNC_FLUSH_ADDED_US:.0f} us", "value": me["p50_us"], "bound": bound,
+                               "ok": me["p50_us"] <= bound})
+            elif flush != "SYNC_FLUSH":
+                ratio = me["msgs_per_s"] / rtt["msgs_per_s"]
+                checks.append({"what": f"Producer.send {size} B rate / raw round trip rate >= "
+                                       f"{SINGLE_RATIO_TARGET:.0%}", "value": ratio, "bound": SINGLE_RATIO_TARGET,
+                               "ok": ratio >= SINGLE_RATIO_TARGET})
+                pr = me["p50_us"] / rtt["p50_us"]
+                checks.append({"what": f"Producer.send {size} B p50 / raw round trip p50 <= "
+                                       f"{SINGLE_P50_FACTOR}x", "value": pr, "bound": SINGLE_P50_FACTOR,
+                               "ok": pr <= SINGLE_P50_FACTOR})
+    for c in checks:
+        log(f"  {'OK  ' if c['ok'] else 'MISS'} {c['what']}: {c['value']:,.2f} (bound {c['bound']:,.2f})")
+    return {"rows": rows, "checks": checks}
+
+
+def _single_cluster(namesrv: Optional[str], size: int, seconds: float, flush: str, store_dir=None) -> dict:
+    if namesrv is not None:
+        return single_rmq(namesrv, size, seconds, flush)
+    from rmq.testing import Cluster
+    tmp = tempfile.mkdtemp(prefix="rmq-bench-single-", dir=store_dir)
+    try:
+        with Cluster(os.path.join(tmp, "store"), conf={"flushDiskType": flush}) as cluster:
+            return single_rmq(cluster.namesrv_addr, size, seconds, flush)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
