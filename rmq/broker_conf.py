@@ -214,6 +214,28 @@ def flow_control_settings(s: Mapping[str, Any]) -> dict:
                                    1, MAX_SEND_QUEUE_CAPACITY)}
 
 
+DEFAULT_APPEND_ANNOUNCE_INTERVAL_MS = 1           # RocketMQ's ReputMessageService: a round every 1 ms
+MAX_APPEND_ANNOUNCE_INTERVAL_MS = 100
+
+
+def append_announce_interval_ms(s: Mapping[str, Any]) -> int:
+    """``appendAnnounceIntervalMs`` (ms, default 1; 0 = after every append): how often at most the
+    broker tells reput (and an ASYNC_MASTER's HA actor) that the CommitLog grew.  The first append
+    after a quiet spell is announced at once, later ones within the interval together at its end:
+    RocketMQ's ReputMessageService looks for new CommitLog bytes every 1 ms the same way.  Held
+    pulls at a queue's tail are answered from the appends themselves (wakePullOnAppendEnable), so
+    the interval does not delay them.  SYNC_FLUSH, SYNC_MASTER and allAckInSyncStateSet announce
+    every append at once (a send waits for the flush or the replica that the announcement starts).
+
+    Raises
+    ------
+    BrokerConfError
+        Not an integer, or outside [0, MAX_APPEND_ANNOUNCE_INTERVAL_MS].
+    """
+    return _int("appendAnnounceIntervalMs", s.get("appendAnnounceIntervalMs", DEFAULT_APPEND_ANNOUNCE_INTERVAL_MS),
+                0, MAX_APPEND_ANNOUNCE_INTERVAL_MS)
+
+
 def local_controller_settings(s: Mapping[str, Any]) -> dict:
     """A controller run by ``rmq start`` beside its NameServer (``rmq start --controller``):
     ``enableControllerInNamesrv`` (false; RocketMQ 5's NamesrvConfig name) and
@@ -374,6 +396,7 @@ def broker_settings(props: Optional[Mapping[str, Any]] = None,
         if str(s.get("enableControllerMode")).strip().lower() == "true" and not s.get("controllerAddr"):
             s["controllerAddr"] = f"127.0.0.1:{local_controller_settings(s)['port']}"
     flow_control_settings(s)      # waitTimeMillsInSendQueue / sendThreadPoolQueueCapacity
+    append_announce_interval_ms(s)
     # enableControllerMode / controllerAddr / heartbeat settings
     controller = controller_settings(s, ephemeral_ports)
     try:     # authEnable / authServerKeyFile / authClientKeysDir / authAdminKeysDir (rmq.security)

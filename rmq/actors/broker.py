@@ -66,7 +66,7 @@ from rmq.actors.processor.send import SendMessageProcessor
 from rmq.actors.processor.store_announce import StoreAnnounceProcessor
 from rmq.actors.timer import TimerService
 from rmq.actors.transaction import TransactionService
-from rmq.broker_conf import actor_settings, controller_settings, flow_control_settings
+from rmq.broker_conf import actor_settings, append_announce_interval_ms, controller_settings, flow_control_settings
 from rmq.protocol import Frame, RequestCode, ResponseCode, pack_body
 from rmq.stats import WINDOWS, BrokerStats
 from rmq.store.config import SYNC_FLUSH, MessageStoreConfig
@@ -127,6 +127,10 @@ class BrokerActor(Actor):
         self.dispatched_offset = 0               # CommitLog bytes reput reported dispatched
         self.last_announced = -1
         self.last_confirmed = -1
+        # appends are announced at most every appendAnnounceIntervalMs (the first one at once)
+        self.announce_interval_s = append_announce_interval_ms(settings) / 1000.0
+        self.last_announce_at = 0.0              # monotonic s of the last ANNOUNCE_APPEND
+        self.announce_due = False                # a deferred announcement is on the timer heap
         self.stats = {"putMessageTotal": 0, "putBytesTotal": 0, "getMessageTotal": 0, "getBytesTotal": 0}
         self.tps = {"putTps": 0.0, "getTps": 0.0}
         self.broker_stats = BrokerStats()       # VIEW_BROKER_STATS_DATA windows (rmq.stats)
@@ -369,6 +373,27 @@ class BrokerActor(Actor):
         hs = self.pull_processor.hold_service
         if hs.appended_queues:
             hs.wake_from_appends()
+        if self.announce_due:
+            return                               # the timer announces what this turn appended
+        if self.announce_interval_s <= 0 or self.announce_at_once():
+            self.announce_append()
+            return
+        wait_s = self.last_announce_at + self.announce_interval_s - time.monotonic()
+        if wait_s <= 0:
+            self.announce_append()
+        elif self.store.get_max_phy_offset() != self.last_announced:
+            self.announce_due = True
+            self.add_timer(wait_s * 1000.0, self._announce_deferred, repeat=False)
+
+    def announce_at_once(self) -> bool:
+        """Whether every append is announced in the turn that made it: a send waits for what the
+        announcement starts (SYNC_FLUSH: the flush; SYNC_MASTER and allAckInSyncStateSet: the
+        replica), or the role may change to that (controller mode)."""
+        return (self.store_config.flush_disk_type == SYNC_FLUSH or self.role == "SYNC_MASTER"
+                or self.controller is not None)
+
+    def _announce_deferred(self) -> None:
+        self.announce_due = False
         self.announce_append()
 
     def consumable_end(self) -> int:
@@ -392,6 +417,7 @@ class BrokerActor(Actor):
             return
         self.last_announced = end
         self.last_confirmed = confirmed
+        self.last_announce_at = time.monotonic()
         frame = Frame(RequestCode.APPEND_ANNOUNCE, flag=P.FLAG_ONEWAY,
                       fields={"end": end, "flushed": self.flushed_offset, "dispatched": self.dispatched_offset,
                               "minOffset": store.get_min_phy_offset(),

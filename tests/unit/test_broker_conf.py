@@ -202,3 +202,17 @@ def test_flow_control_settings_defaults_limits_and_refusals():
             flow_control_settings(props)
         with pytest.raises(BrokerConfError, match=words):      # rmq start refuses before launching anything
             broker_settings(props)
+
+
+def test_append_announce_interval_default_limits_and_refusals():
+    from rmq.broker_conf import (DEFAULT_APPEND_ANNOUNCE_INTERVAL_MS, MAX_APPEND_ANNOUNCE_INTERVAL_MS,
+                                 append_announce_interval_ms)
+    assert append_announce_interval_ms({}) == DEFAULT_APPEND_ANNOUNCE_INTERVAL_MS == 1   # ReputMessageService's round
+    assert append_announce_interval_ms({"appendAnnounceIntervalMs": "0"}) == 0
+    assert append_announce_interval_ms({"appendAnnounceIntervalMs": str(MAX_APPEND_ANNOUNCE_INTERVAL_MS)}) == \
+        MAX_APPEND_ANNOUNCE_INTERVAL_MS
+    for bad in ("-1", str(MAX_APPEND_ANNOUNCE_INTERVAL_MS + 1), "soon"):
+        with pytest.raises(BrokerConfError, match="appendAnnounceIntervalMs"):
+            append_announce_interval_ms({"appendAnnounceIntervalMs": bad})
+        with pytest.raises(BrokerConfError, match="appendAnnounceIntervalMs"):
+            broker_settings({"appendAnnounceIntervalMs": bad})

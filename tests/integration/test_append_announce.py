@@ -1,0 +1,115 @@
+"""The broker's ANNOUNCE_APPEND to reput (and an ASYNC_MASTER's HA actor) is coalesced: at most one
+per ``appendAnnounceIntervalMs`` (default 1 ms, RocketMQ's ReputMessageService round), the first
+append after a quiet spell at once and the rest at the interval's end, so nothing appended is left
+unannounced.  SYNC_FLUSH (and SYNC_MASTER) announce every append at once: a send waits for the
+flush the announcement starts.
+
+Counted on the broker's PUB socket itself.  Sends go one at a time (each answered before the next
+is sent), so each is appended in a poll turn of its own: without coalescing, one announcement per
+send, exactly."""
+import time
+
+import pytest
+import zmq
+
+from rmq import protocol as P
+from rmq.actors.broker_endpoints import ANNOUNCE_APPEND, ANNOUNCE_TICK, announce_endpoint
+from rmq.client.remoting import RemotingClient
+from rmq.protocol import ResponseCode
+from rmq.testing import broker_runtime_info
+from tests.integration.cluster import Cluster
+from tests.integration.test_broker import send
+
+pytestmark = pytest.mark.integration
+
+SENDS = 60
+WAIT_S = 30.0
+
+
+class Announcements:
+    """A SUB on the broker's announcements, live once a periodic tick has come through."""
+
+    def __init__(self, store_path):
+        self.ctx = zmq.Context()
+        self.sub = self.ctx.socket(zmq.SUB)
+        self.sub.setsockopt(zmq.SUBSCRIBE, ANNOUNCE_APPEND)
+        self.sub.setsockopt(zmq.SUBSCRIBE, ANNOUNCE_TICK)
+        self.sub.connect(announce_endpoint(store_path))
+        self.appends: list = []            # the CommitLog end of each ANNOUNCE_APPEND, in order
+        self.last_end = -1
+        deadline = time.monotonic() + WAIT_S
+        while not self._read(ANNOUNCE_TICK):
+            assert time.monotonic() < deadline, "no announcement tick from the broker"
+
+    def _read(self, want: bytes, timeout_ms: int = 100) -> bool:
+        seen = False
+        if not self.sub.poll(timeout_ms):
+            return False
+        while True:
+            try:
+                parts = self.sub.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return seen
+            end = P.decode(parts[1:]).fields["end"]
+            self.last_end = end
+            if parts[0] == ANNOUNCE_APPEND:
+                self.appends.append(end)
+            seen = seen or parts[0] == want
+
+    def until_append_end(self, end: int, tick_will_do: bool = False) -> None:
+        """Read until an ANNOUNCE_APPEND (or, ``tick_will_do``, any announcement) has told ``end``."""
+        deadline = time.monotonic() + WAIT_S
+        while not (self.appends and self.appends[-1] >= end) and not (tick_will_do and self.last_end >= end):
+            assert time.monotonic() < deadline, (f"no ANNOUNCE_APPEND reached {end} "
+                                                 f"(appends {self.appends[-3:]}, last seen {self.last_end})")
+            self._read(ANNOUNCE_APPEND)
+
+    def close(self):
+        self.ctx.destroy(linger=0)
+
+
+def sends_and_announcements(tmp_path, conf) -> tuple:
+    """SENDS one-at-a-time sends; returns (the ANNOUNCE_APPEND ends seen from the first send until
+    one told the final CommitLog end, seconds the sends took, that end)."""
+    with Cluster(str(tmp_path / "store"), conf=conf) as cluster, RemotingClient() as c:
+        r = send(c, cluster.broker_addr, "AnnT", b"warm-up")      # auto-creates the topic
+        assert r.code == ResponseCode.SUCCESS, r.remark
+        ann = Announcements(cluster.store_path)
+        try:
+            ann.until_append_end(int(broker_runtime_info(cluster.broker_addr, c)["commitLogMaxOffset"]),
+                                 tick_will_do=True)     # the warm-up's was before the subscription
+            ann.appends.clear()
+            t0 = time.monotonic()
+            for i in range(SENDS):
+                r = send(c, cluster.broker_addr, "AnnT", b"m%03d" % i)
+                assert r.code == ResponseCode.SUCCESS, r.remark
+            elapsed_s = time.monotonic() - t0
+            end = int(broker_runtime_info(cluster.broker_addr, c)["commitLogMaxOffset"])
+            ann.until_append_end(end)       # no traffic after the last send: the deferred one tells it
+            return ann.appends, elapsed_s, end
+        finally:
+            ann.close()
+
+
+def test_every_append_announced_when_the_interval_is_zero(tmp_path):
+    appends, _, end = sends_and_announcements(tmp_path, {"appendAnnounceIntervalMs": "0"})
+    assert len(appends) == SENDS and appends[-1] == end, (len(appends), appends[-3:], end)
+    assert appends == sorted(set(appends)), "each announcement tells a new, larger end"
+
+
+def test_appends_within_the_interval_are_announced_together_and_the_last_one_is_not_lost(tmp_path):
+    interval_ms = 50
+    appends, elapsed_s, end = sends_and_announcements(tmp_path, {"appendAnnounceIntervalMs": str(interval_ms)})
+    # the rule: one at once after a quiet spell, then at most one per interval (+1 for the
+    # trailing one after the sends): bounded by the time the sends took, whatever the machine
+    bound = int(elapsed_s * 1000 / interval_ms) + 2
+    assert 1 <= len(appends) <= bound, (len(appends), bound, elapsed_s)
+    assert len(appends) < SENDS
+    assert appends[-1] == end and appends == sorted(set(appends)), (appends[-3:], end)
+
+
+def test_sync_flush_announces_every_append_at_once(tmp_path):
+    """A SYNC_FLUSH send waits for the flush that the announcement starts: never deferred."""
+    appends, _, end = sends_and_announcements(tmp_path, {"appendAnnounceIntervalMs": "50",
+                                                         "flushDiskType": "SYNC_FLUSH"})
+    assert len(appends) == SENDS and appends[-1] == end, (len(appends), appends[-3:], end)
