@@ -9,7 +9,7 @@ unflushed is served; a tag-filtered pull is left to reput; switched off, the bro
 reput as before; and a PushConsumer gets every message once, with reput stopped and after.
 
 Deterministic without timing: the broker answers a held pull in the same loop turn as the append
-(after the turn's replies), so once a send is acknowledged, GET_BROKER_RUNTIME_INFO (answered in a
+(before the send's own acknowledgement), so once a send is acknowledged, GET_BROKER_RUNTIME_INFO (answered in a
 later turn) sees the pull answered or still parked."""
 import os
 import signal

@@ -301,6 +301,11 @@ class SendMessageProcessor(RequestProcessor):
         if _lt.ENABLED:
             _lt.event("append", store_topic, store_queue_id, a.queue_offset, a.msg_num, t_handler,
                       time.monotonic_ns())
+        hs = b.pull_processor.hold_service
+        if hs.appended_queues:
+            # a pull held at this queue's tail is answered before the producer's ack goes out:
+            # delivery does not wait behind the ack's send (the ack waits one pull answer)
+            hs.wake_from_appends()
         b.stats["putMessageTotal"] += a.msg_num
         b.stats["putBytesTotal"] += a.wrote_bytes
         b.broker_stats.put.add(topic, a.msg_num, a.wrote_bytes, int(time.time() * 1000))
