@@ -35,6 +35,7 @@ from rmq.client.message import MessageQueue, SendResult
 from rmq.client.route import route_suspect
 from rmq.errors import MQBrokerError, MQClientError, RemotingError, RemotingTimeoutError
 from rmq.protocol import Frame, ProtocolError, ResponseCode
+from rmq.zmqio import recv_parts, send_parts
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +82,7 @@ class _Link:
     def _send(self, parts: list, connect_deadline: float) -> None:
         while True:
             try:
-                self.sock.send_multipart(parts, zmq.NOBLOCK, copy=False)
+                send_parts(self.sock, parts)
                 return
             except zmq.Again:
                 left_ms = (connect_deadline - time.monotonic()) * 1000.0
@@ -130,7 +131,7 @@ class _Link:
     def _answer(self, opaque: int) -> Optional[Frame]:
         while True:
             try:
-                parts = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                parts = recv_parts(self.sock)
             except zmq.Again:
                 return None
             try:
@@ -302,8 +303,8 @@ class DirectSender:
             with self._lock:
                 self._active -= 1
                 last = self._active == 0
-                if last:
-                    self._idle.notify_all()
+                if last and self._closed:
+                    self._idle.notify_all()         # close() waits for the last send in progress
                 teardown = last and self._closed and not self._torn_down   # close() gave up waiting on us
                 if teardown:
                     self._torn_down = True
