@@ -48,7 +48,7 @@ import zmq
 
 from rmq import metrics as M
 from rmq import protocol as P
-from rmq.actors.broker_endpoints import (ANNOUNCE_APPEND, ANNOUNCE_TICK, announce_endpoint,  # noqa: F401
+from rmq.actors.broker_endpoints import (ANNOUNCE_APPEND, ANNOUNCE_DURABLE, ANNOUNCE_TICK, announce_endpoint,  # noqa: F401
                                          internal_endpoint, store_config_from_settings)
 from rmq.actors.actor import Actor, Reply
 from rmq.actors.controller_client import ControllerClient
@@ -74,7 +74,7 @@ from rmq.store.config_manager import PERM_READ, PERM_WRITE
 from rmq.store.epoch import EPOCH_FILE, EpochFile
 from rmq.store.message_store import MessageStore
 
-__all__ = ["BrokerActor", "ANNOUNCE_APPEND", "ANNOUNCE_TICK", "EXIT_RESTART_GROUP", "VERSION", "announce_endpoint",
+__all__ = ["BrokerActor", "ANNOUNCE_APPEND", "ANNOUNCE_DURABLE", "ANNOUNCE_TICK", "EXIT_RESTART_GROUP", "VERSION", "announce_endpoint",
            "internal_endpoint", "main", "store_config_from_settings"]
 
 REGISTER_NAME_SERVER_PERIOD_MS = 30_000      # registerNameServerPeriod
@@ -83,6 +83,8 @@ BROKER_SUSPEND_MAX_TIME_MS = 15_000          # long-poll ceiling (SPEC.md §13.3
 HOLD_CHECK_MS = 10                           # expiry of parked pulls / sends
 CLIENT_REPLY_HWM = 100_000                   # answers queued per client connection (ZeroMQ SNDHWM)
 APPEND_REANNOUNCE_MS = 200
+SYNC_FLUSH_INLINE_MAX_BYTES = 64 * 1024      # SYNC_FLUSH: a loop turn's group up to this size is msynced
+                                             # by the broker itself, larger ones by the flush actor
 STATS_INTERVAL_MS = 1000
 SCHEDULE_DELIVER_INTERVAL_MS = 100           # DELAY_FOR_A_WHILE (SPEC.md §10.3)
 FLUSH_DELAY_OFFSET_INTERVAL_MS = 10_000      # flushDelayOffsetInterval
@@ -373,6 +375,8 @@ class BrokerActor(Actor):
         hs = self.pull_processor.hold_service
         if hs.appended_queues:
             hs.wake_from_appends()
+        if self.send_processor.sync_waits and self.store_config.flush_disk_type == SYNC_FLUSH:
+            self.store_announce_processor.group_commit_inline(SYNC_FLUSH_INLINE_MAX_BYTES)
         if self.announce_due:
             return                               # the timer announces what this turn appended
         if self.announce_interval_s <= 0 or self.announce_at_once():
@@ -386,11 +390,13 @@ class BrokerActor(Actor):
             self.add_timer(wait_s * 1000.0, self._announce_deferred, repeat=False)
 
     def announce_at_once(self) -> bool:
-        """Whether every append is announced in the turn that made it: a send waits for what the
-        announcement starts (SYNC_FLUSH: the flush; SYNC_MASTER and allAckInSyncStateSet: the
-        replica), or the role may change to that (controller mode)."""
-        return (self.store_config.flush_disk_type == SYNC_FLUSH or self.role == "SYNC_MASTER"
-                or self.controller is not None)
+        """Whether this turn's appends are announced at once: a send waits for what the
+        announcement starts (SYNC_FLUSH with records not yet durable: the flush actor's msync;
+        SYNC_MASTER and allAckInSyncStateSet: the replica), or the role may change to that
+        (controller mode)."""
+        return (self.role == "SYNC_MASTER" or self.controller is not None
+                or (self.store_config.flush_disk_type == SYNC_FLUSH
+                    and self.store.get_max_phy_offset() > self.flushed_offset))
 
     def _announce_deferred(self) -> None:
         self.announce_due = False
@@ -407,8 +413,10 @@ class BrokerActor(Actor):
         return base
 
     def announce_append(self, force: bool = False) -> None:
-        """PUB the CommitLog end: topic ANNOUNCE_APPEND right after appends (reput; flush under
-        SYNC_FLUSH), topic ANNOUNCE_TICK every 200 ms (everyone, incl. late subscribers).
+        """PUB the CommitLog end: topic ANNOUNCE_APPEND after appends (reput, HA; flush under
+        SYNC_FLUSH), ANNOUNCE_DURABLE instead under SYNC_FLUSH when the broker's own group commit
+        already made them durable (reput, HA: the flush actor has nothing to do), topic
+        ANNOUNCE_TICK every 200 ms (everyone, incl. late subscribers).
         ``confirmed`` (-1: no bound) caps what reput dispatches (allAckInSyncStateSet)."""
         store = self.store
         end = store.get_max_phy_offset()
@@ -426,7 +434,9 @@ class BrokerActor(Actor):
                               "brokerRole": self.role, "brokerAddr": self.broker_addr, "brokerId": self.broker_id,
                               "haMasterAddress": self.ha_master_address})
         try:
-            self.pub_sock.send_multipart([ANNOUNCE_TICK if force else ANNOUNCE_APPEND, *P.encode(frame)],
+            topic = ANNOUNCE_TICK if force else ANNOUNCE_DURABLE if (
+                self.store_config.flush_disk_type == SYNC_FLUSH and end <= self.flushed_offset) else ANNOUNCE_APPEND
+            self.pub_sock.send_multipart([topic, *P.encode(frame)],
                                          flags=zmq.NOBLOCK)
         except zmq.Again:
             pass

@@ -10,6 +10,8 @@ from rmq.store.config import MessageStoreConfig
 
 ANNOUNCE_APPEND = b"A"    # PUB topic: sent after every poll that appended
 ANNOUNCE_TICK = b"T"      # PUB topic: periodic re-announcement
+ANNOUNCE_DURABLE = b"D"   # PUB topic: appends the broker already made durable itself (SYNC_FLUSH group
+                          # commit in the broker): for reput and HA, not for the flush actor
 
 
 def internal_endpoint(store_path: str) -> str:
@@ -29,4 +31,4 @@ def store_config_from_settings(settings: dict) -> MessageStoreConfig:
     return MessageStoreConfig.from_properties(props)
 
 
-__all__ = ["ANNOUNCE_APPEND", "ANNOUNCE_TICK", "announce_endpoint", "internal_endpoint", "store_config_from_settings"]
+__all__ = ["ANNOUNCE_APPEND", "ANNOUNCE_DURABLE", "ANNOUNCE_TICK", "announce_endpoint", "internal_endpoint", "store_config_from_settings"]

@@ -61,7 +61,7 @@ import zmq
 
 from rmq import protocol as P
 from rmq._core.commitlog import replica_chunk_end
-from rmq.actors.follower import ANNOUNCE_APPEND, ANNOUNCE_TICK, FollowerActor, run_follower
+from rmq.actors.follower import ANNOUNCE_APPEND, ANNOUNCE_DURABLE, ANNOUNCE_TICK, FollowerActor, run_follower
 from rmq.protocol import Frame, ProtocolError, RequestCode, ResponseCode
 from rmq.store.config import MessageStoreConfig
 from rmq.store.epoch import EPOCH_FILE, EpochEntry, EpochFile, find_consistent_point
@@ -94,7 +94,7 @@ class SlaveLink:
 
 class HAActor(FollowerActor):
     name = "ha"
-    topics = (ANNOUNCE_APPEND, ANNOUNCE_TICK)
+    topics = (ANNOUNCE_APPEND, ANNOUNCE_DURABLE, ANNOUNCE_TICK)
 
     def __init__(self, config: MessageStoreConfig, supervisor_endpoint: Optional[str] = None):
         super().__init__(config, supervisor_endpoint)

@@ -38,7 +38,7 @@ import time
 from typing import Optional
 
 from rmq import latency_trace as _lt
-from rmq.actors.follower import ANNOUNCE_APPEND, ANNOUNCE_TICK, FollowerActor, run_follower
+from rmq.actors.follower import ANNOUNCE_APPEND, ANNOUNCE_DURABLE, ANNOUNCE_TICK, FollowerActor, run_follower
 from rmq.actors.store_view import StoreView
 from rmq.protocol import RequestCode, pack_body
 from rmq.store.config import SYNC_FLUSH, MessageStoreConfig
@@ -52,7 +52,7 @@ DISPATCH_MIN_INTERVAL_MS = 1.0     # dispatch runs at most once per this interva
 
 class ReputActor(FollowerActor):
     name = "reput"
-    topics = (ANNOUNCE_APPEND, ANNOUNCE_TICK)
+    topics = (ANNOUNCE_APPEND, ANNOUNCE_DURABLE, ANNOUNCE_TICK)
 
     def __init__(self, config: MessageStoreConfig, supervisor_endpoint: Optional[str] = None):
         super().__init__(config, supervisor_endpoint)

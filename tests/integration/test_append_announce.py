@@ -1,8 +1,9 @@
 """The broker's ANNOUNCE_APPEND to reput (and an ASYNC_MASTER's HA actor) is coalesced: at most one
 per ``appendAnnounceIntervalMs`` (default 1 ms, RocketMQ's ReputMessageService round), the first
 append after a quiet spell at once and the rest at the interval's end, so nothing appended is left
-unannounced.  SYNC_FLUSH (and SYNC_MASTER) announce every append at once: a send waits for the
-flush the announcement starts.
+unannounced.  Under SYNC_FLUSH a small group is msynced by the broker itself before its acks and
+announced as ANNOUNCE_DURABLE (the flush actor is not woken); a group left to the flush actor, and
+every append of a SYNC_MASTER, is announced at once (a send waits for what it starts).
 
 Counted on the broker's PUB socket itself.  Sends go one at a time (each answered before the next
 is sent), so each is appended in a poll turn of its own: without coalescing, one announcement per
@@ -13,7 +14,8 @@ import pytest
 import zmq
 
 from rmq import protocol as P
-from rmq.actors.broker_endpoints import ANNOUNCE_APPEND, ANNOUNCE_TICK, announce_endpoint
+from rmq.actors.broker import SYNC_FLUSH_INLINE_MAX_BYTES
+from rmq.actors.broker_endpoints import ANNOUNCE_APPEND, ANNOUNCE_DURABLE, ANNOUNCE_TICK, announce_endpoint
 from rmq.client.remoting import RemotingClient
 from rmq.protocol import ResponseCode
 from rmq.testing import broker_runtime_info
@@ -34,6 +36,8 @@ class Announcements:
         self.sub = self.ctx.socket(zmq.SUB)
         self.sub.setsockopt(zmq.SUBSCRIBE, ANNOUNCE_APPEND)
         self.sub.setsockopt(zmq.SUBSCRIBE, ANNOUNCE_TICK)
+        self.sub.setsockopt(zmq.SUBSCRIBE, ANNOUNCE_DURABLE)
+        self.durable: list = []            # the CommitLog end of each ANNOUNCE_DURABLE, in order
         self.sub.connect(announce_endpoint(store_path))
         self.appends: list = []            # the CommitLog end of each ANNOUNCE_APPEND, in order
         self.last_end = -1
@@ -54,12 +58,16 @@ class Announcements:
             self.last_end = end
             if parts[0] == ANNOUNCE_APPEND:
                 self.appends.append(end)
+            elif parts[0] == ANNOUNCE_DURABLE:
+                self.durable.append(end)
             seen = seen or parts[0] == want
 
     def until_append_end(self, end: int, tick_will_do: bool = False) -> None:
-        """Read until an ANNOUNCE_APPEND (or, ``tick_will_do``, any announcement) has told ``end``."""
+        """Read until an ANNOUNCE_APPEND or ANNOUNCE_DURABLE (or, ``tick_will_do``, any
+        announcement) has told ``end``."""
         deadline = time.monotonic() + WAIT_S
-        while not (self.appends and self.appends[-1] >= end) and not (tick_will_do and self.last_end >= end):
+        while not any(seen and seen[-1] >= end for seen in (self.appends, self.durable)) \
+                and not (tick_will_do and self.last_end >= end):
             assert time.monotonic() < deadline, (f"no ANNOUNCE_APPEND reached {end} "
                                                  f"(appends {self.appends[-3:]}, last seen {self.last_end})")
             self._read(ANNOUNCE_APPEND)
@@ -68,9 +76,10 @@ class Announcements:
         self.ctx.destroy(linger=0)
 
 
-def sends_and_announcements(tmp_path, conf) -> tuple:
-    """SENDS one-at-a-time sends; returns (the ANNOUNCE_APPEND ends seen from the first send until
-    one told the final CommitLog end, seconds the sends took, that end)."""
+def sends_and_announcements(tmp_path, conf, then=None) -> tuple:
+    """SENDS one-at-a-time sends; returns (the Announcements seen from the first send until one
+    told the final CommitLog end, seconds the sends took, that end).  ``then(client, cluster,
+    announcements)`` runs after, with the cluster still up."""
     with Cluster(str(tmp_path / "store"), conf=conf) as cluster, RemotingClient() as c:
         r = send(c, cluster.broker_addr, "AnnT", b"warm-up")      # auto-creates the topic
         assert r.code == ResponseCode.SUCCESS, r.remark
@@ -79,6 +88,7 @@ def sends_and_announcements(tmp_path, conf) -> tuple:
             ann.until_append_end(int(broker_runtime_info(cluster.broker_addr, c)["commitLogMaxOffset"]),
                                  tick_will_do=True)     # the warm-up's was before the subscription
             ann.appends.clear()
+            ann.durable.clear()
             t0 = time.monotonic()
             for i in range(SENDS):
                 r = send(c, cluster.broker_addr, "AnnT", b"m%03d" % i)
@@ -86,30 +96,50 @@ def sends_and_announcements(tmp_path, conf) -> tuple:
             elapsed_s = time.monotonic() - t0
             end = int(broker_runtime_info(cluster.broker_addr, c)["commitLogMaxOffset"])
             ann.until_append_end(end)       # no traffic after the last send: the deferred one tells it
-            return ann.appends, elapsed_s, end
+            if then is not None:
+                then(c, cluster, ann)
+            return ann, elapsed_s, end
         finally:
             ann.close()
 
 
 def test_every_append_announced_when_the_interval_is_zero(tmp_path):
-    appends, _, end = sends_and_announcements(tmp_path, {"appendAnnounceIntervalMs": "0"})
+    ann, _, end = sends_and_announcements(tmp_path, {"appendAnnounceIntervalMs": "0"})
+    appends = ann.appends
     assert len(appends) == SENDS and appends[-1] == end, (len(appends), appends[-3:], end)
     assert appends == sorted(set(appends)), "each announcement tells a new, larger end"
 
 
 def test_appends_within_the_interval_are_announced_together_and_the_last_one_is_not_lost(tmp_path):
     interval_ms = 50
-    appends, elapsed_s, end = sends_and_announcements(tmp_path, {"appendAnnounceIntervalMs": str(interval_ms)})
+    ann, elapsed_s, end = sends_and_announcements(tmp_path, {"appendAnnounceIntervalMs": str(interval_ms)})
+    appends = ann.appends
     # the rule: one at once after a quiet spell, then at most one per interval (+1 for the
     # trailing one after the sends): bounded by the time the sends took, whatever the machine
     bound = int(elapsed_s * 1000 / interval_ms) + 2
     assert 1 <= len(appends) <= bound, (len(appends), bound, elapsed_s)
-    assert len(appends) < SENDS
+    assert len(appends) < SENDS and not ann.durable
     assert appends[-1] == end and appends == sorted(set(appends)), (appends[-3:], end)
 
 
-def test_sync_flush_announces_every_append_at_once(tmp_path):
-    """A SYNC_FLUSH send waits for the flush that the announcement starts: never deferred."""
-    appends, _, end = sends_and_announcements(tmp_path, {"appendAnnounceIntervalMs": "50",
-                                                         "flushDiskType": "SYNC_FLUSH"})
-    assert len(appends) == SENDS and appends[-1] == end, (len(appends), appends[-3:], end)
+def test_sync_flush_small_sends_made_durable_by_the_broker_do_not_wake_the_flush_actor(tmp_path):
+    """SYNC_FLUSH: one-at-a-time sends are msynced by the broker's own group commit before their ack,
+    then announced as ANNOUNCE_DURABLE (reput and HA subscribe, the flush actor does not), coalesced
+    like any append.  A group too large for the broker (a big message) is announced at once as
+    ANNOUNCE_APPEND: the flush actor msyncs it, and the send is acknowledged after that."""
+    interval_ms = 50
+
+    def big_send(c, cluster, ann):
+        ann.appends.clear()
+        r = send(c, cluster.broker_addr, "AnnT", b"B" * (SYNC_FLUSH_INLINE_MAX_BYTES + 1024))
+        assert r.code == ResponseCode.SUCCESS, r.remark
+        info = broker_runtime_info(cluster.broker_addr, c)
+        assert int(info["flushedOffset"]) == int(info["commitLogMaxOffset"]), info
+        ann.until_append_end(int(info["commitLogMaxOffset"]))
+        assert ann.appends, "the big group was announced to the flush actor (ANNOUNCE_APPEND)"
+
+    ann, elapsed_s, end = sends_and_announcements(tmp_path, {"appendAnnounceIntervalMs": str(interval_ms),
+                                                             "flushDiskType": "SYNC_FLUSH"}, then=big_send)
+    durable = [e for e in ann.durable if e <= end]
+    assert durable and durable[-1] == end and durable == sorted(set(durable)), (durable[-3:], end)
+    assert len(durable) <= int(elapsed_s * 1000 / interval_ms) + 2 and len(durable) < SENDS, (len(durable), elapsed_s)

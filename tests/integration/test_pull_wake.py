@@ -19,6 +19,7 @@ import pytest
 
 from rmq import PushConsumer
 from rmq._core import commitlog as cl
+from rmq.actors.broker import SYNC_FLUSH_INLINE_MAX_BYTES
 from rmq.client.consumer import ConsumeConcurrentlyStatus
 from rmq.client.remoting import RemotingClient
 from rmq.protocol import Frame, RequestCode, ResponseCode
@@ -178,7 +179,9 @@ def test_switched_off_waits_for_reput(stopped_reput):
 
 def test_sync_flush_serves_only_flushed(tmp_path):
     """SYNC_FLUSH: an appended but unflushed message is not served from the append (flush is
-    stopped); once flush resumes, the send is acknowledged and the pull answered."""
+    stopped; the message is larger than the broker's own group commit takes); once flush resumes,
+    the send is acknowledged and the pull answered."""
+    body = b"durable first" + b"." * SYNC_FLUSH_INLINE_MAX_BYTES
     c = Cluster(tmp_path / "store", conf={"flushDiskType": "SYNC_FLUSH", "syncFlushTimeout": "60000"})
     flush = c.pids()["flush"]
     try:
@@ -190,7 +193,7 @@ def test_sync_flush_serves_only_flushed(tmp_path):
 
         def do_send():
             with RemotingClient() as rc:
-                acked["r"] = send(rc, c.broker, TOPIC, b"durable first", timeout_ms=60_000)
+                acked["r"] = send(rc, c.broker, TOPIC, body, timeout_ms=60_000)
         t = threading.Thread(target=do_send, daemon=True)
         t.start()
         wait_for(lambda: broker_runtime_info(c.broker)["commitLogMaxOffset"] > before)   # appended
@@ -201,7 +204,7 @@ def test_sync_flush_serves_only_flushed(tmp_path):
         t.join(60)
         assert acked["r"].code == ResponseCode.SUCCESS
         assert resp.code == ResponseCode.SUCCESS
-        assert [m.body for m in cl.decode_records(bytes(resp.bodies[0]))] == [b"durable first"]
+        assert [m.body for m in cl.decode_records(bytes(resp.bodies[0]))] == [body]
     finally:
         os.kill(flush, signal.SIGCONT)
         c.close()

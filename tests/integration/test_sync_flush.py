@@ -1,10 +1,13 @@
-"""SYNC_FLUSH over the wire: group commit by the flush actor, FLUSH_DISK_TIMEOUT without it."""
+"""SYNC_FLUSH over the wire: group commit by the broker itself for a loop turn's small group, by
+the flush actor for a larger one (FLUSH_DISK_TIMEOUT without it)."""
 import time
 
 import pytest
 
 from rmq.client.remoting import RemotingClient
+from rmq.actors.broker import SYNC_FLUSH_INLINE_MAX_BYTES
 from rmq.protocol import ResponseCode
+from rmq.testing import broker_runtime_info
 from tests.integration.cluster import Cluster
 from tests.integration.conftest import ActorProcess
 from tests.integration.test_broker import pull, pull_all, send, wait_for
@@ -27,18 +30,28 @@ def test_sync_flush_acks_only_durable_and_times_out_without_flush(tmp_path):
                 assert r.code == ResponseCode.SUCCESS, r.remark
             msgs = wait_for(lambda: (lambda m: m if len(m) == 20 else None)(pull_all(rc, c.broker, "Sync", 0)[0]))
             assert [m.body for m in msgs] == [b"s%d" % i for i in range(20)]
-            # no flush actor: the send is stored but never confirmed durable
+            # no flush actor: a small send is made durable by the broker's own group commit ...
             assert c.procs.pop("flush").terminate() == 0
+            r = send(rc, c.broker, "Sync", b"small", 0)
+            assert r.code == ResponseCode.SUCCESS, r.remark
+            info = broker_runtime_info(c.broker_addr, rc)
+            assert int(info["flushedOffset"]) == int(info["commitLogMaxOffset"]), info
+            # ... a group larger than SYNC_FLUSH_INLINE_MAX_BYTES is left to the flush actor: stored,
+            # never confirmed durable without it
+            big = b"B" * (SYNC_FLUSH_INLINE_MAX_BYTES + 1024)
             t0 = time.monotonic()
-            r = send(rc, c.broker, "Sync", b"late", 0, timeout_ms=SYNC_FLUSH_TIMEOUT_MS + 30_000)
+            r = send(rc, c.broker, "Sync", big, 0, timeout_ms=SYNC_FLUSH_TIMEOUT_MS + 30_000)
             assert r.code == ResponseCode.FLUSH_DISK_TIMEOUT
             assert time.monotonic() - t0 >= SYNC_FLUSH_TIMEOUT_MS / 1000 * 0.9     # it waited for the flush
-            # under SYNC_FLUSH reput dispatches only what is flushed: not visible yet
-            assert pull(rc, c.broker, "Sync", 0, 20).code == ResponseCode.PULL_NOT_FOUND
+            # under SYNC_FLUSH reput dispatches only what is flushed: the small one, not the big one
+            got = wait_for(lambda: (lambda r: r if r.code == ResponseCode.SUCCESS else None)(
+                pull(rc, c.broker, "Sync", 0, 20)))
+            assert got.fields["nextBeginOffset"] == 21
+            assert pull(rc, c.broker, "Sync", 0, 21).code == ResponseCode.PULL_NOT_FOUND
             c.procs["flush"] = ActorProcess(["-m", "rmq.actors.flush", "--store-path", c.store_path,
                                              "-c", c.conf_path])
             msgs = wait_for(lambda: (lambda r: r if r.code == ResponseCode.SUCCESS else None)(
-                pull(rc, c.broker, "Sync", 0, 20)))
-            assert msgs.fields["nextBeginOffset"] == 21
+                pull(rc, c.broker, "Sync", 0, 21)))
+            assert msgs.fields["nextBeginOffset"] == 22
     finally:
         c.close()

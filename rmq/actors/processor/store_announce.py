@@ -17,6 +17,7 @@ import time
 from rmq import latency_trace as _lt
 from rmq.actors.actor import Reply
 from rmq.actors.processor import RequestProcessor
+from rmq.errors import StoreError
 from rmq.protocol import Frame, field_int, unpack_body
 
 
@@ -47,23 +48,55 @@ class StoreAnnounceProcessor(RequestProcessor):
 
     def on_flush_announce(self, frame: Frame, reply: Reply) -> None:
         b = self.b
-        send = b.send_processor
         err = frame.fields.get("error")
-        if err and not b.store.flush_error:
-            # a failed msync: never an ack after it; parked SYNC_FLUSH sends not yet durable get
-            # FLUSH_DISK_TIMEOUT, later sends SERVICE_NOT_AVAILABLE (store) until a restart
-            b.store.flush_error = str(err)[:1000]
-            self.log.error("CommitLog flush failed: writes refused until restart: %s", err)
-            send.sync_waits.fail_unflushed(b.flushed_offset, b.store.flush_error)
+        if err:
+            self.flush_failed(str(err))
         flushed = field_int(frame, "flushed", lo=0)
         if b.metrics is not None and "flushUs" in frame.fields:
             b.metrics.on_flush(field_int(frame, "flushUs", 0, lo=0) / 1000.0, max(0, flushed - b.flushed_offset))
+        self.flushed(flushed)
+        return None
+
+    def flush_failed(self, err: str) -> None:
+        """A failed msync (the flush actor's, or the broker's own group commit): never an ack after
+        it; parked SYNC_FLUSH sends not yet durable get FLUSH_DISK_TIMEOUT, later sends
+        SERVICE_NOT_AVAILABLE (store) until a restart."""
+        b = self.b
+        if b.store.flush_error:
+            return
+        b.store.flush_error = err[:1000]
+        self.log.error("CommitLog flush failed: writes refused until restart: %s", err)
+        b.send_processor.sync_waits.fail_unflushed(b.flushed_offset, b.store.flush_error)
+
+    def flushed(self, flushed: int) -> None:
+        """The CommitLog is durable up to ``flushed`` (bytes): answer the sends parked for it."""
+        b = self.b
         if flushed > b.flushed_offset:
             b.flushed_offset = flushed
             b.store.set_flushed_offset(flushed)
-            send.release_sync_waits()
+            b.send_processor.release_sync_waits()
             b.pull_processor.on_flushed()
-        return None
+
+    def group_commit_inline(self, max_bytes: int) -> None:
+        """SYNC_FLUSH, a small group: the sends parked in this loop turn are made durable here, one
+        msync for all of them, instead of by the flush actor two process hops away (RocketMQ's
+        GroupCommitService runs in the broker too).  A group above ``max_bytes`` (bulk batches)
+        is left to the flush actor, which msyncs while this loop goes on appending."""
+        b = self.b
+        store = b.store
+        dirty = store.get_max_phy_offset() - b.flushed_offset
+        if dirty <= 0 or dirty > max_bytes or store.flush_error:
+            return
+        t0 = time.monotonic()
+        try:
+            store.commitlog.flush(0)
+        except StoreError as e:
+            self.flush_failed(f"group commit in the broker: {e}")
+            return
+        flushed = store.commitlog.flushed_offset
+        if b.metrics is not None:
+            b.metrics.on_flush((time.monotonic() - t0) * 1000.0, max(0, flushed - b.flushed_offset))
+        self.flushed(flushed)
 
     def on_clean_announce(self, frame: Frame, reply: Reply) -> None:
         b = self.b
