@@ -48,6 +48,7 @@ import zmq
 
 from rmq import metrics as M
 from rmq import protocol as P
+from rmq.zmqio import send_parts
 from rmq.actors.broker_endpoints import (ANNOUNCE_APPEND, ANNOUNCE_DURABLE, ANNOUNCE_TICK, announce_endpoint,  # noqa: F401
                                          internal_endpoint, store_config_from_settings)
 from rmq.actors.actor import Actor, Reply
@@ -436,8 +437,7 @@ class BrokerActor(Actor):
         try:
             topic = ANNOUNCE_TICK if force else ANNOUNCE_DURABLE if (
                 self.store_config.flush_disk_type == SYNC_FLUSH and end <= self.flushed_offset) else ANNOUNCE_APPEND
-            self.pub_sock.send_multipart([topic, *P.encode(frame)],
-                                         flags=zmq.NOBLOCK)
+            send_parts(self.pub_sock, [topic, *P.encode(frame)])
         except zmq.Again:
             pass
 

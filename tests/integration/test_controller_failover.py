@@ -315,8 +315,14 @@ def test_rmq_start_controller_elects_its_broker_and_reelects_it_after_a_crash(tm
         assert first["masterEpoch"] >= 1 and first["syncStateSet"] == [first["masterBrokerId"]]
         os.kill(spawned(store)["broker"], signal.SIGKILL)
         sends(b"after the crash")
-        with Admin(namesrv, timeout_ms=5000) as a:
-            after = a.get_sync_state_set(ctl)["broker-a"]
+
+        def reelected():
+            # read until it shows the master: on a loaded machine a heartbeat of the restarted broker
+            # may come late, and the controller shows no master (-1) until the next one re-elects it
+            with Admin(namesrv, timeout_ms=5000) as a:
+                s = a.get_sync_state_set(ctl)["broker-a"]
+            return s if s["masterBrokerId"] != -1 else None
+        after = wait_for(reelected, 60)
         assert after["masterBrokerId"] == first["masterBrokerId"] and after["masterEpoch"] >= first["masterEpoch"]
     finally:
         stopped = rmq("stop", "--store-path", store)
