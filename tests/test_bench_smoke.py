@@ -138,3 +138,18 @@ def test_bench_latency_trace_needs_traced_cluster(tmp_path):
     assert not latency_trace.ENABLED and "RMQ_LATENCY_TRACE" not in os.environ
     (row,) = rep["rows"]
     assert "latency trace is off" in row["error"] and "RMQ_LATENCY_TRACE=1" in row["error"], row
+
+
+def test_bench_latency_bg(tmp_path):
+    """``--background R``: another process sends bulk (Producer.send_batch) during each rmq row; the
+    row still delivers every paced message and reports the load it ran beside."""
+    out = tmp_path / "latency.json"
+    cmd = python_argv("rmq.cli", "bench", "latency", "--rates", "200", "--size", "100", "--duration", "0.5",
+                      "--consumers", "poll", "--peers", "none", "--no-single", "--background", "20000",
+                      "--dir", str(tmp_path), "--json", str(out))
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env=child_env())
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
+    (row,) = json.loads(out.read_text())["rows"]
+    assert not row["error"] and row["delivered"] == row["sent"] == 100, row
+    bg = row["background"]
+    assert bg["asked_msgs_per_s"] == 20000 and bg["msgs_per_s"] > 0 and bg["failed_batches"] == 0, bg

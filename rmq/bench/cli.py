@@ -279,10 +279,15 @@ def timers_cmd(n, precision_ms, namesrv, store_dir, json_path) -> None:
               help="Also print where the time goes, hop by hop (client enqueue ... listener call), from "
                    "CLOCK_MONOTONIC stamps taken at each hop (RMQ_LATENCY_TRACE=1 in every process; "
                    "with --namesrv the cluster must have been started with it).")
+@click.option("--background", type=click.FloatRange(0), default=0.0, show_default=True,
+              help="A bulk load beside each rmq row, msgs/s (Producer.send_batch of 1000 x 100 B from another "
+                   "process; 0 = none). Issue 12 measures the paced p99 with 50 %% of `rmq bench produce`'s "
+                   "figure here.")
 @click.option("--single/--no-single", default=True, show_default=True,
               help="Also Producer.send one at a time (closed loop), ASYNC_FLUSH and SYNC_FLUSH, beside the raw "
                    "pyzmq round trip, Redis one XADD per call and append + fdatasync, with the issue's targets.")
-def latency_cmd(rates, sizes, consumers, peers, duration, namesrv, store_dir, json_path, trace, single) -> None:
+def latency_cmd(rates, sizes, consumers, peers, duration, namesrv, store_dir, json_path, trace, background,
+                single) -> None:
     """One message at a time: paced Producer.send_async (defaults) -> SEND_OK and -> delivery
     (listener called / poll returned), p50 / p99 / p99.9 / max, beside a raw pyzmq relay and
     Redis Streams at the same rates; then Producer.send one at a time beside the raw round trip.
@@ -292,7 +297,7 @@ def latency_cmd(rates, sizes, consumers, peers, duration, namesrv, store_dir, js
     from rmq.bench import latency as L
     log = functools.partial(console.print, highlight=False, markup=False)
     report = L.run(rates=rates, sizes=sizes, consumers=consumers, peers=peers, seconds=duration, namesrv=namesrv,
-                   store_dir=store_dir, log=log, trace=trace)
+                   store_dir=store_dir, log=log, trace=trace, background=background)
     if single:
         report["single"] = L.run_single(sizes=sizes, peers=peers, seconds=duration, namesrv=namesrv,
                                         store_dir=store_dir, log=log)

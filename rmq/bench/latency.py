@@ -205,6 +205,64 @@ def _relay_main(pull_ep: str, push_ep: str) -> None:
     ctx.destroy(linger=0)
 
 
+BACKGROUND_BATCH = 1000                      # messages per Producer.send_batch of the background load
+BACKGROUND_SIZE = 100                        # body bytes of the background load
+
+
+def _background_main(conn, namesrv: str, rate: float) -> None:
+    """Child process: bulk load beside the measured path, ``Producer.send_batch`` of
+    BACKGROUND_BATCH x BACKGROUND_SIZE B messages paced to ``rate`` msgs/s, until told to stop;
+    reports (messages sent, seconds, failed batches)."""
+    from rmq import Message, Producer
+    topic = f"lat_background_{os.getpid()}"
+    body = b"b" * BACKGROUND_SIZE
+    sent = failed = 0
+    with Producer(namesrv, group="lat-pg-background") as p:
+        p.send(Message(topic, b"create"))
+        conn.send(("ready",))
+        start = time.perf_counter()
+        i = 0
+        while not conn.poll(0):
+            due = start + i * BACKGROUND_BATCH / rate
+            left = due - time.perf_counter()
+            if left > 0:
+                if conn.poll(left):
+                    break
+            try:
+                p.send_batch([Message(topic, body) for _ in range(BACKGROUND_BATCH)])
+                sent += BACKGROUND_BATCH
+            except Exception:  # noqa: BLE001 - counted; the measured path is what matters
+                failed += 1
+            i += 1
+        conn.recv()
+        conn.send(("done", sent, time.perf_counter() - start, failed))
+
+
+class _Background:
+    """A background bulk load (:func:`_background_main`) for the duration of one row."""
+
+    def __init__(self, namesrv: str, rate: float):
+        ctx = mp.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_background_main, args=(child, namesrv, rate), daemon=True)
+        self.proc.start()
+        if not self.conn.poll(READY_TIMEOUT_S) or self.conn.recv()[0] != "ready":
+            self.proc.kill()
+            raise RuntimeError("the background load did not start")
+
+    def stop(self) -> dict:
+        self.conn.send(("stop",))
+        try:
+            if not self.conn.poll(60):
+                raise RuntimeError("the background load did not report")
+            _, sent, secs, failed = self.conn.recv()
+        finally:
+            self.proc.join(30)
+            if self.proc.is_alive():
+                self.proc.kill()
+        return {"msgs_per_s": sent / secs if secs > 0 else 0.0, "failed_batches": failed}
+
+
 def _pace(n: int, rate: float, send) -> tuple:
     """Call ``send(i)`` n times at ``rate``/s (sleep, then spin the last SPIN_S); returns
     (seconds taken, achieved rate)."""
@@ -303,7 +361,9 @@ def _broker_trace(p, topic: str) -> list:
     return events
 
 
-def run_rmq(namesrv: str, mode: str, rate: float, size: int, seconds: float, trace: bool = False) -> dict:
+def run_rmq(namesrv: str, mode: str, rate: float, size: int, seconds: float, trace: bool = False,
+            background: float = 0.0) -> dict:
+    """One rmq row; ``background`` (msgs/s, 0 = none): a bulk load from another process meanwhile."""
     from rmq import Message, Producer
     topic = f"lat_{mode}_{size}_{int(rate)}_{os.getpid()}"
     body = bytes((i * 131 + 7) & 0xFF for i in range(size))
@@ -336,7 +396,11 @@ def run_rmq(namesrv: str, mode: str, rate: float, size: int, seconds: float, tra
             def send(i):
                 t0 = _now()
                 p.send_async(Message(topic, body, properties={T0_PROP: str(t0)}), callback=functools.partial(cb, t0))
-            _, achieved = _pace(n, rate, send)
+            bg = _Background(namesrv, background) if background > 0 else None
+            try:
+                _, achieved = _pace(n, rate, send)
+            finally:
+                bg_report = bg.stop() if bg is not None else None
             done.wait(DRAIN_TIMEOUT_S)
             c.wait_count(acked[0])
             rep = c.finish()
@@ -346,6 +410,8 @@ def run_rmq(namesrv: str, mode: str, rate: float, size: int, seconds: float, tra
             raise
     err = f"{failed[0]} sends failed" if failed[0] else ""
     row = _row(PATH_NAMES[mode], rate, size, n, achieved, rep, ack, err)
+    if bg_report is not None:
+        row["background"] = {"asked_msgs_per_s": background, **bg_report}
     if trace:
         from rmq.bench.trace import breakdown
         t = rep.get("trace") or {}
@@ -419,8 +485,13 @@ def run_redis(rate: float, size: int, seconds: float, store_dir=None) -> dict:
 
 
 def run(rates=RATES, sizes=SIZES, consumers=CONSUMERS, peers=PEERS, seconds: float = DURATION_S,
-        namesrv: Optional[str] = None, store_dir=None, log=print, trace: bool = False) -> dict:
+        namesrv: Optional[str] = None, store_dir=None, log=print, trace: bool = False,
+        background: float = 0.0) -> dict:
     """Every (rate, size) for each consumer and peer; starts an embedded cluster unless ``namesrv``.
+
+    ``background`` (msgs/s, 0 = none): during each rmq row another process sends bulk
+    (``Producer.send_batch`` of 1000 x 100 B) at that rate to a topic of its own (issue 12: the
+    paced p99 under 50 % of the measured produce capacity); the row reports what it achieved.
 
     ``trace``: hop-by-hop breakdown per rmq row (module docstring); an external cluster must run
     with ``RMQ_LATENCY_TRACE=1`` (else each row fails with the broker's "latency trace is off").
@@ -443,7 +514,8 @@ def run(rates=RATES, sizes=SIZES, consumers=CONSUMERS, peers=PEERS, seconds: flo
     try:
         for size in sizes:
             for rate in rates:
-                jobs = [(m, functools.partial(run_rmq, namesrv, m, rate, size, seconds, trace)) for m in consumers]
+                jobs = [(m, functools.partial(run_rmq, namesrv, m, rate, size, seconds, trace, background))
+                        for m in consumers]
                 if "zmq" in peers:
                     jobs.append(("zmq", functools.partial(run_zmq, rate, size, seconds)))
                 if "redis" in peers and "redis" not in skipped:
@@ -477,6 +549,10 @@ def _us(v) -> str:
 def _line(row: dict) -> str:
     d, a = row.get("delivery") or {}, row.get("ack") or {}
     err = f"  ERROR {row['error']}" if row.get("error") else ""
+    bg = row.get("background")
+    if bg:
+        err = (f"; background {bg['msgs_per_s']:,.0f} msgs/s (asked {bg['asked_msgs_per_s']:,.0f}"
+               f"{', %d failed batches' % bg['failed_batches'] if bg['failed_batches'] else ''})") + err
     return (f"{row['path']:<42} {row['size']:>5} B {row['rate']:>7,.0f}/s (got {row['achieved_rate']:>9,.0f}/s) "
             f"delivery p50 {_us(d.get('p50_us'))} p99 {_us(d.get('p99_us'))} p99.9 {_us(d.get('p999_us'))} "
             f"max {_us(d.get('max_us'))} us; ack p50 {_us(a.get('p50_us'))} p99 {_us(a.get('p99_us'))} us; "
