@@ -157,6 +157,7 @@ class Actor:
         self.started_at = time.time()
         self.poll_returned_at = time.monotonic()   # when the current batch of messages was read
         self.request_received_at = self.poll_returned_at   # monotonic s the message being handled was read
+        self.last_of_turn = True        # the message being handled is the last one read from its socket this turn
         self._drain_limits: dict[zmq.Socket, int] = {}      # socket -> messages read per round (DRAIN_PER_POLL)
         self._shed: dict = {}                               # socket -> (seconds, shed function): shed_late
         self.security: Optional[S.ServerSecurity] = None
@@ -481,15 +482,18 @@ class Actor:
                 except zmq.Again:
                     break
             shed = self._shed.get(sock)
+            last = len(batch) - 1
             if shed is None:
-                for parts, self.request_received_at in batch:
+                for i, (parts, self.request_received_at) in enumerate(batch):
+                    self.last_of_turn = i == last
                     handler(parts)
             else:
                 after_s, shed_fn = shed
-                for parts, self.request_received_at in batch:
+                for i, (parts, self.request_received_at) in enumerate(batch):
                     waited = monotonic() - self.request_received_at
                     if waited > after_s and shed_fn(sock, parts, waited * 1000.0):
                         continue
+                    self.last_of_turn = i == last
                     handler(parts)
         if events:
             self.after_poll()

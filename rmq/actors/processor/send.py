@@ -302,9 +302,11 @@ class SendMessageProcessor(RequestProcessor):
             _lt.event("append", store_topic, store_queue_id, a.queue_offset, a.msg_num, t_handler,
                       time.monotonic_ns())
         hs = b.pull_processor.hold_service
-        if hs.appended_queues:
-            # a pull held at this queue's tail is answered before the producer's ack goes out:
-            # delivery does not wait behind the ack's send (the ack waits one pull answer)
+        if hs.appended_queues and b.last_of_turn:
+            # the last send read this turn: a pull held at the tail of a queue appended to in this
+            # turn is answered before this ack goes out (delivery does not wait behind it), with
+            # every append of the turn (earlier sends of a busy turn leave the wake to the turn's
+            # end, so a pull answer carries the whole turn, not its first message)
             hs.wake_from_appends()
         b.stats["putMessageTotal"] += a.msg_num
         b.stats["putBytesTotal"] += a.wrote_bytes
