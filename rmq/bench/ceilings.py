@@ -15,7 +15,7 @@ import tempfile
 import time
 
 from rmq.bench import e2e as E
-from rmq.bench.hist import Histogram
+from rmq.bench.hist import time_calls
 
 MB = 1e6
 
@@ -61,21 +61,12 @@ def fdatasync_rate(group_bytes: int, seconds: float, store_dir=None) -> dict:
     try:
         fd = os.open(os.path.join(d, "log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         buf = b"\xa5" * group_bytes
-        h = Histogram()
+        def append_and_sync():
+            os.write(fd, buf)
+            os.fdatasync(fd)
         for _ in range(5):
-            os.write(fd, buf)
-            os.fdatasync(fd)
-        n = 0
-        pc = time.perf_counter_ns
-        t0 = time.perf_counter()
-        stop = t0 + seconds
-        while time.perf_counter() < stop:
-            a = pc()
-            os.write(fd, buf)
-            os.fdatasync(fd)
-            h.record(pc() - a)
-            n += 1
-        el = time.perf_counter() - t0
+            append_and_sync()
+        n, el, h = time_calls(append_and_sync, seconds)
         os.close(fd)
         return {"what": f"append {group_bytes:,} B + fdatasync", "group_bytes": group_bytes, "syncs": n,
                 "seconds": el, "syncs_per_s": n / el, "mb_per_s": n * group_bytes / el / MB, **h.stats()}

@@ -3,6 +3,8 @@ processes (a plain dict of bucket -> count), exact min and max."""
 from __future__ import annotations
 
 import math
+import time
+from typing import Callable
 
 #: buckets per factor e of value: bucket width ~ 1 / PER_E relative (1 %)
 PER_E = 100.0
@@ -74,3 +76,19 @@ class Histogram:
         h.n, h.max, h.total = d["n"], d["max"], d["total"]
         h.min = d["min"] if h.n else math.inf
         return h
+
+
+def time_calls(call: Callable[[], object], seconds: float) -> tuple:
+    """Call ``call()`` back to back for ``seconds``, timing each call (a closed loop: one at a
+    time, each waited for).  Returns ``(calls, seconds taken, Histogram of ns per call)``."""
+    h = Histogram()
+    n = 0
+    pc = time.perf_counter_ns
+    t0 = time.perf_counter()
+    stop = t0 + seconds
+    while time.perf_counter() < stop:
+        a = pc()
+        call()
+        h.record(pc() - a)
+        n += 1
+    return n, time.perf_counter() - t0, h

@@ -32,7 +32,7 @@ import time
 from typing import Optional
 
 from rmq import latency_trace as _lt
-from rmq.bench.hist import Histogram
+from rmq.bench.hist import Histogram, time_calls
 
 T0_PROP = "BENCH_T0_NS"
 WARMUP_PROP = "BENCH_WARMUP"
@@ -608,20 +608,10 @@ def single_rmq(namesrv: str, size: int, seconds: float, flush: str) -> dict:
     from rmq import Message, Producer
     topic = f"lat_single_{flush}_{size}_{os.getpid()}"
     body = bytes((i * 131 + 7) & 0xFF for i in range(size))
-    h = Histogram()
     with Producer(namesrv, group="lat-pg-single") as p:
         for _ in range(SINGLE_WARMUP):
             p.send(Message(topic, body))
-        n = 0
-        pc = time.perf_counter_ns
-        t0 = time.perf_counter()
-        stop = t0 + seconds
-        while time.perf_counter() < stop:
-            a = pc()
-            p.send(Message(topic, body))
-            h.record(pc() - a)
-            n += 1
-        el = time.perf_counter() - t0
+        n, el, h = time_calls(lambda: p.send(Message(topic, body)), seconds)
     return _single_row("Producer.send", size, flush, n, el, h)
 
 
@@ -644,21 +634,11 @@ def single_redis(size: int, seconds: float, store_dir=None) -> dict:
     from rmq.bench.peers import RedisServer
     srv = RedisServer("everysec", store_dir)
     body = bytes((i * 131 + 7) & 0xFF for i in range(size))
-    h = Histogram()
     try:
         r = srv.client
         for _ in range(SINGLE_WARMUP):
             r.xadd("single", {"b": body})
-        n = 0
-        pc = time.perf_counter_ns
-        t0 = time.perf_counter()
-        stop = t0 + seconds
-        while time.perf_counter() < stop:
-            a = pc()
-            r.xadd("single", {"b": body})
-            h.record(pc() - a)
-            n += 1
-        el = time.perf_counter() - t0
+        n, el, h = time_calls(lambda: r.xadd("single", {"b": body}), seconds)
     finally:
         srv.close()
     return _single_row("Redis XADD, one per call", size, "everysec", n, el, h)

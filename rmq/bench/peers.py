@@ -14,7 +14,7 @@ import subprocess
 import tempfile
 import time
 
-from rmq.bench.hist import Histogram
+from rmq.bench.hist import Histogram, time_calls
 
 MB = 1e6
 FSYNC_OF = {"ASYNC_FLUSH": "everysec", "SYNC_FLUSH": "always"}
@@ -134,16 +134,7 @@ def bench_redis(flush: str, size: int, batch: int, seconds: float, single_second
         rows.append(_row("redis", f"consume: XREAD COUNT {min(batch, 1000) if batch > 1 else 1000}", flush, size, got,
                          el, {"kind": "consume", "cpu": cpu}))
         # single: one XADD at a time
-        h = Histogram()
-        n = 0
-        t0 = time.perf_counter()
-        stop = t0 + single_seconds
-        while time.perf_counter() < stop:
-            a = pc()
-            r.xadd("single", {"b": body})
-            h.record(pc() - a)
-            n += 1
-        el = time.perf_counter() - t0
+        n, el, h = time_calls(lambda: r.xadd("single", {"b": body}), single_seconds)
         rows.append(_row("redis", "single: XADD, one at a time", flush, size, n, el,
                          {"kind": "single", "hist": h.to_dict(), **h.stats()}))
     finally:
