@@ -48,9 +48,8 @@ import zmq
 
 from rmq import metrics as M
 from rmq import protocol as P
-from rmq.zmqio import send_parts
-from rmq.actors.broker_endpoints import (ANNOUNCE_APPEND, ANNOUNCE_DURABLE, ANNOUNCE_TICK, announce_endpoint,  # noqa: F401
-                                         internal_endpoint, store_config_from_settings)
+from rmq.actors.broker_endpoints import (ANNOUNCE_APPEND, ANNOUNCE_DURABLE, ANNOUNCE_TICK,  # noqa: F401
+                                         announce_endpoint, internal_endpoint, store_config_from_settings)
 from rmq.actors.actor import Actor, Reply
 from rmq.actors.controller_client import ControllerClient
 from rmq.actors.pop import REVIVE_SCAN_MS, PopService
@@ -67,16 +66,18 @@ from rmq.actors.processor.send import SendMessageProcessor
 from rmq.actors.processor.store_announce import StoreAnnounceProcessor
 from rmq.actors.timer import TimerService
 from rmq.actors.transaction import TransactionService
-from rmq.broker_conf import actor_settings, append_announce_interval_ms, controller_settings, flow_control_settings
+from rmq.broker_conf import (actor_settings, append_announce_interval_ms, controller_settings,
+                             flow_control_settings)
 from rmq.protocol import Frame, RequestCode, ResponseCode, pack_body
 from rmq.stats import WINDOWS, BrokerStats
 from rmq.store.config import SYNC_FLUSH, MessageStoreConfig
 from rmq.store.config_manager import PERM_READ, PERM_WRITE
 from rmq.store.epoch import EPOCH_FILE, EpochFile
 from rmq.store.message_store import MessageStore
+from rmq.zmqio import send_parts
 
-__all__ = ["BrokerActor", "ANNOUNCE_APPEND", "ANNOUNCE_DURABLE", "ANNOUNCE_TICK", "EXIT_RESTART_GROUP", "VERSION", "announce_endpoint",
-           "internal_endpoint", "main", "store_config_from_settings"]
+__all__ = ["BrokerActor", "ANNOUNCE_APPEND", "ANNOUNCE_DURABLE", "ANNOUNCE_TICK", "EXIT_RESTART_GROUP", "VERSION",
+           "announce_endpoint", "internal_endpoint", "main", "store_config_from_settings"]
 
 REGISTER_NAME_SERVER_PERIOD_MS = 30_000      # registerNameServerPeriod
 FLUSH_CONSUMER_OFFSET_INTERVAL_MS = 5_000    # flushConsumerOffsetInterval
@@ -132,7 +133,7 @@ class BrokerActor(Actor):
         self.last_confirmed = -1
         # appends are announced at most every appendAnnounceIntervalMs (the first one at once)
         self.announce_interval_s = append_announce_interval_ms(settings) / 1000.0
-        self.last_announce_at = 0.0              # monotonic s of the last ANNOUNCE_APPEND
+        self.last_announce_at = 0.0              # monotonic s of the last announcement
         self.announce_due = False                # a deferred announcement is on the timer heap
         self.stats = {"putMessageTotal": 0, "putBytesTotal": 0, "getMessageTotal": 0, "getBytesTotal": 0}
         self.tps = {"putTps": 0.0, "getTps": 0.0}

@@ -8,7 +8,7 @@ import os
 
 from rmq.store.config import MessageStoreConfig
 
-ANNOUNCE_APPEND = b"A"    # PUB topic: sent after every poll that appended
+ANNOUNCE_APPEND = b"A"    # PUB topic: appends (at most one per appendAnnounceIntervalMs)
 ANNOUNCE_TICK = b"T"      # PUB topic: periodic re-announcement
 ANNOUNCE_DURABLE = b"D"   # PUB topic: appends the broker already made durable itself (SYNC_FLUSH group
                           # commit in the broker): for reput and HA, not for the flush actor
@@ -31,4 +31,5 @@ def store_config_from_settings(settings: dict) -> MessageStoreConfig:
     return MessageStoreConfig.from_properties(props)
 
 
-__all__ = ["ANNOUNCE_APPEND", "ANNOUNCE_DURABLE", "ANNOUNCE_TICK", "announce_endpoint", "internal_endpoint", "store_config_from_settings"]
+__all__ = ["ANNOUNCE_APPEND", "ANNOUNCE_DURABLE", "ANNOUNCE_TICK", "announce_endpoint", "internal_endpoint",
+           "store_config_from_settings"]

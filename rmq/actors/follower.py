@@ -18,14 +18,15 @@ import zmq
 
 from rmq import protocol as P
 from rmq.actors.actor import Actor
-from rmq.actors.broker_endpoints import (ANNOUNCE_APPEND, ANNOUNCE_DURABLE, ANNOUNCE_TICK, announce_endpoint, internal_endpoint,
-                                         store_config_from_settings)
+from rmq.actors.broker_endpoints import (ANNOUNCE_APPEND, ANNOUNCE_DURABLE, ANNOUNCE_TICK, announce_endpoint,
+                                         internal_endpoint, store_config_from_settings)
 from rmq.broker_conf import actor_settings
 from rmq.protocol import Frame, ProtocolError, RequestCode
 from rmq.store.config import MessageStoreConfig
 from rmq.store.mapped_file_queue import MappedFileQueue
 
-__all__ = ["FollowerActor", "ANNOUNCE_APPEND", "ANNOUNCE_DURABLE", "ANNOUNCE_TICK", "settings_from_args", "run_follower"]
+__all__ = ["FollowerActor", "ANNOUNCE_APPEND", "ANNOUNCE_DURABLE", "ANNOUNCE_TICK", "settings_from_args",
+           "run_follower"]
 
 
 class FollowerActor(Actor):

@@ -55,3 +55,34 @@ def test_sync_flush_acks_only_durable_and_times_out_without_flush(tmp_path):
             assert msgs.fields["nextBeginOffset"] == 22
     finally:
         c.close()
+
+
+def test_a_failed_msync_in_the_broker_group_commit_stops_acknowledgements(tmp_path):
+    """The broker's own group commit hits a failing disk (an injected msync EIO, the flush actor
+    stopped so only the broker msyncs the CommitLog): the send waiting for it gets
+    FLUSH_DISK_TIMEOUT [FLUSH_FAILED] naming the broker's group commit, never SUCCESS, and every
+    later send is refused (SERVICE_NOT_AVAILABLE) until a restart."""
+    import os
+    c = Cluster(tmp_path / "store",
+                conf={"flushDiskType": "SYNC_FLUSH", "syncFlushTimeout": str(SYNC_FLUSH_TIMEOUT_MS)},
+                env={**os.environ, "RMQ_FAILPOINT": "msync_eio:after=20:path=/commitlog/"})
+    try:
+        assert c.procs.pop("flush").terminate() == 0
+        with RemotingClient() as rc:
+            codes = []
+            for i in range(200):
+                r = send(rc, c.broker, "SyncEio", b"e%d" % i, 0, timeout_ms=SYNC_FLUSH_TIMEOUT_MS + 30_000)
+                codes.append(r.code)
+                if r.code != ResponseCode.SUCCESS:
+                    failed = r
+                    break
+            else:
+                raise AssertionError("the injected msync EIO never surfaced")
+            assert failed.code == ResponseCode.FLUSH_DISK_TIMEOUT, (failed.code, failed.remark)
+            assert "[FLUSH_FAILED]" in failed.remark and "group commit in the broker" in failed.remark, failed.remark
+            later = [send(rc, c.broker, "SyncEio", b"after", 0).code for _ in range(3)]
+            assert later == [ResponseCode.SERVICE_NOT_AVAILABLE] * 3, later
+            info = broker_runtime_info(c.broker_addr, rc)
+            assert int(info["flushedOffset"]) < int(info["commitLogMaxOffset"]), info
+    finally:
+        c.close()
