@@ -4,7 +4,10 @@ store configuration from broker settings.  Importing :mod:`rmq.actors.broker` (e
 the POP, timer and transaction services) cost each follower process about 0.3 s at start."""
 from __future__ import annotations
 
+import hashlib
 import os
+import stat
+import tempfile
 
 from rmq.store.config import MessageStoreConfig
 
@@ -14,14 +17,48 @@ ANNOUNCE_DURABLE = b"D"   # PUB topic: appends the broker already made durable i
                           # commit in the broker): for reput and HA, not for the flush actor
 
 
+MAX_IPC_PATH = 100        # bytes; a Unix socket path must fit sockaddr_un.sun_path (108 on Linux)
+
+
+def ipc_dir(store_path: str) -> str:
+    """Where the store's ipc sockets live: the store directory itself, or, when a socket path there
+    would not fit MAX_IPC_PATH (a deep store directory), a private directory named after the
+    store's absolute path: ``<tmp>/rmq-<uid>-<16 hex of its sha256>``, created 0700.  Every actor
+    of the store computes the same one.
+
+    Raises
+    ------
+    OSError
+        That private directory exists but is not a directory of this user (refused: another user
+        could listen on it), or cannot be created.
+    """
+    root = os.path.abspath(store_path)
+    if len(os.path.join(root, "broker-pub.ipc").encode()) <= MAX_IPC_PATH:
+        return root
+    digest = hashlib.sha256(root.encode()).hexdigest()[:16]
+    d = os.path.join(tempfile.gettempdir(), f"rmq-{os.getuid()}-{digest}")
+    try:
+        os.mkdir(d, 0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(d)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+        raise OSError(f"{d} (ipc sockets of the store {root}, whose own path is too long for them) is not a "
+                      f"directory owned by uid {os.getuid()}: refusing to use it")
+    if stat.S_IMODE(st.st_mode) & 0o077:
+        os.chmod(d, 0o700)
+    return d
+
+
 def internal_endpoint(store_path: str) -> str:
-    """The broker's ROUTER for its own actors: ``ipc://<store>/broker.ipc``."""
-    return f"ipc://{os.path.abspath(store_path)}/broker.ipc"
+    """The broker's ROUTER for its own actors: ``ipc://<store>/broker.ipc`` (see :func:`ipc_dir`)."""
+    return f"ipc://{ipc_dir(store_path)}/broker.ipc"
 
 
 def announce_endpoint(store_path: str) -> str:
-    """The broker's PUB of CommitLog-end announcements: ``ipc://<store>/broker-pub.ipc``."""
-    return f"ipc://{os.path.abspath(store_path)}/broker-pub.ipc"
+    """The broker's PUB of CommitLog-end announcements: ``ipc://<store>/broker-pub.ipc`` (see
+    :func:`ipc_dir`)."""
+    return f"ipc://{ipc_dir(store_path)}/broker-pub.ipc"
 
 
 def store_config_from_settings(settings: dict) -> MessageStoreConfig:
@@ -31,5 +68,5 @@ def store_config_from_settings(settings: dict) -> MessageStoreConfig:
     return MessageStoreConfig.from_properties(props)
 
 
-__all__ = ["ANNOUNCE_APPEND", "ANNOUNCE_DURABLE", "ANNOUNCE_TICK", "announce_endpoint", "internal_endpoint",
-           "store_config_from_settings"]
+__all__ = ["ANNOUNCE_APPEND", "ANNOUNCE_DURABLE", "ANNOUNCE_TICK", "MAX_IPC_PATH", "announce_endpoint",
+           "internal_endpoint", "ipc_dir", "store_config_from_settings"]

@@ -91,6 +91,7 @@ import zmq
 
 from rmq import protocol as P
 from rmq.actors.actor import HEARTBEAT_INTERVAL_MS, HEARTBEAT_LIVENESS, LOG_BACKUPS, LOG_MAX_BYTES, RUN_DIR
+from rmq.actors.broker_endpoints import MAX_IPC_PATH
 from rmq.broker_conf import (BrokerConfError, broker_settings, dashboard_settings, local_controller_settings,
                              proxy_settings, format_broker_conf,
                              load_broker_conf)
@@ -131,7 +132,6 @@ RESTART_BACKOFF_MAX_S = 30.0
 MAX_RESTARTS = 5                # per group within RESTART_WINDOW_S
 RESTART_WINDOW_S = 60.0
 POLL_MS = 100                   # main loop tick
-MAX_IPC_PATH = 100              # sun_path is 108 bytes on Linux; keep a margin
 STDERR_TAIL_LINES = 12
 MAX_LINE = 64 * 1024            # a child's stdout line longer than this is cut
 MODULE_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")

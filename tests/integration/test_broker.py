@@ -1,4 +1,5 @@
 """Broker group over the wire: send / pull round trips, tags, long polling, offsets, SYNC_FLUSH."""
+import os
 import time
 
 import msgpack
@@ -268,3 +269,19 @@ def test_request_waiting_too_long_gets_system_busy(tmp_path):
             assert table["table"]["commitLogMaxOffset"] == 0
     finally:
         c.close()
+
+
+def test_a_store_path_too_deep_for_ipc_sockets_still_serves(tmp_path):
+    """A store directory whose ``broker-pub.ipc`` path would not fit a Unix socket address: the
+    broker and its followers meet in a private directory named after the store (ipc_dir), and the
+    group serves as usual (reput dispatches, a SYNC_FLUSH-free pull sees what was sent)."""
+    from rmq.actors.broker_endpoints import MAX_IPC_PATH, ipc_dir
+    store = tmp_path / ("deep" * 15) / ("er" * 20) / "store"
+    assert len(str(store / "broker-pub.ipc")) > MAX_IPC_PATH
+    with Cluster(store) as c, RemotingClient() as rc:
+        for i in range(10):
+            assert send(rc, c.broker, "DeepT", b"d%d" % i, 0).code == ResponseCode.SUCCESS
+        msgs = wait_for(lambda: (lambda m: m if len(m) == 10 else None)(pull_all(rc, c.broker, "DeepT", 0)[0]))
+        assert [m.body for m in msgs] == [b"d%d" % i for i in range(10)]
+        d = ipc_dir(str(store))
+        assert d != str(store) and {"broker.ipc", "broker-pub.ipc"} <= set(os.listdir(d))
