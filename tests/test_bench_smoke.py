@@ -87,6 +87,9 @@ def test_bench_latency_smoke(tmp_path):
         assert 0 < r["delivery"]["p50_us"] <= r["delivery"]["p99_us"] <= r["delivery"]["max_us"], r
         if not r["path"].startswith("raw"):
             assert r["ack"]["p50_us"] > 0, r
+            # delivery measured from the SEND_OK too (signed: the consumer may get it first)
+            after = r["after_ack"]
+            assert after["n"] == 100 and after["p50_us"] <= after["p99_us"] and 0 <= after["delivered_first"] <= 100
     # one send at a time, beside its ceilings measured in the same run, with the checks
     single = {(r["path"], r["flush"]): r for r in rep["single"]["rows"]}
     want = {("raw pyzmq round trip", "-"), ("Producer.send", "ASYNC_FLUSH"), ("Producer.send", "SYNC_FLUSH"),

@@ -6,7 +6,8 @@ For each rate (msgs/s), body size and consumer, a fresh topic: one process sends
 process of the machine); another process consumes it and records *delivery* latency, send call
 -> listener called (``PushConsumer``, ``rmq.aio``'s ``AsyncPushConsumer``) or -> returned by
 ``PullConsumer.poll`` (long polling).  The producer records send call -> SEND_OK (the future's
-callback).  Beside them, in the same run and at the same rates: a raw pyzmq relay (PUSH -> a
+callback), and each row also gives delivery measured from that SEND_OK (``after_ack``, signed:
+a pull answered ahead of the send's ack delivers before the producer sees it).  Beside them, in the same run and at the same rates: a raw pyzmq relay (PUSH -> a
 relay process -> PULL, the transport with nothing on top) and Redis Streams XADD -> XREAD BLOCK
 (``appendfsync everysec``; when ``redis-server`` and redis-py are present).
 
@@ -68,6 +69,7 @@ class _Recorder:
         self.dups = 0
         self.send_lock = threading.Lock()
         self.trace_rows: list = []          # (uniq, topic, queue id, queue offset, t0, delivered), traced runs
+        self.delivered: dict = {}           # t0 (the message's send stamp, ns) -> delivered (ns)
 
     def say(self, *msg) -> None:
         with self.send_lock:
@@ -88,13 +90,15 @@ class _Recorder:
                 return
             self.ids.add(ident)
             self.hist.record(now - int(t0))
+            self.delivered[int(t0)] = now
             self.got += 1
             if msg is not None and _lt.ENABLED:
                 self.trace_rows.append((ident, msg.topic, msg.queue_id, msg.queue_offset, int(t0), now))
 
     def report(self) -> dict:
         with self.lock:
-            rep = {"hist": self.hist.to_dict(), "got": self.got, "dups": self.dups}
+            rep = {"hist": self.hist.to_dict(), "got": self.got, "dups": self.dups,
+                   "delivered": list(self.delivered.items())}
             if _lt.ENABLED:
                 rep["trace"] = {"rows": self.trace_rows, "events": _lt.take()["events"]}
             return rep
@@ -329,6 +333,21 @@ class _Consumer:
             self.proc.join(10)
 
 
+def after_ack(delivered, acked_at: dict) -> dict:
+    """Delivery measured from the message's SEND_OK (issue 12's "delivery after SEND_OK"):
+    ``delivered`` (t0, delivered ns) pairs, ``acked_at`` t0 -> SEND_OK ns.  Signed: a message
+    delivered before its producer saw the SEND_OK counts negative.  p50 / p99 in us, and how
+    many messages were delivered first."""
+    diffs = sorted(d - acked_at[t0] for t0, d in delivered if t0 in acked_at)
+    if not diffs:
+        return {"n": 0}
+
+    def pct(q: float) -> float:
+        return diffs[min(len(diffs) - 1, int(q * (len(diffs) - 1) + 0.5))] / 1e3
+    return {"n": len(diffs), "p50_us": pct(0.5), "p99_us": pct(0.99),
+            "delivered_first": sum(1 for d in diffs if d < 0)}
+
+
 def _row(path: str, rate: float, size: int, sent: int, achieved: float, delivered: dict,
          ack: Optional[Histogram], error: str = "") -> dict:
     row = {"path": path, "rate": rate, "size": size, "sent": sent, "achieved_rate": round(achieved, 1),
@@ -373,6 +392,7 @@ def run_rmq(namesrv: str, mode: str, rate: float, size: int, seconds: float, tra
     done = threading.Event()
     acked = [0]
     failed = [0]
+    acked_at: dict = {}                  # t0 (ns) -> SEND_OK seen by the callback (ns)
     with Producer(namesrv, group=f"lat-pg-{mode}") as p:
         p.send(Message(topic, b"create", properties={WARMUP_PROP: "1"}))     # auto-create the topic
         c = _Consumer(mode, namesrv, topic)
@@ -387,6 +407,7 @@ def run_rmq(namesrv: str, mode: str, rate: float, size: int, seconds: float, tra
                 with lock:
                     if fut.exception() is None:
                         ack.record(now - t0)
+                        acked_at[t0] = now
                         acked[0] += 1
                     else:
                         failed[0] += 1
@@ -412,6 +433,7 @@ def run_rmq(namesrv: str, mode: str, rate: float, size: int, seconds: float, tra
     row = _row(PATH_NAMES[mode], rate, size, n, achieved, rep, ack, err)
     if bg_report is not None:
         row["background"] = {"asked_msgs_per_s": background, **bg_report}
+    row["after_ack"] = after_ack(rep.get("delivered", ()), acked_at)
     if trace:
         from rmq.bench.trace import breakdown
         t = rep.get("trace") or {}
@@ -556,7 +578,8 @@ def _line(row: dict) -> str:
     return (f"{row['path']:<42} {row['size']:>5} B {row['rate']:>7,.0f}/s (got {row['achieved_rate']:>9,.0f}/s) "
             f"delivery p50 {_us(d.get('p50_us'))} p99 {_us(d.get('p99_us'))} p99.9 {_us(d.get('p999_us'))} "
             f"max {_us(d.get('max_us'))} us; ack p50 {_us(a.get('p50_us'))} p99 {_us(a.get('p99_us'))} us; "
-            f"delivered {row['delivered']:,}/{row['sent']:,}{err}")
+            + (f"after SEND_OK p50 {_us(row['after_ack']['p50_us'])} us; " if row.get("after_ack", {}).get("n") else "")
+            + f"delivered {row['delivered']:,}/{row['sent']:,}{err}")
 
 
 def print_table(report: dict, console) -> None:
