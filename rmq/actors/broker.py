@@ -350,6 +350,9 @@ class BrokerActor(Actor):
             self.rpc_observer = None
         if self.store is None:
             return
+        # the followers learn the final CommitLog end (a deferred announcement may be pending) and,
+        # under SYNC_FLUSH, what the broker made durable itself: the flush actor's checkpoint follows
+        self.announce_append(force=True)
         # answer what is parked: pulls get "not found", sync sends get what flush reported
         self.pull_processor.hold_service.answer_all()
         send = self.send_processor

@@ -73,9 +73,21 @@ class FlushActor(FollowerActor):
         self.commitlog.refresh(end)
         if first and self.commitlog.files:
             # start: what the broker recovered counts as on disk (it flushed before serving)
-            self.commitlog.flushed_where = min(self.flushed, end)
-            for mf in self.commitlog.files:
-                mf.flushed_position = min(max(self.commitlog.flushed_where - mf.file_from_offset, 0), mf.file_size)
+            self._adopt_flushed(min(self.flushed, end))
+        elif self.sync and not self.flush_error and self.commitlog.files and \
+                min(self.flushed, end) > self.commitlog.flushed_where:
+            # SYNC_FLUSH: the broker msynced this itself (its group commit of a small group): nothing
+            # to msync here, but the checkpoint's flushed offset must follow
+            self._adopt_flushed(min(self.flushed, end))
+            self.announced_flushed = max(self.announced_flushed, self.commitlog.flushed_where)
+            self._checkpoint(self.commitlog.flushed_where)
+
+    def _adopt_flushed(self, flushed: int) -> None:
+        """Count the CommitLog durable up to ``flushed`` (bytes) without an msync of our own."""
+        self.commitlog.flushed_where = flushed
+        for mf in self.commitlog.files:
+            mf.flushed_position = max(mf.flushed_position,
+                                      min(max(flushed - mf.file_from_offset, 0), mf.file_size))
 
     def after_poll(self) -> None:
         if self.sync:
