@@ -338,13 +338,11 @@ def after_ack(delivered, acked_at: dict) -> dict:
     ``delivered`` (t0, delivered ns) pairs, ``acked_at`` t0 -> SEND_OK ns.  Signed: a message
     delivered before its producer saw the SEND_OK counts negative.  p50 / p99 in us, and how
     many messages were delivered first."""
+    from rmq.bench.e2e import pct
     diffs = sorted(d - acked_at[t0] for t0, d in delivered if t0 in acked_at)
     if not diffs:
         return {"n": 0}
-
-    def pct(q: float) -> float:
-        return diffs[min(len(diffs) - 1, int(q * (len(diffs) - 1) + 0.5))] / 1e3
-    return {"n": len(diffs), "p50_us": pct(0.5), "p99_us": pct(0.99),
+    return {"n": len(diffs), "p50_us": pct(diffs, 0.5) / 1e3, "p99_us": pct(diffs, 0.99) / 1e3,
             "delivered_first": sum(1 for d in diffs if d < 0)}
 
 
