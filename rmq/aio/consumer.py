@@ -1276,8 +1276,6 @@ class AsyncPushConsumer:
         if pq.dropped:
             return
         ack = min(max(ctx.ack_index, -1), len(msgs) - 1) if status is ConsumeConcurrentlyStatus.CONSUME_SUCCESS else -1
-        self.stats["consumed_ok"] += ack + 1
-        self.stats["consumed_failed"] += len(msgs) - ack - 1
         done = msgs
         if ack < len(msgs) - 1 and self.clustering:
             again = [m for m in msgs[ack + 1:]
@@ -1291,6 +1289,8 @@ class AsyncPushConsumer:
         offset = pq.remove_message(done)
         if offset >= 0 and not pq.dropped:
             self.offset_store.update_offset(mq, offset, increase_only=True)
+        self.stats["consumed_ok"] += ack + 1            # after the offset, as the thread consumer
+        self.stats["consumed_failed"] += len(msgs) - ack - 1
 
     async def _consume_later(self, msgs: list, pq: ProcessQueue, mq: MessageQueue) -> None:
         await asyncio.sleep(RECONSUME_LATER_LOCALLY_MS / 1000.0)

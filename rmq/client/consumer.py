@@ -1351,9 +1351,6 @@ class PushConsumer:
             ack = min(max(ctx.ack_index, -1), len(msgs) - 1)
         else:
             ack = -1
-        with self._stats_lock:
-            self.stats["consumed_ok"] += ack + 1
-            self.stats["consumed_failed"] += len(msgs) - ack - 1
         done = msgs
         if ack < len(msgs) - 1:
             failed = msgs[ack + 1:]
@@ -1373,6 +1370,11 @@ class PushConsumer:
         offset = pq.remove_message(done)
         if offset >= 0 and not pq.dropped:
             self.offset_store.update_offset(mq, offset, increase_only=True)
+        # counted last: a reader that sees the count also sees the offset it committed (a
+        # shutdown or a rebalance right after persists the offset past these messages)
+        with self._stats_lock:
+            self.stats["consumed_ok"] += ack + 1
+            self.stats["consumed_failed"] += len(msgs) - ack - 1
 
     def _count(self, name: str, n: int = 1) -> None:
         with self._stats_lock:
@@ -1456,9 +1458,11 @@ class PushConsumer:
         offset is recorded before a rebalance persists it and unlocks the queue)."""
         commit_offset = -1
         if status is ConsumeOrderlyStatus.SUCCESS:
-            self._count("consumed_ok", len(msgs))
             commit_offset = pq.commit()
-            cont = True
+            if commit_offset >= 0:
+                self.offset_store.update_offset(mq, commit_offset, increase_only=False)
+            self._count("consumed_ok", len(msgs))       # after the offset: see _process_concurrent_result
+            return True
         else:
             self._count("consumed_failed", len(msgs))
             if self._check_reconsume_times(msgs, mq):
