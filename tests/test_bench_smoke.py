@@ -24,10 +24,12 @@ def test_bench_all_smoke(tmp_path):
     cmd = python_argv("rmq.cli", "bench", "all", "--size", "100", "--flush", "ASYNC_FLUSH",
                       "--duration", "1", "--single-seconds", "0.5", "--ceiling-seconds", "0.3",
                       "--file-size", str(64 << 20), "--ha-mb", "4", "--dir", str(tmp_path), "--json", str(out),
-                      "--plot", str(png), "--no-progress", "--latency-rates", "200", "--latency-seconds", "0.5")
+                      "--plot", str(png), "--no-progress", "--latency-rates", "200", "--latency-seconds", "0.5",
+                      "--client-messages", "2000")
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env=child_env())
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
     rep = json.loads(out.read_text())
+    assert {r["path"] for r in rep["client"]["rows"]} >= {"Producer.send_async", "PushConsumer"}, rep["client"]
     # the latency section: every delivery path delivered every paced message
     lat = {r["path"]: r for r in rep["latency"]["rows"]}
     assert {"PushConsumer listener", "PullConsumer.poll", "rmq.aio push listener"} <= set(lat), list(lat)
@@ -156,3 +158,30 @@ def test_bench_latency_bg(tmp_path):
     assert not row["error"] and row["delivered"] == row["sent"] == 100, row
     bg = row["background"]
     assert bg["asked_msgs_per_s"] == 20000 and bg["msgs_per_s"] > 0 and bg["failed_batches"] == 0, bg
+
+
+def test_bench_client_smoke(tmp_path):
+    """``rmq bench client``, short: every row of the public client API (send_async, send_batch,
+    PushConsumer, PullConsumer.poll, rmq.aio's producer and push consumer) is measured without
+    error, each with its target and MET / MISSED; Redis is a reference when installed, else
+    reported not installed."""
+    from rmq.bench.client import ROWS
+    out = tmp_path / "c.json"
+    cmd = python_argv("rmq.cli", "bench", "client", "--messages", "2000", "--sizes", "100", "--dir", str(tmp_path),
+                      "--json", str(out))
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env=child_env())
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
+    rep = json.loads(out.read_text())
+    rows = {r["path"]: r for r in rep["rows"]}
+    assert set(rows) == set(ROWS), list(rows)
+    for r in rows.values():
+        assert r["size"] == 100 and not r["error"] and r["msgs"] == 2000 and r["msgs_per_s"] > 0, r
+        assert r["mb_per_s"] > 0 and "target" in r and "target_met" in r and "status" in r, r
+        # every row has a target at 100 B (issue 17), judged MET or MISSED (n/a: its reference is missing)
+        assert r["target"] and r["status"] in ("MET", "MISSED", "n/a"), r
+        assert r["status"] != "n/a" or any(k.startswith("redis") for k in rep["skipped"]), r
+    refs = rep["refs"]["100"]
+    assert "redis" in refs or "not installed" in rep["skipped"].get("redis", ""), (refs, rep["skipped"])
+    assert refs["raw"]["produce"]["msgs_per_s"] > 0 and refs["raw"]["consume"]["msgs_per_s"] > 0, refs
+    assert rows["Producer.send_async"]["x_raw"] > 0 and rows["PushConsumer"]["x_raw"] > 0
+    assert "rmq bench client" in p.stdout and ("MISSED" in p.stdout or "MET" in p.stdout)

@@ -151,6 +151,13 @@ def _run(scenarios: tuple, default_extras: bool, **kw) -> None:
                                                    store_dir=o.store_dir,
                                                    log=functools.partial(console.print, highlight=False,
                                                                          markup=False))
+    if kw.get("client"):
+        from rmq.bench import client as CB
+        log(f"[bold]client[/] (the public client API, defaults, one Python thread; {kw['client_messages']:,} messages "
+            f"at 100 B, half at larger bodies; beside Redis and the raw bench client):")
+        report["client"] = CB.run(messages=kw["client_messages"], sizes=o.sizes, store_dir=o.store_dir,
+                                  file_size=o.file_size, redis="redis" in peer_list,
+                                  log=functools.partial(console.print, highlight=False, markup=False))
     report["loadavg_after"] = os.getloadavg()
     report["wall_seconds"] = round(time.monotonic() - t0, 1)
     R.annotate(report)
@@ -158,6 +165,9 @@ def _run(scenarios: tuple, default_extras: bool, **kw) -> None:
     if report.get("latency"):
         from rmq.bench import latency as L
         L.print_table(report["latency"], console)
+    if report.get("client"):
+        from rmq.bench import client as CB
+        CB.print_table(report["client"], console)
     if kw["json_path"]:
         R.write_json(report, kw["json_path"])
         log(f"wrote {kw['json_path']}")
@@ -169,6 +179,9 @@ def _run(scenarios: tuple, default_extras: bool, **kw) -> None:
         [r["path"] for r in (report.get("latency") or {}).get("rows", [])
          if r.get("error") or r["delivered"] < r["sent"]] + \
         [r["path"] for r in ((report.get("latency") or {}).get("single") or {}).get("rows", []) if r.get("error")]
+    if report.get("client"):
+        from rmq.bench import client as CB
+        failed += CB.failed(report["client"])
     if failed:
         raise SystemExit(1)
 
@@ -202,10 +215,16 @@ def e2e_cmd(**kw) -> None:
                    "Redis); 'none' skips it.")
 @click.option("--latency-seconds", type=click.FloatRange(0.1), default=3.0, show_default=True,
               help="Seconds of paced sending per latency row.")
+@click.option("--client/--no-client", "client", default=True, show_default=True,
+              help="The client section (`rmq bench client` on its own cluster: Producer.send_async, send_batch, "
+                   "PushConsumer, PullConsumer.poll and rmq.aio, defaults, beside Redis and the raw bench client).")
+@click.option("--client-messages", type=click.IntRange(1), default=200_000, show_default=True,
+              help="Messages per row of the client section at 100 B (larger bodies: half).")
 def all_cmd(**kw) -> None:
     """Ceilings, every rmq scenario (produce, consume, e2e, single) per flush type and size, peers;
     the HA section (ASYNC_MASTER / SYNC_MASTER with a slave, replication MB/s); the latency
-    section (one message at a time, send -> delivery)."""
+    section (one message at a time, send -> delivery); the client section (the public client
+    API with its defaults, beside Redis and the raw bench client)."""
     _run(("produce", "consume", "e2e", "single"), True, **kw)
 
 
@@ -310,4 +329,42 @@ def latency_cmd(rates, sizes, consumers, peers, duration, namesrv, store_dir, js
         console.print(f"wrote {json_path}")
     if any(r.get("error") or r["delivered"] < r["sent"] for r in report["rows"]) or \
             any(r.get("error") for r in (report.get("single") or {}).get("rows", [])):
+        raise SystemExit(1)
+
+
+@bench.command("client")
+@click.option("--messages", "-n", type=click.IntRange(1), default=200_000, show_default=True,
+              help="Messages per row at 100 B (larger bodies: half).")
+@click.option("--sizes", "--size", "sizes", default="100,1024", show_default=True, callback=_sizes,
+              help="Message body sizes, bytes (comma list).")
+@click.option("--redis/--no-redis", default=True, show_default=True,
+              help="Measure Redis (pipelined XADD x1000, XREAD COUNT 1000) in the same run, when redis-server "
+                   "is installed.")
+@click.option("--raw/--no-raw", default=True, show_default=True,
+              help="Measure the raw bench client (rmq bench produce / consume's workers) on the same cluster.")
+@click.option("--namesrv", default=None, help="Use this cluster (default: an embedded one on free ports).")
+@click.option("--file-size", type=click.IntRange(1 << 20), default=None,
+              help="mappedFileSizeCommitLog of the embedded cluster (default: about what the run writes, "
+                   "64 MiB .. 512 MiB).")
+@click.option("--dir", "store_dir", type=click.Path(file_okay=False), default=None,
+              help="Where temporary stores go (default: the system temp dir).")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
+              help="Write every row and reference as JSON to this file.")
+def client_cmd(messages, sizes, redis, raw, namesrv, file_size, store_dir, json_path) -> None:
+    """The public client API with its defaults, one Python thread (issue 17): Producer.send_async,
+    Producer.send_batch of 1000, PushConsumer, PullConsumer.poll, and rmq.aio's producer and push
+    consumer, msgs/s and MB/s per body size, each against its target (MET / MISSED) and beside
+    Redis and the raw bench client measured in the same run.  Exit code 1 when a row failed."""
+    import json
+
+    from rmq.bench import client as CB
+    log = functools.partial(console.print, highlight=False, markup=False)
+    report = CB.run(messages=messages, sizes=sizes, namesrv=namesrv, store_dir=store_dir, file_size=file_size,
+                    redis=redis, raw=raw, log=log)
+    CB.print_table(report, console)
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(report, f, indent=1, default=str)
+        console.print(f"wrote {json_path}")
+    if CB.failed(report):
         raise SystemExit(1)

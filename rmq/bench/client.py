@@ -1,0 +1,554 @@
+"""``rmq bench client``: what the public client API gives a user (defaults, one Python thread),
+beside Redis and the raw bench client measured in the same run (issue 17).
+
+One embedded cluster (:class:`rmq.testing.Cluster`: nameserver, broker, reput, flush on loopback,
+ASYNC_FLUSH, the geometry of :func:`rmq.bench.e2e.cluster_conf`, as ``rmq bench produce``'s own
+groups); for each body size, every row runs in this process, one client at a time, with the
+API's defaults (only ``consume_from_where=CONSUME_FROM_FIRST_OFFSET`` for the consumers, to read
+what is already there):
+
+``Producer.send_async``
+    N ``Message(topic, body)`` built in the loop and handed over with a callback that counts
+    outcomes; then ``flush()``; none may fail.  Timed: first call -> every future done.
+``Producer.send_batch x1000``
+    lists of 1000 ``Message`` built in the loop, one ``send_batch`` after the other.
+``PushConsumer``
+    a concurrent listener that only counts, a fresh group, reading the N messages already in a
+    topic (filled untimed with ``send_batch``, dispatched before the row starts).  Timed:
+    ``start()`` -> the N-th message counted (``first_msg_s``: when the first one came).
+``PullConsumer.poll``
+    the same N from the first offset: ``assign`` every queue, ``poll()`` until N are returned.
+``rmq.aio Producer.send (tasks)``
+    the asyncio producer has no ``send_async`` and no client-side batching: its equivalent, a
+    task per ``await p.send(msg)``, outcomes counted in the tasks' done-callbacks, at most as
+    many unanswered at once as the threaded producer's default ``max_in_flight`` requests (32):
+    each aio send is a request of its own.  A deeper window is no faster and only queues
+    requests in the broker (1000 in flight drew TIMEOUT_CLEAN_QUEUE "broker busy" refusals on a
+    loaded 2-core machine).
+``rmq.aio PushConsumer``
+    as ``PushConsumer``, with a coroutine listener on an event loop.
+
+Each row: msgs/s, MB/s (bodies, 10^6 B), issue 17's target (MET / MISSED; ``None`` when there
+is none at that size or its reference is missing), and ratios to references measured in the same
+run on the same machine: Redis Streams (``redis-server`` with ``appendfsync everysec``, redis-py;
+:func:`rmq.bench.peers.bench_redis`) pipelined XADD x1000 for produce rows and XREAD COUNT 1000
+for consume rows, and the raw bench client (:mod:`rmq.bench.workers`, through
+:class:`rmq.bench.runner.Group`: SEND_BATCH_MESSAGE of 1000 with 4 in flight, and pulls of 1000
+with one in flight per queue, in spawned processes) on the same cluster.  A row that raises is a
+row with ``error`` set; the run goes on.
+"""
+from __future__ import annotations
+
+import gc
+import os
+import shutil
+import tempfile
+import threading
+import time
+from typing import Optional
+
+MB = 1e6
+SIZES = (100, 1024)
+MESSAGES = 200_000                 # at 100 B; larger bodies: half
+BATCH = 1000                       # messages per send_batch (and the references' batch)
+REDIS_SECONDS = 1.0                # the Redis reference's produce phase (XADD pipelines), per size
+AIO_RATIO = 0.80                   # rmq.aio rows: >= 80 % of the thread-based row's figure
+STALL_S = 60.0                     # a consumer row fails after this long without a new message
+
+SEND_ASYNC = "Producer.send_async"
+SEND_BATCH = f"Producer.send_batch x{BATCH}"
+PUSH = "PushConsumer"
+POLL = "PullConsumer.poll"
+AIO_SEND = "rmq.aio Producer.send (tasks)"
+AIO_PUSH = "rmq.aio PushConsumer"
+ROWS = (SEND_ASYNC, SEND_BATCH, PUSH, POLL, AIO_SEND, AIO_PUSH)
+KIND = {SEND_ASYNC: "produce", SEND_BATCH: "produce", AIO_SEND: "produce",
+        PUSH: "consume", POLL: "consume", AIO_PUSH: "consume"}
+TOPIC_OF = {SEND_ASYNC: "send_async", SEND_BATCH: "send_batch", AIO_SEND: "aio_send"}   # produce rows' topics
+AIO_OF = {AIO_SEND: SEND_ASYNC, AIO_PUSH: PUSH}      # aio row -> the thread-based row it is held to
+
+# issue 17: (row, body size) -> msgs/s floor; and (row, body size) -> floor as a multiple of Redis
+TARGETS = {(SEND_ASYNC, 100): 1_000_000, (SEND_ASYNC, 1024): 500_000, (SEND_BATCH, 100): 1_500_000,
+           (PUSH, 100): 1_000_000, (POLL, 100): 2_000_000}
+REDIS_TARGETS = {(SEND_BATCH, 100): 8.0, (SEND_BATCH, 1024): 5.0}
+REF_NAMES = {("redis", "produce"): f"Redis XADD pipeline x{BATCH}", ("redis", "consume"): f"Redis XREAD COUNT {BATCH}",
+             ("raw", "produce"): f"raw client SEND_BATCH x{BATCH}, 4 in flight",
+             ("raw", "consume"): f"raw client PULL x{BATCH}, 1 per queue"}
+
+
+def n_for(messages: int, size: int) -> int:
+    """Messages of a row: ``messages`` for bodies up to 100 B, half for larger ones."""
+    return max(1, messages if size <= 100 else messages // 2)
+
+
+def body_of(size: int) -> bytes:
+    return bytes((i * 131 + 7) & 0xFF for i in range(size))
+
+
+def _timeout_s(n: int) -> float:
+    return 120.0 + n / 1000.0
+
+
+# -- rows ---------------------------------------------------------------------------------------
+def send_async(namesrv: str, topic: str, size: int, n: int) -> dict:
+    from rmq import Message, Producer
+    body = body_of(size)
+    lock = threading.Lock()
+    done = threading.Event()
+    outcome = {"ok": 0, "failed": 0, "first_error": None}
+
+    def cb(fut) -> None:
+        exc = fut.exception()
+        with lock:
+            if exc is None:
+                outcome["ok"] += 1
+            else:
+                outcome["failed"] += 1
+                outcome["first_error"] = outcome["first_error"] or exc
+            if outcome["ok"] + outcome["failed"] == n:
+                done.set()
+
+    with Producer(namesrv, group="bench-client-pg") as p:
+        p.send(Message(topic, b"warm-up"))              # untimed: the topic, its route, the connection
+        t0 = time.perf_counter()
+        for _ in range(n):
+            p.send_async(Message(topic, body), callback=cb)
+        left = p.flush()
+        if not done.wait(_timeout_s(n)):
+            raise TimeoutError(f"{n - outcome['ok'] - outcome['failed']:,} futures not done ({left:,} unanswered)")
+        el = time.perf_counter() - t0
+    if outcome["failed"]:
+        raise RuntimeError(f"{outcome['failed']:,} of {n:,} sends failed, first: {outcome['first_error']!r}")
+    return {"msgs": outcome["ok"], "seconds": el}
+
+
+def send_batch(namesrv: str, topic: str, size: int, n: int) -> dict:
+    from rmq import Message, Producer
+    body = body_of(size)
+    with Producer(namesrv, group="bench-client-pg") as p:
+        p.send(Message(topic, b"warm-up"))
+        sent = 0
+        t0 = time.perf_counter()
+        while sent < n:
+            k = min(BATCH, n - sent)
+            p.send_batch([Message(topic, body) for _ in range(k)])
+            sent += k
+        el = time.perf_counter() - t0
+    return {"msgs": sent, "seconds": el}
+
+
+def fill(namesrv: str, topic: str, size: int, n: int) -> None:
+    """Untimed: ``n`` messages into a fresh ``topic`` with ``send_batch``, then wait until the
+    ConsumeQueues list all of them (reput has dispatched them)."""
+    from rmq import Message, Producer, PullConsumer
+    body = body_of(size)
+    with Producer(namesrv, group="bench-client-fill") as p:
+        sent = 0
+        while sent < n:
+            k = min(BATCH, n - sent)
+            p.send_batch([Message(topic, body) for _ in range(k)])
+            sent += k
+    with PullConsumer(namesrv, "bench-client-probe") as c:
+        mqs = c.fetch_subscribe_message_queues(topic)
+        deadline = time.monotonic() + 60
+        while True:
+            have = sum(c.max_offset(mq) for mq in mqs)
+            if have >= n:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"fill of {topic}: {have:,} of {n:,} dispatched after 60 s")
+            time.sleep(0.05)
+
+
+class _Counter:
+    """Counts messages; ``wait(n)`` until n, failing when nothing new came for STALL_S."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.got = 0
+        self.first: Optional[float] = None
+        self.last = 0.0
+        self.target = 0
+        self.done = threading.Event()
+
+    def add(self, k: int) -> None:
+        now = time.perf_counter()
+        with self.lock:
+            if self.first is None:
+                self.first = now
+            self.got += k
+            self.last = now
+            if self.got >= self.target:
+                self.done.set()
+
+    def wait(self, n: int, t0: float) -> None:
+        seen, since = -1, time.monotonic()
+        while not self.done.wait(0.2):
+            if self.got != seen:
+                seen, since = self.got, time.monotonic()
+            elif time.monotonic() - since > STALL_S:
+                raise TimeoutError(f"consumed {self.got:,} of {n:,}, nothing new for {STALL_S:.0f} s")
+
+
+def push(namesrv: str, topic: str, size: int, n: int) -> dict:
+    from rmq import PushConsumer
+    from rmq.client.consumer import ConsumeConcurrentlyStatus
+    cnt = _Counter()
+    cnt.target = n
+    ok = ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+    c = PushConsumer(namesrv, f"bench-client-push-{size}-{os.getpid()}", consume_from_where="CONSUME_FROM_FIRST_OFFSET")
+    c.subscribe(topic, "*")
+
+    def listener(msgs, ctx):
+        cnt.add(len(msgs))
+        return ok
+    c.register_message_listener(listener)
+    t0 = time.perf_counter()
+    c.start()
+    try:
+        cnt.wait(n, t0)
+        el = cnt.last - t0
+    finally:
+        c.shutdown()
+    return {"msgs": cnt.got, "seconds": el, "first_msg_s": round(cnt.first - t0, 4)}
+
+
+def poll(namesrv: str, topic: str, size: int, n: int) -> dict:
+    from rmq import PullConsumer
+    with PullConsumer(namesrv, f"bench-client-poll-{size}-{os.getpid()}",
+                      consume_from_where="CONSUME_FROM_FIRST_OFFSET") as c:
+        c.assign(c.fetch_subscribe_message_queues(topic))
+        got, first = 0, None
+        t0 = time.perf_counter()
+        since = time.monotonic()
+        while got < n:
+            msgs = c.poll()
+            if msgs:
+                if first is None:
+                    first = time.perf_counter()
+                got += len(msgs)
+                since = time.monotonic()
+            elif time.monotonic() - since > STALL_S:
+                raise TimeoutError(f"polled {got:,} of {n:,}, nothing new for {STALL_S:.0f} s")
+        el = time.perf_counter() - t0
+    return {"msgs": got, "seconds": el, "first_msg_s": round(first - t0, 4)}
+
+
+def aio_send(namesrv: str, topic: str, size: int, n: int) -> dict:
+    import asyncio
+
+    from rmq import Message
+    from rmq.aio import Producer
+    from rmq.client.producer import MAX_IN_FLIGHT      # the threaded producer's default max_in_flight
+    body = body_of(size)
+
+    async def go() -> dict:
+        async with Producer(namesrv, group="bench-client-aio-pg") as p:
+            await p.send(Message(topic, b"warm-up"))
+            loop = asyncio.get_running_loop()
+            room = asyncio.Semaphore(MAX_IN_FLIGHT)
+            all_done = asyncio.Event()
+            tasks: set = set()
+            outcome = {"ok": 0, "failed": 0, "first_error": None}
+
+            def cb(t) -> None:
+                tasks.discard(t)
+                room.release()
+                exc = t.exception() if not t.cancelled() else asyncio.CancelledError()
+                if exc is None:
+                    outcome["ok"] += 1
+                else:
+                    outcome["failed"] += 1
+                    outcome["first_error"] = outcome["first_error"] or exc
+                if outcome["ok"] + outcome["failed"] == n:
+                    all_done.set()
+
+            t0 = time.perf_counter()
+            for _ in range(n):
+                await room.acquire()
+                t = loop.create_task(p.send(Message(topic, body)))
+                tasks.add(t)
+                t.add_done_callback(cb)
+            await asyncio.wait_for(all_done.wait(), _timeout_s(n))
+            el = time.perf_counter() - t0
+        if outcome["failed"]:
+            raise RuntimeError(f"{outcome['failed']:,} of {n:,} sends failed, first: {outcome['first_error']!r}")
+        return {"msgs": outcome["ok"], "seconds": el}
+
+    return asyncio.run(go())
+
+
+def aio_push(namesrv: str, topic: str, size: int, n: int) -> dict:
+    import asyncio
+
+    from rmq.aio import PushConsumer
+    from rmq.client.consumer import ConsumeConcurrentlyStatus
+    ok = ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+
+    async def go() -> dict:
+        state = {"got": 0, "first": None, "last": 0.0}
+        all_done = asyncio.Event()
+        c = PushConsumer(namesrv, f"bench-client-aio-push-{size}-{os.getpid()}",
+                         consume_from_where="CONSUME_FROM_FIRST_OFFSET")
+        c.subscribe(topic, "*")
+
+        async def listener(msgs, ctx):
+            now = time.perf_counter()
+            if state["first"] is None:
+                state["first"] = now
+            state["got"] += len(msgs)
+            state["last"] = now
+            if state["got"] >= n:
+                all_done.set()
+            return ok
+        c.register_message_listener(listener)
+        t0 = time.perf_counter()
+        await c.start()
+        try:
+            seen, since = -1, time.monotonic()
+            while not all_done.is_set():
+                try:
+                    await asyncio.wait_for(all_done.wait(), 0.2)
+                except asyncio.TimeoutError:
+                    pass
+                if state["got"] != seen:
+                    seen, since = state["got"], time.monotonic()
+                elif time.monotonic() - since > STALL_S:
+                    raise TimeoutError(f"consumed {state['got']:,} of {n:,}, nothing new for {STALL_S:.0f} s")
+        finally:
+            await c.shutdown()
+        return {"msgs": state["got"], "seconds": state["last"] - t0, "first_msg_s": round(state["first"] - t0, 4)}
+
+    return asyncio.run(go())
+
+
+RUNNERS = {SEND_ASYNC: send_async, SEND_BATCH: send_batch, PUSH: push, POLL: poll, AIO_SEND: aio_send,
+           AIO_PUSH: aio_push}
+
+
+# -- references -------------------------------------------------------------------------------
+def redis_refs(size: int, store_dir=None, seconds: float = REDIS_SECONDS) -> dict:
+    """{"produce": row, "consume": row} of :func:`rmq.bench.peers.bench_redis` (everysec, batch 1000)."""
+    from rmq.bench.peers import bench_redis
+    rows = bench_redis("ASYNC_FLUSH", size, BATCH, seconds, 0.05, store_dir)
+    return {r["kind"]: r for r in rows if r.get("kind") in ("produce", "consume")}
+
+
+def raw_refs(namesrv: str, size: int, n: int, store_dir=None, log=print) -> dict:
+    """{"produce": row, "consume": row}: ``rmq bench produce`` / ``consume``'s scenarios (the raw
+    worker processes of :mod:`rmq.bench.workers`) against this cluster, ``n`` messages each."""
+    from rmq.bench.runner import Group, Opts, Progress
+    o = Opts(sizes=(size,), flush_types=("ASYNC_FLUSH",), messages=n, batch=BATCH, namesrv=namesrv,
+             store_dir=store_dir, progress=False, scenarios=("produce", "consume"))
+    g = Group(o, "ASYNC_FLUSH", size, log)
+    try:
+        out = {}
+        for kind in ("produce", "consume"):
+            row = g.scenario(kind, Progress(False))
+            if row.get("error") or row.get("errors"):
+                raise RuntimeError(f"raw {kind}: {row.get('error') or row.get('errors')}")
+            out[kind] = {"msgs": row["msgs"], "seconds": row["seconds"], "msgs_per_s": row["msgs_per_s"],
+                         "mb_per_s": row["mb_per_s"]}
+        return out
+    finally:
+        g.close()
+
+
+# -- the run ------------------------------------------------------------------------------------
+def _row(path: str, size: int, n: int) -> dict:
+    return {"path": path, "kind": KIND[path], "api": "aio" if path in AIO_OF else "thread", "size": size,
+            "n": n, "msgs": 0, "seconds": None, "msgs_per_s": 0.0, "mb_per_s": 0.0, "target": None,
+            "target_met": None, "status": "-", "error": ""}
+
+
+def judge(row: dict, rows: list, refs: dict) -> None:
+    """Ratios to the references of the row's size, and the target (in place)."""
+    size, kind = row["size"], row["kind"]
+    ref = refs.get(size) or {}
+    for who in ("redis", "raw"):
+        r = (ref.get(who) or {}).get(kind)
+        if r and r.get("msgs_per_s") and not row["error"]:
+            row[f"{who}_msgs_per_s"] = r["msgs_per_s"]
+            row[f"x_{who}"] = row["msgs_per_s"] / r["msgs_per_s"]
+    checks = []
+    floor = TARGETS.get((row["path"], size))
+    if floor is not None:
+        checks.append((f">= {floor:,} msgs/s", None if row["error"] else row["msgs_per_s"] >= floor))
+    mult = REDIS_TARGETS.get((row["path"], size))
+    if mult is not None:
+        checks.append((f">= {mult:g}x Redis", None if "x_redis" not in row else row["x_redis"] >= mult))
+    base_path = AIO_OF.get(row["path"])
+    if base_path is not None:
+        base = next((r for r in rows if r["path"] == base_path and r["size"] == size), None)
+        ok = None
+        if base is not None and not base["error"] and not row["error"] and base["msgs_per_s"]:
+            row["x_thread"] = row["msgs_per_s"] / base["msgs_per_s"]
+            ok = row["x_thread"] >= AIO_RATIO
+        checks.append((f">= {AIO_RATIO:.0%} of {base_path}", ok))
+    if not checks:
+        return
+    row["target"] = ", ".join(c[0] for c in checks)
+    got = [c[1] for c in checks]
+    row["target_met"] = False if False in got else (None if None in got else True)
+    row["status"] = {True: "MET", False: "MISSED", None: "n/a"}[row["target_met"]]
+
+
+def auto_file_size(messages: int, sizes) -> int:
+    """mappedFileSizeCommitLog for the run: about what it writes (7 N messages per size), 64..512 MiB."""
+    need = sum(7 * n_for(messages, s) * (s + 200) for s in sizes)
+    size = 64 << 20
+    while size < need and size < 512 << 20:
+        size <<= 1
+    return size
+
+
+def run(messages: int = MESSAGES, sizes=SIZES, rows=ROWS, namesrv: Optional[str] = None, store_dir=None,
+        file_size: Optional[int] = None, redis: bool = True, raw: bool = True, log=print) -> dict:
+    """Every row of ``rows`` per body size on one embedded cluster (or ``namesrv``'s), with the
+    references.  Returns ``{"rows": [...], "refs": {size: {"redis"|"raw": {kind: row}}},
+    "skipped": {what: why}, ...}``; a row with ``error`` failed (the run goes on)."""
+    from rmq.bench import e2e as E
+    from rmq.bench.peers import redis_missing
+    t_start = time.monotonic()
+    report: dict = {"when": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "cpus": os.cpu_count(),
+                    "loadavg_before": os.getloadavg(), "messages": messages, "sizes": list(sizes),
+                    "rows": [], "refs": {}, "skipped": {}}
+    if redis and redis_missing():
+        report["skipped"]["redis"] = f"not installed: {redis_missing()}"
+        log(f"redis: not installed ({redis_missing()}); no Redis ratios")
+    elif not redis:
+        report["skipped"]["redis"] = "not asked for"
+    if not raw:
+        report["skipped"]["raw"] = "not asked for"
+    cluster = tmp = None
+    pids: dict = {}
+    if namesrv is None:
+        from rmq.testing import Cluster
+        tmp = tempfile.mkdtemp(prefix="rmq-bench-client-", dir=store_dir)
+        fs = file_size or auto_file_size(messages, sizes)
+        report["file_size"] = fs
+        conf = E.cluster_conf(E.Params(file_size=fs, batch=BATCH), "ASYNC_FLUSH")
+        cluster = Cluster(os.path.join(tmp, "store"), conf=conf)
+        namesrv = cluster.namesrv_addr
+        pids = cluster.pids()
+    report["cluster"] = "own (ASYNC_FLUSH)" if cluster is not None else f"namesrv {namesrv}"
+    me = os.getpid()
+    try:
+        for size in sizes:
+            n = n_for(messages, size)
+            tag = f"{size}_{os.getpid()}_{int(time.time())}"
+            refs = report["refs"].setdefault(size, {})
+            if raw:
+                try:
+                    refs["raw"] = raw_refs(namesrv, size, n, store_dir, log)
+                    for kind, r in refs["raw"].items():
+                        log(f"  ref {REF_NAMES[('raw', kind)]:<40} {size:>5} B {r['msgs_per_s']:>12,.0f} msgs/s")
+                except Exception as e:  # noqa: BLE001 - a reference that fails is reported, never estimated
+                    report["skipped"][f"raw {size} B"] = f"failed: {type(e).__name__}: {e}"
+                    log(f"  ref raw bench client {size} B failed: {type(e).__name__}: {e}")
+            if "redis" not in report["skipped"]:
+                try:
+                    refs["redis"] = {k: {"msgs": r["msgs"], "seconds": r["seconds"], "msgs_per_s": r["msgs_per_s"],
+                                         "mb_per_s": r["mb_per_s"]}
+                                     for k, r in redis_refs(size, store_dir).items()}
+                    for kind, r in refs["redis"].items():
+                        log(f"  ref {REF_NAMES[('redis', kind)]:<40} {size:>5} B {r['msgs_per_s']:>12,.0f} msgs/s")
+                except Exception as e:  # noqa: BLE001
+                    report["skipped"][f"redis {size} B"] = f"failed: {type(e).__name__}: {e}"
+                    log(f"  ref Redis {size} B failed: {type(e).__name__}: {e}")
+            filled = fill_error = None   # the topic the consumer rows read, filled once per size
+            for path in rows:
+                row = _row(path, size, n)
+                try:
+                    if KIND[path] == "consume" and fill_error:
+                        raise RuntimeError(f"the fill failed: {fill_error}")
+                    if KIND[path] == "consume" and filled is None:
+                        filled = f"BenchClient_fill_{tag}"
+                        try:
+                            fill(namesrv, filled, size, n)
+                        except Exception as e:  # noqa: BLE001 - every consumer row of this size fails with it
+                            fill_error = f"{type(e).__name__}: {e}"
+                            raise
+                    topic = filled if KIND[path] == "consume" else f"BenchClient_{TOPIC_OF[path]}_{tag}"
+                    gc.collect()
+                    if pids:
+                        E.wait_idle(list(pids.values()))
+                    meter = E.CpuMeter({"client": me, **pids})
+                    meter.start()
+                    got = RUNNERS[path](namesrv, topic, size, n)
+                    row["cpu"] = meter.stop()
+                    row.update(got)
+                    row["msgs_per_s"] = got["msgs"] / got["seconds"] if got["seconds"] > 0 else 0.0
+                    row["mb_per_s"] = row["msgs_per_s"] * size / MB
+                    if got["msgs"] < n:
+                        row["error"] = f"{got['msgs']:,} of {n:,}"
+                except Exception as e:  # noqa: BLE001 - one failed row does not stop the run
+                    row["error"] = f"{type(e).__name__}: {e}"
+                report["rows"].append(row)
+                judge(row, report["rows"], report["refs"])
+                log(_line(row))
+    finally:
+        if cluster is not None:
+            cluster.close()
+        if tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
+    report["loadavg_after"] = os.getloadavg()
+    report["wall_seconds"] = round(time.monotonic() - t_start, 1)
+    return report
+
+
+# -- presentation -------------------------------------------------------------------------------
+def _f(v, fmt="{:,.0f}") -> str:
+    return "-" if v is None or (isinstance(v, float) and v != v) else fmt.format(v)
+
+
+def _line(row: dict) -> str:
+    if row["error"]:
+        return f"  {row['path']:<44} {row['size']:>5} B  ERROR {row['error']}"
+    x = "".join(f"  {v:.2f}x {k}" for k, v in (("redis", row.get("x_redis")), ("raw", row.get("x_raw")))
+                if v is not None)
+    return (f"  {row['path']:<44} {row['size']:>5} B {row['msgs_per_s']:>12,.0f} msgs/s {row['mb_per_s']:>8,.1f} MB/s"
+            f"  {row['status']}{x}")
+
+
+def print_table(report: dict, console) -> None:
+    from rich.table import Table
+    t = Table(title="rmq bench client: the public client API, defaults, one Python thread (same run: Redis, raw "
+                    "bench client)", title_justify="left")
+    for col in ("row", "body", "msgs", "msgs/s", "MB/s", "target (issue 17)", "status", "× Redis", "× raw client",
+                "CPU % client / broker"):
+        t.add_column(col, justify="left" if col in ("row", "target (issue 17)", "status") else "right")
+    for size in report["sizes"]:
+        for r in (r for r in report["rows"] if r["size"] == size):
+            status = {"MET": "[green]MET[/]", "MISSED": "[red]MISSED[/]"}.get(r["status"], r["status"])
+            if r["error"]:
+                status = "[red]ERROR[/]"
+            cpu = r.get("cpu") or {}
+            xr = _f(r.get("x_redis"), "{:.2f}×")
+            t.add_row(r["path"], f"{size} B", _f(r["msgs"]), _f(r["msgs_per_s"]) if not r["error"] else "-",
+                      _f(r["mb_per_s"], "{:,.1f}") if not r["error"] else "-", r["target"] or "-", status,
+                      xr, _f(r.get("x_raw"), "{:.2f}×"),
+                      f"{_f(cpu.get('client'))} / {_f(cpu.get('broker'))}" if cpu else "-")
+        refs = report["refs"].get(size) or report["refs"].get(str(size)) or {}
+        for who in ("redis", "raw"):
+            for kind in ("produce", "consume"):
+                r = (refs.get(who) or {}).get(kind)
+                if r:
+                    t.add_row(f"[dim]ref: {REF_NAMES[(who, kind)]}[/]", f"{size} B", _f(r["msgs"]),
+                              _f(r["msgs_per_s"]), _f(r["mb_per_s"], "{:,.1f}"), "-", "-", "-", "-", "-")
+    console.print(t)
+    for r in report["rows"]:
+        if r["error"]:
+            console.print(f"ERROR {r['path']} {r['size']} B: {r['error']}", highlight=False, markup=False)
+    for what, why in report["skipped"].items():
+        console.print(f"{what}: {why}", highlight=False, markup=False)
+    console.print(f"load average {report['loadavg_before'][0]:.2f} -> {report['loadavg_after'][0]:.2f}; wall "
+                  f"{report['wall_seconds']:.0f} s on {report['cpus']} CPUs; {report['cluster']}. MB = 10^6 B of "
+                  "bodies. × Redis: produce rows / XADD pipeline x1000, consume rows / XREAD COUNT 1000; × raw "
+                  "client: / the raw bench workers' produce or consume figure.", highlight=False)
+
+
+def failed(report: Optional[dict]) -> list:
+    """Rows of ``report`` that have an error."""
+    return [f"{r['path']} {r['size']} B" for r in (report or {}).get("rows", []) if r.get("error")]
+
