@@ -21,7 +21,8 @@ from typing import Any, Callable, Optional
 
 import click
 
-DEFAULT_NAMESRV_ADDR = "127.0.0.1:9876"
+from rmq.common.mix_all import DEFAULT_NAMESRV_ADDR      # stdlib only: no client module loaded at start-up
+
 DEFAULT_TIMEOUT_MS = 3000
 LIST_BODY_CHARS = 80          # body shown per row in message lists (full body with --json / single views)
 PIPE_WIDTH = 400              # rich width when stdout is not a terminal: never wrap table cells

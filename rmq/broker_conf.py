@@ -30,6 +30,7 @@ import os
 import re
 from typing import Any, Callable, Mapping, Optional
 
+from rmq.common.mix_all import DEFAULT_NAMESRV_ADDR, MASTER_ID
 from rmq.metrics import MetricsConfigError, metrics_settings
 from rmq.security import SecurityError, check_auth_properties
 from rmq.store.config import BROKER_ROLES, FLUSH_DISK_TYPES
@@ -37,9 +38,7 @@ from rmq.store.config import BROKER_ROLES, FLUSH_DISK_TYPES
 DEFAULT_CLUSTER_NAME = "DefaultCluster"
 DEFAULT_BROKER_NAME = "broker-a"
 DEFAULT_LISTEN_PORT = 10911                 # RocketMQ's broker port
-DEFAULT_NAMESRV_ADDR = "127.0.0.1:9876"     # the NameServer `rmq start` runs by default
 DEFAULT_STORE_PATH = "./rmq-data"
-MASTER_ID = 0                               # RocketMQ MixAll.MASTER_ID
 DEFAULT_DASHBOARD_PORT = 8082               # rocketmq-dashboard's port (rmq.dashboard.app)
 
 # RocketMQ property names: letters, digits, '.', '_' and '-' (no spaces)

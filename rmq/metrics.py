@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Optional
 import zmq
 
 from rmq.actors.actor import RUN_DIR
+from rmq.common.mix_all import DLQ_GROUP_TOPIC_PREFIX, RETRY_GROUP_TOPIC_PREFIX
 
 if TYPE_CHECKING:
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -66,8 +67,6 @@ RPC_LATENCY_BUCKETS_MS = (1.0, 3.0, 5.0, 7.0, 10.0, 100.0, 1000.0, 2000.0, 3000.
 FLUSH_LATENCY_BUCKETS_MS = (0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 50.0, 100.0, 500.0, 1000.0)
 GROUP_COMMIT_BUCKETS = (4096.0, 65536.0, 1024.0 ** 2, 4.0 * 1024 ** 2, 16.0 * 1024 ** 2, 64.0 * 1024 ** 2)
 
-RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"
-DLQ_GROUP_TOPIC_PREFIX = "%DLQ%"
 CID_RMQ_SYS_PREFIX = "CID_RMQ_SYS_"                 # MixAll.CID_RMQ_SYS_PREFIX: system groups
 # TopicValidator's system topics (and its rmq_sys_ prefix)
 SYSTEM_TOPICS = frozenset({"TBW102", "SCHEDULE_TOPIC_XXXX", "BenchmarkTest", "RMQ_SYS_TRANS_HALF_TOPIC",

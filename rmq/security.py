@@ -358,7 +358,7 @@ def check_admin_names(frame) -> None:
     ProtocolError
         SYSTEM_ERROR naming the field."""
     from rmq.protocol import ProtocolError
-    from rmq.store.validators import check_group, check_topic
+    from rmq.common.topic_validator import check_group, check_topic
     for key, kind in NAME_FIELDS.items():
         v = frame.fields.get(key)
         if v is None:

@@ -68,10 +68,11 @@ from rmq.actors.timer import TimerService
 from rmq.actors.transaction import TransactionService
 from rmq.broker_conf import (actor_settings, append_announce_interval_ms, controller_settings,
                              flow_control_settings)
+from rmq.common.perm import PERM_READ, PERM_WRITE
+from rmq.common.topic_validator import SYSTEM_TOPIC_PREFIXES
 from rmq.protocol import Frame, RequestCode, ResponseCode, pack_body
 from rmq.stats import WINDOWS, BrokerStats
 from rmq.store.config import SYNC_FLUSH, MessageStoreConfig
-from rmq.store.config_manager import PERM_READ, PERM_WRITE
 from rmq.store.epoch import EPOCH_FILE, EpochFile
 from rmq.store.message_store import MessageStore
 from rmq.zmqio import send_parts
@@ -527,8 +528,8 @@ class BrokerActor(Actor):
         %DLQ% topic), with the producer's defaultTopicQueueNums capped by the broker's.  None: no topic."""
         tcm = self.store.topic_config_manager
         cfg = tcm.select_topic_config(topic)
-        if cfg is None and create and (self.auto_create_topic or topic.startswith(("%RETRY%", "%DLQ%"))):
-            n = 1 if topic.startswith(("%RETRY%", "%DLQ%")) else self.default_queue_nums
+        if cfg is None and create and (self.auto_create_topic or topic.startswith(SYSTEM_TOPIC_PREFIXES)):
+            n = 1 if topic.startswith(SYSTEM_TOPIC_PREFIXES) else self.default_queue_nums
             if requested_queue_nums > 0:
                 n = min(n, requested_queue_nums)
             cfg = tcm.new_topic_config(topic, n, n)

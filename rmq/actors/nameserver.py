@@ -68,17 +68,17 @@ import zmq
 from rmq.actors.actor import Actor
 from rmq.actors.route import BROKER_CHANNEL_EXPIRED_TIME_MS, SCAN_NOT_ACTIVE_BROKER_INTERVAL_MS, RouteInfoManager
 from rmq.clock import SYSTEM_CLOCK, Clock
+from rmq.common.perm import PERM_MAX
+from rmq.common.topic_validator import MAX_QUEUE_NUMS, check_topic
 from rmq.errors import MessageIllegalError
 from rmq import metrics as M
 from rmq.protocol import (Frame, ProtocolError, RequestCode, ResponseCode, field_int, field_str, pack_body,
                           unpack_body)
-from rmq.store.validators import MAX_QUEUE_NUMS, check_topic
 
 DEFAULT_LISTEN_PORT = 9876           # NamesrvStartup default
 NAME_MAX_LENGTH = 255                # clusterName / brokerName, characters
 ADDR_MAX_LENGTH = 255                # "host:port", characters
 BROKER_ID_MAX = 2 ** 63 - 1          # Java long
-PERM_MAX = 0xF                       # PRIORITY | READ | WRITE | INHERIT
 TOPIC_SYS_FLAG_MAX = 2 ** 31 - 1     # Java int
 # clusterName / brokerName: RocketMQ's name charset plus '.', no path or control characters
 NAME_PATTERN = re.compile(r"^[%|a-zA-Z0-9_.-]+$")

@@ -45,11 +45,12 @@ from typing import TYPE_CHECKING, Optional
 
 from rmq._core import commitlog as _cl
 from rmq.actors.actor import Reply
+from rmq.common.mix_all import RETRY_GROUP_TOPIC_PREFIX, dlq_topic, is_dlq_topic, is_retry_topic
+from rmq.common.perm import PERM_READ, PERM_WRITE
+from rmq.common.topic_validator import MAX_QUEUE_NUMS, check_group
 from rmq.filter import ExpressionType
 from rmq.protocol import Frame, ProtocolError, ResponseCode, field_int, field_str, unpack_body
 from rmq.status import GetMessageStatus
-from rmq.store.config_manager import PERM_READ, PERM_WRITE
-from rmq.store.validators import MAX_QUEUE_NUMS, check_group
 
 if TYPE_CHECKING:      # pragma: no cover
     from rmq.actors.broker import BrokerActor
@@ -82,7 +83,7 @@ def revive_topic(cluster_name: str) -> str:
 def pop_retry_topic(topic: str, group: str) -> str:
     """``%RETRY%<group>_<topic>``: where a POP group's revived messages of ``topic`` go
     (KeyBuilder.buildPopRetryTopicV1)."""
-    return f"%RETRY%{group}_{topic}"
+    return f"{RETRY_GROUP_TOPIC_PREFIX}{group}_{topic}"
 
 
 def build_extra_info(start_offset: int, pop_time: int, invisible_time: int, revive_qid: int, retry: str,
@@ -459,7 +460,7 @@ class PopService:
             return
         wake = set()
         for t in topics:
-            if t.startswith("%RETRY%"):
+            if is_retry_topic(t):
                 for held in self.holds:
                     if t.endswith("_" + held):
                         wake.add(held)
@@ -640,7 +641,7 @@ class PopService:
         group, topic, qid, _, _ = ck.key
         gcfg = b.group_config(group) or {}
         max_times = int(gcfg.get("retryMaxTimes", MAX_RECONSUME_TIMES_DEFAULT))
-        retry_topic = topic if topic.startswith("%RETRY%") else pop_retry_topic(topic, group)
+        retry_topic = topic if is_retry_topic(topic) else pop_retry_topic(topic, group)
         offsets = sorted(ck.pending)
         n = 0
         for o in offsets:
@@ -656,7 +657,7 @@ class PopService:
             props.setdefault("ORIGIN_MESSAGE_ID", m.msg_id)
             props["WAIT"] = "false"
             if m.reconsume_times >= max_times:
-                dest = f"%DLQ%{group}"
+                dest = dlq_topic(group)
             else:
                 dest = retry_topic
             if b.topic_config(dest, create=True) is None:
@@ -668,7 +669,7 @@ class PopService:
                 log.error("POP revive of %s/%d@%d to %s failed: %s", topic, qid, o, dest, put.status)
                 return None
             n += 1
-            if dest.startswith("%DLQ%"):
+            if is_dlq_topic(dest):
                 self.stats["dlq"] += 1
                 if b.metrics is not None:
                     b.metrics.on_dlq(props.get("RETRY_TOPIC", topic), group)

@@ -11,56 +11,29 @@ Tables (SPEC.md §14.1)::
 (default :data:`rmq.clock.SYSTEM_CLOCK`, seconds), never the wall clock, so a
 wall-clock step cannot expire or revive a broker (RELIABILITY.md T7).
 
-The wire forms (``to_wire``) use RocketMQ's camelCase names; ``brokerAddrs``
-keys are the brokerId as a decimal string (``{"0": "127.0.0.1:10911"}``), as in
-RocketMQ's JSON, so a peer can decode them with msgpack's default
-``strict_map_key=True``.
+QueueData, BrokerData and TopicRouteData are the shared route model of
+:mod:`rmq.common.route` (imported here).  Their wire forms (``to_wire``) use RocketMQ's
+camelCase names; ``brokerAddrs`` keys are the brokerId as a decimal string
+(``{"0": "127.0.0.1:10911"}``), as in RocketMQ's JSON, so a peer can decode them with
+msgpack's default ``strict_map_key=True``.
 
 Concurrency: not thread-safe; the nameserver actor is its only user (one event
 loop, so RocketMQ's read-write lock is not needed).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Iterable, Optional, Union
 
 from rmq.clock import SYSTEM_CLOCK, Clock
-from rmq.store.config_manager import PERM_WRITE
+from rmq.common.mix_all import MASTER_ID
+from rmq.common.perm import PERM_WRITE
+from rmq.common.route import BrokerData, QueueData, TopicRouteData
 
-MASTER_ID = 0                         # brokerId of a master (RocketMQ MixAll.MASTER_ID)
 BROKER_CHANNEL_EXPIRED_TIME_MS = 120_000  # RouteInfoManager.BROKER_CHANNEL_EXPIRED_TIME
 SCAN_NOT_ACTIVE_BROKER_INTERVAL_MS = 10_000  # NamesrvController scan period (4.9)
 
 DataVersion = tuple  # (timestamp ms, counter): compared as a whole, like DataVersion.equals
-
-
-@dataclass
-class QueueData:
-    """One broker group's queues of one topic (RocketMQ ``QueueData``)."""
-    broker_name: str
-    read_queue_nums: int
-    write_queue_nums: int
-    perm: int
-    topic_sys_flag: int = 0
-
-    def to_wire(self) -> dict:
-        return {"brokerName": self.broker_name, "readQueueNums": self.read_queue_nums,
-                "writeQueueNums": self.write_queue_nums, "perm": self.perm, "topicSysFlag": self.topic_sys_flag}
-
-
-@dataclass
-class BrokerData:
-    """One broker group: its cluster, name and the address of each brokerId (RocketMQ ``BrokerData``)."""
-    cluster: str
-    broker_name: str
-    broker_addrs: dict = field(default_factory=dict)   # broker_id (int) -> "host:port"
-
-    def master_addr(self) -> Optional[str]:
-        return self.broker_addrs.get(MASTER_ID)
-
-    def to_wire(self) -> dict:
-        return {"cluster": self.cluster, "brokerName": self.broker_name,
-                "brokerAddrs": {str(k): v for k, v in sorted(self.broker_addrs.items())}}
 
 
 @dataclass
@@ -282,11 +255,10 @@ class RouteInfoManager:
         per_broker = self.topic_queue_table.get(topic)
         if not per_broker:
             return None
-        broker_datas = [self.broker_addr_table[b].to_wire() for b in sorted(per_broker)
-                        if b in self.broker_addr_table]
+        broker_datas = tuple(self.broker_addr_table[b] for b in sorted(per_broker) if b in self.broker_addr_table)
         if not broker_datas:
             return None
-        return {"queueDatas": [per_broker[b].to_wire() for b in sorted(per_broker)], "brokerDatas": broker_datas}
+        return TopicRouteData(tuple(per_broker[b] for b in sorted(per_broker)), broker_datas).to_wire()
 
     def get_all_cluster_info(self) -> dict:
         """ClusterInfo in wire form ``{"brokerAddrTable": {name: BrokerData}, "clusterAddrTable":

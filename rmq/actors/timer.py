@@ -18,8 +18,8 @@ import time
 from typing import TYPE_CHECKING, Optional
 
 from rmq.actors.actor import Reply
+from rmq.common.perm import PERM_READ, PERM_WRITE
 from rmq.protocol import Frame, ResponseCode, field_int, pack_body
-from rmq.store.config_manager import PERM_READ, PERM_WRITE
 from rmq.store.timer import TIMER_TOPIC, TimerMessageStore
 
 if TYPE_CHECKING:      # pragma: no cover

@@ -58,9 +58,9 @@ from rmq import protocol as P
 from rmq._core import commitlog as _cl
 from rmq._core.layout import TRANSACTION_COMMIT_TYPE, TRANSACTION_PREPARED_TYPE, TRANSACTION_TYPE_MASK
 from rmq.actors.actor import Reply
+from rmq.common.perm import PERM_READ, PERM_WRITE
 from rmq.protocol import Frame, RequestCode, ResponseCode, field_int, pack_body
 from rmq.status import GetMessageStatus
-from rmq.store.config_manager import PERM_READ, PERM_WRITE
 
 if TYPE_CHECKING:      # pragma: no cover
     from rmq.actors.broker import BrokerActor

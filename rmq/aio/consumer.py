@@ -65,13 +65,14 @@ from rmq.client.route import ROUTE_REFRESH_ON_FAILURE_MS, route_suspect
 from rmq.client.consumer_api import (CONSUMER_TIMEOUT_MS_WHEN_SUSPEND, SUB_ALL, SubscriptionData, TopicRoute, _check,
                                      build_pull_frame, decode_answer, consumer_data, default_client_id, heartbeat_body,
                                      mq_set_body, parse_lock_response, parse_pull_response, retry_send_frame,
-                                     retry_topic, send_back_frame)
+                                     send_back_frame)
 from rmq.client.consumer_process_queue import ProcessQueue
 from rmq.client.message import MessageQueue, PullResult, PullStatus
 from rmq.client.offset_store import LocalFileOffsetStore, OffsetStore
 from rmq.client.rebalance import resolve_strategy
 from rmq.client.remoting import DEFAULT_TIMEOUT_MS
 from rmq.client import trace as _trace
+from rmq.common.mix_all import MASTER_ID, is_retry_topic, retry_topic
 from rmq.filter import MessageSelector
 from rmq.errors import MQBrokerError, MQClientError, RemotingError, RemotingTimeoutError
 from rmq.protocol import Frame, RequestCode, ResponseCode, unpack_body
@@ -288,7 +289,7 @@ class AsyncConsumerAPI:
             log.warning("route refresh of %s failed: %s", topic, e)
 
     async def group_addrs(self, broker_name: str, topic: Optional[str] = None) -> dict:
-        """brokerId (str) -> address of ``broker_name`` from the freshest route listing it
+        """brokerId (int) -> address of ``broker_name`` from the freshest route listing it
         (``topic``'s first); fetches ``topic``'s route when none does."""
         addrs = group_addrs(list(self._routes.values()), broker_name, topic)
         if not addrs and topic is not None:
@@ -304,7 +305,7 @@ class AsyncConsumerAPI:
         MQClientError
             The group has no known master.
         """
-        a = group_addrs(list(self._routes.values()), broker_name, topic).get("0")
+        a = group_addrs(list(self._routes.values()), broker_name, topic).get(MASTER_ID)
         if a:
             return a
         if topic is not None:
@@ -1088,7 +1089,7 @@ class AsyncPushConsumer:
         if last != -1:
             return compute_pull_from_where(self.consume_from_where, last, mq, lambda m: -1, lambda m, t: -1, 0)
         where = self.consume_from_where
-        is_retry = mq.topic.startswith("%RETRY%")
+        is_retry = is_retry_topic(mq.topic)
         if where is ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET:
             return 0
         if where is ConsumeFromWhere.CONSUME_FROM_TIMESTAMP and not is_retry:

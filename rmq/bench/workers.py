@@ -11,12 +11,12 @@ import time
 
 from rmq.bench import e2e as E
 from rmq.bench.hist import Histogram
+from rmq.common.pull_sys_flag import PULL_FLAG_SUSPEND
 
 zmq = E.zmq
 P = E.P
 _cl = E._cl
 Frame, RequestCode, ResponseCode = E.Frame, E.RequestCode, E.ResponseCode
-PULL_FLAG_SUSPEND = 0x2
 TICK_S = 0.25
 
 

@@ -58,22 +58,20 @@ from typing import Any, Iterable, Optional, Union
 from rmq._core import commitlog as _cl
 from rmq.client.message import MessageQueue, SendResult, SendStatus, create_uniq_id
 from rmq.client.remoting import DEFAULT_TIMEOUT_MS, RemotingClient
+from rmq.common.mix_all import (DEFAULT_NAMESRV_ADDR, MASTER_ID, TOOLS_CONSUMER_GROUP, is_dlq_topic, is_retry_topic,
+                                retry_topic)
+from rmq.common.perm import PERM_MAX, PERM_READ, PERM_WRITE
+from rmq.common.route import QueueData, broker_addrs_from_wire
+from rmq.common.topic_validator import MAX_QUEUE_NUMS, check_group, check_topic
 from rmq.errors import MQBrokerError, MQClientError, RemotingTimeoutError, RmqError
 from rmq.protocol import Frame, ProtocolError, RequestCode, ResponseCode, pack_body, unpack_body
-from rmq.store.validators import MAX_QUEUE_NUMS, check_group, check_topic
 
 __all__ = ["Admin", "TopicUpdate", "TopicDeletion", "QueueData", "BrokerData", "TopicRoute", "QueueStatus",
            "BrokerInfo", "QueueProgress", "ConsumerProgress", "MessageView", "OffsetReset", "to_jsonable",
            "TOOLS_CONSUMER_GROUP", "TOOLS_PRODUCER_GROUP", "DEFAULT_NAMESRV_ADDR", "fill_ha_info", "BROKER_ROLES",
            "MASTER_ROLES", "StatsRow", "MessageTrack", "ProducerConnection"]
 
-DEFAULT_NAMESRV_ADDR = "127.0.0.1:9876"
-TOOLS_CONSUMER_GROUP = "TOOLS_CONSUMER"     # MixAll.TOOLS_CONSUMER_GROUP: pulls made by admin tools
 TOOLS_PRODUCER_GROUP = "TOOLS_PRODUCER"     # producer group of sendMessage
-MASTER_ID = 0
-PERM_WRITE = 2
-PERM_READ = 4
-PERM_MAX = 0xF                              # PRIORITY | READ | WRITE | INHERIT
 DEFAULT_TOPIC_QUEUE_NUMS = 4                # producer defaultTopicQueueNums, for a topic without a route
 QUERY_MAX_NUM = 64                          # the broker's ceiling for QUERY_MESSAGE maxNum
 PULL_BATCH = 32                             # pullBatchSize
@@ -131,18 +129,10 @@ class TopicDeletion:
 
 
 @dataclass
-class QueueData:
-    """One broker group's queues of a topic (RocketMQ ``QueueData``)."""
-    broker_name: str
-    read_queue_nums: int
-    write_queue_nums: int
-    perm: int
-    topic_sys_flag: int = 0
-
-
-@dataclass
 class BrokerData:
-    """One broker group (RocketMQ ``BrokerData``); ``broker_addrs``: broker id (0 = master) -> "host:port"."""
+    """One broker group (RocketMQ ``BrokerData``); ``broker_addrs``: broker id (0 = master) -> "host:port".
+
+    Not :class:`rmq.common.route.BrokerData`: here ``master_addr`` is a property (a str), there a method."""
     cluster: str
     broker_name: str
     broker_addrs: dict
@@ -564,7 +554,7 @@ class Admin:
             raise MQClientError(f"malformed route of topic {topic}: {raw!r:.200}")
         qds = [QueueData(q["brokerName"], q["readQueueNums"], q["writeQueueNums"], q["perm"],
                          q.get("topicSysFlag", 0)) for q in raw.get("queueDatas", [])]
-        bds = [BrokerData(b["cluster"], b["brokerName"], {int(k): v for k, v in b.get("brokerAddrs", {}).items()})
+        bds = [BrokerData(b["cluster"], b["brokerName"], broker_addrs_from_wire(b.get("brokerAddrs", {})))
                for b in raw.get("brokerDatas", [])]
         return TopicRoute(topic, sorted(qds, key=lambda q: q.broker_name), sorted(bds, key=lambda b: b.broker_name))
 
@@ -585,7 +575,7 @@ class Admin:
     def _cluster_info(self) -> tuple[dict, dict]:
         """(brokerName -> BrokerData, clusterName -> [brokerName])."""
         body = _body(self._namesrv(RequestCode.GET_BROKER_CLUSTER_INFO), "cluster info")
-        brokers = {name: BrokerData(b["cluster"], name, {int(k): v for k, v in b.get("brokerAddrs", {}).items()})
+        brokers = {name: BrokerData(b["cluster"], name, broker_addrs_from_wire(b.get("brokerAddrs", {})))
                    for name, b in (body.get("brokerAddrTable") or {}).items()}
         clusters = {c: sorted(names) for c, names in (body.get("clusterAddrTable") or {}).items()}
         return brokers, clusters
@@ -1142,7 +1132,7 @@ class Admin:
         if explicit:
             topics = [topic] if isinstance(topic, str) else list(topic)
         else:
-            topics = [t for t in self.topic_list() if not t.startswith(("%RETRY%", "%DLQ%"))]
+            topics = [t for t in self.topic_list() if not (is_retry_topic(t) or is_dlq_topic(t))]
         rows = []
         for t in topics:
             route = self.topic_route(t) if explicit else self._find_route(t)   # a named unknown topic raises
@@ -1451,7 +1441,7 @@ class Admin:
             Bad group, or the group has no retry topic (no clustering consumer of it ever came online).
         """
         _check_group(group)
-        retry = f"%RETRY%{group}"
+        retry = retry_topic(group)
         if self._find_route(retry) is None:
             raise MQClientError(f"group [{group}] has no retry topic {retry}: no clustering consumer of it has "
                                 f"been online, so nothing would receive the message")

@@ -54,7 +54,7 @@ from typing import Callable, Iterable, Optional, Union
 from rmq import latency_trace as _lt
 from rmq.client.consumer_api import (BROKER_SUSPEND_MAX_TIME_MS, CONSUMER_TIMEOUT_MS_WHEN_SUSPEND, ConsumerAPI,
                                      RequestMux, SubscriptionData, build_pull_frame, consumer_data,
-                                     default_client_id, dlq_topic, parse_pull_response, retry_topic)
+                                     default_client_id, parse_pull_response)
 from rmq.client.consumer_process_queue import ProcessQueue
 from rmq.client.message import MessageExt, MessageQueue, PullResult, PullStatus
 from rmq.client.offset_store import LocalFileOffsetStore, OffsetStore, ReadOffsetType, RemoteBrokerOffsetStore
@@ -62,6 +62,7 @@ from rmq.client.rebalance import (AllocateMessageQueueAveragely, AllocateMessage
                                   AllocateMessageQueueByConfig, AllocateMessageQueueByMachineRoom,
                                   AllocateMessageQueueConsistentHash, AllocateMachineRoomNearby, resolve_strategy)
 from rmq.client.remoting import DEFAULT_TIMEOUT_MS
+from rmq.common.mix_all import dlq_topic, is_retry_topic, retry_topic
 from rmq.client import trace as _trace
 from rmq.filter import MessageSelector
 from rmq.errors import MQClientError, RemotingError
@@ -164,7 +165,7 @@ def compute_pull_from_where(consume_from_where: ConsumeFromWhere, last_offset: i
         return last_offset
     if last_offset != -1:
         return -1
-    is_retry = mq.topic.startswith("%RETRY%")
+    is_retry = is_retry_topic(mq.topic)
     try:
         if consume_from_where is ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET:
             return 0

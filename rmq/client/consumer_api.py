@@ -55,8 +55,11 @@ from rmq import latency_trace as _lt
 from rmq import protocol as P
 from rmq import security
 from rmq.client.remoting import DEFAULT_TIMEOUT_MS, RemotingClient
-from rmq.client.route import MASTER_ID as MASTER_BROKER_ID
-from rmq.client.route import ROUTE_REFRESH_ON_FAILURE_MS, find_broker_address_in_subscribe, route_suspect
+from rmq.client.route import ROUTE_REFRESH_ON_FAILURE_MS, route_suspect
+from rmq.common.mix_all import MASTER_ID, dlq_topic, retry_topic
+from rmq.common.perm import PERM_READ
+from rmq.common.pull_sys_flag import build_sys_flag
+from rmq.common.route import broker_addrs_from_wire, find_broker_address_in_subscribe
 from rmq.errors import MQBrokerError, MQClientError, RemotingError, RemotingTimeoutError
 from rmq.filter import ExpressionType, MessageSelector, sql92
 from rmq.protocol import Frame, ProtocolError, RequestCode, ResponseCode, pack_body, unpack_body
@@ -64,16 +67,8 @@ from rmq.zmqio import recv_parts
 
 log = logging.getLogger("rmq.client.consumer")
 
-PERM_READ = 4
-PERM_WRITE = 2
-MASTER_ID = "0"
-RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"
-DLQ_GROUP_TOPIC_PREFIX = "%DLQ%"
 BROKER_SUSPEND_MAX_TIME_MS = 15_000               # long-poll hold asked of the broker (SPEC.md §13.3)
 CONSUMER_TIMEOUT_MS_WHEN_SUSPEND = 30_000         # network timeout of a long-poll pull
-PULL_FLAG_COMMIT_OFFSET = 0x1
-PULL_FLAG_SUSPEND = 0x2
-PULL_FLAG_SUBSCRIPTION = 0x4
 SYS_FLAG_COMPRESSED = 0x1
 COMPRESSION_TYPE_MASK = 0x700
 SUB_ALL = "*"
@@ -85,14 +80,6 @@ ROUTE_REFRESH_INTERVAL_MS = 30_000                # pollNameServerInterval of th
 __all__ = ["TopicRoute", "SubscriptionData", "ConsumerAPI", "RequestMux", "retry_topic", "dlq_topic", "build_pull_frame",
            "parse_pull_response", "post_process_messages", "default_client_id", "PullFromWhichNode",
            "suggested_broker_id", "group_addrs"]
-
-
-def retry_topic(group: str) -> str:
-    return RETRY_GROUP_TOPIC_PREFIX + group
-
-
-def dlq_topic(group: str) -> str:
-    return DLQ_GROUP_TOPIC_PREFIX + group
 
 
 _instance_seq = iter(range(1, 1 << 62))
@@ -122,7 +109,7 @@ class TopicRoute:
     """A parsed TopicRouteData: queue data per broker group and each group's addresses."""
     topic: str
     queue_datas: list = field(default_factory=list)      # [{"brokerName", "readQueueNums", "perm", ...}]
-    broker_addrs: dict = field(default_factory=dict)     # brokerName -> {"0": "host:port", ...}
+    broker_addrs: dict = field(default_factory=dict)     # brokerName -> {0: "host:port", 1: ...} (int broker ids)
     fetched_at: float = 0.0                              # time.monotonic()
 
     @classmethod
@@ -133,7 +120,7 @@ class TopicRoute:
         addrs = {}
         for bd in body.get("brokerDatas") or []:
             if isinstance(bd, dict) and isinstance(bd.get("brokerName"), str):
-                addrs[bd["brokerName"]] = {str(k): v for k, v in (bd.get("brokerAddrs") or {}).items()}
+                addrs[bd["brokerName"]] = broker_addrs_from_wire(bd.get("brokerAddrs"))   # "0" -> 0
         return cls(topic, qds, addrs, time.monotonic())
 
     def subscribe_queues(self) -> list:
@@ -163,14 +150,14 @@ class TopicRoute:
         avoid = frozenset(avoid)
         out = set()
         for addrs in self.broker_addrs.values():
-            found = find_broker_address_in_subscribe(addrs, MASTER_BROKER_ID, False, avoid)
+            found = find_broker_address_in_subscribe(addrs, MASTER_ID, False, avoid)
             if found is not None:
                 out.add(found[1])
         return sorted(out)
 
 
 def group_addrs(routes: Iterable[TopicRoute], broker_name: str, topic: Optional[str] = None) -> dict:
-    """brokerId (str) -> address of ``broker_name`` from the freshest route that lists the group:
+    """brokerId (int) -> address of ``broker_name`` from the freshest route that lists the group:
     ``topic``'s route first, then the others newest first ({} when no route lists it).  A stale
     route of another topic must not bring back a master the NameServer dropped or replaced."""
     ordered = sorted(routes, key=lambda r: (r.topic != topic, -r.fetched_at))
@@ -224,7 +211,7 @@ class PullFromWhichNode:
     def suggested(self, mq: MessageQueue) -> int:
         """The last suggested broker id of ``mq`` (0, the master, by default)."""
         with self._lock:
-            return self._table.get(mq, MASTER_BROKER_ID)
+            return self._table.get(mq, MASTER_ID)
 
     def update(self, mq: MessageQueue, broker_id: int) -> None:
         with self._lock:
@@ -268,7 +255,7 @@ class PullFromWhichNode:
 
     def select_for_offsets(self, broker_addrs: dict) -> Optional[tuple]:
         """``(broker id, address)`` for offset calls: the master, else the lowest-id slave."""
-        return find_broker_address_in_subscribe(broker_addrs, MASTER_BROKER_ID, False, self.suspects())
+        return find_broker_address_in_subscribe(broker_addrs, MASTER_ID, False, self.suspects())
 
     def on_response(self, mq: Optional[MessageQueue], resp: object, addr: str) -> None:
         """Bookkeeping of one answer from ``addr``: a Frame (reachable; a pull's suggestion is
@@ -355,8 +342,7 @@ def build_pull_frame(group: str, mq: MessageQueue, offset: int, max_nums: int,
     if isinstance(sub_string, SubscriptionData):
         expression_type = sub_string.expression_type
         sub_string = sub_string.sub_string
-    flag = PULL_FLAG_SUBSCRIPTION | (PULL_FLAG_SUSPEND if suspend_ms > 0 else 0) | (
-        PULL_FLAG_COMMIT_OFFSET if commit_offset >= 0 else 0)
+    flag = build_sys_flag(commit_offset=commit_offset >= 0, suspend=suspend_ms > 0, subscription=True)
     return Frame(RequestCode.PULL_MESSAGE, fields={
         "consumerGroup": group, "topic": mq.topic, "queueId": mq.queue_id, "queueOffset": int(offset),
         "maxMsgNums": int(max_nums), "sysFlag": flag, "commitOffset": int(commit_offset),
@@ -633,7 +619,7 @@ class ConsumerAPI:
             log.warning("route refresh of %s failed: %s", topic, e)
 
     def group_addrs(self, broker_name: str, topic: Optional[str] = None, fetch: bool = True) -> dict:
-        """brokerId (str) -> address of ``broker_name`` from the freshest cached route listing it
+        """brokerId (int) -> address of ``broker_name`` from the freshest cached route listing it
         (``topic``'s first); with ``fetch``, fetches ``topic``'s route when no cached route lists
         the group (a blocking NameServer call)."""
         with self._lock:
@@ -743,7 +729,7 @@ class ConsumerAPI:
         """
         self.refresh_route_if_stale(mq.topic)
         bid, addr = self.pull_broker_addr(mq)
-        if bid != MASTER_BROKER_ID:
+        if bid != MASTER_ID:
             commit_offset = -1                  # a slave does not take commits in pulls (RocketMQ)
         frame = build_pull_frame(group, mq, offset, max_nums, sub if sub else SUB_ALL, commit_offset,
                                  suspend_ms)

@@ -1,7 +1,8 @@
 """Client-side routes and broker fault avoidance, shared by producers and consumers.
 
 * :class:`TopicRouteData` -- a NameServer answer to GET_ROUTEINFO_BY_TOPIC
-  (``queueDatas`` + ``brokerDatas``, SPEC.md §14.1), parsed and checked;
+  (``queueDatas`` + ``brokerDatas``, SPEC.md §14.1), parsed and checked (the route model,
+  with :class:`QueueData` and :class:`BrokerData`, lives in :mod:`rmq.common.route`; imported here);
 * :class:`TopicPublishInfo` -- the writable queues of a topic with the
   producer's round-robin counter (RocketMQ ``TopicPublishInfo``);
 * :class:`RouteCache` -- topic -> route, broker name -> addresses, publish and
@@ -20,19 +21,16 @@ from __future__ import annotations
 import random
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import Callable, Container, Iterable, Mapping, Optional, Sequence
+from typing import Callable, Iterable, Optional, Sequence
 
 from rmq.client.message import MessageQueue
+from rmq.common.mix_all import MASTER_ID
+from rmq.common.perm import PERM_INHERIT, PERM_PRIORITY, PERM_READ, PERM_WRITE   # PermName (SPEC.md §14.3)
+from rmq.common.route import (BrokerData, QueueData, TopicRouteData, find_broker_address_in_subscribe,
+                              find_master_or_slave)
 from rmq.errors import MQClientError
 from rmq.protocol import Frame, ProtocolError, RequestCode, ResponseCode, unpack_body
 
-# PermName (SPEC.md §14.3)
-PERM_PRIORITY = 0x8
-PERM_READ = 0x4
-PERM_WRITE = 0x2
-PERM_INHERIT = 0x1
-MASTER_ID = 0                                   # brokerId of a master (MixAll.MASTER_ID)
 # A request that failed on a broker (no answer, connection lost, SERVICE_NOT_AVAILABLE: a dead or
 # fenced master) refetches the topic's route at most this often, so a master elected in its place
 # (controller mode, promoteSlave) is used within about a second rather than at the next 30 s poll
@@ -81,170 +79,6 @@ def split_namesrv_addr(namesrv_addr: str) -> list:
     if not out:
         raise MQClientError(f"no NameServer address in {namesrv_addr!r}")
     return out
-
-
-# -- route data ---------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class QueueData:
-    """One broker group's queues of a topic (RocketMQ ``QueueData``)."""
-    broker_name: str
-    read_queue_nums: int
-    write_queue_nums: int
-    perm: int
-    topic_sys_flag: int = 0
-
-    @property
-    def writeable(self) -> bool:
-        return bool(self.perm & PERM_WRITE)
-
-    @property
-    def readable(self) -> bool:
-        return bool(self.perm & PERM_READ)
-
-
-@dataclass(frozen=True)
-class BrokerData:
-    """One broker group: cluster, name, brokerId -> ``host:port`` (RocketMQ ``BrokerData``)."""
-    cluster: str
-    broker_name: str
-    broker_addrs: dict = field(default_factory=dict)    # int broker id -> "host:port"
-
-    def master_addr(self) -> Optional[str]:
-        return self.broker_addrs.get(MASTER_ID)
-
-    def select_broker_addr(self) -> Optional[str]:
-        """The master, else any slave (RocketMQ ``BrokerData.selectBrokerAddr``)."""
-        addr = self.broker_addrs.get(MASTER_ID)
-        if addr is None and self.broker_addrs:
-            addr = random.choice(list(self.broker_addrs.values()))
-        return addr
-
-    def find_broker_address_in_subscribe(self, broker_id: int = MASTER_ID, only_this_broker: bool = False,
-                                         avoid: Container = ()) -> Optional[tuple]:
-        """``(broker id, address)`` to read from; see :func:`find_broker_address_in_subscribe`."""
-        return find_broker_address_in_subscribe(self.broker_addrs, broker_id, only_this_broker, avoid)
-
-
-def find_broker_address_in_subscribe(broker_addrs: Mapping, broker_id: int = MASTER_ID,
-                                     only_this_broker: bool = False, avoid: Container = ()) -> Optional[tuple]:
-    """The broker of a group to read (pull, offsets) from: RocketMQ
-    ``MQClientInstance.findBrokerAddressInSubscribe`` as used by ``PullAPIWrapper``.
-
-    Parameters
-    ----------
-    broker_addrs : mapping
-        brokerId -> ``"host:port"`` of one broker group (a route's ``brokerAddrs``; keys may be
-        ints or the wire's decimal strings ``"0"``, ``"1"``).
-    broker_id : int
-        The id wanted: the queue's last ``suggestWhichBrokerId`` (0 = master, >= 1 = a slave).
-    only_this_broker : bool
-        Only ``broker_id`` will do (None when it is not in the route).
-    avoid : container of str
-        Addresses that failed lately (a pull or offset call timed out): used only when no other
-        address of the group is left.
-
-    Returns
-    -------
-    (int, str) or None
-        ``(broker id, address)``: ``broker_id`` when present, else the master (id 0), else the slave
-        with the lowest id; None for an empty group.  ``broker id != 0`` means a slave.
-    """
-    addrs = {}
-    for k, v in (broker_addrs or {}).items():
-        try:
-            addrs[int(k)] = v
-        except (TypeError, ValueError):
-            continue
-    if only_this_broker:
-        a = addrs.get(int(broker_id))
-        return None if a is None else (int(broker_id), a)
-    order = [int(broker_id)] if int(broker_id) in addrs else []
-    if MASTER_ID in addrs and MASTER_ID not in order:
-        order.append(MASTER_ID)
-    order.extend(sorted(i for i in addrs if i not in order))
-    for bid in order:
-        if addrs[bid] not in avoid:
-            return bid, addrs[bid]
-    return (order[0], addrs[order[0]]) if order else None
-
-
-def find_master_or_slave(broker_addrs: Mapping, avoid: Container = ()) -> Optional[tuple]:
-    """``(broker id, address)`` for offset calls: the master, else the lowest-id slave
-    (RocketMQ reads and commits consumer offsets on a slave when the master is gone)."""
-    return find_broker_address_in_subscribe(broker_addrs, MASTER_ID, False, avoid)
-
-
-def _int(d: dict, name: str, where: str) -> int:
-    v = d.get(name)
-    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-        raise MQClientError(f"{where}: field {name!r} must be a non-negative int, got {v!r}")
-    return v
-
-
-def _str(d: dict, name: str, where: str) -> str:
-    v = d.get(name)
-    if not isinstance(v, str) or not v:
-        raise MQClientError(f"{where}: field {name!r} must be a non-empty str, got {v!r}")
-    return v
-
-
-def _broker_data(d: object, where: str) -> BrokerData:
-    if not isinstance(d, dict):
-        raise MQClientError(f"{where}: a brokerData must be a map, got {type(d).__name__}")
-    addrs_raw = d.get("brokerAddrs") or {}
-    if not isinstance(addrs_raw, dict):
-        raise MQClientError(f"{where}: brokerAddrs must be a map")
-    addrs = {}
-    for k, v in addrs_raw.items():
-        try:
-            bid = int(k)
-        except (TypeError, ValueError):
-            raise MQClientError(f"{where}: broker id {k!r} is not an int") from None
-        if not isinstance(v, str) or ":" not in v:
-            raise MQClientError(f"{where}: broker address {v!r} is not host:port")
-        addrs[bid] = v
-    return BrokerData(str(d.get("cluster", "")), _str(d, "brokerName", where), addrs)
-
-
-@dataclass(frozen=True)
-class TopicRouteData:
-    """What the NameServer knows of a topic (RocketMQ ``TopicRouteData``)."""
-    queue_datas: tuple
-    broker_datas: tuple
-    order_topic_conf: str = ""
-
-    @classmethod
-    def from_wire(cls, body: object, topic: str = "?") -> "TopicRouteData":
-        """Parse ``{"queueDatas": [...], "brokerDatas": [...]}``.
-
-        Raises
-        ------
-        MQClientError
-            A malformed route (the message names the topic and the field).
-        """
-        where = f"route of topic {topic!r}"
-        if not isinstance(body, dict):
-            raise MQClientError(f"{where} must be a map, got {type(body).__name__}")
-        qds, bds = body.get("queueDatas") or [], body.get("brokerDatas") or []
-        if not isinstance(qds, list) or not isinstance(bds, list):
-            raise MQClientError(f"{where}: queueDatas and brokerDatas must be lists")
-        queue_datas = []
-        for q in qds:
-            if not isinstance(q, dict):
-                raise MQClientError(f"{where}: a queueData must be a map")
-            queue_datas.append(QueueData(_str(q, "brokerName", where), _int(q, "readQueueNums", where),
-                                         _int(q, "writeQueueNums", where), _int(q, "perm", where),
-                                         int(q.get("topicSysFlag", 0) or 0)))
-        broker_datas = [_broker_data(b, where) for b in bds]
-        queue_datas.sort(key=lambda q: q.broker_name)
-        broker_datas.sort(key=lambda b: b.broker_name)
-        return cls(tuple(queue_datas), tuple(broker_datas), str(body.get("orderTopicConf") or ""))
-
-    def broker(self, broker_name: str) -> Optional[BrokerData]:
-        for b in self.broker_datas:
-            if b.broker_name == broker_name:
-                return b
-        return None
 
 
 class TopicPublishInfo:
@@ -472,7 +306,7 @@ def parse_cluster_info(frame: Frame) -> list:
     table = body.get("brokerAddrTable") if isinstance(body, dict) else None
     if not isinstance(table, dict):
         raise MQClientError("cluster info: brokerAddrTable missing")
-    return sorted((_broker_data(bd, "cluster info") for bd in table.values()), key=lambda b: b.broker_name)
+    return sorted((BrokerData.from_wire(bd, "cluster info") for bd in table.values()), key=lambda b: b.broker_name)
 
 
 # -- latency fault tolerance ------------------------------------------------------------------------------
@@ -646,7 +480,8 @@ __all__ = ["QueueData", "BrokerData", "TopicRouteData", "TopicPublishInfo", "Rou
            "route_request", "parse_route_response", "cluster_info_request", "parse_cluster_info",
            "split_namesrv_addr", "monotonic_ms", "LATENCY_MAX_49", "NOT_AVAILABLE_DURATION_49",
            "LATENCY_MAX_5", "NOT_AVAILABLE_DURATION_5", "ISOLATION_LATENCY_MS_49", "ISOLATION_LATENCY_MS_5",
-           "PERM_READ", "PERM_WRITE", "PERM_INHERIT", "PERM_PRIORITY", "MASTER_ID"]
+           "PERM_READ", "PERM_WRITE", "PERM_INHERIT", "PERM_PRIORITY", "MASTER_ID", "find_broker_address_in_subscribe",
+           "find_master_or_slave"]
 
 
 def route_suspect(exc: object) -> bool:

@@ -28,10 +28,10 @@ from rmq._core import commitlog as _cl
 from rmq.client.consumer_api import (ConsumerAPI, SubscriptionData, consumer_data, default_client_id,
                                      heartbeat_body, post_process_messages)
 from rmq.client.remoting import DEFAULT_TIMEOUT_MS
+from rmq.common.perm import PERM_READ
 from rmq.errors import MQBrokerError, MQClientError, RemotingError
 from rmq.filter import ExpressionType, MessageSelector
 from rmq.protocol import Frame, RequestCode, ResponseCode, pack_body
-from rmq.store.config_manager import PERM_READ
 
 log = logging.getLogger("rmq.simple_consumer")
 

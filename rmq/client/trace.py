@@ -30,12 +30,13 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
+from rmq.common.topic_validator import RMQ_SYS_TRACE_TOPIC as TRACE_TOPIC    # the default trace topic
+
 log = logging.getLogger(__name__)
 
 __all__ = ["TRACE_TOPIC", "TraceType", "MessageType", "TraceBean", "TraceContext", "encode", "decode",
            "trace_keys", "TraceDispatcher", "MAX_TRACE_MESSAGE_BYTES", "TRACE_QUEUE_SIZE", "TRACE_BATCH_NUM"]
 
-TRACE_TOPIC = "RMQ_SYS_TRACE_TOPIC"                   # TopicValidator.RMQ_SYS_TRACE_TOPIC
 CONTENT_SPLITOR = "\x01"                              # TraceConstants
 FIELD_SPLITOR = "\x02"
 TRACE_PRODUCER_GROUP_PREFIX = "_INNER_TRACE_PRODUCER"  # TraceConstants.GROUP_NAME_PREFIX

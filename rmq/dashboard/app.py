@@ -45,6 +45,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
 from rmq.client.admin import Admin
+from rmq.common.mix_all import is_dlq_topic, is_retry_topic
 from rmq.errors import RmqError
 
 HERE = os.path.dirname(__file__)
@@ -67,9 +68,9 @@ def is_loopback(host: str) -> bool:
 
 
 def topic_kind(topic: str) -> str:
-    if topic.startswith("%RETRY%"):
+    if is_retry_topic(topic):
         return "retry"
-    if topic.startswith("%DLQ%"):
+    if is_dlq_topic(topic):
         return "dlq"
     from rmq.metrics import is_system_topic
     if is_system_topic(topic) or topic == "DefaultCluster" or topic.startswith("rmq_"):
@@ -376,7 +377,7 @@ def create_app(namesrv_addr: str, token: Optional[str] = None, sample: bool = Tr
                   for qp in (progress.queues if progress else [])]
         topics = sorted({qp.topic for qp, _ in queues})
         try:       # one statsAll pass for every topic of the group (not one per topic)
-            plain = [t for t in topics if not t.startswith("%RETRY%")]
+            plain = [t for t in topics if not is_retry_topic(t)]
             stats = [r for r in state.call(lambda a: a.stats_all(plain)) if r.consumer_group == group] if plain else []
         except RmqError:
             stats = []
@@ -449,7 +450,7 @@ def create_app(namesrv_addr: str, token: Optional[str] = None, sample: bool = Tr
 
     def dlq(request: Request) -> Response:
         try:
-            names = [t for t in state.call(lambda a: a.topic_list()) if t.startswith("%DLQ%")]
+            names = [t for t in state.call(lambda a: a.topic_list()) if is_dlq_topic(t)]
             rows = []
             for t in names:
                 st = state.call(lambda a: a.topic_status(t))

@@ -51,19 +51,20 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional
 
+from rmq.common import mix_all
+from rmq.common.mix_all import RETRY_GROUP_TOPIC_PREFIX
+from rmq.common.topic_validator import RMQ_SYS_TRACE_TOPIC
 from rmq.errors import MQClientError
 from rmq.protocol import RequestCode, ResponseCode
 
 log = logging.getLogger("rmq.proxy.acl")
 
-# -- names (SessionCredentials, AclConstants, MixAll, TopicValidator) ------------------------------------
+# -- names (SessionCredentials, AclConstants; MixAll's and TopicValidator's: rmq.common) -----------------
 ACCESS_KEY = "AccessKey"                      # SessionCredentials.ACCESS_KEY
 SIGNATURE = "Signature"                       # SessionCredentials.SIGNATURE
 SECURITY_TOKEN = "SecurityToken"              # SessionCredentials.SECURITY_TOKEN
 UNIQUE_MSG_QUERY_FLAG = "_UNIQUE_KEY_QUERY"   # MixAll.UNIQUE_MSG_QUERY_FLAG: not signed by clients <= 4.9.3
 V4_9_3_ORDINAL = 399                          # MQVersion.Version.V4_9_3.ordinal() (5.1.4 PlainAccessResource.parse)
-RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"          # MixAll.RETRY_GROUP_TOPIC_PREFIX
-RMQ_SYS_TRACE_TOPIC = "RMQ_SYS_TRACE_TOPIC"   # TopicValidator.RMQ_SYS_TRACE_TOPIC
 
 CONFIG_GLOBAL_WHITE_ADDRS = "globalWhiteRemoteAddresses"   # AclConstants
 CONFIG_ACCOUNTS = "accounts"
@@ -172,11 +173,11 @@ def check_permission(needed: int, owned: int) -> bool:
 
 def retry_topic(group: Optional[str]) -> Optional[str]:
     """``%RETRY%<group>``: the name a group's permission is kept under (``MixAll.getRetryTopic``)."""
-    return None if group is None else RETRY_GROUP_TOPIC_PREFIX + group
+    return None if group is None else mix_all.retry_topic(group)
 
 
 def is_retry_topic(name: Optional[str]) -> bool:
-    return name is not None and name.startswith(RETRY_GROUP_TOPIC_PREFIX)
+    return name is not None and mix_all.is_retry_topic(name)
 
 
 def print_resource(resource: str) -> str:

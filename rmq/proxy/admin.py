@@ -46,6 +46,7 @@ from typing import Optional
 
 from rmq import protocol as P
 from rmq._core import commitlog as _cl
+from rmq.common.mix_all import TOOLS_CONSUMER_GROUP
 from rmq.errors import MQClientError, RmqError
 from rmq.protocol import Frame, RequestCode, ResponseCode
 from rmq.proxy.remoting import SERVER_VERSION, RemotingCommand
@@ -53,7 +54,6 @@ from rmq.proxy.server import (CONSUME_FROM, CONSUME_TYPES, MESSAGE_MODELS, PROXY
                               Layout, _enum, _field, _int)
 
 CONSUMER_NOT_ONLINE = 206                # ResponseCode.CONSUMER_NOT_ONLINE
-TOOLS_CONSUMER_GROUP = "TOOLS_CONSUMER"  # MixAll.TOOLS_CONSUMER_GROUP: the pulls that read store times
 VERSION_DESC = "V4_9_7"                  # MQVersion.getVersionDesc(SERVER_VERSION)
 CONSUMER_EXPIRED_S = 120.0               # BrokerConfig.channelExpiredTimeout: a silent consumer is gone
 MAX_CACHED_CONSUMERS = 100_000           # consumers whose heartbeats are remembered (the rest: ids only)

@@ -38,12 +38,14 @@ import grpc
 from rmq import protocol as P
 from rmq.client.consumer_api import SubscriptionData, consumer_data
 from rmq.client.simple_consumer import CONSUME_TYPE_POP, MAX_MESSAGE_NUM, parse_pop_response, pop_frame
+from rmq.common.mix_all import is_retry_topic, retry_topic
+from rmq.common.perm import PERM_READ, PERM_WRITE
 from rmq.errors import MQClientError, RemotingError
 from rmq.protocol import Frame, RequestCode, ResponseCode
 from rmq.proxy.forward import Forwarder
 from rmq.proxy.grpc_v2 import messaging_pb2 as pb
 from rmq._core import commitlog as _cl
-from rmq.proxy.server import FORWARD_TIMEOUT_MS, PERM_READ, PERM_WRITE, PROXY_BROKER_NAME, ProxyServer
+from rmq.proxy.server import FORWARD_TIMEOUT_MS, PROXY_BROKER_NAME, ProxyServer
 from rmq.proxy.transaction import TransactionRoutes, check_message_body
 
 log = logging.getLogger("rmq.proxy.grpc")
@@ -647,7 +649,6 @@ class MessagingService:
 
 
 def _group(name: str) -> str:
-    from rmq.proxy.acl import retry_topic
     return retry_topic(name)
 
 
@@ -674,7 +675,7 @@ def _needs() -> dict:
     from rmq.proxy.acl import ANY, PUB, SUB
 
     def sends(r):
-        return {m.topic.name: SUB if m.topic.name.startswith("%RETRY%") else PUB for m in r.messages}
+        return {m.topic.name: SUB if is_retry_topic(m.topic.name) else PUB for m in r.messages}
 
     def consume(topic, group):
         return {topic: SUB, _group(group): SUB}

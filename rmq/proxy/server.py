@@ -41,6 +41,9 @@ from typing import Optional
 from rmq import protocol as P
 from rmq._core import commitlog as _cl
 from rmq.client.route import cluster_info_request, parse_cluster_info, parse_route_response
+from rmq.common.mix_all import MASTER_ID
+from rmq.common.perm import PERM_READ, PERM_WRITE
+from rmq.common.route import broker_addrs_to_wire
 from rmq.errors import MQClientError, RemotingError
 from rmq.protocol import Frame, RequestCode, ResponseCode
 from rmq.proxy.forward import Forwarder
@@ -61,7 +64,6 @@ ROUTE_CACHE_MS = 3_000                   # a topic's layout is reused this long
 AUTO_CREATE_SPAN = 8                     # BrokerConfig.defaultTopicQueueNums: TBW102's queues per group
 FORWARD_TIMEOUT_MS = 3_000               # a forwarded request (pulls: their suspend time + this)
 TBW102 = "TBW102"                        # TopicValidator.AUTO_CREATE_TOPIC_KEY_TOPIC
-PERM_READ, PERM_WRITE = 4, 2
 TRANSACTION_PREPARED_TYPE = 0x4          # MessageSysFlag: a half message
 TRANSACTION_TYPE_MASK = 0xC
 
@@ -131,7 +133,7 @@ class Layout:
                                "writeQueueNums": self.total, "perm": perm or (PERM_READ | PERM_WRITE),
                                "topicSysFlag": 0}],
                "brokerDatas": [{"cluster": self.cluster, "brokerName": PROXY_BROKER_NAME,
-                                "brokerAddrs": {"0": proxy_addr}}],
+                                "brokerAddrs": broker_addrs_to_wire({MASTER_ID: proxy_addr})}],
                "filterServerTable": {}}
         return json.dumps(doc, separators=(",", ":")).encode()
 

@@ -16,6 +16,7 @@ import time
 from typing import Any, Optional
 
 from rmq._core.mapped_file import fsync_dir, fsync_file
+from rmq.common.perm import PERM_INHERIT, PERM_PRIORITY, PERM_READ, PERM_WRITE   # noqa: F401 (re-exported: PermName)
 
 log = logging.getLogger(__name__)
 
@@ -129,10 +130,6 @@ class ConfigManager:
         raise NotImplementedError
 
 
-PERM_PRIORITY = 0x1 << 3
-PERM_READ = 0x1 << 2
-PERM_WRITE = 0x1 << 1
-PERM_INHERIT = 0x1 << 0
 DEFAULT_QUEUE_NUMS = 8          # mqadmin updateTopic -r/-w default
 
 

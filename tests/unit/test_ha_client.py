@@ -108,10 +108,10 @@ def test_group_addrs_prefer_topic_route_then_freshest():
     old.fetched_at = 100.0
     promoted = TopicRoute.from_wire(TOPIC, route_body({0: SLAVE1}))     # the slave re-registered as id 0
     promoted.fetched_at = 50.0
-    assert group_addrs([old, promoted], "broker-a", TOPIC) == {"0": SLAVE1}
+    assert group_addrs([old, promoted], "broker-a", TOPIC) == {0: SLAVE1}       # int ids: converted at the parse
     newer = TopicRoute.from_wire("Third", route_body({0: SLAVE1}))
     newer.fetched_at = 200.0
-    assert group_addrs([old, newer], "broker-a") == {"0": SLAVE1}
+    assert group_addrs([old, newer], "broker-a") == {0: SLAVE1}
     assert group_addrs([old], "broker-b", TOPIC) == {}
 
 

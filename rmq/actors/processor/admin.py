@@ -13,11 +13,12 @@ from typing import Optional
 from rmq import latency_trace as _lt
 from rmq.actors.actor import Reply
 from rmq.actors.processor import VERSION, RequestProcessor
+from rmq.common.perm import PERM_READ, PERM_WRITE
+from rmq.common.topic_validator import MAX_QUEUE_NUMS, check_group, check_topic
 from rmq.protocol import Frame, ProtocolError, ResponseCode, field_int, field_str, pack_body, unpack_body
 from rmq.stats import STATS_NAMES
 from rmq.store.cleaner import disk_usage_ratio
-from rmq.store.config_manager import DEFAULT_QUEUE_NUMS, PERM_READ, PERM_WRITE
-from rmq.store.validators import MAX_QUEUE_NUMS, check_group, check_topic
+from rmq.store.config_manager import DEFAULT_QUEUE_NUMS
 
 JAVA_LONG_MIN, JAVA_LONG_MAX = -(2 ** 63), 2 ** 63 - 1   # bounds of a long header field (timestamps)
 REBALANCE_LOCK_MAX_LIVE_TIME_MS = 60_000     # rocketmq.broker.rebalance.lockMaxLiveTime (SPEC.md §15.2)

@@ -17,8 +17,9 @@ import zmq
 from rmq.actors.actor import Reply
 from rmq.actors.processor import VERSION, RequestProcessor
 from rmq import protocol as P
+from rmq.common.mix_all import retry_topic
+from rmq.common.topic_validator import check_group
 from rmq.protocol import Frame, RequestCode, ResponseCode, field_str, unpack_body
-from rmq.store.validators import check_group
 
 CHANNEL_EXPIRED_MS = 120_000                 # idle producer/consumer dropped (SPEC.md §15.2)
 CHANNEL_SCAN_MS = 10_000                     # how often expired clients are looked for
@@ -59,7 +60,7 @@ class ClientManageProcessor(RequestProcessor):
             group = check_group(c.get("groupName"))
             b.group_config(group)
             if c.get("messageModel", "CLUSTERING") == "CLUSTERING":
-                b.topic_config(f"%RETRY%{group}", create=True)
+                b.topic_config(retry_topic(group), create=True)
             members = self.consumer_table.setdefault(group, {})
             if client not in members:
                 changed.append(group)

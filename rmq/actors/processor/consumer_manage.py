@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from rmq.actors.actor import Reply
 from rmq.actors.processor import RequestProcessor
+from rmq.common.topic_validator import MAX_QUEUE_NUMS, check_group, check_topic
 from rmq.protocol import Frame, ResponseCode, field_int, field_str, pack_body
-from rmq.store.validators import MAX_QUEUE_NUMS, check_group, check_topic
 
 MAX_QUEUE_OFFSET = 2 ** 63 - 1               # queue offsets are Java longs
 

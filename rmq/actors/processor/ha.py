@@ -16,8 +16,9 @@ import zmq
 from rmq import protocol as P
 from rmq.actors.actor import Reply
 from rmq.actors.processor import RequestProcessor
+from rmq.common.perm import PERM_READ, PERM_WRITE
 from rmq.protocol import Frame, ProtocolError, RequestCode, ResponseCode, field_int, unpack_body
-from rmq.store.config_manager import PERM_READ, PERM_WRITE, write_file_atomically
+from rmq.store.config_manager import write_file_atomically
 from rmq.store.epoch import EpochEntry
 from rmq.store.message_store import write_truncate_marker
 

@@ -13,12 +13,13 @@ from typing import Optional
 from rmq import latency_trace as _lt
 from rmq.actors.actor import Reply
 from rmq.actors.processor import RequestProcessor
+from rmq.common.perm import PERM_READ
+from rmq.common.pull_sys_flag import has_commit_offset_flag, has_suspend_flag   # PullSysFlag (SPEC.md §13.1)
+from rmq.common.topic_validator import MAX_QUEUE_NUMS, check_group
 from rmq.errors import FilterExpressionError
 from rmq.filter import ExpressionType, compile_sql92
 from rmq.protocol import Frame, ResponseCode, field_int, field_str
 from rmq.status import GetMessageStatus
-from rmq.store.config_manager import PERM_READ
-from rmq.store.validators import MAX_QUEUE_NUMS, check_group
 
 MAX_PULL_BATCH = 4096                        # maxMsgNums ceiling per pull (rmq limit)
 RECENT_APPENDS_PER_QUEUE = 256               # appends per queue the broker remembers until reput has
@@ -26,11 +27,6 @@ RECENT_APPENDS_PER_QUEUE = 256               # appends per queue the broker reme
                                              # from them); beyond it the oldest are left to reput
 NOT_LONG_POLLING_HOLD_MS = 1000              # a suspended pull's hold with longPollingEnable=false
                                              # (BrokerConfig.shortPollingTimeMills)
-
-# PullSysFlag (SPEC.md §13.1)
-PULL_FLAG_COMMIT_OFFSET = 0x1
-PULL_FLAG_SUSPEND = 0x2
-PULL_FLAG_SUBSCRIPTION = 0x4
 
 GET_STATUS_TO_CODE = {
     GetMessageStatus.FOUND: ResponseCode.SUCCESS,
@@ -192,7 +188,7 @@ class PullMessageProcessor(RequestProcessor):
         code = GET_STATUS_TO_CODE.get(res.status)
         if code is None:      # NO_MESSAGE_IN_QUEUE / NO_MATCHED_LOGIC_QUEUE
             code = ResponseCode.PULL_NOT_FOUND if offset == 0 else ResponseCode.PULL_OFFSET_MOVED
-        if allow_suspend and sys_flag & PULL_FLAG_COMMIT_OFFSET and b.role != "SLAVE":
+        if allow_suspend and has_commit_offset_flag(sys_flag) and b.role != "SLAVE":
             commit = field_int(frame, "commitOffset", -1)
             if commit >= 0:
                 store.consumer_offset_manager.commit_offset(group, topic, queue_id, commit)
@@ -221,7 +217,7 @@ class PullMessageProcessor(RequestProcessor):
                           int((arrived or b.request_received_at) * 1e9), time.monotonic_ns(), arrived is not None)
             self._count_get(topic, group, queue_id, res.message_count, len(res.records), res.next_begin_offset)
             return frame.response(code, fields=fields, bodies=[res.records])
-        if code == ResponseCode.PULL_NOT_FOUND and allow_suspend and sys_flag & PULL_FLAG_SUSPEND:
+        if code == ResponseCode.PULL_NOT_FOUND and allow_suspend and has_suspend_flag(sys_flag):
             suspend_ms = min(field_int(frame, "suspendTimeoutMillis", b.suspend_max_ms, lo=0),
                              b.suspend_max_ms) if b.long_polling else NOT_LONG_POLLING_HOLD_MS
             self.hold_service.suspend((topic, queue_id), PullRequest(

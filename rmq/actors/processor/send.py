@@ -20,15 +20,16 @@ from rmq.actors.actor import Reply
 from rmq.actors.processor import RequestProcessor
 from rmq.actors.transaction import HALF_TOPIC, half_properties, is_half_request
 from rmq import protocol as P
+from rmq.common.mix_all import dlq_topic, is_dlq_topic, retry_topic
+from rmq.common.perm import PERM_WRITE
+from rmq.common.topic_validator import MAX_QUEUE_NUMS, check_group, check_topic
 from rmq.protocol import Frame, RequestCode, ResponseCode, field_int, field_str
 from rmq.zmqio import send_parts
 from rmq.status import PutMessageStatus
 from rmq.store.commitlog import host_to_bytes
 from rmq.store.config import SYNC_FLUSH
-from rmq.store.config_manager import PERM_WRITE
 from rmq.store.schedule import transform_delay
 from rmq.store.timer import TimerMessageError, is_timer_message, transform_timer
-from rmq.store.validators import MAX_QUEUE_NUMS, check_group, check_topic
 
 SEND_CODES = frozenset({int(RequestCode.SEND_MESSAGE), int(RequestCode.SEND_MESSAGE_V2),
                         int(RequestCode.SEND_BATCH_MESSAGE)})
@@ -373,9 +374,9 @@ class SendMessageProcessor(RequestProcessor):
         props["ORIGIN_MESSAGE_ID"] = props.get("ORIGIN_MESSAGE_ID") or origin or m.msg_id
         props["WAIT"] = "false"
         if m.reconsume_times >= max_times or delay_level < 0:
-            topic, queue_id = f"%DLQ%{group}", 0
+            topic, queue_id = dlq_topic(group), 0
         else:
-            topic, queue_id = f"%RETRY%{group}", 0
+            topic, queue_id = retry_topic(group), 0
             props["DELAY"] = str(delay_level if delay_level > 0 else 3 + m.reconsume_times)
         cfg = b.topic_config(topic, create=True)
         if cfg is None:
@@ -386,6 +387,6 @@ class SendMessageProcessor(RequestProcessor):
                                   m.born_host, m.reconsume_times + 1, 1)
         if not res.ok:
             return frame.response(PUT_STATUS_TO_CODE.get(res.status, ResponseCode.SYSTEM_ERROR), res.remark)
-        if b.metrics is not None and topic.startswith("%DLQ%"):
+        if b.metrics is not None and is_dlq_topic(topic):
             b.metrics.on_dlq(props.get("RETRY_TOPIC", m.topic), group)
         return frame.response()
