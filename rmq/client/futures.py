@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import threading
 from typing import Any, Callable, Optional
-from concurrent.futures import Future, InvalidStateError
-from concurrent.futures._base import FINISHED, RUNNING, LOGGER
+from concurrent.futures import Future
+from concurrent.futures._base import FINISHED, RUNNING
+
+from rmq._core.client_msg import finish_future
 
 _CREATE = threading.Lock()
 
@@ -52,31 +54,7 @@ class SendFuture(Future):
         return c
 
     def _finish(self, result, exception) -> None:
-        d = self.__dict__
-        if "_cond" in d:                     # someone may wait on it: the standard path
-            if exception is None:
-                super().set_result(result)
-            else:
-                super().set_exception(exception)
-            return
-        if self._state == FINISHED:
-            raise InvalidStateError(f"{self!r} is already finished")
-        self._result = result
-        self._exception = exception
-        self._state = FINISHED               # (1) published before (2) looks for a condition
-        if "_cond" in d:                     # (2) a waiter / late callback appeared meanwhile
-            with d["_cond"]:
-                for w in self._waiters:
-                    if exception is None:
-                        w.add_result(self)
-                    else:
-                        w.add_exception(self)
-                d["_cond"].notify_all()
-        for fn in self._done_callbacks:     # (3) after (2): a callback added under the condition
-            try:                             # before (2) is in the list, one added later sees FINISHED
-                fn(self)
-            except Exception:  # noqa: BLE001 - as concurrent.futures does
-                LOGGER.exception("exception calling callback for %r", self)
+        finish_future(self, result, exception)     # steps (1)-(3) above, in C (rmq._core.client_msg)
 
     # FINISHED is final and _result/_exception are set before it: a finished future answers
     # without its condition (callbacks typically ask for result() / exception())

@@ -8,15 +8,11 @@ born_timestamp, reconsume_times, ...).
 """
 from __future__ import annotations
 
-import calendar
-import itertools
-import os
-import socket
-import time
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Iterable, Optional, Union
 
+from rmq._core.client_msg import create_uniq_id
 from rmq._core.commitlog import MessageExt
 from rmq.errors import MQClientError
 
@@ -248,40 +244,8 @@ class PullResult:
     msg_found_list: list = field(default_factory=list)
 
 
-# -- unique message ids (MessageClientIDSetter, SPEC.md §1.8) -------------------------------------
-_counter = itertools.count(int.from_bytes(os.urandom(2), "big"))
-
-
-def _ip_bytes() -> bytes:
-    try:
-        return socket.inet_aton(socket.gethostbyname(socket.gethostname()))
-    except OSError:
-        return bytes([127, 0, 0, 1])
-
-
-_FIX = _ip_bytes() + (os.getpid() & 0xFFFF).to_bytes(2, "big") + os.urandom(4)
-_FIX_HEX = _FIX.hex().upper()
-
-
-_month = [0.0, 0.0]          # [start of the current month (s), start of the next one (s)], UTC
-
-
-def _month_start(now: float) -> float:
-    if not _month[0] <= now < _month[1]:
-        lt = time.gmtime(now)
-        start = calendar.timegm((lt.tm_year, lt.tm_mon, 1, 0, 0, 0))
-        nxt = calendar.timegm((lt.tm_year + lt.tm_mon // 12, lt.tm_mon % 12 + 1, 1, 0, 0, 0))
-        _month[0], _month[1] = start, nxt
-    return _month[0]
-
-
-def create_uniq_id() -> str:
-    """32 hex chars: IP (4) + pid (2) + random per process (4, RocketMQ's class-loader hash)
-    + ms since the start of the month (4) + counter (2)."""
-    now = time.time()
-    n = next(_counter) & 0xFFFF           # itertools.count's next() is atomic under the GIL
-    ms = int((now - _month_start(now)) * 1000) & 0xFFFFFFFF
-    return "%s%08X%04X" % (_FIX_HEX, ms, n)
+# unique message ids (MessageClientIDSetter, SPEC.md §1.8): create_uniq_id, made in C by
+# rmq._core.client_msg
 
 
 __all__ = ["Message", "MessageExt", "MessageQueue", "SendResult", "SendStatus", "PullResult", "PullStatus",

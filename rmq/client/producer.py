@@ -62,7 +62,6 @@ import socket
 import threading
 import time
 import weakref
-import zlib
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeoutError
 from dataclasses import dataclass
@@ -75,19 +74,19 @@ from rmq import latency_trace as _lt
 from rmq import protocol as P
 from rmq import security
 from rmq.client import trace as _trace
-from rmq._core.commitlog import encode_batch, encode_properties, tags_string_to_tags_code
+from rmq._core.client_msg import MessagePreparer, PreparedMessage, batch_body, complete_send_batch
+from rmq._core.commitlog import tags_string_to_tags_code
 from rmq.client.direct import DirectSender, close_monitored
 from rmq.client.futures import SendFuture
-from rmq.client.message import (PROPERTY_DELAY_TIME_LEVEL, PROPERTY_SHARDING_KEY, TIMER_PROPERTIES,
-                                PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, PROPERTY_WAIT_STORE_MSG_OK, Message,
-                                MessageQueue, SendResult, SendStatus, create_uniq_id)
+from rmq.client.message import (PROPERTY_SHARDING_KEY, Message,
+                                MessageQueue, SendResult, SendStatus)
 from rmq.client.route import (LATENCY_MAX_49, NOT_AVAILABLE_DURATION_49, ISOLATION_LATENCY_MS_49,
                               ROUTE_REFRESH_ON_FAILURE_MS, MQFaultStrategy, RouteCache, TopicPublishInfo,
                               cluster_info_request, parse_cluster_info, parse_route_response, route_request,
                               route_suspect, split_namesrv_addr)
 from rmq.errors import MQBrokerError, MQClientError, RemotingError, RemotingTimeoutError
 from rmq.protocol import Frame, ProtocolError, RequestCode, ResponseCode
-from rmq.store.validators import check_group, check_topic   # pure functions: the client never touches files
+from rmq.common.topic_validator import check_group, check_topic   # pure functions: the client never touches files
 
 log = logging.getLogger("rmq.producer")
 
@@ -190,44 +189,21 @@ class ProducerOptions:
         return self.batch_size > 0
 
 
-# -- message preparation (caller thread) ------------------------------------------------------------
-class PreparedMessage:
-    """A validated message ready for the wire: its (maybe compressed) body, sysFlag and encoded
-    properties (as of preparation: later changes to the Message are not sent)."""
-
-    __slots__ = ("msg", "body", "sys_flag", "uniq_id", "wait", "size", "batchable", "props")
-
-    def __init__(self, msg: Message, body: bytes, sys_flag: int, uniq_id: str, wait: bool, batchable: bool):
-        self.msg = msg
-        self.body = body
-        self.sys_flag = sys_flag
-        self.uniq_id = uniq_id
-        self.wait = wait
-        self.batchable = batchable
-        self.props = encode_properties(msg.properties)
-        self.size = len(body) + len(self.props) + BATCH_ELEMENT_OVERHEAD   # bytes in a batch body
+# -- message preparation (caller thread; rmq._core.client_msg does the per-message work in C) --------
+_PREPARERS: dict = {}          # (max_message_size, compress over, level) -> MessagePreparer
 
 
-_valid_topics: set = set()         # topics that passed check_topic (bounded: cleared at 10 000)
-
-
-def _check_message(msg: Message, opts: ProducerOptions) -> None:
-    if not isinstance(msg, Message):
-        raise MQClientError(f"expected an rmq.Message, got {type(msg).__name__}", ResponseCode.MESSAGE_ILLEGAL)
-    topic = msg.topic
-    if topic not in _valid_topics:
-        try:
-            check_topic(topic)
-        except ValueError as e:
-            raise MQClientError(str(e), ResponseCode.MESSAGE_ILLEGAL) from None
-        if len(_valid_topics) >= 10_000:
-            _valid_topics.clear()
-        _valid_topics.add(topic)
-    if not msg.body:
-        raise MQClientError("the message body length is zero", ResponseCode.MESSAGE_ILLEGAL)
-    if len(msg.body) > opts.max_message_size:
-        raise MQClientError(f"the message body size over max value, MAX: {opts.max_message_size} "
-                            f"(body is {len(msg.body)} bytes; topic {msg.topic})", ResponseCode.MESSAGE_ILLEGAL)
+def message_preparer(opts: ProducerOptions) -> MessagePreparer:
+    """The :class:`rmq._core.client_msg.MessagePreparer` of ``opts``'s limits (shared, cached)."""
+    key = (opts.max_message_size, opts.compress_msg_body_over_howmuch, opts.compress_level)
+    mp = _PREPARERS.get(key)
+    if mp is None:
+        if len(_PREPARERS) >= 64:
+            _PREPARERS.clear()
+        mp = _PREPARERS[key] = MessagePreparer(Message, check_topic, MQClientError, int(ResponseCode.MESSAGE_ILLEGAL),
+                                               opts.max_message_size, opts.compress_msg_body_over_howmuch,
+                                               opts.compress_level)
+    return mp
 
 
 def prepare_message(msg: Message, opts: ProducerOptions) -> PreparedMessage:
@@ -238,60 +214,18 @@ def prepare_message(msg: Message, opts: ProducerOptions) -> PreparedMessage:
     MQClientError
         Bad topic, empty body or body over ``max_message_size`` (code MESSAGE_ILLEGAL).
     """
-    _check_message(msg, opts)
-    props = msg.properties
-    uniq = props.get(PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX)
-    if not uniq:
-        uniq = props[PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX] = create_uniq_id()
-    body, sys_flag = msg.body, 0
-    if len(body) >= opts.compress_msg_body_over_howmuch:
-        body = zlib.compress(body, opts.compress_level)
-        sys_flag = COMPRESSED_FLAG | COMPRESSION_ZLIB_TYPE
-    wait = props.get(PROPERTY_WAIT_STORE_MSG_OK, "true") != "false"
-    batchable = sys_flag == 0 and PROPERTY_DELAY_TIME_LEVEL not in props \
-        and not any(t in props for t in TIMER_PROPERTIES)
-    if props.get(PROPERTY_TRANSACTION_PREPARED) == "true":      # a half message (sendKernelImpl)
-        sys_flag |= TRANSACTION_PREPARED_TYPE
-        batchable = False
-    return PreparedMessage(msg, body, sys_flag, uniq, wait, batchable)
+    return message_preparer(opts).prepare(msg)
 
 
 def prepare_batch(msgs: Iterable[Message], opts: ProducerOptions) -> list:
     """Validate a user batch: one topic, no delay level, total body within ``max_message_size``.
-    Bodies are not compressed (as RocketMQ).
+    Bodies are not compressed (as RocketMQ).  A refused batch is left as given.
 
     Raises
     ------
     MQClientError
     """
-    msgs = list(msgs)
-    if not msgs:
-        raise MQClientError("send_batch needs at least one message", ResponseCode.MESSAGE_ILLEGAL)
-    out, total = [], 0
-    topic = msgs[0].topic if isinstance(msgs[0], Message) else None
-    for m in msgs:
-        _check_message(m, opts)
-        if m.topic != topic:
-            raise MQClientError(f"the topic of the messages in one batch should be the same: "
-                                f"{topic!r} and {m.topic!r}", ResponseCode.MESSAGE_ILLEGAL)
-        if PROPERTY_DELAY_TIME_LEVEL in m.properties:
-            raise MQClientError("TimeDelayLevel is not supported for batching", ResponseCode.MESSAGE_ILLEGAL)
-        if any(t in m.properties for t in TIMER_PROPERTIES):
-            raise MQClientError("timer messages (deliver_time_ms / delay_time_ms) are not supported for batching",
-                                ResponseCode.MESSAGE_ILLEGAL)
-        if m.topic.startswith("%RETRY%"):
-            raise MQClientError("Retry Group is not supported for batching", ResponseCode.MESSAGE_ILLEGAL)
-        uniq = m.properties.get(PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX)
-        if not uniq:
-            uniq = m.properties[PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX] = create_uniq_id()
-        p = PreparedMessage(m, m.body, 0, uniq, m.properties.get(PROPERTY_WAIT_STORE_MSG_OK, "true") != "false",
-                            True)
-        total += p.size
-        out.append(p)
-    if total > opts.max_message_size:
-        raise MQClientError(f"the batch size over max value, MAX: {opts.max_message_size} "
-                            f"(batch of {len(out)} messages is about {total} bytes)", ResponseCode.MESSAGE_ILLEGAL)
-    return out
+    return message_preparer(opts).prepare_batch(msgs)
 
 
 # -- queue selectors (ordered messages) ----------------------------------------------------------------
@@ -345,12 +279,12 @@ def send_request(preps: Sequence[PreparedMessage], queue_id: int, group: str, ba
 
 def batch_body_of(preps: Sequence[PreparedMessage]) -> bytes:
     """The SEND_BATCH_MESSAGE body (SPEC.md §1.11) of ``preps``."""
-    return encode_batch([(p.body, p.props, p.msg.flag) for p in preps])
+    return batch_body(preps if type(preps) is list else list(preps))
 
 
-def parse_send_response(resp: Frame, topic: str, broker_name: str, broker_addr: str,
-                        preps: Sequence[PreparedMessage]) -> list:
-    """One :class:`SendResult` per message of the request (queue offset = base + index).
+def send_response_fields(resp: Frame, topic: str, broker_name: str, broker_addr: str, n: int) -> tuple:
+    """(status, MessageQueue, base queue offset, [offset msg id per message]) of a send answer
+    for ``n`` messages.
 
     Raises
     ------
@@ -367,11 +301,24 @@ def parse_send_response(resp: Frame, topic: str, broker_name: str, broker_addr: 
     if not isinstance(queue_id, int) or not isinstance(base, int):
         raise MQBrokerError(f"malformed send response from {broker_addr}: queueId={queue_id!r} "
                             f"queueOffset={base!r}", int(ResponseCode.SYSTEM_ERROR), broker_addr)
-    mq = MessageQueue(topic, broker_name, queue_id)
     offset_ids = str(f.get("msgId") or "").split(",")
-    if len(offset_ids) != len(preps):
-        offset_ids = [offset_ids[0] if len(preps) == 1 else ""] * len(preps)
-    return [SendResult(status, p.uniq_id, mq, base + i, offset_ids[i]) for i, p in enumerate(preps)]
+    if len(offset_ids) != n:
+        offset_ids = [offset_ids[0] if n == 1 else ""] * n
+    return status, MessageQueue(topic, broker_name, queue_id), base, offset_ids
+
+
+def parse_send_response(resp: Frame, topic: str, broker_name: str, broker_addr: str,
+                        preps: Sequence[PreparedMessage]) -> list:
+    """One :class:`SendResult` per message of the request (queue offset = base + index).
+
+    Raises
+    ------
+    MQBrokerError
+        The broker answered an error code (``response_code``, ``broker_addr`` set).
+    """
+    preps = preps if type(preps) is list else list(preps)
+    status, mq, base, offset_ids = send_response_fields(resp, topic, broker_name, broker_addr, len(preps))
+    return complete_send_batch(None, SendResult, status, preps, mq, base, offset_ids)
 
 
 def merge_results(results: list) -> SendResult:
@@ -468,7 +415,7 @@ class _Pending:
     """What one caller handed over: one message, or a user batch (one future, one merged result)."""
 
     __slots__ = ("preps", "future", "mode", "deadline", "attempt_timeout", "selector", "arg", "queue", "whole",
-                 "started")
+                 "started", "futures", "nbytes")
 
     def __init__(self, preps: list, future: Future, mode: int, deadline: float, attempt_timeout: float,
                  selector=None, arg=None, queue: Optional[MessageQueue] = None, whole: bool = False,
@@ -483,6 +430,10 @@ class _Pending:
         self.queue = queue
         self.whole = whole
         self.started = time.monotonic() if started is None else started
+        # a caller-side batch (Producer.send_async's common case): one future per message, filled
+        # by callers under the sender's lock until the I/O thread seals it (_Sender.open)
+        self.futures: Optional[list] = None
+        self.nbytes = 0
 
     @property
     def topic(self) -> str:
@@ -590,6 +541,9 @@ class _Sender(threading.Thread):
         self.flushing = 0                 # flush() calls in progress (under cond)
         self.blocked = 0                  # send_async callers waiting for room (under cond)
         self.low_water = max(opts.max_pending_messages * 3 // 4, 1)   # ... are woken at or below this
+        # topic -> the caller-side batch send_async callers append to (under lock); the I/O thread
+        # seals it (removes it from here) when it takes it from _sends
+        self.open: dict = {}
         self.record_failures = False      # set by close(): collect async failures
         self.failures: list = []
         self.started_evt = threading.Event()
@@ -675,10 +629,13 @@ class _Sender(threading.Thread):
             except IndexError:
                 break
             n += len(p.preps)
-            try:
-                p.future.set_exception(err)
-            except Exception:  # noqa: BLE001
-                pass
+            for f in (p.futures if p.futures is not None else (p.future,)):
+                try:
+                    f.set_exception(err)
+                except Exception:  # noqa: BLE001
+                    pass
+        with self.lock:
+            self.open.clear()
         if n:
             with self.cond:
                 self.pending -= n
@@ -782,7 +739,13 @@ class _Sender(threading.Thread):
         sends = self._sends
         accept = self._accept
         while sends:
-            accept(sends.popleft())
+            p = sends.popleft()
+            if p.futures is not None:           # seal a caller-side batch: no caller appends after this
+                with self.lock:
+                    topic = p.preps[0].msg.topic
+                    if self.open.get(topic) is p:
+                        del self.open[topic]
+            accept(p)
         cmds = self._cmds
         while cmds:
             kind, arg = cmds.popleft()
@@ -812,15 +775,27 @@ class _Sender(threading.Thread):
         except Exception:  # noqa: BLE001 - InvalidStateError: nothing to deliver to
             pass
 
+    def _complete_each(self, pending: _Pending, results: Optional[list]) -> None:
+        """A caller-side batch: message ``i``'s future gets ``results[i]`` (None: one-way)."""
+        n = len(pending.preps)
+        self._done += n
+        self.stats["messages"] += n
+        for i, f in enumerate(pending.futures):
+            try:
+                f.set_result(results[i] if results is not None else None)
+            except Exception:  # noqa: BLE001
+                pass
+
     def _fail(self, pending: _Pending, exc: BaseException) -> None:
         self._done += len(pending.preps)
         self.stats["failed_messages"] += len(pending.preps)
         if pending.mode == ASYNC and self.record_failures:
             self.failures.append((pending, exc))
-        try:
-            pending.future.set_exception(exc)
-        except Exception:  # noqa: BLE001
-            pass
+        for f in (pending.futures if pending.futures is not None else (pending.future,)):
+            try:
+                f.set_exception(exc)
+            except Exception:  # noqa: BLE001
+                pass
 
     def _fail_request(self, req: _Request, exc: BaseException) -> None:
         for it in req.items:
@@ -854,7 +829,7 @@ class _Sender(threading.Thread):
         if (self.opts.batching and pending.mode == ASYNC and not pending.whole
                 and pending.preps[0].batchable):
             key = (pending.topic, fixed)
-            size = pending.preps[0].size
+            size = pending.nbytes if pending.futures is not None else pending.preps[0].size
             acc = self._accs.get(key)
             if acc is not None and acc.items and acc.nbytes + size > self.opts.batch_size:
                 self._ship(key, acc)
@@ -958,7 +933,10 @@ class _Sender(threading.Thread):
             self.stats["batch_requests"] += 1
         if req.mode == ONEWAY:
             for it in req.items:
-                self._complete(it, None)
+                if it.futures is not None:
+                    self._complete_each(it, None)
+                else:
+                    self._complete(it, None)
             return
         self._inflight[req.opaque] = req
         heapq.heappush(self._timeouts, (min(req.deadline, now + req.attempt_timeout), req.opaque))
@@ -1046,7 +1024,8 @@ class _Sender(threading.Thread):
         latency_ms = (now - req.sent_at) * 1000.0
         mq = req.mq
         try:
-            results = parse_send_response(resp, req.topic, mq.broker_name, req.addr, req.preps)
+            status, answered_mq, base, offset_ids = send_response_fields(resp, req.topic, mq.broker_name, req.addr,
+                                                                  len(req.preps))
         except MQBrokerError as e:
             self.fault.update_fault_item(mq.broker_name, latency_ms, True)
             if resp.code in (ResponseCode.TOPIC_NOT_EXIST, ResponseCode.NO_PERMISSION):
@@ -1057,9 +1036,18 @@ class _Sender(threading.Thread):
         i = 0
         for it in req.items:
             n = len(it.preps)
-            part = results[i:i + n]
+            if it.futures is not None:           # a caller-side batch: each future its own result, in C
+                complete_send_batch(it.futures, SendResult, status, it.preps, answered_mq, base + i,
+                                    offset_ids[i:i + n])
+                self._done += n
+                self.stats["messages"] += n
+            elif it.whole and n > 1:              # a user batch: one result, ids comma-joined
+                self._complete(it, SendResult(status, ",".join([p.uniq_id for p in it.preps]), answered_mq,
+                                              base + i, ",".join(offset_ids[i:i + n])))
+            else:
+                part = complete_send_batch(None, SendResult, status, it.preps, answered_mq, base + i, offset_ids[i:i + n])
+                self._complete(it, merge_results(part) if it.whole else part[0])
             i += n
-            self._complete(it, merge_results(part) if it.whole else part[0])
         info = self.route_cache.publish_info(req.topic)
         if info is not None and info.provisional:
             last = self._route_last_fetch.get(req.topic, 0.0)
@@ -1465,6 +1453,12 @@ class Producer:
         self.group = group
         self.client_id = client_id()
         self._closed = False
+        o = self.options
+        self._prepare = message_preparer(o).prepare
+        self._batching = o.batching
+        self._batch_size = o.batch_size
+        self._delivery_timeout_s = max(o.delivery_timeout_ms, o.send_msg_timeout_ms) / 1000.0
+        self._attempt_timeout_s = o.send_msg_timeout_ms / 1000.0
         self._sender = _Sender(self.namesrv_addrs, group, self.client_id, self.options)
         self._sender.client_auth = security.client_auth(auth)   # CURVE keys; None: environment / plain
         self._sender.start()
@@ -1578,7 +1572,7 @@ class Producer:
         """
         self._not_in_io_thread("send")
         sel, arg = selector_for(selector, arg, sharding_key, msg)
-        prep = prepare_message(msg, self.options)
+        prep = self._prepare(msg)
         t0 = time.monotonic() if self._trace is not None else 0.0
         if self._use_direct and self._direct.usable(prep.msg.topic):   # known route: on this thread
             self._check_open()
@@ -1610,11 +1604,68 @@ class Producer:
             Invalid message (nothing queued), producer closed, or still no room
             in the pending buffer after ``send_msg_timeout_ms``.
         """
+        if selector is None and sharding_key is None and queue is None and timeout_ms is None \
+                and self._trace is None and self._batching and not _lt.ENABLED:
+            prep = self._prepare(msg)
+            if prep.batchable:
+                return self._append_async(prep, callback)
+            return self._enqueue([prep], ASYNC, None, None, None, None, callback=callback)
         sel, arg = selector_for(selector, arg, sharding_key, msg)
-        prep = prepare_message(msg, self.options)
+        prep = self._prepare(msg)
         if self._trace is not None:
             callback = self._traced_callback(callback, [prep.msg], sel is not None)
         return self._enqueue([prep], ASYNC, timeout_ms, sel, arg, queue, callback=callback)
+
+    def _append_async(self, prep: PreparedMessage, callback: Optional[Callable[[Future], Any]]) -> Future:
+        """send_async's common case (batching on, no selector, queue, timeout or trace): the
+        message joins its topic's caller-side batch (Kafka's RecordAccumulator.append, done in the
+        caller's thread); the I/O thread takes the batch whole.  A batch is opened (and the I/O
+        thread woken) when the topic has none open or the open one would pass ``batch_size``."""
+        s = self._sender
+        fut = SendFuture(callback)
+        topic = prep.msg.topic
+        opened = None
+        with s.lock:
+            self._check_open()
+            if s.pending >= self.options.max_pending_messages and s.pending > 0 \
+                    and threading.get_ident() != s.ident:
+                self._wait_for_room(1, self.options.send_msg_timeout_ms)
+            s.pending += 1
+            p = s.open.get(topic)
+            if p is None or p.nbytes + prep.size > self._batch_size:
+                now = time.monotonic()
+                p = _Pending([], None, ASYNC, now + self._delivery_timeout_s, self._attempt_timeout_s, started=now)
+                p.futures = []
+                s.open[topic] = opened = p
+            p.preps.append(prep)
+            p.futures.append(fut)
+            p.nbytes += prep.size
+        if opened is not None:
+            s.submit(opened)
+        return fut
+
+    def _wait_for_room(self, n: int, budget_ms: float) -> None:
+        """Under ``s.lock``: block until ``n`` more messages fit under ``max_pending_messages``.
+
+        Raises
+        ------
+        MQClientError
+            Still no room after ``budget_ms``, or the producer closed meanwhile.
+        """
+        s = self._sender
+        end = time.monotonic() + budget_ms / 1000.0
+        s.blocked += 1
+        try:
+            while s.pending + n > self.options.max_pending_messages and s.pending > 0:
+                left = end - time.monotonic()
+                if left <= 0:
+                    raise MQClientError(f"producer buffer full: {s.pending} messages unanswered "
+                                        f"(max_pending_messages={self.options.max_pending_messages}) "
+                                        f"for {budget_ms} ms")
+                s.cond.wait(min(left, 0.5))
+                self._check_open()
+        finally:
+            s.blocked -= 1
 
     def send_oneway(self, msg: Message, *, selector: Optional[Selector] = None, arg: Any = None,
                     sharding_key: Any = None, queue: Optional[MessageQueue] = None) -> None:
@@ -1802,19 +1853,7 @@ class Producer:
         with s.lock:                      # = s.cond (its lock); C-level enter on the per-message path
             self._check_open()
             if not in_io and s.pending + n > self.options.max_pending_messages and s.pending > 0:
-                end = time.monotonic() + budget_ms / 1000.0
-                s.blocked += 1
-                try:
-                    while s.pending + n > self.options.max_pending_messages and s.pending > 0:
-                        left = end - time.monotonic()
-                        if left <= 0:
-                            raise MQClientError(f"producer buffer full: {s.pending} messages unanswered "
-                                                f"(max_pending_messages={self.options.max_pending_messages}) "
-                                                f"for {budget_ms} ms")
-                        s.cond.wait(min(left, 0.5))
-                        self._check_open()
-                finally:
-                    s.blocked -= 1
+                self._wait_for_room(n, budget_ms)
             s.pending += n
         now = time.monotonic()
         if mode == ASYNC:

@@ -665,3 +665,62 @@ def test_close_waits_a_bounded_time_for_a_blocked_sync_send(tmp_path, monkeypatc
             p.send(Message("Blocked", b"after"))
     finally:
         c.close()
+
+
+# -- send_async's caller-side batches (Producer._append_async) ---------------------------------------
+def test_send_async_from_threads_and_topics_each_future_gets_its_own_message(cluster, rc):
+    """Callers of several threads append to the same topics' open batches at once: every
+    future completes with the result of its own message (its UNIQ_KEY, its queue offset)."""
+    topics = ["CallerA", "CallerB"]
+    per_thread = 1500
+    with Producer(cluster.namesrv_addr, group="pg") as p:
+        for t in topics:
+            p.send(Message(t, b"warm-up"))
+        sent: list = []
+        lock = threading.Lock()
+
+        def work(k):
+            mine = []
+            for i in range(per_thread):
+                m = Message(topics[i % 2], b"t%d-%d" % (k, i))
+                mine.append((m, p.send_async(m)))
+            with lock:
+                sent.extend(mine)
+        threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(WAIT_S)
+        assert p.flush(WAIT_S) == 0
+        results = [(m, f.result(WAIT_S)) for m, f in sent]
+    assert len(results) == 4 * per_thread
+    for m, r in results:
+        assert r.status is SendStatus.SEND_OK and r.msg_id == m.properties["UNIQ_KEY"]
+        assert r.message_queue.topic == m.topic
+    assert len({(r.message_queue.topic, r.queue_id, r.queue_offset) for _, r in results}) == len(results)
+    recs = {(x.topic, x.queue_id, x.queue_offset): x for t in topics for x in pull_topic(rc, cluster, t, 4,
+                                                                                          2 * per_thread + 1)}
+    for m, r in results:
+        assert recs[(m.topic, r.queue_id, r.queue_offset)].body == m.body
+
+
+def test_send_async_blocks_at_max_pending_messages_then_fails_clearly(cluster):
+    """MAX_PENDING_MESSAGES back-pressure: with the broker stopped, send_async accepts
+    max_pending_messages, then blocks send_msg_timeout_ms and raises; nothing is lost."""
+    broker = cluster.pids()["broker"]
+    with Producer(cluster.namesrv_addr, group="pg", max_pending_messages=50, send_msg_timeout_ms=400) as p:
+        p.send(Message("Pending50", b"warm-up"))
+        os.kill(broker, signal.SIGSTOP)
+        try:
+            futs = [p.send_async(Message("Pending50", b"p%d" % i)) for i in range(50)]
+            with pytest.raises(MQClientError, match=r"producer buffer full: 50 messages unanswered"):
+                p.send_async(Message("Pending50", b"one too many"))
+        finally:
+            os.kill(broker, signal.SIGCONT)
+        assert p.flush(WAIT_S) == 0
+        # sends the broker held past their budget may end in a timeout: each has an outcome, and
+        # every one answered SEND_OK has its own offset
+        ok = [f.result() for f in futs if f.exception() is None]
+        assert all(f.done() for f in futs)
+        assert len({(r.queue_id, r.queue_offset) for r in ok}) == len(ok)
+        p.send_async(Message("Pending50", b"room again")).result(WAIT_S)

@@ -1,0 +1,512 @@
+# cython: language_level=3, embedsignature=True
+"""The producer's per-message work in C: unique ids, validation, properties, batch bodies.
+
+What ``Producer.send_async`` / ``send`` / ``send_batch`` (threads and ``rmq.aio``) do for
+each message before it joins a request:
+
+* :func:`create_uniq_id` -- RocketMQ's ``MessageClientIDSetter`` id (``UNIQ_KEY``): 32
+  uppercase hex digits = IP (4 bytes) + pid (2) + a per-process random (4, RocketMQ's
+  class-loader hash) + ms since the start of the month (4) + a counter (2);
+* :class:`MessagePreparer` -- RocketMQ ``Validators.checkMessage`` + ``sendKernelImpl``'s
+  preparation: topic and body checks, the ``UNIQ_KEY``, zlib compression of a large body,
+  ``sysFlag``, the encoded properties (SPEC.md §1.6) and the message's size in a batch
+  (SPEC.md §1.11), into a :class:`PreparedMessage`;
+* :func:`batch_body` -- the SEND_BATCH_MESSAGE body of prepared messages (SPEC.md §1.11),
+  one pass over pre-sized memory.
+
+This module imports no client, store or actor module: the message type, the topic check
+and the error type are handed to :class:`MessagePreparer`.
+"""
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.dict cimport PyDict_Contains, PyDict_GetItem, PyDict_SetItem
+from libc.stdint cimport int16_t, int32_t, int64_t, uint8_t, uint32_t
+from libc.string cimport memchr, memcpy
+
+from rmq._core.hton cimport store_be16, store_be32
+from rmq._core.layout cimport BATCH_BODY_LENGTH_OFFSET, BATCH_BODY_OFFSET, BATCH_FIXED_LENGTH, \
+    BATCH_FLAG_OFFSET, BATCH_MAGIC_CODE_OFFSET, BATCH_BODY_CRC_OFFSET, BATCH_TOTAL_SIZE_OFFSET, \
+    PROPERTIES_MAX_LENGTH
+
+import calendar
+import os
+import socket
+import time
+import zlib
+
+from rmq.errors import MessageIllegalError
+
+cdef extern from "Python.h":
+    object PyUnicode_New(Py_ssize_t size, Py_UCS4 maxchar)
+    void* PyUnicode_DATA(object o)
+    const char* PyUnicode_AsUTF8AndSize(object o, Py_ssize_t* size) except NULL
+
+cdef extern from "time.h" nogil:
+    ctypedef long time_t
+    struct timespec:
+        time_t tv_sec
+        long tv_nsec
+    int clock_gettime(int clk, timespec* tp)
+    int CLOCK_REALTIME
+
+# Property names (SPEC.md §1.6, MessageConst)
+PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX = "UNIQ_KEY"
+PROPERTY_WAIT_STORE_MSG_OK = "WAIT"
+PROPERTY_DELAY_TIME_LEVEL = "DELAY"
+PROPERTY_TRANSACTION_PREPARED = "TRAN_MSG"
+TIMER_PROPERTIES = ("TIMER_DELIVER_MS", "TIMER_DELAY_MS", "TIMER_DELAY_SEC")
+# MessageSysFlag (SPEC.md §1.5)
+COMPRESSED_FLAG = 0x1
+TRANSACTION_PREPARED_TYPE = 0x4
+COMPRESSION_ZLIB_TYPE = 0x300
+UNIQ_ID_LENGTH = 32                  # hex digits of a UNIQ_KEY
+BATCH_ELEMENT_OVERHEAD = BATCH_FIXED_LENGTH   # TOTALSIZE+MAGIC+BODYCRC+FLAG+BODYLEN+PROPLEN (SPEC.md §1.11)
+VALID_TOPICS_CACHE_MAX = 10_000      # topic names remembered as valid (cleared when full)
+
+cdef str _UNIQ = PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX
+cdef str _WAIT = PROPERTY_WAIT_STORE_MSG_OK
+cdef str _TRAN = PROPERTY_TRANSACTION_PREPARED
+cdef tuple _UNBATCHABLE = (PROPERTY_DELAY_TIME_LEVEL,) + TIMER_PROPERTIES
+cdef const char* _HEX = b"0123456789ABCDEF"
+
+
+# -- unique ids -------------------------------------------------------------------------------
+def _ip_bytes():
+    try:
+        return socket.inet_aton(socket.gethostbyname(socket.gethostname()))
+    except OSError:
+        return bytes([127, 0, 0, 1])
+
+
+cdef char _fix_hex[20]               # IP + pid + random, in hex
+cdef double _month_lo = 0.0          # [start of this month, start of the next) in epoch s, UTC
+cdef double _month_hi = 0.0
+cdef uint32_t _counter = 0
+
+
+cdef void _set_fix() except *:
+    global _counter
+    cdef bytes fix = _ip_bytes() + (os.getpid() & 0xFFFF).to_bytes(2, "big") + os.urandom(4)
+    cdef const unsigned char* f = <const unsigned char*>PyBytes_AS_STRING(fix)
+    cdef int i
+    for i in range(10):
+        _fix_hex[2 * i] = _HEX[f[i] >> 4]
+        _fix_hex[2 * i + 1] = _HEX[f[i] & 15]
+    _counter = int.from_bytes(os.urandom(2), "big")       # a random start, as a fresh process
+
+
+cdef void _set_month(double now) except *:
+    global _month_lo, _month_hi
+    lt = time.gmtime(now)
+    _month_lo = calendar.timegm((lt.tm_year, lt.tm_mon, 1, 0, 0, 0))
+    _month_hi = calendar.timegm((lt.tm_year + lt.tm_mon // 12, lt.tm_mon % 12 + 1, 1, 0, 0, 0))
+
+
+cdef inline void _hex_be(char* out, uint32_t v, int digits) noexcept nogil:
+    cdef int i
+    for i in range(digits - 1, -1, -1):
+        out[i] = _HEX[v & 15]
+        v >>= 4
+
+
+cdef str _new_uniq_id():
+    """The GIL makes the counter's read-and-increment atomic (no Python call in between)."""
+    global _counter
+    cdef timespec ts
+    clock_gettime(CLOCK_REALTIME, &ts)
+    cdef double now = ts.tv_sec + ts.tv_nsec * 1e-9
+    if not (_month_lo <= now < _month_hi):
+        _set_month(now)
+    cdef uint32_t ms = <uint32_t>(<int64_t>((now - _month_lo) * 1000.0))
+    cdef uint32_t n = _counter & 0xFFFF
+    _counter += 1
+    cdef str s = PyUnicode_New(UNIQ_ID_LENGTH, 127)
+    cdef char* out = <char*>PyUnicode_DATA(s)
+    memcpy(out, _fix_hex, 20)
+    _hex_be(out + 20, ms, 8)
+    _hex_be(out + 28, n, 4)
+    return s
+
+
+def create_uniq_id():
+    """A new ``UNIQ_KEY``: 32 uppercase hex digits (RocketMQ ``MessageClientIDSetter``)."""
+    return _new_uniq_id()
+
+
+def _after_fork_in_child():
+    _set_fix()                           # a forked child puts its own pid (and random) in its ids
+
+
+_set_fix()
+os.register_at_fork(after_in_child=_after_fork_in_child)   # not os.getpid() per id: a syscall each
+
+
+# -- properties (SPEC.md §1.6) -------------------------------------------------------------------
+cdef inline bint _has_separator(const char* s, Py_ssize_t n) noexcept nogil:
+    return memchr(s, 1, n) != NULL or memchr(s, 2, n) != NULL
+
+
+cpdef bytes encode_properties(dict properties):
+    """``name \\x01 value \\x02`` per item (None values left out), UTF-8, in one pass over
+    pre-sized memory.
+
+    Raises
+    ------
+    MessageIllegalError
+        A name or value contains a \\x01 or \\x02 separator.
+    """
+    if not properties:
+        return b""
+    cdef Py_ssize_t total = 0, kl, vl, i = 0, n = len(properties)
+    cdef const char* kp
+    cdef const char* vp
+    cdef list strs = []                  # keeps the str() of non-str names / values alive
+    cdef object k, v
+    for k, v in properties.items():
+        if v is None:
+            continue
+        if type(k) is not str:
+            k = str(k)
+        if type(v) is not str:
+            v = str(v)
+        kp = PyUnicode_AsUTF8AndSize(k, &kl)
+        vp = PyUnicode_AsUTF8AndSize(v, &vl)
+        if _has_separator(kp, kl) or _has_separator(vp, vl):
+            raise MessageIllegalError(f"property {k!r} contains a \\x01 or \\x02 separator")
+        strs.append(k)
+        strs.append(v)
+        total += kl + vl + 2
+    cdef bytes out = PyBytes_FromStringAndSize(NULL, total)
+    cdef char* o = PyBytes_AS_STRING(out)
+    for i in range(0, len(strs), 2):
+        kp = PyUnicode_AsUTF8AndSize(strs[i], &kl)
+        vp = PyUnicode_AsUTF8AndSize(strs[i + 1], &vl)
+        memcpy(o, kp, kl)
+        o[kl] = 1
+        memcpy(o + kl + 1, vp, vl)
+        o[kl + 1 + vl] = 2
+        o += kl + vl + 2
+    return out
+
+
+# -- prepared messages ----------------------------------------------------------------------------
+cdef class PreparedMessage:
+    """A validated message ready for the wire: its (maybe compressed) body, sysFlag and encoded
+    properties, as of preparation (later changes to the Message are not sent).  ``size`` is the
+    message's bytes in a batch body (SPEC.md §1.11)."""
+
+    cdef public object msg
+    cdef public bytes body
+    cdef public int sys_flag
+    cdef public str uniq_id
+    cdef public bint wait
+    cdef public bint batchable
+    cdef public bytes props
+    cdef public Py_ssize_t size
+
+    def __init__(self, msg, bytes body, int sys_flag, str uniq_id, bint wait, bint batchable):
+        self.msg = msg
+        self.body = body
+        self.sys_flag = sys_flag
+        self.uniq_id = uniq_id
+        self.wait = wait
+        self.batchable = batchable
+        self.props = encode_properties(msg.properties)
+        self.size = len(body) + len(self.props) + BATCH_FIXED_LENGTH
+
+
+cdef class MessagePreparer:
+    """``prepare(msg) -> PreparedMessage`` with a producer's limits.
+
+    Parameters
+    ----------
+    message_type : type
+        The accepted message class (``rmq.Message``).
+    check_topic : callable (str) -> object
+        The topic name check (TopicValidator); raises ``ValueError`` on a bad name.
+    error_type : type
+        Raised for a bad message as ``error_type(text, response_code)``.
+    illegal_code : int
+        The response code of such errors (MESSAGE_ILLEGAL, 13).
+    max_message_size : int
+        Bytes a body may have (``max_message_size``, 4 MiB by default).
+    compress_over : int
+        Bodies of at least this many bytes are zlib-compressed (``compress_msg_body_over_howmuch``).
+    compress_level : int
+        zlib level, 0..9.
+    """
+
+    cdef object message_type, check_topic, error_type
+    cdef int illegal_code, compress_level
+    cdef Py_ssize_t max_message_size, compress_over
+    cdef set valid_topics
+
+    def __init__(self, message_type, check_topic, error_type, int illegal_code, Py_ssize_t max_message_size,
+                 Py_ssize_t compress_over, int compress_level):
+        self.message_type = message_type
+        self.check_topic = check_topic
+        self.error_type = error_type
+        self.illegal_code = illegal_code
+        self.max_message_size = max_message_size
+        self.compress_over = compress_over
+        self.compress_level = compress_level
+        self.valid_topics = set()
+
+    @property
+    def cached_topics(self):
+        """How many topic names are remembered as valid (at most ``VALID_TOPICS_CACHE_MAX``)."""
+        return len(self.valid_topics)
+
+    cpdef check(self, msg):
+        """RocketMQ ``Validators.checkMessage``: a message of the right type, a valid topic, a
+        body of 1..max_message_size bytes.  Raises ``error_type`` (MESSAGE_ILLEGAL)."""
+        if not isinstance(msg, self.message_type):
+            raise self.error_type(f"expected an rmq.Message, got {type(msg).__name__}", self.illegal_code)
+        topic = msg.topic
+        if topic not in self.valid_topics:
+            try:
+                self.check_topic(topic)
+            except ValueError as e:
+                raise self.error_type(str(e), self.illegal_code) from None
+            if len(self.valid_topics) >= VALID_TOPICS_CACHE_MAX:
+                self.valid_topics.clear()
+            self.valid_topics.add(topic)
+        body = msg.body
+        cdef Py_ssize_t n = len(body)
+        if n == 0:
+            raise self.error_type("the message body length is zero", self.illegal_code)
+        if n > self.max_message_size:
+            raise self.error_type(f"the message body size over max value, MAX: {self.max_message_size} "
+                                  f"(body is {n} bytes; topic {topic})", self.illegal_code)
+
+    cpdef PreparedMessage prepare(self, msg):
+        """Check ``msg``, give it a ``UNIQ_KEY`` (kept if already set), compress a large body.
+
+        Raises
+        ------
+        error_type
+            Bad type, topic, empty body or body over ``max_message_size`` (MESSAGE_ILLEGAL), or
+            a property with a \\x01 / \\x02 separator.
+        """
+        self.check(msg)
+        cdef object props_obj = msg.properties
+        if type(props_obj) is not dict:
+            raise self.error_type(f"message properties must be a dict, got {type(props_obj).__name__}",
+                                  self.illegal_code)
+        cdef dict props = props_obj
+        cdef object uniq = <object>PyDict_GetItem(props, _UNIQ) if PyDict_Contains(props, _UNIQ) else None
+        cdef bint added = False
+        if not uniq:
+            uniq = _new_uniq_id()
+            PyDict_SetItem(props, _UNIQ, uniq)
+            added = True
+        cdef object b = msg.body
+        cdef bytes body = b if type(b) is bytes else bytes(b)
+        cdef int sys_flag = 0
+        if len(body) >= self.compress_over:
+            body = zlib.compress(body, self.compress_level)
+            sys_flag = COMPRESSED_FLAG | COMPRESSION_ZLIB_TYPE
+        cdef bint wait = True
+        cdef bint batchable = sys_flag == 0
+        cdef object k
+        if len(props) > 1:               # only UNIQ_KEY: nothing else to look at
+            w = props.get(_WAIT)
+            wait = w is None or w != "false"
+            if batchable:
+                for k in _UNBATCHABLE:
+                    if PyDict_Contains(props, k):
+                        batchable = False
+                        break
+            if props.get(_TRAN) == "true":           # a half message (sendKernelImpl)
+                sys_flag |= TRANSACTION_PREPARED_TYPE
+                batchable = False
+        cdef PreparedMessage p = PreparedMessage.__new__(PreparedMessage)
+        p.msg = msg
+        p.body = body
+        p.sys_flag = sys_flag
+        p.uniq_id = uniq
+        p.wait = wait
+        p.batchable = batchable
+        try:
+            p.props = encode_properties(props)
+        except MessageIllegalError as e:
+            if added:                    # a refused message is left as it was given
+                del props[_UNIQ]
+            raise self.error_type(str(e), self.illegal_code) from None
+        p.size = len(body) + len(p.props) + BATCH_FIXED_LENGTH
+        return p
+
+
+    cpdef list prepare_batch(self, msgs):
+        """RocketMQ ``DefaultMQProducerImpl.batch`` checks + preparation of a user batch: one
+        topic, no delay level or timer, no ``%RETRY%`` topic, bodies not compressed, a
+        ``UNIQ_KEY`` each (kept if set), the whole within ``max_message_size``.  A refused batch
+        is left as given (no ``UNIQ_KEY`` added).
+
+        Raises
+        ------
+        error_type
+            Any rule above broken (MESSAGE_ILLEGAL), or an empty batch.
+        """
+        cdef list ms = msgs if type(msgs) is list else list(msgs)
+        if not ms:
+            raise self.error_type("send_batch needs at least one message", self.illegal_code)
+        cdef list out = []
+        cdef list added = []
+        cdef Py_ssize_t total = 0
+        cdef PreparedMessage p
+        cdef object props_obj, uniq, b
+        cdef dict props
+        topic = ms[0].topic if isinstance(ms[0], self.message_type) else None
+        try:
+            for m in ms:
+                self.check(m)
+                if m.topic != topic:
+                    raise self.error_type(f"the topic of the messages in one batch should be the same: "
+                                          f"{topic!r} and {m.topic!r}", self.illegal_code)
+                props_obj = m.properties
+                if type(props_obj) is not dict:
+                    raise self.error_type(f"message properties must be a dict, got {type(props_obj).__name__}",
+                                          self.illegal_code)
+                props = props_obj
+                if PROPERTY_DELAY_TIME_LEVEL in props:
+                    raise self.error_type("TimeDelayLevel is not supported for batching", self.illegal_code)
+                for k in TIMER_PROPERTIES:
+                    if k in props:
+                        raise self.error_type("timer messages (deliver_time_ms / delay_time_ms) are not supported "
+                                              "for batching", self.illegal_code)
+                if topic.startswith("%RETRY%"):
+                    raise self.error_type("Retry Group is not supported for batching", self.illegal_code)
+                uniq = props.get(_UNIQ)
+                if not uniq:
+                    uniq = _new_uniq_id()
+                    props[_UNIQ] = uniq
+                    added.append(props)
+                b = m.body
+                p = PreparedMessage.__new__(PreparedMessage)
+                p.msg = m
+                p.body = b if type(b) is bytes else bytes(b)
+                p.sys_flag = 0
+                p.uniq_id = uniq
+                w = props.get(_WAIT)
+                p.wait = w is None or w != "false"
+                p.batchable = True
+                try:
+                    p.props = encode_properties(props)
+                except MessageIllegalError as e:
+                    raise self.error_type(str(e), self.illegal_code) from None
+                p.size = len(p.body) + len(p.props) + BATCH_FIXED_LENGTH
+                total += p.size
+                out.append(p)
+            if total > self.max_message_size:
+                raise self.error_type(f"the batch size over max value, MAX: {self.max_message_size} "
+                                      f"(batch of {len(out)} messages is about {total} bytes)", self.illegal_code)
+        except BaseException:
+            for props in added:          # a refused batch is left as it was given
+                props.pop(_UNIQ, None)
+            raise
+        return out
+
+
+# -- batch bodies (SPEC.md §1.11) ------------------------------------------------------------------
+def batch_body(list preps):
+    """The SEND_BATCH_MESSAGE body of ``preps`` (:class:`PreparedMessage`): per message
+    TOTALSIZE 4 | MAGIC 4 (0) | BODYCRC 4 (0) | FLAG 4 | BODYLEN 4 + BODY | PROPLEN 2 + PROPS.
+
+    Raises
+    ------
+    MessageIllegalError
+        Properties longer than 32767 bytes (PROPERTIES_SIZE_EXCEEDED).
+    """
+    cdef Py_ssize_t total = 0, n, blen, plen
+    cdef PreparedMessage p
+    for p in preps:
+        if len(p.props) > PROPERTIES_MAX_LENGTH:
+            raise MessageIllegalError(
+                f"properties are {len(p.props)} bytes, over the {PROPERTIES_MAX_LENGTH}-byte limit",
+                "PROPERTIES_SIZE_EXCEEDED")
+        total += BATCH_FIXED_LENGTH + PyBytes_GET_SIZE(p.body) + PyBytes_GET_SIZE(p.props)
+    cdef bytes out = PyBytes_FromStringAndSize(NULL, total)
+    cdef unsigned char* o = <unsigned char*>PyBytes_AS_STRING(out)
+    for p in preps:
+        blen = PyBytes_GET_SIZE(p.body)
+        plen = PyBytes_GET_SIZE(p.props)
+        n = BATCH_FIXED_LENGTH + blen + plen
+        store_be32(o + BATCH_TOTAL_SIZE_OFFSET, <int32_t>n)
+        store_be32(o + BATCH_MAGIC_CODE_OFFSET, 0)
+        store_be32(o + BATCH_BODY_CRC_OFFSET, 0)
+        store_be32(o + BATCH_FLAG_OFFSET, <int32_t>p.msg.flag)
+        store_be32(o + BATCH_BODY_LENGTH_OFFSET, <int32_t>blen)
+        memcpy(o + BATCH_BODY_OFFSET, PyBytes_AS_STRING(p.body), blen)
+        store_be16(o + BATCH_BODY_OFFSET + blen, <int16_t>plen)
+        memcpy(o + BATCH_BODY_OFFSET + blen + 2, PyBytes_AS_STRING(p.props), plen)
+        o += n
+    return out
+
+
+# -- completion (the producer's I/O thread) --------------------------------------------------------
+from concurrent.futures import Future as _Future, InvalidStateError as _InvalidStateError
+from concurrent.futures._base import FINISHED as _FINISHED, LOGGER as _LOGGER
+
+cdef object _future_set_result = _Future.set_result
+cdef object _future_set_exception = _Future.set_exception
+
+
+cpdef finish_future(fut, result, exc):
+    """Complete a :class:`rmq.client.futures.SendFuture` (its protocol: see that module):
+    publish FINISHED, notify a condition if one exists, then run the callbacks.
+
+    Raises
+    ------
+    concurrent.futures.InvalidStateError
+        The future is already finished.
+    """
+    cdef dict d = fut.__dict__
+    if "_cond" in d:                     # someone may wait on it: the standard path
+        if exc is None:
+            _future_set_result(fut, result)
+        else:
+            _future_set_exception(fut, exc)
+        return
+    if fut._state == _FINISHED:
+        raise _InvalidStateError(f"{fut!r} is already finished")
+    fut._result = result
+    fut._exception = exc
+    fut._state = _FINISHED               # (1) published before (2) looks for a condition
+    cond = d.get("_cond")                # (2) a waiter / late callback appeared meanwhile
+    if cond is not None:
+        with cond:
+            for w in fut._waiters:
+                if exc is None:
+                    w.add_result(fut)
+                else:
+                    w.add_exception(fut)
+            cond.notify_all()
+    for fn in fut._done_callbacks:       # (3) after (2)
+        try:
+            fn(fut)
+        except Exception:
+            _LOGGER.exception("exception calling callback for %r", fut)
+
+
+def complete_send_batch(list futures, result_type, status, list preps, mq, Py_ssize_t base, list offset_ids):
+    """Message ``i`` of a caller-side batch gets a ``result_type`` (the SendResult dataclass,
+    built with the fields its ``__init__`` sets: it has no ``__post_init__``) of queue offset
+    ``base + i`` and broker id ``offset_ids[i]``, set on ``futures[i]``; a future already
+    finished is skipped.  Returns the results."""
+    cdef Py_ssize_t i, n = len(preps)
+    cdef PreparedMessage p
+    cdef list out = []
+    new = result_type.__new__
+    region = getattr(result_type, "region_id", "DefaultRegion")
+    for i in range(n):
+        p = preps[i]
+        r = new(result_type)
+        r.__dict__ = {"status": status, "msg_id": p.uniq_id, "message_queue": mq, "queue_offset": base + i,
+                      "offset_msg_id": offset_ids[i], "region_id": region}
+        out.append(r)
+        if futures is not None:
+            try:
+                finish_future(futures[i], r, None)
+            except _InvalidStateError:
+                pass
+    return out
