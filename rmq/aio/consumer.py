@@ -51,7 +51,8 @@ from rmq import security
 from rmq.client.consumer import (BROKER_SUSPEND_MAX_TIME_MS, CONCURRENT_MAX_RECONSUME_TIMES, CONSUME_THREAD_MAX,
                                  HEARTBEAT_BROKER_INTERVAL_MS, MAX_TIME_CONSUME_CONTINUOUSLY_MS,
                                  ORDERLY_MAX_RECONSUME_TIMES, PERSIST_CONSUMER_OFFSET_INTERVAL_MS,
-                                 POLL_NAME_SERVER_INTERVAL_MS, PULL_BATCH_SIZE, PULL_THRESHOLD_FOR_QUEUE,
+                                 POLL_NAME_SERVER_INTERVAL_MS, POLL_PULL_BATCH_SIZE, PULL_BATCH_SIZE,
+                                 PUSH_PULL_BATCH_SIZE, PULL_THRESHOLD_FOR_QUEUE,
                                  PULL_THRESHOLD_SIZE_FOR_QUEUE_MB, PULL_TIME_DELAY_MS_WHEN_EXCEPTION,
                                  PULL_TIME_DELAY_MS_WHEN_FLOW_CONTROL, REBALANCE_INTERVAL_MS,
                                  REBALANCE_LOCK_INTERVAL_MS, RECONSUME_LATER_LOCALLY_MS, SHUTDOWN_AWAIT_MS,
@@ -453,7 +454,7 @@ class AsyncPullConsumer:
     """Awaitable :class:`rmq.client.consumer.PullConsumer` (same parameters and methods;
     ``assign`` / ``seek`` / ``position`` of a known queue are plain calls)."""
 
-    def __init__(self, namesrv_addr: str, group: str = "DEFAULT_CONSUMER", *, pull_batch_size: int = PULL_BATCH_SIZE,
+    def __init__(self, namesrv_addr: str, group: str = "DEFAULT_CONSUMER", *, pull_batch_size: int = POLL_PULL_BATCH_SIZE,
                  consume_from_where: Union[str, ConsumeFromWhere] = ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET,
                  consume_timestamp_ms: Optional[int] = None, auto_commit: bool = True,
                  auto_commit_interval_ms: int = PERSIST_CONSUMER_OFFSET_INTERVAL_MS,
@@ -765,7 +766,7 @@ class AsyncPushConsumer:
     def __init__(self, namesrv_addr: str, group: str, message_model: Union[str, MessageModel] = "CLUSTERING",
                  consume_from_where: Union[str, ConsumeFromWhere] = ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET,
                  allocate_strategy=None, consume_thread_max: int = CONSUME_THREAD_MAX,
-                 pull_batch_size: int = PULL_BATCH_SIZE, consume_message_batch_max_size: int = 1,
+                 pull_batch_size: int = PUSH_PULL_BATCH_SIZE, consume_message_batch_max_size: int = 1,
                  max_reconsume_times: int = -1, rebalance_interval_ms: int = REBALANCE_INTERVAL_MS, *,
                  consume_timestamp_ms: Optional[int] = None,
                  pull_threshold_for_queue: int = PULL_THRESHOLD_FOR_QUEUE,

@@ -19,7 +19,7 @@ from rmq.client.consumer import (ConsumeConcurrentlyStatus, ConsumeOrderlyStatus
                                  dlq_topic, retry_topic)
 from rmq.client.consumer_api import BROKER_SUSPEND_MAX_TIME_MS
 from rmq.client.remoting import RemotingClient
-from rmq.errors import MQBrokerError
+from rmq.errors import MQBrokerError, MQClientError
 from rmq.protocol import Frame, RequestCode, ResponseCode
 from tests.integration.cluster import Cluster
 from tests.integration.conftest import ROOT
@@ -844,3 +844,54 @@ def test_members_joining_and_leaving_are_notified_and_rebalance_at_once(cluster)
         loop.call_soon_threadsafe(loop.stop)
         loop_thread.join(10)
         loop.close()
+
+
+def test_one_pull_is_consumed_in_parallel_by_idle_workers_and_committed(cluster):
+    """The ConsumeRequests of one pull result go to every idle listener thread (a slow listener
+    is not serialised by the per-pull hand-off), and what they consumed is committed."""
+    create_topic(cluster, "T", 1)
+    send_many(cluster, "T", [(b"%d" % i, 0) for i in range(8)])      # one queue: one pull takes all 8
+    lock = threading.Lock()
+    active = [0]
+    peak = [0]
+    seen = set()
+
+    def listener(msgs, ctx):
+        with lock:
+            active[0] += 1
+            peak[0] = max(peak[0], active[0])
+            seen.update(m.body for m in msgs)
+        # wait (bounded) until 4 calls run at once: met only if the pull's requests run in parallel
+        end = time.monotonic() + 10
+        while time.monotonic() < end and peak[0] < 4:
+            time.sleep(0.005)
+        with lock:
+            active[0] -= 1
+
+    c = push_consumer(cluster, "par", listener, consume_thread_max=8)
+    try:
+        c.start()
+        wait_for(lambda: len(seen) == 8, what="all 8 consumed")
+        assert peak[0] >= 4, f"at most {peak[0]} listener calls at once"
+        mq = MessageQueue("T", "broker-a", 0)
+        wait_for(lambda: c.offset_store.read_memory(mq) == 8, what="offset committed past the 8")
+        wait_for(lambda: c.stats["consumed_ok"] == 8, what="counted")
+    finally:
+        c.shutdown()
+
+
+def test_consumer_pull_batch_defaults_and_the_brokers_cap():
+    """rmq's pull sizes (PUSH_PULL_BATCH_SIZE, POLL_PULL_BATCH_SIZE; RocketMQ's 32 stays the
+    default of pull()), validated 1..1024; the broker caps a pull at 1024 in-memory messages."""
+    from rmq.client import consumer as C
+    from rmq.store.config import MessageStoreConfig
+    assert (C.PUSH_PULL_BATCH_SIZE, C.POLL_PULL_BATCH_SIZE, C.PULL_BATCH_SIZE) == (256, 512, 32)
+    assert MessageStoreConfig().max_transfer_count_on_message_in_memory == 1024
+    assert MessageStoreConfig().max_transfer_bytes_on_message_in_memory == 256 * 1024
+    for bad in (0, 1025):
+        with pytest.raises(MQClientError, match="pull_batch_size must be in"):
+            PushConsumer("127.0.0.1:1", "g", pull_batch_size=bad)
+        with pytest.raises(MQClientError, match="pull_batch_size must be in"):
+            PullConsumer("127.0.0.1:1", "g", pull_batch_size=bad)
+    assert PushConsumer("127.0.0.1:1", "g").pull_batch_size == 256
+    assert PullConsumer("127.0.0.1:1", "g").pull_batch_size == 512
