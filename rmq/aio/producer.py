@@ -9,18 +9,41 @@
         r = await p.send(Message("orders", b"x", tags="created"))
         rs = await asyncio.gather(*(p.send(Message("orders", b"%d" % i)) for i in range(1000)))
         await p.send_batch([Message("orders", b"a"), Message("orders", b"b")])
+        for i in range(100_000):                      # client-side batching, as rmq.Producer.send_async
+            fut = await p.send_async(Message("orders", b"%d" % i), callback=done)
+        await p.flush()
 
 Same options, defaults, unique ids, compression, queue selection, latency
 fault strategy and retries as :class:`rmq.client.producer.Producer` (the
-message preparation, request encoding, response parsing and route handling
-are shared).  Concurrent ``send`` calls are pipelined on one DEALER per broker;
-there is no client-side batching (gather sends, or use :meth:`Producer.send_batch`).
+message preparation, request encoding, batch bodies, response parsing and
+route handling are shared).  Concurrent ``send`` calls are pipelined on one
+DEALER per broker, one request each; :meth:`Producer.send_async` batches.
+
+Client-side batching (:meth:`Producer.send_async`)
+    As :meth:`rmq.Producer.send_async`'s default path (Kafka's RecordAccumulator,
+    ``linger_ms`` 0): a message joins its topic's open batch on the event loop; a
+    batch leaves as one SEND_BATCH_MESSAGE at once while fewer than ``max_in_flight``
+    requests are out, otherwise it fills until a request completes or it reaches
+    ``batch_size`` bytes (16 KiB; then it waits its turn, sealed).  A lone message
+    leaves at once, so batching costs no latency and forms only under load.
+    Messages that cannot share a batch (selector, sharding key, explicit queue,
+    delay / timer, compressed body) are one request each, in turn with the
+    batches.  ``send_async`` is a coroutine that returns the message's future as
+    soon as the message is accepted: without suspending while fewer than
+    ``max_pending_messages`` messages are unanswered, else after awaiting room
+    (the thread producer blocks there), up to ``send_msg_timeout_ms``, then
+    :class:`MQClientError` ("producer buffer full ...").  :meth:`Producer.flush`
+    ships what is queued and awaits every answer; :meth:`Producer.close` flushes.
 
 Sockets
-    ``zmq.asyncio`` DEALERs, one per NameServer and one per broker address
-    (``IMMEDIATE``), each with a reader task that resolves the waiting request by
-    ``opaque``.  Everything runs on the event loop that called :meth:`Producer.start`;
-    the producer is not thread-safe.
+    A plain (non-asyncio) DEALER per NameServer and per broker address
+    (``IMMEDIATE``), its ZeroMQ file descriptor watched with ``loop.add_reader``:
+    a readiness callback reads every response that is there and resolves the
+    waiting request by ``opaque``; requests are written at once without blocking
+    (queued in order, and written when the peer connects, while the socket cannot
+    take them).  Response timeouts are one timer per producer over a heap of
+    deadlines (not a timer per request).  Everything runs on the event loop that
+    called :meth:`Producer.start`; the producer is not thread-safe.
 
 Failure behaviour
     As the sync producer: retries on another broker for timeouts, unreachable
@@ -30,13 +53,15 @@ Failure behaviour
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextvars
+import heapq
 import time
 import itertools
 import logging
-from typing import Any, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 import zmq
-import zmq.asyncio
 
 from rmq import protocol as P
 from rmq import security
@@ -44,7 +69,7 @@ from rmq.client import trace as _trace
 from rmq.client.message import Message, MessageQueue, SendResult
 from rmq.client.producer import (ROUTE_REFRESH_ON_FAILURE_MS, ProducerOptions, Selector, apply_selector, batch_body_of,
                                  check_group, client_id, final_error, heartbeat_request, merge_results,
-                                 parse_send_response, prepare_batch, prepare_message, route_suspect, selector_for,
+                                 message_preparer, parse_send_response, prepare_batch, route_suspect, selector_for,
                                  send_request)
 from rmq.client.route import (MQFaultStrategy, RouteCache, TopicPublishInfo, cluster_info_request, parse_cluster_info,
                               parse_route_response, route_request, split_namesrv_addr)
@@ -55,28 +80,91 @@ log = logging.getLogger("rmq.aio.producer")
 
 PROVISIONAL_REFRESH_S = 0.1        # min gap between route look-ups of an auto-created topic
 PROVISIONAL_POLL_S = 0.5           # route look-up period while a topic's route is provisional
+DRAIN_LIMIT = 1024                 # responses read per readiness callback before other callbacks run
+TIMER_SLACK_S = 0.005              # after a response timeout fires, the next check is at least this later
+
+# plain ints: pyzmq's enum flags cost Python-level operator calls on every use
+_NOBLOCK = int(zmq.NOBLOCK)
+_MORE_NOBLOCK = int(zmq.SNDMORE) | _NOBLOCK
+_RCVMORE = int(zmq.RCVMORE)
+_EVENTS = int(zmq.EVENTS)
+_POLLIN = int(zmq.POLLIN)
+_POLLOUT = int(zmq.POLLOUT)
+_SEND_BATCH = int(RequestCode.SEND_BATCH_MESSAGE)
+_Future = asyncio.Future
+_copy_context = contextvars.copy_context
 
 
-def _send_nowait(sock: zmq.asyncio.Socket, parts: list) -> bool:
-    """Best-effort non-blocking send on an asyncio socket; the outcome is consumed (never an
-    unretrieved future exception)."""
-    try:
-        fut = sock.send_multipart(parts, flags=zmq.NOBLOCK)
-    except zmq.ZMQError:
-        return False
-    if not fut.done():
-        fut.cancel()
-        return False
-    return not fut.cancelled() and fut.exception() is None
+def _write(sock: zmq.Socket, parts: list) -> None:
+    """``sock.send_multipart(parts, NOBLOCK)`` with int flags (zmq.Again: nothing was queued;
+    ZeroMQ takes the other parts of a message whose first part it took)."""
+    send = sock.send
+    last = len(parts) - 1
+    for i in range(last):
+        send(parts[i], _MORE_NOBLOCK, copy=False)
+    send(parts[last], _NOBLOCK, copy=False)
+
+
+def _read(sock: zmq.Socket) -> list:
+    """``sock.recv_multipart(NOBLOCK)`` with int flags (zmq.Again: nothing there)."""
+    recv = sock.recv
+    parts = [recv(_NOBLOCK)]
+    get = sock.getsockopt
+    while get(_RCVMORE):
+        parts.append(recv(_NOBLOCK))
+    return parts
+
+
+def _run_callbacks(loop: asyncio.AbstractEventLoop, callbacks: list) -> None:
+    """The send_async callbacks of a request's messages, in order, each in the context it was
+    given in; an exception goes to the loop's exception handler (as a done-callback's would)."""
+    for fut, cb, ctx in callbacks:
+        try:
+            ctx.run(cb, fut)
+        except (SystemExit, KeyboardInterrupt):
+            raise
+        except BaseException as e:  # noqa: BLE001 - a callback's bug is reported, the others still run
+            loop.call_exception_handler({"message": f"Exception in send_async callback {cb!r}", "exception": e,
+                                         "future": fut})
 
 
 class _Conn:
-    __slots__ = ("addr", "sock", "reader")
+    """A DEALER to a NameServer or a broker: its socket, its ZeroMQ fd (watched by the loop)
+    and the requests waiting until it can take them (in order: ``(parts, sent future or
+    None, deadline)``)."""
 
-    def __init__(self, addr: str, sock: zmq.asyncio.Socket, reader: asyncio.Task):
+    __slots__ = ("addr", "sock", "fd", "parked", "drain_scheduled", "watched")
+
+    def __init__(self, addr: str, sock: zmq.Socket):
         self.addr = addr
         self.sock = sock
-        self.reader = reader
+        self.fd = sock.getsockopt(zmq.FD)
+        self.parked: collections.deque = collections.deque()
+        self.drain_scheduled = False
+        self.watched = False
+
+
+class _Batch:
+    """Messages of :meth:`Producer.send_async` that go as one request: a topic's accumulated
+    batch, or one message that cannot share one.  ``futures[i]`` gets ``preps[i]``'s result."""
+
+    __slots__ = ("topic", "preps", "futures", "callbacks", "nbytes", "created", "deadline", "attempt_timeout",
+                 "queue", "selector", "arg", "finished")
+
+    def __init__(self, topic: str, now: float, deadline: float, attempt_timeout: float,
+                 queue: Optional[MessageQueue] = None, selector=None, arg=None):
+        self.topic = topic
+        self.preps: list = []
+        self.futures: list = []
+        self.callbacks: Optional[list] = None    # (future, callback, context) of messages given one
+        self.nbytes = 0
+        self.created = now                  # loop time of its first message (linger_ms)
+        self.deadline = deadline            # loop time: the delivery deadline of its first message
+        self.attempt_timeout = attempt_timeout   # seconds one attempt waits for the broker
+        self.queue = queue
+        self.selector = selector
+        self.arg = arg
+        self.finished = False
 
 
 class Producer:
@@ -91,8 +179,10 @@ class Producer:
     **options
         :class:`rmq.client.producer.ProducerOptions` fields (``send_msg_timeout_ms``,
         ``retry_times_when_send_failed``, ``compress_msg_body_over_howmuch``,
-        ``max_message_size``, ``send_latency_fault_enable``, ...); the batching
-        options (``linger_ms``, ``batch_size``) are not used here.
+        ``max_message_size``, ``send_latency_fault_enable``, ...).  ``batch_size``,
+        ``linger_ms``, ``max_in_flight``, ``max_pending_messages``, ``delivery_timeout_ms`` and
+        ``retry_times_when_send_async_failed`` shape :meth:`send_async` as they shape
+        :meth:`rmq.Producer.send_async` (``send`` calls are not held to ``max_in_flight``).
 
     Raises
     ------
@@ -113,26 +203,49 @@ class Producer:
             self.options = ProducerOptions(**options)
         except TypeError as e:
             raise MQClientError(f"unknown producer option: {e}") from None
+        o = self.options
         self.namesrv_addr = namesrv_addr
         self.namesrv_addrs = split_namesrv_addr(namesrv_addr)
         self.group = group
         self.client_id = client_id()
         self.route_cache = RouteCache()
-        self.fault_strategy = MQFaultStrategy(self.options.send_latency_fault_enable, self.options.latency_max,
-                                              self.options.not_available_duration,
-                                              self.options.isolation_latency_ms)
-        self.stats = {"requests": 0, "batch_requests": 0, "messages": 0, "retries": 0, "route_requests": 0}
-        self._ctx: Optional[zmq.asyncio.Context] = None
+        self.fault_strategy = MQFaultStrategy(o.send_latency_fault_enable, o.latency_max, o.not_available_duration,
+                                              o.isolation_latency_ms)
+        self.stats = {"requests": 0, "batch_requests": 0, "messages": 0, "retries": 0, "route_requests": 0,
+                      "failed_messages": 0}
+        self._prepare = message_preparer(o).prepare
+        self._batch_size = o.batch_size             # 0: send_async sends one request per message
+        self._max_in_flight = o.max_in_flight
+        self._max_pending = o.max_pending_messages
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._ctx: Optional[zmq.Context] = None
         self._ns: list = []                 # _Conn per NameServer
         self._ns_next = 0
         self._conns: dict = {}              # broker addr -> _Conn
         self._waiters: dict = {}            # opaque -> asyncio.Future[Frame]
         self._opaque = itertools.count(1)
+        self._timeouts: list = []           # heap (deadline, opaque, addr, code, t0, what): stale entries skipped
+        self._timer: Optional[asyncio.TimerHandle] = None
+        self._timer_at = 0.0
         self._route_locks: dict = {}        # topic -> asyncio.Lock
         self._last_fetch: dict = {}         # topic -> loop time
         self._tasks: set = set()
         self._started = False
-        self._closed = False
+        self._closed = False                # close() called: new sends are refused
+        self._shut = False                  # close() is tearing down: nothing goes out any more
+        # send_async: batches (see the module docstring)
+        self._accs: dict = {}               # topic -> _Batch being filled
+        self._ready: collections.deque = collections.deque()   # _Batch sealed, waiting for room
+        self._reqs: set = set()             # _Batch on the wire (a task each)
+        self._inflight = 0                  # len(_reqs): requests out, held to max_in_flight
+        self._pending = 0                   # messages accepted and not yet answered
+        self._low_water = max(o.max_pending_messages * 3 // 4, 1)   # waiters for room wake at or below
+        self._room_waiters: list = []       # futures of send_async calls waiting for room
+        self._idle_waiters: list = []       # futures of flush calls waiting for pending == 0
+        self._flushing = 0
+        self._linger_timer: Optional[asyncio.TimerHandle] = None
+        self._record_failures = False       # set by close(): send_async failures from then on
+        self._failures: list = []           # (messages, exception)
         # called on the loop with (broker address, Frame) for requests a broker sends
         # (CHECK_TRANSACTION_STATE to an rmq.aio.TransactionProducer); None: ignored
         self.request_handler = None
@@ -147,34 +260,89 @@ class Producer:
             raise MQClientError(f"producer {self.group} is closed")
         if self._started:
             return self
-        self._ctx = zmq.asyncio.Context()
+        self._loop = asyncio.get_running_loop()
+        self._ctx = zmq.Context()
         security.register_context(self._ctx, self._auth)
         for addr in self.namesrv_addrs:
             self._ns.append(self._open(addr, immediate=False))
-        self._spawn(self._timer_loop())
         self._started = True
+        self._spawn(self._timer_loop())
         return self
 
-    async def close(self) -> None:
-        """Stop the timers and readers, fail what is waiting, close the sockets (idempotent).
-        Sends in progress end with :class:`RemotingError`."""
+    async def close(self, timeout: Optional[float] = None) -> None:
+        """Flush (ship what :meth:`send_async` has queued and await the answers, up to
+        ``timeout`` seconds; None: until each message has its outcome, which its own budget
+        bounds), then stop the timers, fail what is still waiting, close the sockets
+        (idempotent).  :meth:`send` calls in progress end with :class:`RemotingError`.
+
+        Raises
+        ------
+        MQClientError
+            Messages accepted by :meth:`send_async` failed after close() began (count and
+            first error in the message, the first error as ``__cause__``); every one's future
+            has its exception.
+        """
+        await self._close(timeout, raise_failures=True)
+
+    async def _close(self, timeout: Optional[float], raise_failures: bool) -> None:
         if self._closed:
             return
         self._closed = True
+        self._record_failures = True
+        try:
+            if self._started and self._pending:
+                await self.flush(timeout)
+        finally:
+            await self._teardown()
+        if self._failures:
+            first = self._failures[0][1]
+            n = sum(k for k, _ in self._failures)
+            err = MQClientError(f"{n} message(s) queued before close() of producer {self.group} could not be "
+                                f"sent; first error: {first}")
+            err.__cause__ = first
+            if raise_failures:
+                raise err
+            log.error("%s", err)
+
+    async def _teardown(self) -> None:
+        self._shut = True
         if self._trace is not None:
             await asyncio.to_thread(self._trace.close)
         for conn in self._conns.values():
-            _send_nowait(conn.sock, P.encode(Frame(RequestCode.UNREGISTER_CLIENT, flag=P.FLAG_ONEWAY, fields={
-                "clientID": self.client_id, "producerGroup": self.group})))
-        conns = list(self._ns) + list(self._conns.values())
-        tasks = [c.reader for c in conns] + list(self._tasks)
+            try:
+                conn.sock.send_multipart(P.encode(Frame(RequestCode.UNREGISTER_CLIENT, flag=P.FLAG_ONEWAY, fields={
+                    "clientID": self.client_id, "producerGroup": self.group})), _NOBLOCK)
+            except zmq.ZMQError:
+                pass
+        for h in (self._timer, self._linger_timer):
+            if h is not None:
+                h.cancel()
+        self._timer = self._linger_timer = None
+        tasks = list(self._tasks)
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        # send_async messages not answered: queued ones were never sent, the rest were on the wire
+        closed = MQClientError(f"producer {self.group} closed before the message was sent")
+        for b in list(self._accs.values()) + list(self._ready):
+            self._fail(b, closed)
+        self._accs.clear()
+        self._ready.clear()
+        for b in list(self._reqs):
+            self._fail(b, RemotingError(f"producer {self.group} closed while waiting for a response"))
+        self._reqs.clear()
         for fut in self._waiters.values():
             if not fut.done():
                 fut.set_exception(RemotingError(f"producer {self.group} closed while waiting for a response"))
         self._waiters.clear()
+        self._timeouts.clear()
+        conns = list(self._ns) + list(self._conns.values())
+        for c in conns:
+            for _, sent, _ in c.parked:
+                if sent is not None and not sent.done():
+                    sent.set_exception(RemotingError(f"producer {self.group} closed before the request was sent"))
+            c.parked.clear()
+            self._unwatch(c)
         for c in conns:
             c.sock.close(linger=100 if c in self._conns.values() else 0)
         self._conns.clear()
@@ -182,16 +350,22 @@ class Producer:
         if self._ctx is not None:
             self._ctx.term()
             self._ctx = None
+        self._wake_waiters()
 
     async def __aenter__(self) -> "Producer":
         return await self.start()
 
-    async def __aexit__(self, *exc) -> None:
-        await self.close()
+    async def __aexit__(self, exc_type, exc, tb) -> None:
+        await self._close(None, raise_failures=exc_type is None)
 
     @property
     def closed(self) -> bool:
         return self._closed
+
+    @property
+    def pending(self) -> int:
+        """Messages accepted by :meth:`send_async` and not yet answered."""
+        return self._pending
 
     def __repr__(self) -> str:
         return f"aio.Producer(group={self.group!r}, namesrv={self.namesrv_addr!r}, closed={self._closed})"
@@ -202,7 +376,7 @@ class Producer:
         """Send and await the broker's answer; same parameters, result and errors as
         :meth:`rmq.Producer.send`."""
         sel, arg = selector_for(selector, arg, sharding_key, msg)
-        prep = prepare_message(msg, self.options)
+        prep = self._prepare(msg)
         t0 = time.monotonic()
         results = await self._send([prep], False, timeout_ms, sel, arg, queue, oneway=False)
         if self._trace is not None:
@@ -226,8 +400,182 @@ class Producer:
                           sharding_key: Any = None, queue: Optional[MessageQueue] = None) -> None:
         """Send without waiting for an answer (returns once the request is queued on a connected socket)."""
         sel, arg = selector_for(selector, arg, sharding_key, msg)
-        prep = prepare_message(msg, self.options)
+        prep = self._prepare(msg)
         await self._send([prep], False, None, sel, arg, queue, oneway=True)
+
+    async def send_async(self, msg: Message, callback: Optional[Callable[[asyncio.Future], Any]] = None, *,
+                         timeout_ms: Optional[int] = None, selector: Optional[Selector] = None, arg: Any = None,
+                         sharding_key: Any = None, queue: Optional[MessageQueue] = None) -> asyncio.Future:
+        """Accept ``msg`` for sending; returns an :class:`asyncio.Future` that gets its
+        :class:`SendResult` or exception (:meth:`rmq.Producer.send_async` on the event loop).
+
+        ::
+
+            fut = await p.send_async(Message("orders", b"x"), callback=lambda f: ...)
+            result = await fut              # or not: flush() / close() await every answer
+
+        The message joins its topic's batch (module docstring): it leaves at once while fewer
+        than ``max_in_flight`` requests are out, else with the messages queued meanwhile, as one
+        SEND_BATCH_MESSAGE of up to ``batch_size`` bytes; each future gets its own message's
+        result (its ``msg_id``, queue and offset).  ``callback(future)`` runs on the loop once
+        the future is done, as a done-callback would (scheduled with ``call_soon``, in the
+        context of the call, an exception going to the loop's exception handler); the callbacks
+        of one request's messages are scheduled together, in order, not one ``call_soon``
+        each (a cancelled future's callback runs when its request ends).  A failed attempt is
+        retried on another broker up to ``retry_times_when_send_async_failed`` times;
+        ``timeout_ms`` (default ``send_msg_timeout_ms``) bounds each attempt's wait for the
+        broker and ``delivery_timeout_ms`` the whole.  Selector / sharding key / queue as in
+        :meth:`send` (such a message is a request of its own, never retried elsewhere).
+
+        Back-pressure: the call returns without suspending while fewer than
+        ``max_pending_messages`` messages are unanswered; at the limit it awaits room (until
+        3/4 of the limit), at most ``send_msg_timeout_ms``.
+
+        Raises
+        ------
+        MQClientError
+            Invalid message (nothing queued), producer closed, or still no room after
+            ``send_msg_timeout_ms`` ("producer buffer full ...").
+        """
+        if self._closed or not self._started:
+            await self._ensure_started()
+        if selector is not None or sharding_key is not None or queue is not None or timeout_ms is not None:
+            return await self._send_async_with(msg, callback, timeout_ms, selector, arg, sharding_key, queue)
+        prep = self._prepare(msg)
+        if self._pending >= self._max_pending and self._pending > 0:
+            await self._wait_for_room(1)
+        fut = _Future(loop=self._loop)
+        self._pending += 1
+        if prep.batchable and self._batch_size:
+            topic = prep.msg.topic
+            size = prep.size
+            b = self._accs.get(topic)
+            if b is None or b.nbytes + size > self._batch_size:
+                b = self._open_batch(topic, b, None)
+            b.preps.append(prep)
+            b.futures.append(fut)
+            if callback is not None:
+                if b.callbacks is None:
+                    b.callbacks = []
+                b.callbacks.append((fut, callback, _copy_context()))
+            b.nbytes += size
+            if b.nbytes >= self._batch_size:
+                del self._accs[topic]             # full: sealed, it waits its turn
+                self._ready.append(b)
+        else:
+            self._alone(prep, fut, callback, None, None, None, None)
+        if self._inflight < self._max_in_flight:
+            self._pump()
+        return fut
+
+    async def _send_async_with(self, msg: Message, callback, timeout_ms: Optional[int], selector, arg,
+                               sharding_key, queue: Optional[MessageQueue]) -> asyncio.Future:
+        """send_async with a selector, sharding key, queue or timeout."""
+        if selector is not None or sharding_key is not None:
+            selector, arg = selector_for(selector, arg, sharding_key, msg)
+        prep = self._prepare(msg)
+        topic = prep.msg.topic
+        if queue is not None and (not isinstance(queue, MessageQueue) or queue.topic != topic):
+            raise MQClientError(f"queue must be a MessageQueue of topic {topic}, got {queue!r}")
+        if timeout_ms is not None and timeout_ms <= 0:
+            raise MQClientError(f"timeout_ms must be positive, got {timeout_ms}")
+        if self._pending >= self._max_pending and self._pending > 0:
+            await self._wait_for_room(1)
+        fut = _Future(loop=self._loop)
+        self._pending += 1
+        if selector is None and queue is None and prep.batchable and self._batch_size:
+            size = prep.size
+            b = self._accs.get(topic)
+            if b is None or b.nbytes + size > self._batch_size:
+                b = self._open_batch(topic, b, timeout_ms)
+            else:                                  # the batch's attempts wait the shortest timeout
+                b.attempt_timeout = min(b.attempt_timeout, timeout_ms / 1000.0)
+                b.deadline = min(b.deadline, self._loop.time() + self._delivery_s(timeout_ms))
+            b.preps.append(prep)
+            b.futures.append(fut)
+            if callback is not None:
+                if b.callbacks is None:
+                    b.callbacks = []
+                b.callbacks.append((fut, callback, _copy_context()))
+            b.nbytes += size
+            if b.nbytes >= self._batch_size:
+                del self._accs[topic]
+                self._ready.append(b)
+        else:
+            self._alone(prep, fut, callback, timeout_ms, queue, selector, arg)
+        if self._inflight < self._max_in_flight:
+            self._pump()
+        return fut
+
+    def _delivery_s(self, timeout_ms: Optional[int]) -> float:
+        """A send_async message's whole budget: ``delivery_timeout_ms``, at least its attempt's."""
+        o = self.options
+        return max(o.delivery_timeout_ms, o.send_msg_timeout_ms if timeout_ms is None else timeout_ms) / 1000.0
+
+    def _open_batch(self, topic: str, full: Optional[_Batch], timeout_ms: Optional[int]) -> _Batch:
+        """A new open batch for ``topic``; ``full``, the one that has no room left, is sealed."""
+        if full is not None:
+            self._ready.append(full)
+        now = self._loop.time()
+        b = self._accs[topic] = _Batch(topic, now, now + self._delivery_s(timeout_ms),
+                                       (self.options.send_msg_timeout_ms if timeout_ms is None else timeout_ms)
+                                       / 1000.0)
+        return b
+
+    def _alone(self, prep, fut: asyncio.Future, callback, timeout_ms: Optional[int], queue, selector, arg) -> None:
+        """A message that cannot share a batch: a request of its own, after what its topic has queued."""
+        topic = prep.msg.topic
+        b = self._accs.pop(topic, None)
+        if b is not None:
+            self._ready.append(b)
+        now = self._loop.time()
+        b = _Batch(topic, now, now + self._delivery_s(timeout_ms),
+                   (self.options.send_msg_timeout_ms if timeout_ms is None else timeout_ms) / 1000.0,
+                   queue, selector, arg)
+        b.preps.append(prep)
+        b.futures.append(fut)
+        if callback is not None:
+            b.callbacks = [(fut, callback, _copy_context())]
+        self._ready.append(b)
+
+    async def flush(self, timeout: Optional[float] = None) -> int:
+        """Ship every queued :meth:`send_async` batch (as fast as ``max_in_flight`` allows) and
+        await until every message accepted so far has its outcome.
+
+        Parameters
+        ----------
+        timeout : float, optional
+            Seconds; None waits until done (each message has its own budget, so this ends).
+
+        Returns
+        -------
+        int
+            Messages still unanswered (0 when everything completed).
+        """
+        if not self._started or self._pending == 0:
+            return self._pending
+        accs = self._accs
+        if accs:
+            self._ready.extend(accs.values())
+            accs.clear()
+        self._pump()
+        fut = self._loop.create_future()
+        self._idle_waiters.append(fut)
+        self._flushing += 1
+        try:
+            if timeout is None:
+                await fut
+            else:
+                await asyncio.wait((fut,), timeout=timeout)
+        finally:
+            self._flushing -= 1
+            if not fut.done():
+                fut.cancel()
+            try:
+                self._idle_waiters.remove(fut)
+            except ValueError:
+                pass
+        return self._pending
 
     async def fetch_publish_message_queues(self, topic: str) -> list:
         """Writable queues of ``topic`` read from the NameServer.
@@ -247,27 +595,44 @@ class Producer:
     async def _send(self, preps: list, batch: bool, timeout_ms: Optional[int], selector, arg,
                     queue: Optional[MessageQueue], oneway: bool) -> list:
         """RocketMQ ``sendDefaultImpl`` / ``sendSelectImpl``: attempts within the time budget."""
-        await self._ensure_started()
+        if self._closed or not self._started:
+            await self._ensure_started()
         if queue is not None and (not isinstance(queue, MessageQueue) or queue.topic != preps[0].msg.topic):
             raise MQClientError(f"queue must be a MessageQueue of topic {preps[0].msg.topic}, got {queue!r}")
         budget_ms = timeout_ms if timeout_ms is not None else self.options.send_msg_timeout_ms
         if budget_ms <= 0:
             raise MQClientError(f"timeout_ms must be positive, got {budget_ms}")
         topic = preps[0].msg.topic
-        begin = self._loop_time()
+        begin = self._loop.time()
         deadline = begin + budget_ms / 1000.0
-        info = await self._publish_info(topic, deadline)
+        info = self.route_cache.publish_info(topic)
+        if info is None or not info.ok:
+            info = await self._publish_info(topic, deadline)
         fixed = queue
         if fixed is None and selector is not None:
             fixed = apply_selector(selector, info, preps[0].msg, arg)
         max_attempts = 1 if (fixed is not None or oneway) else 1 + self.options.retry_times_when_send_failed
         body = batch_body_of(preps) if batch else None
+        return await self._attempts(preps, batch, body, topic, info, fixed, max_attempts, begin, deadline, None,
+                                    oneway, budget_ms)
+
+    async def _attempts(self, preps: list, batch: bool, body: Optional[bytes], topic: str, info: TopicPublishInfo,
+                        fixed: Optional[MessageQueue], max_attempts: int, begin: float, deadline: float,
+                        attempt_timeout: Optional[float], oneway: bool, budget_ms: Optional[int]) -> list:
+        """The attempts of one request (shared by :meth:`send` and :meth:`send_async`'s
+        batches): a queue per attempt (the fault strategy's, avoiding the last broker), each
+        attempt waiting at most ``attempt_timeout`` seconds (None: what is left until
+        ``deadline``), retried while attempts and time remain on timeouts, unreachable brokers
+        and retryable codes; then the last error, as :func:`final_error` describes it.
+        ``budget_ms``: :meth:`send`'s budget, named by the timeout when the deadline passed before
+        any attempt (None: a send_async request; its timeout names the time since ``begin``)."""
+        loop_time = self._loop.time
         last_broker: Optional[str] = None
         brokers_sent: list = []
         last_exc: Optional[BaseException] = None
         attempts = 0
         for _ in range(max_attempts):
-            now = self._loop_time()
+            now = loop_time()
             if now >= deadline:
                 break
             mq = fixed if fixed is not None else self.fault_strategy.select_one_message_queue(info, last_broker)
@@ -281,15 +646,16 @@ class Producer:
                 self.stats["retries"] += 1
             frame = send_request(preps, mq.queue_id, self.group, batch, oneway, body,
                                  self.options.default_topic_queue_nums)
-            t0 = self._loop_time()
+            wait = deadline - now if attempt_timeout is None else min(attempt_timeout, deadline - now)
+            t0 = loop_time()
             try:
-                resp = await self._invoke(self._conn(addr), frame, deadline - now, oneway, mq.broker_name)
+                resp = await self._invoke(self._conn(addr), frame, wait, oneway, mq.broker_name)
                 if oneway:
                     self.stats["messages"] += len(preps)
                     return []
                 results = parse_send_response(resp, topic, mq.broker_name, addr, preps)
             except MQBrokerError as e:
-                self.fault_strategy.update_fault_item(mq.broker_name, (self._loop_time() - t0) * 1000, True)
+                self.fault_strategy.update_fault_item(mq.broker_name, (loop_time() - t0) * 1000, True)
                 last_exc = e
                 self._refresh_suspect(topic, e)
                 if fixed is not None or e.response_code not in self.options.retry_response_codes:
@@ -297,24 +663,173 @@ class Producer:
                 last_broker = mq.broker_name
                 continue
             except RemotingError as e:
-                self.fault_strategy.update_fault_item(mq.broker_name, (self._loop_time() - t0) * 1000, True)
+                self.fault_strategy.update_fault_item(mq.broker_name, (loop_time() - t0) * 1000, True)
                 last_exc = e
                 self._refresh_suspect(topic, e)
                 if fixed is not None:
                     raise
                 last_broker = mq.broker_name
                 continue
-            self.fault_strategy.update_fault_item(mq.broker_name, (self._loop_time() - t0) * 1000, False)
+            self.fault_strategy.update_fault_item(mq.broker_name, (loop_time() - t0) * 1000, False)
             self.stats["messages"] += len(preps)
-            if info.provisional and self._loop_time() - self._last_fetch.get(topic, 0.0) >= PROVISIONAL_REFRESH_S:
-                self._last_fetch[topic] = self._loop_time()
+            if info.provisional and loop_time() - self._last_fetch.get(topic, 0.0) >= PROVISIONAL_REFRESH_S:
+                self._last_fetch[topic] = loop_time()
                 self._spawn(self._refresh(topic))
             return results
         if last_exc is None:
-            last_exc = RemotingTimeoutError(f"send to topic {topic} timed out after {budget_ms} ms")
+            last_exc = RemotingTimeoutError(
+                f"send to topic {topic} timed out after {budget_ms} ms" if budget_ms is not None else
+                f"send of {len(preps)} message(s) to topic {topic} timed out after "
+                f"{(loop_time() - begin) * 1000:.0f} ms before it could be sent")
         if attempts <= 1 and max_attempts == 1:
             raise last_exc
-        raise final_error(last_exc, attempts, (self._loop_time() - begin) * 1000, topic, brokers_sent)
+        raise final_error(last_exc, attempts, (loop_time() - begin) * 1000, topic, brokers_sent)
+
+    # -- send_async's batches --------------------------------------------------------------------
+    def _pump(self) -> None:
+        """Put queued batches on the wire while fewer than ``max_in_flight`` requests are out:
+        sealed ones first, then the open ones (at once with ``linger_ms`` 0)."""
+        if self._shut:
+            return
+        limit = self._max_in_flight
+        ready = self._ready
+        while ready and self._inflight < limit:
+            self._start(ready.popleft())
+        if self._inflight >= limit or not self._accs:
+            return
+        linger = self.options.linger_ms / 1000.0
+        accs = self._accs
+        if linger <= 0 or self._flushing:
+            while accs and self._inflight < limit:
+                topic = next(iter(accs))
+                self._start(accs.pop(topic))
+            return
+        now = self._loop.time()
+        first = None
+        for topic, b in list(accs.items()):
+            if self._inflight >= limit:
+                return
+            if now >= b.created + linger:
+                del accs[topic]
+                self._start(b)
+            elif first is None or b.created < first:
+                first = b.created
+        if first is not None and self._linger_timer is None:
+            self._linger_timer = self._loop.call_at(first + linger, self._linger_due)
+
+    def _linger_due(self) -> None:
+        self._linger_timer = None
+        self._pump()
+
+    def _start(self, b: _Batch) -> None:
+        self._inflight += 1
+        self._reqs.add(b)
+        self._spawn(self._run(b))
+
+    async def _run(self, b: _Batch) -> None:
+        """One request of send_async messages, through its attempts; each future its own outcome."""
+        try:
+            preps = b.preps
+            topic = b.topic
+            info = self.route_cache.publish_info(topic)
+            if info is None or not info.ok:
+                info = await self._publish_info(topic, b.deadline)
+            fixed = b.queue
+            if fixed is None and b.selector is not None:
+                fixed = apply_selector(b.selector, info, preps[0].msg, b.arg)
+            max_attempts = 1 if fixed is not None else 1 + self.options.retry_times_when_send_async_failed
+            batch = len(preps) > 1
+            body = batch_body_of(preps) if batch else None
+            results = await self._attempts(preps, batch, body, topic, info, fixed, max_attempts, b.created,
+                                           b.deadline, b.attempt_timeout, False, None)
+        except asyncio.CancelledError:
+            self._fail(b, RemotingError(f"producer {self.group} closed while waiting for a response"))
+            raise
+        except Exception as e:  # noqa: BLE001 - the messages' outcome
+            self._fail(b, e)
+        else:
+            self._complete(b, results)
+        finally:
+            self._inflight -= 1
+            self._reqs.discard(b)
+            self._pump()
+
+    def _complete(self, b: _Batch, results: list) -> None:
+        if b.finished:
+            return
+        b.finished = True
+        for f, r in zip(b.futures, results):
+            try:
+                f.set_result(r)
+            except asyncio.InvalidStateError:      # cancelled by its owner
+                pass
+        if b.callbacks is not None:
+            self._loop.call_soon(_run_callbacks, self._loop, b.callbacks)
+        if self._trace is not None:
+            cost = int((self._loop.time() - b.created) * 1000)
+            ordered = b.selector is not None or b.queue is not None
+            for p, r in zip(b.preps, results):
+                self._trace.append_pub(p.msg, r, cost, self.client_id, ordered)
+        self._done(len(b.futures))
+
+    def _fail(self, b: _Batch, exc: BaseException) -> None:
+        if b.finished:
+            return
+        b.finished = True
+        n = len(b.futures)
+        for f in b.futures:
+            if not f.done():
+                f.set_exception(exc)
+        if b.callbacks is not None:
+            self._loop.call_soon(_run_callbacks, self._loop, b.callbacks)
+        self.stats["failed_messages"] += n
+        if self._record_failures:
+            self._failures.append((n, exc))
+        self._done(n)
+
+    def _done(self, n: int) -> None:
+        self._pending -= n
+        if self._room_waiters and self._pending <= self._low_water:
+            waiters, self._room_waiters = self._room_waiters, []
+            for f in waiters:
+                if not f.done():
+                    f.set_result(None)
+        if self._idle_waiters and self._pending == 0:
+            for f in self._idle_waiters:
+                if not f.done():
+                    f.set_result(None)
+
+    def _wake_waiters(self) -> None:
+        for f in self._room_waiters + self._idle_waiters:
+            if not f.done():
+                f.set_result(None)
+        self._room_waiters = []
+
+    async def _wait_for_room(self, n: int) -> None:
+        """Await until ``n`` more messages fit under ``max_pending_messages`` (woken at 3/4 of it).
+
+        Raises
+        ------
+        MQClientError
+            Still no room after ``send_msg_timeout_ms``, or the producer closed meanwhile.
+        """
+        limit = self.options.max_pending_messages
+        budget_ms = self.options.send_msg_timeout_ms
+        end = self._loop.time() + budget_ms / 1000.0
+        while self._pending + n > limit and self._pending > 0:
+            left = end - self._loop.time()
+            if left <= 0:
+                raise MQClientError(f"producer buffer full: {self._pending} messages unanswered "
+                                    f"(max_pending_messages={limit}) for {budget_ms} ms")
+            fut = self._loop.create_future()
+            self._room_waiters.append(fut)
+            try:
+                await asyncio.wait((fut,), timeout=left)
+            finally:
+                if not fut.done():
+                    fut.cancel()
+            if self._closed:
+                raise MQClientError(f"producer {self.group} is closed")
 
     # -- wire ------------------------------------------------------------------------------------
     async def _invoke(self, conn: _Conn, frame: Frame, timeout_s: float, oneway: bool = False,
@@ -328,88 +843,204 @@ class Producer:
         RemotingTimeoutError
             No response within ``timeout_s``.
         """
-        if self._closed:
+        if self._shut:
             raise MQClientError(f"producer {self.group} is closed")
-        frame.opaque = next(self._opaque)
+        frame.opaque = opaque = next(self._opaque)
         try:
             parts = P.encode(frame)
         except ProtocolError as e:
             raise MQClientError(f"cannot encode the request: {e.remark}", int(ResponseCode.MESSAGE_ILLEGAL)) from None
-        loop = asyncio.get_running_loop()
+        loop = self._loop
         fut = None
         if not oneway:
             fut = loop.create_future()
-            self._waiters[frame.opaque] = fut
+            self._waiters[opaque] = fut
         t0 = loop.time()
-        connect_s = min(timeout_s, self.options.connect_timeout_ms / 1000.0)
         try:
-            try:
-                await asyncio.wait_for(conn.sock.send_multipart(parts, copy=False), connect_s)
-            except asyncio.TimeoutError:
-                raise RemotingError(f"cannot connect to {what or 'peer'} at {conn.addr} "
-                                    f"(waited {connect_s * 1000:.0f} ms)") from None
+            if not self._send_now(conn, parts, what):
+                connect_s = min(timeout_s, self.options.connect_timeout_ms / 1000.0)
+                sent = loop.create_future()
+                self._park(conn, parts, sent, t0 + connect_s)
+                try:
+                    await asyncio.wait_for(sent, connect_s)
+                except asyncio.TimeoutError:
+                    raise RemotingError(f"cannot connect to {what or 'peer'} at {conn.addr} "
+                                        f"(waited {connect_s * 1000:.0f} ms)") from None
             self.stats["requests"] += 1
-            if frame.code == RequestCode.SEND_BATCH_MESSAGE:
+            if frame.code == _SEND_BATCH:
                 self.stats["batch_requests"] += 1
             if fut is None:
                 return None
-            left = timeout_s - (loop.time() - t0)
-            try:
-                return await asyncio.wait_for(fut, max(left, 0.0))
-            except asyncio.TimeoutError:
-                raise RemotingTimeoutError(f"wait response from {what or 'peer'} at {conn.addr} timed out after "
-                                           f"{(loop.time() - t0) * 1000:.0f} ms (request code {frame.code})"
-                                           ) from None
+            self._arm_timeout((t0 + timeout_s, opaque, conn.addr, frame.code, t0, what))
+            return await fut
         finally:
             if fut is not None:
-                self._waiters.pop(frame.opaque, None)
+                self._waiters.pop(opaque, None)
+
+    def _send_now(self, conn: _Conn, parts: list, what: str = "") -> bool:
+        """Write ``parts`` on ``conn`` if nothing is parked there and the socket takes it now."""
+        if conn.parked:
+            return False
+        sock = conn.sock
+        try:
+            _write(sock, parts)
+        except zmq.Again:
+            return False
+        except zmq.ZMQError as e:
+            raise RemotingError(f"cannot send to {what or 'peer'} at {conn.addr}: {e}") from None
+        # the write may have taken the fd's edge for responses that arrived meanwhile
+        if not conn.drain_scheduled and sock.getsockopt(_EVENTS) & _POLLIN:
+            self._schedule_drain(conn)
+        return True
+
+    def _park(self, conn: _Conn, parts: list, sent: Optional[asyncio.Future], deadline: float) -> None:
+        """Queue ``parts`` behind what waits for ``conn`` (written in order once it can take them;
+        ``sent`` gets None then, or RemotingError)."""
+        conn.parked.append((parts, sent, deadline))
+        self._flush_parked(conn)
+
+    def _flush_parked(self, conn: _Conn) -> None:
+        """Write what is parked on ``conn``, in order, while the socket takes it."""
+        parked = conn.parked
+        sock = conn.sock
+        if sock.closed:
+            return
+        now = self._loop.time()
+        for _ in range(4):
+            while parked:
+                parts, sent, deadline = parked[0]
+                if (sent.done() if sent is not None else deadline <= now):
+                    parked.popleft()            # given up (connect timeout) meanwhile
+                    continue
+                try:
+                    _write(sock, parts)
+                except zmq.Again:
+                    break
+                except zmq.ZMQError as e:
+                    parked.popleft()
+                    if sent is not None:
+                        sent.set_exception(RemotingError(f"cannot send to {conn.addr}: {e}"))
+                    continue
+                parked.popleft()
+                if sent is not None:
+                    sent.set_result(None)
+            # reading the events takes the fd's edge: act on what they say now
+            events = sock.getsockopt(_EVENTS)
+            if events & _POLLIN:
+                self._schedule_drain(conn)
+            if not (parked and events & _POLLOUT):
+                return
+        self._loop.call_later(TIMER_SLACK_S, self._flush_parked, conn)    # writable, yet refusing: retry soon
+
+    def _arm_timeout(self, entry: tuple) -> None:
+        """Fail the waiter of ``entry``'s opaque with RemotingTimeoutError at its deadline
+        (entry: deadline, opaque, addr, code, t0, what)."""
+        heap = self._timeouts
+        heapq.heappush(heap, entry)
+        if len(heap) > 4096 and len(heap) > 4 * len(self._waiters):     # answered ones: drop them
+            waiters = self._waiters
+            heap[:] = [e for e in heap if e[1] in waiters]
+            heapq.heapify(heap)
+        deadline = entry[0]
+        if self._timer is None or deadline < self._timer_at:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer_at = deadline
+            self._timer = self._loop.call_at(deadline, self._on_timeouts)
+
+    def _on_timeouts(self) -> None:
+        self._timer = None
+        now = self._loop.time()
+        heap = self._timeouts
+        waiters = self._waiters
+        while heap and heap[0][0] <= now:
+            _, opaque, addr, code, t0, what = heapq.heappop(heap)
+            fut = waiters.get(opaque)
+            if fut is not None and not fut.done():
+                fut.set_exception(RemotingTimeoutError(
+                    f"wait response from {what or 'peer'} at {addr} timed out after {(now - t0) * 1000:.0f} ms "
+                    f"(request code {code})"))
+        if heap and not self._shut:
+            self._timer_at = max(heap[0][0], now + TIMER_SLACK_S)
+            self._timer = self._loop.call_at(self._timer_at, self._on_timeouts)
 
     def _open(self, addr: str, immediate: bool) -> _Conn:
         s = P.dealer(self._ctx)
         if immediate:
             s.setsockopt(zmq.IMMEDIATE, 1)     # before connect: only queue to a live peer
         s.connect(P.endpoint(addr))
-        conn = _Conn(addr, s, None)
-        conn.reader = asyncio.get_running_loop().create_task(self._reader(conn), name=f"rmq-aio-reader-{addr}")
+        conn = _Conn(addr, s)
+        self._loop.add_reader(conn.fd, self._on_events, conn)
+        conn.watched = True
         return conn
+
+    def _unwatch(self, conn: _Conn) -> None:
+        if conn.watched:
+            conn.watched = False
+            try:
+                self._loop.remove_reader(conn.fd)
+            except (RuntimeError, ValueError, OSError):    # the loop is closed
+                pass
 
     def _conn(self, addr: str) -> _Conn:
         conn = self._conns.get(addr)
         if conn is None:
             conn = self._conns[addr] = self._open(addr, immediate=True)
-            self._spawn(self._heartbeat(conn))
+            self._heartbeat(conn)          # queued first: the broker knows this producer before its requests
         return conn
 
-    async def _reader(self, conn: _Conn) -> None:
-        while True:
-            try:
-                parts = await conn.sock.recv_multipart(copy=False)
-            except asyncio.CancelledError:
-                raise
-            except zmq.ZMQError as e:
-                log.warning("receive from %s failed: %s", conn.addr, e)
-                return
-            try:
-                frame = P.decode(parts)
-            except ProtocolError as e:
-                log.warning("undecodable response from %s: %s", conn.addr, e)
-                continue
-            if not frame.is_response:          # a broker's request (CHECK_TRANSACTION_STATE)
-                if self.request_handler is not None:
-                    try:
-                        self.request_handler(conn.addr, frame)
-                    except Exception:  # noqa: BLE001 - a handler's bug must not stop the reader
-                        log.exception("handling request %s from %s failed", frame.code, conn.addr)
-                continue
-            fut = self._waiters.pop(frame.opaque, None)
-            if fut is not None and not fut.done():
-                fut.set_result(frame)
+    def _schedule_drain(self, conn: _Conn) -> None:
+        if not conn.drain_scheduled:
+            conn.drain_scheduled = True
+            self._loop.call_soon(self._on_events, conn)
 
-    async def _heartbeat(self, conn: _Conn) -> None:
+    def _on_events(self, conn: _Conn) -> None:
+        """The socket's fd is readable (ZeroMQ: its events may have changed), or a drain was
+        scheduled: read every response there (up to DRAIN_LIMIT), write what is parked."""
+        conn.drain_scheduled = False
+        sock = conn.sock
+        if sock.closed:
+            return
         try:
-            await asyncio.wait_for(conn.sock.send_multipart(P.encode(heartbeat_request(self.client_id, self.group))),
-                                   self.options.send_msg_timeout_ms / 1000.0)
-        except (asyncio.TimeoutError, zmq.ZMQError):
+            for _ in range(DRAIN_LIMIT):
+                try:
+                    parts = _read(sock)
+                except zmq.Again:
+                    break
+                self._dispatch(conn, parts)
+            if conn.parked:
+                self._flush_parked(conn)
+            elif sock.getsockopt(_EVENTS) & _POLLIN:       # DRAIN_LIMIT reached, or arrived meanwhile
+                self._schedule_drain(conn)
+        except zmq.ZMQError as e:
+            if not self._shut:
+                log.warning("receive from %s failed: %s", conn.addr, e)
+                self._unwatch(conn)
+
+    def _dispatch(self, conn: _Conn, parts: list) -> None:
+        try:
+            frame = P.decode(parts)
+        except ProtocolError as e:
+            log.warning("undecodable response from %s: %s", conn.addr, e)
+            return
+        if not frame.is_response:          # a broker's request (CHECK_TRANSACTION_STATE)
+            if self.request_handler is not None:
+                try:
+                    self.request_handler(conn.addr, frame)
+                except Exception:  # noqa: BLE001 - a handler's bug must not stop the reader
+                    log.exception("handling request %s from %s failed", frame.code, conn.addr)
+            return
+        fut = self._waiters.pop(frame.opaque, None)
+        if fut is not None and not fut.done():
+            fut.set_result(frame)
+
+    def _heartbeat(self, conn: _Conn) -> None:
+        """HEART_BEAT to ``conn`` now, or once it can take it (given up after ``send_msg_timeout_ms``)."""
+        parts = P.encode(heartbeat_request(self.client_id, self.group))
+        try:
+            if not self._send_now(conn, parts):
+                self._park(conn, parts, None, self._loop.time() + self.options.send_msg_timeout_ms / 1000.0)
+        except RemotingError:
             pass
 
     async def _timer_loop(self) -> None:
@@ -439,15 +1070,15 @@ class Producer:
                 next_hb = now + hb_interval
                 fresh = [a for a in self.route_cache.master_addrs() if a not in self._conns]
                 for conn in list(self._conns.values()):
-                    self._spawn(self._heartbeat(conn))
+                    self._heartbeat(conn)
                 for addr in fresh:          # sendHeartbeatToAllBroker: every master, connected or not
                     self._conn(addr)        # opens it and sends its first heartbeat
 
     def _spawn(self, coro) -> None:
-        if self._closed:
+        if self._shut:
             coro.close()
             return
-        t = asyncio.get_running_loop().create_task(coro)
+        t = self._loop.create_task(coro)
         self._tasks.add(t)
         t.add_done_callback(self._task_done)
 
@@ -462,9 +1093,8 @@ class Producer:
         if not self._started:
             await self.start()
 
-    @staticmethod
-    def _loop_time() -> float:
-        return asyncio.get_running_loop().time()
+    def _loop_time(self) -> float:
+        return self._loop.time()
 
     # -- routes ------------------------------------------------------------------------------------
     async def _ns_invoke(self, frame_factory, deadline: float) -> Frame:

@@ -18,13 +18,11 @@ what is already there):
     ``start()`` -> the N-th message counted (``first_msg_s``: when the first one came).
 ``PullConsumer.poll``
     the same N from the first offset: ``assign`` every queue, ``poll()`` until N are returned.
-``rmq.aio Producer.send (tasks)``
-    the asyncio producer has no ``send_async`` and no client-side batching: its equivalent, a
-    task per ``await p.send(msg)``, outcomes counted in the tasks' done-callbacks, at most as
-    many unanswered at once as the threaded producer's default ``max_in_flight`` requests (32):
-    each aio send is a request of its own.  A deeper window is no faster and only queues
-    requests in the broker (1000 in flight drew TIMEOUT_CLEAN_QUEUE "broker busy" refusals on a
-    loaded 2-core machine).
+``rmq.aio Producer.send_async``
+    as ``Producer.send_async`` on an event loop: N ``await p.send_async(Message(topic, body),
+    callback=cb)`` (the same client-side batching, in the loop; the call awaits only when
+    ``max_pending_messages`` are unanswered), the callback counting outcomes; then
+    ``await p.flush()``; none may fail.  Timed: first call -> every future's callback run.
 ``rmq.aio PushConsumer``
     as ``PushConsumer``, with a coroutine listener on an event loop.
 
@@ -59,7 +57,7 @@ SEND_ASYNC = "Producer.send_async"
 SEND_BATCH = f"Producer.send_batch x{BATCH}"
 PUSH = "PushConsumer"
 POLL = "PullConsumer.poll"
-AIO_SEND = "rmq.aio Producer.send (tasks)"
+AIO_SEND = "rmq.aio Producer.send_async"
 AIO_PUSH = "rmq.aio PushConsumer"
 ROWS = (SEND_ASYNC, SEND_BATCH, PUSH, POLL, AIO_SEND, AIO_PUSH)
 KIND = {SEND_ASYNC: "produce", SEND_BATCH: "produce", AIO_SEND: "produce",
@@ -239,37 +237,33 @@ def aio_send(namesrv: str, topic: str, size: int, n: int) -> dict:
 
     from rmq import Message
     from rmq.aio import Producer
-    from rmq.client.producer import MAX_IN_FLIGHT      # the threaded producer's default max_in_flight
     body = body_of(size)
 
     async def go() -> dict:
+        all_done = asyncio.Event()
+        outcome = {"ok": 0, "failed": 0, "first_error": None}
+
+        def cb(fut) -> None:
+            exc = fut.exception() if not fut.cancelled() else asyncio.CancelledError()
+            if exc is None:
+                outcome["ok"] += 1
+            else:
+                outcome["failed"] += 1
+                outcome["first_error"] = outcome["first_error"] or exc
+            if outcome["ok"] + outcome["failed"] == n:
+                all_done.set()
+
         async with Producer(namesrv, group="bench-client-aio-pg") as p:
-            await p.send(Message(topic, b"warm-up"))
-            loop = asyncio.get_running_loop()
-            room = asyncio.Semaphore(MAX_IN_FLIGHT)
-            all_done = asyncio.Event()
-            tasks: set = set()
-            outcome = {"ok": 0, "failed": 0, "first_error": None}
-
-            def cb(t) -> None:
-                tasks.discard(t)
-                room.release()
-                exc = t.exception() if not t.cancelled() else asyncio.CancelledError()
-                if exc is None:
-                    outcome["ok"] += 1
-                else:
-                    outcome["failed"] += 1
-                    outcome["first_error"] = outcome["first_error"] or exc
-                if outcome["ok"] + outcome["failed"] == n:
-                    all_done.set()
-
+            await p.send(Message(topic, b"warm-up"))     # untimed: the topic, its route, the connection
             t0 = time.perf_counter()
             for _ in range(n):
-                await room.acquire()
-                t = loop.create_task(p.send(Message(topic, body)))
-                tasks.add(t)
-                t.add_done_callback(cb)
-            await asyncio.wait_for(all_done.wait(), _timeout_s(n))
+                await p.send_async(Message(topic, body), callback=cb)
+            left = await p.flush()
+            try:
+                await asyncio.wait_for(all_done.wait(), _timeout_s(n))
+            except asyncio.TimeoutError:
+                raise TimeoutError(f"{n - outcome['ok'] - outcome['failed']:,} futures not done "
+                                   f"({left:,} unanswered)") from None
             el = time.perf_counter() - t0
         if outcome["failed"]:
             raise RuntimeError(f"{outcome['failed']:,} of {n:,} sends failed, first: {outcome['first_error']!r}")
