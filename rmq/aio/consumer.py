@@ -33,6 +33,7 @@ Concurrency: use a consumer from the event loop that started it.
 from __future__ import annotations
 
 import asyncio
+import collections
 import enum
 import inspect
 import itertools
@@ -821,6 +822,7 @@ class AsyncPushConsumer:
         self.offsets: Optional[_AsyncOffsets] = None
         self.offset_store: Optional[OffsetStore] = None
         self._sem: Optional[asyncio.Semaphore] = None
+        self._running_tasks = 0                 # _consume_run tasks alive (their loop only)
         self._wakeup: Optional[asyncio.Event] = None
         self._service: Optional[asyncio.Task] = None
         self._heartbeats: Optional[asyncio.Task] = None
@@ -1258,8 +1260,22 @@ class AsyncPushConsumer:
                 self._spawn(self._consume_orderly(pq, mq))
             return
         n = self.consume_message_batch_max_size
-        for i in range(0, len(msgs), n):
-            self._spawn(self._consume_concurrently(msgs[i:i + n], pq, mq))
+        run = collections.deque([msgs[i:i + n] for i in range(0, len(msgs), n)])
+        # one task per free listener slot, at least one (not one task per request): the tasks
+        # take the pull's requests in turn, as the thread consumer's workers do
+        free = self.consume_thread_max - self._running_tasks
+        for _ in range(max(1, min(len(run), free))):
+            self._spawn(self._consume_run(run, pq, mq))
+
+    async def _consume_run(self, run: "collections.deque", pq: ProcessQueue, mq: MessageQueue) -> None:
+        """Consume the requests of one pull result in turn until none is left (other tasks of
+        the same run take some too)."""
+        self._running_tasks += 1
+        try:
+            while run and self._state == "RUNNING":
+                await self._consume_concurrently(run.popleft(), pq, mq)
+        finally:
+            self._running_tasks -= 1
 
     async def _consume_concurrently(self, msgs: list, pq: ProcessQueue, mq: MessageQueue) -> None:
         async with self._sem:
