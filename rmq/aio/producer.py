@@ -447,26 +447,34 @@ class Producer:
         fut = _Future(loop=self._loop)
         self._pending += 1
         if prep.batchable and self._batch_size:
-            topic = prep.msg.topic
-            size = prep.size
-            b = self._accs.get(topic)
-            if b is None or b.nbytes + size > self._batch_size:
-                b = self._open_batch(topic, b, None)
-            b.preps.append(prep)
-            b.futures.append(fut)
-            if callback is not None:
-                if b.callbacks is None:
-                    b.callbacks = []
-                b.callbacks.append((fut, callback, _copy_context()))
-            b.nbytes += size
-            if b.nbytes >= self._batch_size:
-                del self._accs[topic]             # full: sealed, it waits its turn
-                self._ready.append(b)
+            self._append(prep, fut, callback, None)
         else:
             self._alone(prep, fut, callback, None, None, None, None)
         if self._inflight < self._max_in_flight:
             self._pump()
         return fut
+
+    def _append(self, prep, fut: asyncio.Future, callback, timeout_ms: Optional[int]) -> None:
+        """Add a batchable message to its topic's open batch (opened if there is none or it
+        would pass ``batch_size``); a full batch is sealed and waits its turn."""
+        topic = prep.msg.topic
+        size = prep.size
+        b = self._accs.get(topic)
+        if b is None or b.nbytes + size > self._batch_size:
+            b = self._open_batch(topic, b, timeout_ms)
+        elif timeout_ms is not None:              # the batch's attempts wait the shortest timeout
+            b.attempt_timeout = min(b.attempt_timeout, timeout_ms / 1000.0)
+            b.deadline = min(b.deadline, self._loop.time() + self._delivery_s(timeout_ms))
+        b.preps.append(prep)
+        b.futures.append(fut)
+        if callback is not None:
+            if b.callbacks is None:
+                b.callbacks = []
+            b.callbacks.append((fut, callback, _copy_context()))
+        b.nbytes += size
+        if b.nbytes >= self._batch_size:
+            del self._accs[topic]
+            self._ready.append(b)
 
     async def _send_async_with(self, msg: Message, callback, timeout_ms: Optional[int], selector, arg,
                                sharding_key, queue: Optional[MessageQueue]) -> asyncio.Future:
@@ -484,23 +492,7 @@ class Producer:
         fut = _Future(loop=self._loop)
         self._pending += 1
         if selector is None and queue is None and prep.batchable and self._batch_size:
-            size = prep.size
-            b = self._accs.get(topic)
-            if b is None or b.nbytes + size > self._batch_size:
-                b = self._open_batch(topic, b, timeout_ms)
-            else:                                  # the batch's attempts wait the shortest timeout
-                b.attempt_timeout = min(b.attempt_timeout, timeout_ms / 1000.0)
-                b.deadline = min(b.deadline, self._loop.time() + self._delivery_s(timeout_ms))
-            b.preps.append(prep)
-            b.futures.append(fut)
-            if callback is not None:
-                if b.callbacks is None:
-                    b.callbacks = []
-                b.callbacks.append((fut, callback, _copy_context()))
-            b.nbytes += size
-            if b.nbytes >= self._batch_size:
-                del self._accs[topic]
-                self._ready.append(b)
+            self._append(prep, fut, callback, timeout_ms)
         else:
             self._alone(prep, fut, callback, timeout_ms, queue, selector, arg)
         if self._inflight < self._max_in_flight:
