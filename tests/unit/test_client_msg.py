@@ -72,7 +72,7 @@ def test_forked_child_ids_carry_its_pid():
     assert int(cm.create_uniq_id()[8:12], 16) == os.getpid() & 0xFFFF
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.dictionaries(names, names, max_size=6))
 def test_encode_properties_matches_the_reference(props):
     assert cm.encode_properties(props) == ref_props(props)
@@ -89,7 +89,7 @@ def test_encode_properties_non_str_and_none():
     assert cm.encode_properties({}) == b""
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.binary(min_size=1, max_size=300), st.dictionaries(names, names, max_size=4),
                           st.integers(-2**31, 2**31 - 1)), min_size=1, max_size=20))
 def test_batch_body_matches_reference_and_store_decoder(elems):
@@ -124,7 +124,7 @@ def ref_prepared(m: Message, opts: ProducerOptions):
     return body, flag, props.get("WAIT", "true") != "false", batchable
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(body=st.binary(min_size=1, max_size=6000), delay=st.integers(0, 3), wait=st.booleans(),
        props=st.dictionaries(names.filter(lambda s: s not in ("UNIQ_KEY", "WAIT", "DELAY")), names, max_size=3),
        timer=st.sampled_from([None, "deliver", "delay"]), tran=st.booleans(), tags=st.sampled_from([None, "a"]))
