@@ -393,8 +393,9 @@ _PULL_STATUS = {ResponseCode.SUCCESS: PullStatus.FOUND, ResponseCode.PULL_NOT_FO
 
 
 def parse_pull_response(resp: Frame, sub: Optional[SubscriptionData] = None, addr: str = "",
-                        group_retry_topic: Optional[str] = None) -> PullResult:
-    """PULL_MESSAGE response -> PullResult (messages decoded and post-processed).
+                        group_retry_topic: Optional[str] = None, decode: bool = True) -> PullResult:
+    """PULL_MESSAGE response -> PullResult (messages decoded and post-processed; with
+    ``decode=False`` the status and offsets only, ``msg_found_list`` empty).
 
     Raises
     ------
@@ -408,7 +409,7 @@ def parse_pull_response(resp: Frame, sub: Optional[SubscriptionData] = None, add
         raise MQBrokerError(resp.remark or f"pull failed with code {resp.code}", resp.code, addr)
     f = resp.fields
     msgs: list = []
-    if status is PullStatus.FOUND and resp.bodies:
+    if status is PullStatus.FOUND and resp.bodies and decode:
         t_rx = time.monotonic_ns() if _lt.ENABLED else 0
         try:
             msgs = _cl.decode_records(resp.bodies[0])

@@ -895,3 +895,46 @@ def test_consumer_pull_batch_defaults_and_the_brokers_cap():
             PullConsumer("127.0.0.1:1", "g", pull_batch_size=bad)
     assert PushConsumer("127.0.0.1:1", "g").pull_batch_size == 256
     assert PullConsumer("127.0.0.1:1", "g").pull_batch_size == 512
+
+
+def test_poll_arrow_gives_polls_messages_as_columns(cluster):
+    """PullConsumer.poll_arrow: the same messages as poll() (ids, queues, offsets, tags, keys,
+    bodies, a compressed one inflated), as one RecordBatch per call; a tag subscription is
+    re-checked; zero rows when nothing arrives."""
+    from rmq import Message, Producer
+    create_topic(cluster, "T", 4)
+    with Producer(cluster.namesrv_addr, group="pa") as p:
+        sent = [p.send(Message("T", b"b%d" % i, tags="a" if i % 2 else "b", keys=[f"k{i}"])) for i in range(200)]
+        sent.append(p.send(Message("T", b"z" * 8000, tags="a")))          # compressed on the wire
+    want = {r.msg_id: r for r in sent}
+
+    def drain(c, n, arrow):
+        got = []
+        end = time.monotonic() + 30
+        while len(got) < n and time.monotonic() < end:
+            if arrow:
+                b = c.poll_arrow(500)
+                got.extend(b.to_pylist())
+            else:
+                got.extend(c.poll(500))
+        return got
+
+    with PullConsumer(cluster.namesrv_addr, "pa-arrow", consume_from_where="CONSUME_FROM_FIRST_OFFSET") as c:
+        c.assign(c.fetch_subscribe_message_queues("T"))
+        rows = drain(c, len(sent), True)
+        assert c.poll_arrow(100).num_rows == 0                               # nothing more
+    with PullConsumer(cluster.namesrv_addr, "pa-poll", consume_from_where="CONSUME_FROM_FIRST_OFFSET") as c:
+        c.assign(c.fetch_subscribe_message_queues("T"))
+        msgs = drain(c, len(sent), False)
+    assert len(rows) == len(msgs) == len(sent)
+    by_id = {m.msg_id: m for m in msgs}
+    for r in rows:
+        m, s = by_id[r["msg_id"]], want[r["msg_id"]]
+        assert (r["topic"], r["queue_id"], r["queue_offset"]) == ("T", s.queue_id, s.queue_offset)
+        assert (r["body"], r["tags"], r["keys"]) == (m.body, m.tags, " ".join(m.keys) or None)   # null: no KEYS
+        assert r["commitlog_offset"] == m.commitlog_offset and r["broker_name"] == "broker-a"
+    assert by_id[sent[-1].msg_id].body == b"z" * 8000
+    with PullConsumer(cluster.namesrv_addr, "pa-tags", consume_from_where="CONSUME_FROM_FIRST_OFFSET") as c:
+        c.assign(c.fetch_subscribe_message_queues("T"), "a")
+        tagged = drain(c, 101, True)
+    assert len(tagged) == 101 and {r["tags"] for r in tagged} == {"a"}
