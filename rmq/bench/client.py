@@ -18,6 +18,8 @@ what is already there):
     ``start()`` -> the N-th message counted (``first_msg_s``: when the first one came).
 ``PullConsumer.poll``
     the same N from the first offset: ``assign`` every queue, ``poll()`` until N are returned.
+``PullConsumer.poll_arrow``
+    as ``poll``, with ``poll_arrow()`` (one ``pyarrow.RecordBatch`` per call) until N rows.
 ``rmq.aio Producer.send_async``
     as ``Producer.send_async`` on an event loop: N ``await p.send_async(Message(topic, body),
     callback=cb)`` (the same client-side batching, in the loop; the call awaits only when
@@ -37,6 +39,7 @@ row with ``error`` set; the run goes on.
 """
 from __future__ import annotations
 
+import functools
 import gc
 import os
 import shutil
@@ -57,17 +60,18 @@ SEND_ASYNC = "Producer.send_async"
 SEND_BATCH = f"Producer.send_batch x{BATCH}"
 PUSH = "PushConsumer"
 POLL = "PullConsumer.poll"
+POLL_ARROW = "PullConsumer.poll_arrow"
 AIO_SEND = "rmq.aio Producer.send_async"
 AIO_PUSH = "rmq.aio PushConsumer"
-ROWS = (SEND_ASYNC, SEND_BATCH, PUSH, POLL, AIO_SEND, AIO_PUSH)
+ROWS = (SEND_ASYNC, SEND_BATCH, PUSH, POLL, POLL_ARROW, AIO_SEND, AIO_PUSH)
 KIND = {SEND_ASYNC: "produce", SEND_BATCH: "produce", AIO_SEND: "produce",
-        PUSH: "consume", POLL: "consume", AIO_PUSH: "consume"}
+        PUSH: "consume", POLL: "consume", POLL_ARROW: "consume", AIO_PUSH: "consume"}
 TOPIC_OF = {SEND_ASYNC: "send_async", SEND_BATCH: "send_batch", AIO_SEND: "aio_send"}   # produce rows' topics
 AIO_OF = {AIO_SEND: SEND_ASYNC, AIO_PUSH: PUSH}      # aio row -> the thread-based row it is held to
 
 # issue 17: (row, body size) -> msgs/s floor; and (row, body size) -> floor as a multiple of Redis
 TARGETS = {(SEND_ASYNC, 100): 1_000_000, (SEND_ASYNC, 1024): 500_000, (SEND_BATCH, 100): 1_500_000,
-           (PUSH, 100): 1_000_000, (POLL, 100): 2_000_000}
+           (PUSH, 100): 1_000_000, (POLL, 100): 2_000_000, (POLL_ARROW, 100): 3_000_000}
 REDIS_TARGETS = {(SEND_BATCH, 100): 8.0, (SEND_BATCH, 1024): 5.0}
 REF_NAMES = {("redis", "produce"): f"Redis XADD pipeline x{BATCH}", ("redis", "consume"): f"Redis XREAD COUNT {BATCH}",
              ("raw", "produce"): f"raw client SEND_BATCH x{BATCH}, 4 in flight",
@@ -211,20 +215,22 @@ def push(namesrv: str, topic: str, size: int, n: int) -> dict:
     return {"msgs": cnt.got, "seconds": el, "first_msg_s": round(cnt.first - t0, 4)}
 
 
-def poll(namesrv: str, topic: str, size: int, n: int) -> dict:
+def poll(namesrv: str, topic: str, size: int, n: int, arrow: bool = False) -> dict:
     from rmq import PullConsumer
-    with PullConsumer(namesrv, f"bench-client-poll-{size}-{os.getpid()}",
+    if arrow:
+        import rmq.arrow  # noqa: F401 - pyarrow's import, once per process, is not part of the rate
+    with PullConsumer(namesrv, f"bench-client-poll{'-arrow' if arrow else ''}-{size}-{os.getpid()}",
                       consume_from_where="CONSUME_FROM_FIRST_OFFSET") as c:
         c.assign(c.fetch_subscribe_message_queues(topic))
         got, first = 0, None
         t0 = time.perf_counter()
         since = time.monotonic()
         while got < n:
-            msgs = c.poll()
-            if msgs:
+            k = c.poll_arrow().num_rows if arrow else len(c.poll())
+            if k:
                 if first is None:
                     first = time.perf_counter()
-                got += len(msgs)
+                got += k
                 since = time.monotonic()
             elif time.monotonic() - since > STALL_S:
                 raise TimeoutError(f"polled {got:,} of {n:,}, nothing new for {STALL_S:.0f} s")
@@ -316,8 +322,8 @@ def aio_push(namesrv: str, topic: str, size: int, n: int) -> dict:
     return asyncio.run(go())
 
 
-RUNNERS = {SEND_ASYNC: send_async, SEND_BATCH: send_batch, PUSH: push, POLL: poll, AIO_SEND: aio_send,
-           AIO_PUSH: aio_push}
+RUNNERS = {SEND_ASYNC: send_async, SEND_BATCH: send_batch, PUSH: push, POLL: poll,
+           POLL_ARROW: functools.partial(poll, arrow=True), AIO_SEND: aio_send, AIO_PUSH: aio_push}
 
 
 # -- references -------------------------------------------------------------------------------
