@@ -173,8 +173,9 @@ def _inflate_rows(offsets: np.ndarray, data: np.ndarray, rows: np.ndarray, sys_f
     return new_off.astype(np.int32), np.frombuffer(b"".join(pieces), np.uint8)
 
 
-def pages_to_batch(pages: Sequence, mq: MessageQueue, schema: pa.Schema, include_properties: Optional[bool] = None,
-                   *, tags: Optional[set] = None, check_crc: bool = False) -> pa.RecordBatch:
+def pages_to_batch(pages: Sequence, mq: Optional[MessageQueue], schema: pa.Schema,
+                   include_properties: Optional[bool] = None, *, tags: Optional[set] = None, check_crc: bool = False,
+                   mqs: Optional[Sequence[MessageQueue]] = None) -> pa.RecordBatch:
     """One RecordBatch from raw pull pages of queue ``mq``: the fast path of :func:`messages_to_batch`.
 
     Same schema and values as ``messages_to_batch(post-processed decode_records(page) ...)``:
@@ -194,6 +195,9 @@ def pages_to_batch(pages: Sequence, mq: MessageQueue, schema: pa.Schema, include
         Keep only rows whose TAGS is one of these (the client-side re-check of a tag subscription).
     check_crc : bool
         Verify body and ``__CRC32#`` CRCs (the broker already checks what it serves).
+    mqs : sequence of MessageQueue, optional
+        Instead of ``mq`` (None): the queue of each page, all of one broker group (pages of
+        several queues in one batch; topic and queue id then come from the records).
 
     Raises
     ------
@@ -208,16 +212,28 @@ def pages_to_batch(pages: Sequence, mq: MessageQueue, schema: pa.Schema, include
     raw = [p.data if isinstance(p, RawPage) else p for p in pages]
     d = decode_columns(raw, check_crc, include_properties)
     if d["bad_utf8"]:
-        return _slow_batch(raw, mq, schema, tags, check_crc)
+        if mqs is None:
+            return _slow_batch(raw, mq, schema, tags, check_crc)
+        parts = [_slow_batch([r], q, schema, tags, check_crc) for r, q in zip(raw, mqs)]
+        return pa.Table.from_batches(parts, schema=schema).combine_chunks().to_batches()[0] \
+            if any(b.num_rows for b in parts) else parts[0]
     n = d["n"]
     msg_id = _var(pa.string(), n, d["msg_id_offsets"], d["msg_id_data"])
     body_off, body_data = d["body_offsets"], d["body_data"]
     if len(d["compressed"]):
         body_off, body_data = _inflate_rows(body_off, body_data, d["compressed"], d["sys_flag"], msg_id)
+    if mqs is None:
+        topic = pa.repeat(pa.scalar(mq.topic, pa.string()), n)
+        queue_id = pa.repeat(pa.scalar(mq.queue_id, pa.int32()), n)
+        broker_name = mq.broker_name
+    else:
+        topic = _var(pa.string(), n, d["topic_offsets"], d["topic_data"])
+        queue_id = _fixed(pa.int32(), d["queue_id"])
+        broker_name = mqs[0].broker_name
     cols = {
-        "topic": pa.repeat(pa.scalar(mq.topic, pa.string()), n),
-        "broker_name": pa.repeat(pa.scalar(mq.broker_name, pa.string()), n),
-        "queue_id": pa.repeat(pa.scalar(mq.queue_id, pa.int32()), n),
+        "topic": topic,
+        "broker_name": pa.repeat(pa.scalar(broker_name, pa.string()), n),
+        "queue_id": queue_id,
         "queue_offset": _fixed(pa.int64(), d["queue_offset"]),
         "commitlog_offset": _fixed(pa.int64(), d["commitlog_offset"]),
         "msg_id": msg_id,

@@ -462,10 +462,16 @@ class PullConsumer:
         except ImportError as e:
             raise MQClientError(f"poll_arrow needs pyarrow (pip install 'rmq[spark]'): {e}") from None
         schema = A.arrow_schema(include_properties)
-        batches = []
+        groups: dict = {}                   # (broker, tag re-check) -> ([page], [mq]): one decode each
         for mq, page, sub in self._poll(timeout_ms, self._raw_page):
-            tags = None if sub is None or sub.is_all else set(sub.tags_set)
-            b = A.pages_to_batch([page], mq, schema, include_properties, tags=tags)
+            tags = None if sub is None or sub.is_all else frozenset(sub.tags_set)
+            g = groups.setdefault((mq.broker_name, tags), ([], []))
+            g[0].append(page)
+            g[1].append(mq)
+        batches = []
+        for (_, tags), (pages, mqs) in groups.items():
+            b = A.pages_to_batch(pages, None, schema, include_properties, tags=None if tags is None else set(tags),
+                                 mqs=mqs)
             if b.num_rows:
                 batches.append(b)
         if not batches:
