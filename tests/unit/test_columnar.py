@@ -4,7 +4,7 @@ import struct
 import zlib
 from array import array
 
-import pyarrow  # noqa: F401 - the Spark fast path below needs it: fail here, clearly, without it
+import pyarrow  # the Spark fast path below needs it: fail here, clearly, without it
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -253,3 +253,19 @@ def test_random_messages_match_the_slow_path(tmp_path_factory, batches, prop_crc
         assert_same(lg.pages(per_page=5), tags={"", "a", "ü"})
     finally:
         lg.close()
+
+
+@pytest.mark.parametrize("bad", [False, True], ids=["fast", "invalid-utf8-slow-path"])
+def test_pages_of_several_queues_in_one_batch(log, bad):
+    """``mqs=`` (PullConsumer.poll_arrow): pages of one broker group, one decode; topic and queue
+    id from the records, equal to one batch per page put together (either path)."""
+    log.put([(b"a", {"TAGS": "t"}, 0), (b"b", {}, 0)])
+    log.put([(b"c", b"TAGS\x01\xff\x02" if bad else {"KEYS": "k"}, 0)], topic=b"Other")
+    pages = log.pages()
+    mqs = [MQ, MessageQueue("Other", "broker-a", MQ.queue_id)]
+    schema = arrow_schema(True)
+    got = pages_to_batch(pages, None, schema, True, mqs=mqs)
+    parts = [pages_to_batch([p], q, schema, True) for p, q in zip(pages, mqs)]
+    want = pyarrow.Table.from_batches(parts, schema=schema).combine_chunks().to_batches()[0]
+    assert got.equals(want), (got.to_pylist(), want.to_pylist())
+    assert got.column("topic").to_pylist() == ["TopicTest", "TopicTest", "Other"]
