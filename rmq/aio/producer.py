@@ -70,7 +70,7 @@ from rmq.client.message import Message, MessageQueue, SendResult
 from rmq.client.producer import (ROUTE_REFRESH_ON_FAILURE_MS, ProducerOptions, Selector, apply_selector, batch_body_of,
                                  check_group, client_id, final_error, heartbeat_request, merge_results,
                                  message_preparer, parse_send_response, prepare_batch, route_suspect, selector_for,
-                                 send_request)
+                                 queued_failures_error, send_request)
 from rmq.client.route import (MQFaultStrategy, RouteCache, TopicPublishInfo, cluster_info_request, parse_cluster_info,
                               parse_route_response, route_request, split_namesrv_addr)
 from rmq.errors import MQBrokerError, MQClientError, RemotingError, RemotingTimeoutError
@@ -295,11 +295,7 @@ class Producer:
         finally:
             await self._teardown()
         if self._failures:
-            first = self._failures[0][1]
-            n = sum(k for k, _ in self._failures)
-            err = MQClientError(f"{n} message(s) queued before close() of producer {self.group} could not be "
-                                f"sent; first error: {first}")
-            err.__cause__ = first
+            err = queued_failures_error(self.group, sum(k for k, _ in self._failures), self._failures[0][1])
             if raise_failures:
                 raise err
             log.error("%s", err)

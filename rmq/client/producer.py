@@ -330,6 +330,15 @@ def merge_results(results: list) -> SendResult:
                       ",".join(r.offset_msg_id for r in results))
 
 
+def queued_failures_error(group: str, n: int, first: BaseException) -> MQClientError:
+    """What close() raises when ``n`` messages queued before it then failed (``first``: the
+    first failure, also the cause)."""
+    err = MQClientError(f"{n} message(s) queued before close() of producer {group} could not be "
+                        f"sent; first error: {first}")
+    err.__cause__ = first
+    return err
+
+
 def is_retryable(exc: BaseException, opts: ProducerOptions) -> bool:
     """Whether a failed attempt may be retried on another queue (RocketMQ ``sendDefaultImpl``)."""
     if isinstance(exc, MQBrokerError):
@@ -1805,11 +1814,7 @@ class Producer:
             if self._trace is not None:
                 self._trace.close()
         if s.failures:
-            first = s.failures[0][1]
-            n = sum(len(p.preps) for p, _ in s.failures)
-            err = MQClientError(f"{n} message(s) queued before close() of producer {self.group} could not be "
-                                f"sent; first error: {first}")
-            err.__cause__ = first
+            err = queued_failures_error(self.group, sum(len(p.preps) for p, _ in s.failures), s.failures[0][1])
             if raise_failures:
                 raise err
             log.error("%s", err)
