@@ -1433,12 +1433,10 @@ class PushConsumer:
                 msgs = requests.popleft()
             except IndexError:
                 break
-            if pq.dropped:
+            outcome = self._consume_once(msgs, pq, mq)
+            if outcome is None:
                 return
-            status, ctx = self._call_listener(msgs, pq, mq)
-            if pq.dropped:
-                log.info("%s dropped while consuming; %d message(s) will be redelivered", mq, len(msgs))
-                return
+            status, ctx = outcome
             if status is ConsumeConcurrentlyStatus.CONSUME_SUCCESS and ctx.ack_index >= len(msgs) - 1:
                 done.extend(msgs)
                 if time.monotonic() - last >= RUN_COMMIT_INTERVAL_S:
@@ -1481,16 +1479,23 @@ class PushConsumer:
             self._trace_after(tr, msgs, status is ConsumeConcurrentlyStatus.CONSUME_SUCCESS)
         return status, ctx
 
+    def _consume_once(self, msgs: list, pq: ProcessQueue, mq: MessageQueue) -> Optional[tuple]:
+        """The listener on ``msgs`` unless ``pq`` is dropped: (status, context), or None when
+        the queue was dropped before or during the call (the messages will be redelivered)."""
+        if pq.dropped:
+            return None
+        outcome = self._call_listener(msgs, pq, mq)
+        if pq.dropped:
+            log.info("%s dropped while consuming; %d message(s) will be redelivered", mq, len(msgs))
+            return None
+        return outcome
+
     def _consume_concurrently(self, msgs: list, pq: ProcessQueue, mq: MessageQueue) -> None:
         """One listener call (RocketMQ ``ConsumeMessageConcurrentlyService.ConsumeRequest``): a
         request consumed again locally after a failed send-back."""
-        if pq.dropped:
-            return
-        status, ctx = self._call_listener(msgs, pq, mq)
-        if pq.dropped:
-            log.info("%s dropped while consuming; %d message(s) will be redelivered", mq, len(msgs))
-            return
-        self._process_concurrent_result(status, ctx, msgs, pq, mq)
+        outcome = self._consume_once(msgs, pq, mq)
+        if outcome is not None:
+            self._process_concurrent_result(outcome[0], outcome[1], msgs, pq, mq)
 
     def _process_concurrent_result(self, status, ctx: ConsumeConcurrentlyContext, msgs: list, pq: ProcessQueue,
                                    mq: MessageQueue) -> None:
