@@ -23,6 +23,8 @@ from libc.stdint cimport int16_t, int32_t, int64_t, uint8_t, uint32_t
 from libc.string cimport memchr, memcpy
 
 from rmq._core.hton cimport store_be16, store_be32
+from rmq._core.layout cimport COMPRESSED_FLAG as _COMPRESSED, COMPRESSION_ZLIB_TYPE as _ZLIB, \
+    TRANSACTION_PREPARED_TYPE as _PREPARED
 from rmq._core.layout cimport BATCH_BODY_LENGTH_OFFSET, BATCH_BODY_OFFSET, BATCH_FIXED_LENGTH, \
     BATCH_FLAG_OFFSET, BATCH_MAGIC_CODE_OFFSET, BATCH_BODY_CRC_OFFSET, BATCH_TOTAL_SIZE_OFFSET, \
     PROPERTIES_MAX_LENGTH
@@ -54,10 +56,10 @@ PROPERTY_WAIT_STORE_MSG_OK = "WAIT"
 PROPERTY_DELAY_TIME_LEVEL = "DELAY"
 PROPERTY_TRANSACTION_PREPARED = "TRAN_MSG"
 TIMER_PROPERTIES = ("TIMER_DELIVER_MS", "TIMER_DELAY_MS", "TIMER_DELAY_SEC")
-# MessageSysFlag (SPEC.md §1.5)
-COMPRESSED_FLAG = 0x1
-TRANSACTION_PREPARED_TYPE = 0x4
-COMPRESSION_ZLIB_TYPE = 0x300
+# MessageSysFlag (SPEC.md §1.5), from rmq._core.layout
+COMPRESSED_FLAG = _COMPRESSED
+TRANSACTION_PREPARED_TYPE = _PREPARED
+COMPRESSION_ZLIB_TYPE = _ZLIB
 UNIQ_ID_LENGTH = 32                  # hex digits of a UNIQ_KEY
 BATCH_ELEMENT_OVERHEAD = BATCH_FIXED_LENGTH   # TOTALSIZE+MAGIC+BODYCRC+FLAG+BODYLEN+PROPLEN (SPEC.md §1.11)
 VALID_TOPICS_CACHE_MAX = 10_000      # topic names remembered as valid (cleared when full)
@@ -319,6 +321,17 @@ cdef class MessagePreparer:
             if props.get(_TRAN) == "true":           # a half message (sendKernelImpl)
                 sys_flag |= TRANSACTION_PREPARED_TYPE
                 batchable = False
+        try:
+            return self._prepared(msg, body, sys_flag, uniq, wait, batchable, props)
+        except BaseException:
+            if added:                    # a refused message is left as it was given
+                del props[_UNIQ]
+            raise
+
+    cdef PreparedMessage _prepared(self, msg, bytes body, int sys_flag, str uniq, bint wait, bint batchable,
+                                   dict props):
+        """A PreparedMessage with the encoded properties and the batch size; a separator in a
+        property is ``error_type`` (MESSAGE_ILLEGAL)."""
         cdef PreparedMessage p = PreparedMessage.__new__(PreparedMessage)
         p.msg = msg
         p.body = body
@@ -329,12 +342,9 @@ cdef class MessagePreparer:
         try:
             p.props = encode_properties(props)
         except MessageIllegalError as e:
-            if added:                    # a refused message is left as it was given
-                del props[_UNIQ]
             raise self.error_type(str(e), self.illegal_code) from None
         p.size = len(body) + len(p.props) + BATCH_FIXED_LENGTH
         return p
-
 
     cpdef list prepare_batch(self, msgs):
         """RocketMQ ``DefaultMQProducerImpl.batch`` checks + preparation of a user batch: one
@@ -382,19 +392,9 @@ cdef class MessagePreparer:
                     props[_UNIQ] = uniq
                     added.append(props)
                 b = m.body
-                p = PreparedMessage.__new__(PreparedMessage)
-                p.msg = m
-                p.body = b if type(b) is bytes else bytes(b)
-                p.sys_flag = 0
-                p.uniq_id = uniq
                 w = props.get(_WAIT)
-                p.wait = w is None or w != "false"
-                p.batchable = True
-                try:
-                    p.props = encode_properties(props)
-                except MessageIllegalError as e:
-                    raise self.error_type(str(e), self.illegal_code) from None
-                p.size = len(p.body) + len(p.props) + BATCH_FIXED_LENGTH
+                p = self._prepared(m, b if type(b) is bytes else bytes(b), 0, uniq, w is None or w != "false",
+                                   True, props)
                 total += p.size
                 out.append(p)
             if total > self.max_message_size:

@@ -74,7 +74,9 @@ from rmq import latency_trace as _lt
 from rmq import protocol as P
 from rmq import security
 from rmq.client import trace as _trace
-from rmq._core.client_msg import MessagePreparer, PreparedMessage, batch_body, complete_send_batch
+from rmq._core.client_msg import (BATCH_ELEMENT_OVERHEAD, COMPRESSED_FLAG, COMPRESSION_ZLIB_TYPE,  # noqa: F401 (re-exported)
+                                  PROPERTY_TRANSACTION_PREPARED, TRANSACTION_PREPARED_TYPE, MessagePreparer,
+                                  PreparedMessage, batch_body, complete_send_batch)
 from rmq._core.commitlog import tags_string_to_tags_code
 from rmq.client.direct import DirectSender, close_monitored
 from rmq.client.futures import SendFuture
@@ -109,12 +111,8 @@ DELIVERY_TIMEOUT_MS = 120_000              # send_async: hand-over to final resu
 DEFAULT_BATCH_SIZE = 16 * 1024             # bytes; Kafka's batch.size, used when only linger_ms is set
 PROVISIONAL_REFRESH_MS = 100               # min gap between route look-ups of an auto-created topic
 PROVISIONAL_POLL_MS = 500                  # route look-up period while a topic's route is provisional
-BATCH_ELEMENT_OVERHEAD = 22                # TOTALSIZE+MAGIC+BODYCRC+FLAG+BODYLEN+PROPLEN (SPEC.md §1.11)
-
-COMPRESSED_FLAG = 0x1                      # MessageSysFlag (SPEC.md §1.5)
-TRANSACTION_PREPARED_TYPE = 0x4            # MessageSysFlag: a transaction's half message
-PROPERTY_TRANSACTION_PREPARED = "TRAN_MSG"  # MessageConst.PROPERTY_TRANSACTION_PREPARED
-COMPRESSION_ZLIB_TYPE = 0x300
+# BATCH_ELEMENT_OVERHEAD, COMPRESSED_FLAG, COMPRESSION_ZLIB_TYPE, TRANSACTION_PREPARED_TYPE,
+# PROPERTY_TRANSACTION_PREPARED: from rmq._core.client_msg (which does the per-message work)
 NO_BUYER_ID = 204                          # RocketMQ ResponseCode values not in rmq.protocol
 NOT_IN_CURRENT_UNIT = 205
 RETRY_RESPONSE_CODES = frozenset({
