@@ -95,20 +95,7 @@ def _timeout_s(n: int) -> float:
 def send_async(namesrv: str, topic: str, size: int, n: int) -> dict:
     from rmq import Message, Producer
     body = body_of(size)
-    lock = threading.Lock()
-    done = threading.Event()
-    outcome = {"ok": 0, "failed": 0, "first_error": None}
-
-    def cb(fut) -> None:
-        exc = fut.exception()
-        with lock:
-            if exc is None:
-                outcome["ok"] += 1
-            else:
-                outcome["failed"] += 1
-                outcome["first_error"] = outcome["first_error"] or exc
-            if outcome["ok"] + outcome["failed"] == n:
-                done.set()
+    cb = _Outcomes(n, threading.Event())
 
     with Producer(namesrv, group="bench-client-pg") as p:
         p.send(Message(topic, b"warm-up"))              # untimed: the topic, its route, the connection
@@ -116,12 +103,42 @@ def send_async(namesrv: str, topic: str, size: int, n: int) -> dict:
         for _ in range(n):
             p.send_async(Message(topic, body), callback=cb)
         left = p.flush()
-        if not done.wait(_timeout_s(n)):
-            raise TimeoutError(f"{n - outcome['ok'] - outcome['failed']:,} futures not done ({left:,} unanswered)")
+        if not cb.done.wait(_timeout_s(n)):
+            raise TimeoutError(f"{cb.missing:,} futures not done ({left:,} unanswered)")
         el = time.perf_counter() - t0
-    if outcome["failed"]:
-        raise RuntimeError(f"{outcome['failed']:,} of {n:,} sends failed, first: {outcome['first_error']!r}")
-    return {"msgs": outcome["ok"], "seconds": el}
+    return {"msgs": cb.checked(), "seconds": el}
+
+
+class _Outcomes:
+    """A send callback counting ``n`` outcomes (thread or event loop); ``done`` (an Event of
+    either kind) is set at the n-th."""
+
+    def __init__(self, n: int, done) -> None:
+        self.n, self.done = n, done
+        self.ok = self.failed = 0
+        self.first_error: Optional[BaseException] = None
+        self._lock = threading.Lock()
+
+    def __call__(self, fut) -> None:
+        exc = fut.exception() if not fut.cancelled() else RuntimeError("cancelled")
+        with self._lock:
+            if exc is None:
+                self.ok += 1
+            else:
+                self.failed += 1
+                self.first_error = self.first_error or exc
+            if self.ok + self.failed == self.n:
+                self.done.set()
+
+    @property
+    def missing(self) -> int:
+        return self.n - self.ok - self.failed
+
+    def checked(self) -> int:
+        """The sends that succeeded; raises RuntimeError when any failed."""
+        if self.failed:
+            raise RuntimeError(f"{self.failed:,} of {self.n:,} sends failed, first: {self.first_error!r}")
+        return self.ok
 
 
 def send_batch(namesrv: str, topic: str, size: int, n: int) -> dict:
@@ -246,19 +263,7 @@ def aio_send(namesrv: str, topic: str, size: int, n: int) -> dict:
     body = body_of(size)
 
     async def go() -> dict:
-        all_done = asyncio.Event()
-        outcome = {"ok": 0, "failed": 0, "first_error": None}
-
-        def cb(fut) -> None:
-            exc = fut.exception() if not fut.cancelled() else asyncio.CancelledError()
-            if exc is None:
-                outcome["ok"] += 1
-            else:
-                outcome["failed"] += 1
-                outcome["first_error"] = outcome["first_error"] or exc
-            if outcome["ok"] + outcome["failed"] == n:
-                all_done.set()
-
+        cb = _Outcomes(n, asyncio.Event())
         async with Producer(namesrv, group="bench-client-aio-pg") as p:
             await p.send(Message(topic, b"warm-up"))     # untimed: the topic, its route, the connection
             t0 = time.perf_counter()
@@ -266,14 +271,11 @@ def aio_send(namesrv: str, topic: str, size: int, n: int) -> dict:
                 await p.send_async(Message(topic, body), callback=cb)
             left = await p.flush()
             try:
-                await asyncio.wait_for(all_done.wait(), _timeout_s(n))
+                await asyncio.wait_for(cb.done.wait(), _timeout_s(n))
             except asyncio.TimeoutError:
-                raise TimeoutError(f"{n - outcome['ok'] - outcome['failed']:,} futures not done "
-                                   f"({left:,} unanswered)") from None
+                raise TimeoutError(f"{cb.missing:,} futures not done ({left:,} unanswered)") from None
             el = time.perf_counter() - t0
-        if outcome["failed"]:
-            raise RuntimeError(f"{outcome['failed']:,} of {n:,} sends failed, first: {outcome['first_error']!r}")
-        return {"msgs": outcome["ok"], "seconds": el}
+        return {"msgs": cb.checked(), "seconds": el}
 
     return asyncio.run(go())
 
