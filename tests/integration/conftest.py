@@ -24,6 +24,14 @@ class ActorProcess(_ActorProcess):
 
 
 @pytest.fixture
+def rc():
+    """A RemotingClient for direct requests to the brokers of a test (closed after it)."""
+    from rmq.client.remoting import RemotingClient
+    with RemotingClient() as c:
+        yield c
+
+
+@pytest.fixture
 def actors():
     started = []
 

@@ -11,7 +11,6 @@ import pytest
 from rmq import Message, SendStatus
 from rmq.aio import Producer
 from rmq.client.producer import COMPRESSED_FLAG
-from rmq.client.remoting import RemotingClient
 from rmq.errors import MQClientError, RemotingError, RemotingTimeoutError
 from tests.integration.cluster import Cluster
 from tests.integration.test_producer import create_topic, pull_topic
@@ -28,12 +27,6 @@ def cluster(tmp_path_factory):
     c = Cluster(tmp_path_factory.mktemp("aio-producer") / "store", conf={"waitTimeMillsInSendQueue": "600000"})
     yield c
     c.close()
-
-
-@pytest.fixture
-def rc():
-    with RemotingClient() as c:
-        yield c
 
 
 def run(coro):

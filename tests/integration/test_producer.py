@@ -33,12 +33,6 @@ def cluster(tmp_path_factory):
     c.close()
 
 
-@pytest.fixture
-def rc():
-    with RemotingClient() as c:
-        yield c
-
-
 def returns_within(fn, seconds):
     """Run ``fn()`` on a thread; its result, or its exception re-raised.  Fails the test if it has
     not returned after ``seconds`` (a generous deadline: what it tells apart is a wait of an hour
