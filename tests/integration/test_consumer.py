@@ -938,3 +938,30 @@ def test_poll_arrow_gives_polls_messages_as_columns(cluster):
         c.assign(c.fetch_subscribe_message_queues("T"), "a")
         tagged = drain(c, 101, True)
     assert len(tagged) == 101 and {r["tags"] for r in tagged} == {"a"}
+
+
+def test_a_long_run_commits_its_offset_before_it_ends(cluster):
+    """A worker going through a pull's requests alone commits what it consumed at least every
+    RUN_COMMIT_INTERVAL_S, not only at the end of the run."""
+    from rmq.client.consumer import RUN_COMMIT_INTERVAL_S
+    create_topic(cluster, "T", 1)
+    send_many(cluster, "T", [(b"%d" % i, 0) for i in range(20)])        # one queue: one pull, one run
+    mq = MessageQueue("T", "broker-a", 0)
+    seen_at_last = []
+    holder = {}
+
+    def listener(msgs, ctx):
+        n = int(msgs[0].body)
+        if n < 5:
+            time.sleep(RUN_COMMIT_INTERVAL_S / 2)       # stands for work: 5 of them outlast the interval
+        if n == 19:
+            seen_at_last.append(holder["c"].offset_store.read_memory(mq))
+
+    c = holder["c"] = push_consumer(cluster, "longrun", listener, consume_thread_max=1)
+    try:
+        c.start()
+        wait_for(lambda: seen_at_last, what="the last message consumed")
+        assert 0 < seen_at_last[0] < 20, seen_at_last      # committed during the run, before its end
+        wait_for(lambda: c.offset_store.read_memory(mq) == 20, what="the whole run committed")
+    finally:
+        c.shutdown()
