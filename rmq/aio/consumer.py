@@ -565,7 +565,8 @@ class AsyncPullConsumer:
         for mq in list(self._positions):
             if mq not in keep:
                 self._positions.pop(mq, None)
-                self._forget(mq)
+        for mq in list(self._inflight):   # pulls in flight (prefetched ones too) carry the old subscription
+            self._forget(mq)
         self._assigned = mqs
 
     def assignment(self) -> list:
@@ -656,12 +657,7 @@ class AsyncPullConsumer:
         failed: set = set()
         while True:
             left_ms = int((deadline - loop.time()) * 1000)
-            for mq in self._assigned:
-                if mq in self._inflight or mq in failed:
-                    continue
-                off = self._positions[mq]
-                task = loop.create_task(self._pull_one(mq, off, min(max(left_ms, 0), BROKER_SUSPEND_MAX_TIME_MS)))
-                self._inflight[mq] = (task, off)
+            self._send_pulls(loop, min(max(left_ms, 0), BROKER_SUSPEND_MAX_TIME_MS), failed)
             tasks = {t: mq for mq, (t, _) in self._inflight.items()}
             done, _ = await asyncio.wait(tasks, timeout=max(0.0, left_ms / 1000.0),
                                          return_when=asyncio.FIRST_COMPLETED)
@@ -689,11 +685,22 @@ class AsyncPullConsumer:
                 self._positions[mq] = res.next_begin_offset
                 out.extend(res.msg_found_list)
             if out:
+                # prefetch (Kafka's fetcher): every queue's next page is on its way while the
+                # caller handles these; positions move only when a page is returned
+                self._send_pulls(loop, BROKER_SUSPEND_MAX_TIME_MS, failed)
                 return out
             if loop.time() >= deadline or len(failed) == len(self._assigned):
                 if error is not None:
                     raise error
                 return out
+
+    def _send_pulls(self, loop, suspend_ms: int, failed: set) -> None:
+        """A pull task for every assigned queue that has none and has not failed in this poll."""
+        for mq in self._assigned:
+            if mq in self._inflight or mq in failed:
+                continue
+            off = self._positions[mq]
+            self._inflight[mq] = (loop.create_task(self._pull_one(mq, off, suspend_ms)), off)
 
     def __aiter__(self):
         return self._iterate()

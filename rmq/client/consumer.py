@@ -374,7 +374,7 @@ class PullConsumer:
         for mq in list(self._positions):
             if mq not in keep:
                 self._positions.pop(mq, None)
-                self._inflight.pop(mq, None)
+        self._inflight.clear()          # pulls in flight (prefetched ones too) carry the old subscription
         self._assigned = mqs
 
     def assignment(self) -> list:
@@ -518,29 +518,7 @@ class PullConsumer:
         while True:
             left_ms = int((deadline - time.monotonic()) * 1000)
             if not out:
-                for mq in self._assigned:
-                    if mq in self._inflight or mq in failed:
-                        continue
-                    suspend = min(max(left_ms, 0), BROKER_SUSPEND_MAX_TIME_MS)
-                    off = self._positions[mq]
-                    frame = build_pull_frame(self.group, mq, off, self.pull_batch_size,
-                                             self._subs[mq.topic], -1, suspend)
-                    token = (mq, off, next(self._seq))
-                    addr = ""
-                    try:
-                        _, addr = api.pull_broker_addr(mq)   # suggested broker / master / a slave
-                        self._mux.send(addr, frame, suspend + self.timeout_ms, token)
-                    except RemotingError as e:
-                        if addr:
-                            api.on_pull_response(mq, e, addr)
-                        error = e
-                        failed.add(mq)
-                        continue
-                    except MQClientError as e:
-                        error = e
-                        failed.add(mq)
-                        continue
-                    self._inflight[mq] = token
+                error = self._send_pulls(api, min(max(left_ms, 0), BROKER_SUSPEND_MAX_TIME_MS), failed) or error
             done, _ = self._mux.poll(0 if out else max(0, min(left_ms, 100)))
             for token, resp, addr in done:
                 mq, off = token[0], token[1]
@@ -569,12 +547,42 @@ class PullConsumer:
                     out.extend(items)
             if out:
                 if not done:
+                    # prefetch (Kafka's fetcher): the next page of every queue is on its way while
+                    # the caller handles these; positions move only when a page is returned
+                    self._send_pulls(api, BROKER_SUSPEND_MAX_TIME_MS, failed)
                     return out
                 continue            # drain what else is ready, without waiting
             if time.monotonic() >= deadline or len(failed) == len(self._assigned):
                 if error is not None:
                     raise error
                 return out
+
+    def _send_pulls(self, api: ConsumerAPI, suspend_ms: int, failed: set) -> Optional[Exception]:
+        """One pull in flight for every assigned queue that has none and has not failed in this
+        :meth:`poll` (``failed`` gains the ones that fail now); returns the last error."""
+        error = None
+        for mq in self._assigned:
+            if mq in self._inflight or mq in failed:
+                continue
+            off = self._positions[mq]
+            frame = build_pull_frame(self.group, mq, off, self.pull_batch_size, self._subs[mq.topic], -1, suspend_ms)
+            token = (mq, off, next(self._seq))
+            addr = ""
+            try:
+                _, addr = api.pull_broker_addr(mq)   # suggested broker / master / a slave
+                self._mux.send(addr, frame, suspend_ms + self.timeout_ms, token)
+            except RemotingError as e:
+                if addr:
+                    api.on_pull_response(mq, e, addr)
+                error = e
+                failed.add(mq)
+                continue
+            except MQClientError as e:
+                error = e
+                failed.add(mq)
+                continue
+            self._inflight[mq] = token
+        return error
 
     @staticmethod
     def _other_addr(api: ConsumerAPI, mq: MessageQueue, failed_addr: str) -> bool:

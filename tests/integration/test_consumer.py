@@ -214,6 +214,53 @@ def test_pull_consumer_poll_long_polls_all_assigned_queues(cluster):
         assert res.pull_status is PullStatus.NO_NEW_MSG
 
 
+
+@pytest.mark.parametrize("aio", [False, True], ids=["thread", "asyncio"])
+def test_poll_prefetches_the_next_page_and_seek_or_reassign_discards_it(cluster, aio):
+    """poll() leaves the next page of each queue in flight (Kafka's fetcher prefetch) without
+    moving the position past what it returned; a seek or a new assignment after it reads from
+    the new position with the new subscription, never from the prefetched page."""
+    from rmq.aio.consumer import AsyncPullConsumer
+    create_topic(cluster, "PF", 1)
+    send_many(cluster, "PF", [(b"a%d" % i, 0) for i in range(0, 40, 2)], tags="a")
+    send_many(cluster, "PF", [(b"b%d" % i, 0) for i in range(1, 40, 2)], tags="b")
+    wait_dispatched(cluster, "PF", 1, 40)
+
+    def bodies(msgs):
+        return [m.body for m in msgs]
+
+    async def scenario(c, call):
+        mq = (await call(c.fetch_subscribe_message_queues("PF")))[0]
+        c.assign([mq])
+        first = await call(c.poll(5000))
+        assert [m.queue_offset for m in first] == list(range(10))           # pull_batch_size 10
+        assert mq in c._inflight                                            # the next page is on its way
+        assert await call(c.position(mq)) == 10                             # not counted before it is returned
+        assert [m.queue_offset for m in await call(c.poll(5000))] == list(range(10, 20))   # the prefetched page
+        c.seek(mq, 3)
+        assert [m.queue_offset for m in await call(c.poll(5000))] == list(range(3, 13))
+        c.assign([mq], "b")                                                 # same queue, a tag filter now
+        got = await call(c.poll(5000))
+        assert got and all(m.tags == "b" for m in got) and got[0].queue_offset >= 13
+        assert bodies(got) == [b"b%d" % i for i in range(1, 40, 2)][:len(got)]  # a-tagged 13..19 skipped
+
+    async def value(x):
+        return x
+
+    if aio:
+        async def run():
+            async with AsyncPullConsumer(cluster.namesrv_addr, group="pf-aio", pull_batch_size=10,
+                                         consume_from_where="CONSUME_FROM_FIRST_OFFSET") as c:
+                async def call(x):
+                    return await x if asyncio.iscoroutine(x) else x
+                await scenario(c, call)
+        asyncio.run(asyncio.wait_for(run(), 60))
+    else:
+        with PullConsumer(cluster.namesrv_addr, group="pf", pull_batch_size=10,
+                          consume_from_where="CONSUME_FROM_FIRST_OFFSET") as c:
+            asyncio.run(scenario(c, value))
+
+
 # -- PushConsumer, clustering ------------------------------------------------------------------------
 def test_three_push_consumers_share_all_queues_without_gaps_or_duplicates(cluster):
     create_topic(cluster, "T", 8)
