@@ -59,7 +59,7 @@ from rmq.client.consumer import (BROKER_SUSPEND_MAX_TIME_MS, CONCURRENT_MAX_RECO
                                  REBALANCE_LOCK_INTERVAL_MS, RECONSUME_LATER_LOCALLY_MS, SHUTDOWN_AWAIT_MS,
                                  SUSPEND_CURRENT_QUEUE_TIME_MS, CONSUME_CONCURRENTLY_MAX_SPAN,
                                  ConsumeConcurrentlyContext, ConsumeConcurrentlyStatus, ConsumeFromWhere,
-                                 ConsumeOrderlyContext, ConsumeOrderlyStatus, MessageModel, _enum,
+                                 ConsumeOrderlyContext, ConsumeOrderlyStatus, MessageModel, RUN_COMMIT_INTERVAL_S, _enum,
                                  compute_pull_from_where)
 from rmq.client.consumer_api import (RECONNECT_WAIT_MS, ROUTE_REFRESH_INTERVAL_MS, PullFromWhichNode, group_addrs,
                                      route_refresh_due)
@@ -829,6 +829,8 @@ class AsyncPushConsumer:
         self.offsets: Optional[_AsyncOffsets] = None
         self.offset_store: Optional[OffsetStore] = None
         self._sem: Optional[asyncio.Semaphore] = None
+        self._listener_seen = None               # the listener _listener_async was found for
+        self._listener_async = False
         self._running_tasks = 0                 # _consume_run tasks alive (their loop only)
         self._wakeup: Optional[asyncio.Event] = None
         self._service: Optional[asyncio.Task] = None
@@ -1257,7 +1259,11 @@ class AsyncPushConsumer:
 
     async def _call_listener(self, msgs: list, ctx):
         fn = self.listener
-        if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None)):
+        if fn is not self._listener_seen:             # a coroutine function or not: asked once per listener
+            self._listener_seen = fn
+            self._listener_async = inspect.iscoroutinefunction(fn) or \
+                inspect.iscoroutinefunction(getattr(fn, "__call__", None))
+        if self._listener_async:
             return await fn(msgs, ctx)
         return await asyncio.to_thread(fn, msgs, ctx)
 
@@ -1276,30 +1282,76 @@ class AsyncPushConsumer:
 
     async def _consume_run(self, run: "collections.deque", pq: ProcessQueue, mq: MessageQueue) -> None:
         """Consume the requests of one pull result in turn until none is left (other tasks of
-        the same run take some too)."""
+        the same run take some too), holding one listener slot throughout, as a worker thread
+        of the thread consumer does.  Wholly consumed requests are committed together (out of
+        the process queue, offset, counts) at the end and at least every
+        ``RUN_COMMIT_INTERVAL_S``; any other outcome takes the per-request path at once."""
         self._running_tasks += 1
+        done: list = []
         try:
-            while run and self._state == "RUNNING":
-                await self._consume_concurrently(run.popleft(), pq, mq)
+            async with self._sem:
+                last = time.monotonic()
+                while run and self._state == "RUNNING":
+                    msgs = run.popleft()
+                    outcome = await self._consume_once(msgs, pq, mq)
+                    if outcome is None:
+                        done = []                   # dropped: the new owner redelivers them
+                        return
+                    status, ctx = outcome
+                    if status is ConsumeConcurrentlyStatus.CONSUME_SUCCESS and ctx.ack_index >= len(msgs) - 1:
+                        done.extend(msgs)
+                        if time.monotonic() - last >= RUN_COMMIT_INTERVAL_S:
+                            self._commit_consumed(done, pq, mq)
+                            done = []
+                            last = time.monotonic()
+                    else:
+                        await self._process_result(status, ctx, msgs, pq, mq)
         finally:
             self._running_tasks -= 1
+            if done and not pq.dropped:
+                self._commit_consumed(done, pq, mq)
 
     async def _consume_concurrently(self, msgs: list, pq: ProcessQueue, mq: MessageQueue) -> None:
+        """One ConsumeRequest on its own (a local re-consume), in a listener slot."""
         async with self._sem:
-            if pq.dropped:
-                return
-            ctx = ConsumeConcurrentlyContext(mq)
-            try:
-                status = await self._call(msgs, ctx)
-                status = ConsumeConcurrentlyStatus.CONSUME_SUCCESS if status is None else \
-                    ConsumeConcurrentlyStatus(status.value if isinstance(status, enum.Enum) else status)
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("listener failed on %d message(s) of %s", len(msgs), mq)
-                status = ConsumeConcurrentlyStatus.RECONSUME_LATER
+            outcome = await self._consume_once(msgs, pq, mq)
+        if outcome is not None:
+            await self._process_result(outcome[0], outcome[1], msgs, pq, mq)
+
+    async def _consume_once(self, msgs: list, pq: ProcessQueue, mq: MessageQueue) -> Optional[tuple]:
+        """The listener on ``msgs`` unless ``pq`` is dropped: (ConsumeConcurrentlyStatus, context),
+        or None when the queue was dropped before or during the call.  An exception or an unknown
+        answer is RECONSUME_LATER."""
         if pq.dropped:
-            return
+            return None
+        ctx = ConsumeConcurrentlyContext(mq)
+        try:
+            status = await self._call(msgs, ctx)
+            if status is None or status is ConsumeConcurrentlyStatus.CONSUME_SUCCESS:
+                status = ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+            else:
+                status = ConsumeConcurrentlyStatus(status.value if isinstance(status, enum.Enum) else status)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("listener failed on %d message(s) of %s", len(msgs), mq)
+            status = ConsumeConcurrentlyStatus.RECONSUME_LATER
+        if pq.dropped:
+            return None
+        return status, ctx
+
+    def _commit_consumed(self, msgs: list, pq: ProcessQueue, mq: MessageQueue) -> None:
+        """Consumed messages out of the process queue, the offset forward, then counted (a reader
+        of the count sees the offset)."""
+        offset = pq.remove_message(msgs)
+        if offset >= 0 and not pq.dropped:
+            self.offset_store.update_offset(mq, offset, increase_only=True)
+        self.stats["consumed_ok"] += len(msgs)
+
+    async def _process_result(self, status, ctx, msgs: list, pq: ProcessQueue, mq: MessageQueue) -> None:
+        """A request's outcome: the messages past ``ack_index`` (all of them unless
+        CONSUME_SUCCESS) go back to the broker (CLUSTERING; re-consumed locally when that
+        fails), the rest are committed."""
         ack = min(max(ctx.ack_index, -1), len(msgs) - 1) if status is ConsumeConcurrentlyStatus.CONSUME_SUCCESS else -1
         done = msgs
         if ack < len(msgs) - 1 and self.clustering:
