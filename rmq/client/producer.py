@@ -361,6 +361,10 @@ def final_error(last: BaseException, attempts: int, cost_ms: float, topic: str, 
     return err
 
 
+_OPEN_KEYS = (str, int, bytes)        # sharding keys a caller-side batch is keyed by (hashable, and equal only
+                                      # when java_hash is: 1 and "1" are two keys, as their queues may differ)
+
+
 def selector_for(selector: Optional[Selector], arg: Any, sharding_key: Any, msg: Message):
     """(selector, arg) for an ordered send, or (None, None)."""
     if sharding_key is not None:
@@ -422,7 +426,7 @@ class _Pending:
     """What one caller handed over: one message, or a user batch (one future, one merged result)."""
 
     __slots__ = ("preps", "future", "mode", "deadline", "attempt_timeout", "selector", "arg", "queue", "whole",
-                 "started", "futures", "nbytes")
+                 "started", "futures", "nbytes", "open_key")
 
     def __init__(self, preps: list, future: Future, mode: int, deadline: float, attempt_timeout: float,
                  selector=None, arg=None, queue: Optional[MessageQueue] = None, whole: bool = False,
@@ -441,6 +445,7 @@ class _Pending:
         # by callers under the sender's lock until the I/O thread seals it (_Sender.open)
         self.futures: Optional[list] = None
         self.nbytes = 0
+        self.open_key = None              # its key in _Sender.open: the topic, or (topic, sharding key)
 
     @property
     def topic(self) -> str:
@@ -749,9 +754,8 @@ class _Sender(threading.Thread):
             p = sends.popleft()
             if p.futures is not None:           # seal a caller-side batch: no caller appends after this
                 with self.lock:
-                    topic = p.preps[0].msg.topic
-                    if self.open.get(topic) is p:
-                        del self.open[topic]
+                    if self.open.get(p.open_key) is p:
+                        del self.open[p.open_key]
             accept(p)
         cmds = self._cmds
         while cmds:
@@ -848,8 +852,9 @@ class _Sender(threading.Thread):
             if acc.nbytes >= self.opts.batch_size:
                 self._ship(key, acc)
             return
-        if self.opts.batching and pending.mode == ASYNC:
-            # an unbatchable message (compressed, delayed, user batch) goes after what is queued for its queue
+        if self.opts.batching and (pending.mode == ASYNC or fixed is not None):
+            # an unbatchable message (compressed, delayed, user batch), or a sync / one-way one for a
+            # chosen queue (an ordered send), goes after what is queued for its queue
             key = (pending.topic, fixed)
             acc = self._accs.get(key)
             if acc is not None:
@@ -1611,26 +1616,31 @@ class Producer:
             Invalid message (nothing queued), producer closed, or still no room
             in the pending buffer after ``send_msg_timeout_ms``.
         """
-        if selector is None and sharding_key is None and queue is None and timeout_ms is None \
-                and self._trace is None and self._batching and not _lt.ENABLED:
+        if selector is None and queue is None and timeout_ms is None and self._trace is None \
+                and self._batching and not _lt.ENABLED and (sharding_key is None or type(sharding_key) in _OPEN_KEYS):
+            sel, arg = selector_for(None, None, sharding_key, msg)
             prep = self._prepare(msg)
             if prep.batchable:
-                return self._append_async(prep, callback)
-            return self._enqueue([prep], ASYNC, None, None, None, None, callback=callback)
+                return self._append_async(prep, callback, sharding_key)
+            return self._enqueue([prep], ASYNC, None, sel, arg, None, callback=callback)
         sel, arg = selector_for(selector, arg, sharding_key, msg)
         prep = self._prepare(msg)
         if self._trace is not None:
             callback = self._traced_callback(callback, [prep.msg], sel is not None)
         return self._enqueue([prep], ASYNC, timeout_ms, sel, arg, queue, callback=callback)
 
-    def _append_async(self, prep: PreparedMessage, callback: Optional[Callable[[Future], Any]]) -> Future:
+    def _append_async(self, prep: PreparedMessage, callback: Optional[Callable[[Future], Any]],
+                      sharding_key: Any = None) -> Future:
         """send_async's common case (batching on, no selector, queue, timeout or trace): the
-        message joins its topic's caller-side batch (Kafka's RecordAccumulator.append, done in the
-        caller's thread); the I/O thread takes the batch whole.  A batch is opened (and the I/O
-        thread woken) when the topic has none open or the open one would pass ``batch_size``."""
+        message joins the caller-side batch of its topic, or of its topic and sharding key
+        (Kafka's RecordAccumulator.append, done in the caller's thread); the I/O thread takes the
+        batch whole, and sends a sharding key's batch to the key's queue (select_by_hash) in the
+        order the batches were opened.  A batch is opened (and the I/O thread woken) when there
+        is none open or the open one would pass ``batch_size``."""
         s = self._sender
         fut = SendFuture(callback)
         topic = prep.msg.topic
+        key = topic if sharding_key is None else (topic, sharding_key)
         opened = None
         with s.lock:
             self._check_open()
@@ -1638,12 +1648,17 @@ class Producer:
                     and threading.get_ident() != s.ident:
                 self._wait_for_room(1, self.options.send_msg_timeout_ms)
             s.pending += 1
-            p = s.open.get(topic)
+            p = s.open.get(key)
             if p is None or p.nbytes + prep.size > self._batch_size:
                 now = time.monotonic()
-                p = _Pending([], None, ASYNC, now + self._delivery_timeout_s, self._attempt_timeout_s, started=now)
+                if sharding_key is None:
+                    p = _Pending([], None, ASYNC, now + self._delivery_timeout_s, self._attempt_timeout_s, started=now)
+                else:
+                    p = _Pending([], None, ASYNC, now + self._delivery_timeout_s, self._attempt_timeout_s,
+                                 select_by_hash, sharding_key, started=now)
                 p.futures = []
-                s.open[topic] = opened = p
+                p.open_key = key
+                s.open[key] = opened = p
             p.preps.append(prep)
             p.futures.append(fut)
             p.nbytes += prep.size
@@ -1858,6 +1873,10 @@ class Producer:
             if not in_io and s.pending + n > self.options.max_pending_messages and s.pending > 0:
                 self._wait_for_room(n, budget_ms)
             s.pending += n
+            if selector is select_by_hash and s.open:
+                # the sharding key's open batch (send_async) is sealed: nothing sent after this
+                # message may join it and overtake it
+                s.open.pop((preps[0].msg.topic, arg), None)
         now = time.monotonic()
         if mode == ASYNC:
             deadline = now + max(self.options.delivery_timeout_ms, budget_ms) / 1000.0

@@ -174,6 +174,55 @@ def test_sharding_key_keeps_order_per_key(cluster, rc):
         assert len(seq) == 25
 
 
+
+def test_send_async_sharding_keys_batch_per_key_and_keep_each_keys_order(cluster, rc):
+    """send_async with a sharding key joins its key's caller-side batch: 4 threads, 40 keys
+    each (str and int, 1 and "1" being two keys), every 5th message of a key sent one-way
+    between its async ones (it seals the key's open batch: it may not be overtaken).  Every
+    key's messages land in select_by_hash's queue, in the order they were sent."""
+    from rmq.client.producer import java_hash
+    create_topic(rc, cluster, "OrderedAsync", 4)
+    per_key, threads = 12, 4
+    with Producer(cluster.namesrv_addr, group="pg-oa", linger_ms=20) as p:
+        wait_route(p, "OrderedAsync", 4)
+        errors = []
+
+        def sender(t):
+            keys = [f"t{t}-{k}" for k in range(20)] + [1000 + t * 100 + k for k in range(20)]
+            futs = []
+            for i in range(per_key):
+                for key in keys:
+                    m = Message("OrderedAsync", f"{key!r}|{i}".encode())
+                    if i % 5 == 4:
+                        p.send_oneway(m, sharding_key=key)
+                    else:
+                        futs.append(p.send_async(m, sharding_key=key))
+            for f in futs:
+                if f.exception(WAIT_S) is not None:
+                    errors.append(f.exception())
+
+        workers = [threading.Thread(target=sender, args=(t,)) for t in range(threads)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join(WAIT_S * 2)
+        p.send(Message("OrderedAsync", b"'1'|0"), sharding_key="1")
+        p.send(Message("OrderedAsync", b"1|0"), sharding_key=1)
+    assert not errors
+    total = threads * 40 * per_key + 2
+    by_key: dict = {}
+    for rec in pull_topic(rc, cluster, "OrderedAsync", 4, total):
+        key, i = rec.body.decode().rsplit("|", 1)
+        by_key.setdefault(key, []).append((rec.queue_offset, rec.queue_id, int(i), rec.properties["__SHARDINGKEY"]))
+    assert sum(len(v) for v in by_key.values()) == total
+    for key, recs in by_key.items():
+        k = eval(key)                                           # the repr written above: str or int
+        assert {q for _, q, _, _ in recs} == {abs(java_hash(k)) % 4}, key
+        assert {sk for _, _, _, sk in recs} == {str(k)}
+        assert [i for _, _, i, _ in sorted(recs)] == sorted(i for _, _, i, _ in recs), f"order broken for {key}"
+    assert len(by_key["'1'"]) == len(by_key["1"]) == 1
+
+
 def test_ordered_send_to_unknown_topic_is_refused(cluster):
     with Producer(cluster.namesrv_addr, group="pg") as p:
         with pytest.raises(MQClientError, match="ordered sends need the topic"):
