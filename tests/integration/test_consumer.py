@@ -987,9 +987,11 @@ def test_poll_arrow_gives_polls_messages_as_columns(cluster):
     assert len(tagged) == 101 and {r["tags"] for r in tagged} == {"a"}
 
 
-def test_a_long_run_commits_its_offset_before_it_ends(cluster):
-    """A worker going through a pull's requests alone commits what it consumed at least every
-    RUN_COMMIT_INTERVAL_S, not only at the end of the run."""
+@pytest.mark.parametrize("aio", [False, True], ids=["thread", "asyncio"])
+def test_a_long_run_commits_its_offset_before_it_ends(cluster, aio):
+    """A worker (a consume task in rmq.aio) going through a pull's requests alone commits what
+    it consumed at least every RUN_COMMIT_INTERVAL_S, not only at the end of the run."""
+    from rmq.aio.consumer import AsyncPushConsumer
     from rmq.client.consumer import RUN_COMMIT_INTERVAL_S
     create_topic(cluster, "T", 1)
     send_many(cluster, "T", [(b"%d" % i, 0) for i in range(20)])        # one queue: one pull, one run
@@ -997,18 +999,41 @@ def test_a_long_run_commits_its_offset_before_it_ends(cluster):
     seen_at_last = []
     holder = {}
 
-    def listener(msgs, ctx):
+    def work(msgs):
         n = int(msgs[0].body)
-        if n < 5:
-            time.sleep(RUN_COMMIT_INTERVAL_S / 2)       # stands for work: 5 of them outlast the interval
         if n == 19:
             seen_at_last.append(holder["c"].offset_store.read_memory(mq))
+        return RUN_COMMIT_INTERVAL_S / 2 if n < 5 else 0      # stands for work: 5 of them outlast the interval
 
-    c = holder["c"] = push_consumer(cluster, "longrun", listener, consume_thread_max=1)
-    try:
-        c.start()
-        wait_for(lambda: seen_at_last, what="the last message consumed")
-        assert 0 < seen_at_last[0] < 20, seen_at_last      # committed during the run, before its end
-        wait_for(lambda: c.offset_store.read_memory(mq) == 20, what="the whole run committed")
-    finally:
-        c.shutdown()
+    def listener(msgs, ctx):
+        time.sleep(work(msgs))
+
+    async def aio_listener(msgs, ctx):
+        await asyncio.sleep(work(msgs))
+
+    if not aio:
+        c = holder["c"] = push_consumer(cluster, "longrun", listener, consume_thread_max=1)
+        try:
+            c.start()
+            wait_for(lambda: seen_at_last, what="the last message consumed")
+            assert 0 < seen_at_last[0] < 20, seen_at_last      # committed during the run, before its end
+            wait_for(lambda: c.offset_store.read_memory(mq) == 20, what="the whole run committed")
+        finally:
+            c.shutdown()
+        return
+
+    async def main():
+        c = holder["c"] = AsyncPushConsumer(cluster.namesrv_addr, "longrun-aio", **{**FAST, "consume_thread_max": 1})
+        c.subscribe("T", "*")
+        c.register_message_listener(aio_listener)
+        await c.start()
+        try:
+            deadline = time.monotonic() + 30
+            while not seen_at_last or c.offset_store.read_memory(mq) != 20:
+                assert time.monotonic() < deadline, (seen_at_last, c.offset_store.read_memory(mq))
+                await asyncio.sleep(0.02)
+        finally:
+            await c.shutdown()
+        assert 0 < seen_at_last[0] < 20, seen_at_last          # committed during the run, before its end
+
+    asyncio.run(asyncio.wait_for(main(), 60))
