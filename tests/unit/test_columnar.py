@@ -269,3 +269,28 @@ def test_pages_of_several_queues_in_one_batch(log, bad):
     want = pyarrow.Table.from_batches(parts, schema=schema).combine_chunks().to_batches()[0]
     assert got.equals(want), (got.to_pylist(), want.to_pylist())
     assert got.column("topic").to_pylist() == ["TopicTest", "TopicTest", "Other"]
+
+
+def test_the_fast_path_does_not_make_pyarrow_import_pandas(tmp_path):
+    """pa.scalar / pa.array of Python objects make pyarrow import pandas, about 0.25 s on a
+    process's first batch (PullConsumer.poll_arrow's first call); the fast path builds every
+    column from buffers, so a fresh process decodes without it."""
+    import subprocess
+    import sys
+    code = f"""
+import pathlib, sys
+from tests.unit.test_columnar import Log, MQ
+from rmq.arrow import arrow_schema, pages_to_batch
+assert "pandas" not in sys.modules
+lg = Log(pathlib.Path({str(tmp_path)!r}))
+lg.put([(b"x", {{"TAGS": "a", "KEYS": "k"}}, 0)] * 3)
+one = pages_to_batch(lg.pages(), MQ, arrow_schema(True), True)
+many = pages_to_batch(lg.pages(), None, arrow_schema(True), True, mqs=[MQ])
+assert one.num_rows == many.num_rows == 3 and one.column("topic").to_pylist() == ["TopicTest"] * 3
+assert one.column("queue_id").to_pylist() == [3] * 3 and one.column("broker_name").to_pylist() == ["broker-a"] * 3
+print("pandas" in sys.modules)
+"""
+    root = __file__.rsplit("/tests/", 1)[0]
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
