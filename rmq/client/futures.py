@@ -36,12 +36,13 @@ class SendFuture(Future):
 
     def __init__(self, callback: Optional[Callable[[Future], Any]] = None) -> None:
         # no super().__init__(): it builds the Condition.  ``callback`` is a done-callback added
-        # before any other thread can see the future (no lock needed).
+        # before any other thread can see the future (no lock needed).  Every object the cyclic
+        # GC tracks costs the sending thread (the collections run in it): the waiters' and the
+        # callbacks' lists exist only once something asks for them.
         self._state = RUNNING
         self._result = None
         self._exception = None
-        self._waiters: list = []
-        self._done_callbacks: list = [callback] if callback is not None else []
+        self._cb = callback
 
     @property
     def _condition(self) -> threading.Condition:  # type: ignore[override]
@@ -52,6 +53,24 @@ class SendFuture(Future):
                 if c is None:
                     c = self.__dict__["_cond"] = threading.Condition()
         return c
+
+    # Future's methods reach these under the condition (add_done_callback, wait, as_completed),
+    # or after FINISHED (the completion's step 3): never two threads creating one at once
+    @property
+    def _waiters(self) -> list:  # type: ignore[override]
+        w = self.__dict__.get("_w")
+        if w is None:
+            w = self.__dict__["_w"] = []
+        return w
+
+    @property
+    def _done_callbacks(self) -> list:  # type: ignore[override]
+        cbs = self.__dict__.get("_cbs")
+        if cbs is None:
+            cb = self._cb
+            cbs = self.__dict__["_cbs"] = [cb] if cb is not None else []
+            self._cb = None
+        return cbs
 
     def _finish(self, result, exception) -> None:
         finish_future(self, result, exception)     # steps (1)-(3) above, in C (rmq._core.client_msg)

@@ -85,3 +85,28 @@ def test_completion_racing_a_waiter_in_another_thread_never_loses_a_wakeup(waite
         if waiter == "callback":
             assert done.wait(5)
         assert got == [i], (waiter, i, got)
+
+
+def test_a_send_future_and_a_prepared_message_give_the_cyclic_gc_little_to_track():
+    """The GC's collections run in the thread that allocates (the sender's, per send_async): a
+    future with a callback is its object, its __dict__ and nothing else (no waiters' or
+    callbacks' list until asked for: FUTURE_TRACKED_OBJECTS), and a PreparedMessage is not
+    tracked at all; the lazily made lists still serve add_done_callback and wait()."""
+    import gc
+
+    from rmq import Message
+    from rmq.client.producer import ProducerOptions, message_preparer
+    FUTURE_TRACKED_OBJECTS = 2
+    cb = print
+    f = SendFuture(cb)
+    tracked = [f, f.__dict__] + [o for o in gc.get_referents(f.__dict__) if gc.is_tracked(o) and o is not cb]
+    assert len(tracked) == FUTURE_TRACKED_OBJECTS
+    assert not gc.is_tracked(message_preparer(ProducerOptions()).prepare(Message("T", b"x")))
+    calls = []
+    f = SendFuture(lambda fut: calls.append(1))
+    f.add_done_callback(lambda fut: calls.append(2))       # materialises the list, with the first one
+    t = threading.Timer(0.05, f.set_result, (7,))
+    t.start()
+    d, _ = wait([f], 5)
+    t.join()
+    assert next(iter(d)).result() == 7 and calls == [1, 2]
