@@ -246,3 +246,28 @@ def test_prepare_batch_limits():
     assert total == 6 * (100 + 22 + 42) <= 1000                # body + element header + UNIQ_KEY property
     with pytest.raises(MQClientError, match="the batch size over max value, MAX: 1000"):
         prepare_batch(msgs + [Message("T", b"x" * 100)], opts)
+
+
+def test_complete_send_batch_gives_each_future_its_result_once():
+    """A caller-side batch's answer: message i gets queue offset base + i, its own UNIQ_KEY and
+    broker id, SendResult's default region; callbacks run once; a future already finished (a
+    timeout that raced the answer) keeps its outcome."""
+    from concurrent.futures import InvalidStateError
+
+    from rmq.client.futures import SendFuture
+    from rmq.client.message import MessageQueue, SendResult, SendStatus
+    mp = message_preparer(ProducerOptions())
+    preps = [mp.prepare(Message("T", b"m%d" % i)) for i in range(3)]
+    calls = []
+    futs = [SendFuture(lambda f: calls.append(f.result().queue_offset)) for _ in preps]
+    futs[1].set_exception(TimeoutError("late"))
+    mq = MessageQueue("T", "broker-a", 2)
+    out = cm.complete_send_batch(futs, SendResult, SendStatus.SEND_OK, preps, mq, 40, ["o0", "o1", "o2"])
+    assert [(r.status, r.msg_id, r.message_queue, r.queue_offset, r.offset_msg_id, r.region_id) for r in out] == \
+        [(SendStatus.SEND_OK, p.uniq_id, mq, 40 + i, f"o{i}", "DefaultRegion") for i, p in enumerate(preps)]
+    assert out[0] == SendResult(SendStatus.SEND_OK, preps[0].uniq_id, mq, 40, "o0")
+    assert futs[0].result() is out[0] and futs[2].result() is out[2]
+    assert isinstance(futs[1].exception(), TimeoutError)
+    assert calls == [40, 42]            # futs[1]'s callback ran at its failure (and raised on result())
+    with pytest.raises(InvalidStateError):
+        cm.finish_future(futs[0], None, None)
