@@ -8,6 +8,7 @@ physical offset, queue offset, store timestamp, body CRC and whole-record
 ``__CRC32#`` property, in one nogil loop.  ``check_record`` is RocketMQ's
 ``checkMessageAndReturnSize``; recovery and dispatch scan with it.
 """
+cimport cython
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from libc.stdint cimport int16_t, int32_t, int64_t, uint16_t, uint32_t
 from libc.string cimport memcmp, memcpy
@@ -673,7 +674,8 @@ def decode_message_id(str msg_id):
 
 
 # -- decoding -------------------------------------------------------------------------------
-cdef class MessageExt:
+@cython.no_gc          # what it holds (str, bytes, a dict of str) never refers back to it: pulled
+cdef class MessageExt:   # messages are not for the cyclic GC to scan (its collections ran in poll())
     """One stored message, decoded from its CommitLog record (RocketMQ ``MessageExt``)."""
     cdef public str topic
     cdef public object body                 # bytes (None when not read)
