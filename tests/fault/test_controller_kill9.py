@@ -31,7 +31,8 @@ from rmq.protocol import ResponseCode
 from tests.conftest import env_int
 from tests.integration.cluster import Cluster
 from tests.integration.test_broker import pull, pull_all, send, wait_for
-from tests.integration.test_controller_failover import TIMEOUT_MS, Controller, controlled_conf, role, sync_state
+from tests.integration.test_controller_failover import (TIMEOUT_MS, Controller, controlled_conf, rejoin, role,
+                                                        sync_state)
 from tests.integration.test_ha import create_topic, runtime
 
 pytestmark = pytest.mark.fault
@@ -98,32 +99,6 @@ def consumer(run: Run, stop: threading.Event) -> None:
                         run.read[(q, m.queue_offset)] = bytes(m.body)
                 run.next_offset[q] = int(r.fields["nextBeginOffset"])
             time.sleep(0.005)
-
-
-def rejoin(c, ctl, broker: Cluster) -> None:
-    """Start a killed broker's group again until it runs as a replica (a diverged tail makes it exit
-    75 once: its group is started again) and the SyncStateSet holds both brokers."""
-    for _ in range(3):
-        broker.start_group()
-
-        def settled():
-            code = broker.procs["broker"].proc.poll()
-            if code is not None:
-                return code
-            try:
-                t = runtime(c, broker.broker_addr)
-            except Exception:  # noqa: BLE001 - starting (or exiting)
-                return None
-            # a replica streaming from the master: past the handshake that may ask it to truncate
-            return "SLAVE" if t["brokerRole"] == "SLAVE" and t.get("haConnected") else None
-        state = wait_for(settled, 60)
-        if state == "SLAVE":
-            break
-        assert state == 75, f"the old master's broker exited {state}"
-        broker.kill_group()
-    else:
-        raise AssertionError("the old master did not come back as a replica")
-    wait_for(lambda: len(sync_state(ctl).get("syncStateSet") or []) == 2, 90)
 
 
 def find_master(c, brokers):
