@@ -59,7 +59,7 @@ from rmq.client.consumer import (BROKER_SUSPEND_MAX_TIME_MS, CONCURRENT_MAX_RECO
                                  REBALANCE_LOCK_INTERVAL_MS, RECONSUME_LATER_LOCALLY_MS, SHUTDOWN_AWAIT_MS,
                                  SUSPEND_CURRENT_QUEUE_TIME_MS, CONSUME_CONCURRENTLY_MAX_SPAN,
                                  ConsumeConcurrentlyContext, ConsumeConcurrentlyStatus, ConsumeFromWhere,
-                                 ConsumeOrderlyContext, ConsumeOrderlyStatus, MessageModel, RUN_COMMIT_INTERVAL_S, _enum,
+                                 ConsumeOrderlyContext, ConsumeOrderlyStatus, MessageModel, RunCommits, _enum,
                                  compute_pull_from_where)
 from rmq.client.consumer_api import (RECONNECT_WAIT_MS, ROUTE_REFRESH_INTERVAL_MS, PullFromWhichNode, group_addrs,
                                      route_refresh_due)
@@ -1287,29 +1287,26 @@ class AsyncPushConsumer:
         the process queue, offset, counts) at the end and at least every
         ``RUN_COMMIT_INTERVAL_S``; any other outcome takes the per-request path at once."""
         self._running_tasks += 1
-        done: list = []
+        commits = RunCommits()
         try:
             async with self._sem:
-                last = time.monotonic()
                 while run and self._state == "RUNNING":
                     msgs = run.popleft()
                     outcome = await self._consume_once(msgs, pq, mq)
                     if outcome is None:
-                        done = []                   # dropped: the new owner redelivers them
-                        return
+                        return                      # dropped: the new owner redelivers them
                     status, ctx = outcome
-                    if status is ConsumeConcurrentlyStatus.CONSUME_SUCCESS and ctx.ack_index >= len(msgs) - 1:
-                        done.extend(msgs)
-                        if time.monotonic() - last >= RUN_COMMIT_INTERVAL_S:
-                            self._commit_consumed(done, pq, mq)
-                            done = []
-                            last = time.monotonic()
+                    if commits.wholly_consumed(status, ctx, msgs):
+                        now = commits.add(msgs)
+                        if now:
+                            self._commit_consumed(now, pq, mq)
                     else:
                         await self._process_result(status, ctx, msgs, pq, mq)
         finally:
             self._running_tasks -= 1
-            if done and not pq.dropped:
-                self._commit_consumed(done, pq, mq)
+            left = commits.take()
+            if left and not pq.dropped:
+                self._commit_consumed(left, pq, mq)
 
     async def _consume_concurrently(self, msgs: list, pq: ProcessQueue, mq: MessageQueue) -> None:
         """One ConsumeRequest on its own (a local re-consume), in a listener slot."""

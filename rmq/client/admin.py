@@ -50,7 +50,6 @@ import dataclasses
 import enum
 import ipaddress
 import random
-import time
 import zlib
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional, Union
@@ -58,9 +57,10 @@ from typing import Any, Iterable, Optional, Union
 from rmq._core import commitlog as _cl
 from rmq.client.message import MessageQueue, SendResult, SendStatus, create_uniq_id
 from rmq.client.remoting import DEFAULT_TIMEOUT_MS, RemotingClient
-from rmq.common.mix_all import (DEFAULT_NAMESRV_ADDR, MASTER_ID, TOOLS_CONSUMER_GROUP, is_dlq_topic, is_retry_topic,
-                                retry_topic)
+from rmq.common.mix_all import (DEFAULT_NAMESRV_ADDR, DEFAULT_TOPIC_QUEUE_NUMS, MASTER_ID, TOOLS_CONSUMER_GROUP,
+                                is_dlq_topic, is_retry_topic, retry_topic)
 from rmq.common.perm import PERM_MAX, PERM_READ, PERM_WRITE
+from rmq.common.request_header import PullMessageRequestHeader, SendMessageRequestHeader
 from rmq.common.route import QueueData, broker_addrs_from_wire
 from rmq.common.topic_validator import MAX_QUEUE_NUMS, check_group, check_topic
 from rmq.errors import MQBrokerError, MQClientError, RemotingTimeoutError, RmqError
@@ -72,7 +72,6 @@ __all__ = ["Admin", "TopicUpdate", "TopicDeletion", "QueueData", "BrokerData", "
            "MASTER_ROLES", "StatsRow", "MessageTrack", "ProducerConnection"]
 
 TOOLS_PRODUCER_GROUP = "TOOLS_PRODUCER"     # producer group of sendMessage
-DEFAULT_TOPIC_QUEUE_NUMS = 4                # producer defaultTopicQueueNums, for a topic without a route
 QUERY_MAX_NUM = 64                          # the broker's ceiling for QUERY_MESSAGE maxNum
 PULL_BATCH = 32                             # pullBatchSize
 MAX_PULL_BATCH = 4096                       # the broker's maxMsgNums ceiling
@@ -997,9 +996,8 @@ class Admin:
         if offset < 0:
             return 0
         try:
-            resp = self._invoke(addr, RequestCode.PULL_MESSAGE, {
-                "consumerGroup": TOOLS_CONSUMER_GROUP, "topic": topic, "queueId": queue_id,
-                "queueOffset": offset, "maxMsgNums": 1, "sysFlag": 0, "subscription": "*"})
+            resp = self._invoke(addr, RequestCode.PULL_MESSAGE,
+                                PullMessageRequestHeader(TOOLS_CONSUMER_GROUP, topic, queue_id, offset, 1).to_fields())
         except MQClientError:
             return 0
         if resp.code != ResponseCode.SUCCESS or not resp.bodies:
@@ -1369,9 +1367,8 @@ class Admin:
         return out[:max_num]
 
     def _pull(self, addr: str, group: str, topic: str, queue_id: int, offset: int, max_nums: int) -> Frame:
-        return self._broker(addr, RequestCode.PULL_MESSAGE, {
-            "consumerGroup": group, "topic": topic, "queueId": queue_id, "queueOffset": offset,
-            "maxMsgNums": max_nums, "sysFlag": 0, "subscription": "*"},
+        return self._broker(addr, RequestCode.PULL_MESSAGE,
+                            PullMessageRequestHeader(group, topic, queue_id, offset, max_nums).to_fields(),
             ok=(ResponseCode.SUCCESS, ResponseCode.PULL_NOT_FOUND, ResponseCode.PULL_RETRY_IMMEDIATELY,
                 ResponseCode.PULL_OFFSET_MOVED))
 
@@ -1497,9 +1494,8 @@ class Admin:
             props["TAGS"] = tags
         if keys:
             props["KEYS"] = keys if isinstance(keys, str) else " ".join(keys)
-        resp = self._broker(addr, RequestCode.SEND_MESSAGE, {
-            "producerGroup": TOOLS_PRODUCER_GROUP, "topic": topic, "queueId": int(queue_id), "properties": props,
-            "bornTimestamp": int(time.time() * 1000), "sysFlag": 0, "flag": 0},
+        resp = self._broker(addr, RequestCode.SEND_MESSAGE,
+                            SendMessageRequestHeader(TOOLS_PRODUCER_GROUP, topic, queue_id, properties=props).to_fields(),
             bodies=[bytes(body)], ok=(ResponseCode.SUCCESS, ResponseCode.FLUSH_DISK_TIMEOUT,
                                       ResponseCode.FLUSH_SLAVE_TIMEOUT, ResponseCode.SLAVE_NOT_AVAILABLE))
         status = {ResponseCode.SUCCESS: SendStatus.SEND_OK, ResponseCode.FLUSH_DISK_TIMEOUT:

@@ -768,6 +768,35 @@ class _ConsumePool:
                 t.join(max(0.0, deadline - time.monotonic()))
 
 
+class RunCommits:
+    """The wholly consumed requests of one consume run (a worker thread's or an asyncio task's),
+    committed together: :meth:`add` returns what to commit now (at least every
+    ``RUN_COMMIT_INTERVAL_S``), :meth:`take` what is left at the run's end.  No I/O and no lock:
+    one run, one owner."""
+
+    __slots__ = ("done", "last")
+
+    def __init__(self) -> None:
+        self.done: list = []
+        self.last = time.monotonic()
+
+    @staticmethod
+    def wholly_consumed(status, ctx: ConsumeConcurrentlyContext, msgs: list) -> bool:
+        """CONSUME_SUCCESS with no ``ack_index`` cutting the request short."""
+        return status is ConsumeConcurrentlyStatus.CONSUME_SUCCESS and ctx.ack_index >= len(msgs) - 1
+
+    def add(self, msgs: list) -> Optional[list]:
+        self.done.extend(msgs)
+        if time.monotonic() - self.last < RUN_COMMIT_INTERVAL_S:
+            return None
+        self.last = time.monotonic()
+        return self.take()
+
+    def take(self) -> list:
+        out, self.done = self.done, []
+        return out
+
+
 class _ConsumeRun:
     """The ConsumeRequests (lists of at most ``consume_message_batch_max_size`` messages) of one
     pull result of ``mq``, taken by the workers that get the run (RocketMQ's
@@ -1434,8 +1463,7 @@ class PushConsumer:
         ``RUN_COMMIT_INTERVAL_S``; any other outcome goes through the per-request path at once.
         Stops taking requests when the consumer stops (those left are redelivered later)."""
         pq, mq, requests = run.pq, run.mq, run.requests
-        done: list = []
-        last = time.monotonic()
+        commits = RunCommits()
         while self._state == "RUNNING":
             try:
                 msgs = requests.popleft()
@@ -1443,18 +1471,17 @@ class PushConsumer:
                 break
             outcome = self._consume_once(msgs, pq, mq)
             if outcome is None:
-                return
+                return                              # dropped: the new owner redelivers them
             status, ctx = outcome
-            if status is ConsumeConcurrentlyStatus.CONSUME_SUCCESS and ctx.ack_index >= len(msgs) - 1:
-                done.extend(msgs)
-                if time.monotonic() - last >= RUN_COMMIT_INTERVAL_S:
-                    self._commit_consumed(done, pq, mq)
-                    done = []
-                    last = time.monotonic()
+            if commits.wholly_consumed(status, ctx, msgs):
+                now = commits.add(msgs)
+                if now:
+                    self._commit_consumed(now, pq, mq)
             else:
                 self._process_concurrent_result(status, ctx, msgs, pq, mq)
-        if done:
-            self._commit_consumed(done, pq, mq)
+        left = commits.take()
+        if left:
+            self._commit_consumed(left, pq, mq)
 
     def _commit_consumed(self, msgs: list, pq: ProcessQueue, mq: MessageQueue) -> None:
         """Messages consumed successfully: out of the process queue, the offset forward, counted

@@ -56,9 +56,10 @@ from rmq import protocol as P
 from rmq import security
 from rmq.client.remoting import DEFAULT_TIMEOUT_MS, RemotingClient
 from rmq.client.route import ROUTE_REFRESH_ON_FAILURE_MS, route_suspect
-from rmq.common.mix_all import MASTER_ID, dlq_topic, retry_topic
+from rmq.common.mix_all import CLIENT_INNER_PRODUCER_GROUP, MASTER_ID, dlq_topic, retry_topic
 from rmq.common.perm import PERM_READ
 from rmq.common.pull_sys_flag import build_sys_flag
+from rmq.common.request_header import PullMessageRequestHeader, SendMessageRequestHeader
 from rmq.common.route import broker_addrs_from_wire, find_broker_address_in_subscribe
 from rmq.errors import MQBrokerError, MQClientError, RemotingError, RemotingTimeoutError
 from rmq.filter import ExpressionType, MessageSelector, sql92
@@ -343,11 +344,9 @@ def build_pull_frame(group: str, mq: MessageQueue, offset: int, max_nums: int,
         expression_type = sub_string.expression_type
         sub_string = sub_string.sub_string
     flag = build_sys_flag(commit_offset=commit_offset >= 0, suspend=suspend_ms > 0, subscription=True)
-    return Frame(RequestCode.PULL_MESSAGE, fields={
-        "consumerGroup": group, "topic": mq.topic, "queueId": mq.queue_id, "queueOffset": int(offset),
-        "maxMsgNums": int(max_nums), "sysFlag": flag, "commitOffset": int(commit_offset),
-        "suspendTimeoutMillis": int(suspend_ms), "subscription": sub_string or SUB_ALL,
-        "expressionType": expression_type})
+    return Frame(RequestCode.PULL_MESSAGE, fields=PullMessageRequestHeader(
+        group, mq.topic, mq.queue_id, offset, max_nums, flag, commit_offset, suspend_ms, sub_string or SUB_ALL,
+        expression_type=expression_type).to_fields())
 
 
 def _decompress(body: bytes, sys_flag: int) -> bytes:
@@ -472,11 +471,9 @@ def retry_send_frame(group: str, msg, max_reconsume_times: int, delay_level: int
     else:
         topic = retry_topic(group)
         props["DELAY"] = str(min(delay_level or 3 + msg.reconsume_times, 18))
-    return Frame(RequestCode.SEND_MESSAGE, fields={
-        "producerGroup": "CLIENT_INNER_PRODUCER", "topic": topic, "queueId": -1, "sysFlag": 0,
-        "bornTimestamp": int(time.time() * 1000), "flag": int(msg.flag), "properties": props,
-        "reconsumeTimes": int(msg.reconsume_times + 1), "maxReconsumeTimes": int(max_reconsume_times)},
-        bodies=[msg.body or b""])
+    return Frame(RequestCode.SEND_MESSAGE, fields=SendMessageRequestHeader(
+        CLIENT_INNER_PRODUCER_GROUP, topic, flag=msg.flag, properties=props, reconsume_times=msg.reconsume_times + 1,
+        max_reconsume_times=max_reconsume_times).to_fields(), bodies=[msg.body or b""])
 
 
 def _check(resp: Frame, addr: str, what: str) -> Frame:

@@ -88,6 +88,9 @@ from rmq.client.route import (LATENCY_MAX_49, NOT_AVAILABLE_DURATION_49, ISOLATI
                               route_suspect, split_namesrv_addr)
 from rmq.errors import MQBrokerError, MQClientError, RemotingError, RemotingTimeoutError
 from rmq.protocol import Frame, ProtocolError, RequestCode, ResponseCode
+from rmq.common.mix_all import DEFAULT_TOPIC_QUEUE_NUMS
+from rmq.common.request_header import SendMessageRequestHeader
+from rmq.common.topic_validator import AUTO_CREATE_TOPIC_KEY_TOPIC as CREATE_TOPIC_KEY
 from rmq.common.topic_validator import check_group, check_topic   # pure functions: the client never touches files
 
 log = logging.getLogger("rmq.producer")
@@ -101,8 +104,6 @@ COMPRESS_LEVEL = 5                         # rocketmq.message.compressLevel
 MAX_MESSAGE_SIZE = 4 * 1024 * 1024         # bytes of body (of the whole batch body for send_batch)
 POLL_NAME_SERVER_INTERVAL_MS = 30_000      # route refresh period
 HEARTBEAT_BROKER_INTERVAL_MS = 30_000      # HEART_BEAT to every broker in use
-DEFAULT_TOPIC_QUEUE_NUMS = 4               # queues asked for when the broker auto-creates a topic
-CREATE_TOPIC_KEY = "TBW102"                # RocketMQ's auto-create template topic (sent as a hint)
 CONNECT_TIMEOUT_MS = 1000                  # an attempt waits this long for a broker connection (IMMEDIATE)
 MAX_IN_FLIGHT = 32                         # outstanding requests per producer (pipelining)
 MAX_PENDING_MESSAGES = 10_000              # accepted but unanswered messages before send_async blocks
@@ -258,21 +259,17 @@ def send_request(preps: Sequence[PreparedMessage], queue_id: int, group: str, ba
     """SEND_MESSAGE (one message) or SEND_BATCH_MESSAGE (``batch``) for ``preps``, to ``queue_id``
     (-1: the broker picks).  ``batch_body`` reuses an earlier :func:`encode_batch` of the same messages."""
     first = preps[0]
-    fields = {"producerGroup": group, "topic": first.msg.topic, "queueId": queue_id,
-              "bornTimestamp": int(time.time() * 1000), "reconsumeTimes": 0,
-              "waitStoreMsgOK": all(p.wait for p in preps),
-              "defaultTopic": CREATE_TOPIC_KEY, "defaultTopicQueueNums": default_topic_queue_nums}
+    h = SendMessageRequestHeader(group, first.msg.topic, queue_id, default_topic=CREATE_TOPIC_KEY,
+                                 default_topic_queue_nums=default_topic_queue_nums,
+                                 wait_store_msg_ok=all(p.wait for p in preps))
     if batch:
-        if batch_body is None:
-            batch_body = batch_body_of(preps)
-        fields.update(sysFlag=0, flag=0, properties={})
-        body = batch_body
+        body = batch_body if batch_body is not None else batch_body_of(preps)
         code = RequestCode.SEND_BATCH_MESSAGE
     else:
-        fields.update(sysFlag=first.sys_flag, flag=first.msg.flag, properties=first.msg.properties)
+        h.sys_flag, h.flag, h.properties = first.sys_flag, first.msg.flag, first.msg.properties
         body = first.body
         code = RequestCode.SEND_MESSAGE
-    return Frame(code, flag=P.FLAG_ONEWAY if oneway else 0, fields=fields, bodies=[body])
+    return Frame(code, flag=P.FLAG_ONEWAY if oneway else 0, fields=h.to_fields(), bodies=[body])
 
 
 def batch_body_of(preps: Sequence[PreparedMessage]) -> bytes:

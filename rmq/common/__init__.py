@@ -10,6 +10,8 @@ module                                 content (RocketMQ class)
 :mod:`rmq.common.mix_all`              ``MASTER_ID`` (an int), ``%RETRY%`` / ``%DLQ%`` prefixes,
                                        ``retry_topic`` / ``dlq_topic``, tool group names (``MixAll``)
 :mod:`rmq.common.pull_sys_flag`        ``PULL_FLAG_*``, ``build_sys_flag``, ``has_*_flag`` (``PullSysFlag``)
+:mod:`rmq.common.request_header`       ``SendMessageRequestHeader``, ``PullMessageRequestHeader``: the header
+                                       fields of the codes several clients build (``common/protocol/header``)
 :mod:`rmq.common.route`                ``QueueData``, ``BrokerData``, ``TopicRouteData`` and their wire forms
                                        (``common/protocol/route``); broker ids are ints in memory, decimal
                                        strings on the wire

@@ -13,6 +13,7 @@ from rmq.common.mix_all import DLQ_GROUP_TOPIC_PREFIX, RETRY_GROUP_TOPIC_PREFIX
 from rmq.errors import MessageIllegalError
 
 __all__ = ["VALID_NAME_PATTERN", "GROUP_MAX_LENGTH", "MAX_QUEUE_NUMS", "SYSTEM_TOPIC_PREFIXES", "RMQ_SYS_TRACE_TOPIC",
+           "AUTO_CREATE_TOPIC_KEY_TOPIC",
            "check_topic", "check_group", "check_queue_id"]
 
 # TopicValidator's charset: ^[%|a-zA-Z0-9_-]+$ -- no '.', '/' or '\0', so a topic
@@ -21,6 +22,7 @@ VALID_NAME_PATTERN = re.compile(r"^[%|a-zA-Z0-9_-]+\Z")   # \Z, not $: "$" also 
 GROUP_MAX_LENGTH = 255           # client Validators
 MAX_QUEUE_NUMS = 1024            # queue ids are 0..MAX_QUEUE_NUMS-1 (rmq limit; RocketMQ's admin default is 8)
 SYSTEM_TOPIC_PREFIXES = (RETRY_GROUP_TOPIC_PREFIX, DLQ_GROUP_TOPIC_PREFIX)
+AUTO_CREATE_TOPIC_KEY_TOPIC = "TBW102"           # the template a topic auto-created by a send copies
 RMQ_SYS_TRACE_TOPIC = "RMQ_SYS_TRACE_TOPIC"     # the default message trace topic
 
 

@@ -47,6 +47,7 @@ from typing import Optional
 from rmq import protocol as P
 from rmq._core import commitlog as _cl
 from rmq.common.mix_all import TOOLS_CONSUMER_GROUP
+from rmq.common.request_header import PullMessageRequestHeader
 from rmq.errors import MQClientError, RmqError
 from rmq.protocol import Frame, RequestCode, ResponseCode
 from rmq.proxy.remoting import SERVER_VERSION, RemotingCommand
@@ -219,9 +220,8 @@ class ProxyAdmin:
         if offset < 0:
             return 0
         try:
-            resp = await self.s._invoke(addr, Frame(RequestCode.PULL_MESSAGE, fields={
-                "consumerGroup": TOOLS_CONSUMER_GROUP, "topic": topic, "queueId": queue_id, "queueOffset": offset,
-                "maxMsgNums": 1, "sysFlag": 0, "subscription": "*"}))
+            resp = await self.s._invoke(addr, Frame(RequestCode.PULL_MESSAGE, fields=PullMessageRequestHeader(
+                TOOLS_CONSUMER_GROUP, topic, queue_id, offset, 1).to_fields()))
         except (RmqError, OSError):
             return 0
         if resp.code != ResponseCode.SUCCESS or not resp.bodies:

@@ -38,8 +38,9 @@ import grpc
 from rmq import protocol as P
 from rmq.client.consumer_api import SubscriptionData, consumer_data
 from rmq.client.simple_consumer import CONSUME_TYPE_POP, MAX_MESSAGE_NUM, parse_pop_response, pop_frame
-from rmq.common.mix_all import is_retry_topic, retry_topic
+from rmq.common.mix_all import CLIENT_INNER_PRODUCER_GROUP, is_retry_topic, retry_topic
 from rmq.common.perm import PERM_READ, PERM_WRITE
+from rmq.common.request_header import SendMessageRequestHeader
 from rmq.errors import MQClientError, RemotingError
 from rmq.protocol import Frame, RequestCode, ResponseCode
 from rmq.proxy.forward import Forwarder
@@ -422,11 +423,10 @@ class MessagingService:
                 props["CHECK_IMMUNITY_TIME_IN_SECONDS"] = str(sp.orphaned_transaction_recovery_duration.seconds)
         lay = await self._layout(topic)
         group, qid = lay.locate(self._select_queue(topic, lay, sp))
-        fields = {"producerGroup": "CLIENT_INNER_PRODUCER", "topic": topic, "queueId": qid,
-                  "defaultTopicQueueNums": group.span, "sysFlag": sys_flag,
-                  "bornTimestamp": sp.born_timestamp.ToMilliseconds() or int(time.time() * 1000), "flag": 0,
-                  "reconsumeTimes": 0, "bornHost": _peer(context), "properties": _props_string(props)}
-        resp = await self.b._invoke(group.addr, Frame(RequestCode.SEND_MESSAGE, fields=fields, bodies=[body]))
+        h = SendMessageRequestHeader(CLIENT_INNER_PRODUCER_GROUP, topic, qid, sys_flag, properties=_props_string(props),
+                                     default_topic_queue_nums=group.span, born_host=_peer(context))
+        h.born_timestamp = sp.born_timestamp.ToMilliseconds() or h.born_timestamp
+        resp = await self.b._invoke(group.addr, Frame(RequestCode.SEND_MESSAGE, fields=h.to_fields(), bodies=[body]))
         if resp.code not in (ResponseCode.SUCCESS, ResponseCode.FLUSH_DISK_TIMEOUT, ResponseCode.FLUSH_SLAVE_TIMEOUT,
                              ResponseCode.SLAVE_NOT_AVAILABLE):
             raise MQClientError(resp.remark or f"send failed with code {resp.code}", int(resp.code))

@@ -41,7 +41,9 @@ from typing import Optional
 from rmq import protocol as P
 from rmq._core import commitlog as _cl
 from rmq.client.route import cluster_info_request, parse_cluster_info, parse_route_response
-from rmq.common.mix_all import MASTER_ID
+from rmq.common.mix_all import DEFAULT_TOPIC_QUEUE_NUMS, MASTER_ID
+from rmq.common.request_header import SUB_ALL, TAG, PullMessageRequestHeader, SendMessageRequestHeader, now_ms
+from rmq.common.topic_validator import AUTO_CREATE_TOPIC_KEY_TOPIC as TBW102
 from rmq.common.perm import PERM_READ, PERM_WRITE
 from rmq.common.route import broker_addrs_to_wire
 from rmq.errors import MQClientError, RemotingError
@@ -63,7 +65,6 @@ FD_RESERVE = 256                         # descriptors kept for the proxy's own 
 ROUTE_CACHE_MS = 3_000                   # a topic's layout is reused this long
 AUTO_CREATE_SPAN = 8                     # BrokerConfig.defaultTopicQueueNums: TBW102's queues per group
 FORWARD_TIMEOUT_MS = 3_000               # a forwarded request (pulls: their suspend time + this)
-TBW102 = "TBW102"                        # TopicValidator.AUTO_CREATE_TOPIC_KEY_TOPIC
 TRANSACTION_PREPARED_TYPE = 0x4          # MessageSysFlag: a half message
 TRANSACTION_TYPE_MASK = 0xC
 
@@ -434,23 +435,21 @@ class ProxyServer:
         else:
             lay, (group, qid) = await self._locate(fake, topic, auto_create=True)
         props_str = f.get("properties", "")
-        fields = {"producerGroup": f.get("producerGroup", ""), "topic": topic, "queueId": qid,
-                  "defaultTopicQueueNums": min(_int(f, "defaultTopicQueueNums", 4), group.span) or 4,
-                  "sysFlag": _int(f, "sysFlag", 0), "bornTimestamp": _int(f, "bornTimestamp", int(time.time() * 1000)),
-                  "flag": _int(f, "flag", 0), "reconsumeTimes": _int(f, "reconsumeTimes", 0), "bornHost": born_host}
+        h = SendMessageRequestHeader(
+            f.get("producerGroup", ""), topic, qid, _int(f, "sysFlag", 0), _int(f, "bornTimestamp", now_ms()),
+            _int(f, "flag", 0), props_str, _int(f, "reconsumeTimes", 0),
+            default_topic_queue_nums=min(_int(f, "defaultTopicQueueNums", DEFAULT_TOPIC_QUEUE_NUMS), group.span)
+            or DEFAULT_TOPIC_QUEUE_NUMS, born_host=born_host)
         if "maxReconsumeTimes" in f:
-            fields["maxReconsumeTimes"] = _int(f, "maxReconsumeTimes", 16)
+            h.max_reconsume_times = _int(f, "maxReconsumeTimes", 16)
         if batch:
-            props = _cl.decode_properties(props_str.encode("utf-8")) if props_str else None
-            if props:
-                fields["properties"] = props
+            h.properties = (_cl.decode_properties(props_str.encode("utf-8")) if props_str else None) or {}
             code = RequestCode.SEND_BATCH_MESSAGE
         else:
-            fields["properties"] = props_str
             code = RequestCode.SEND_MESSAGE
             if "WAIT\x01false" in props_str:            # the producer does not wait for the flush
-                fields["waitStoreMsgOK"] = "false"
-        resp = await self._invoke(group.addr, Frame(code, fields=fields, bodies=[cmd.body]))
+                h.wait_store_msg_ok = False
+        resp = await self._invoke(group.addr, Frame(code, fields=h.to_fields(), bodies=[cmd.body]))
         if resp.code != ResponseCode.SUCCESS and resp.code not in (ResponseCode.FLUSH_DISK_TIMEOUT,
                                                                    ResponseCode.FLUSH_SLAVE_TIMEOUT,
                                                                    ResponseCode.SLAVE_NOT_AVAILABLE):
@@ -460,7 +459,7 @@ class ProxyServer:
                "MSG_REGION": "DefaultRegion", "TRACE_ON": "true"}
         if "transactionId" in resp.fields:
             out["transactionId"] = resp.fields["transactionId"]
-        if (fields["sysFlag"] & TRANSACTION_TYPE_MASK) == TRANSACTION_PREPARED_TYPE and not batch:
+        if (h.sys_flag & TRANSACTION_TYPE_MASK) == TRANSACTION_PREPARED_TYPE and not batch:
             # a half message: its END_TRANSACTION goes to this group
             self.tx_routes.remember(resp.fields.get("transactionId") or uniq_key(props_str), group.addr)
         return cmd.response(resp.code, resp.remark or None, out)
@@ -470,11 +469,10 @@ class ProxyServer:
         f = cmd.ext_fields
         lay, (group, qid) = await self._locate(cmd, _field(cmd, "topic"))
         suspend = _int(f, "suspendTimeoutMillis", 0)
-        fields = {"consumerGroup": f.get("consumerGroup", ""), "topic": lay.topic, "queueId": qid,
-                  "queueOffset": _int(f, "queueOffset", 0), "maxMsgNums": _int(f, "maxMsgNums", 32),
-                  "sysFlag": _int(f, "sysFlag", 0), "commitOffset": _int(f, "commitOffset", 0),
-                  "suspendTimeoutMillis": suspend, "subscription": f.get("subscription") or "*",
-                  "subVersion": _int(f, "subVersion", 0), "expressionType": f.get("expressionType") or "TAG"}
+        fields = PullMessageRequestHeader(
+            f.get("consumerGroup", ""), lay.topic, qid, _int(f, "queueOffset", 0), _int(f, "maxMsgNums", 32),
+            _int(f, "sysFlag", 0), _int(f, "commitOffset", 0), suspend, f.get("subscription") or SUB_ALL,
+            _int(f, "subVersion", 0), f.get("expressionType") or TAG).to_fields()
         resp = await self._invoke(group.addr, Frame(RequestCode.PULL_MESSAGE, fields=fields),
                                   suspend + FORWARD_TIMEOUT_MS)
         out = {k: resp.fields[k] for k in ("nextBeginOffset", "minOffset", "maxOffset") if k in resp.fields}

@@ -124,7 +124,8 @@ def test_loading_common_loads_only_common_errors_and_layout():
 
 # -- one definition of each constant --------------------------------------------------------------------------
 SHARED_NAMES = re.compile(r"^(PULL_FLAG_\w+|MASTER_ID|PERM_(READ|WRITE|PRIORITY|INHERIT|MAX)|RETRY_GROUP_TOPIC_PREFIX|"
-                          r"DLQ_GROUP_TOPIC_PREFIX|TOOLS_CONSUMER_GROUP|DEFAULT_NAMESRV_ADDR|RMQ_SYS_TRACE_TOPIC)$")
+                          r"DLQ_GROUP_TOPIC_PREFIX|TOOLS_CONSUMER_GROUP|DEFAULT_NAMESRV_ADDR|RMQ_SYS_TRACE_TOPIC|"
+                          r"CLIENT_INNER_PRODUCER_GROUP|DEFAULT_TOPIC_QUEUE_NUMS|AUTO_CREATE_TOPIC_KEY_TOPIC|TBW102)$")
 SHARED_FUNCTIONS = {"retry_topic", "dlq_topic", "build_sys_flag", "perm_to_string"}
 # rmq.proxy.acl.retry_topic takes an Optional group (None -> None) and calls rmq.common's
 FUNCTION_WRAPPERS = {("proxy/acl.py", "retry_topic")}
@@ -374,3 +375,37 @@ def test_wipe_write_perm_still_changes_the_nameserver_table():
     assert perm.perm_to_string(rim.topic_queue_table["T"]["broker-a"].perm) == "R--"
     assert rim.add_write_perm_of_broker("broker-a") == 1
     assert rim.topic_queue_table["T"]["broker-a"].writeable
+
+
+# -- typed request headers ----------------------------------------------------------------------------------
+def test_request_headers_give_rocketmqs_field_names_and_leave_unset_options_out():
+    from rmq.common.request_header import PullMessageRequestHeader, SendMessageRequestHeader
+    assert PullMessageRequestHeader("g", "T", 3, 10, 32).to_fields() == {
+        "consumerGroup": "g", "topic": "T", "queueId": 3, "queueOffset": 10, "maxMsgNums": 32, "sysFlag": 0,
+        "commitOffset": -1, "suspendTimeoutMillis": 0, "subscription": "*", "subVersion": 0, "expressionType": "TAG"}
+    f = SendMessageRequestHeader("pg", "T", born_timestamp=5, properties={"a": "b"}).to_fields()
+    assert f == {"producerGroup": "pg", "topic": "T", "queueId": -1, "sysFlag": 0, "bornTimestamp": 5, "flag": 0,
+                 "properties": {"a": "b"}, "reconsumeTimes": 0}
+    f = SendMessageRequestHeader("pg", "T", 2, default_topic=topic_validator.AUTO_CREATE_TOPIC_KEY_TOPIC,
+                                 default_topic_queue_nums=mix_all.DEFAULT_TOPIC_QUEUE_NUMS, wait_store_msg_ok=False,
+                                 max_reconsume_times=16, born_host="1.2.3.4:5").to_fields()
+    assert (f["defaultTopic"], f["defaultTopicQueueNums"], f["waitStoreMsgOK"], f["maxReconsumeTimes"],
+            f["bornHost"]) == ("TBW102", 4, False, 16, "1.2.3.4:5")
+    msgpack.packb(f)                                          # plain wire types only
+
+
+HEADER_KEYS = {"PULL_MESSAGE": {"maxMsgNums", "queueOffset"}, "SEND_MESSAGE": {"producerGroup", "bornTimestamp"}}
+
+
+def test_pull_and_send_headers_are_built_only_by_rmq_common():
+    """PULL_MESSAGE and SEND_MESSAGE header dicts are written once (rmq.common.request_header):
+    no dict literal with their keys in the clients, rmq.aio or the proxy.  The raw bench clients
+    (rmq/bench) build their own on purpose: they measure the broker with the least client work."""
+    found = []
+    for path in py_files("client") + py_files("aio") + py_files("proxy"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Dict):
+                keys = {k.value for k in node.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)}
+                found += [f"{path.relative_to(RMQ)}:{node.lineno} builds {code}"
+                          for code, need in HEADER_KEYS.items() if need <= keys]
+    assert found == []
