@@ -45,6 +45,7 @@ import time
 from typing import Callable, Optional
 
 import zmq
+from zmq.utils.monitor import parse_monitor_message
 
 from rmq import metrics as M
 from rmq import protocol as P
@@ -234,6 +235,9 @@ class BrokerActor(Actor):
             s = self.socket(zmq.DEALER, connect=f"tcp://{addr}")
             self._ns_sockets.append(s)
             self.add_socket(s, self._on_namesrv_response)
+            # every (re)connection registers at once: a restarted NameServer knows no broker, and
+            # the period alone would leave the cluster without routes for up to 30 s
+            self.add_socket(s.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED), self._on_namesrv_connected)
         self.pop = PopService(self)
         self.tx = TransactionService(self)
         self.timer = TimerService(self)
@@ -498,6 +502,16 @@ class BrokerActor(Actor):
                 s.send_multipart(P.encode(frame), flags=zmq.NOBLOCK)
             except zmq.Again:
                 self.log.warning("NameServer queue full: %s skipped", RequestCode(frame.code).name)
+
+    def _on_namesrv_connected(self, parts: list) -> None:
+        """A NameServer connection completed its handshake (the first, or after a NameServer
+        restart): REGISTER_BROKER now rather than at the next REGISTER_NAME_SERVER_PERIOD_MS tick."""
+        try:
+            event = parse_monitor_message([p.bytes if isinstance(p, zmq.Frame) else p for p in parts])["event"]
+        except Exception:  # noqa: BLE001 - a malformed monitor message: the timer registers anyway
+            return
+        if event == zmq.EVENT_HANDSHAKE_SUCCEEDED and self.broker_addr:
+            self.register_broker_all()
 
     def _on_namesrv_response(self, parts: list) -> None:
         f = self.decode_or_log(parts, "NameServer response")

@@ -73,3 +73,22 @@ def test_clean_stop_unregisters(tmp_path):
             wait_for(lambda: route(rc, c.namesrv.endpoint, "Gone").code == ResponseCode.TOPIC_NOT_EXIST, 60)
     finally:
         c.close()
+
+
+def test_a_restarted_nameserver_has_the_brokers_routes_again_within_half_the_register_period(tmp_path):
+    """A NameServer keeps no state: after a restart it knows no broker until the broker registers
+    again.  The broker registers on every (re)connection's handshake, not only every
+    REGISTER_NAME_SERVER_PERIOD_MS (30 s), so routes are back well before the period."""
+    from rmq.actors.broker import REGISTER_NAME_SERVER_PERIOD_MS
+    c = Cluster(tmp_path / "store")
+    try:
+        with RemotingClient() as rc:
+            assert rc.invoke(c.broker, Frame(RequestCode.UPDATE_AND_CREATE_TOPIC, fields={"topic": "Back"})).code == 0
+            wait_for(lambda: route(rc, c.namesrv.endpoint, "Back").code == 0)
+            port = c.namesrv_addr.rsplit(":", 1)[1]
+            c.namesrv.kill()
+            c.namesrv = c._actor(["-m", "rmq.actors.nameserver", "--listen-port", port, "--store-path", c.store_path])
+            assert c.namesrv.endpoint.endswith(":" + port)
+            wait_for(lambda: route(rc, c.namesrv.endpoint, "Back").code == 0, REGISTER_NAME_SERVER_PERIOD_MS / 2000)
+    finally:
+        c.close()
