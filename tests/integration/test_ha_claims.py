@@ -34,7 +34,7 @@ def replicated_pair(pair, c, topic, n, queues, **master_conf):  # noqa: F811
     topic served by the slave (it syncs the master's topic configs as RocketMQ's
     SlaveSynchronize does; until then a consumer sent there gets TOPIC_NOT_EXIST)."""
     master = pair(**master_conf)
-    slave = pair(master=master)
+    slave = pair(master=master, slaveSyncInterval="500")   # the new topic reaches it in 0.5 s, not 10 s
     wait_for(lambda: runtime(c, master.broker_addr)["haSlaves"], WAIT_S)
     create_topic(c, master.broker_addr, topic, queues)
     fill(c, master.broker_addr, topic, n, queues=queues)
