@@ -59,7 +59,7 @@ from rmq.client.route import ROUTE_REFRESH_ON_FAILURE_MS, route_suspect
 from rmq.common.mix_all import CLIENT_INNER_PRODUCER_GROUP, MASTER_ID, dlq_topic, retry_topic
 from rmq.common.perm import PERM_READ
 from rmq.common.pull_sys_flag import build_sys_flag
-from rmq.common.request_header import PullMessageRequestHeader, SendMessageRequestHeader
+from rmq.common.request_header import SUB_ALL, PullMessageRequestHeader, SendMessageRequestHeader  # SUB_ALL re-exported
 from rmq.common.route import broker_addrs_from_wire, find_broker_address_in_subscribe
 from rmq.errors import MQBrokerError, MQClientError, RemotingError, RemotingTimeoutError
 from rmq.filter import ExpressionType, MessageSelector, sql92
@@ -72,7 +72,6 @@ BROKER_SUSPEND_MAX_TIME_MS = 15_000               # long-poll hold asked of the 
 CONSUMER_TIMEOUT_MS_WHEN_SUSPEND = 30_000         # network timeout of a long-poll pull
 SYS_FLAG_COMPRESSED = 0x1
 COMPRESSION_TYPE_MASK = 0x700
-SUB_ALL = "*"
 RECONNECT_WAIT_MS = 3_000                         # a request to a broker whose connection dropped waits this
                                                   # long for it to come back (not a long poll's 30 s)
 ADDR_ISOLATION_MS = 30_000                        # a broker address that failed a request is avoided this long

@@ -1648,11 +1648,8 @@ class Producer:
             p = s.open.get(key)
             if p is None or p.nbytes + prep.size > self._batch_size:
                 now = time.monotonic()
-                if sharding_key is None:
-                    p = _Pending([], None, ASYNC, now + self._delivery_timeout_s, self._attempt_timeout_s, started=now)
-                else:
-                    p = _Pending([], None, ASYNC, now + self._delivery_timeout_s, self._attempt_timeout_s,
-                                 select_by_hash, sharding_key, started=now)
+                p = _Pending([], None, ASYNC, now + self._delivery_timeout_s, self._attempt_timeout_s,
+                             None if sharding_key is None else select_by_hash, sharding_key, started=now)
                 p.futures = []
                 p.open_key = key
                 s.open[key] = opened = p

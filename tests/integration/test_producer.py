@@ -208,8 +208,11 @@ def test_send_async_sharding_keys_batch_per_key_and_keep_each_keys_order(cluster
             w.join(WAIT_S * 2)
         p.send(Message("OrderedAsync", b"'1'|0"), sharding_key="1")
         p.send(Message("OrderedAsync", b"1|0"), sharding_key=1)
+        # a key no caller-side batch is keyed by (a float: _OPEN_KEYS) takes the per-message path
+        assert p.send_async(Message("OrderedAsync", b"2.5|0"), sharding_key=2.5).result(WAIT_S).queue_id == \
+            abs(java_hash(2.5)) % 4
     assert not errors
-    total = threads * 40 * per_key + 2
+    total = threads * 40 * per_key + 3
     by_key: dict = {}
     for rec in pull_topic(rc, cluster, "OrderedAsync", 4, total):
         key, i = rec.body.decode().rsplit("|", 1)

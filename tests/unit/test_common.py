@@ -125,7 +125,7 @@ def test_loading_common_loads_only_common_errors_and_layout():
 # -- one definition of each constant --------------------------------------------------------------------------
 SHARED_NAMES = re.compile(r"^(PULL_FLAG_\w+|MASTER_ID|PERM_(READ|WRITE|PRIORITY|INHERIT|MAX)|RETRY_GROUP_TOPIC_PREFIX|"
                           r"DLQ_GROUP_TOPIC_PREFIX|TOOLS_CONSUMER_GROUP|DEFAULT_NAMESRV_ADDR|RMQ_SYS_TRACE_TOPIC|"
-                          r"CLIENT_INNER_PRODUCER_GROUP|DEFAULT_TOPIC_QUEUE_NUMS|AUTO_CREATE_TOPIC_KEY_TOPIC|TBW102)$")
+                          r"CLIENT_INNER_PRODUCER_GROUP|DEFAULT_TOPIC_QUEUE_NUMS|AUTO_CREATE_TOPIC_KEY_TOPIC|TBW102|SUB_ALL)$")
 SHARED_FUNCTIONS = {"retry_topic", "dlq_topic", "build_sys_flag", "perm_to_string"}
 # rmq.proxy.acl.retry_topic takes an Optional group (None -> None) and calls rmq.common's
 FUNCTION_WRAPPERS = {("proxy/acl.py", "retry_topic")}
