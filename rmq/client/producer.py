@@ -24,6 +24,14 @@ it reaches ``batch_size`` bytes, when ``linger_ms`` has passed since its first
 message, or on :meth:`flush` / :meth:`close`.  Each message's future gets its
 own :class:`SendResult` (its own queue offset and ids).
 
+Ordered sends (a selector, a sharding key or an explicit queue) have one request
+out per queue at a time, Kafka's ``max.in.flight.requests.per.connection=1``
+rule for ordered partitions: the next request for that queue waits until the
+previous one is answered, and its batch keeps filling meanwhile.  Two requests
+out to one queue could be stored out of order (the first shed by the broker's
+flow control, SYSTEM_BUSY, the second stored), and a batch queued behind
+another on a busy broker is what its flow control sheds first.
+
 Threads and sockets
     One I/O thread per producer owns every ZeroMQ socket (pyzmq sockets are not
     thread-safe): a DEALER per NameServer, a DEALER per broker address
@@ -455,7 +463,7 @@ class _Request:
     __slots__ = ("items", "topic", "mode", "fixed", "batch", "max_attempts", "attempt", "deadline", "started",
                  "attempt_timeout",
                  "mq", "addr", "opaque", "sent_at", "brokers_sent", "last_broker", "batch_body", "park_deadline",
-                 "preps")
+                 "preps", "queue_turn")
 
     def __init__(self, items: list, fixed: Optional[MessageQueue], opts: ProducerOptions):
         self.items = items
@@ -483,6 +491,7 @@ class _Request:
         self.last_broker: Optional[str] = None
         self.batch_body: Optional[bytes] = None
         self.park_deadline = 0.0
+        self.queue_turn = False          # holds its fixed queue's turn (_Sender._pump): ordered sends
 
 
 class _Accumulator:
@@ -534,7 +543,7 @@ class _Sender(threading.Thread):
         self.fault = MQFaultStrategy(opts.send_latency_fault_enable, opts.latency_max, opts.not_available_duration,
                                      opts.isolation_latency_ms)
         self.stats = {"requests": 0, "batch_requests": 0, "messages": 0, "retries": 0, "failed_messages": 0,
-                      "route_requests": 0}
+                      "route_requests": 0, "held_for_order": 0}
         # caller <-> I/O thread
         self._cmds: collections.deque = collections.deque()     # ("call" | "stop", arg)
         self._sends: collections.deque = collections.deque()    # _Pending
@@ -580,6 +589,11 @@ class _Sender(threading.Thread):
                                           # no request (a finished request must not stay alive until then)
         self._ready: collections.deque = collections.deque()
         self._accs: dict = {}             # (topic, fixed MessageQueue or None) -> _Accumulator
+        # ordered sends (a fixed queue): one request out per queue at a time (Kafka's
+        # max.in.flight.requests.per.connection=1 rule for ordered partitions), the next ones held
+        # here in order: fixed MessageQueue -> deque of _Request; a key is present while its queue's
+        # turn is taken (the holder is in _ready, parked or in flight)
+        self._queue_turns: dict = {}
         self._opaque = itertools.count(1)
         self._done = 0                    # messages completed in this loop turn
         self._stopping = False
@@ -737,8 +751,10 @@ class _Sender(threading.Thread):
             linger = self.opts.linger_ms / 1000.0
             if self.flushing or self._stopping:
                 return 0
-            for acc in self._accs.values():
-                t = min(t, acc.created + linger)
+            turns = self._queue_turns
+            for key, acc in self._accs.items():
+                if key[1] not in turns:      # a busy ordered queue's batch waits for its turn, not linger
+                    t = min(t, acc.created + linger)
         t = min(t, self._next_refresh, self._next_heartbeat)
         if self._provisional_topics:
             t = min(t, now + PROVISIONAL_POLL_MS / 1000.0)
@@ -808,6 +824,8 @@ class _Sender(threading.Thread):
     def _fail_request(self, req: _Request, exc: BaseException) -> None:
         for it in req.items:
             self._fail(it, exc)
+        if req.queue_turn:
+            self._end_turn(req)
 
     # -- accepting messages -------------------------------------------------------------------
     def _accept(self, pending: _Pending) -> None:
@@ -869,9 +887,10 @@ class _Sender(threading.Thread):
         if not force and not self._room():
             return                          # keep filling while the pipeline is full
         linger = self.opts.linger_ms / 1000.0
+        turns = self._queue_turns
         for key, acc in list(self._accs.items()):
-            if force or now >= acc.created + linger:
-                self._ship(key, acc)
+            if force or (now >= acc.created + linger and key[1] not in turns):
+                self._ship(key, acc)   # an ordered queue's batch fills while its queue has a request out
 
     # -- sending ------------------------------------------------------------------------------
     def _room(self) -> bool:
@@ -880,8 +899,33 @@ class _Sender(threading.Thread):
         return len(self._inflight) < self.opts.max_in_flight
 
     def _pump(self) -> None:
-        while self._ready and self._room():
-            self._attempt(self._ready.popleft())
+        ready = self._ready
+        turns = self._queue_turns
+        while ready and self._room():
+            req = ready.popleft()
+            q = req.fixed
+            if q is not None and not req.queue_turn:
+                held = turns.get(q)
+                if held is not None:         # its queue has a request out: wait behind it
+                    held.append(req)
+                    self.stats["held_for_order"] += 1
+                    continue
+                turns[q] = collections.deque()
+                req.queue_turn = True
+            self._attempt(req)
+
+    def _end_turn(self, req: _Request) -> None:
+        """``req`` (an ordered send) has its outcome: the next request held for its queue goes next."""
+        req.queue_turn = False
+        held = self._queue_turns.get(req.fixed)
+        if held is None:
+            return
+        if held:
+            nxt = held.popleft()
+            nxt.queue_turn = True
+            self._ready.appendleft(nxt)
+        else:
+            del self._queue_turns[req.fixed]
 
     def _attempt(self, req: _Request) -> None:
         """Select a queue and send ``req`` (or park it until its broker is connected)."""
@@ -946,6 +990,8 @@ class _Sender(threading.Thread):
                     self._complete_each(it, None)
                 else:
                     self._complete(it, None)
+            if req.queue_turn:
+                self._end_turn(req)
             return
         self._inflight[req.opaque] = req
         heapq.heappush(self._timeouts, (min(req.deadline, now + req.attempt_timeout), req.opaque))
@@ -1057,6 +1103,8 @@ class _Sender(threading.Thread):
                 part = complete_send_batch(None, SendResult, status, it.preps, answered_mq, base + i, offset_ids[i:i + n])
                 self._complete(it, merge_results(part) if it.whole else part[0])
             i += n
+        if req.queue_turn:
+            self._end_turn(req)
         info = self.route_cache.publish_info(req.topic)
         if info is not None and info.provisional:
             last = self._route_last_fetch.get(req.topic, 0.0)
@@ -1347,6 +1395,10 @@ class _Sender(threading.Thread):
             for it in acc.items:
                 self._fail(it, closed)
         self._accs.clear()
+        for held in self._queue_turns.values():
+            while held:
+                self._fail_request(held.popleft(), closed)
+        self._queue_turns.clear()          # an ending request's turn has no one to pass to now
         while self._ready:
             self._fail_request(self._ready.popleft(), closed)
         for conn in self._conns.values():
@@ -1530,7 +1582,8 @@ class Producer:
     @property
     def stats(self) -> dict:
         """Counters: requests, batch_requests, messages (acknowledged), retries, failed_messages, route_requests
-        (the I/O thread's plus those of synchronous sends made on callers' threads)."""
+        (the I/O thread's plus those of synchronous sends made on callers' threads), held_for_order
+        (ordered requests that waited for the previous request of their queue to be answered)."""
         st = dict(self._sender.stats)
         for k, v in list(self._direct.stats.items()):
             st[k] += v
@@ -1564,6 +1617,9 @@ class Producer:
         queue : MessageQueue, optional
             Send to this queue (no retry elsewhere).
 
+        An ordered send (selector, sharding key or queue) made while :meth:`send_async`
+        messages are unanswered goes after them, in its queue's turn (module docstring).
+
         Returns
         -------
         SendResult
@@ -1583,7 +1639,10 @@ class Producer:
         sel, arg = selector_for(selector, arg, sharding_key, msg)
         prep = self._prepare(msg)
         t0 = time.monotonic() if self._trace is not None else 0.0
-        if self._use_direct and self._direct.usable(prep.msg.topic):   # known route: on this thread
+        # a known route: on this thread, unless an ordered send must follow async sends still unanswered
+        # (the I/O thread sends it after them, in its queue's turn)
+        if self._use_direct and (self._sender.pending == 0 or (sel is None and queue is None)) \
+                and self._direct.usable(prep.msg.topic):
             self._check_open()
             result = self._direct.send(prep, timeout_ms, sel, arg, queue,
                                        lambda: heartbeat_request(self.client_id, self.group))
@@ -1605,7 +1664,8 @@ class Producer:
         Blocks only when ``max_pending_messages`` are unanswered.  ``timeout_ms``
         (default ``send_msg_timeout_ms``) bounds each attempt's wait for the broker;
         ``delivery_timeout_ms`` bounds the whole (queueing, linger, retries).
-        Selector / sharding key / queue as in :meth:`send`.
+        Selector / sharding key / queue as in :meth:`send`; such ordered sends
+        have one request out per queue (module docstring, "Ordered sends").
 
         Raises
         ------
