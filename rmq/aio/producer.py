@@ -26,9 +26,14 @@ Client-side batching (:meth:`Producer.send_async`)
     requests are out, otherwise it fills until a request completes or it reaches
     ``batch_size`` bytes (16 KiB; then it waits its turn, sealed).  A lone message
     leaves at once, so batching costs no latency and forms only under load.
-    Messages that cannot share a batch (selector, sharding key, explicit queue,
-    delay / timer, compressed body) are one request each, in turn with the
-    batches.  ``send_async`` is a coroutine that returns the message's future as
+    Ordered messages (selector, sharding key, explicit queue) whose topic's route
+    is known join their queue's batch, and each such queue has one request out
+    at a time (Kafka's ``max.in.flight.requests.per.connection=1`` rule for
+    ordered partitions, as the thread producer): its next batch fills meanwhile,
+    and an ordered ``send`` to a queue with batches unanswered goes after them.
+    Messages that cannot share a batch (delay / timer, compressed body, an
+    ordered one before its topic's route is known) are one request each, in turn
+    with the batches.  ``send_async`` is a coroutine that returns the message's future as
     soon as the message is accepted: without suspending while fewer than
     ``max_pending_messages`` messages are unanswered, else after awaiting room
     (the thread producer blocks there), up to ``send_msg_timeout_ms``, then
@@ -149,7 +154,7 @@ class _Batch:
     batch, or one message that cannot share one.  ``futures[i]`` gets ``preps[i]``'s result."""
 
     __slots__ = ("topic", "preps", "futures", "callbacks", "nbytes", "created", "deadline", "attempt_timeout",
-                 "queue", "selector", "arg", "finished")
+                 "queue", "selector", "arg", "finished", "queue_turn")
 
     def __init__(self, topic: str, now: float, deadline: float, attempt_timeout: float,
                  queue: Optional[MessageQueue] = None, selector=None, arg=None):
@@ -165,6 +170,7 @@ class _Batch:
         self.selector = selector
         self.arg = arg
         self.finished = False
+        self.queue_turn = False             # holds its queue's turn (Producer._pump): ordered sends
 
 
 class Producer:
@@ -234,7 +240,11 @@ class Producer:
         self._closed = False                # close() called: new sends are refused
         self._shut = False                  # close() is tearing down: nothing goes out any more
         # send_async: batches (see the module docstring)
-        self._accs: dict = {}               # topic -> _Batch being filled
+        self._accs: dict = {}               # (topic, ordered MessageQueue or None) -> _Batch being filled
+        # ordered batches: one request out per queue; MessageQueue -> deque of the _Batch held behind it
+        # (a key is present while the queue's turn is taken: its holder is ready or on the wire)
+        self._queue_turns: dict = {}
+        self._held_for_order = 0            # ordered batches that waited for their queue's previous request
         self._ready: collections.deque = collections.deque()   # _Batch sealed, waiting for room
         self._reqs: set = set()             # _Batch on the wire (a task each)
         self._inflight = 0                  # len(_reqs): requests out, held to max_in_flight
@@ -320,10 +330,12 @@ class Producer:
         await asyncio.gather(*tasks, return_exceptions=True)
         # send_async messages not answered: queued ones were never sent, the rest were on the wire
         closed = MQClientError(f"producer {self.group} closed before the message was sent")
-        for b in list(self._accs.values()) + list(self._ready):
+        held = [b for q in self._queue_turns.values() for b in q]
+        for b in list(self._accs.values()) + list(self._ready) + held:
             self._fail(b, closed)
         self._accs.clear()
         self._ready.clear()
+        self._queue_turns.clear()
         for b in list(self._reqs):
             self._fail(b, RemotingError(f"producer {self.group} closed while waiting for a response"))
         self._reqs.clear()
@@ -373,6 +385,10 @@ class Producer:
         :meth:`rmq.Producer.send`."""
         sel, arg = selector_for(selector, arg, sharding_key, msg)
         prep = self._prepare(msg)
+        if (sel is not None or queue is not None) and self._started and (self._queue_turns or self._accs):
+            behind = self._behind_ordered(prep, timeout_ms, sel, arg, queue)
+            if behind is not None:
+                return await behind          # traced by the batch's completion, as send_async's
         t0 = time.monotonic()
         results = await self._send([prep], False, timeout_ms, sel, arg, queue, oneway=False)
         if self._trace is not None:
@@ -450,14 +466,16 @@ class Producer:
             self._pump()
         return fut
 
-    def _append(self, prep, fut: asyncio.Future, callback, timeout_ms: Optional[int]) -> None:
-        """Add a batchable message to its topic's open batch (opened if there is none or it
-        would pass ``batch_size``); a full batch is sealed and waits its turn."""
+    def _append(self, prep, fut: asyncio.Future, callback, timeout_ms: Optional[int],
+                queue: Optional[MessageQueue] = None) -> None:
+        """Add a batchable message to its topic's open batch, or its ordered queue's (opened if
+        there is none or it would pass ``batch_size``); a full batch is sealed and waits its turn."""
         topic = prep.msg.topic
+        key = (topic, queue)
         size = prep.size
-        b = self._accs.get(topic)
+        b = self._accs.get(key)
         if b is None or b.nbytes + size > self._batch_size:
-            b = self._open_batch(topic, b, timeout_ms)
+            b = self._open_batch(key, b, timeout_ms)
         elif timeout_ms is not None:              # the batch's attempts wait the shortest timeout
             b.attempt_timeout = min(b.attempt_timeout, timeout_ms / 1000.0)
             b.deadline = min(b.deadline, self._loop.time() + self._delivery_s(timeout_ms))
@@ -469,7 +487,7 @@ class Producer:
             b.callbacks.append((fut, callback, _copy_context()))
         b.nbytes += size
         if b.nbytes >= self._batch_size:
-            del self._accs[topic]
+            del self._accs[key]
             self._ready.append(b)
 
     async def _send_async_with(self, msg: Message, callback, timeout_ms: Optional[int], selector, arg,
@@ -487,8 +505,13 @@ class Producer:
             await self._wait_for_room(1)
         fut = _Future(loop=self._loop)
         self._pending += 1
-        if selector is None and queue is None and prep.batchable and self._batch_size:
-            self._append(prep, fut, callback, timeout_ms)
+        if selector is not None:
+            info = self.route_cache.publish_info(topic)
+            if info is not None and info.ok:           # the queue now: it joins that queue's batch
+                queue = apply_selector(selector, info, prep.msg, arg)
+                selector = None
+        if selector is None and prep.batchable and self._batch_size:
+            self._append(prep, fut, callback, timeout_ms, queue)
         else:
             self._alone(prep, fut, callback, timeout_ms, queue, selector, arg)
         if self._inflight < self._max_in_flight:
@@ -500,24 +523,49 @@ class Producer:
         o = self.options
         return max(o.delivery_timeout_ms, o.send_msg_timeout_ms if timeout_ms is None else timeout_ms) / 1000.0
 
-    def _open_batch(self, topic: str, full: Optional[_Batch], timeout_ms: Optional[int]) -> _Batch:
-        """A new open batch for ``topic``; ``full``, the one that has no room left, is sealed."""
+    def _open_batch(self, key: tuple, full: Optional[_Batch], timeout_ms: Optional[int]) -> _Batch:
+        """A new open batch for ``key`` (topic, ordered queue or None); ``full``, the one that has
+        no room left, is sealed."""
         if full is not None:
             self._ready.append(full)
         now = self._loop.time()
-        b = self._accs[topic] = _Batch(topic, now, now + self._delivery_s(timeout_ms),
-                                       (self.options.send_msg_timeout_ms if timeout_ms is None else timeout_ms)
-                                       / 1000.0)
+        b = self._accs[key] = _Batch(key[0], now, now + self._delivery_s(timeout_ms),
+                                     (self.options.send_msg_timeout_ms if timeout_ms is None else timeout_ms)
+                                     / 1000.0, key[1])
         return b
 
-    def _alone(self, prep, fut: asyncio.Future, callback, timeout_ms: Optional[int], queue, selector, arg) -> None:
-        """A message that cannot share a batch: a request of its own, after what its topic has queued."""
+    def _behind_ordered(self, prep, timeout_ms: Optional[int], selector, arg,
+                        queue: Optional[MessageQueue]) -> Optional[asyncio.Future]:
+        """An ordered :meth:`send` to a queue with send_async batches queued or unanswered: a
+        request of its own after them, in its queue's turn (its future), else None (send it now)."""
+        info = self.route_cache.publish_info(prep.msg.topic)
+        if info is None or not info.ok:
+            return None
+        if queue is None:
+            queue = apply_selector(selector, info, prep.msg, arg)
+        elif not isinstance(queue, MessageQueue) or queue.topic != prep.msg.topic:
+            return None                     # _send raises the error
+        if queue not in self._queue_turns and (prep.msg.topic, queue) not in self._accs:
+            return None
+        budget_ms = timeout_ms if timeout_ms is not None else self.options.send_msg_timeout_ms
+        if budget_ms <= 0:
+            raise MQClientError(f"timeout_ms must be positive, got {budget_ms}")
+        fut = _Future(loop=self._loop)
+        self._pending += 1
+        self._alone(prep, fut, None, timeout_ms, queue, None, None, budget_ms / 1000.0)
+        self._pump()
+        return fut
+
+    def _alone(self, prep, fut: asyncio.Future, callback, timeout_ms: Optional[int], queue, selector, arg,
+               budget_s: Optional[float] = None) -> None:
+        """A message that cannot share a batch: a request of its own, after what its topic (or its
+        ordered queue) has queued.  ``budget_s``: its whole budget (default: send_async's)."""
         topic = prep.msg.topic
-        b = self._accs.pop(topic, None)
+        b = self._accs.pop((topic, queue), None)
         if b is not None:
             self._ready.append(b)
         now = self._loop.time()
-        b = _Batch(topic, now, now + self._delivery_s(timeout_ms),
+        b = _Batch(topic, now, now + (self._delivery_s(timeout_ms) if budget_s is None else budget_s),
                    (self.options.send_msg_timeout_ms if timeout_ms is None else timeout_ms) / 1000.0,
                    queue, selector, arg)
         b.preps.append(prep)
@@ -687,18 +735,24 @@ class Producer:
             return
         linger = self.options.linger_ms / 1000.0
         accs = self._accs
+        turns = self._queue_turns
         if linger <= 0 or self._flushing:
-            while accs and self._inflight < limit:
-                topic = next(iter(accs))
-                self._start(accs.pop(topic))
+            for key, b in list(accs.items()):
+                if self._inflight >= limit:
+                    return
+                if key[1] is None or key[1] not in turns or self._flushing:
+                    del accs[key]         # an ordered queue's batch fills while its queue has a request out
+                    self._start(b)
             return
         now = self._loop.time()
         first = None
-        for topic, b in list(accs.items()):
+        for key, b in list(accs.items()):
             if self._inflight >= limit:
                 return
+            if key[1] is not None and key[1] in turns:
+                continue                  # filling until its queue's request is answered
             if now >= b.created + linger:
-                del accs[topic]
+                del accs[key]
                 self._start(b)
             elif first is None or b.created < first:
                 first = b.created
@@ -710,9 +764,31 @@ class Producer:
         self._pump()
 
     def _start(self, b: _Batch) -> None:
+        q = b.queue
+        if q is not None and not b.queue_turn:
+            held = self._queue_turns.get(q)
+            if held is not None:          # its queue has a request out: wait behind it
+                held.append(b)
+                self._held_for_order += 1
+                return
+            self._queue_turns[q] = collections.deque()
+            b.queue_turn = True
         self._inflight += 1
         self._reqs.add(b)
         self._spawn(self._run(b))
+
+    def _end_turn(self, b: _Batch) -> None:
+        """``b`` (an ordered batch) has its outcome: the next batch held for its queue goes next."""
+        b.queue_turn = False
+        held = self._queue_turns.get(b.queue)
+        if held is None:
+            return
+        if held:
+            nxt = held.popleft()
+            nxt.queue_turn = True
+            self._ready.appendleft(nxt)
+        else:
+            del self._queue_turns[b.queue]
 
     async def _run(self, b: _Batch) -> None:
         """One request of send_async messages, through its attempts; each future its own outcome."""
@@ -740,6 +816,8 @@ class Producer:
         finally:
             self._inflight -= 1
             self._reqs.discard(b)
+            if b.queue_turn:
+                self._end_turn(b)
             self._pump()
 
     def _complete(self, b: _Batch, results: list) -> None:

@@ -226,25 +226,40 @@ def test_send_async_sharding_keys_batch_per_key_and_keep_each_keys_order(cluster
     assert len(by_key["'1'"]) == len(by_key["1"]) == 1
 
 
+@pytest.mark.parametrize("client", ["thread", "aio"])
 @pytest.mark.parametrize("how", ["sharding_key", "queue"])
-def test_ordered_send_async_has_one_request_out_per_queue(cluster, rc, how):
+def test_ordered_send_async_has_one_request_out_per_queue(cluster, rc, how, client):
     """Ordered sends keep one request out per queue (Kafka's max.in.flight=1 for ordered
-    partitions): 3,000 ordered 100 B sends with 1 KiB batches and the default max_in_flight
-    (32) go as batches that waited for their queue's previous request (held_for_order > 0);
-    every one is stored in send order, at contiguous queue offsets, and a sync send to the same
-    queue goes after them."""
+    partitions), thread and asyncio producers: 3,000 ordered 100 B sends with 1 KiB batches and
+    the default max_in_flight (32) go as batches that waited for their queue's previous request
+    (held_for_order > 0); every one is stored in send order, at contiguous queue offsets, and a
+    sync send to the same queue made before they are answered goes after them."""
     from rmq.client.producer import java_hash
-    topic = f"OrderedTurn-{how}"
+    topic = f"OrderedTurn-{how}-{client}"
     create_topic(rc, cluster, topic, 2)
     n = 3000
-    with Producer(cluster.namesrv_addr, group="pg-ot", batch_size=1024) as p:
-        wait_route(p, topic, 2)
-        mq = next(q for q in p.fetch_publish_message_queues(topic) if q.queue_id == abs(java_hash("k")) % 2)
-        kw = {"sharding_key": "k"} if how == "sharding_key" else {"queue": mq}
-        futs = [p.send_async(Message(topic, b"%06d" % i + b"x" * 94), **kw) for i in range(n)]
-        last = p.send(Message(topic, b"last"), **kw)
-        results = [f.result(WAIT_S) for f in futs]
-        held = p.stats["held_for_order"]
+    body = [b"%06d" % i + b"x" * 94 for i in range(n)]
+    if client == "thread":
+        with Producer(cluster.namesrv_addr, group="pg-ot", batch_size=1024) as p:
+            wait_route(p, topic, 2)
+            mq = next(q for q in p.fetch_publish_message_queues(topic) if q.queue_id == abs(java_hash("k")) % 2)
+            kw = {"sharding_key": "k"} if how == "sharding_key" else {"queue": mq}
+            futs = [p.send_async(Message(topic, b), **kw) for b in body]
+            last = p.send(Message(topic, b"last"), **kw)
+            results = [f.result(WAIT_S) for f in futs]
+            held = p.stats["held_for_order"]
+    else:
+        from rmq.aio import Producer as AioProducer
+
+        async def main():
+            async with AioProducer(cluster.namesrv_addr, group="pg-ot", batch_size=1024) as p:
+                mq = next(q for q in await p.fetch_publish_message_queues(topic)
+                          if q.queue_id == abs(java_hash("k")) % 2)
+                kw = {"sharding_key": "k"} if how == "sharding_key" else {"queue": mq}
+                futs = [await p.send_async(Message(topic, b), **kw) for b in body]
+                last = await p.send(Message(topic, b"last"), **kw)
+                return mq, [await f for f in futs], last, p._held_for_order
+        mq, results, last, held = asyncio.run(asyncio.wait_for(main(), WAIT_S))
     assert held > 0
     assert {r.queue_id for r in results} == {mq.queue_id}
     offsets = [r.queue_offset for r in results]
@@ -252,8 +267,7 @@ def test_ordered_send_async_has_one_request_out_per_queue(cluster, rc, how):
     assert last.queue_offset == offsets[-1] + 1
     recs = sorted((r for r in pull_topic(rc, cluster, topic, 2, n + 1) if r.queue_id == mq.queue_id),
                   key=lambda r: r.queue_offset)
-    bodies = [r.body[:6] for r in recs]
-    assert bodies == [b"%06d" % i for i in range(n)] + [b"last"]
+    assert [r.body[:6] for r in recs] == [b[:6] for b in body] + [b"last"]
 
 
 def test_ordered_send_to_unknown_topic_is_refused(cluster):
