@@ -159,7 +159,7 @@ class ProducerOptions:
     default_topic_queue_nums: int = DEFAULT_TOPIC_QUEUE_NUMS             # [defaultTopicQueueNums]
     linger_ms: float = 0.0              # batching: wait up to this long for a batch to fill
     batch_size: Optional[int] = None    # batching: ship a batch at this many bytes (None: 16 KiB; 0 = off)
-    max_in_flight: int = MAX_IN_FLIGHT  # outstanding requests
+    max_in_flight: int = MAX_IN_FLIGHT  # outstanding requests (ordered sends: one per queue within it)
     max_pending_messages: int = MAX_PENDING_MESSAGES  # send_async blocks above this many unanswered messages
     connect_timeout_ms: int = CONNECT_TIMEOUT_MS
     delivery_timeout_ms: int = DELIVERY_TIMEOUT_MS  # send_async: queueing + linger + every attempt
@@ -1463,7 +1463,8 @@ class Producer:
         (``send_async`` of 100 B messages: 17.5 k msgs/s one request each, 125 k batched).
         ``batch_size=0`` sends one SEND_MESSAGE per message (RocketMQ's ``sendAsync``).
     max_in_flight : int
-        Requests outstanding at once (pipelining; 32).
+        Requests outstanding at once (pipelining; 32); ordered sends have one per
+        queue within it (module docstring, "Ordered sends").
     max_pending_messages : int
         :meth:`send_async` blocks (up to ``send_msg_timeout_ms``) while this many
         messages are unanswered (10 000).
