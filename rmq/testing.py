@@ -41,14 +41,23 @@ class ActorProcess:
     ``rmq`` whatever ``cwd`` holds) that prints ``ready <endpoint>`` once it serves.
 
     ``cwd``: working directory of the child (default: the caller's); ``env``: variables
-    added to this process's environment for the child."""
+    added to this process's environment for the child; ``stderr_path``: a file its standard
+    error is appended to (a crash's traceback; default: this process's standard error)."""
 
     def __init__(self, args, cwd: Optional[str] = None, env: Optional[dict] = None, timeout: float = 30,
-                 wait: bool = True):
+                 wait: bool = True, stderr_path: Optional[str] = None):
         self.args = list(args)
         self.endpoint = ""
-        self.proc = subprocess.Popen(python_cmd(*self.args), cwd=cwd, stdout=subprocess.PIPE, text=True,
-                                     env=child_env(env))
+        err = None
+        if stderr_path is not None:
+            os.makedirs(os.path.dirname(stderr_path), exist_ok=True)
+            err = open(stderr_path, "ab")
+        try:
+            self.proc = subprocess.Popen(python_cmd(*self.args), cwd=cwd, stdout=subprocess.PIPE, text=True,
+                                         env=child_env(env), stderr=err)
+        finally:
+            if err is not None:
+                err.close()           # the child holds its own descriptor
         if wait:
             self.wait_ready()
 
@@ -113,7 +122,8 @@ class Cluster:
         if namesrv_addr:
             with_namesrv = False
         self.namesrv = self._actor(["-m", "rmq.actors.nameserver", "--listen-port", "0",
-                                    "--store-path", self.store_path, *namesrv_args]) if with_namesrv else None
+                                    "--store-path", self.store_path, *namesrv_args],
+                                   name="nameserver") if with_namesrv else None
         self.namesrv_addr = self.namesrv.endpoint.replace("tcp://", "") if self.namesrv else (namesrv_addr or "")
         self.procs: dict = {}
         try:
@@ -122,21 +132,24 @@ class Cluster:
             self.close()
             raise
 
-    def _actor(self, args, wait: bool = True) -> ActorProcess:
-        return ActorProcess(args, cwd=self.cwd, env=self.env, wait=wait)
+    def _actor(self, args, wait: bool = True, name: str = "") -> ActorProcess:
+        """An actor of the group; its standard error (a crash's traceback) goes to
+        ``<store>/logs/<name>.stderr.log``, as under the supervisor."""
+        path = os.path.join(self.store_path, "logs", f"{name}.stderr.log") if name else None
+        return ActorProcess(args, cwd=self.cwd, env=self.env, wait=wait, stderr_path=path)
 
     def start_group(self) -> None:
         common = ["--store-path", self.store_path, "-c", self.conf_path]
         args = ["-m", "rmq.actors.broker", *common, "--listen-port", "0"]
         if self.namesrv_addr:
             args += ["--namesrv-addr", self.namesrv_addr]
-        self.procs["broker"] = self._actor(args)
+        self.procs["broker"] = self._actor(args, name="broker")
         self.broker = self.procs["broker"].endpoint
         self.broker_addr = self.broker.replace("tcp://", "")
         # the broker's followers only need it serving: they start side by side
         followers = ["reput", "flush"] + ["cleaner"] * self.with_cleaner + ["ha"] * self.with_ha
         for name in followers:
-            self.procs[name] = self._actor(["-m", f"rmq.actors.{name}", *common], wait=False)
+            self.procs[name] = self._actor(["-m", f"rmq.actors.{name}", *common], wait=False, name=name)
         for name in followers:
             self.procs[name].wait_ready()
 

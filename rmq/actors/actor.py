@@ -449,6 +449,9 @@ class Actor:
             self.log.info("%s started (pid %d)", self.name, os.getpid())
             while self._running:
                 self.run_once()
+        except Exception:
+            self.log.exception("%s failed", self.name)     # the log has why, not only the lost stderr
+            raise
         finally:
             try:
                 self.on_stop()

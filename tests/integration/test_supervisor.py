@@ -32,7 +32,7 @@ import time
 import msgpack
 import pytest
 
-from rmq.actors.supervisor import SupervisorError, actor_modules
+from rmq.actors.supervisor import SupervisorError, actor_modules, supervisor_running
 from rmq.client.remoting import RemotingClient
 from rmq.protocol import Frame, RequestCode, ResponseCode
 from tests.integration.conftest import ROOT, source_tree_env
@@ -185,7 +185,9 @@ def supervisor(tmp_path, store):
     for s in started:
         s.cleanup()
     pid = _pid_in(store)
-    if pid and alive(pid):      # a detached supervisor left by a failing test
+    # a detached supervisor left by a failing test: only while it holds the store's lock (a pid left
+    # in a stale rmq.pid may be another test's process by now: pids wrap at 32768 here)
+    if pid and alive(pid) and supervisor_running(store):
         os.kill(pid, signal.SIGTERM)
         wait_for(lambda: not alive(pid), what="the detached supervisor to stop")
 
