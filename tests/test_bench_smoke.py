@@ -162,9 +162,9 @@ def test_bench_latency_bg(tmp_path):
 
 def test_bench_client_smoke(tmp_path):
     """``rmq bench client``, short: every row of the public client API (send_async, send_batch,
-    PushConsumer, PullConsumer.poll, rmq.aio's producer and push consumer) is measured without
-    error, each with its target and MET / MISSED; Redis is a reference when installed, else
-    reported not installed."""
+    PushConsumer, PullConsumer.poll, rmq.aio's producer and push consumer, both producers' ordered
+    send_async) is measured without error, each with its target and MET / MISSED; Redis is a
+    reference when installed, else reported not installed."""
     from rmq.bench.client import ROWS
     out = tmp_path / "c.json"
     cmd = python_argv("rmq.cli", "bench", "client", "--messages", "2000", "--sizes", "100", "--dir", str(tmp_path),

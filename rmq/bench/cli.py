@@ -352,8 +352,8 @@ def latency_cmd(rates, sizes, consumers, peers, duration, namesrv, store_dir, js
               help="Write every row and reference as JSON to this file.")
 def client_cmd(messages, sizes, redis, raw, namesrv, file_size, store_dir, json_path) -> None:
     """The public client API with its defaults, one Python thread (issue 17): Producer.send_async,
-    Producer.send_batch of 1000, PushConsumer, PullConsumer.poll, and rmq.aio's producer and push
-    consumer, msgs/s and MB/s per body size, each against its target (MET / MISSED) and beside
+    Producer.send_batch of 1000, PushConsumer, PullConsumer.poll, rmq.aio's producer and push
+    consumer, and both producers' ordered send_async (8 sharding keys), msgs/s and MB/s per body size, each against its target (MET / MISSED) and beside
     Redis and the raw bench client measured in the same run.  Exit code 1 when a row failed."""
     import json
 

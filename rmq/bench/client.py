@@ -27,6 +27,9 @@ what is already there):
     ``await p.flush()``; none may fail.  Timed: first call -> every future's callback run.
 ``rmq.aio PushConsumer``
     as ``PushConsumer``, with a coroutine listener on an event loop.
+``Producer.send_async sharding_key`` / ``rmq.aio Producer.send_async sharding_key``
+    as the ``send_async`` rows, ordered: message ``i`` with sharding key ``i % 8`` (the
+    producers' rule for ordered sends: one request out per queue, the next batch filling).
 
 Each row: msgs/s, MB/s (bodies, 10^6 B), issue 17's target (MET / MISSED; ``None`` when there
 is none at that size or its reference is missing), and ratios to references measured in the same
@@ -54,6 +57,7 @@ MESSAGES = 200_000                 # at 100 B; larger bodies: half
 BATCH = 1000                       # messages per send_batch (and the references' batch)
 REDIS_SECONDS = 1.0                # the Redis reference's produce phase (XADD pipelines), per size
 AIO_RATIO = 0.80                   # rmq.aio rows: >= 80 % of the thread-based row's figure
+ORDERED_RATIO = 0.50               # ordered send_async (one request out per queue): >= 50 % of the unordered row
 STALL_S = 60.0                     # a consumer row fails after this long without a new message
 
 SEND_ASYNC = "Producer.send_async"
@@ -63,11 +67,18 @@ POLL = "PullConsumer.poll"
 POLL_ARROW = "PullConsumer.poll_arrow"
 AIO_SEND = "rmq.aio Producer.send_async"
 AIO_PUSH = "rmq.aio PushConsumer"
-ROWS = (SEND_ASYNC, SEND_BATCH, PUSH, POLL, POLL_ARROW, AIO_SEND, AIO_PUSH)
-KIND = {SEND_ASYNC: "produce", SEND_BATCH: "produce", AIO_SEND: "produce",
-        PUSH: "consume", POLL: "consume", POLL_ARROW: "consume", AIO_PUSH: "consume"}
-TOPIC_OF = {SEND_ASYNC: "send_async", SEND_BATCH: "send_batch", AIO_SEND: "aio_send"}   # produce rows' topics
-AIO_OF = {AIO_SEND: SEND_ASYNC, AIO_PUSH: PUSH}      # aio row -> the thread-based row it is held to
+SEND_ORDERED = "Producer.send_async sharding_key"
+AIO_SEND_ORDERED = "rmq.aio Producer.send_async sharding_key"
+ORDERED_KEYS = 8                   # the ordered rows' sharding keys (message i: key i % 8)
+ROWS = (SEND_ASYNC, SEND_BATCH, PUSH, POLL, POLL_ARROW, AIO_SEND, AIO_PUSH, SEND_ORDERED, AIO_SEND_ORDERED)
+KIND = {SEND_ASYNC: "produce", SEND_BATCH: "produce", AIO_SEND: "produce", SEND_ORDERED: "produce",
+        AIO_SEND_ORDERED: "produce", PUSH: "consume", POLL: "consume", POLL_ARROW: "consume", AIO_PUSH: "consume"}
+TOPIC_OF = {SEND_ASYNC: "send_async", SEND_BATCH: "send_batch", AIO_SEND: "aio_send",   # produce rows' topics
+            SEND_ORDERED: "send_ordered", AIO_SEND_ORDERED: "aio_send_ordered"}
+AIO_OF = {AIO_SEND: SEND_ASYNC, AIO_PUSH: PUSH,      # aio row -> the thread-based row it is held to
+          AIO_SEND_ORDERED: SEND_ORDERED}
+# row -> (the row of the same run it is held to, the share of that row's figure it must reach)
+HELD_TO = {**{row: (base, AIO_RATIO) for row, base in AIO_OF.items()}, SEND_ORDERED: (SEND_ASYNC, ORDERED_RATIO)}
 
 # issue 17: (row, body size) -> msgs/s floor; and (row, body size) -> floor as a multiple of Redis
 TARGETS = {(SEND_ASYNC, 100): 1_000_000, (SEND_ASYNC, 1024): 500_000, (SEND_BATCH, 100): 1_500_000,
@@ -92,21 +103,42 @@ def _timeout_s(n: int) -> float:
 
 
 # -- rows ---------------------------------------------------------------------------------------
-def send_async(namesrv: str, topic: str, size: int, n: int) -> dict:
+def send_async(namesrv: str, topic: str, size: int, n: int, ordered: bool = False) -> dict:
     from rmq import Message, Producer
     body = body_of(size)
     cb = _Outcomes(n, threading.Event())
+    keys = [f"key-{k}" for k in range(ORDERED_KEYS)]
 
     with Producer(namesrv, group="bench-client-pg") as p:
         p.send(Message(topic, b"warm-up"))              # untimed: the topic, its route, the connection
+        if ordered:
+            _until_route(lambda: p.fetch_publish_message_queues(topic))   # ordered sends need it
         t0 = time.perf_counter()
-        for _ in range(n):
-            p.send_async(Message(topic, body), callback=cb)
+        if ordered:
+            for i in range(n):
+                p.send_async(Message(topic, body), callback=cb, sharding_key=keys[i % ORDERED_KEYS])
+        else:
+            for _ in range(n):
+                p.send_async(Message(topic, body), callback=cb)
         left = p.flush()
         if not cb.done.wait(_timeout_s(n)):
             raise TimeoutError(f"{cb.missing:,} futures not done ({left:,} unanswered)")
         el = time.perf_counter() - t0
     return {"msgs": cb.checked(), "seconds": el}
+
+
+def _until_route(fetch, timeout_s: float = 30.0):
+    """``fetch()`` (a topic's queues from the NameServer) until it succeeds: an auto-created
+    topic's route is registered by the broker shortly after its first message."""
+    from rmq.errors import MQClientError
+    end = time.monotonic() + timeout_s
+    while True:
+        try:
+            return fetch()
+        except MQClientError:
+            if time.monotonic() >= end:
+                raise
+            time.sleep(0.05)
 
 
 class _Outcomes:
@@ -255,20 +287,35 @@ def poll(namesrv: str, topic: str, size: int, n: int, arrow: bool = False) -> di
     return {"msgs": got, "seconds": el, "first_msg_s": round(first - t0, 4)}
 
 
-def aio_send(namesrv: str, topic: str, size: int, n: int) -> dict:
+def aio_send(namesrv: str, topic: str, size: int, n: int, ordered: bool = False) -> dict:
     import asyncio
 
     from rmq import Message
     from rmq.aio import Producer
+    from rmq.errors import MQClientError
     body = body_of(size)
+    keys = [f"key-{k}" for k in range(ORDERED_KEYS)]
 
     async def go() -> dict:
         cb = _Outcomes(n, asyncio.Event())
         async with Producer(namesrv, group="bench-client-aio-pg") as p:
             await p.send(Message(topic, b"warm-up"))     # untimed: the topic, its route, the connection
+            if ordered:                                  # ordered sends need the route
+                end = time.monotonic() + 30.0
+                while True:
+                    try:
+                        await p.fetch_publish_message_queues(topic)
+                        break
+                    except MQClientError:
+                        if time.monotonic() >= end:
+                            raise
+                        await asyncio.sleep(0.05)
             t0 = time.perf_counter()
-            for _ in range(n):
-                await p.send_async(Message(topic, body), callback=cb)
+            for i in range(n):
+                if ordered:
+                    await p.send_async(Message(topic, body), callback=cb, sharding_key=keys[i % ORDERED_KEYS])
+                else:
+                    await p.send_async(Message(topic, body), callback=cb)
             left = await p.flush()
             try:
                 await asyncio.wait_for(cb.done.wait(), _timeout_s(n))
@@ -325,7 +372,9 @@ def aio_push(namesrv: str, topic: str, size: int, n: int) -> dict:
 
 
 RUNNERS = {SEND_ASYNC: send_async, SEND_BATCH: send_batch, PUSH: push, POLL: poll,
-           POLL_ARROW: functools.partial(poll, arrow=True), AIO_SEND: aio_send, AIO_PUSH: aio_push}
+           POLL_ARROW: functools.partial(poll, arrow=True), AIO_SEND: aio_send, AIO_PUSH: aio_push,
+           SEND_ORDERED: functools.partial(send_async, ordered=True),
+           AIO_SEND_ORDERED: functools.partial(aio_send, ordered=True)}
 
 
 # -- references -------------------------------------------------------------------------------
@@ -379,14 +428,14 @@ def judge(row: dict, rows: list, refs: dict) -> None:
     mult = REDIS_TARGETS.get((row["path"], size))
     if mult is not None:
         checks.append((f">= {mult:g}x Redis", None if "x_redis" not in row else row["x_redis"] >= mult))
-    base_path = AIO_OF.get(row["path"])
+    base_path, share = HELD_TO.get(row["path"], (None, 0.0))
     if base_path is not None:
         base = next((r for r in rows if r["path"] == base_path and r["size"] == size), None)
         ok = None
         if base is not None and not base["error"] and not row["error"] and base["msgs_per_s"]:
-            row["x_thread"] = row["msgs_per_s"] / base["msgs_per_s"]
-            ok = row["x_thread"] >= AIO_RATIO
-        checks.append((f">= {AIO_RATIO:.0%} of {base_path}", ok))
+            row["x_base"] = row["msgs_per_s"] / base["msgs_per_s"]
+            ok = row["x_base"] >= share
+        checks.append((f">= {share:.0%} of {base_path}", ok))
     if not checks:
         return
     row["target"] = ", ".join(c[0] for c in checks)
