@@ -72,7 +72,8 @@ from rmq import protocol as P
 from rmq import security
 from rmq.client import trace as _trace
 from rmq.client.message import Message, MessageQueue, SendResult
-from rmq.client.producer import (ROUTE_REFRESH_ON_FAILURE_MS, ProducerOptions, Selector, apply_selector, batch_body_of,
+from rmq.client.producer import (ORDERED_MERGE_BYTES, ROUTE_REFRESH_ON_FAILURE_MS, ProducerOptions, QueueTurns,
+                                 Selector, apply_selector, batch_body_of,
                                  check_group, client_id, final_error, heartbeat_request, merge_results,
                                  message_preparer, parse_send_response, prepare_batch, route_suspect, selector_for,
                                  queued_failures_error, send_request)
@@ -173,6 +174,11 @@ class _Batch:
         self.queue_turn = False             # holds its queue's turn (Producer._pump): ordered sends
 
 
+def _mergeable(b: _Batch) -> bool:
+    """Whether ``b`` (its queue chosen) may share a SEND_BATCH_MESSAGE: every message batchable."""
+    return b.selector is None and not b.finished and all(p.batchable for p in b.preps)
+
+
 class Producer:
     """An asyncio producer (RocketMQ ``DefaultMQProducer`` semantics).
 
@@ -241,10 +247,8 @@ class Producer:
         self._shut = False                  # close() is tearing down: nothing goes out any more
         # send_async: batches (see the module docstring)
         self._accs: dict = {}               # (topic, ordered MessageQueue or None) -> _Batch being filled
-        # ordered batches: one request out per queue; MessageQueue -> deque of the _Batch held behind it
-        # (a key is present while the queue's turn is taken: its holder is ready or on the wire)
-        self._queue_turns: dict = {}
-        self._held_for_order = 0            # ordered batches that waited for their queue's previous request
+        # ordered batches: max_in_flight_per_queue requests out per queue, the next ones held
+        self._queue_turns = QueueTurns(o.max_in_flight_per_queue)
         self._ready: collections.deque = collections.deque()   # _Batch sealed, waiting for room
         self._reqs: set = set()             # _Batch on the wire (a task each)
         self._inflight = 0                  # len(_reqs): requests out, held to max_in_flight
@@ -330,12 +334,11 @@ class Producer:
         await asyncio.gather(*tasks, return_exceptions=True)
         # send_async messages not answered: queued ones were never sent, the rest were on the wire
         closed = MQClientError(f"producer {self.group} closed before the message was sent")
-        held = [b for q in self._queue_turns.values() for b in q]
+        held = self._queue_turns.clear()
         for b in list(self._accs.values()) + list(self._ready) + held:
             self._fail(b, closed)
         self._accs.clear()
         self._ready.clear()
-        self._queue_turns.clear()
         for b in list(self._reqs):
             self._fail(b, RemotingError(f"producer {self.group} closed while waiting for a response"))
         self._reqs.clear()
@@ -545,7 +548,7 @@ class Producer:
             queue = apply_selector(selector, info, prep.msg, arg)
         elif not isinstance(queue, MessageQueue) or queue.topic != prep.msg.topic:
             return None                     # _send raises the error
-        if queue not in self._queue_turns and (prep.msg.topic, queue) not in self._accs:
+        if not self._queue_turns.busy(queue) and (prep.msg.topic, queue) not in self._accs:
             return None
         budget_ms = timeout_ms if timeout_ms is not None else self.options.send_msg_timeout_ms
         if budget_ms <= 0:
@@ -740,7 +743,7 @@ class Producer:
             for key, b in list(accs.items()):
                 if self._inflight >= limit:
                     return
-                if key[1] is None or key[1] not in turns or self._flushing:
+                if key[1] is None or not turns.busy(key[1]) or self._flushing:
                     del accs[key]         # an ordered queue's batch fills while its queue has a request out
                     self._start(b)
             return
@@ -749,7 +752,7 @@ class Producer:
         for key, b in list(accs.items()):
             if self._inflight >= limit:
                 return
-            if key[1] is not None and key[1] in turns:
+            if key[1] is not None and turns.busy(key[1]):
                 continue                  # filling until its queue's request is answered
             if now >= b.created + linger:
                 del accs[key]
@@ -766,12 +769,8 @@ class Producer:
     def _start(self, b: _Batch) -> None:
         q = b.queue
         if q is not None and not b.queue_turn:
-            held = self._queue_turns.get(q)
-            if held is not None:          # its queue has a request out: wait behind it
-                held.append(b)
-                self._held_for_order += 1
+            if not self._queue_turns.take(q, b):    # its queue has its requests out: wait behind them
                 return
-            self._queue_turns[q] = collections.deque()
             b.queue_turn = True
         self._inflight += 1
         self._reqs.add(b)
@@ -780,15 +779,38 @@ class Producer:
     def _end_turn(self, b: _Batch) -> None:
         """``b`` (an ordered batch) has its outcome: the next batch held for its queue goes next."""
         b.queue_turn = False
-        held = self._queue_turns.get(b.queue)
-        if held is None:
-            return
-        if held:
-            nxt = held.popleft()
+        nxt = self._queue_turns.end(b.queue, self._merge_held)
+        if nxt is not None:
             nxt.queue_turn = True
             self._ready.appendleft(nxt)
-        else:
-            del self._queue_turns[b.queue]
+
+    def _merge_held(self, first: _Batch, held: collections.deque) -> _Batch:
+        """``first`` and the batches held behind it for its queue as one request of up to
+        ORDERED_MERGE_BYTES (never over max_message_size), in order, as the thread producer's."""
+        if not _mergeable(first):
+            return first
+        cap = min(self.options.max_message_size, max(self._batch_size, ORDERED_MERGE_BYTES))
+        size = sum(p.size for p in first.preps)
+        joined = []
+        while held and _mergeable(held[0]):
+            more = sum(p.size for p in held[0].preps)
+            if size + more > cap:
+                break
+            joined.append(held.popleft())
+            size += more
+        if not joined:
+            return first
+        m = _Batch(first.topic, first.created, first.deadline, first.attempt_timeout, first.queue)
+        for b in (first, *joined):
+            m.preps.extend(b.preps)
+            m.futures.extend(b.futures)
+            if b.callbacks is not None:
+                m.callbacks = (m.callbacks or []) + b.callbacks
+            m.created = min(m.created, b.created)
+            m.deadline = min(m.deadline, b.deadline)
+            m.attempt_timeout = min(m.attempt_timeout, b.attempt_timeout)
+        m.nbytes = size
+        return m
 
     async def _run(self, b: _Batch) -> None:
         """One request of send_async messages, through its attempts; each future its own outcome."""

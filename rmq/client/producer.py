@@ -25,12 +25,14 @@ message, or on :meth:`flush` / :meth:`close`.  Each message's future gets its
 own :class:`SendResult` (its own queue offset and ids).
 
 Ordered sends (a selector, a sharding key or an explicit queue) have one request
-out per queue at a time, Kafka's ``max.in.flight.requests.per.connection=1``
-rule for ordered partitions: the next request for that queue waits until the
-previous one is answered, and its batch keeps filling meanwhile.  Two requests
-out to one queue could be stored out of order (the first shed by the broker's
-flow control, SYSTEM_BUSY, the second stored), and a batch queued behind
-another on a busy broker is what its flow control sheds first.
+out per queue at a time (``max_in_flight_per_queue``, 1), Kafka's
+``max.in.flight.requests.per.connection=1`` rule for ordered partitions: the
+next request for that queue waits until the previous one is answered, its batch
+filling meanwhile, and the batches sealed while it waited go as one request (up
+to ORDERED_MERGE_BYTES).  Two requests out to one queue could be stored out of
+order (the first shed by the broker's flow control, SYSTEM_BUSY, the second
+stored), and a batch queued behind another on a busy broker is what its flow
+control sheds first.
 
 Threads and sockets
     One I/O thread per producer owns every ZeroMQ socket (pyzmq sockets are not
@@ -97,7 +99,7 @@ from rmq.client.route import (LATENCY_MAX_49, NOT_AVAILABLE_DURATION_49, ISOLATI
 from rmq.errors import MQBrokerError, MQClientError, RemotingError, RemotingTimeoutError
 from rmq.protocol import Frame, ProtocolError, RequestCode, ResponseCode
 from rmq.common.mix_all import DEFAULT_TOPIC_QUEUE_NUMS
-from rmq.common.request_header import SendMessageRequestHeader
+from rmq.common.request_header import SendMessageRequestHeader, send_response_msg_id
 from rmq.common.topic_validator import AUTO_CREATE_TOPIC_KEY_TOPIC as CREATE_TOPIC_KEY
 from rmq.common.topic_validator import check_group, check_topic   # pure functions: the client never touches files
 
@@ -114,10 +116,13 @@ POLL_NAME_SERVER_INTERVAL_MS = 30_000      # route refresh period
 HEARTBEAT_BROKER_INTERVAL_MS = 30_000      # HEART_BEAT to every broker in use
 CONNECT_TIMEOUT_MS = 1000                  # an attempt waits this long for a broker connection (IMMEDIATE)
 MAX_IN_FLIGHT = 32                         # outstanding requests per producer (pipelining)
+MAX_IN_FLIGHT_PER_QUEUE = 1                # ordered sends: requests out per queue (Kafka's
+                                           # max.in.flight.requests.per.connection=1 for strict order)
 MAX_PENDING_MESSAGES = 10_000              # accepted but unanswered messages before send_async blocks
                                            # (every pending message is ~15 live objects the GC walks)
 DELIVERY_TIMEOUT_MS = 120_000              # send_async: hand-over to final result (Kafka's delivery.timeout.ms)
 DEFAULT_BATCH_SIZE = 16 * 1024             # bytes; Kafka's batch.size, used when only linger_ms is set
+ORDERED_MERGE_BYTES = 1024 * 1024        # held ordered batches of one queue merge into requests of up to this
 PROVISIONAL_REFRESH_MS = 100               # min gap between route look-ups of an auto-created topic
 PROVISIONAL_POLL_MS = 500                  # route look-up period while a topic's route is provisional
 # BATCH_ELEMENT_OVERHEAD, COMPRESSED_FLAG, COMPRESSION_ZLIB_TYPE, TRANSACTION_PREPARED_TYPE,
@@ -159,7 +164,8 @@ class ProducerOptions:
     default_topic_queue_nums: int = DEFAULT_TOPIC_QUEUE_NUMS             # [defaultTopicQueueNums]
     linger_ms: float = 0.0              # batching: wait up to this long for a batch to fill
     batch_size: Optional[int] = None    # batching: ship a batch at this many bytes (None: 16 KiB; 0 = off)
-    max_in_flight: int = MAX_IN_FLIGHT  # outstanding requests (ordered sends: one per queue within it)
+    max_in_flight: int = MAX_IN_FLIGHT  # outstanding requests (pipelining)
+    max_in_flight_per_queue: int = MAX_IN_FLIGHT_PER_QUEUE  # ordered sends: requests out per queue
     max_pending_messages: int = MAX_PENDING_MESSAGES  # send_async blocks above this many unanswered messages
     connect_timeout_ms: int = CONNECT_TIMEOUT_MS
     delivery_timeout_ms: int = DELIVERY_TIMEOUT_MS  # send_async: queueing + linger + every attempt
@@ -174,7 +180,8 @@ class ProducerOptions:
             # the default: Kafka's batch.size, within max_message_size
             self.batch_size = min(DEFAULT_BATCH_SIZE, max(self.max_message_size, 0))
         for n in ("send_msg_timeout_ms", "max_message_size", "poll_name_server_interval_ms",
-                  "heartbeat_broker_interval_ms", "max_in_flight", "max_pending_messages", "connect_timeout_ms",
+                  "heartbeat_broker_interval_ms", "max_in_flight", "max_in_flight_per_queue", "max_pending_messages",
+                  "connect_timeout_ms",
                   "default_topic_queue_nums", "delivery_timeout_ms"):
             positive(n)
         for n in ("retry_times_when_send_failed", "retry_times_when_send_async_failed",
@@ -304,7 +311,7 @@ def send_response_fields(resp: Frame, topic: str, broker_name: str, broker_addr:
     if not isinstance(queue_id, int) or not isinstance(base, int):
         raise MQBrokerError(f"malformed send response from {broker_addr}: queueId={queue_id!r} "
                             f"queueOffset={base!r}", int(ResponseCode.SYSTEM_ERROR), broker_addr)
-    offset_ids = str(f.get("msgId") or "").split(",")
+    offset_ids = send_response_msg_id(f, resp.bodies).split(",")
     if len(offset_ids) != n:
         offset_ids = [offset_ids[0] if n == 1 else ""] * n
     return status, MessageQueue(topic, broker_name, queue_id), base, offset_ids
@@ -427,6 +434,67 @@ def heartbeat_request(client: str, group: str) -> Frame:
 SYNC, ASYNC, ONEWAY = 0, 1, 2
 
 
+class QueueTurns:
+    """Ordered sends' rule, for the thread and asyncio producers: at most ``limit`` requests out per
+    queue (``max_in_flight_per_queue``; 1 keeps a queue's messages in order even when a request
+    fails, Kafka's ``max.in.flight.requests.per.connection=1``), the next ones held in order.
+
+    No I/O: the producer calls :meth:`take` before it sends an ordered request and :meth:`end`
+    when one has its outcome; ``held`` counts the requests that had to wait."""
+
+    __slots__ = ("limit", "held", "_turns")
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.held = 0
+        self._turns: dict = {}          # MessageQueue -> [requests out, deque of the requests held]
+
+    def __bool__(self) -> bool:
+        return bool(self._turns)
+
+    def busy(self, queue) -> bool:
+        """Whether a request for ``queue`` would be held now (its batch may keep filling)."""
+        t = self._turns.get(queue)
+        return t is not None and (t[0] >= self.limit or bool(t[1]))
+
+    def take(self, queue, req) -> bool:
+        """True: ``req`` may go now (it holds one of ``queue``'s turns); False: it is held."""
+        t = self._turns.get(queue)
+        if t is None:
+            self._turns[queue] = [1, collections.deque()]
+            return True
+        if t[0] >= self.limit or t[1]:
+            t[1].append(req)
+            self.held += 1
+            return False
+        t[0] += 1
+        return True
+
+    def end(self, queue, merge: Optional[Callable[[Any, collections.deque], Any]] = None):
+        """A request of ``queue`` has its outcome: the held request that takes its turn (``merge(first,
+        held)`` may join the ones behind it), or None."""
+        t = self._turns.get(queue)
+        if t is None:
+            return None
+        t[0] -= 1
+        held = t[1]
+        if held and t[0] < self.limit:
+            nxt = held.popleft()
+            if merge is not None and held:
+                nxt = merge(nxt, held)
+            t[0] += 1
+            return nxt
+        if t[0] <= 0 and not held:
+            del self._turns[queue]
+        return None
+
+    def clear(self) -> list:
+        """Forget every turn; the requests that were held, in order (to fail them)."""
+        out = [r for t in self._turns.values() for r in t[1]]
+        self._turns.clear()
+        return out
+
+
 class _Pending:
     """What one caller handed over: one message, or a user batch (one future, one merged result)."""
 
@@ -494,6 +562,12 @@ class _Request:
         self.queue_turn = False          # holds its fixed queue's turn (_Sender._pump): ordered sends
 
 
+def _mergeable(req: _Request) -> bool:
+    """Whether ``req`` may share a SEND_BATCH_MESSAGE with its neighbours: send_async messages that
+    can be batched (not a user batch, delayed, compressed or transactional one), never attempted."""
+    return req.attempt == 0 and all(it.mode == ASYNC and not it.whole and it.preps[0].batchable for it in req.items)
+
+
 class _Accumulator:
     __slots__ = ("items", "nbytes", "created")
 
@@ -543,7 +617,7 @@ class _Sender(threading.Thread):
         self.fault = MQFaultStrategy(opts.send_latency_fault_enable, opts.latency_max, opts.not_available_duration,
                                      opts.isolation_latency_ms)
         self.stats = {"requests": 0, "batch_requests": 0, "messages": 0, "retries": 0, "failed_messages": 0,
-                      "route_requests": 0, "held_for_order": 0}
+                      "route_requests": 0}
         # caller <-> I/O thread
         self._cmds: collections.deque = collections.deque()     # ("call" | "stop", arg)
         self._sends: collections.deque = collections.deque()    # _Pending
@@ -589,11 +663,8 @@ class _Sender(threading.Thread):
                                           # no request (a finished request must not stay alive until then)
         self._ready: collections.deque = collections.deque()
         self._accs: dict = {}             # (topic, fixed MessageQueue or None) -> _Accumulator
-        # ordered sends (a fixed queue): one request out per queue at a time (Kafka's
-        # max.in.flight.requests.per.connection=1 rule for ordered partitions), the next ones held
-        # here in order: fixed MessageQueue -> deque of _Request; a key is present while its queue's
-        # turn is taken (the holder is in _ready, parked or in flight)
-        self._queue_turns: dict = {}
+        # ordered sends (a fixed queue): max_in_flight_per_queue requests out per queue, the next held
+        self._queue_turns = QueueTurns(opts.max_in_flight_per_queue)
         self._opaque = itertools.count(1)
         self._done = 0                    # messages completed in this loop turn
         self._stopping = False
@@ -753,7 +824,7 @@ class _Sender(threading.Thread):
                 return 0
             turns = self._queue_turns
             for key, acc in self._accs.items():
-                if key[1] not in turns:      # a busy ordered queue's batch waits for its turn, not linger
+                if not turns.busy(key[1]):   # a busy ordered queue's batch waits for its turn, not linger
                     t = min(t, acc.created + linger)
         t = min(t, self._next_refresh, self._next_heartbeat)
         if self._provisional_topics:
@@ -889,7 +960,7 @@ class _Sender(threading.Thread):
         linger = self.opts.linger_ms / 1000.0
         turns = self._queue_turns
         for key, acc in list(self._accs.items()):
-            if force or (now >= acc.created + linger and key[1] not in turns):
+            if force or (now >= acc.created + linger and not turns.busy(key[1])):
                 self._ship(key, acc)   # an ordered queue's batch fills while its queue has a request out
 
     # -- sending ------------------------------------------------------------------------------
@@ -905,27 +976,36 @@ class _Sender(threading.Thread):
             req = ready.popleft()
             q = req.fixed
             if q is not None and not req.queue_turn:
-                held = turns.get(q)
-                if held is not None:         # its queue has a request out: wait behind it
-                    held.append(req)
-                    self.stats["held_for_order"] += 1
+                if not turns.take(q, req):   # its queue has its requests out: wait behind them
                     continue
-                turns[q] = collections.deque()
                 req.queue_turn = True
             self._attempt(req)
 
     def _end_turn(self, req: _Request) -> None:
         """``req`` (an ordered send) has its outcome: the next request held for its queue goes next."""
         req.queue_turn = False
-        held = self._queue_turns.get(req.fixed)
-        if held is None:
-            return
-        if held:
-            nxt = held.popleft()
+        nxt = self._queue_turns.end(req.fixed, self._merge_held)
+        if nxt is not None:
             nxt.queue_turn = True
             self._ready.appendleft(nxt)
-        else:
-            del self._queue_turns[req.fixed]
+
+    def _merge_held(self, first: _Request, held: collections.deque) -> _Request:
+        """``first`` and the send_async batches held behind it for its queue, as one request of up
+        to ORDERED_MERGE_BYTES (never over max_message_size): what piled up while the queue's previous
+        request was out goes in one round trip, in order (a batch still fills while it waits, as
+        Kafka's; here the batches sealed meanwhile are joined)."""
+        if not _mergeable(first):
+            return first
+        cap = min(self.opts.max_message_size, max(self.opts.batch_size, ORDERED_MERGE_BYTES))
+        items = list(first.items)
+        size = sum(p.size for p in first.preps)
+        while held and _mergeable(held[0]):
+            more = sum(p.size for p in held[0].preps)
+            if size + more > cap:
+                break
+            items.extend(held.popleft().items)
+            size += more
+        return _Request(items, first.fixed, self.opts) if len(items) > len(first.items) else first
 
     def _attempt(self, req: _Request) -> None:
         """Select a queue and send ``req`` (or park it until its broker is connected)."""
@@ -1395,10 +1475,8 @@ class _Sender(threading.Thread):
             for it in acc.items:
                 self._fail(it, closed)
         self._accs.clear()
-        for held in self._queue_turns.values():
-            while held:
-                self._fail_request(held.popleft(), closed)
-        self._queue_turns.clear()          # an ending request's turn has no one to pass to now
+        for req in self._queue_turns.clear():   # an ending request's turn has no one to pass to now
+            self._fail_request(req, closed)
         while self._ready:
             self._fail_request(self._ready.popleft(), closed)
         for conn in self._conns.values():
@@ -1463,8 +1541,10 @@ class Producer:
         (``send_async`` of 100 B messages: 17.5 k msgs/s one request each, 125 k batched).
         ``batch_size=0`` sends one SEND_MESSAGE per message (RocketMQ's ``sendAsync``).
     max_in_flight : int
-        Requests outstanding at once (pipelining; 32); ordered sends have one per
-        queue within it (module docstring, "Ordered sends").
+        Requests outstanding at once (pipelining; 32).  Ordered sends have at most
+        ``max_in_flight_per_queue`` (an option, 1) per queue within it (module docstring,
+        "Ordered sends"); more pipelines a queue, but a failed request may then leave a later
+        one stored before it (Kafka's ``max.in.flight.requests.per.connection``).
     max_pending_messages : int
         :meth:`send_async` blocks (up to ``send_msg_timeout_ms``) while this many
         messages are unanswered (10 000).
@@ -1588,6 +1668,7 @@ class Producer:
         st = dict(self._sender.stats)
         for k, v in list(self._direct.stats.items()):
             st[k] += v
+        st["held_for_order"] = self._sender._queue_turns.held
         return st
 
     @property

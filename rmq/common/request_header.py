@@ -89,4 +89,26 @@ class SendMessageRequestHeader:
         return f
 
 
-__all__ = ["PullMessageRequestHeader", "SendMessageRequestHeader", "SUB_ALL", "TAG", "now_ms"]
+#: bytes: a send answer's ``msgId`` (the offset msg ids, comma-joined for a batch: 33 bytes each) longer
+#: than this goes in the answer's body, flagged ``msgIdInBody``; in the header, the 1,986th id of a
+#: batch would pass the frame's 64 KiB header limit (rmq.protocol.MAX_HEADER_SIZE), the messages
+#: stored and the answer lost
+SEND_RESPONSE_MSG_ID_INLINE_MAX = 16 * 1024
+
+
+def send_response_msg_id_parts(msg_id: str) -> tuple[dict, list]:
+    """(header fields, bodies) that carry a SEND_MESSAGE / SEND_BATCH_MESSAGE answer's ``msgId``."""
+    if len(msg_id) <= SEND_RESPONSE_MSG_ID_INLINE_MAX:
+        return {"msgId": msg_id}, []
+    return {"msgIdInBody": True}, [msg_id.encode("ascii")]
+
+
+def send_response_msg_id(fields: dict, bodies) -> str:
+    """The ``msgId`` of a send answer (:func:`send_response_msg_id_parts`), "" when it has none."""
+    if fields.get("msgIdInBody") and bodies:
+        return bytes(bodies[0]).decode("ascii", "replace")
+    return str(fields.get("msgId") or "")
+
+
+__all__ = ["PullMessageRequestHeader", "SendMessageRequestHeader", "SUB_ALL", "TAG", "now_ms",
+           "SEND_RESPONSE_MSG_ID_INLINE_MAX", "send_response_msg_id", "send_response_msg_id_parts"]

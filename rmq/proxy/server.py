@@ -42,7 +42,8 @@ from rmq import protocol as P
 from rmq._core import commitlog as _cl
 from rmq.client.route import cluster_info_request, parse_cluster_info, parse_route_response
 from rmq.common.mix_all import DEFAULT_TOPIC_QUEUE_NUMS, MASTER_ID
-from rmq.common.request_header import SUB_ALL, TAG, PullMessageRequestHeader, SendMessageRequestHeader, now_ms
+from rmq.common.request_header import (SUB_ALL, TAG, PullMessageRequestHeader, SendMessageRequestHeader, now_ms,
+                                       send_response_msg_id)
 from rmq.common.topic_validator import AUTO_CREATE_TOPIC_KEY_TOPIC as TBW102
 from rmq.common.perm import PERM_READ, PERM_WRITE
 from rmq.common.route import broker_addrs_to_wire
@@ -454,7 +455,7 @@ class ProxyServer:
                                                                    ResponseCode.FLUSH_SLAVE_TIMEOUT,
                                                                    ResponseCode.SLAVE_NOT_AVAILABLE):
             return cmd.response(resp.code, resp.remark)
-        out = {"msgId": resp.fields.get("msgId"), "queueOffset": resp.fields.get("queueOffset"),
+        out = {"msgId": send_response_msg_id(resp.fields, resp.bodies), "queueOffset": resp.fields.get("queueOffset"),
                "queueId": lay.global_id(group.broker_name, int(resp.fields.get("queueId", qid))),
                "MSG_REGION": "DefaultRegion", "TRACE_ON": "true"}
         if "transactionId" in resp.fields:

@@ -258,7 +258,7 @@ def test_ordered_send_async_has_one_request_out_per_queue(cluster, rc, how, clie
                 kw = {"sharding_key": "k"} if how == "sharding_key" else {"queue": mq}
                 futs = [await p.send_async(Message(topic, b), **kw) for b in body]
                 last = await p.send(Message(topic, b"last"), **kw)
-                return mq, [await f for f in futs], last, p._held_for_order
+                return mq, [await f for f in futs], last, p._queue_turns.held
         mq, results, last, held = asyncio.run(asyncio.wait_for(main(), WAIT_S))
     assert held > 0
     assert {r.queue_id for r in results} == {mq.queue_id}
@@ -306,6 +306,29 @@ def test_send_batch_one_queue(cluster, rc):
     assert [x.body for x in recs] == [b"m%d" % i for i in range(10)]
     assert [x.queue_offset for x in recs] == [r.queue_offset + i for i in range(10)]
     assert [x.msg_id for x in recs] == ids and [x.keys for x in recs] == [[f"k{i}"] for i in range(10)]
+
+
+def test_send_batch_of_thousands_of_messages_gets_every_offset_msg_id_once_stored(cluster, rc):
+    """A send_batch of 3,000 small messages: its answer's offset msg ids (99 KB comma-joined) pass
+    the 64 KiB header limit, so the broker puts them in the answer's body
+    (SEND_RESPONSE_MSG_ID_INLINE_MAX); each id names its own message, each stored once (a lost answer
+    was a SYSTEM_ERROR, retried: the batch stored twice)."""
+    from rmq._core.commitlog import decode_message_id
+    from rmq.common.request_header import SEND_RESPONSE_MSG_ID_INLINE_MAX
+    n = 3000
+    assert n * 33 > SEND_RESPONSE_MSG_ID_INLINE_MAX
+    with Producer(cluster.namesrv_addr, group="pg") as p:
+        warm = p.send(Message("BatchBig", b"warm-up"))
+        msgs = [Message("BatchBig", b"b%d" % i) for i in range(n)]
+        r = p.send_batch(msgs, queue=warm.message_queue)
+        assert p.stats["retries"] == 0
+    offset_ids = r.offset_msg_id.split(",")
+    assert len(offset_ids) == n and r.msg_id.split(",") == [m.properties["UNIQ_KEY"] for m in msgs]
+    phys = [decode_message_id(i)[1] for i in offset_ids]
+    assert phys == sorted(phys) and len(set(phys)) == n
+    recs = pull_queue(rc, cluster, "BatchBig", warm.queue_id, n + 1)
+    assert len(recs) == n + 1 and [x.body for x in recs[1:]] == [b"b%d" % i for i in range(n)]
+    assert [x.commitlog_offset for x in recs[1:]] == phys
 
 
 # -- async, pipelining, batching ----------------------------------------------------------------------

@@ -22,6 +22,7 @@ from rmq.actors.transaction import HALF_TOPIC, half_properties, is_half_request
 from rmq import protocol as P
 from rmq.common.mix_all import dlq_topic, is_dlq_topic, retry_topic
 from rmq.common.perm import PERM_WRITE
+from rmq.common.request_header import send_response_msg_id_parts
 from rmq.common.topic_validator import MAX_QUEUE_NUMS, check_group, check_topic
 from rmq.protocol import Frame, RequestCode, ResponseCode, field_int, field_str
 from rmq.zmqio import send_parts
@@ -315,9 +316,10 @@ class SendMessageProcessor(RequestProcessor):
         if b.metrics is not None:
             b.metrics.on_put(topic, M.message_type(sent_props, is_half or (sys_flag & TRANSACTION_TYPE_MASK)
                                                    == TRANSACTION_PREPARED_TYPE), a.msg_num, a.wrote_bytes)
+        id_fields, id_bodies = send_response_msg_id_parts(res.msg_id)
         resp = frame.response(ResponseCode.SUCCESS, fields={
-            "msgId": res.msg_id, "queueId": queue_id, "queueOffset": a.queue_offset,
-            "storeTimestamp": a.store_timestamp, "msgNum": a.msg_num})
+            **id_fields, "queueId": queue_id, "queueOffset": a.queue_offset,
+            "storeTimestamp": a.store_timestamp, "msgNum": a.msg_num}, bodies=id_bodies)
         wait = str(frame.fields.get("waitStoreMsgOK", "true")).lower() != "false"
         if not wait:
             return resp
