@@ -72,7 +72,7 @@ from rmq import protocol as P
 from rmq import security
 from rmq.client import trace as _trace
 from rmq.client.message import Message, MessageQueue, SendResult
-from rmq.client.producer import (ORDERED_MERGE_BYTES, ROUTE_REFRESH_ON_FAILURE_MS, ProducerOptions, QueueTurns,
+from rmq.client.producer import (ROUTE_REFRESH_ON_FAILURE_MS, ProducerOptions, QueueTurns,
                                  Selector, apply_selector, batch_body_of,
                                  check_group, client_id, final_error, heartbeat_request, merge_results,
                                  message_preparer, parse_send_response, prepare_batch, route_suspect, selector_for,
@@ -786,10 +786,10 @@ class Producer:
 
     def _merge_held(self, first: _Batch, held: collections.deque) -> _Batch:
         """``first`` and the batches held behind it for its queue as one request of up to
-        ORDERED_MERGE_BYTES (never over max_message_size), in order, as the thread producer's."""
+        ``batch_size`` bytes, in order, as the thread producer's."""
         if not _mergeable(first):
             return first
-        cap = min(self.options.max_message_size, max(self._batch_size, ORDERED_MERGE_BYTES))
+        cap = self._batch_size
         size = sum(p.size for p in first.preps)
         joined = []
         while held and _mergeable(held[0]):

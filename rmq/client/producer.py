@@ -26,13 +26,16 @@ own :class:`SendResult` (its own queue offset and ids).
 
 Ordered sends (a selector, a sharding key or an explicit queue) have one request
 out per queue at a time (``max_in_flight_per_queue``, 1), Kafka's
-``max.in.flight.requests.per.connection=1`` rule for ordered partitions: the
+``max.in.flight.requests.per.connection=1`` setting for ordered partitions: the
 next request for that queue waits until the previous one is answered, its batch
-filling meanwhile, and the batches sealed while it waited go as one request (up
-to ORDERED_MERGE_BYTES).  Two requests out to one queue could be stored out of
-order (the first shed by the broker's flow control, SYSTEM_BUSY, the second
-stored), and a batch queued behind another on a busy broker is what its flow
-control sheds first.
+filling meanwhile, and the smaller batches sealed while it waited go as one
+request (of up to ``batch_size`` bytes).  A batch then never waits at the broker
+behind another batch of its own queue, which is what the broker's flow control
+sheds first (SYSTEM_BUSY after ``waitTimeMillsInSendQueue``).  As in RocketMQ, a
+failed ordered request is not retried, and the requests behind it still go: the
+queue keeps the order of what it stored, with the failed messages missing (their
+futures say so).  The cost: about a fifth of ordered ``send_async``'s throughput
+in one thread (bench/results/client.md); more per queue pipelines a queue again.
 
 Threads and sockets
     One I/O thread per producer owns every ZeroMQ socket (pyzmq sockets are not
@@ -122,7 +125,6 @@ MAX_PENDING_MESSAGES = 10_000              # accepted but unanswered messages be
                                            # (every pending message is ~15 live objects the GC walks)
 DELIVERY_TIMEOUT_MS = 120_000              # send_async: hand-over to final result (Kafka's delivery.timeout.ms)
 DEFAULT_BATCH_SIZE = 16 * 1024             # bytes; Kafka's batch.size, used when only linger_ms is set
-ORDERED_MERGE_BYTES = 1024 * 1024        # held ordered batches of one queue merge into requests of up to this
 PROVISIONAL_REFRESH_MS = 100               # min gap between route look-ups of an auto-created topic
 PROVISIONAL_POLL_MS = 500                  # route look-up period while a topic's route is provisional
 # BATCH_ELEMENT_OVERHEAD, COMPRESSED_FLAG, COMPRESSION_ZLIB_TYPE, TRANSACTION_PREPARED_TYPE,
@@ -436,8 +438,8 @@ SYNC, ASYNC, ONEWAY = 0, 1, 2
 
 class QueueTurns:
     """Ordered sends' rule, for the thread and asyncio producers: at most ``limit`` requests out per
-    queue (``max_in_flight_per_queue``; 1 keeps a queue's messages in order even when a request
-    fails, Kafka's ``max.in.flight.requests.per.connection=1``), the next ones held in order.
+    queue (``max_in_flight_per_queue``, Kafka's ``max.in.flight.requests.per.connection``), the
+    next ones held in order.
 
     No I/O: the producer calls :meth:`take` before it sends an ordered request and :meth:`end`
     when one has its outcome; ``held`` counts the requests that had to wait."""
@@ -991,12 +993,12 @@ class _Sender(threading.Thread):
 
     def _merge_held(self, first: _Request, held: collections.deque) -> _Request:
         """``first`` and the send_async batches held behind it for its queue, as one request of up
-        to ORDERED_MERGE_BYTES (never over max_message_size): what piled up while the queue's previous
-        request was out goes in one round trip, in order (a batch still fills while it waits, as
-        Kafka's; here the batches sealed meanwhile are joined)."""
+        to ``batch_size`` bytes (the user's bound; a batch must also fit in one of the broker's
+        CommitLog files): small batches sealed while the queue's previous request was out go in one
+        round trip, in order (Kafka's open batch fills while it waits; here sealed ones are joined)."""
         if not _mergeable(first):
             return first
-        cap = min(self.opts.max_message_size, max(self.opts.batch_size, ORDERED_MERGE_BYTES))
+        cap = self.opts.batch_size
         items = list(first.items)
         size = sum(p.size for p in first.preps)
         while held and _mergeable(held[0]):
@@ -1543,8 +1545,7 @@ class Producer:
     max_in_flight : int
         Requests outstanding at once (pipelining; 32).  Ordered sends have at most
         ``max_in_flight_per_queue`` (an option, 1) per queue within it (module docstring,
-        "Ordered sends"); more pipelines a queue, but a failed request may then leave a later
-        one stored before it (Kafka's ``max.in.flight.requests.per.connection``).
+        "Ordered sends"; Kafka's ``max.in.flight.requests.per.connection``).
     max_pending_messages : int
         :meth:`send_async` blocks (up to ``send_msg_timeout_ms``) while this many
         messages are unanswered (10 000).
