@@ -511,8 +511,11 @@ class Producer:
         if selector is not None:
             info = self.route_cache.publish_info(topic)
             if info is not None and info.ok:           # the queue now: it joins that queue's batch
-                queue = apply_selector(selector, info, prep.msg, arg)
-                selector = None
+                try:
+                    queue = apply_selector(selector, info, prep.msg, arg)
+                    selector = None
+                except MQClientError:
+                    pass                               # a request of its own: its future gets the error
         if selector is None and prep.batchable and self._batch_size:
             self._append(prep, fut, callback, timeout_ms, queue)
         else:

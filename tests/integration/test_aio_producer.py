@@ -299,3 +299,24 @@ def test_send_async_without_a_nameserver_fails_within_its_budget():
 
     run(main())
 
+
+
+def test_ordered_send_async_with_a_failing_selector_fails_its_future_only(cluster, rc):
+    """A selector that raises (the route known, so the queue is chosen at send_async) fails that
+    message's future with MQClientError; nothing is left pending, and the producer goes on."""
+    create_topic(rc, cluster, "AioBadSelector", 2)
+
+    def bad(mqs, msg, arg):
+        raise ValueError("no queue for you")
+
+    async def main():
+        async with Producer(cluster.namesrv_addr, group="pg") as p:
+            await asyncio.wait_for(_until_route(p, "AioBadSelector", 2), WAIT_S)
+            fut = await p.send_async(Message("AioBadSelector", b"x"), selector=bad)
+            with pytest.raises(MQClientError, match="selector failed: ValueError: no queue for you"):
+                await asyncio.wait_for(fut, WAIT_S)
+            assert await p.flush(WAIT_S) == 0 and p.pending == 0
+            ok = await p.send_async(Message("AioBadSelector", b"y"), sharding_key="k")
+            return await asyncio.wait_for(ok, WAIT_S)
+
+    assert run(main()).status is SendStatus.SEND_OK
