@@ -51,3 +51,33 @@ def test_max_in_flight_per_queue_must_be_positive(bad):
         ProducerOptions(max_in_flight_per_queue=bad)
     with pytest.raises(MQClientError, match="max_in_flight_per_queue"):
         Producer("127.0.0.1:9876", max_in_flight_per_queue=bad)
+
+
+def _request(mode, n, opts, size=100, queue="q"):
+    from rmq import Message
+    from rmq.client.producer import _Pending, _Request, message_preparer
+    prep = message_preparer(opts).prepare
+    preps = [prep(Message("T", b"x" * size)) for _ in range(n)]
+    return _Request([_Pending([p], None, mode, 1e12, 3.0) for p in preps], queue, opts)
+
+
+def test_held_ordered_requests_join_up_to_batch_size_in_order_and_only_async_ones():
+    """The thread producer's join of the requests held for a queue (_Sender._merge_held, no I/O):
+    async batchable ones join, in order, while the request stays within batch_size; a sync one
+    stops the join (it is answered alone)."""
+    import collections
+
+    from rmq.client.producer import ASYNC, SYNC, _Sender
+    opts = ProducerOptions(batch_size=1000)
+    s = _Sender(["127.0.0.1:9876"], "pg", "client", opts)
+    first, a, b, c = (_request(ASYNC, 2, opts) for _ in range(4))
+    size = sum(p.size for p in first.preps)
+    assert 3 * size <= 1000 < 4 * size                     # three fit the bound, four do not
+    held = collections.deque([a, b, c])
+    joined = s._merge_held(first, held)
+    assert joined.preps == first.preps + a.preps + b.preps and list(held) == [c]
+    assert sum(p.size for p in joined.preps) <= opts.batch_size and joined.batch
+    sync = _request(SYNC, 1, opts)
+    held = collections.deque([sync, a])
+    assert s._merge_held(first, held) is first and list(held) == [sync, a]
+    assert s._merge_held(sync, collections.deque([a])) is sync
