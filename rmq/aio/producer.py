@@ -179,6 +179,25 @@ def _mergeable(b: _Batch) -> bool:
     return b.selector is None and not b.finished and all(p.batchable for p in b.preps)
 
 
+def _batch_bytes(b: _Batch) -> int:
+    return b.nbytes
+
+
+def _combine(first: _Batch, joined: list) -> _Batch:
+    """One request of ``first`` and the batches ``joined`` behind it, in order (QueueTurns)."""
+    m = _Batch(first.topic, first.created, first.deadline, first.attempt_timeout, first.queue)
+    for b in (first, *joined):
+        m.preps.extend(b.preps)
+        m.futures.extend(b.futures)
+        if b.callbacks is not None:
+            m.callbacks = (m.callbacks or []) + b.callbacks
+        m.created = min(m.created, b.created)
+        m.deadline = min(m.deadline, b.deadline)
+        m.attempt_timeout = min(m.attempt_timeout, b.attempt_timeout)
+        m.nbytes += b.nbytes
+    return m
+
+
 class Producer:
     """An asyncio producer (RocketMQ ``DefaultMQProducer`` semantics).
 
@@ -248,7 +267,9 @@ class Producer:
         # send_async: batches (see the module docstring)
         self._accs: dict = {}               # (topic, ordered MessageQueue or None) -> _Batch being filled
         # ordered batches: max_in_flight_per_queue requests out per queue, the next ones held
-        self._queue_turns = QueueTurns(o.max_in_flight_per_queue)
+        # (the held ones joined up to batch_size when a turn passes, as the thread producer's)
+        self._queue_turns = QueueTurns(o.max_in_flight_per_queue, o.batch_size, _mergeable, _batch_bytes,
+                                       _combine)
         self._ready: collections.deque = collections.deque()   # _Batch sealed, waiting for room
         self._reqs: set = set()             # _Batch on the wire (a task each)
         self._inflight = 0                  # len(_reqs): requests out, held to max_in_flight
@@ -576,6 +597,7 @@ class Producer:
                    queue, selector, arg)
         b.preps.append(prep)
         b.futures.append(fut)
+        b.nbytes = prep.size
         if callback is not None:
             b.callbacks = [(fut, callback, _copy_context())]
         self._ready.append(b)
@@ -771,49 +793,17 @@ class Producer:
 
     def _start(self, b: _Batch) -> None:
         q = b.queue
-        if q is not None and not b.queue_turn:
-            if not self._queue_turns.take(q, b):    # its queue has its requests out: wait behind them
-                return
-            b.queue_turn = True
+        if q is not None and not b.queue_turn and not self._queue_turns.take(q, b):
+            return                        # its queue has its requests out: wait behind them
         self._inflight += 1
         self._reqs.add(b)
         self._spawn(self._run(b))
 
     def _end_turn(self, b: _Batch) -> None:
         """``b`` (an ordered batch) has its outcome: the next batch held for its queue goes next."""
-        b.queue_turn = False
-        nxt = self._queue_turns.end(b.queue, self._merge_held)
+        nxt = self._queue_turns.end(b.queue, b)
         if nxt is not None:
-            nxt.queue_turn = True
             self._ready.appendleft(nxt)
-
-    def _merge_held(self, first: _Batch, held: collections.deque) -> _Batch:
-        """``first`` and the batches held behind it for its queue as one request of up to
-        ``batch_size`` bytes, in order, as the thread producer's."""
-        if not _mergeable(first):
-            return first
-        cap = self._batch_size
-        size = sum(p.size for p in first.preps)
-        joined = []
-        while held and _mergeable(held[0]):
-            more = sum(p.size for p in held[0].preps)
-            if size + more > cap:
-                break
-            joined.append(held.popleft())
-            size += more
-        if not joined:
-            return first
-        m = _Batch(first.topic, first.created, first.deadline, first.attempt_timeout, first.queue)
-        for b in (first, *joined):
-            m.preps.extend(b.preps)
-            m.futures.extend(b.futures)
-            if b.callbacks is not None:
-                m.callbacks = (m.callbacks or []) + b.callbacks
-            m.created = min(m.created, b.created)
-            m.deadline = min(m.deadline, b.deadline)
-            m.attempt_timeout = min(m.attempt_timeout, b.attempt_timeout)
-        m.nbytes = size
-        return m
 
     async def _run(self, b: _Batch) -> None:
         """One request of send_async messages, through its attempts; each future its own outcome."""

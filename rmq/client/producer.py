@@ -439,17 +439,24 @@ SYNC, ASYNC, ONEWAY = 0, 1, 2
 class QueueTurns:
     """Ordered sends' rule, for the thread and asyncio producers: at most ``limit`` requests out per
     queue (``max_in_flight_per_queue``, Kafka's ``max.in.flight.requests.per.connection``), the
-    next ones held in order.
+    next ones held in order; when a turn passes, the held requests behind the next one that may
+    share its SEND_BATCH_MESSAGE are joined to it, up to ``cap`` bytes (``batch_size``).
 
     No I/O: the producer calls :meth:`take` before it sends an ordered request and :meth:`end`
-    when one has its outcome; ``held`` counts the requests that had to wait."""
+    when one has its outcome.  Everything that moves a turn is here: a request's ``queue_turn``
+    attribute says whether it holds one.  ``held`` counts the requests that had to wait.  The
+    producer gives the join its request type's rules: ``mergeable(req)``, ``size_of(req)`` (bytes)
+    and ``combine(first, joined) -> req``; without ``combine`` nothing is joined."""
 
-    __slots__ = ("limit", "held", "_turns")
+    __slots__ = ("limit", "held", "_turns", "cap", "mergeable", "size_of", "combine")
 
-    def __init__(self, limit: int):
+    def __init__(self, limit: int, cap: int = 0, mergeable: Optional[Callable[[Any], bool]] = None,
+                 size_of: Optional[Callable[[Any], int]] = None,
+                 combine: Optional[Callable[[Any, list], Any]] = None):
         self.limit = limit
         self.held = 0
         self._turns: dict = {}          # MessageQueue -> [requests out, deque of the requests held]
+        self.cap, self.mergeable, self.size_of, self.combine = cap, mergeable, size_of, combine
 
     def __bool__(self) -> bool:
         return bool(self._turns)
@@ -464,31 +471,45 @@ class QueueTurns:
         t = self._turns.get(queue)
         if t is None:
             self._turns[queue] = [1, collections.deque()]
-            return True
-        if t[0] >= self.limit or t[1]:
+        elif t[0] >= self.limit or t[1]:
             t[1].append(req)
             self.held += 1
             return False
-        t[0] += 1
+        else:
+            t[0] += 1
+        req.queue_turn = True
         return True
 
-    def end(self, queue, merge: Optional[Callable[[Any, collections.deque], Any]] = None):
-        """A request of ``queue`` has its outcome: the held request that takes its turn (``merge(first,
-        held)`` may join the ones behind it), or None."""
+    def end(self, queue, req):
+        """``req`` of ``queue`` has its outcome: the held request that takes its turn (the ones behind
+        it joined to it, :meth:`_join`), or None."""
+        req.queue_turn = False
         t = self._turns.get(queue)
         if t is None:
-            return None
+            return None                 # cleared (the producer is closing)
         t[0] -= 1
         held = t[1]
         if held and t[0] < self.limit:
-            nxt = held.popleft()
-            if merge is not None and held:
-                nxt = merge(nxt, held)
+            nxt = self._join(held.popleft(), held)
+            nxt.queue_turn = True
             t[0] += 1
             return nxt
         if t[0] <= 0 and not held:
             del self._turns[queue]
         return None
+
+    def _join(self, first, held: collections.deque):
+        if self.combine is None or not held or not self.mergeable(first):
+            return first
+        size = self.size_of(first)
+        joined: list = []
+        while held and self.mergeable(held[0]):
+            more = self.size_of(held[0])
+            if size + more > self.cap:
+                break
+            joined.append(held.popleft())
+            size += more
+        return self.combine(first, joined) if joined else first
 
     def clear(self) -> list:
         """Forget every turn; the requests that were held, in order (to fail them)."""
@@ -568,6 +589,16 @@ def _mergeable(req: _Request) -> bool:
     """Whether ``req`` may share a SEND_BATCH_MESSAGE with its neighbours: send_async messages that
     can be batched (not a user batch, delayed, compressed or transactional one), never attempted."""
     return req.attempt == 0 and all(it.mode == ASYNC and not it.whole and it.preps[0].batchable for it in req.items)
+
+
+def _pending_bytes(p: _Pending) -> int:
+    """Bytes of one caller's hand-over that is not a user batch: a caller-side batch or one message."""
+    return p.nbytes if p.futures is not None else p.preps[0].size
+
+
+def _request_bytes(req: _Request) -> int:
+    """Bytes of a mergeable request (:func:`_mergeable`), item by item."""
+    return sum(_pending_bytes(it) for it in req.items)
 
 
 class _Accumulator:
@@ -666,7 +697,10 @@ class _Sender(threading.Thread):
         self._ready: collections.deque = collections.deque()
         self._accs: dict = {}             # (topic, fixed MessageQueue or None) -> _Accumulator
         # ordered sends (a fixed queue): max_in_flight_per_queue requests out per queue, the next held
-        self._queue_turns = QueueTurns(opts.max_in_flight_per_queue)
+        # (the held ones joined up to batch_size when a turn passes: _request_bytes, _Request)
+        self._queue_turns = QueueTurns(opts.max_in_flight_per_queue, opts.batch_size, _mergeable, _request_bytes,
+                                       lambda first, joined: _Request(
+                                           [it for r in (first, *joined) for it in r.items], first.fixed, opts))
         self._opaque = itertools.count(1)
         self._done = 0                    # messages completed in this loop turn
         self._stopping = False
@@ -928,7 +962,7 @@ class _Sender(threading.Thread):
         if (self.opts.batching and pending.mode == ASYNC and not pending.whole
                 and pending.preps[0].batchable):
             key = (pending.topic, fixed)
-            size = pending.nbytes if pending.futures is not None else pending.preps[0].size
+            size = _pending_bytes(pending)
             acc = self._accs.get(key)
             if acc is not None and acc.items and acc.nbytes + size > self.opts.batch_size:
                 self._ship(key, acc)
@@ -977,37 +1011,17 @@ class _Sender(threading.Thread):
         while ready and self._room():
             req = ready.popleft()
             q = req.fixed
-            if q is not None and not req.queue_turn:
-                if not turns.take(q, req):   # its queue has its requests out: wait behind them
-                    continue
-                req.queue_turn = True
+            if q is not None and not req.queue_turn and not turns.take(q, req):
+                continue                     # its queue has its requests out: wait behind them
             self._attempt(req)
 
     def _end_turn(self, req: _Request) -> None:
-        """``req`` (an ordered send) has its outcome: the next request held for its queue goes next."""
-        req.queue_turn = False
-        nxt = self._queue_turns.end(req.fixed, self._merge_held)
+        """``req`` (an ordered send) has its outcome: the next request held for its queue goes next,
+        with the small batches held behind it (QueueTurns joins them up to ``batch_size``: the
+        user's bound; a batch must also fit in one of the broker's CommitLog files)."""
+        nxt = self._queue_turns.end(req.fixed, req)
         if nxt is not None:
-            nxt.queue_turn = True
             self._ready.appendleft(nxt)
-
-    def _merge_held(self, first: _Request, held: collections.deque) -> _Request:
-        """``first`` and the send_async batches held behind it for its queue, as one request of up
-        to ``batch_size`` bytes (the user's bound; a batch must also fit in one of the broker's
-        CommitLog files): small batches sealed while the queue's previous request was out go in one
-        round trip, in order (Kafka's open batch fills while it waits; here sealed ones are joined)."""
-        if not _mergeable(first):
-            return first
-        cap = self.opts.batch_size
-        items = list(first.items)
-        size = sum(p.size for p in first.preps)
-        while held and _mergeable(held[0]):
-            more = sum(p.size for p in held[0].preps)
-            if size + more > cap:
-                break
-            items.extend(held.popleft().items)
-            size += more
-        return _Request(items, first.fixed, self.opts) if len(items) > len(first.items) else first
 
     def _attempt(self, req: _Request) -> None:
         """Select a queue and send ``req`` (or park it until its broker is connected)."""
