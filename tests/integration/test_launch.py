@@ -128,3 +128,24 @@ def test_flights_demo_in_decoy_cwd(tmp_path, decoy_cwd):
     check_outputs(tmp_path / "out", 2000)
     assert (tmp_path / "store" / "commitlog").is_dir()
     assert not (tmp_path / "store" / "abort").exists()
+
+
+def test_a_failing_actor_logs_its_traceback_and_the_test_harness_keeps_its_stderr(tmp_path):
+    """An actor whose loop raises logs "<name> failed" with the traceback to its own log before
+    "stopped" (its stderr was the only record), and rmq.testing.ActorProcess appends the child's
+    stderr to ``stderr_path`` (rmq.testing.Cluster: <store>/logs/<name>.stderr.log)."""
+    from rmq.testing import ActorProcess
+    store = tmp_path / "store"
+    code = ("from rmq.actors.actor import Actor\n"
+            "class Boom(Actor):\n"
+            "    name = 'boom'\n"
+            "    def on_start(self):\n"
+            "        raise RuntimeError('boom in on_start')\n"
+            f"Boom(store_path={str(store)!r}).run()\n")
+    err = store / "logs" / "boom.stderr.log"
+    with pytest.raises(RuntimeError, match="did not start"):
+        ActorProcess(["-c", code], stderr_path=str(err))
+    assert "RuntimeError: boom in on_start" in err.read_text()
+    log = (store / "logs" / "boom.log").read_text()
+    assert "boom failed" in log and "RuntimeError: boom in on_start" in log
+    assert log.index("boom failed") < log.index("boom stopped")
