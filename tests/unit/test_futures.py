@@ -16,6 +16,20 @@ def test_is_a_running_future_that_cannot_be_cancelled():
         f.result(0.01)
 
 
+def test_state_questions_never_build_the_condition():
+    # a done-callback asking cancelled() / running() / done() / result() / exception() must not
+    # build a threading.Condition per future: it halved Producer.send_async's rate with such a callback
+    f = SendFuture()
+    assert not f.cancelled() and f.running() and not f.done()
+    f.set_result(5)
+    assert not f.cancelled() and not f.running() and f.done()
+    assert f.result() == 5 and f.exception() is None
+    assert "_cond" not in f.__dict__
+    g = SendFuture(lambda fut: (fut.cancelled(), fut.exception()))
+    g.set_exception(ValueError("x"))
+    assert not g.cancelled() and "_cond" not in g.__dict__
+
+
 def test_result_exception_and_double_completion():
     f = SendFuture()
     f.set_result(7)
