@@ -110,6 +110,24 @@ class MQClientError(RmqError):
         self.remark = remark
 
 
+class SendManyError(MQClientError):
+    """Some messages of one ``send_async_many`` call failed (the others are stored).
+
+    Attributes
+    ----------
+    results : list
+        One entry per message, in the order given: its ``SendResult``, or the exception it
+        failed with.
+    failed : int
+        How many entries are exceptions (>= 1).  ``__cause__`` is the first of them.
+    """
+
+    def __init__(self, remark: str, results: list, failed: int):
+        super().__init__(remark)
+        self.results = results
+        self.failed = failed
+
+
 class MQBrokerError(MQClientError):
     """The broker answered with an error code (RocketMQ MQBrokerException)."""
 

@@ -22,11 +22,12 @@ starts RUNNING (it cannot be cancelled).
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 from concurrent.futures import Future
 from concurrent.futures._base import FINISHED, RUNNING
 
 from rmq._core.client_msg import finish_future
+from rmq.errors import SendManyError
 
 _CREATE = threading.Lock()
 
@@ -108,4 +109,68 @@ class SendFuture(Future):
         self._finish(None, exception)
 
 
-__all__ = ["SendFuture"]
+class ManyFuture(SendFuture):
+    """The future of one ``Producer.send_async_many`` call over ``n`` messages: its result is the
+    list of their ``SendResult`` objects in the order given, once every message has its outcome; if any
+    failed, its exception is a :class:`rmq.errors.SendManyError` whose ``results`` hold each
+    message's result or exception.  The producer hands the messages over in parts (one per
+    request-sized batch), each completed by :meth:`part`'s sink: no object per message."""
+
+    def __init__(self, n: int, callback: Optional[Callable[[Future], Any]] = None) -> None:
+        super().__init__(callback)
+        self._slots: list = [None] * n
+        self._left = n
+        self._failed = 0
+        self._first: Optional[BaseException] = None
+        self._lock = threading.Lock()      # parts complete in the I/O thread, or in a caller's
+        if n == 0:                         # (an I/O thread that died); one lock per part, not per message
+            self._finish([], None)
+
+    def part(self, positions: Sequence[int]) -> "ManyPart":
+        """The sink of the messages at ``positions`` (in the order they are sent)."""
+        return ManyPart(self, positions)
+
+    def _fill(self, positions: Sequence[int], results: Optional[list], exc: Optional[BaseException]) -> None:
+        slots = self._slots
+        with self._lock:
+            if results is not None:
+                for i, r in zip(positions, results):
+                    slots[i] = r
+            else:
+                for i in positions:
+                    slots[i] = exc
+                self._failed += len(positions)
+                if self._first is None:
+                    self._first = exc
+            self._left -= len(positions)
+            last = self._left == 0
+        if not last:
+            return
+        if self._failed:
+            n = len(slots)
+            err = SendManyError(f"{self._failed} of {n} message(s) failed; first: {self._first}", slots,
+                                self._failed)
+            err.__cause__ = self._first
+            self._finish(None, err)
+        else:
+            self._finish(slots, None)
+
+
+class ManyPart:
+    """What the producer completes for one part of a :class:`ManyFuture` (its ``future``):
+    ``set_result(list of SendResult)`` in the part's order, or ``set_exception(exc)`` for all."""
+
+    __slots__ = ("many", "positions")
+
+    def __init__(self, many: ManyFuture, positions: Sequence[int]) -> None:
+        self.many = many
+        self.positions = positions
+
+    def set_result(self, results: list) -> None:
+        self.many._fill(self.positions, results, None)
+
+    def set_exception(self, exc: BaseException) -> None:
+        self.many._fill(self.positions, None, exc)
+
+
+__all__ = ["SendFuture", "ManyFuture", "ManyPart"]

@@ -92,14 +92,14 @@ from rmq._core.client_msg import (BATCH_ELEMENT_OVERHEAD, COMPRESSED_FLAG, COMPR
                                   PreparedMessage, batch_body, complete_send_batch)
 from rmq._core.commitlog import tags_string_to_tags_code
 from rmq.client.direct import DirectSender, close_monitored
-from rmq.client.futures import SendFuture
+from rmq.client.futures import ManyFuture, ManyPart, SendFuture
 from rmq.client.message import (PROPERTY_SHARDING_KEY, Message,
                                 MessageQueue, SendResult, SendStatus)
 from rmq.client.route import (LATENCY_MAX_49, NOT_AVAILABLE_DURATION_49, ISOLATION_LATENCY_MS_49,
                               ROUTE_REFRESH_ON_FAILURE_MS, MQFaultStrategy, RouteCache, TopicPublishInfo,
                               cluster_info_request, parse_cluster_info, parse_route_response, route_request,
                               route_suspect, split_namesrv_addr)
-from rmq.errors import MQBrokerError, MQClientError, RemotingError, RemotingTimeoutError
+from rmq.errors import MQBrokerError, MQClientError, RemotingError, RemotingTimeoutError, SendManyError  # noqa: F401
 from rmq.protocol import Frame, ProtocolError, RequestCode, ResponseCode
 from rmq.common.mix_all import DEFAULT_TOPIC_QUEUE_NUMS
 from rmq.common.request_header import SendMessageRequestHeader, send_response_msg_id
@@ -245,6 +245,38 @@ def prepare_batch(msgs: Iterable[Message], opts: ProducerOptions) -> list:
 
 
 # -- queue selectors (ordered messages) ----------------------------------------------------------------
+def many_parts(preps: list, keys: Optional[list], batch_size: int) -> list:
+    """Split one send_async_many call into the I/O thread's hand-overs: ``[(positions, preps,
+    sharding key or None, bytes)]`` in the order each was opened.  Batchable messages of one topic
+    and key share a part up to ``batch_size`` bytes (0: batching off, one message per part);
+    every other message is a part of its own.  A key's parts keep the order given, so its
+    messages do."""
+    parts: list = []
+    open_: dict = {}
+    for i, p in enumerate(preps):
+        key = keys[i] if keys is not None else None
+        if batch_size <= 0 or not p.batchable:
+            parts.append(([i], [p], key, p.size))
+            if key is not None:                       # a later message of the key goes after this one
+                open_.pop(_part_key(p.msg.topic, key), None)
+            continue
+        k = _part_key(p.msg.topic, key)
+        part = open_.get(k)
+        if part is None or part[3] + p.size > batch_size:
+            part = open_[k] = [[], [], key, 0]
+            parts.append(part)
+        part[0].append(i)
+        part[1].append(p)
+        part[3] += p.size
+    return parts
+
+
+def _part_key(topic: str, key: Any) -> tuple:
+    """many_parts' grouping of a sharding key: itself when it is an open-batch key (_OPEN_KEYS),
+    else its java_hash (which picks its queue; the key itself may not be hashable)."""
+    return (topic, key) if key is None or type(key) in _OPEN_KEYS else (topic, None, java_hash(key))
+
+
 def java_hash(value: Any) -> int:
     """Java ``hashCode`` of a str (SPEC.md §0.2) or an int (``Long.hashCode``): stable across processes,
     unlike Python's ``hash``."""
@@ -593,7 +625,7 @@ def _mergeable(req: _Request) -> bool:
 
 def _pending_bytes(p: _Pending) -> int:
     """Bytes of one caller's hand-over that is not a user batch: a caller-side batch or one message."""
-    return p.nbytes if p.futures is not None else p.preps[0].size
+    return p.nbytes if p.nbytes else p.preps[0].size     # nbytes: a caller-side batch, a send_async_many part
 
 
 def _request_bytes(req: _Request) -> int:
@@ -1197,7 +1229,10 @@ class _Sender(threading.Thread):
                                               base + i, ",".join(offset_ids[i:i + n])))
             else:
                 part = complete_send_batch(None, SendResult, status, it.preps, answered_mq, base + i, offset_ids[i:i + n])
-                self._complete(it, merge_results(part) if it.whole else part[0])
+                if type(it.future) is ManyPart:  # a part of send_async_many: its results in one call
+                    self._complete(it, part)
+                else:
+                    self._complete(it, merge_results(part) if it.whole else part[0])
             i += n
         if req.queue_turn:
             self._end_turn(req)
@@ -1839,6 +1874,134 @@ class Producer:
                 self._check_open()
         finally:
             s.blocked -= 1
+
+    def send_async_many(self, msgs: Iterable[Message], callback: Optional[Callable[[Future], Any]] = None, *,
+                        sharding_key: Any = None, sharding_keys: Optional[Sequence] = None,
+                        timeout_ms: Optional[int] = None) -> Future:
+        """Queue many messages in one call, with one future for all of them (confluent-kafka's
+        ``produce`` + ``flush``, its delivery reports in one piece): the messages go in
+        request-sized batches (``batch_size``), pipelined, with no future or callback per message.
+
+        Parameters
+        ----------
+        msgs : iterable of Message
+            Any topics; each message as :meth:`send_async` takes it.
+        callback : callable(future), optional
+            Runs once, in the I/O thread, when every message has its outcome.
+        sharding_key : optional
+            Every message ordered on the queue this key selects (as :meth:`send_async`).
+        sharding_keys : sequence, optional
+            One key per message (None: that message is unordered); messages of one key keep the
+            order given.  Not with ``sharding_key``.
+        timeout_ms : int, optional
+            Each attempt's wait for the broker (default ``send_msg_timeout_ms``);
+            ``delivery_timeout_ms`` bounds each message's whole send.
+
+        Returns
+        -------
+        concurrent.futures.Future
+            Of the list of :class:`SendResult`, one per message in the order given.  When any
+            message failed, its exception is a :class:`rmq.errors.SendManyError` whose
+            ``results`` hold each message's result or exception (the others are stored).
+
+        Raises
+        ------
+        MQClientError
+            A message is invalid (naming its position; nothing is queued), the keys do not
+            match the messages, the producer is closed, or no room in the pending buffer
+            (``max_pending_messages``) came within ``send_msg_timeout_ms`` for the first batch.
+            Room that does not come for a later batch fails that batch's messages in the
+            future's ``SendManyError`` instead (the earlier batches are on their way).
+        """
+        msgs = msgs if type(msgs) is list else list(msgs)
+        n = len(msgs)
+        if sharding_key is not None and sharding_keys is not None:
+            raise MQClientError("pass either sharding_key or sharding_keys, not both")
+        if sharding_keys is not None:
+            sharding_keys = list(sharding_keys)
+            if len(sharding_keys) != n:
+                raise MQClientError(f"sharding_keys has {len(sharding_keys)} keys for {n} messages")
+        elif sharding_key is not None:
+            sharding_keys = [sharding_key] * n
+        budget_ms = timeout_ms if timeout_ms is not None else self.options.send_msg_timeout_ms
+        if budget_ms <= 0:
+            raise MQClientError(f"timeout_ms must be positive, got {budget_ms}")
+        preps = self._prepare_many(msgs, sharding_keys)
+        many = ManyFuture(n, self._traced_many(callback, msgs) if self._trace is not None else callback)
+        if n == 0:
+            return many
+        if _lt.ENABLED:
+            _lt.stamp_ids("p_enq", [p.uniq_id for p in preps], time.monotonic_ns())
+        self._hand_over_many(many, many_parts(preps, sharding_keys, self._batch_size if self._batching else 0),
+                             budget_ms)
+        return many
+
+    def _prepare_many(self, msgs: list, keys: Optional[list]) -> list:
+        """Every message of a send_async_many call prepared, or none: the first invalid one
+        raises MQClientError naming its position, and the sharding-key properties set so far
+        are taken back."""
+        prepare = self._prepare
+        preps = []
+        i = 0
+        try:
+            for i, m in enumerate(msgs):
+                if not isinstance(m, Message):
+                    raise MQClientError(f"expected a Message, got {type(m).__name__}")
+                if keys is not None and keys[i] is not None:
+                    m.properties[PROPERTY_SHARDING_KEY] = str(keys[i])
+                preps.append(prepare(m))
+        except MQClientError as e:
+            if keys is not None:
+                for j in range(i + 1):
+                    if keys[j] is not None and isinstance(msgs[j], Message):
+                        msgs[j].properties.pop(PROPERTY_SHARDING_KEY, None)
+            raise MQClientError(f"message {i} of {len(msgs)}: {e.remark}", e.response_code) from e
+        return preps
+
+    def _hand_over_many(self, many: ManyFuture, parts: list, budget_ms: int) -> None:
+        """Hand the parts of a send_async_many call to the I/O thread, each once it fits under
+        ``max_pending_messages``; see send_async_many for what happens when room does not come."""
+        s = self._sender
+        in_io = threading.get_ident() == s.ident
+        now = time.monotonic()
+        deadline = now + max(self.options.delivery_timeout_ms, budget_ms) / 1000.0
+        attempt_s = budget_ms / 1000.0
+        limit = self.options.max_pending_messages
+        for k, (positions, preps, key, nbytes) in enumerate(parts):
+            m = len(preps)
+            try:
+                with s.lock:
+                    self._check_open()
+                    if not in_io and s.pending + m > limit and s.pending > 0:
+                        self._wait_for_room(m, budget_ms)
+                    s.pending += m
+                    if key is not None and s.open and type(key) in _OPEN_KEYS:
+                        # seal send_async's open batch of this key: these messages go after it
+                        s.open.pop((preps[0].msg.topic, key), None)
+            except MQClientError as e:
+                if k == 0:
+                    raise
+                for positions_left, _, _, _ in parts[k:]:
+                    many.part(positions_left).set_exception(e)
+                return
+            p = _Pending(preps, many.part(positions), ASYNC, deadline, attempt_s,
+                         None if key is None else select_by_hash, key, None, False, now)
+            p.nbytes = nbytes
+            s.submit(p)
+
+    def _traced_many(self, callback: Optional[Callable[[Future], Any]], msgs: list):
+        """The done-callback of a traced send_async_many: a Pub record per stored message."""
+        t0 = time.monotonic()
+
+        def done(f: Future) -> None:
+            exc = f.exception()
+            results = f.result() if exc is None else getattr(exc, "results", [])
+            for m, r in zip(msgs, results):
+                if isinstance(r, SendResult):
+                    self._trace_sent([m], r, t0)
+            if callback is not None:
+                callback(f)
+        return done
 
     def send_oneway(self, msg: Message, *, selector: Optional[Selector] = None, arg: Any = None,
                     sharding_key: Any = None, queue: Optional[MessageQueue] = None) -> None:

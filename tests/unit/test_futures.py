@@ -5,7 +5,8 @@ from concurrent.futures import (FIRST_COMPLETED, Future, InvalidStateError, Time
 
 import pytest
 
-from rmq.client.futures import SendFuture
+from rmq.client.futures import ManyFuture, SendFuture
+from rmq.errors import SendManyError
 
 
 def test_is_a_running_future_that_cannot_be_cancelled():
@@ -124,3 +125,26 @@ def test_a_send_future_and_a_prepared_message_give_the_cyclic_gc_little_to_track
     d, _ = wait([f], 5)
     t.join()
     assert next(iter(d)).result() == 7 and calls == [1, 2]
+
+
+def test_a_many_future_gathers_its_parts_in_the_order_given_and_calls_back_once():
+    calls = []
+    f = ManyFuture(5, calls.append)
+    f.part([3, 4]).set_result(["d", "e"])
+    f.part([0, 2]).set_result(["a", "c"])
+    assert not f.done() and calls == []
+    f.part([1]).set_result(["b"])
+    assert f.result() == ["a", "b", "c", "d", "e"] and calls == [f]
+    assert "_cond" not in f.__dict__
+    empty = ManyFuture(0)
+    assert empty.done() and empty.result() == []
+
+
+def test_a_many_future_with_a_failed_part_raises_every_outcome():
+    f = ManyFuture(4)
+    boom = ValueError("refused")
+    f.part([0, 1]).set_result(["a", "b"])
+    f.part([2, 3]).set_exception(boom)
+    with pytest.raises(SendManyError, match="2 of 4 message") as ei:
+        f.result()
+    assert ei.value.results == ["a", "b", boom, boom] and ei.value.failed == 2 and ei.value.__cause__ is boom

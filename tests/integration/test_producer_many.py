@@ -1,0 +1,148 @@
+"""Producer.send_async_many against a real broker group: one future for many messages."""
+import os
+import zlib
+from concurrent.futures import Future
+
+import pytest
+
+from rmq import Message, Producer, SendStatus
+from rmq.client.producer import COMPRESSED_FLAG, java_hash
+from rmq.errors import MQBrokerError, MQClientError, SendManyError
+from tests.integration.cluster import Cluster
+from tests.integration.test_producer import create_topic, pull_topic, wait_route
+
+pytestmark = pytest.mark.integration
+
+WAIT_S = 60.0
+BROKER_MAX_MESSAGE_SIZE = 64 * 1024      # the broker refuses larger bodies (MESSAGE_ILLEGAL, not retried)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    c = Cluster(tmp_path_factory.mktemp("many") / "store", conf={"maxMessageSize": str(BROKER_MAX_MESSAGE_SIZE)})
+    yield c
+    c.close()
+
+
+def test_every_message_stored_once_with_its_result_in_the_order_given(cluster, rc):
+    """3,000 messages of two topics, small batches (1 KiB), one compressed (unbatchable) body among
+    them: the future's list has one SEND_OK result per message, in the order given, each with the
+    message's UNIQ_KEY; the broker holds every body exactly once, and the callback ran once."""
+    topics = ["ManyA", "ManyB"]
+    for t in topics:
+        create_topic(rc, cluster, t, 2)
+    msgs = [Message(topics[i % 2], b"%06d" % i + b"x" * 94) for i in range(3000)]
+    big = b"%06d" % 3000 + b"y" * 10_000       # over compress_msg_body_over_howmuch: a message of its own
+    msgs.append(Message("ManyA", big))
+    calls: list = []
+    with Producer(cluster.namesrv_addr, group="pg-many", batch_size=1024) as p:
+        for t in topics:
+            wait_route(p, t, 2)
+        fut = p.send_async_many(msgs, callback=calls.append)
+        assert isinstance(fut, Future)
+        results = fut.result(WAIT_S)
+        assert p.flush(WAIT_S) == 0
+        assert p.stats["batch_requests"] >= 3000 * 110 // 1024 // 2      # parts went as ~1 KiB batches
+    assert calls == [fut]
+    assert len(results) == len(msgs)
+    for m, r in zip(msgs, results):
+        assert r.status is SendStatus.SEND_OK
+        assert r.msg_id == m.properties["UNIQ_KEY"]
+        assert r.message_queue.topic == m.topic
+    for t in topics:
+        stored = [zlib.decompress(x.body) if x.sys_flag & COMPRESSED_FLAG else x.body
+                  for x in pull_topic(rc, cluster, t, 2, sum(m.topic == t for m in msgs))]
+        mine = [m.body for m in msgs if m.topic == t]
+        assert sorted(stored) == sorted(mine)                             # each once, no extra
+    # queue offsets are the broker's: per queue, the results' offsets are distinct
+    seen = {(r.message_queue, r.queue_offset) for r in results}
+    assert len(seen) == len(results)
+
+
+def test_sharding_keys_keep_each_keys_order_on_its_queue(cluster, rc):
+    """One key per message (None: unordered): every message of a key lands on the queue
+    select_by_hash picks for it, in the order given, at increasing queue offsets, after a
+    send_async of the same key made before the call."""
+    topic = "ManyOrdered"
+    create_topic(rc, cluster, topic, 4)
+    keys = [None if i % 7 == 0 else f"k{i % 5}" for i in range(2000)]
+    msgs = [Message(topic, b"%06d" % i + b"z" * 50) for i in range(2000)]
+    with Producer(cluster.namesrv_addr, group="pg-many-o", batch_size=2048) as p:
+        wait_route(p, topic, 4)
+        first = p.send_async(Message(topic, b"first-k1"), sharding_key="k1")
+        results = p.send_async_many(msgs, sharding_keys=keys).result(WAIT_S)
+        before = first.result(WAIT_S)
+    by_key: dict = {}
+    for k, m, r in zip(keys, msgs, results):
+        if k is None:
+            assert "__SHARDINGKEY" not in m.properties
+            continue
+        assert m.properties["__SHARDINGKEY"] == k
+        assert r.queue_id == abs(java_hash(k)) % 4
+        by_key.setdefault(k, []).append(r.queue_offset)
+    for k, offsets in by_key.items():
+        assert offsets == sorted(offsets), f"order of {k} broken"
+    assert before.queue_id == abs(java_hash("k1")) % 4 and before.queue_offset < by_key["k1"][0]
+    assert len(pull_topic(rc, cluster, topic, 4, 2001)) == 2001
+
+
+def test_one_sharding_key_orders_every_message_and_batching_off_still_works(cluster, rc):
+    topic = "ManyOneKey"
+    create_topic(rc, cluster, topic, 3)
+    msgs = [Message(topic, b"%04d" % i) for i in range(300)]
+    with Producer(cluster.namesrv_addr, group="pg-many-1", batch_size=0) as p:
+        wait_route(p, topic, 3)
+        results = p.send_async_many(msgs, sharding_key=42).result(WAIT_S)
+    assert {r.queue_id for r in results} == {abs(java_hash(42)) % 3}
+    offsets = [r.queue_offset for r in results]
+    assert offsets == list(range(offsets[0], offsets[0] + 300))
+
+
+def test_an_invalid_message_refuses_the_call_naming_it_and_changes_nothing(cluster):
+    msgs = [Message("ManyBad", b"ok-%d" % i) for i in range(5)]
+    msgs[3] = Message("bad topic name!", b"x")
+    with Producer(cluster.namesrv_addr, group="pg-many-bad") as p:
+        with pytest.raises(MQClientError, match="message 3 of 5"):
+            p.send_async_many(msgs, sharding_keys=["a", "b", "c", "d", "e"])
+        assert p.pending == 0 and p.stats["requests"] == 0
+        assert all("__SHARDINGKEY" not in m.properties for m in msgs)   # the keys set are taken back
+        with pytest.raises(MQClientError, match="message 1 of 2: expected a Message"):
+            p.send_async_many([Message("ManyBad", b"x"), b"not a message"])
+        with pytest.raises(MQClientError, match="either sharding_key or sharding_keys"):
+            p.send_async_many(msgs[:1], sharding_key="a", sharding_keys=["a"])
+        with pytest.raises(MQClientError, match="2 keys for 1 messages"):
+            p.send_async_many(msgs[:1], sharding_keys=["a", "b"])
+        with pytest.raises(MQClientError, match="timeout_ms must be positive"):
+            p.send_async_many(msgs[:1], timeout_ms=0)
+        assert p.pending == 0 and p.stats["requests"] == 0
+        empty = p.send_async_many([])
+        assert empty.done() and empty.result() == []
+
+
+def test_a_refused_message_fails_alone_and_the_error_lists_every_outcome(cluster, rc):
+    """A body the broker refuses (over its maxMessageSize: MESSAGE_ILLEGAL, not retried) fails
+    its own part; the others are stored, and the future's SendManyError holds each message's
+    SendResult or exception in the order given."""
+    topic = "ManyPartial"
+    create_topic(rc, cluster, topic, 2)
+    huge = os.urandom(BROKER_MAX_MESSAGE_SIZE + 1024)       # incompressible: still too big once zipped
+    msgs = [Message(topic, b"a-%d" % i) for i in range(50)] + [Message(topic, huge)] + \
+           [Message(topic, b"b-%d" % i) for i in range(50)]
+    with Producer(cluster.namesrv_addr, group="pg-many-part") as p:
+        wait_route(p, topic, 2)
+        fut = p.send_async_many(msgs)
+        with pytest.raises(SendManyError, match="1 of 101 message") as ei:
+            fut.result(WAIT_S)
+    err = ei.value
+    assert err.failed == 1 and len(err.results) == 101
+    assert isinstance(err.results[50], MQBrokerError) and err.__cause__ is err.results[50]
+    assert all(r.status is SendStatus.SEND_OK for i, r in enumerate(err.results) if i != 50)
+    assert sorted(r.body for r in pull_topic(rc, cluster, topic, 2, 100)) == \
+        sorted(m.body for i, m in enumerate(msgs) if i != 50)
+
+
+def test_a_closed_producer_refuses_the_call(cluster):
+    p = Producer(cluster.namesrv_addr, group="pg-many-closed")
+    p.close()
+    with pytest.raises(MQClientError, match="closed"):
+        p.send_async_many([Message("ManyClosed", b"x")])
