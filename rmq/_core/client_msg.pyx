@@ -36,7 +36,7 @@ import socket
 import time
 import zlib
 
-from rmq.errors import MessageIllegalError
+from rmq.errors import MessageIllegalError, MQClientError
 
 cdef extern from "Python.h":
     object PyUnicode_New(Py_ssize_t size, Py_UCS4 maxchar)
@@ -56,7 +56,17 @@ PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX = "UNIQ_KEY"
 PROPERTY_WAIT_STORE_MSG_OK = "WAIT"
 PROPERTY_DELAY_TIME_LEVEL = "DELAY"
 PROPERTY_TRANSACTION_PREPARED = "TRAN_MSG"
-TIMER_PROPERTIES = ("TIMER_DELIVER_MS", "TIMER_DELAY_MS", "TIMER_DELAY_SEC")
+PROPERTY_KEYS = "KEYS"
+PROPERTY_TAGS = "TAGS"
+# RocketMQ 5 timer messages (MessageConst; SPEC.md §10.4)
+PROPERTY_TIMER_DELIVER_MS = "TIMER_DELIVER_MS"
+PROPERTY_TIMER_DELAY_MS = "TIMER_DELAY_MS"
+PROPERTY_TIMER_DELAY_SEC = "TIMER_DELAY_SEC"
+TIMER_PROPERTIES = (PROPERTY_TIMER_DELIVER_MS, PROPERTY_TIMER_DELAY_MS, PROPERTY_TIMER_DELAY_SEC)
+KEY_SEPARATOR = " "
+MAX_DELAY_LEVEL = 18                 # messageDelayLevel has 18 levels (SPEC.md §10.1)
+RESERVED_PROPERTIES = (PROPERTY_TAGS, PROPERTY_KEYS, PROPERTY_DELAY_TIME_LEVEL,
+                       PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, PROPERTY_WAIT_STORE_MSG_OK) + TIMER_PROPERTIES
 # MessageSysFlag (SPEC.md §1.5), from rmq._core.layout
 COMPRESSED_FLAG = _COMPRESSED
 TRANSACTION_PREPARED_TYPE = _PREPARED
@@ -189,6 +199,173 @@ cpdef bytes encode_properties(dict properties):
         o[kl + 1 + vl] = 2
         o += kl + vl + 2
     return out
+
+
+# -- the message ----------------------------------------------------------------------------------
+cdef str _TAGS = PROPERTY_TAGS
+cdef str _KEYS = PROPERTY_KEYS
+cdef str _DELAY = PROPERTY_DELAY_TIME_LEVEL
+cdef str _DELIVER_MS = PROPERTY_TIMER_DELIVER_MS
+cdef str _DELAY_MS = PROPERTY_TIMER_DELAY_MS
+
+
+@cython.no_gc          # untracked by the cyclic GC: building many messages triggers no collection;
+@cython.freelist(64)   # (a message is never part of a cycle: it holds str / bytes / a dict of str)
+cdef class Message:
+    """A message to send (RocketMQ ``Message``).
+
+    Parameters
+    ----------
+    topic : str
+    body : bytes
+        At most the producer's ``max_message_size`` (4 MiB by default).
+    tags : str, optional
+        One tag (hashed into the ConsumeQueue tagsCode for server-side filtering).
+    keys : str or list of str, optional
+        Indexed keys (look-up with ``query_message``); no spaces inside a key.
+    properties : dict, optional
+        User properties (str -> str).
+    delay_time_level : int
+        0 (none) or 1..18 (SPEC.md §10.1).
+    flag : int
+        Opaque user int stored in the record.
+    wait_store_msg_ok : bool
+        False: property ``WAIT=false`` (the broker answers before a SYNC_FLUSH / SYNC_MASTER wait).
+    deliver_time_ms : int, optional
+        Timer message (RocketMQ 5 ``setDeliverTimeMs``; property ``TIMER_DELIVER_MS``): deliver
+        at this time, epoch ms.  A time not ahead delivers at once; more than the broker's
+        ``timerMaxDelaySec`` (3 days) ahead is refused (MQBrokerError, MESSAGE_ILLEGAL).  Delivery
+        is never early and at most ``timerPrecisionMs`` (1 000 ms) late, plus the broker's work.
+    delay_time_ms : int, optional
+        Timer message, relative (``setDelayTimeMs``; ``TIMER_DELAY_MS``): deliver this many ms
+        after the broker stores it.
+
+    Attributes ``topic``, ``body``, ``properties`` (a dict; tags, keys, delay level and timers
+    live there, under RocketMQ's property names) and ``flag``; no others can be added.  A C type
+    the cyclic GC does not track: do not put a message inside its own properties.
+
+    Raises
+    ------
+    MQClientError
+        A body that is not bytes, a bad delay level or timer value, or a timer together with a
+        delay level or with another timer property.
+    """
+
+    cdef public object topic
+    cdef public object body
+    cdef public dict properties
+    cdef public object flag
+
+    def __init__(self, topic, body, tags=None, keys=None, properties=None, delay_time_level=0, flag=0,
+                 wait_store_msg_ok=True, deliver_time_ms=None, delay_time_ms=None):
+        if type(body) is not bytes:
+            if not isinstance(body, (bytes, bytearray, memoryview)):
+                raise MQClientError(f"message body must be bytes, got {type(body).__name__}")
+            body = bytes(body)
+        self.topic = topic
+        self.body = body
+        self.properties = {str(k): str(v) for k, v in properties.items()} if properties else {}
+        self.flag = flag
+        if tags:
+            self.tags = tags
+        if keys:
+            self.keys = keys
+        if delay_time_level:
+            self.delay_time_level = delay_time_level
+        if not wait_store_msg_ok:
+            self.properties[_WAIT] = "false"
+        if deliver_time_ms is not None:
+            self.deliver_time_ms = deliver_time_ms
+        if delay_time_ms is not None:
+            self.delay_time_ms = delay_time_ms
+
+    @property
+    def tags(self):
+        """The message's tag (property ``TAGS``), or None."""
+        return self.properties.get(_TAGS)
+
+    @tags.setter
+    def tags(self, value):
+        if value:
+            self.properties[_TAGS] = value
+        else:
+            self.properties.pop(_TAGS, None)
+
+    @property
+    def keys(self):
+        """The message's keys (property ``KEYS``, space-separated), as a list."""
+        k = self.properties.get(_KEYS)
+        return [x for x in k.split(KEY_SEPARATOR) if x] if k else []
+
+    @keys.setter
+    def keys(self, value):
+        if not value:
+            self.properties.pop(_KEYS, None)
+            return
+        items = [value] if isinstance(value, str) else [str(v) for v in value]
+        self.properties[_KEYS] = KEY_SEPARATOR.join(items)
+
+    @property
+    def delay_time_level(self):
+        """0 (none) or the delay level 1..18 (property ``DELAY``)."""
+        d = self.properties.get(_DELAY)
+        return int(d) if d else 0
+
+    @delay_time_level.setter
+    def delay_time_level(self, level):
+        if isinstance(level, bool) or not isinstance(level, int) or not 0 <= level <= MAX_DELAY_LEVEL:
+            raise MQClientError(f"delay_time_level must be 0..{MAX_DELAY_LEVEL}, got {level!r}")
+        if level and any(p in self.properties for p in TIMER_PROPERTIES):
+            raise MQClientError("delay_time_level and a timer (deliver_time_ms / delay_time_ms) are exclusive")
+        if level:
+            self.properties[_DELAY] = str(level)
+        else:
+            self.properties.pop(_DELAY, None)
+
+    def _timer(self, name):
+        v = self.properties.get(name)
+        return int(v) if v else None
+
+    def _set_timer(self, name, value, what):
+        if value is None:
+            self.properties.pop(name, None)
+            return
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise MQClientError(f"{what} must be an int >= 0 (ms), got {value!r}")
+        others = [p for p in TIMER_PROPERTIES if p != name and p in self.properties]
+        if others:
+            raise MQClientError(f"a message takes one timer: {what} given, {others[0]} already set")
+        if self.properties.get(_DELAY):
+            raise MQClientError(f"{what} and delay_time_level are exclusive (RocketMQ: the level wins)")
+        self.properties[name] = str(value)
+
+    @property
+    def deliver_time_ms(self):
+        """Timer deliver time, epoch ms (``TIMER_DELIVER_MS``), or None."""
+        return self._timer(_DELIVER_MS)
+
+    @deliver_time_ms.setter
+    def deliver_time_ms(self, value):
+        self._set_timer(_DELIVER_MS, value, "deliver_time_ms")
+
+    @property
+    def delay_time_ms(self):
+        """Timer delay after the broker stores the message, ms (``TIMER_DELAY_MS``), or None."""
+        return self._timer(_DELAY_MS)
+
+    @delay_time_ms.setter
+    def delay_time_ms(self, value):
+        self._set_timer(_DELAY_MS, value, "delay_time_ms")
+
+    def put_user_property(self, name, value):
+        """Set user property ``name`` to ``str(value)``.  Raises MQClientError for a name the
+        system uses (``RESERVED_PROPERTIES``)."""
+        if name in RESERVED_PROPERTIES:
+            raise MQClientError(f"the property {name!r} is used by the system")
+        self.properties[name] = str(value)
+
+    def __repr__(self):
+        return f"Message(topic={self.topic!r}, body={len(self.body)} bytes, properties={self.properties})"
 
 
 # -- prepared messages ----------------------------------------------------------------------------
