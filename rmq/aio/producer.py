@@ -75,11 +75,13 @@ from rmq.client.message import Message, MessageQueue, SendResult
 from rmq.client.producer import (ROUTE_REFRESH_ON_FAILURE_MS, ProducerOptions, QueueTurns,
                                  Selector, apply_selector, batch_body_of,
                                  check_group, client_id, final_error, heartbeat_request, merge_results,
-                                 message_preparer, parse_send_response, prepare_batch, route_suspect, selector_for,
-                                 queued_failures_error, send_request)
+                                 many_keys, many_parts, message_preparer, parse_send_response, prepare_batch,
+                                 prepare_many, route_suspect, select_by_hash, selector_for, queued_failures_error,
+                                 send_request)
 from rmq.client.route import (MQFaultStrategy, RouteCache, TopicPublishInfo, cluster_info_request, parse_cluster_info,
                               parse_route_response, route_request, split_namesrv_addr)
-from rmq.errors import MQBrokerError, MQClientError, RemotingError, RemotingTimeoutError
+from rmq.client.futures import ManyOutcomes
+from rmq.errors import MQBrokerError, MQClientError, RemotingError, RemotingTimeoutError, SendManyError  # noqa: F401
 from rmq.protocol import Frame, ProtocolError, RequestCode, ResponseCode
 
 log = logging.getLogger("rmq.aio.producer")
@@ -134,6 +136,25 @@ def _run_callbacks(loop: asyncio.AbstractEventLoop, callbacks: list) -> None:
                                          "future": fut})
 
 
+class _Many:
+    """One send_async_many call: its outcomes (ManyOutcomes, shared with the thread producer)
+    and the asyncio future that gets them once the last part ends."""
+
+    __slots__ = ("outcomes", "future")
+
+    def __init__(self, n: int, future: asyncio.Future) -> None:
+        self.outcomes = ManyOutcomes(n)
+        self.future = future
+
+    def fill(self, positions, results, exc) -> None:
+        if self.outcomes.fill(positions, results, exc) and not self.future.done():
+            result, err = self.outcomes.outcome()
+            if err is None:
+                self.future.set_result(result)
+            else:
+                self.future.set_exception(err)
+
+
 class _Conn:
     """A DEALER to a NameServer or a broker: its socket, its ZeroMQ fd (watched by the loop)
     and the requests waiting until it can take them (in order: ``(parts, sent future or
@@ -155,7 +176,7 @@ class _Batch:
     batch, or one message that cannot share one.  ``futures[i]`` gets ``preps[i]``'s result."""
 
     __slots__ = ("topic", "preps", "futures", "callbacks", "nbytes", "created", "deadline", "attempt_timeout",
-                 "queue", "selector", "arg", "finished", "queue_turn")
+                 "queue", "selector", "arg", "finished", "queue_turn", "parts")
 
     def __init__(self, topic: str, now: float, deadline: float, attempt_timeout: float,
                  queue: Optional[MessageQueue] = None, selector=None, arg=None):
@@ -172,6 +193,9 @@ class _Batch:
         self.arg = arg
         self.finished = False
         self.queue_turn = False             # holds its queue's turn (Producer._pump): ordered sends
+        # send_async_many parts: [(_Many, positions, index of its first message in preps)]; their
+        # messages have None in futures
+        self.parts: Optional[list] = None
 
 
 def _mergeable(b: _Batch) -> bool:
@@ -187,6 +211,9 @@ def _combine(first: _Batch, joined: list) -> _Batch:
     """One request of ``first`` and the batches ``joined`` behind it, in order (QueueTurns)."""
     m = _Batch(first.topic, first.created, first.deadline, first.attempt_timeout, first.queue)
     for b in (first, *joined):
+        if b.parts is not None:
+            base = len(m.preps)
+            m.parts = (m.parts or []) + [(many, positions, base + at) for many, positions, at in b.parts]
         m.preps.extend(b.preps)
         m.futures.extend(b.futures)
         if b.callbacks is not None:
@@ -488,6 +515,84 @@ class Producer:
             self._alone(prep, fut, callback, None, None, None, None)
         if self._inflight < self._max_in_flight:
             self._pump()
+        return fut
+
+    async def send_async_many(self, msgs: Iterable[Message],
+                              callback: Optional[Callable[[asyncio.Future], Any]] = None, *,
+                              sharding_key: Any = None, sharding_keys: Optional[Iterable] = None,
+                              timeout_ms: Optional[int] = None) -> asyncio.Future:
+        """Accept many messages in one call, with one :class:`asyncio.Future` for all of them
+        (:meth:`rmq.Producer.send_async_many` on the event loop): its result is the list of their
+        :class:`SendResult` objects in the order given; when any failed, its exception is a
+        :class:`rmq.errors.SendManyError` holding each message's result or exception.
+
+        ::
+
+            results = await (await p.send_async_many([Message("orders", b) for b in bodies]))
+
+        The messages go in request-sized batches (``batch_size``), pipelined, with no future or
+        callback per message; ``callback(future)`` runs on the loop once, when all are done.
+        ``sharding_key`` orders every message on its key's queue, ``sharding_keys`` gives one key
+        per message (None: unordered); ordered messages need the topic's route (looked up first).
+
+        Raises
+        ------
+        MQClientError
+            A message is invalid (naming its position; nothing is queued), the keys do not match
+            the messages, an ordered topic has no route, the producer is closed, or no room in
+            the pending buffer came within ``send_msg_timeout_ms`` for the first batch (for a
+            later one its messages fail in the future's ``SendManyError`` instead).
+        """
+        if self._closed or not self._started:
+            await self._ensure_started()
+        msgs = msgs if type(msgs) is list else list(msgs)
+        n = len(msgs)
+        keys = many_keys(n, sharding_key, sharding_keys)
+        if timeout_ms is not None and timeout_ms <= 0:
+            raise MQClientError(f"timeout_ms must be positive, got {timeout_ms}")
+        preps = prepare_many(self._prepare, msgs, keys)
+        fut = _Future(loop=self._loop)
+        if callback is not None:
+            fut.add_done_callback(callback, context=_copy_context())
+        many = _Many(n, fut)
+        if n == 0:
+            fut.set_result([])
+            return fut
+        parts = many_parts(preps, keys, self._batch_size)
+        queues = {}                       # ordered parts: their queue, from the route (nothing queued if none)
+        for _, part, key, _ in parts:
+            if key is not None:
+                topic = part[0].msg.topic
+                info = await self._publish_info(topic, self._loop.time() + self._delivery_s(timeout_ms))
+                queues[id(part)] = apply_selector(select_by_hash, info, part[0].msg, key)
+        for k, (positions, part, key, nbytes) in enumerate(parts):
+            m = len(part)
+            if self._pending + m > self._max_pending and self._pending > 0:
+                try:
+                    await self._wait_for_room(m)
+                except MQClientError as e:
+                    if k == 0:
+                        raise
+                    for rest in parts[k:]:
+                        many.fill(rest[0], None, e)
+                    return fut
+            self._pending += m
+            topic = part[0].msg.topic
+            queue = queues.get(id(part)) if key is not None else None
+            if queue is not None:         # after what send_async queued for that queue
+                open_ = self._accs.pop((topic, queue), None)
+                if open_ is not None:
+                    self._ready.append(open_)
+            now = self._loop.time()
+            b = _Batch(topic, now, now + self._delivery_s(timeout_ms),
+                       (self.options.send_msg_timeout_ms if timeout_ms is None else timeout_ms) / 1000.0, queue)
+            b.preps = part
+            b.futures = [None] * m
+            b.nbytes = nbytes
+            b.parts = [(many, positions, 0)]
+            self._ready.append(b)
+            if self._inflight < self._max_in_flight:
+                self._pump()
         return fut
 
     def _append(self, prep, fut: asyncio.Future, callback, timeout_ms: Optional[int],
@@ -840,10 +945,15 @@ class Producer:
             return
         b.finished = True
         for f, r in zip(b.futures, results):
+            if f is None:                          # a send_async_many message: its part below
+                continue
             try:
                 f.set_result(r)
             except asyncio.InvalidStateError:      # cancelled by its owner
                 pass
+        if b.parts is not None:
+            for many, positions, at in b.parts:
+                many.fill(positions, results[at:at + len(positions)], None)
         if b.callbacks is not None:
             self._loop.call_soon(_run_callbacks, self._loop, b.callbacks)
         if self._trace is not None:
@@ -859,8 +969,11 @@ class Producer:
         b.finished = True
         n = len(b.futures)
         for f in b.futures:
-            if not f.done():
+            if f is not None and not f.done():
                 f.set_exception(exc)
+        if b.parts is not None:
+            for many, positions, _ in b.parts:
+                many.fill(positions, None, exc)
         if b.callbacks is not None:
             self._loop.call_soon(_run_callbacks, self._loop, b.callbacks)
         self.stats["failed_messages"] += n

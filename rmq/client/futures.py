@@ -109,6 +109,44 @@ class SendFuture(Future):
         self._finish(None, exception)
 
 
+class ManyOutcomes:
+    """The outcomes of ``n`` messages of one ``send_async_many`` call, gathered part by part
+    (I/O-free: the thread and asyncio producers both use it; the caller serialises calls).
+    ``fill`` returns True when the last outcome arrives; ``outcome()`` then gives ``(list of
+    SendResult, None)``, or ``(None, SendManyError)`` when any message failed."""
+
+    __slots__ = ("slots", "left", "failed", "first")
+
+    def __init__(self, n: int) -> None:
+        self.slots: list = [None] * n
+        self.left = n
+        self.failed = 0
+        self.first: Optional[BaseException] = None
+
+    def fill(self, positions: Sequence[int], results: Optional[Sequence], exc: Optional[BaseException]) -> bool:
+        """Message ``positions[j]`` gets ``results[j]``, or each gets ``exc`` (``results`` None)."""
+        slots = self.slots
+        if results is not None:
+            for i, r in zip(positions, results):
+                slots[i] = r
+        else:
+            for i in positions:
+                slots[i] = exc
+            self.failed += len(positions)
+            if self.first is None:
+                self.first = exc
+        self.left -= len(positions)
+        return self.left == 0
+
+    def outcome(self) -> tuple:
+        if not self.failed:
+            return self.slots, None
+        err = SendManyError(f"{self.failed} of {len(self.slots)} message(s) failed; first: {self.first}",
+                            self.slots, self.failed)
+        err.__cause__ = self.first
+        return None, err
+
+
 class ManyFuture(SendFuture):
     """The future of one ``Producer.send_async_many`` call over ``n`` messages: its result is the
     list of their ``SendResult`` objects in the order given, once every message has its outcome; if any
@@ -118,10 +156,7 @@ class ManyFuture(SendFuture):
 
     def __init__(self, n: int, callback: Optional[Callable[[Future], Any]] = None) -> None:
         super().__init__(callback)
-        self._slots: list = [None] * n
-        self._left = n
-        self._failed = 0
-        self._first: Optional[BaseException] = None
+        self._outcomes = ManyOutcomes(n)
         self._lock = threading.Lock()      # parts complete in the I/O thread, or in a caller's
         if n == 0:                         # (an I/O thread that died); one lock per part, not per message
             self._finish([], None)
@@ -131,29 +166,10 @@ class ManyFuture(SendFuture):
         return ManyPart(self, positions)
 
     def _fill(self, positions: Sequence[int], results: Optional[list], exc: Optional[BaseException]) -> None:
-        slots = self._slots
         with self._lock:
-            if results is not None:
-                for i, r in zip(positions, results):
-                    slots[i] = r
-            else:
-                for i in positions:
-                    slots[i] = exc
-                self._failed += len(positions)
-                if self._first is None:
-                    self._first = exc
-            self._left -= len(positions)
-            last = self._left == 0
-        if not last:
-            return
-        if self._failed:
-            n = len(slots)
-            err = SendManyError(f"{self._failed} of {n} message(s) failed; first: {self._first}", slots,
-                                self._failed)
-            err.__cause__ = self._first
-            self._finish(None, err)
-        else:
-            self._finish(slots, None)
+            last = self._outcomes.fill(positions, results, exc)
+        if last:
+            self._finish(*self._outcomes.outcome())
 
 
 class ManyPart:
@@ -173,4 +189,4 @@ class ManyPart:
         self.many._fill(self.positions, None, exc)
 
 
-__all__ = ["SendFuture", "ManyFuture", "ManyPart"]
+__all__ = ["SendFuture", "ManyFuture", "ManyOutcomes", "ManyPart"]

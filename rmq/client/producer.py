@@ -245,6 +245,52 @@ def prepare_batch(msgs: Iterable[Message], opts: ProducerOptions) -> list:
 
 
 # -- queue selectors (ordered messages) ----------------------------------------------------------------
+def many_keys(n: int, sharding_key: Any, sharding_keys: Optional[Sequence]) -> Optional[list]:
+    """send_async_many's sharding keys: one per message, or None (all unordered).
+
+    Raises
+    ------
+    MQClientError
+        Both arguments given, or not one key per message.
+    """
+    if sharding_key is not None and sharding_keys is not None:
+        raise MQClientError("pass either sharding_key or sharding_keys, not both")
+    if sharding_keys is not None:
+        keys = list(sharding_keys)
+        if len(keys) != n:
+            raise MQClientError(f"sharding_keys has {len(keys)} keys for {n} messages")
+        return keys
+    return [sharding_key] * n if sharding_key is not None else None
+
+
+def prepare_many(prepare: Callable[[Message], PreparedMessage], msgs: list, keys: Optional[list]) -> list:
+    """Every message of a send_async_many call prepared (a message with a key gets the
+    ``__SHARDINGKEY`` property first, as :func:`selector_for` gives it), or none.
+
+    Raises
+    ------
+    MQClientError
+        The first invalid message, naming its position; the sharding-key properties set
+        so far are taken back.
+    """
+    preps = []
+    i = 0
+    try:
+        for i, m in enumerate(msgs):
+            if not isinstance(m, Message):
+                raise MQClientError(f"expected a Message, got {type(m).__name__}")
+            if keys is not None and keys[i] is not None:
+                m.properties[PROPERTY_SHARDING_KEY] = str(keys[i])
+            preps.append(prepare(m))
+    except MQClientError as e:
+        if keys is not None:
+            for j in range(i + 1):
+                if keys[j] is not None and isinstance(msgs[j], Message):
+                    msgs[j].properties.pop(PROPERTY_SHARDING_KEY, None)
+        raise MQClientError(f"message {i} of {len(msgs)}: {e.remark}", e.response_code) from e
+    return preps
+
+
 def many_parts(preps: list, keys: Optional[list], batch_size: int) -> list:
     """Split one send_async_many call into the I/O thread's hand-overs: ``[(positions, preps,
     sharding key or None, bytes)]`` in the order each was opened.  Batchable messages of one topic
@@ -1915,18 +1961,11 @@ class Producer:
         """
         msgs = msgs if type(msgs) is list else list(msgs)
         n = len(msgs)
-        if sharding_key is not None and sharding_keys is not None:
-            raise MQClientError("pass either sharding_key or sharding_keys, not both")
-        if sharding_keys is not None:
-            sharding_keys = list(sharding_keys)
-            if len(sharding_keys) != n:
-                raise MQClientError(f"sharding_keys has {len(sharding_keys)} keys for {n} messages")
-        elif sharding_key is not None:
-            sharding_keys = [sharding_key] * n
+        sharding_keys = many_keys(n, sharding_key, sharding_keys)
         budget_ms = timeout_ms if timeout_ms is not None else self.options.send_msg_timeout_ms
         if budget_ms <= 0:
             raise MQClientError(f"timeout_ms must be positive, got {budget_ms}")
-        preps = self._prepare_many(msgs, sharding_keys)
+        preps = prepare_many(self._prepare, msgs, sharding_keys)
         many = ManyFuture(n, self._traced_many(callback, msgs) if self._trace is not None else callback)
         if n == 0:
             return many
@@ -1935,28 +1974,6 @@ class Producer:
         self._hand_over_many(many, many_parts(preps, sharding_keys, self._batch_size if self._batching else 0),
                              budget_ms)
         return many
-
-    def _prepare_many(self, msgs: list, keys: Optional[list]) -> list:
-        """Every message of a send_async_many call prepared, or none: the first invalid one
-        raises MQClientError naming its position, and the sharding-key properties set so far
-        are taken back."""
-        prepare = self._prepare
-        preps = []
-        i = 0
-        try:
-            for i, m in enumerate(msgs):
-                if not isinstance(m, Message):
-                    raise MQClientError(f"expected a Message, got {type(m).__name__}")
-                if keys is not None and keys[i] is not None:
-                    m.properties[PROPERTY_SHARDING_KEY] = str(keys[i])
-                preps.append(prepare(m))
-        except MQClientError as e:
-            if keys is not None:
-                for j in range(i + 1):
-                    if keys[j] is not None and isinstance(msgs[j], Message):
-                        msgs[j].properties.pop(PROPERTY_SHARDING_KEY, None)
-            raise MQClientError(f"message {i} of {len(msgs)}: {e.remark}", e.response_code) from e
-        return preps
 
     def _hand_over_many(self, many: ManyFuture, parts: list, budget_ms: int) -> None:
         """Hand the parts of a send_async_many call to the I/O thread, each once it fits under

@@ -1,4 +1,6 @@
-"""Producer.send_async_many against a real broker group: one future for many messages."""
+"""Producer.send_async_many (threads and rmq.aio) against a real broker group: one future for
+many messages."""
+import asyncio
 import os
 import zlib
 from concurrent.futures import Future
@@ -22,6 +24,103 @@ def cluster(tmp_path_factory):
     c = Cluster(tmp_path_factory.mktemp("many") / "store", conf={"maxMessageSize": str(BROKER_MAX_MESSAGE_SIZE)})
     yield c
     c.close()
+
+
+def send_many(client, namesrv, group, topics, msgs, producer_kw=None, **kw):
+    """``send_async_many(msgs, **kw)`` with a thread or an asyncio producer, after the topics'
+    routes are served: (the outcome: results, or the exception; the producer's stats)."""
+    producer_kw = producer_kw or {}
+    if client == "thread":
+        with Producer(namesrv, group=group, **producer_kw) as p:
+            for t, q in topics:
+                wait_route(p, t, q)
+            fut = p.send_async_many(msgs, **kw)
+            try:
+                out = fut.result(WAIT_S)
+            except Exception as e:  # noqa: BLE001 - the test looks at it
+                out = e
+            assert p.flush(WAIT_S) == 0
+            return out, dict(p.stats)
+    from rmq.aio import Producer as AioProducer
+
+    async def main():
+        async with AioProducer(namesrv, group=group, **producer_kw) as p:
+            for t, q in topics:
+                while len(await p.fetch_publish_message_queues(t)) != q:
+                    await asyncio.sleep(0.05)
+            fut = await p.send_async_many(msgs, **kw)
+            try:
+                out = await fut
+            except Exception as e:  # noqa: BLE001
+                out = e
+            assert await p.flush(WAIT_S) == 0
+            return out, dict(p.stats)
+    return asyncio.run(asyncio.wait_for(main(), WAIT_S))
+
+
+@pytest.mark.parametrize("client", ["thread", "aio"])
+def test_every_message_stored_once_with_its_result_in_the_order_given_both_clients(cluster, rc, client):
+    topics = [f"ManyA-{client}", f"ManyB-{client}"]
+    for t in topics:
+        create_topic(rc, cluster, t, 2)
+    msgs = [Message(topics[i % 2], b"%06d" % i + b"x" * 94) for i in range(2000)] + \
+        [Message(topics[0], b"big" + b"y" * 10_000)]
+    results, stats = send_many(client, cluster.namesrv_addr, f"pg-many-{client}", [(t, 2) for t in topics], msgs,
+                               {"batch_size": 1024})
+    assert isinstance(results, list) and len(results) == len(msgs)
+    for m, r in zip(msgs, results):
+        assert r.status is SendStatus.SEND_OK and r.msg_id == m.properties["UNIQ_KEY"]
+        assert r.message_queue.topic == m.topic
+    assert len({(r.message_queue, r.queue_offset) for r in results}) == len(msgs)
+    for t in topics:
+        stored = [zlib.decompress(x.body) if x.sys_flag & COMPRESSED_FLAG else x.body
+                  for x in pull_topic(rc, cluster, t, 2, sum(m.topic == t for m in msgs))]
+        assert sorted(stored) == sorted(m.body for m in msgs if m.topic == t)
+
+
+@pytest.mark.parametrize("client", ["thread", "aio"])
+def test_sharding_keys_keep_order_and_a_refused_message_fails_alone_both_clients(cluster, rc, client):
+    topic = f"ManyMixed-{client}"
+    create_topic(rc, cluster, topic, 4)
+    huge = os.urandom(BROKER_MAX_MESSAGE_SIZE + 1024)
+    msgs = [Message(topic, b"%06d" % i) for i in range(600)]
+    msgs[300] = Message(topic, huge)
+    keys = [f"k{i % 3}" if i % 5 else None for i in range(600)]
+    err, _ = send_many(client, cluster.namesrv_addr, f"pg-many-m-{client}", [(topic, 4)], msgs,
+                       {"batch_size": 2048}, sharding_keys=keys)
+    assert isinstance(err, SendManyError) and err.failed == 1 and isinstance(err.results[300], MQBrokerError)
+    by_key: dict = {}
+    for i, (k, r) in enumerate(zip(keys, err.results)):
+        if i == 300:
+            continue
+        assert r.status is SendStatus.SEND_OK
+        if k is not None:
+            assert r.queue_id == abs(java_hash(k)) % 4
+            by_key.setdefault(k, []).append(r.queue_offset)
+    assert all(offs == sorted(offs) for offs in by_key.values())
+    assert len(pull_topic(rc, cluster, topic, 4, 599)) == 599
+
+
+def test_aio_send_async_many_refuses_bad_input_and_calls_back_once(cluster):
+    from rmq.aio import Producer as AioProducer
+
+    async def main():
+        calls = []
+        async with AioProducer(cluster.namesrv_addr, group="pg-many-aio-bad") as p:
+            msgs = [Message("ManyAioBad", b"x"), Message("bad topic!", b"y")]
+            with pytest.raises(MQClientError, match="message 1 of 2"):
+                await p.send_async_many(msgs, sharding_keys=["a", "b"])
+            assert all("__SHARDINGKEY" not in m.properties for m in msgs) and p.pending == 0
+            with pytest.raises(MQClientError, match="ordered sends need the topic|No route info"):
+                await p.send_async_many([Message("ManyAioNoSuchTopic", b"x")], sharding_key="k")
+            assert p.pending == 0
+            fut = await p.send_async_many([Message("ManyAioOk", b"%d" % i) for i in range(50)], calls.append)
+            results = await fut
+            await asyncio.sleep(0)            # done-callbacks run on the loop's next turn
+            empty = await (await p.send_async_many([]))
+        return calls, fut, results, empty
+    calls, fut, results, empty = asyncio.run(asyncio.wait_for(main(), WAIT_S))
+    assert calls == [fut] and len(results) == 50 and empty == []
 
 
 def test_every_message_stored_once_with_its_result_in_the_order_given(cluster, rc):
