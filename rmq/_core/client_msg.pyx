@@ -19,7 +19,9 @@ and the error type are handed to :class:`MessagePreparer`.
 """
 cimport cython
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
-from cpython.dict cimport PyDict_Contains, PyDict_GetItem, PyDict_SetItem
+from cpython.dict cimport PyDict_Contains, PyDict_GetItem, PyDict_Next, PyDict_SetItem
+from cpython.object cimport PyObject
+from cpython.unicode cimport PyUnicode_CheckExact
 from libc.stdint cimport int16_t, int32_t, int64_t, uint8_t, uint32_t
 from libc.string cimport memchr, memcpy
 
@@ -158,6 +160,11 @@ cdef inline bint _has_separator(const char* s, Py_ssize_t n) noexcept nogil:
     return memchr(s, 1, n) != NULL or memchr(s, 2, n) != NULL
 
 
+cdef enum:
+    PROPS_FAST_MAX = 32              # properties encoded from stack arrays (more: the general path)
+PROPERTIES_IN_PLACE_MAX = PROPS_FAST_MAX
+
+
 cpdef bytes encode_properties(dict properties):
     """``name \\x01 value \\x02`` per item (None values left out), UTF-8, in one pass over
     pre-sized memory.
@@ -169,7 +176,42 @@ cpdef bytes encode_properties(dict properties):
     """
     if not properties:
         return b""
-    cdef Py_ssize_t total = 0, kl, vl, i = 0, n = len(properties)
+    # the common case: str names and values, few of them -- read in place (PyDict_Next lends
+    # its items; nothing runs Python code until the copy is done, so the dict cannot change)
+    cdef const char* kps[PROPS_FAST_MAX]
+    cdef const char* vps[PROPS_FAST_MAX]
+    cdef Py_ssize_t kls[PROPS_FAST_MAX]
+    cdef Py_ssize_t vls[PROPS_FAST_MAX]
+    cdef Py_ssize_t pos = 0, total = 0, kl, vl, i, m = 0
+    cdef PyObject* kobj
+    cdef PyObject* vobj
+    while PyDict_Next(properties, &pos, &kobj, &vobj):
+        if vobj == <PyObject*>None:
+            continue
+        if m == PROPS_FAST_MAX or not PyUnicode_CheckExact(<object>kobj) or not PyUnicode_CheckExact(<object>vobj):
+            return _encode_properties_general(properties)
+        kps[m] = PyUnicode_AsUTF8AndSize(<object>kobj, &kls[m])
+        vps[m] = PyUnicode_AsUTF8AndSize(<object>vobj, &vls[m])
+        if _has_separator(kps[m], kls[m]) or _has_separator(vps[m], vls[m]):
+            raise MessageIllegalError(f"property {<object>kobj!r} contains a \\x01 or \\x02 separator")
+        total += kls[m] + vls[m] + 2
+        m += 1
+    cdef bytes out = PyBytes_FromStringAndSize(NULL, total)
+    cdef char* o = PyBytes_AS_STRING(out)
+    for i in range(m):
+        kl = kls[i]
+        vl = vls[i]
+        memcpy(o, kps[i], kl)
+        o[kl] = 1
+        memcpy(o + kl + 1, vps[i], vl)
+        o[kl + 1 + vl] = 2
+        o += kl + vl + 2
+    return out
+
+
+cdef bytes _encode_properties_general(dict properties):
+    """encode_properties for names / values that are not str (their str()), or many of them."""
+    cdef Py_ssize_t total = 0, kl, vl, i = 0
     cdef const char* kp
     cdef const char* vp
     cdef list strs = []                  # keeps the str() of non-str names / values alive
@@ -264,12 +306,19 @@ cdef class Message:
             body = bytes(body)
         self.topic = topic
         self.body = body
-        self.properties = {str(k): str(v) for k, v in properties.items()} if properties else {}
+        cdef dict props = {}
+        if properties:
+            for k, v in properties.items():
+                props[k if type(k) is str else str(k)] = v if type(v) is str else str(v)
+        self.properties = props
         self.flag = flag
-        if tags:
-            self.tags = tags
+        if tags:                         # as the tags / keys setters, without the descriptor calls
+            props[_TAGS] = tags
         if keys:
-            self.keys = keys
+            if isinstance(keys, str):
+                props[_KEYS] = keys if type(keys) is str else str(keys)
+            else:
+                props[_KEYS] = KEY_SEPARATOR.join([x if type(x) is str else str(x) for x in keys])
         if delay_time_level:
             self.delay_time_level = delay_time_level
         if not wait_store_msg_ok:

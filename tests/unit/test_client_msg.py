@@ -78,8 +78,18 @@ def test_encode_properties_matches_the_reference(props):
     assert cm.encode_properties(props) == ref_props(props)
 
 
+@settings(max_examples=30, deadline=None)
+@given(st.dictionaries(names, names, min_size=cm.PROPERTIES_IN_PLACE_MAX - 2, max_size=cm.PROPERTIES_IN_PLACE_MAX + 8))
+def test_encode_properties_beyond_the_in_place_path_matches_the_reference(props):
+    # up to PROPERTIES_IN_PLACE_MAX str items are read in place, more take the general path: same bytes
+    assert cm.encode_properties(props) == ref_props(props)
+
+
+@pytest.mark.parametrize("many", [False, True])
 @pytest.mark.parametrize("props", [{"a\x01": "b"}, {"a": "b\x02"}, {"\x02": "x"}, {"k": "v\x01w"}])
-def test_encode_properties_refuses_separators(props):
+def test_encode_properties_refuses_separators(props, many):
+    if many:                               # the general path (more items than the in-place one takes)
+        props = {**{f"p{i}": "v" for i in range(cm.PROPERTIES_IN_PLACE_MAX)}, **props}
     with pytest.raises(ValueError, match="separator"):
         cm.encode_properties(props)
 
