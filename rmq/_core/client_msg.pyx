@@ -728,19 +728,25 @@ cpdef finish_future(fut, result, exc):
 
 def complete_send_batch(list futures, result_type, status, list preps, mq, Py_ssize_t base, list offset_ids):
     """Message ``i`` of a caller-side batch gets a ``result_type`` (the SendResult dataclass,
-    built with the fields its ``__init__`` sets: it has no ``__post_init__``) of queue offset
-    ``base + i`` and broker id ``offset_ids[i]``, set on ``futures[i]``; a future already
+    its fields set one by one as its ``__init__`` would: it has no ``__post_init__``) of queue
+    offset ``base + i`` and broker id ``offset_ids[i]``, set on ``futures[i]``; a future already
     finished is skipped.  Returns the results."""
     cdef Py_ssize_t i, n = len(preps)
     cdef PreparedMessage p
     cdef list out = []
     new = result_type.__new__
     region = getattr(result_type, "region_id", "DefaultRegion")
+    if not isinstance(region, str):      # a slots dataclass: the default is its field's, not a class attribute
+        region = result_type.__dataclass_fields__["region_id"].default
     for i in range(n):
         p = preps[i]
         r = new(result_type)
-        r.__dict__ = {"status": status, "msg_id": p.uniq_id, "message_queue": mq, "queue_offset": base + i,
-                      "offset_msg_id": offset_ids[i], "region_id": region}
+        r.status = status
+        r.msg_id = p.uniq_id
+        r.message_queue = mq
+        r.queue_offset = base + i
+        r.offset_msg_id = offset_ids[i]
+        r.region_id = region
         out.append(r)
         if futures is not None:
             try:
