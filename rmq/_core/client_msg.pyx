@@ -574,6 +574,40 @@ cdef class MessagePreparer:
         p.size = len(body) + len(p.props) + BATCH_FIXED_LENGTH
         return p
 
+    cpdef list prepare_many(self, list msgs, list keys, str key_property):
+        """:meth:`prepare` for each of ``msgs`` (one ``send_async_many`` call), a message whose
+        ``keys[i]`` is not None getting ``key_property`` = ``str(keys[i])`` first; all or none.
+
+        Raises
+        ------
+        error_type
+            For the first invalid message, its remark prefixed ``message i of n: ``; the key
+            properties set so far are taken back.
+        """
+        cdef Py_ssize_t i = 0, j, n = len(msgs)
+        cdef list out = []
+        cdef object m, k
+        try:
+            for i in range(n):
+                m = msgs[i]
+                if not isinstance(m, self.message_type):
+                    raise self.error_type(f"expected a Message, got {type(m).__name__}", self.illegal_code)
+                if keys is not None:
+                    k = keys[i]
+                    if k is not None:
+                        m.properties[key_property] = k if type(k) is str else str(k)
+                out.append(self.prepare(m))
+        except Exception as e:
+            if keys is not None:
+                for j in range(i + 1):
+                    m = msgs[j]
+                    if keys[j] is not None and isinstance(m, self.message_type) and type(m.properties) is dict:
+                        m.properties.pop(key_property, None)
+            if isinstance(e, self.error_type):
+                raise self.error_type(f"message {i} of {n}: {e.remark}", e.response_code) from e
+            raise
+        return out
+
     cpdef list prepare_batch(self, msgs):
         """RocketMQ ``DefaultMQProducerImpl.batch`` checks + preparation of a user batch: one
         topic, no delay level or timer, no ``%RETRY%`` topic, bodies not compressed, a
@@ -754,3 +788,43 @@ def complete_send_batch(list futures, result_type, status, list preps, mq, Py_ss
             except _InvalidStateError:
                 pass
     return out
+
+
+_OPEN_KEY_TYPES = (str, int, bytes)
+
+
+def many_parts(list preps, list keys, Py_ssize_t batch_size, part_key):
+    """Split one ``send_async_many`` call into hand-overs: ``[[positions, preps, sharding key or
+    None, bytes]]`` in the order each was opened.  Batchable messages of one topic and key share
+    a part up to ``batch_size`` bytes (0: batching off, one message per part); every other
+    message is a part of its own, and a later message of its key opens a new part (it may not
+    overtake it).  Keys group as themselves when of an open-batch type (str, int, bytes: equal
+    only when their queue hash is), else by ``part_key(topic, key)``."""
+    cdef list parts = []
+    cdef dict open_ = {}
+    cdef Py_ssize_t i, n = len(preps)
+    cdef PreparedMessage p
+    cdef list part
+    cdef object key, gk, topic
+    for i in range(n):
+        p = preps[i]
+        key = keys[i] if keys is not None else None
+        topic = p.msg.topic
+        if key is None or type(key) in _OPEN_KEY_TYPES:
+            gk = (topic, key)
+        else:
+            gk = part_key(topic, key)
+        if batch_size <= 0 or not p.batchable:
+            parts.append([[i], [p], key, p.size])
+            if key is not None:
+                open_.pop(gk, None)
+            continue
+        part = open_.get(gk)
+        if part is None or <Py_ssize_t>part[3] + p.size > batch_size:
+            part = [[], [], key, 0]
+            open_[gk] = part
+            parts.append(part)
+        (<list>part[0]).append(i)
+        (<list>part[1]).append(p)
+        part[3] = <Py_ssize_t>part[3] + p.size
+    return parts

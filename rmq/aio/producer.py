@@ -550,7 +550,7 @@ class Producer:
         keys = many_keys(n, sharding_key, sharding_keys)
         if timeout_ms is not None and timeout_ms <= 0:
             raise MQClientError(f"timeout_ms must be positive, got {timeout_ms}")
-        preps = prepare_many(self._prepare, msgs, keys)
+        preps = prepare_many(message_preparer(self.options), msgs, keys)
         fut = _Future(loop=self._loop)
         if callback is not None:
             fut.add_done_callback(callback, context=_copy_context())

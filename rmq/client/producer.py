@@ -90,6 +90,7 @@ from rmq.client import trace as _trace
 from rmq._core.client_msg import (BATCH_ELEMENT_OVERHEAD, COMPRESSED_FLAG, COMPRESSION_ZLIB_TYPE,  # noqa: F401 (re-exported)
                                   PROPERTY_TRANSACTION_PREPARED, TRANSACTION_PREPARED_TYPE, MessagePreparer,
                                   PreparedMessage, batch_body, complete_send_batch)
+from rmq._core.client_msg import many_parts as _many_parts
 from rmq._core.commitlog import tags_string_to_tags_code
 from rmq.client.direct import DirectSender, close_monitored
 from rmq.client.futures import ManyFuture, ManyPart, SendFuture
@@ -263,9 +264,10 @@ def many_keys(n: int, sharding_key: Any, sharding_keys: Optional[Sequence]) -> O
     return [sharding_key] * n if sharding_key is not None else None
 
 
-def prepare_many(prepare: Callable[[Message], PreparedMessage], msgs: list, keys: Optional[list]) -> list:
+def prepare_many(preparer: MessagePreparer, msgs: list, keys: Optional[list]) -> list:
     """Every message of a send_async_many call prepared (a message with a key gets the
-    ``__SHARDINGKEY`` property first, as :func:`selector_for` gives it), or none.
+    ``__SHARDINGKEY`` property first, as :func:`selector_for` gives it), or none (in C:
+    ``MessagePreparer.prepare_many``).
 
     Raises
     ------
@@ -273,54 +275,22 @@ def prepare_many(prepare: Callable[[Message], PreparedMessage], msgs: list, keys
         The first invalid message, naming its position; the sharding-key properties set
         so far are taken back.
     """
-    preps = []
-    i = 0
-    try:
-        for i, m in enumerate(msgs):
-            if not isinstance(m, Message):
-                raise MQClientError(f"expected a Message, got {type(m).__name__}")
-            if keys is not None and keys[i] is not None:
-                m.properties[PROPERTY_SHARDING_KEY] = str(keys[i])
-            preps.append(prepare(m))
-    except MQClientError as e:
-        if keys is not None:
-            for j in range(i + 1):
-                if keys[j] is not None and isinstance(msgs[j], Message):
-                    msgs[j].properties.pop(PROPERTY_SHARDING_KEY, None)
-        raise MQClientError(f"message {i} of {len(msgs)}: {e.remark}", e.response_code) from e
-    return preps
+    return preparer.prepare_many(msgs, keys, PROPERTY_SHARDING_KEY)
 
 
 def many_parts(preps: list, keys: Optional[list], batch_size: int) -> list:
-    """Split one send_async_many call into the I/O thread's hand-overs: ``[(positions, preps,
-    sharding key or None, bytes)]`` in the order each was opened.  Batchable messages of one topic
-    and key share a part up to ``batch_size`` bytes (0: batching off, one message per part);
-    every other message is a part of its own.  A key's parts keep the order given, so its
-    messages do."""
-    parts: list = []
-    open_: dict = {}
-    for i, p in enumerate(preps):
-        key = keys[i] if keys is not None else None
-        if batch_size <= 0 or not p.batchable:
-            parts.append(([i], [p], key, p.size))
-            if key is not None:                       # a later message of the key goes after this one
-                open_.pop(_part_key(p.msg.topic, key), None)
-            continue
-        k = _part_key(p.msg.topic, key)
-        part = open_.get(k)
-        if part is None or part[3] + p.size > batch_size:
-            part = open_[k] = [[], [], key, 0]
-            parts.append(part)
-        part[0].append(i)
-        part[1].append(p)
-        part[3] += p.size
-    return parts
+    """Split one send_async_many call into the I/O thread's hand-overs: ``[[positions, preps,
+    sharding key or None, bytes]]`` in the order each was opened (in C:
+    ``rmq._core.client_msg.many_parts``).  Batchable messages of one topic and key share a
+    part up to ``batch_size`` bytes (0: batching off, one message per part); every other
+    message is a part of its own.  A key's parts keep the order given, so its messages do."""
+    return _many_parts(preps, keys, batch_size, _part_key)
 
 
 def _part_key(topic: str, key: Any) -> tuple:
-    """many_parts' grouping of a sharding key: itself when it is an open-batch key (_OPEN_KEYS),
-    else its java_hash (which picks its queue; the key itself may not be hashable)."""
-    return (topic, key) if key is None or type(key) in _OPEN_KEYS else (topic, None, java_hash(key))
+    """many_parts' grouping of a sharding key that is not an open-batch key (_OPEN_KEYS): its
+    java_hash, which picks its queue (the key itself may not be hashable)."""
+    return (topic, None, java_hash(key))
 
 
 def java_hash(value: Any) -> int:
@@ -1692,7 +1662,8 @@ class Producer:
         self.client_id = client_id()
         self._closed = False
         o = self.options
-        self._prepare = message_preparer(o).prepare
+        self._preparer = message_preparer(o)
+        self._prepare = self._preparer.prepare
         self._batching = o.batching
         self._batch_size = o.batch_size
         self._delivery_timeout_s = max(o.delivery_timeout_ms, o.send_msg_timeout_ms) / 1000.0
@@ -1965,7 +1936,7 @@ class Producer:
         budget_ms = timeout_ms if timeout_ms is not None else self.options.send_msg_timeout_ms
         if budget_ms <= 0:
             raise MQClientError(f"timeout_ms must be positive, got {budget_ms}")
-        preps = prepare_many(self._prepare, msgs, sharding_keys)
+        preps = prepare_many(self._preparer, msgs, sharding_keys)
         many = ManyFuture(n, self._traced_many(callback, msgs) if self._trace is not None else callback)
         if n == 0:
             return many
