@@ -491,7 +491,13 @@ cdef class MessagePreparer:
         body of 1..max_message_size bytes.  Raises ``error_type`` (MESSAGE_ILLEGAL)."""
         if not isinstance(msg, self.message_type):
             raise self.error_type(f"expected an rmq.Message, got {type(msg).__name__}", self.illegal_code)
-        topic = msg.topic
+        cdef object topic, body
+        if isinstance(msg, Message):     # its fields read in C
+            topic = (<Message>msg).topic
+            body = (<Message>msg).body
+        else:
+            topic = msg.topic
+            body = msg.body
         if topic not in self.valid_topics:
             try:
                 self.check_topic(topic)
@@ -500,8 +506,7 @@ cdef class MessagePreparer:
             if len(self.valid_topics) >= VALID_TOPICS_CACHE_MAX:
                 self.valid_topics.clear()
             self.valid_topics.add(topic)
-        body = msg.body
-        cdef Py_ssize_t n = len(body)
+        cdef Py_ssize_t n = PyBytes_GET_SIZE(body) if type(body) is bytes else len(body)
         if n == 0:
             raise self.error_type("the message body length is zero", self.illegal_code)
         if n > self.max_message_size:
@@ -518,7 +523,8 @@ cdef class MessagePreparer:
             a property with a \\x01 / \\x02 separator.
         """
         self.check(msg)
-        cdef object props_obj = msg.properties
+        cdef bint typed = isinstance(msg, Message)
+        cdef object props_obj = (<Message>msg).properties if typed else msg.properties
         if type(props_obj) is not dict:
             raise self.error_type(f"message properties must be a dict, got {type(props_obj).__name__}",
                                   self.illegal_code)
@@ -529,7 +535,7 @@ cdef class MessagePreparer:
             uniq = _new_uniq_id()
             PyDict_SetItem(props, _UNIQ, uniq)
             added = True
-        cdef object b = msg.body
+        cdef object b = (<Message>msg).body if typed else msg.body
         cdef bytes body = b if type(b) is bytes else bytes(b)
         cdef int sys_flag = 0
         if len(body) >= self.compress_over:

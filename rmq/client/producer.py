@@ -1665,6 +1665,7 @@ class Producer:
         self._preparer = message_preparer(o)
         self._prepare = self._preparer.prepare
         self._batching = o.batching
+        self._max_pending = o.max_pending_messages
         self._batch_size = o.batch_size
         self._delivery_timeout_s = max(o.delivery_timeout_ms, o.send_msg_timeout_ms) / 1000.0
         self._attempt_timeout_s = o.send_msg_timeout_ms / 1000.0
@@ -1686,6 +1687,7 @@ class Producer:
         # message trace (RocketMQ's enableMsgTrace / customizedTraceTopic): a Pub record per message
         # sent, queued for a background dispatcher; off unless asked for
         self._trace = _trace.TraceDispatcher(namesrv_addr, group, custom_trace_topic) if enable_msg_trace else None
+        self._plain = self._trace is None and self._batching   # send_async's caller-side batch path applies
 
     # -- message trace ---------------------------------------------------------------------------
     def _trace_sent(self, msgs: list, result: SendResult, t0: float, ordered: bool = False) -> None:
@@ -1822,13 +1824,18 @@ class Producer:
             Invalid message (nothing queued), producer closed, or still no room
             in the pending buffer after ``send_msg_timeout_ms``.
         """
-        if selector is None and queue is None and timeout_ms is None and self._trace is None \
-                and self._batching and not _lt.ENABLED and (sharding_key is None or type(sharding_key) in _OPEN_KEYS):
-            sel, arg = selector_for(None, None, sharding_key, msg)
-            prep = self._prepare(msg)
-            if prep.batchable:
-                return self._append_async(prep, callback, sharding_key)
-            return self._enqueue([prep], ASYNC, None, sel, arg, None, callback=callback)
+        if selector is None and queue is None and timeout_ms is None and self._plain and not _lt.ENABLED:
+            if sharding_key is None:                    # the common case, with the fewest steps
+                prep = self._prepare(msg)
+                if prep.batchable:
+                    return self._append_async(prep, callback, None)
+                return self._enqueue([prep], ASYNC, None, None, None, None, callback=callback)
+            if type(sharding_key) in _OPEN_KEYS:
+                sel, arg = selector_for(None, None, sharding_key, msg)
+                prep = self._prepare(msg)
+                if prep.batchable:
+                    return self._append_async(prep, callback, sharding_key)
+                return self._enqueue([prep], ASYNC, None, sel, arg, None, callback=callback)
         sel, arg = selector_for(selector, arg, sharding_key, msg)
         prep = self._prepare(msg)
         if self._trace is not None:
@@ -1848,14 +1855,15 @@ class Producer:
         topic = prep.msg.topic
         key = topic if sharding_key is None else (topic, sharding_key)
         opened = None
+        size = prep.size
         with s.lock:
-            self._check_open()
-            if s.pending >= self.options.max_pending_messages and s.pending > 0 \
-                    and threading.get_ident() != s.ident:
+            if self._closed or not s.running:
+                self._check_open()
+            if s.pending >= self._max_pending and s.pending > 0 and threading.get_ident() != s.ident:
                 self._wait_for_room(1, self.options.send_msg_timeout_ms)
             s.pending += 1
             p = s.open.get(key)
-            if p is None or p.nbytes + prep.size > self._batch_size:
+            if p is None or p.nbytes + size > self._batch_size:
                 now = time.monotonic()
                 p = _Pending([], None, ASYNC, now + self._delivery_timeout_s, self._attempt_timeout_s,
                              None if sharding_key is None else select_by_hash, sharding_key, started=now)
@@ -1864,7 +1872,7 @@ class Producer:
                 s.open[key] = opened = p
             p.preps.append(prep)
             p.futures.append(fut)
-            p.nbytes += prep.size
+            p.nbytes += size
         if opened is not None:
             s.submit(opened)
         return fut
