@@ -193,3 +193,29 @@ def test_the_asyncio_consumer_has_a_trace_dispatcher_only_while_running(cluster)
         return running, c.trace_dispatcher
     running, after = asyncio.run(main())
     assert running is not None and not running._thread.is_alive() and after is None
+
+
+@pytest.mark.parametrize("client", ["thread", "aio"])
+def test_send_async_many_writes_a_pub_record_per_message(cluster, client):
+    import asyncio
+    topic = f"TRMany-{client}"
+    create_topic(cluster, topic, 2)
+    msgs = [Message(topic, b"m%d" % i) for i in range(20)]
+    if client == "thread":
+        with Producer(cluster.namesrv_addr, group="pg-many-tr", enable_msg_trace=True,
+                      custom_trace_topic="MANY_TRACE") as p:
+            results = p.send_async_many(msgs).result(30)
+            assert p.trace_dispatcher.flush(20)
+            assert p.trace_dispatcher.sent_records == 20
+    else:
+        from rmq.aio import Producer as AioProducer
+
+        async def main():
+            async with AioProducer(cluster.namesrv_addr, group="pg-many-tr-aio", enable_msg_trace=True,
+                                   custom_trace_topic="MANY_TRACE") as p:
+                return await (await p.send_async_many(msgs))
+        results = asyncio.run(asyncio.wait_for(main(), 60))
+    with Admin(cluster.namesrv_addr) as a:
+        for r in (results[0], results[-1]):
+            views = wait_for(lambda: a.query_msg_trace_by_id(r.msg_id, "MANY_TRACE"), 30, "send_async_many trace")
+            assert [(v.trace_type, v.msg_id) for v in views] == [("Pub", r.msg_id)]
