@@ -345,7 +345,7 @@ def latency_cmd(rates, sizes, consumers, peers, duration, namesrv, store_dir, js
 @click.option("--namesrv", default=None, help="Use this cluster (default: an embedded one on free ports).")
 @click.option("--file-size", type=click.IntRange(1 << 20), default=None,
               help="mappedFileSizeCommitLog of the embedded cluster (default: about what the run writes, "
-                   "64 MiB .. 512 MiB).")
+                   "64 MiB .. 1 GiB).")
 @click.option("--dir", "store_dir", type=click.Path(file_okay=False), default=None,
               help="Where temporary stores go (default: the system temp dir).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
@@ -353,7 +353,7 @@ def latency_cmd(rates, sizes, consumers, peers, duration, namesrv, store_dir, js
 def client_cmd(messages, sizes, redis, raw, namesrv, file_size, store_dir, json_path) -> None:
     """The public client API with its defaults, one Python thread (issue 17): Producer.send_async,
     Producer.send_batch of 1000, PushConsumer, PullConsumer.poll, rmq.aio's producer and push
-    consumer, and both producers' ordered send_async (8 sharding keys), msgs/s and MB/s per body size, each against its target (MET / MISSED) and beside
+    consumer, both producers' ordered send_async (8 sharding keys) and send_async_many (lists of 1000), msgs/s and MB/s per body size, each against its target (MET / MISSED) and beside
     Redis and the raw bench client measured in the same run.  Exit code 1 when a row failed."""
     import json
 

@@ -519,11 +519,17 @@ def judge(row: dict, rows: list, refs: dict) -> None:
     row["status"] = {True: "MET", False: "MISSED", None: "n/a"}[row["target_met"]]
 
 
-def auto_file_size(messages: int, sizes) -> int:
-    """mappedFileSizeCommitLog for the run: about what it writes (7 N messages per size), 64..512 MiB."""
-    need = sum(7 * n_for(messages, s) * (s + 200) for s in sizes)
+FILE_SIZE_MAX = 1 << 30            # bytes: RocketMQ's default mappedFileSizeCommitLog
+
+
+def auto_file_size(messages: int, sizes, rows=ROWS) -> int:
+    """mappedFileSizeCommitLog for the run: about what it writes (N messages per produce row, plus
+    the consumer rows' fill and the raw client's reference, per size), 64 MiB .. FILE_SIZE_MAX,
+    so that no row pays for a CommitLog file roll the others do not."""
+    writers = sum(KIND[r] == "produce" for r in rows) + 2
+    need = sum(writers * n_for(messages, s) * (s + 200) for s in sizes)
     size = 64 << 20
-    while size < need and size < 512 << 20:
+    while size < need and size < FILE_SIZE_MAX:
         size <<= 1
     return size
 
@@ -551,7 +557,7 @@ def run(messages: int = MESSAGES, sizes=SIZES, rows=ROWS, namesrv: Optional[str]
     if namesrv is None:
         from rmq.testing import Cluster
         tmp = tempfile.mkdtemp(prefix="rmq-bench-client-", dir=store_dir)
-        fs = file_size or auto_file_size(messages, sizes)
+        fs = file_size or auto_file_size(messages, sizes, rows)
         report["file_size"] = fs
         conf = E.cluster_conf(E.Params(file_size=fs, batch=BATCH), "ASYNC_FLUSH")
         cluster = Cluster(os.path.join(tmp, "store"), conf=conf)
