@@ -46,3 +46,34 @@ def test_keys_that_are_not_hashable_group_by_their_queue_hash():
     parts = many_parts(ps, keys, 16384)
     assert [list(pos) for pos, *_ in parts] == ([[0, 1], [2]] if java_hash(["x"]) != java_hash(["y"])
                                                  else [[0, 1, 2]])
+
+
+# -- properties of the split, over random calls ----------------------------------------------------
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+MESSAGES = st.lists(st.tuples(st.sampled_from(["T", "U"]),                       # topic
+                              st.integers(1, 6000),                               # body size (>= 4096: compressed)
+                              st.one_of(st.none(), st.sampled_from(["a", "b", 7, b"c"]))),   # sharding key
+                    max_size=60)
+
+
+@settings(max_examples=150, deadline=None)
+@given(MESSAGES, st.sampled_from([0, 300, 2048, 16384]))
+def test_the_split_keeps_every_message_once_in_its_keys_order_within_batch_size(spec, batch_size):
+    ps = [PREPARE(Message(topic, b"x" * size)) for topic, size, _ in spec]
+    keys = [key for *_, key in spec] if any(k is not None for *_, k in spec) else None
+    parts = many_parts(ps, keys, batch_size)
+    seen = [i for pos, *_ in parts for i in pos]
+    assert sorted(seen) == list(range(len(ps)))                                   # each message once
+    last: dict = {}
+    for pos, part, key, nbytes in parts:
+        assert [ps[i] for i in pos] == part and nbytes == sum(p.size for p in part)
+        assert len({p.msg.topic for p in part}) == 1
+        assert all((keys[i] if keys else None) == key for i in pos)               # one key per part
+        if len(part) > 1:                                                         # a shared part: all batchable,
+            assert batch_size > 0 and all(p.batchable for p in part) and nbytes <= batch_size
+        group = (part[0].msg.topic, key)
+        if key is not None:                                                       # a key's messages in order
+            assert pos == sorted(pos) and pos[0] > last.get(group, -1)
+            last[group] = pos[-1]
