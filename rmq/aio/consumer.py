@@ -1273,7 +1273,7 @@ class AsyncPushConsumer:
                 self._spawn(self._consume_orderly(pq, mq))
             return
         n = self.consume_message_batch_max_size
-        run = collections.deque([msgs[i:i + n] for i in range(0, len(msgs), n)])
+        run = collections.deque([[m] for m in msgs] if n == 1 else [msgs[i:i + n] for i in range(0, len(msgs), n)])
         # one task per free listener slot, at least one (not one task per request): the tasks
         # take the pull's requests in turn, as the thread consumer's workers do
         free = self.consume_thread_max - self._running_tasks

@@ -1430,7 +1430,8 @@ class PushConsumer:
                 self._executor_submit(self._consume_orderly, pq, mq)
             return
         n = self.consume_message_batch_max_size
-        run = _ConsumeRun(collections.deque([msgs[i:i + n] for i in range(0, len(msgs), n)]), pq, mq)
+        run = _ConsumeRun(collections.deque([[m] for m in msgs] if n == 1 else
+                                            [msgs[i:i + n] for i in range(0, len(msgs), n)]), pq, mq)
         # one task per idle worker, at least one: a busy pool gets one task per pull result, an
         # idle one still runs the requests of a pull in parallel (slow listeners)
         for _ in range(max(1, min(len(run.requests), self._executor.waiting()))):
