@@ -35,15 +35,20 @@ _CREATE = threading.Lock()
 class SendFuture(Future):
     """A RUNNING ``concurrent.futures.Future`` whose condition is created on first need."""
 
+    # the state of a new future: class attributes, so that a new one writes only its callback
+    # (completion sets the instance's own)
+    _state = RUNNING
+    _result = None
+    _exception = None
+    _cb = None
+
     def __init__(self, callback: Optional[Callable[[Future], Any]] = None) -> None:
         # no super().__init__(): it builds the Condition.  ``callback`` is a done-callback added
         # before any other thread can see the future (no lock needed).  Every object the cyclic
         # GC tracks costs the sending thread (the collections run in it): the waiters' and the
         # callbacks' lists exist only once something asks for them.
-        self._state = RUNNING
-        self._result = None
-        self._exception = None
-        self._cb = callback
+        if callback is not None:
+            self._cb = callback
 
     @property
     def _condition(self) -> threading.Condition:  # type: ignore[override]
