@@ -81,7 +81,7 @@ from rmq.client.producer import (ROUTE_REFRESH_ON_FAILURE_MS, ProducerOptions, Q
 from rmq.client.route import (MQFaultStrategy, RouteCache, TopicPublishInfo, cluster_info_request, parse_cluster_info,
                               parse_route_response, route_request, split_namesrv_addr)
 from rmq.client.futures import ManyOutcomes
-from rmq.errors import MQBrokerError, MQClientError, RemotingError, RemotingTimeoutError, SendManyError  # noqa: F401
+from rmq.errors import MQBrokerError, MQClientError, RemotingError, RemotingTimeoutError
 from rmq.protocol import Frame, ProtocolError, RequestCode, ResponseCode
 
 log = logging.getLogger("rmq.aio.producer")

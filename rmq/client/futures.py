@@ -81,8 +81,6 @@ class SendFuture(Future):
     def _finish(self, result, exception) -> None:
         finish_future(self, result, exception)     # steps (1)-(3) above, in C (rmq._core.client_msg)
 
-    # FINISHED is final and _result/_exception are set before it: a finished future answers
-    # without its condition (callbacks typically ask for result() / exception())
     # it starts RUNNING, and Future.cancel() refuses a RUNNING future: never CANCELLED, and the
     # state questions need no condition (a callback asking ``cancelled()`` used to build one per
     # future: half of Producer.send_async's rate, bench/results/client.md stop 35)
@@ -95,6 +93,8 @@ class SendFuture(Future):
     def running(self) -> bool:
         return self._state == RUNNING
 
+    # FINISHED is final and _result/_exception are set before it: a finished future answers
+    # without its condition (callbacks typically ask for result() / exception())
     def result(self, timeout=None):
         if self._state == FINISHED:
             if self._exception is not None:

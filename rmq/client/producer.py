@@ -100,7 +100,7 @@ from rmq.client.route import (LATENCY_MAX_49, NOT_AVAILABLE_DURATION_49, ISOLATI
                               ROUTE_REFRESH_ON_FAILURE_MS, MQFaultStrategy, RouteCache, TopicPublishInfo,
                               cluster_info_request, parse_cluster_info, parse_route_response, route_request,
                               route_suspect, split_namesrv_addr)
-from rmq.errors import MQBrokerError, MQClientError, RemotingError, RemotingTimeoutError, SendManyError  # noqa: F401
+from rmq.errors import MQBrokerError, MQClientError, RemotingError, RemotingTimeoutError
 from rmq.protocol import Frame, ProtocolError, RequestCode, ResponseCode
 from rmq.common.mix_all import DEFAULT_TOPIC_QUEUE_NUMS
 from rmq.common.request_header import SendMessageRequestHeader, send_response_msg_id
