@@ -14,8 +14,11 @@ each message before it joins a request:
 * :func:`batch_body` -- the SEND_BATCH_MESSAGE body of prepared messages (SPEC.md §1.11),
   one pass over pre-sized memory.
 
-This module imports no client, store or actor module: the message type, the topic check
-and the error type are handed to :class:`MessagePreparer`.
+It also holds :class:`Message` itself (``rmq.Message``: a C type the cyclic GC does not
+track), :func:`many_parts` (``send_async_many``'s split into requests) and
+:func:`complete_send_batch` (the I/O thread's per-message results).  This module imports no
+client, store or actor module: the topic check and the error type are handed to
+:class:`MessagePreparer`.
 """
 cimport cython
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
