@@ -15,7 +15,10 @@ started once for the module:
   and those queued meanwhile leave together, then ``flush()``;
 * ``unbatched``: ``batch_size=0``: one SEND_MESSAGE per message, ``max_in_flight``
   requests pipelined, then ``flush()``;
-* ``sync``: ``send`` per message, each waiting for its answer.
+* ``sync``: ``send`` per message, each waiting for its answer;
+* ``many``: the default options, lists of ``MANY_LIST`` (1,000) messages each handed over
+  with one ``send_async_many`` (one future per list, its callback counting the outcomes),
+  then ``flush()``.
 
 The timed part builds each :class:`rmq.Message` (as an application would), hands it
 over and waits until every result is in (async modes count outcomes in a callback
@@ -47,7 +50,9 @@ MODES = {
     "async": (dict(), 1.0),                      # the default: batches form while requests are in flight
     "unbatched": (dict(batch_size=0), 0.2),      # one SEND_MESSAGE per message (RocketMQ's sendAsync)
     "sync": (dict(), 0.02),
+    "many": (dict(), 1.0),                       # send_async_many of lists of MANY_LIST
 }
+MANY_LIST = 1000
 TOPIC = "BenchProducer"
 
 _ROWS: list = []
@@ -106,8 +111,23 @@ def run_round(p: Producer, mode: str, body: bytes, n: int) -> float:
         else:
             outcome["bad"].append(e or f.result().status)
 
-    for _ in range(n):
-        p.send_async(Message(TOPIC, body), on_done)
+    if mode == "many":
+        def on_list(f):
+            e = f.exception()
+            if e is not None:
+                outcome["bad"].append(e)
+                return
+            for r in f.result():
+                if r.status is SendStatus.SEND_OK:
+                    outcome["ok"] += 1
+                else:
+                    outcome["bad"].append(r.status)
+
+        for k in range(0, n, MANY_LIST):
+            p.send_async_many([Message(TOPIC, body) for _ in range(min(MANY_LIST, n - k))], on_list)
+    else:
+        for _ in range(n):
+            p.send_async(Message(TOPIC, body), on_done)
     left = p.flush(120.0)
     dt = time.perf_counter() - t0
     assert left == 0, f"{left} messages unanswered"
