@@ -185,3 +185,11 @@ def test_bench_client_smoke(tmp_path):
     assert refs["raw"]["produce"]["msgs_per_s"] > 0 and refs["raw"]["consume"]["msgs_per_s"] > 0, refs
     assert rows["Producer.send_async"]["x_raw"] > 0 and rows["PushConsumer"]["x_raw"] > 0
     assert "rmq bench client" in p.stdout and ("MISSED" in p.stdout or "MET" in p.stdout)
+
+
+def test_bench_client_sizes_its_commitlog_file_for_the_rows_that_write_within_its_limits():
+    from rmq.bench.client import FILE_SIZE_MAX, ROWS, SEND_ASYNC, auto_file_size
+    assert auto_file_size(1000, (100,)) == 64 << 20                    # a small run: the floor
+    assert auto_file_size(200_000, (100,), rows=(SEND_ASYNC,)) == 256 << 20  # 3 writers x 200k x ~300 B
+    assert auto_file_size(200_000, (100,), rows=ROWS) == 1 << 30      # 9 writers x 200k x ~300 B
+    assert auto_file_size(10_000_000, (100, 1024)) == FILE_SIZE_MAX    # never above the limit

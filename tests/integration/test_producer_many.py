@@ -2,6 +2,7 @@
 many messages."""
 import asyncio
 import os
+import signal
 import zlib
 from concurrent.futures import Future
 
@@ -21,7 +22,10 @@ BROKER_MAX_MESSAGE_SIZE = 64 * 1024      # the broker refuses larger bodies (MES
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    c = Cluster(tmp_path_factory.mktemp("many") / "store", conf={"maxMessageSize": str(BROKER_MAX_MESSAGE_SIZE)})
+    # waitTimeMillsInSendQueue: a test here SIGSTOPs the broker with requests on the wire (as
+    # test_producer's module does): no SYSTEM_BUSY for requests that aged in its queue meanwhile
+    c = Cluster(tmp_path_factory.mktemp("many") / "store", conf={"maxMessageSize": str(BROKER_MAX_MESSAGE_SIZE),
+                                                                  "waitTimeMillsInSendQueue": "600000"})
     yield c
     c.close()
 
@@ -245,3 +249,31 @@ def test_a_closed_producer_refuses_the_call(cluster):
     p.close()
     with pytest.raises(MQClientError, match="closed"):
         p.send_async_many([Message("ManyClosed", b"x")])
+
+
+def test_room_that_never_comes_for_a_later_part_fails_the_rest_in_the_error(cluster, rc):
+    """max_pending_messages 100 and the broker stopped: the first parts (100 messages) go out
+    unanswered, the next waits send_msg_timeout_ms for room in vain; send_async_many returns,
+    and once the broker runs again the future's SendManyError holds SEND_OK for the parts that
+    went and "producer buffer full" for every message from the first part that found no room."""
+    topic = "ManyRoom"
+    create_topic(rc, cluster, topic, 2)
+    msgs = [Message(topic, b"%04d" % i) for i in range(300)]
+    broker = cluster.pids()["broker"]
+    with Producer(cluster.namesrv_addr, group="pg-many-room", max_pending_messages=100, batch_size=1024,
+                  send_msg_timeout_ms=500, delivery_timeout_ms=60_000) as p:
+        wait_route(p, topic, 2)
+        p.send(Message(topic, b"warm-up"))           # connected: the first parts go on the wire
+        os.kill(broker, signal.SIGSTOP)
+        try:
+            fut = p.send_async_many(msgs)
+            assert not fut.done()
+        finally:
+            os.kill(broker, signal.SIGCONT)
+        with pytest.raises(SendManyError) as ei:
+            fut.result(WAIT_S)
+    results = ei.value.results
+    full = [i for i, r in enumerate(results) if isinstance(r, MQClientError) and "buffer full" in str(r)]
+    assert full and 0 < full[0] <= 100 and full == list(range(full[0], len(msgs)))
+    assert all(r.status is SendStatus.SEND_OK for r in results[:full[0]])
+    assert ei.value.failed == len(full)
