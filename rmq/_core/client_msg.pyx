@@ -56,22 +56,13 @@ cdef extern from "time.h" nogil:
     int clock_gettime(int clk, timespec* tp)
     int CLOCK_REALTIME
 
-# Property names (SPEC.md §1.6, MessageConst)
-PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX = "UNIQ_KEY"
-PROPERTY_WAIT_STORE_MSG_OK = "WAIT"
-PROPERTY_DELAY_TIME_LEVEL = "DELAY"
-PROPERTY_TRANSACTION_PREPARED = "TRAN_MSG"
-PROPERTY_KEYS = "KEYS"
-PROPERTY_TAGS = "TAGS"
-# RocketMQ 5 timer messages (MessageConst; SPEC.md §10.4)
-PROPERTY_TIMER_DELIVER_MS = "TIMER_DELIVER_MS"
-PROPERTY_TIMER_DELAY_MS = "TIMER_DELAY_MS"
-PROPERTY_TIMER_DELAY_SEC = "TIMER_DELAY_SEC"
-TIMER_PROPERTIES = (PROPERTY_TIMER_DELIVER_MS, PROPERTY_TIMER_DELAY_MS, PROPERTY_TIMER_DELAY_SEC)
-KEY_SEPARATOR = " "
+# Property names (SPEC.md §1.6, MessageConst): rmq.common.message_const
+from rmq.common.message_const import (KEY_SEPARATOR, PROPERTY_DELAY_TIME_LEVEL, PROPERTY_KEYS,  # noqa: F401
+                                      PROPERTY_TAGS, PROPERTY_TIMER_DELAY_MS, PROPERTY_TIMER_DELAY_SEC,
+                                      PROPERTY_TIMER_DELIVER_MS, PROPERTY_TRANSACTION_PREPARED,
+                                      PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, PROPERTY_WAIT_STORE_MSG_OK,
+                                      RESERVED_PROPERTIES, TIMER_PROPERTIES)
 MAX_DELAY_LEVEL = 18                 # messageDelayLevel has 18 levels (SPEC.md §10.1)
-RESERVED_PROPERTIES = (PROPERTY_TAGS, PROPERTY_KEYS, PROPERTY_DELAY_TIME_LEVEL,
-                       PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, PROPERTY_WAIT_STORE_MSG_OK) + TIMER_PROPERTIES
 # MessageSysFlag (SPEC.md §1.5), from rmq._core.layout
 COMPRESSED_FLAG = _COMPRESSED
 TRANSACTION_PREPARED_TYPE = _PREPARED
@@ -254,6 +245,13 @@ cdef str _DELIVER_MS = PROPERTY_TIMER_DELIVER_MS
 cdef str _DELAY_MS = PROPERTY_TIMER_DELAY_MS
 
 
+cdef str _keys_value(value):
+    """The ``KEYS`` property of ``value``: a str, or keys joined by KEY_SEPARATOR."""
+    if isinstance(value, str):
+        return value if type(value) is str else str(value)
+    return KEY_SEPARATOR.join([x if type(x) is str else str(x) for x in value])
+
+
 @cython.no_gc          # untracked by the cyclic GC: building many messages triggers no collection;
 @cython.freelist(64)   # (a message is never part of a cycle: it holds str / bytes / a dict of str)
 cdef class Message:
@@ -318,10 +316,7 @@ cdef class Message:
         if tags:                         # as the tags / keys setters, without the descriptor calls
             props[_TAGS] = tags
         if keys:
-            if isinstance(keys, str):
-                props[_KEYS] = keys if type(keys) is str else str(keys)
-            else:
-                props[_KEYS] = KEY_SEPARATOR.join([x if type(x) is str else str(x) for x in keys])
+            props[_KEYS] = _keys_value(keys)
         if delay_time_level:
             self.delay_time_level = delay_time_level
         if not wait_store_msg_ok:
@@ -354,8 +349,7 @@ cdef class Message:
         if not value:
             self.properties.pop(_KEYS, None)
             return
-        items = [value] if isinstance(value, str) else [str(v) for v in value]
-        self.properties[_KEYS] = KEY_SEPARATOR.join(items)
+        self.properties[_KEYS] = _keys_value(value)
 
     @property
     def delay_time_level(self):

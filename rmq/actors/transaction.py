@@ -84,14 +84,14 @@ CHECK_SLICE_PAUSE_MS = 5                  # between slices: sends and pulls are 
 MAX_QUEUED_ENDS = 100_000                 # END_TRANSACTIONs held while the state is being rebuilt
 READ_BATCH = 32                           # half / op records read per store call
 # MessageConst names
-PROPERTY_TRAN_MSG = "TRAN_MSG"
-PROPERTY_PGROUP = "PGROUP"
-PROPERTY_REAL_TOPIC = "REAL_TOPIC"
-PROPERTY_REAL_QID = "REAL_QID"
+from rmq.common.message_const import PROPERTY_PRODUCER_GROUP as PROPERTY_PGROUP  # noqa: E402,F401
+from rmq.common.message_const import PROPERTY_REAL_QUEUE_ID as PROPERTY_REAL_QID  # noqa: E402,F401
+from rmq.common.message_const import PROPERTY_REAL_TOPIC  # noqa: E402,F401
+from rmq.common.message_const import PROPERTY_TRANSACTION_PREPARED as PROPERTY_TRAN_MSG  # noqa: E402,F401
 PROPERTY_CHECK_TIMES = "TRANSACTION_CHECK_TIMES"
 PROPERTY_PREPARED_QUEUE_OFFSET = "TRAN_PREPARED_QUEUE_OFFSET"
 PROPERTY_CHECK_IMMUNITY = "CHECK_IMMUNITY_TIME_IN_SECONDS"
-PROPERTY_UNIQ_KEY = "UNIQ_KEY"
+from rmq.common.message_const import PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX as PROPERTY_UNIQ_KEY  # noqa: E402,F401
 # rmq's op-record properties (see the module docstring)
 PROPERTY_TRAN_KEY = "RMQ_TRAN_KEY"
 PROPERTY_TRAN_OUTCOME = "RMQ_TRAN_OUTCOME"

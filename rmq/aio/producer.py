@@ -271,7 +271,8 @@ class Producer:
                                               o.isolation_latency_ms)
         self.stats = {"requests": 0, "batch_requests": 0, "messages": 0, "retries": 0, "route_requests": 0,
                       "failed_messages": 0}
-        self._prepare = message_preparer(o).prepare
+        self._preparer = message_preparer(o)
+        self._prepare = self._preparer.prepare
         self._batch_size = o.batch_size             # 0: send_async sends one request per message
         self._max_in_flight = o.max_in_flight
         self._max_pending = o.max_pending_messages
@@ -550,7 +551,7 @@ class Producer:
         keys = many_keys(n, sharding_key, sharding_keys)
         if timeout_ms is not None and timeout_ms <= 0:
             raise MQClientError(f"timeout_ms must be positive, got {timeout_ms}")
-        preps = prepare_many(message_preparer(self.options), msgs, keys)
+        preps = prepare_many(self._preparer, msgs, keys)
         fut = _Future(loop=self._loop)
         if callback is not None:
             fut.add_done_callback(callback, context=_copy_context())

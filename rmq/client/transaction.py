@@ -48,12 +48,9 @@ from rmq.protocol import Frame, RequestCode
 
 log = logging.getLogger(__name__)
 
-PROPERTY_TRANSACTION_PREPARED = "TRAN_MSG"       # MessageConst
-PROPERTY_PRODUCER_GROUP = "PGROUP"
-PROPERTY_DELAY_TIME_LEVEL = "DELAY"
-PROPERTY_REAL_TOPIC = "REAL_TOPIC"
-PROPERTY_REAL_QID = "REAL_QID"
-PROPERTY_TRANSACTION_ID = "__transactionId__"     # RocketMQ 5 MessageConst.PROPERTY_TRANSACTION_ID
+from rmq.common.message_const import (PROPERTY_DELAY_TIME_LEVEL, PROPERTY_PRODUCER_GROUP,  # noqa: E402,F401
+                                      PROPERTY_REAL_TOPIC, PROPERTY_TRANSACTION_ID, PROPERTY_TRANSACTION_PREPARED)
+from rmq.common.message_const import PROPERTY_REAL_QUEUE_ID as PROPERTY_REAL_QID  # noqa: E402,F401
 CHECK_THREAD_POOL_SIZE = 1                        # TransactionMQProducer checkThreadPoolMinSize
 MAX_CHECK_REQUESTS = 2_000                        # TransactionMQProducer checkRequestHoldMax
 

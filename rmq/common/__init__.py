@@ -12,6 +12,8 @@ module                                 content (RocketMQ class)
 :mod:`rmq.common.pull_sys_flag`        ``PULL_FLAG_*``, ``build_sys_flag``, ``has_*_flag`` (``PullSysFlag``)
 :mod:`rmq.common.request_header`       ``SendMessageRequestHeader``, ``PullMessageRequestHeader``: the header
                                        fields of the codes several clients build (``common/protocol/header``)
+:mod:`rmq.common.message_const`        message property names (``KEYS``, ``TAGS``, ``UNIQ_KEY``, timers,
+                                       ``__SHARDINGKEY`` ...) and ``RESERVED_PROPERTIES`` (``MessageConst``)
 :mod:`rmq.common.route`                ``QueueData``, ``BrokerData``, ``TopicRouteData`` and their wire forms
                                        (``common/protocol/route``); broker ids are ints in memory, decimal
                                        strings on the wire

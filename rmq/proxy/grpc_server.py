@@ -62,9 +62,8 @@ DEFAULT_INVISIBLE_MS = 30_000              # a receive without invisible_duratio
 MAX_MESSAGE_SIZE_ON_WIRE = 16 * 1024 * 1024  # grpc max receive length (a 4 MiB body and its properties)
 PRODUCER_MAX_ATTEMPTS = 3                  # RocketMQ 5 proxy: producer retry policy
 CONSUMER_MAX_ATTEMPTS = 17                 # maxReconsumeTimes 16 + the first delivery
-PROPERTY_SHARDING_KEY = "__SHARDINGKEY"    # MessageConst.PROPERTY_SHARDING_KEY (FIFO message group)
-PROPERTY_TIMER_DELIVER_MS = "TIMER_DELIVER_MS"
-PROPERTY_UNIQ_KEY = "UNIQ_KEY"
+from rmq.common.message_const import PROPERTY_SHARDING_KEY, PROPERTY_TIMER_DELIVER_MS  # noqa: E402,F401
+from rmq.common.message_const import PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX as PROPERTY_UNIQ_KEY  # noqa: E402,F401
 # properties that are the message's system properties, not the user's (MessageConst.STRING_HASH_SET)
 SYSTEM_PROPERTIES = frozenset({
     "TAGS", "KEYS", "UNIQ_KEY", "WAIT", "DELAY", "RETRY_TOPIC", "REAL_TOPIC", "REAL_QID", "TRAN_MSG", "PGROUP",

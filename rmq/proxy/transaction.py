@@ -23,9 +23,9 @@ from typing import Optional
 from rmq._core import commitlog as _cl
 
 MAX_TRACKED_TRANSACTIONS = 65_536        # transaction id -> broker address entries kept
-PROPERTY_REAL_TOPIC = "REAL_TOPIC"       # MessageConst.PROPERTY_REAL_TOPIC
-PROPERTY_REAL_QID = "REAL_QID"           # MessageConst.PROPERTY_REAL_QUEUE_ID
-PROPERTY_UNIQ_KEY = "UNIQ_KEY"           # MessageConst.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX
+from rmq.common.message_const import PROPERTY_REAL_TOPIC  # noqa: E402,F401
+from rmq.common.message_const import PROPERTY_REAL_QUEUE_ID as PROPERTY_REAL_QID  # noqa: E402,F401
+from rmq.common.message_const import PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX as PROPERTY_UNIQ_KEY  # noqa: E402,F401
 MAGIC_V1 = 0xDAA320A7                    # MessageDecoder.MESSAGE_MAGIC_CODE (1-byte topic length)
 MAGIC_V2 = 0xDAA320AB                    # MESSAGE_MAGIC_CODE_V2 (2-byte topic length)
 BORNHOST_V6_FLAG = 1 << 4                # MessageSysFlag

@@ -74,7 +74,7 @@ def test_every_message_stored_once_with_its_result_in_the_order_given_both_clien
     assert isinstance(results, list) and len(results) == len(msgs)
     for m, r in zip(msgs, results):
         assert r.status is SendStatus.SEND_OK and r.msg_id == m.properties["UNIQ_KEY"]
-        assert r.message_queue.topic == m.topic
+        assert r.message_queue.topic == m.topic and r.region_id == "DefaultRegion"   # the field's default, in C
     assert len({(r.message_queue, r.queue_offset) for r in results}) == len(msgs)
     for t in topics:
         stored = [zlib.decompress(x.body) if x.sys_flag & COMPRESSED_FLAG else x.body
