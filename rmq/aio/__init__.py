@@ -1,4 +1,5 @@
-"""asyncio clients, built on pyzmq's asyncio sockets (``zmq.asyncio``).
+"""asyncio clients: plain pyzmq DEALER sockets read from the event loop (``loop.add_reader``;
+:mod:`rmq.aio.remoting` for the consumers, :mod:`rmq.aio.producer` its own pipelined sender).
 
 ::
 

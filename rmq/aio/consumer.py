@@ -1,4 +1,4 @@
-"""asyncio consumers on pyzmq's asyncio sockets: ``AsyncPullConsumer`` and ``AsyncPushConsumer``.
+"""asyncio consumers: ``AsyncPullConsumer`` and ``AsyncPushConsumer``.
 
 Same behaviour and names as :mod:`rmq.client.consumer` (SPEC.md §12, §13, §15.2), awaitable::
 
@@ -18,9 +18,9 @@ Same behaviour and names as :mod:`rmq.client.consumer` (SPEC.md §12, §13, §15
 
     await c.start(); ...; await c.shutdown()
 
-Design: one event loop, no threads of its own.  :class:`AsyncRemoting` keeps one
-``zmq.asyncio`` DEALER per broker address with a reader task that resolves
-futures by opaque, so every queue's long-polling pull is in flight at once.  The
+Design: one event loop, no threads of its own.  :class:`rmq.aio.remoting.AsyncRemoting` keeps
+one DEALER per broker address, read from the loop, that resolves futures by opaque, so every
+queue's long-polling pull is in flight at once.  The
 push consumer runs one task per assigned queue (its pull loop), one service task
 (rebalance, heartbeats, offset persistence, lock renewal), concurrent listener
 calls bounded by a semaphore (``consume_thread_max``), and in orderly mode one
@@ -36,19 +36,13 @@ import asyncio
 import collections
 import enum
 import inspect
-import itertools
 import logging
 import random
 import time
 from typing import Callable, Iterable, Optional, Union
 
-import zmq
-import zmq.asyncio
-from zmq.utils.monitor import parse_monitor_message
 
 from rmq import latency_trace as _lt
-from rmq import protocol as P
-from rmq import security
 from rmq.client.consumer import (BROKER_SUSPEND_MAX_TIME_MS, CONCURRENT_MAX_RECONSUME_TIMES, CONSUME_THREAD_MAX,
                                  HEARTBEAT_BROKER_INTERVAL_MS, MAX_TIME_CONSUME_CONTINUOUSLY_MS,
                                  ORDERLY_MAX_RECONSUME_TIMES, PERSIST_CONSUMER_OFFSET_INTERVAL_MS,
@@ -61,11 +55,12 @@ from rmq.client.consumer import (BROKER_SUSPEND_MAX_TIME_MS, CONCURRENT_MAX_RECO
                                  ConsumeConcurrentlyContext, ConsumeConcurrentlyStatus, ConsumeFromWhere,
                                  ConsumeOrderlyContext, ConsumeOrderlyStatus, MessageModel, RunCommits, _enum,
                                  compute_pull_from_where)
-from rmq.client.consumer_api import (RECONNECT_WAIT_MS, ROUTE_REFRESH_INTERVAL_MS, PullFromWhichNode, group_addrs,
+from rmq.aio.remoting import AsyncRemoting
+from rmq.client.consumer_api import (ROUTE_REFRESH_INTERVAL_MS, PullFromWhichNode, group_addrs,
                                      route_refresh_due)
 from rmq.client.route import ROUTE_REFRESH_ON_FAILURE_MS, route_suspect
 from rmq.client.consumer_api import (CONSUMER_TIMEOUT_MS_WHEN_SUSPEND, SUB_ALL, SubscriptionData, TopicRoute, _check,
-                                     build_pull_frame, decode_answer, consumer_data, default_client_id, heartbeat_body,
+                                     build_pull_frame, consumer_data, default_client_id, heartbeat_body,
                                      mq_set_body, parse_lock_response, parse_pull_response, retry_send_frame,
                                      send_back_frame)
 from rmq.client.consumer_process_queue import ProcessQueue
@@ -76,136 +71,13 @@ from rmq.client.remoting import DEFAULT_TIMEOUT_MS
 from rmq.client import trace as _trace
 from rmq.common.mix_all import MASTER_ID, is_retry_topic, retry_topic
 from rmq.filter import MessageSelector
-from rmq.errors import MQBrokerError, MQClientError, RemotingError, RemotingTimeoutError
+from rmq.errors import MQBrokerError, MQClientError, RemotingError
 from rmq.protocol import Frame, RequestCode, ResponseCode, unpack_body
 
 log = logging.getLogger("rmq.aio.consumer")
 
 __all__ = ["AsyncRemoting", "AsyncConsumerAPI", "AsyncPullConsumer", "AsyncPushConsumer", "PullConsumer",
            "PushConsumer", "ConsumeConcurrentlyStatus", "ConsumeOrderlyStatus", "MessageModel", "ConsumeFromWhere"]
-
-
-# -- transport ------------------------------------------------------------------------------------
-class AsyncRemoting:
-    """Request / response over ``zmq.asyncio`` DEALER sockets, many requests in flight per socket.
-
-    Concurrency: one event loop.
-    """
-
-    def __init__(self, ctx: Optional[zmq.asyncio.Context] = None, auth=None):
-        self.ctx = ctx or zmq.asyncio.Context.instance()
-        self.auth = security.client_auth(auth)     # CURVE keys (rmq.security); None: plain
-        self._sockets: dict = {}
-        self._readers: dict = {}
-        self._futures: dict = {}
-        self._in_flight: dict = {}       # addr -> {opaque: future}: failed at once when the connection drops
-        self._monitors: dict = {}        # addr -> (monitor socket, its task)
-        self._down: set = set()          # addrs whose connection dropped and has not come back
-        # on_request(frame, addr): a broker's own request on these connections (NOTIFY_CONSUMER_IDS_CHANGED)
-        self.on_request: Optional[Callable] = None
-        self._opaque = itertools.count(1)
-        self._closed = False
-
-    def _socket(self, addr: str):
-        if self._closed:
-            raise MQClientError("consumer client is closed")
-        s = self._sockets.get(addr)
-        if s is None:
-            s = P.dealer(self.ctx, auth=self.auth)
-            # a dead broker fails its requests at once, and later ones after RECONNECT_WAIT_MS
-            mon = s.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED)
-            s.connect(P.endpoint(addr))
-            self._sockets[addr] = s
-            loop = asyncio.get_running_loop()
-            self._readers[addr] = loop.create_task(self._read(addr, s))
-            self._monitors[addr] = (mon, loop.create_task(self._watch(addr, mon)))
-        return s
-
-    async def _watch(self, addr: str, mon) -> None:
-        """Fail the requests in flight to ``addr`` when its connection drops (a killed broker),
-        rather than at their deadline (a long poll's is 30 s away)."""
-        while True:
-            try:
-                msg = await mon.recv_multipart()
-            except (asyncio.CancelledError, zmq.ZMQError):
-                return
-            try:
-                event = parse_monitor_message(msg)["event"]
-            except Exception:  # noqa: BLE001 - a malformed monitor frame: ignore it
-                continue
-            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-                self._down.discard(addr)
-                continue
-            if event != zmq.EVENT_DISCONNECTED:
-                continue
-            self._down.add(addr)
-            await asyncio.sleep(0)                    # answers already read count first
-            for fut in list(self._in_flight.get(addr, {}).values()):
-                if not fut.done():
-                    fut.set_exception(RemotingError(f"connection to {addr} closed with the request in flight"))
-
-    async def _read(self, addr: str, s) -> None:
-        while True:
-            try:
-                parts = await s.recv_multipart(copy=False)
-            except (asyncio.CancelledError, zmq.ZMQError):
-                return
-            resp = decode_answer(parts, addr, self.on_request)   # None: undecodable, or a broker's request
-            if resp is None:
-                continue
-            fut = self._futures.pop(resp.opaque, None)
-            if fut is not None and not fut.done():
-                fut.set_result(resp)
-
-    async def invoke(self, addr: str, frame: Frame, timeout_ms: int = DEFAULT_TIMEOUT_MS) -> Frame:
-        """Send ``frame``, await its response.
-
-        Raises
-        ------
-        RemotingTimeoutError
-            No response in ``timeout_ms``.
-        """
-        s = self._socket(addr)
-        frame.opaque = next(self._opaque)
-        frame.flag &= ~P.FLAG_ONEWAY
-        fut = asyncio.get_running_loop().create_future()
-        self._futures[frame.opaque] = fut
-        flying = self._in_flight.setdefault(addr, {})
-        flying[frame.opaque] = fut
-        if addr in self._down:                   # its connection dropped and has not come back (yet)
-            timeout_ms = min(timeout_ms, RECONNECT_WAIT_MS)
-        try:
-            await s.send_multipart(P.encode(frame), copy=False)
-            return await asyncio.wait_for(fut, timeout_ms / 1000.0)
-        except asyncio.TimeoutError:
-            raise RemotingTimeoutError(
-                f"no response from {addr} to request code {frame.code} within {timeout_ms} ms") from None
-        finally:
-            self._futures.pop(frame.opaque, None)
-            flying.pop(frame.opaque, None)
-
-    async def close(self) -> None:
-        self._closed = True
-        tasks = list(self._readers.values()) + [t for _, t in self._monitors.values()]
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        for addr, (mon, _) in self._monitors.items():
-            try:
-                self._sockets[addr].disable_monitor()
-            except zmq.ZMQError:
-                pass
-            mon.close(0)
-        self._monitors.clear()
-        self._in_flight.clear()
-        for s in self._sockets.values():
-            s.close(0)
-        for f in self._futures.values():
-            if not f.done():
-                f.cancel()
-        self._readers.clear()
-        self._sockets.clear()
-        self._futures.clear()
 
 
 class AsyncConsumerAPI:

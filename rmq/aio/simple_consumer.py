@@ -6,8 +6,8 @@
         for view in await c.receive(16, invisible_duration_s=30):
             await c.ack(view)
 
-Any number of receives and acks may be in flight at once (one ``zmq.asyncio`` DEALER per broker
-with a reader task matching answers by opaque): run several receive loops as tasks of one
+Any number of receives and acks may be in flight at once (one DEALER per broker, read from the
+event loop, answers matched by opaque: :class:`rmq.aio.remoting.AsyncRemoting`): run several receive loops as tasks of one
 consumer to keep a broker busy.  The frames and response parsing are those of
 :mod:`rmq.client.simple_consumer`.
 

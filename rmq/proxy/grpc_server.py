@@ -21,7 +21,7 @@ stream of a client publishing that topic, and EndTransaction goes to the group o
 (:class:`rmq.proxy.transaction.TransactionRoutes`, keyed by message id).
 
 Concurrency: one asyncio event loop (grpc.aio) in a thread of the proxy process, with its own
-forwarding sockets (:class:`rmq.proxy.forward.Forwarder`).
+forwarding sockets (:class:`rmq.aio.remoting.AsyncRemoting`).
 """
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ from rmq.common.perm import PERM_READ, PERM_WRITE
 from rmq.common.request_header import SendMessageRequestHeader
 from rmq.errors import MQClientError, RemotingError
 from rmq.protocol import Frame, RequestCode, ResponseCode
-from rmq.proxy.forward import Forwarder
+from rmq.aio.remoting import AsyncRemoting
 from rmq.proxy.grpc_v2 import messaging_pb2 as pb
 from rmq._core import commitlog as _cl
 from rmq.proxy.server import FORWARD_TIMEOUT_MS, PROXY_BROKER_NAME, ProxyServer
@@ -483,7 +483,7 @@ class MessagingService:
         self.tx.forget(request.message_id, request.transaction_id)
         return pb.EndTransactionResponse(status=status())
 
-    def on_broker_request(self, addr: str, frame: Frame) -> None:
+    def on_broker_request(self, frame: Frame, addr: str) -> None:
         """A broker's CHECK_TRANSACTION_STATE for a producer group (a topic): a
         RecoverOrphanedTransactionCommand on the Telemetry stream of a client publishing it."""
         if frame.code != RequestCode.CHECK_TRANSACTION_STATE or not frame.bodies:
@@ -776,8 +776,8 @@ class GrpcProxy:
         async def main():
             backend = ProxyServer(self.namesrv_addr, auth=self.auth)
             holder = {}
-            backend.remoting = Forwarder(auth=self.auth,
-                                         on_request=lambda addr, fr: holder["svc"].on_broker_request(addr, fr))
+            backend.remoting = AsyncRemoting(auth=self.auth,
+                                             on_request=lambda fr, addr: holder["svc"].on_broker_request(fr, addr))
             server = grpc.aio.server(options=[("grpc.max_receive_message_length", MAX_MESSAGE_SIZE_ON_WIRE),
                                               ("grpc.max_send_message_length", MAX_MESSAGE_SIZE_ON_WIRE),
                                               ("grpc.so_reuseport", 0)])

@@ -49,7 +49,7 @@ from rmq.common.perm import PERM_READ, PERM_WRITE
 from rmq.common.route import broker_addrs_to_wire
 from rmq.errors import MQClientError, RemotingError
 from rmq.protocol import Frame, RequestCode, ResponseCode
-from rmq.proxy.forward import Forwarder
+from rmq.aio.remoting import AsyncRemoting
 from rmq.proxy.transaction import TransactionRoutes, check_message_body, uniq_key
 from rmq.proxy.remoting import FLAG_ONEWAY, SERIALIZE_JSON, RemotingCommand, RemotingFrameError, check_length, decode, encode
 
@@ -166,7 +166,7 @@ class ProxyServer:
         self.listen_addr, self.listen_port = listen_addr, int(listen_port)
         self.advertised_addr = advertised_addr
         self._auth = auth
-        self.remoting: Optional[Forwarder] = None
+        self.remoting: Optional[AsyncRemoting] = None
         self._conns: set = set()
         self._conn_by_host: dict = {}              # born host -> _Connection
         self._producer_conns: dict = {}            # producer group -> {clientID: _Connection}
@@ -208,7 +208,7 @@ class ProxyServer:
     # -- lifecycle ----------------------------------------------------------------------------------------
     async def start(self) -> "ProxyServer":
         self._loop = asyncio.get_running_loop()
-        self.remoting = Forwarder(auth=self._auth, on_request=self._on_broker_request)
+        self.remoting = AsyncRemoting(auth=self._auth, on_request=self._on_broker_request)
         self._server = await self._loop.create_server(lambda: _Connection(self), self.listen_addr, self.listen_port,
                                                       backlog=1024)
         self._sweeper = self._loop.create_task(self._sweep_idle())
@@ -574,7 +574,7 @@ class ProxyServer:
         resp = await self._invoke(addr, frame)
         return cmd.response(resp.code, resp.remark or None)
 
-    def _on_broker_request(self, addr: str, frame: Frame) -> None:
+    def _on_broker_request(self, frame: Frame, addr: str) -> None:
         """A broker's own request on a forwarding socket: its one-way CHECK_TRANSACTION_STATE for a
         producer group whose heartbeats came through this proxy, relayed to one of the group's
         connections (round robin) with the real topic restored, as RocketMQ's broker sends it."""
