@@ -41,7 +41,6 @@ import random
 import time
 from typing import Callable, Iterable, Optional, Union
 
-
 from rmq import latency_trace as _lt
 from rmq.client.consumer import (BROKER_SUSPEND_MAX_TIME_MS, CONCURRENT_MAX_RECONSUME_TIMES, CONSUME_THREAD_MAX,
                                  HEARTBEAT_BROKER_INTERVAL_MS, MAX_TIME_CONSUME_CONTINUOUSLY_MS,
@@ -56,23 +55,20 @@ from rmq.client.consumer import (BROKER_SUSPEND_MAX_TIME_MS, CONCURRENT_MAX_RECO
                                  ConsumeOrderlyContext, ConsumeOrderlyStatus, MessageModel, RunCommits, _enum,
                                  compute_pull_from_where)
 from rmq.aio.remoting import AsyncRemoting
-from rmq.client.consumer_api import (ROUTE_REFRESH_INTERVAL_MS, PullFromWhichNode, group_addrs,
-                                     route_refresh_due)
-from rmq.client.route import ROUTE_REFRESH_ON_FAILURE_MS, route_suspect
-from rmq.client.consumer_api import (CONSUMER_TIMEOUT_MS_WHEN_SUSPEND, SUB_ALL, SubscriptionData, TopicRoute, _check,
-                                     build_pull_frame, consumer_data, default_client_id, heartbeat_body,
-                                     mq_set_body, parse_lock_response, parse_pull_response, retry_send_frame,
-                                     send_back_frame)
+from rmq.client.calls import awaitable
+from rmq.client.consumer_api import (CONSUMER_TIMEOUT_MS_WHEN_SUSPEND, ConsumerCalls, SubscriptionData,
+                                     build_pull_frame, consumer_data, default_client_id, group_addrs,
+                                     parse_pull_response)
 from rmq.client.consumer_process_queue import ProcessQueue
 from rmq.client.message import MessageQueue, PullResult, PullStatus
 from rmq.client.offset_store import LocalFileOffsetStore, OffsetStore
 from rmq.client.rebalance import resolve_strategy
 from rmq.client.remoting import DEFAULT_TIMEOUT_MS
 from rmq.client import trace as _trace
-from rmq.common.mix_all import MASTER_ID, is_retry_topic, retry_topic
+from rmq.common.mix_all import is_retry_topic, retry_topic
 from rmq.filter import MessageSelector
 from rmq.errors import MQBrokerError, MQClientError, RemotingError
-from rmq.protocol import Frame, RequestCode, ResponseCode, unpack_body
+from rmq.protocol import Frame, RequestCode
 
 log = logging.getLogger("rmq.aio.consumer")
 
@@ -80,246 +76,53 @@ __all__ = ["AsyncRemoting", "AsyncConsumerAPI", "AsyncPullConsumer", "AsyncPushC
            "PushConsumer", "ConsumeConcurrentlyStatus", "ConsumeOrderlyStatus", "MessageModel", "ConsumeFromWhere"]
 
 
-class AsyncConsumerAPI:
-    """Awaitable twin of :class:`rmq.client.consumer_api.ConsumerAPI` (same frames, same route cache rules)."""
+class AsyncConsumerAPI(ConsumerCalls):
+    """Awaitable twin of :class:`rmq.client.consumer_api.ConsumerAPI`: the same calls
+    (:class:`rmq.client.consumer_api.ConsumerCalls`), driven with an awaitable :meth:`invoke` over
+    :class:`rmq.aio.remoting.AsyncRemoting`.
+
+    Concurrency: one event loop.
+    """
 
     def __init__(self, namesrv_addr: str, timeout_ms: int = DEFAULT_TIMEOUT_MS, auth=None):
+        super().__init__(namesrv_addr, timeout_ms)
         self.auth = auth
-        self.namesrv_addrs = [a.strip() for a in (namesrv_addr or "").split(";") if a.strip()]
-        if not self.namesrv_addrs:
-            raise MQClientError("no NameServer address given")
-        self.timeout_ms = timeout_ms
         self.remoting = AsyncRemoting(auth=self.auth)
-        self._routes: dict[str, TopicRoute] = {}
-        self.pull_from = PullFromWhichNode()
-        self.route_refresh_interval_ms = ROUTE_REFRESH_INTERVAL_MS
-        self._refresh_tried: dict = {}
-        self._route_doubt: set = set()            # topics whose last pull failed on a broker (route_suspect)
-
-    def note_pull_outcome(self, mq: MessageQueue, outcome: object) -> None:
-        """A pull of ``mq`` answered (a Frame) or failed (an exception): a failure that puts the
-        route in doubt makes :meth:`refresh_route_if_stale` refetch it every
-        ROUTE_REFRESH_ON_FAILURE_MS until a pull of the topic is answered again (as the sync
-        :meth:`rmq.client.consumer_api.ConsumerAPI.on_pull_response`)."""
-        if route_suspect(outcome):
-            self._route_doubt.add(mq.topic)
-        elif self._route_doubt and isinstance(outcome, Frame):
-            self._route_doubt.discard(mq.topic)
 
     async def invoke(self, addr: str, frame: Frame, timeout_ms: Optional[int] = None) -> Frame:
         """Send ``frame``, await the answer; a RemotingError makes ``addr`` avoided by the read
         choices for a while (see :class:`PullFromWhichNode`), an answer clears that."""
         try:
             resp = await self.remoting.invoke(addr, frame, timeout_ms or self.timeout_ms)
-        except RemotingError:
-            self.pull_from.mark_unreachable(addr)
+        except RemotingError as e:
+            self._answered(addr, e)
             raise
-        self.pull_from.mark_reachable(addr)
+        self._answered(addr, resp)
         return resp
 
     async def close(self) -> None:
         await self.remoting.close()
 
-    async def fetch_route(self, topic: str) -> Optional[TopicRoute]:
-        last: Optional[Exception] = None
-        for addr in random.sample(self.namesrv_addrs, len(self.namesrv_addrs)):
-            try:
-                resp = await self.invoke(addr, Frame(RequestCode.GET_ROUTEINFO_BY_TOPIC, fields={"topic": topic}))
-            except RemotingError as e:
-                last = e
-                continue
-            if resp.code == ResponseCode.TOPIC_NOT_EXIST:
-                return None
-            _check(resp, addr, f"route of {topic}")
-            route = TopicRoute.from_wire(topic, unpack_body(resp))
-            self._routes[topic] = route
-            return route
-        raise RemotingError(f"no NameServer of {self.namesrv_addrs} answered the route of {topic}: {last}")
-
-    async def route(self, topic: str, max_age_ms: Optional[int] = None) -> Optional[TopicRoute]:
-        r = self._routes.get(topic)
-        if r is not None and (max_age_ms is None or (time.monotonic() - r.fetched_at) * 1000 < max_age_ms):
-            return r
-        try:
-            return await self.fetch_route(topic) or r
-        except RemotingError:
-            if r is not None:
-                return r
-            raise
-
-    async def refresh_route_if_stale(self, topic: str, max_age_ms: Optional[int] = None) -> None:
-        """Refetch ``topic``'s route when older than ``max_age_ms`` (default
-        ``route_refresh_interval_ms``), at most one attempt per that interval; errors are logged."""
-        max_age_ms = self.route_refresh_interval_ms if max_age_ms is None else max_age_ms
-        if topic in self._route_doubt:           # a pull failed on a broker: its master may have changed
-            max_age_ms = min(max_age_ms, ROUTE_REFRESH_ON_FAILURE_MS)
-        now = time.monotonic()
-        if not route_refresh_due(self._routes.get(topic), self._refresh_tried.get(topic, -1e18), now, max_age_ms):
-            return
-        self._refresh_tried[topic] = now
-        try:
-            await self.fetch_route(topic)
-        except MQClientError as e:
-            log.warning("route refresh of %s failed: %s", topic, e)
-
-    async def group_addrs(self, broker_name: str, topic: Optional[str] = None) -> dict:
-        """brokerId (int) -> address of ``broker_name`` from the freshest route listing it
-        (``topic``'s first); fetches ``topic``'s route when none does."""
-        addrs = group_addrs(list(self._routes.values()), broker_name, topic)
-        if not addrs and topic is not None:
-            r = await self.fetch_route(topic)
-            addrs = dict(r.broker_addrs.get(broker_name) or {}) if r else {}
-        return addrs
-
-    async def broker_addr(self, broker_name: str, topic: Optional[str] = None) -> str:
-        """Master address of ``broker_name`` (locks, send-back).
-
-        Raises
-        ------
-        MQClientError
-            The group has no known master.
-        """
-        a = group_addrs(list(self._routes.values()), broker_name, topic).get(MASTER_ID)
-        if a:
-            return a
-        if topic is not None:
-            r = await self.fetch_route(topic)
-            a = r.master_addr(broker_name) if r else None
-            if a:
-                return a
-        raise MQClientError(f"the broker[{broker_name}] does not exist")
-
-    async def read_broker_addr(self, broker_name: str, topic: Optional[str] = None) -> tuple:
-        """``(broker id, address)`` for offset calls: the master, else the lowest-id slave.
-
-        Raises
-        ------
-        MQClientError
-            No route lists the group.
-        """
-        found = self.pull_from.select_for_offsets(await self.group_addrs(broker_name, topic))
-        if found is None:
-            raise MQClientError(f"the broker[{broker_name}] does not exist")
-        return found
-
-    async def pull_broker_addr(self, mq: MessageQueue) -> tuple:
-        """``(broker id, address)`` for the next pull of ``mq``: the suggested broker
-        (``suggestWhichBrokerId``), else the master, else the lowest-id slave (see
-        :meth:`rmq.client.consumer_api.ConsumerAPI.pull_broker_addr`).
-
-        Raises
-        ------
-        MQClientError
-            No route lists the group.
-        """
-        found = self.pull_from.select(mq, await self.group_addrs(mq.broker_name, mq.topic))
-        if found is None:
-            raise MQClientError(f"the broker[{mq.broker_name}] does not exist")
-        return found
-
-    def cached_routes(self) -> list:
-        """The routes fetched so far."""
-        return list(self._routes.values())
-
-    def all_broker_addrs(self) -> list:
-        """Master addresses of the cached routes."""
-        return sorted({a for r in self._routes.values() for a in r.all_master_addrs()})
-
-    def heartbeat_addrs(self) -> list:
-        """Every broker address of the cached routes, masters and slaves."""
-        return sorted({a for r in self._routes.values() for a in r.all_addrs()})
-
-    async def pull(self, group: str, mq: MessageQueue, offset: int, max_nums: int,
-                   sub: Optional[SubscriptionData] = None, suspend_ms: int = 0, timeout_ms: Optional[int] = None,
-                   commit_offset: int = -1, group_retry_topic: Optional[str] = None) -> PullResult:
-        """One PULL_MESSAGE to the broker :meth:`pull_broker_addr` picks; the answer's
-        ``suggestWhichBrokerId`` picks the next one.
-
-        Raises
-        ------
-        MQBrokerError, RemotingError
-        """
-        await self.refresh_route_if_stale(mq.topic)
-        broker_id, addr = await self.pull_broker_addr(mq)
-        if broker_id != 0:
-            commit_offset = -1
-        frame = build_pull_frame(group, mq, offset, max_nums, sub if sub else SUB_ALL, commit_offset,
-                                 suspend_ms)
-        if timeout_ms is None:
-            timeout_ms = suspend_ms + self.timeout_ms if suspend_ms else self.timeout_ms
-        try:
-            resp = await self.invoke(addr, frame, timeout_ms)
-        except RemotingError as e:
-            self.note_pull_outcome(mq, e)
-            raise
-        self.note_pull_outcome(mq, resp)
-        self.pull_from.update_from_response(mq, resp)
-        return parse_pull_response(resp, sub, addr, group_retry_topic)
-
-    async def _offset_call(self, code: int, mq: MessageQueue, what: str, **fields) -> int:
-        _, addr = await self.read_broker_addr(mq.broker_name, mq.topic)
-        resp = await self.invoke(addr, Frame(code, fields={"topic": mq.topic, "queueId": mq.queue_id, **fields}))
-        return int(_check(resp, addr, f"{what} of {mq}").fields.get("offset", 0))
-
-    async def max_offset(self, mq: MessageQueue) -> int:
-        return await self._offset_call(RequestCode.GET_MAX_OFFSET, mq, "max offset")
-
-    async def min_offset(self, mq: MessageQueue) -> int:
-        return await self._offset_call(RequestCode.GET_MIN_OFFSET, mq, "min offset")
-
-    async def search_offset(self, mq: MessageQueue, timestamp_ms: int) -> int:
-        return await self._offset_call(RequestCode.SEARCH_OFFSET_BY_TIMESTAMP, mq, "offset by time",
-                                       timestamp=int(timestamp_ms))
-
-    async def query_consumer_offset(self, group: str, mq: MessageQueue) -> int:
-        _, addr = await self.read_broker_addr(mq.broker_name, mq.topic)
-        resp = await self.invoke(addr, Frame(RequestCode.QUERY_CONSUMER_OFFSET, fields={
-            "consumerGroup": group, "topic": mq.topic, "queueId": mq.queue_id}))
-        if resp.code == ResponseCode.QUERY_NOT_FOUND:
-            return -1
-        return int(_check(resp, addr, f"query offset of {mq}").fields.get("offset", -1))
-
-    async def update_consumer_offset(self, group: str, mq: MessageQueue, offset: int) -> None:
-        _, addr = await self.read_broker_addr(mq.broker_name, mq.topic)
-        _check(await self.invoke(addr, Frame(RequestCode.UPDATE_CONSUMER_OFFSET, fields={
-            "consumerGroup": group, "topic": mq.topic, "queueId": mq.queue_id, "commitOffset": int(offset)})),
-            addr, f"update offset of {mq}")
-
-    async def heartbeat(self, addr: str, client_id: str, datas: list) -> None:
-        _check(await self.invoke(addr, Frame(RequestCode.HEART_BEAT, bodies=[heartbeat_body(client_id, datas)])),
-               addr, "heartbeat")
-
-    async def unregister(self, addr: str, client_id: str, group: str) -> None:
-        _check(await self.invoke(addr, Frame(RequestCode.UNREGISTER_CLIENT, fields={
-            "clientID": client_id, "consumerGroup": group}), 1000), addr, "unregister")
-
-    async def consumer_id_list(self, addr: str, group: str) -> list:
-        resp = await self.invoke(addr, Frame(RequestCode.GET_CONSUMER_LIST_BY_GROUP, fields={"consumerGroup": group}))
-        if resp.code != ResponseCode.SUCCESS:
-            return []
-        body = unpack_body(resp)
-        return [str(x) for x in (body.get("consumerIdList") if isinstance(body, dict) else None) or []]
-
-    async def lock_batch_mq(self, addr: str, group: str, client_id: str, mqs: Iterable[MessageQueue]) -> set:
-        resp = await self.invoke(addr, Frame(RequestCode.LOCK_BATCH_MQ, bodies=[mq_set_body(group, client_id, mqs)]),
-                                 1000)
-        return parse_lock_response(_check(resp, addr, "lock queues"))
-
-    async def unlock_batch_mq(self, addr: str, group: str, client_id: str, mqs: Iterable[MessageQueue]) -> None:
-        _check(await self.invoke(addr, Frame(RequestCode.UNLOCK_BATCH_MQ,
-                                             bodies=[mq_set_body(group, client_id, mqs)]), 1000), addr, "unlock")
-
-    async def send_message_back(self, group: str, mq: MessageQueue, msg, delay_level: int,
-                                max_reconsume_times: int) -> None:
-        addr = await self.broker_addr(mq.broker_name, mq.topic)
-        try:
-            _check(await self.invoke(addr, send_back_frame(group, msg, delay_level, max_reconsume_times)), addr,
-                   "send message back")
-            return
-        except MQClientError as e:
-            log.warning("send back of %s failed (%s); sending a copy to %s", msg.msg_id, e, retry_topic(group))
-        _check(await self.invoke(addr, retry_send_frame(group, msg, max_reconsume_times, delay_level)), addr,
-               "send to retry topic")
+    fetch_route = awaitable(ConsumerCalls._fetch_route)
+    route = awaitable(ConsumerCalls._route)
+    refresh_route_if_stale = awaitable(ConsumerCalls._refresh_route_if_stale)
+    refresh_doubtful_routes = awaitable(ConsumerCalls._refresh_doubtful_routes)
+    group_addrs = awaitable(ConsumerCalls._group_addrs)
+    broker_addr = awaitable(ConsumerCalls._broker_addr)
+    read_broker_addr = awaitable(ConsumerCalls._read_broker_addr)
+    pull_broker_addr = awaitable(ConsumerCalls._pull_broker_addr)
+    pull = awaitable(ConsumerCalls._pull)
+    max_offset = awaitable(ConsumerCalls._max_offset)
+    min_offset = awaitable(ConsumerCalls._min_offset)
+    search_offset = awaitable(ConsumerCalls._search_offset)
+    query_consumer_offset = awaitable(ConsumerCalls._query_consumer_offset)
+    update_consumer_offset = awaitable(ConsumerCalls._update_consumer_offset)
+    heartbeat = awaitable(ConsumerCalls._heartbeat)
+    unregister = awaitable(ConsumerCalls._unregister)
+    consumer_id_list = awaitable(ConsumerCalls._consumer_id_list)
+    lock_batch_mq = awaitable(ConsumerCalls._lock_batch_mq)
+    unlock_batch_mq = awaitable(ConsumerCalls._unlock_batch_mq)
+    send_message_back = awaitable(ConsumerCalls._send_message_back)
 
 
 # -- pull consumer -------------------------------------------------------------------------------------

@@ -19,8 +19,10 @@ Frames built and parsed here (fields are the broker's, see rmq/actors/broker.py)
                                                    -> body {lockOKMQSet}
     SEND_MESSAGE (10)               -> broker      the retry-topic fallback of a failed send-back
 
-The frame helpers are pure (shared with :mod:`rmq.aio.consumer`); :class:`ConsumerAPI`
-adds blocking I/O with one :class:`RemotingClient` (DEALER sockets) per calling thread.
+The frame helpers and :class:`ConsumerCalls` (the calls themselves, as generators: route cache,
+read-address choice, frames, answers; :mod:`rmq.client.calls`) have no I/O and are shared with
+:mod:`rmq.aio.consumer`; :class:`ConsumerAPI` drives them blocking, with one
+:class:`RemotingClient` (DEALER sockets) per calling thread.
 
 Reading from slaves (SPEC.md §9, §13.2; RocketMQ ``PullAPIWrapper``): every PULL_MESSAGE
 response carries ``suggestWhichBrokerId`` (0 = the master, >= 1 = a slave); :class:`PullFromWhichNode`
@@ -54,6 +56,7 @@ from zmq.utils.monitor import parse_monitor_message
 from rmq import latency_trace as _lt
 from rmq import protocol as P
 from rmq import security
+from rmq.client.calls import blocking
 from rmq.client.remoting import DEFAULT_TIMEOUT_MS, RemotingClient
 from rmq.client.route import ROUTE_REFRESH_ON_FAILURE_MS, route_suspect
 from rmq.common.mix_all import CLIENT_INNER_PRODUCER_GROUP, MASTER_ID, dlq_topic, retry_topic
@@ -77,7 +80,7 @@ RECONNECT_WAIT_MS = 3_000                         # a request to a broker whose 
 ADDR_ISOLATION_MS = 30_000                        # a broker address that failed a request is avoided this long
 ROUTE_REFRESH_INTERVAL_MS = 30_000                # pollNameServerInterval of the blocking pull paths
 
-__all__ = ["TopicRoute", "SubscriptionData", "ConsumerAPI", "RequestMux", "retry_topic", "dlq_topic", "build_pull_frame",
+__all__ = ["TopicRoute", "SubscriptionData", "ConsumerCalls", "ConsumerAPI", "RequestMux", "retry_topic", "dlq_topic", "build_pull_frame",
            "parse_pull_response", "post_process_messages", "default_client_id", "PullFromWhichNode",
            "suggested_broker_id", "group_addrs"]
 
@@ -482,8 +485,12 @@ def _check(resp: Frame, addr: str, what: str) -> Frame:
 
 
 # -- blocking client -----------------------------------------------------------------------------
-class ConsumerAPI:
-    """Blocking wire calls of a consumer, with a route cache.
+class ConsumerCalls:
+    """The consumer's wire calls without I/O: the route cache, the read-address choice, the frames
+    and the answers.  Each ``_name`` method is a call (:mod:`rmq.client.calls`): a generator that
+    yields ``(addr, frame, timeout_ms)`` and is sent the answer; :class:`ConsumerAPI` drives them
+    blocking and :class:`rmq.aio.consumer.AsyncConsumerAPI` awaiting, so each rule (which broker an
+    offset call goes to, when a route is refetched, what a refusal raises) is written once.
 
     Parameters
     ----------
@@ -492,26 +499,347 @@ class ConsumerAPI:
     timeout_ms : int
         Default request timeout (RocketMQ 3000 ms).
 
+    State: the routes fetched (topic -> :class:`TopicRoute`, under one lock), each topic's last
+    refresh attempt, the topics in doubt (a pull of them failed on a broker) and
+    :class:`PullFromWhichNode`.  Thread-safe.
+    """
+
+    def __init__(self, namesrv_addr: str, timeout_ms: int = DEFAULT_TIMEOUT_MS):
+        self.namesrv_addrs = [a.strip() for a in (namesrv_addr or "").split(";") if a.strip()]
+        if not self.namesrv_addrs:
+            raise MQClientError("no NameServer address given")
+        self.timeout_ms = timeout_ms
+        self._lock = threading.Lock()
+        self._routes: dict[str, TopicRoute] = {}
+        self.pull_from = PullFromWhichNode()
+        self.route_refresh_interval_ms = ROUTE_REFRESH_INTERVAL_MS
+        self._refresh_tried: dict = {}            # topic -> time.monotonic() of the last refresh attempt
+        self._route_doubt: set = set()            # topics whose last pull failed on a broker (route_suspect)
+
+    def _answered(self, addr: str, outcome: object) -> None:
+        """Bookkeeping of one request to ``addr``: an answer clears an avoided address, a
+        RemotingError makes it avoided for ADDR_ISOLATION_MS (:class:`PullFromWhichNode`)."""
+        if isinstance(outcome, RemotingError):
+            self.pull_from.mark_unreachable(addr)
+        else:
+            self.pull_from.mark_reachable(addr)
+
+    # -- routes (no I/O) -----------------------------------------------------------------------
+    def cached_routes(self) -> list:
+        """The routes fetched so far."""
+        with self._lock:
+            return list(self._routes.values())
+
+    def all_broker_addrs(self) -> list:
+        """Master addresses of the cached routes."""
+        return sorted({a for r in self.cached_routes() for a in r.all_master_addrs()})
+
+    def heartbeat_addrs(self) -> list:
+        """Every broker address of the cached routes, masters and slaves (RocketMQ consumers
+        heartbeat to slaves too: a slave then knows the group when it serves its pulls)."""
+        return sorted({a for r in self.cached_routes() for a in r.all_addrs()})
+
+    def note_pull_outcome(self, mq: MessageQueue, outcome: object) -> None:
+        """A pull of ``mq`` answered (a Frame) or failed (an exception): a failure that puts the
+        route in doubt (:func:`rmq.client.route.route_suspect`) makes :meth:`_refresh_route_if_stale`
+        refetch ``mq.topic``'s route every ROUTE_REFRESH_ON_FAILURE_MS until a pull of it is
+        answered again."""
+        if route_suspect(outcome):
+            self._route_doubt.add(mq.topic)
+        elif self._route_doubt and isinstance(outcome, Frame):
+            self._route_doubt.discard(mq.topic)
+
+    def on_pull_response(self, mq: MessageQueue, resp: object, addr: str) -> None:
+        """Record a pull's outcome (a Frame or an exception from a RequestMux) for the next choice
+        (``suggestWhichBrokerId``, a failed address) and for the route's doubt (:meth:`note_pull_outcome`)."""
+        self.pull_from.on_response(mq, resp, addr)
+        self.note_pull_outcome(mq, resp)
+
+    # -- routes (calls) ------------------------------------------------------------------------
+    def _fetch_route(self, topic: str, timeout_ms: Optional[int] = None):
+        """Ask the NameServers (in a random order) for ``topic``'s route; None if unknown.
+
+        Raises
+        ------
+        RemotingError
+            No NameServer answered.
+        """
+        last: Optional[Exception] = None
+        for addr in random.sample(self.namesrv_addrs, len(self.namesrv_addrs)):
+            try:
+                resp = yield addr, Frame(RequestCode.GET_ROUTEINFO_BY_TOPIC, fields={"topic": topic}), timeout_ms
+            except RemotingError as e:
+                last = e
+                continue
+            if resp.code == ResponseCode.TOPIC_NOT_EXIST:
+                return None
+            _check(resp, addr, f"route of {topic}")
+            route = TopicRoute.from_wire(topic, unpack_body(resp))
+            with self._lock:
+                self._routes[topic] = route
+            return route
+        raise RemotingError(f"no NameServer of {self.namesrv_addrs} answered the route of {topic}: {last}")
+
+    def _route(self, topic: str, max_age_ms: Optional[int] = None):
+        """Cached route (refetched when older than ``max_age_ms``, or missing); the cached one when
+        the NameServers do not answer."""
+        with self._lock:
+            r = self._routes.get(topic)
+        if r is not None and (max_age_ms is None or (time.monotonic() - r.fetched_at) * 1000 < max_age_ms):
+            return r
+        try:
+            return (yield from self._fetch_route(topic)) or r
+        except RemotingError:
+            if r is not None:
+                return r
+            raise
+
+    def _refresh_route_if_stale(self, topic: str, max_age_ms: Optional[int] = None):
+        """Refetch ``topic``'s route when older than ``max_age_ms`` (default
+        ``route_refresh_interval_ms``; ROUTE_REFRESH_ON_FAILURE_MS while the topic is in doubt),
+        trying the NameServers at most once per that interval (an unreachable NameServer costs one
+        timeout per interval, not one per call).  Errors are logged; the cached route stays."""
+        max_age_ms = self.route_refresh_interval_ms if max_age_ms is None else max_age_ms
+        if topic in self._route_doubt:           # a pull failed on a broker: its master may have changed
+            max_age_ms = min(max_age_ms, ROUTE_REFRESH_ON_FAILURE_MS)
+        now = time.monotonic()
+        with self._lock:
+            if not route_refresh_due(self._routes.get(topic), self._refresh_tried.get(topic, -1e18), now,
+                                     max_age_ms):
+                return
+            self._refresh_tried[topic] = now
+        try:
+            yield from self._fetch_route(topic)
+        except MQClientError as e:
+            log.warning("route refresh of %s failed: %s", topic, e)
+
+    def _refresh_doubtful_routes(self):
+        """Refetch the routes in doubt (a pull of them failed on a broker), each at most every
+        ROUTE_REFRESH_ON_FAILURE_MS."""
+        for topic in list(self._route_doubt):
+            yield from self._refresh_route_if_stale(topic, ROUTE_REFRESH_ON_FAILURE_MS)
+
+    def _group_addrs(self, broker_name: str, topic: Optional[str] = None, fetch: bool = True):
+        """brokerId (int) -> address of ``broker_name`` from the freshest cached route listing it
+        (``topic``'s first); with ``fetch``, fetches ``topic``'s route when no cached route lists
+        the group."""
+        addrs = group_addrs(self.cached_routes(), broker_name, topic)
+        if not addrs and topic is not None and fetch:
+            r = yield from self._fetch_route(topic)
+            addrs = dict(r.broker_addrs.get(broker_name) or {}) if r else {}
+        return addrs
+
+    def _broker_addr(self, broker_name: str, topic: Optional[str] = None):
+        """Master address of ``broker_name`` from the cached routes (refreshing ``topic``'s if needed).
+        For sends-like calls (locks, send-back); reads use :meth:`_read_broker_addr`.
+
+        Raises
+        ------
+        MQClientError
+            The broker group has no known master.
+        """
+        a = group_addrs(self.cached_routes(), broker_name, topic).get(MASTER_ID)
+        if a:
+            return a
+        if topic is not None:
+            r = yield from self._fetch_route(topic)
+            a = r.master_addr(broker_name) if r else None
+            if a:
+                return a
+        raise MQClientError(f"the broker[{broker_name}] does not exist")
+
+    def _read_broker_addr(self, broker_name: str, topic: Optional[str] = None):
+        """``(broker id, address)`` for offset calls of ``broker_name``: the master, else (master
+        gone from the route, or avoided after a failure) the lowest-id slave.
+
+        Raises
+        ------
+        MQClientError
+            No route lists the broker group.
+        """
+        found = self.pull_from.select_for_offsets((yield from self._group_addrs(broker_name, topic)))
+        if found is None:
+            raise MQClientError(f"the broker[{broker_name}] does not exist")
+        return found
+
+    def _pull_broker_addr(self, mq: MessageQueue, fetch: bool = True):
+        """``(broker id, address)`` for the next pull of ``mq``: the broker the last pull response
+        suggested (``suggestWhichBrokerId``) when the route lists it, else the master, else the
+        lowest-id slave; an address avoided after a failure only when nothing else is left.
+        ``broker id != 0`` is a slave (no commit-offset flag in the pull then).  ``fetch=False``
+        never calls the NameServer.
+
+        Raises
+        ------
+        MQClientError
+            No route lists the broker group.
+        """
+        found = self.pull_from.select(mq, (yield from self._group_addrs(mq.broker_name, mq.topic, fetch)))
+        if found is None:
+            raise MQClientError(f"the broker[{mq.broker_name}] does not exist")
+        return found
+
+    # -- pulls and offsets ------------------------------------------------------------------------
+    def _pull(self, group: str, mq: MessageQueue, offset: int, max_nums: int, sub: Optional[SubscriptionData] = None,
+              suspend_ms: int = 0, timeout_ms: Optional[int] = None, commit_offset: int = -1,
+              group_retry_topic: Optional[str] = None):
+        """One PULL_MESSAGE to the broker :meth:`_pull_broker_addr` picks (the route is refreshed
+        when older than ``route_refresh_interval_ms``); the response's ``suggestWhichBrokerId``
+        picks the broker of the next pull of ``mq``.  A :class:`PullResult`.
+
+        Raises
+        ------
+        MQBrokerError
+            The broker refused.
+        RemotingError
+            No answer (the address is then avoided: the next pull goes to another broker of the group).
+        """
+        yield from self._refresh_route_if_stale(mq.topic)
+        bid, addr = yield from self._pull_broker_addr(mq)
+        if bid != MASTER_ID:
+            commit_offset = -1                  # a slave does not take commits in pulls (RocketMQ)
+        frame = build_pull_frame(group, mq, offset, max_nums, sub if sub else SUB_ALL, commit_offset,
+                                 suspend_ms)
+        if timeout_ms is None:
+            timeout_ms = suspend_ms + self.timeout_ms if suspend_ms else self.timeout_ms
+        try:
+            resp = yield addr, frame, timeout_ms
+        except RemotingError as e:
+            self.note_pull_outcome(mq, e)
+            raise
+        self.note_pull_outcome(mq, resp)
+        self.pull_from.update_from_response(mq, resp)
+        return parse_pull_response(resp, sub, addr, group_retry_topic)
+
+    def _invoke_read(self, mq: MessageQueue, frame: Frame):
+        """``(addr, response)`` of an offset call to ``mq``'s group: the master, else a slave; when
+        the chosen broker does not answer and the group has another one (a dead master still in
+        the route), the call is made once more there."""
+        _, addr = yield from self._read_broker_addr(mq.broker_name, mq.topic)
+        try:
+            return addr, (yield addr, frame, None)
+        except RemotingError:
+            _, other = yield from self._read_broker_addr(mq.broker_name, mq.topic)     # ``addr`` is avoided now
+            if other == addr:
+                raise
+            return other, (yield other, frame, None)
+
+    def _offset_call(self, code: int, mq: MessageQueue, what: str, **fields):
+        addr, resp = yield from self._invoke_read(mq, Frame(code, fields={"topic": mq.topic, "queueId": mq.queue_id,
+                                                                          **fields}))
+        return int(_check(resp, addr, f"{what} of {mq}").fields.get("offset", 0))
+
+    def _max_offset(self, mq: MessageQueue):
+        """The queue's max offset (one past its last message)."""
+        return (yield from self._offset_call(RequestCode.GET_MAX_OFFSET, mq, "max offset"))
+
+    def _min_offset(self, mq: MessageQueue):
+        """The queue's min offset (its first message still stored)."""
+        return (yield from self._offset_call(RequestCode.GET_MIN_OFFSET, mq, "min offset"))
+
+    def _search_offset(self, mq: MessageQueue, timestamp_ms: int):
+        """The queue offset of the first message stored at or after ``timestamp_ms`` (ms)."""
+        return (yield from self._offset_call(RequestCode.SEARCH_OFFSET_BY_TIMESTAMP, mq, "offset by time",
+                                             timestamp=int(timestamp_ms)))
+
+    def _query_consumer_offset(self, group: str, mq: MessageQueue):
+        """The group's stored offset of ``mq``; -1 on QUERY_NOT_FOUND.
+
+        Raises
+        ------
+        MQBrokerError, RemotingError
+        """
+        addr, resp = yield from self._invoke_read(mq, Frame(RequestCode.QUERY_CONSUMER_OFFSET, fields={
+            "consumerGroup": group, "topic": mq.topic, "queueId": mq.queue_id}))
+        if resp.code == ResponseCode.QUERY_NOT_FOUND:
+            return -1
+        return int(_check(resp, addr, f"query offset of {mq}").fields.get("offset", -1))
+
+    def _update_consumer_offset(self, group: str, mq: MessageQueue, offset: int):
+        """Store ``offset`` on the master, else (master gone or avoided) on a slave (kept there
+        locally; RocketMQ does the same)."""
+        addr, resp = yield from self._invoke_read(mq, Frame(RequestCode.UPDATE_CONSUMER_OFFSET, fields={
+            "consumerGroup": group, "topic": mq.topic, "queueId": mq.queue_id, "commitOffset": int(offset)}))
+        _check(resp, addr, f"update offset of {mq}")
+
+    # -- group membership -----------------------------------------------------------------------
+    def _heartbeat(self, addr: str, client_id: str, consumer_datas: Sequence[dict]):
+        """HEART_BEAT with ``consumer_datas`` (:func:`consumer_data`) to ``addr``."""
+        _check((yield addr, Frame(RequestCode.HEART_BEAT, bodies=[heartbeat_body(client_id, consumer_datas)]),
+                None), addr, "heartbeat")
+
+    def _unregister(self, addr: str, client_id: str, group: str):
+        """UNREGISTER_CLIENT of ``client_id`` from ``group`` at ``addr`` (1 s timeout)."""
+        _check((yield addr, Frame(RequestCode.UNREGISTER_CLIENT, fields={
+            "clientID": client_id, "consumerGroup": group}), 1000), addr, "unregister")
+
+    def _consumer_id_list(self, addr: str, group: str):
+        """Client ids of ``group`` known to the broker at ``addr`` ([] when none)."""
+        resp = yield addr, Frame(RequestCode.GET_CONSUMER_LIST_BY_GROUP, fields={"consumerGroup": group}), None
+        if resp.code != ResponseCode.SUCCESS:
+            return []
+        body = unpack_body(resp)
+        ids = body.get("consumerIdList") if isinstance(body, dict) else None
+        return [str(x) for x in ids or []]
+
+    def _lock_batch_mq(self, addr: str, group: str, client_id: str, mqs: Iterable[MessageQueue],
+                       timeout_ms: int = 1000):
+        """LOCK_BATCH_MQ: the set of ``mqs`` this client holds now."""
+        resp = yield addr, Frame(RequestCode.LOCK_BATCH_MQ, bodies=[mq_set_body(group, client_id, mqs)]), timeout_ms
+        return parse_lock_response(_check(resp, addr, "lock queues"))
+
+    def _unlock_batch_mq(self, addr: str, group: str, client_id: str, mqs: Iterable[MessageQueue],
+                         timeout_ms: int = 1000):
+        """UNLOCK_BATCH_MQ of ``mqs``."""
+        _check((yield addr, Frame(RequestCode.UNLOCK_BATCH_MQ, bodies=[mq_set_body(group, client_id, mqs)]),
+                timeout_ms), addr, "unlock queues")
+
+    # -- retry ----------------------------------------------------------------------------------------
+    def _send_message_back(self, group: str, mq: MessageQueue, msg, delay_level: int, max_reconsume_times: int):
+        """CONSUMER_SEND_MSG_BACK to the broker holding ``msg``; on failure a copy is sent to
+        ``%RETRY%group`` (SPEC.md §12.2).
+
+        Raises
+        ------
+        MQClientError
+            Both ways failed (the caller consumes the message again locally).
+        """
+        addr = yield from self._broker_addr(mq.broker_name, mq.topic)
+        try:
+            _check((yield addr, send_back_frame(group, msg, delay_level, max_reconsume_times), None), addr,
+                   "send message back")
+            return
+        except MQClientError as e:
+            log.warning("send back of %s to %s failed (%s); sending a copy to %s", msg.msg_id, addr, e,
+                        retry_topic(group))
+        _check((yield addr, retry_send_frame(group, msg, max_reconsume_times, delay_level), None), addr,
+               "send to retry topic")
+
+
+class ConsumerAPI(ConsumerCalls):
+    """Blocking wire calls of a consumer, with a route cache (:class:`ConsumerCalls` driven with a
+    blocking :meth:`invoke`).
+
+    Parameters
+    ----------
+    namesrv_addr : str
+        ``host:port[;host:port...]``.
+    timeout_ms : int
+        Default request timeout (RocketMQ 3000 ms).
+    auth : optional
+        CURVE client keys (:func:`rmq.security.client_auth`).
+
     Concurrency: thread-safe.  Each calling thread gets its own
     :class:`RemotingClient` (ZeroMQ sockets are single-threaded); :meth:`close`
     closes all of them and must be called once the callers are done.
     """
 
     def __init__(self, namesrv_addr: str, timeout_ms: int = DEFAULT_TIMEOUT_MS, auth=None):
+        super().__init__(namesrv_addr, timeout_ms)
         self.auth = security.client_auth(auth)     # CURVE keys (rmq.security); None: plain
-        self.namesrv_addrs = [a.strip() for a in (namesrv_addr or "").split(";") if a.strip()]
-        if not self.namesrv_addrs:
-            raise MQClientError("no NameServer address given")
-        self.timeout_ms = timeout_ms
         self._local = threading.local()
         self._clients: list[RemotingClient] = []
-        self._lock = threading.Lock()
-        self._routes: dict[str, TopicRoute] = {}
         self._closed = False
-        self.pull_from = PullFromWhichNode()
-        self.route_refresh_interval_ms = ROUTE_REFRESH_INTERVAL_MS
-        self._refresh_tried: dict = {}            # topic -> time.monotonic() of the last refresh attempt
-        self._route_doubt: set = set()            # topics whose last pull failed on a broker (route_suspect)
 
     def remoting(self) -> RemotingClient:
         if self._closed:
@@ -537,10 +865,10 @@ class ConsumerAPI:
             resp = self.remoting().invoke(addr, frame, timeout_ms or self.timeout_ms)
         except ProtocolError as e:
             raise RemotingError(f"bad response from {addr}: {e}") from None
-        except RemotingError:
-            self.pull_from.mark_unreachable(addr)
+        except RemotingError as e:
+            self._answered(addr, e)
             raise
-        self.pull_from.mark_reachable(addr)
+        self._answered(addr, resp)
         return resp
 
     def invoke_oneway(self, addr: str, frame: Frame) -> None:
@@ -553,286 +881,26 @@ class ConsumerAPI:
         for c in clients:
             c.close()
 
-    # -- routes --------------------------------------------------------------------------------
-    def fetch_route(self, topic: str, timeout_ms: Optional[int] = None) -> Optional[TopicRoute]:
-        """Ask the NameServers (in a random order) for ``topic``'s route; None if unknown.
-
-        Raises
-        ------
-        RemotingError
-            No NameServer answered.
-        """
-        last: Optional[Exception] = None
-        for addr in random.sample(self.namesrv_addrs, len(self.namesrv_addrs)):
-            try:
-                resp = self.invoke(addr, Frame(RequestCode.GET_ROUTEINFO_BY_TOPIC, fields={"topic": topic}),
-                                   timeout_ms)
-            except RemotingError as e:
-                last = e
-                continue
-            if resp.code == ResponseCode.TOPIC_NOT_EXIST:
-                return None
-            _check(resp, addr, f"route of {topic}")
-            route = TopicRoute.from_wire(topic, unpack_body(resp))
-            with self._lock:
-                self._routes[topic] = route
-            return route
-        raise RemotingError(f"no NameServer of {self.namesrv_addrs} answered the route of {topic}: {last}")
-
-    def route(self, topic: str, max_age_ms: Optional[int] = None) -> Optional[TopicRoute]:
-        """Cached route (refetched when older than ``max_age_ms``, or missing)."""
-        with self._lock:
-            r = self._routes.get(topic)
-        if r is not None and (max_age_ms is None or (time.monotonic() - r.fetched_at) * 1000 < max_age_ms):
-            return r
-        try:
-            return self.fetch_route(topic) or r
-        except RemotingError:
-            if r is not None:
-                return r
-            raise
-
-    def cached_routes(self) -> list:
-        with self._lock:
-            return list(self._routes.values())
-
-    def refresh_route_if_stale(self, topic: str, max_age_ms: Optional[int] = None) -> None:
-        """Refetch ``topic``'s route when older than ``max_age_ms`` (default
-        ``route_refresh_interval_ms``), trying the NameServers at most once per that interval
-        (an unreachable NameServer costs one timeout per interval, not one per call).  Errors are
-        logged; the cached route stays."""
-        max_age_ms = self.route_refresh_interval_ms if max_age_ms is None else max_age_ms
-        if topic in self._route_doubt:           # a pull failed on a broker: its master may have changed
-            max_age_ms = min(max_age_ms, ROUTE_REFRESH_ON_FAILURE_MS)
-        now = time.monotonic()
-        with self._lock:
-            if not route_refresh_due(self._routes.get(topic), self._refresh_tried.get(topic, -1e18), now,
-                                     max_age_ms):
-                return
-            self._refresh_tried[topic] = now
-        try:
-            self.fetch_route(topic)
-        except MQClientError as e:
-            log.warning("route refresh of %s failed: %s", topic, e)
-
-    def group_addrs(self, broker_name: str, topic: Optional[str] = None, fetch: bool = True) -> dict:
-        """brokerId (int) -> address of ``broker_name`` from the freshest cached route listing it
-        (``topic``'s first); with ``fetch``, fetches ``topic``'s route when no cached route lists
-        the group (a blocking NameServer call)."""
-        with self._lock:
-            routes = list(self._routes.values())
-        addrs = group_addrs(routes, broker_name, topic)
-        if not addrs and topic is not None and fetch:
-            r = self.fetch_route(topic)
-            addrs = dict(r.broker_addrs.get(broker_name) or {}) if r else {}
-        return addrs
-
-    def broker_addr(self, broker_name: str, topic: Optional[str] = None) -> str:
-        """Master address of ``broker_name`` from the cached routes (refreshing ``topic``'s if needed).
-        For sends-like calls (locks, send-back); reads use :meth:`read_broker_addr`.
-
-        Raises
-        ------
-        MQClientError
-            The broker group has no known master.
-        """
-        with self._lock:
-            routes = list(self._routes.values())
-        a = group_addrs(routes, broker_name, topic).get(MASTER_ID)
-        if a:
-            return a
-        if topic is not None:
-            r = self.fetch_route(topic)
-            a = r.master_addr(broker_name) if r else None
-            if a:
-                return a
-        raise MQClientError(f"the broker[{broker_name}] does not exist")
-
-    def read_broker_addr(self, broker_name: str, topic: Optional[str] = None) -> tuple:
-        """``(broker id, address)`` for offset calls of ``broker_name``: the master, else (master
-        gone from the route, or avoided after a failure) the lowest-id slave.
-
-        Raises
-        ------
-        MQClientError
-            No route lists the broker group.
-        """
-        found = self.pull_from.select_for_offsets(self.group_addrs(broker_name, topic))
-        if found is None:
-            raise MQClientError(f"the broker[{broker_name}] does not exist")
-        return found
-
-    def pull_broker_addr(self, mq: MessageQueue, fetch: bool = True) -> tuple:
-        """``(broker id, address)`` for the next pull of ``mq``: the broker the last pull response
-        suggested (``suggestWhichBrokerId``) when the route lists it, else the master, else the
-        lowest-id slave; an address avoided after a failure only when nothing else is left.
-        ``broker id != 0`` is a slave (no commit-offset flag in the pull then).  ``fetch=False``
-        never calls the NameServer (for a thread that must not block).
-
-        Raises
-        ------
-        MQClientError
-            No route lists the broker group.
-        """
-        found = self.pull_from.select(mq, self.group_addrs(mq.broker_name, mq.topic, fetch))
-        if found is None:
-            raise MQClientError(f"the broker[{mq.broker_name}] does not exist")
-        return found
-
-    def on_pull_response(self, mq: MessageQueue, resp: object, addr: str) -> None:
-        """Record a pull's outcome (a Frame or an exception from a RequestMux) for the next choice;
-        a failure that puts the route in doubt (:func:`rmq.client.route.route_suspect`) makes
-        :meth:`refresh_route_if_stale` / :meth:`refresh_doubtful_routes` refetch ``mq.topic``'s
-        route every ROUTE_REFRESH_ON_FAILURE_MS until a pull of it succeeds."""
-        self.pull_from.on_response(mq, resp, addr)
-        if route_suspect(resp):
-            self._route_doubt.add(mq.topic)
-        elif self._route_doubt and isinstance(resp, Frame):
-            self._route_doubt.discard(mq.topic)
-
-    def refresh_doubtful_routes(self) -> None:
-        """Refetch the routes in doubt (a pull of them failed on a broker), each at most every
-        ROUTE_REFRESH_ON_FAILURE_MS (a blocking NameServer call: the push consumer's service thread)."""
-        for topic in list(self._route_doubt):
-            self.refresh_route_if_stale(topic, ROUTE_REFRESH_ON_FAILURE_MS)
-
-    def all_broker_addrs(self) -> list:
-        """Master addresses of the cached routes."""
-        with self._lock:
-            routes = list(self._routes.values())
-        return sorted({a for r in routes for a in r.all_master_addrs()})
-
-    def heartbeat_addrs(self) -> list:
-        """Every broker address of the cached routes, masters and slaves (RocketMQ consumers
-        heartbeat to slaves too: a slave then knows the group when it serves its pulls)."""
-        with self._lock:
-            routes = list(self._routes.values())
-        return sorted({a for r in routes for a in r.all_addrs()})
-
-    # -- pulls and offsets ------------------------------------------------------------------------
-    def pull(self, group: str, mq: MessageQueue, offset: int, max_nums: int, sub: Optional[SubscriptionData] = None,
-             suspend_ms: int = 0, timeout_ms: Optional[int] = None, commit_offset: int = -1,
-             group_retry_topic: Optional[str] = None) -> PullResult:
-        """One PULL_MESSAGE to the broker :meth:`pull_broker_addr` picks (the route is refreshed
-        when older than ``route_refresh_interval_ms``); the response's ``suggestWhichBrokerId``
-        picks the broker of the next pull of ``mq``.
-
-        Raises
-        ------
-        MQBrokerError
-            The broker refused.
-        RemotingError
-            No answer (the address is then avoided: the next pull goes to another broker of the group).
-        """
-        self.refresh_route_if_stale(mq.topic)
-        bid, addr = self.pull_broker_addr(mq)
-        if bid != MASTER_ID:
-            commit_offset = -1                  # a slave does not take commits in pulls (RocketMQ)
-        frame = build_pull_frame(group, mq, offset, max_nums, sub if sub else SUB_ALL, commit_offset,
-                                 suspend_ms)
-        if timeout_ms is None:
-            timeout_ms = suspend_ms + self.timeout_ms if suspend_ms else self.timeout_ms
-        resp = self.invoke(addr, frame, timeout_ms)
-        self.pull_from.update_from_response(mq, resp)
-        return parse_pull_response(resp, sub, addr, group_retry_topic)
-
-    def _invoke_read(self, mq: MessageQueue, frame: Frame) -> tuple:
-        """``(addr, response)`` of an offset call to ``mq``'s group: the master, else a slave; when
-        the chosen broker does not answer and the group has another one (a dead master still in
-        the route), the call is made once more there."""
-        _, addr = self.read_broker_addr(mq.broker_name, mq.topic)
-        try:
-            return addr, self.invoke(addr, frame)
-        except RemotingError:
-            _, other = self.read_broker_addr(mq.broker_name, mq.topic)     # ``addr`` is avoided now
-            if other == addr:
-                raise
-            return other, self.invoke(other, frame)
-
-    def _offset_call(self, code: int, mq: MessageQueue, what: str, **fields) -> int:
-        addr, resp = self._invoke_read(mq, Frame(code, fields={"topic": mq.topic, "queueId": mq.queue_id, **fields}))
-        return int(_check(resp, addr, f"{what} of {mq}").fields.get("offset", 0))
-
-    def max_offset(self, mq: MessageQueue) -> int:
-        return self._offset_call(RequestCode.GET_MAX_OFFSET, mq, "max offset")
-
-    def min_offset(self, mq: MessageQueue) -> int:
-        return self._offset_call(RequestCode.GET_MIN_OFFSET, mq, "min offset")
-
-    def search_offset(self, mq: MessageQueue, timestamp_ms: int) -> int:
-        return self._offset_call(RequestCode.SEARCH_OFFSET_BY_TIMESTAMP, mq, "offset by time",
-                                 timestamp=int(timestamp_ms))
-
-    def query_consumer_offset(self, group: str, mq: MessageQueue) -> int:
-        """The group's stored offset of ``mq``; -1 on QUERY_NOT_FOUND.
-
-        Raises
-        ------
-        MQBrokerError, RemotingError
-        """
-        addr, resp = self._invoke_read(mq, Frame(RequestCode.QUERY_CONSUMER_OFFSET, fields={
-            "consumerGroup": group, "topic": mq.topic, "queueId": mq.queue_id}))
-        if resp.code == ResponseCode.QUERY_NOT_FOUND:
-            return -1
-        return int(_check(resp, addr, f"query offset of {mq}").fields.get("offset", -1))
-
-    def update_consumer_offset(self, group: str, mq: MessageQueue, offset: int) -> None:
-        """Store ``offset`` on the master, else (master gone or avoided) on a slave (kept there
-        locally; RocketMQ does the same)."""
-        addr, resp = self._invoke_read(mq, Frame(RequestCode.UPDATE_CONSUMER_OFFSET, fields={
-            "consumerGroup": group, "topic": mq.topic, "queueId": mq.queue_id, "commitOffset": int(offset)}))
-        _check(resp, addr, f"update offset of {mq}")
-
-    # -- group membership -----------------------------------------------------------------------
-    def heartbeat(self, addr: str, client_id: str, consumer_datas: Sequence[dict]) -> None:
-        _check(self.invoke(addr, Frame(RequestCode.HEART_BEAT, bodies=[heartbeat_body(client_id, consumer_datas)])),
-               addr, "heartbeat")
-
-    def unregister(self, addr: str, client_id: str, group: str) -> None:
-        _check(self.invoke(addr, Frame(RequestCode.UNREGISTER_CLIENT, fields={
-            "clientID": client_id, "consumerGroup": group}), 1000), addr, "unregister")
-
-    def consumer_id_list(self, addr: str, group: str) -> list:
-        """Client ids of ``group`` known to the broker at ``addr`` ([] when none)."""
-        resp = self.invoke(addr, Frame(RequestCode.GET_CONSUMER_LIST_BY_GROUP, fields={"consumerGroup": group}))
-        if resp.code != ResponseCode.SUCCESS:
-            return []
-        body = unpack_body(resp)
-        ids = body.get("consumerIdList") if isinstance(body, dict) else None
-        return [str(x) for x in ids or []]
-
-    def lock_batch_mq(self, addr: str, group: str, client_id: str, mqs: Iterable[MessageQueue],
-                      timeout_ms: int = 1000) -> set:
-        resp = self.invoke(addr, Frame(RequestCode.LOCK_BATCH_MQ, bodies=[mq_set_body(group, client_id, mqs)]),
-                           timeout_ms)
-        return parse_lock_response(_check(resp, addr, "lock queues"))
-
-    def unlock_batch_mq(self, addr: str, group: str, client_id: str, mqs: Iterable[MessageQueue],
-                        timeout_ms: int = 1000) -> None:
-        _check(self.invoke(addr, Frame(RequestCode.UNLOCK_BATCH_MQ, bodies=[mq_set_body(group, client_id, mqs)]),
-                           timeout_ms), addr, "unlock queues")
-
-    # -- retry ----------------------------------------------------------------------------------------
-    def send_message_back(self, group: str, mq: MessageQueue, msg, delay_level: int,
-                          max_reconsume_times: int) -> None:
-        """CONSUMER_SEND_MSG_BACK to the broker holding ``msg``; on failure a copy is sent to
-        ``%RETRY%group`` (SPEC.md §12.2).
-
-        Raises
-        ------
-        MQClientError
-            Both ways failed (the caller consumes the message again locally).
-        """
-        addr = self.broker_addr(mq.broker_name, mq.topic)
-        try:
-            _check(self.invoke(addr, send_back_frame(group, msg, delay_level, max_reconsume_times)), addr,
-                   "send message back")
-            return
-        except MQClientError as e:
-            log.warning("send back of %s to %s failed (%s); sending a copy to %s", msg.msg_id, addr, e,
-                        retry_topic(group))
-        _check(self.invoke(addr, retry_send_frame(group, msg, max_reconsume_times, delay_level)), addr,
-               "send to retry topic")
+    fetch_route = blocking(ConsumerCalls._fetch_route)
+    route = blocking(ConsumerCalls._route)
+    refresh_route_if_stale = blocking(ConsumerCalls._refresh_route_if_stale)
+    refresh_doubtful_routes = blocking(ConsumerCalls._refresh_doubtful_routes)
+    group_addrs = blocking(ConsumerCalls._group_addrs)
+    broker_addr = blocking(ConsumerCalls._broker_addr)
+    read_broker_addr = blocking(ConsumerCalls._read_broker_addr)
+    pull_broker_addr = blocking(ConsumerCalls._pull_broker_addr)
+    pull = blocking(ConsumerCalls._pull)
+    max_offset = blocking(ConsumerCalls._max_offset)
+    min_offset = blocking(ConsumerCalls._min_offset)
+    search_offset = blocking(ConsumerCalls._search_offset)
+    query_consumer_offset = blocking(ConsumerCalls._query_consumer_offset)
+    update_consumer_offset = blocking(ConsumerCalls._update_consumer_offset)
+    heartbeat = blocking(ConsumerCalls._heartbeat)
+    unregister = blocking(ConsumerCalls._unregister)
+    consumer_id_list = blocking(ConsumerCalls._consumer_id_list)
+    lock_batch_mq = blocking(ConsumerCalls._lock_batch_mq)
+    unlock_batch_mq = blocking(ConsumerCalls._unlock_batch_mq)
+    send_message_back = blocking(ConsumerCalls._send_message_back)
 
 
 def decode_answer(parts: list, addr: str, on_request: Optional[Callable[[Frame, str], None]]) -> Optional[Frame]:

@@ -1,0 +1,151 @@
+"""The consumer's wire calls without any I/O (rmq.client.consumer_api.ConsumerCalls, driven by
+rmq.client.calls): a scripted transport answers or fails each request a call yields, in order,
+and every script runs under the blocking and the awaiting driver with the same outcome."""
+import asyncio
+
+import pytest
+
+from rmq._core import commitlog as cl
+from rmq.client.calls import adrive, drive
+from rmq.client.consumer_api import ConsumerCalls
+from rmq.client.message import MessageQueue
+from rmq.errors import MQBrokerError, MQClientError, RemotingError, RemotingTimeoutError
+from rmq.protocol import Frame, RequestCode, ResponseCode, pack_body
+
+NS = "127.0.0.1:9876"
+MASTER, SLAVE = "127.0.0.1:10911", "127.0.0.1:10921"
+MQ = MessageQueue("orders", "broker-a", 3)
+
+
+def _route(addrs: dict) -> Frame:
+    return Frame(ResponseCode.SUCCESS, bodies=[pack_body({
+        "queueDatas": [{"brokerName": "broker-a", "readQueueNums": 4, "writeQueueNums": 4, "perm": 6}],
+        "brokerDatas": [{"brokerName": "broker-a", "cluster": "c", "brokerAddrs": addrs}]})])
+
+
+def _run(make_call, steps, core_of=lambda: ConsumerCalls(NS)):
+    """Run ``make_call(core)`` against ``steps`` ([(addr, request code, answer Frame or exception)])
+    under both drivers; the outcome (result or exception), the requests made ([(addr, code,
+    fields but the clock's bornTimestamp)]) and the sync run's core.  The invoke does what ConsumerAPI.invoke does around the
+    transport: ConsumerCalls._answered bookkeeping."""
+    runs = []
+    for mode in ("sync", "async"):
+        core, todo, asked = core_of(), list(steps), []
+
+        def invoke(addr, frame, timeout_ms, core=core, todo=todo, asked=asked):
+            assert todo, f"unexpected request {frame.code} to {addr}"
+            want_addr, want_code, answer = todo.pop(0)
+            asked.append((addr, frame.code, {k: v for k, v in frame.fields.items() if k != "bornTimestamp"}))
+            assert (addr, frame.code) == (want_addr, want_code)
+            core._answered(addr, answer)
+            if isinstance(answer, BaseException):
+                raise answer
+            return answer
+
+        async def ainvoke(addr, frame, timeout_ms, invoke=invoke):
+            return invoke(addr, frame, timeout_ms)
+
+        try:
+            out = drive(make_call(core), invoke) if mode == "sync" else asyncio.run(adrive(make_call(core), ainvoke))
+        except Exception as e:  # noqa: BLE001 - compared between the drivers below
+            out = e
+        assert todo == [], f"{mode}: requests never made: {todo}"
+        runs.append((out, asked, core))
+    (o1, a1, core), (o2, a2, _) = runs
+    assert a1 == a2
+    if isinstance(o1, Exception):
+        assert (type(o1), str(o1)) == (type(o2), str(o2))
+    else:
+        assert o1 == o2
+    return o1, a1, core
+
+
+def test_route_comes_from_the_name_server_that_answers():
+    ns2 = "127.0.0.1:9877"
+    core = ConsumerCalls(f"{NS};{ns2}")
+    call = core._fetch_route("orders")
+    first, frame, _ = next(call)                      # the NameServers are tried in a random order
+    assert first in (NS, ns2) and frame.code == RequestCode.GET_ROUTEINFO_BY_TOPIC and frame.fields == {"topic": "orders"}
+    second, frame, _ = call.throw(RemotingTimeoutError("no answer"))
+    assert {first, second} == {NS, ns2}
+    with pytest.raises(StopIteration) as stop:
+        call.send(_route({"0": MASTER, "1": SLAVE}))
+    assert stop.value.value.master_addr("broker-a") == MASTER
+    assert [r.topic for r in core.cached_routes()] == ["orders"]
+    assert core.all_broker_addrs() == [MASTER] and core.heartbeat_addrs() == [MASTER, SLAVE]
+
+
+def test_no_name_server_answering_raises_and_caches_nothing():
+    out, _, core = _run(lambda c: c._fetch_route("orders"),
+                        [(NS, RequestCode.GET_ROUTEINFO_BY_TOPIC, RemotingTimeoutError("x"))])
+    assert isinstance(out, RemotingError) and "no NameServer" in str(out)
+    assert core.cached_routes() == []
+
+
+def test_unknown_topic_is_none():
+    out, _, _ = _run(lambda c: c._fetch_route("nope"),
+                     [(NS, RequestCode.GET_ROUTEINFO_BY_TOPIC, Frame(ResponseCode.TOPIC_NOT_EXIST))])
+    assert out is None
+
+
+def test_offset_query_falls_back_to_the_slave_when_the_master_does_not_answer():
+    out, asked, core = _run(lambda c: c._query_consumer_offset("cg", MQ), [
+        (NS, RequestCode.GET_ROUTEINFO_BY_TOPIC, _route({"0": MASTER, "1": SLAVE})),
+        (MASTER, RequestCode.QUERY_CONSUMER_OFFSET, RemotingTimeoutError("master gone")),
+        (SLAVE, RequestCode.QUERY_CONSUMER_OFFSET, Frame(ResponseCode.SUCCESS, fields={"offset": 42})),
+    ])
+    assert out == 42
+    assert asked[1][2] == asked[2][2] == {"consumerGroup": "cg", "topic": "orders", "queueId": 3}
+    assert MASTER in core.pull_from.suspects()        # the next read choices avoid it
+
+
+def test_offset_query_not_found_is_minus_one_and_a_refusal_names_the_broker():
+    out, _, _ = _run(lambda c: c._query_consumer_offset("cg", MQ), [
+        (NS, RequestCode.GET_ROUTEINFO_BY_TOPIC, _route({"0": MASTER})),
+        (MASTER, RequestCode.QUERY_CONSUMER_OFFSET, Frame(ResponseCode.QUERY_NOT_FOUND)),
+    ])
+    assert out == -1
+    out, _, _ = _run(lambda c: c._max_offset(MQ), [
+        (NS, RequestCode.GET_ROUTEINFO_BY_TOPIC, _route({"0": MASTER})),
+        (MASTER, RequestCode.GET_MAX_OFFSET, Frame(ResponseCode.SYSTEM_ERROR, remark="disk full")),
+    ])
+    assert isinstance(out, MQBrokerError) and out.broker_addr == MASTER and "max offset of" in str(out)
+
+
+def test_a_group_without_a_master_has_no_address_for_locks():
+    out, _, _ = _run(lambda c: c._broker_addr("broker-a", "orders"),
+                     [(NS, RequestCode.GET_ROUTEINFO_BY_TOPIC, _route({"1": SLAVE}))])
+    assert isinstance(out, MQClientError) and "the broker[broker-a] does not exist" in str(out)
+
+
+def test_refused_send_back_sends_a_copy_to_the_retry_topic():
+    m = cl.MessageExt()
+    m.topic, m.body, m.properties, m.reconsume_times = "orders", b"x", {"TAGS": "t"}, 2
+    m.store_host = bytes([127, 0, 0, 1, 0, 0, 0x2a, 0x9f])
+    out, asked, _ = _run(lambda c: c._send_message_back("cg", MQ, m, 0, 16), [
+        (NS, RequestCode.GET_ROUTEINFO_BY_TOPIC, _route({"0": MASTER})),
+        (MASTER, RequestCode.CONSUMER_SEND_MSG_BACK, Frame(ResponseCode.SYSTEM_ERROR, remark="busy")),
+        (MASTER, RequestCode.SEND_MESSAGE, Frame(ResponseCode.SUCCESS)),
+    ])
+    assert out is None
+    assert asked[2][2]["topic"] == "%RETRY%cg" and asked[2][2]["reconsumeTimes"] == 3
+
+
+def test_pull_suggestion_picks_the_next_pulls_broker_and_a_failed_pull_puts_the_route_in_doubt():
+    not_found = Frame(ResponseCode.PULL_NOT_FOUND, fields={"nextBeginOffset": 0, "minOffset": 0, "maxOffset": 0,
+                                                          "suggestWhichBrokerId": 1})
+    out, asked, core = _run(lambda c: c._pull("cg", MQ, 0, 32), [
+        (NS, RequestCode.GET_ROUTEINFO_BY_TOPIC, _route({"0": MASTER, "1": SLAVE})),
+        (MASTER, RequestCode.PULL_MESSAGE, not_found),
+    ])
+    assert out.next_begin_offset == 0 and core.pull_from.suggested(MQ) == 1
+    assert asked[1][2]["queueOffset"] == 0 and asked[1][2]["maxMsgNums"] == 32
+
+    def failed_pull(c):                                 # the route cached, the slave suggested
+        c._routes["orders"] = core._routes["orders"]
+        c.pull_from.update(MQ, 1)
+        return c._pull("cg", MQ, 0, 32)
+
+    out, _, after = _run(failed_pull, [(SLAVE, RequestCode.PULL_MESSAGE, RemotingTimeoutError("slave gone"))])
+    assert isinstance(out, RemotingTimeoutError)
+    assert "orders" in after._route_doubt and SLAVE in after.pull_from.suspects()
