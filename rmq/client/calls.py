@@ -53,22 +53,28 @@ async def adrive(call: Call, invoke: Callable[[str, Frame, Any], Awaitable[Frame
         return stop.value
 
 
-def blocking(call_fn: Callable[..., Call]) -> Callable[..., Any]:
-    """A method that runs the call method ``call_fn`` with ``self.invoke`` (blocking); same
-    signature and docstring."""
-    @functools.wraps(call_fn)
+def _named(method, call_fn):
+    # the call of public method ``x`` is ``_x``: the method takes its docstring, signature and name
+    functools.update_wrapper(method, call_fn)
+    method.__name__ = call_fn.__name__.lstrip("_")
+    method.__qualname__ = call_fn.__qualname__.rpartition(".")[0] + "." + method.__name__
+    return method
+
+
+def blocking(call_fn: Callable[..., Call], invoke: str = "invoke") -> Callable[..., Any]:
+    """The method ``x`` that runs the call method ``_x`` (``call_fn``) with the blocking method
+    named ``invoke`` of the same object; same signature and docstring."""
     def method(self, *args, **kwargs):
-        return drive(call_fn(self, *args, **kwargs), self.invoke)
-    return method
+        return drive(call_fn(self, *args, **kwargs), getattr(self, invoke))
+    return _named(method, call_fn)
 
 
-def awaitable(call_fn: Callable[..., Call]) -> Callable[..., Awaitable[Any]]:
-    """A coroutine method that runs the call method ``call_fn`` with ``await self.invoke``; same
-    signature and docstring."""
-    @functools.wraps(call_fn)
+def awaitable(call_fn: Callable[..., Call], invoke: str = "invoke") -> Callable[..., Awaitable[Any]]:
+    """The coroutine method ``x`` that runs the call method ``_x`` (``call_fn``) with the coroutine
+    method named ``invoke`` of the same object; same signature and docstring."""
     async def method(self, *args, **kwargs):
-        return await adrive(call_fn(self, *args, **kwargs), self.invoke)
-    return method
+        return await adrive(call_fn(self, *args, **kwargs), getattr(self, invoke))
+    return _named(method, call_fn)
 
 
 __all__ = ["Call", "Request", "drive", "adrive", "blocking", "awaitable"]

@@ -13,18 +13,18 @@ a message received and not acked within its invisible duration is delivered agai
 consumer of the group), up to the group's ``retryMaxTimes`` (16), then moved to
 ``%DLQ%<group>``.  The broker side and the receipt handle format: :mod:`rmq.actors.pop`.
 
-The frame builders and the response parser here are shared with :mod:`rmq.aio`'s
-SimpleConsumer; only the I/O differs.
+The frame builders, the response parser and the calls (:class:`SimpleConsumerCalls`) here are
+shared with :mod:`rmq.aio`'s SimpleConsumer; only the waiting differs (:mod:`rmq.client.calls`).
 """
 from __future__ import annotations
 
 import itertools
 import logging
-import threading
 import time
 from typing import Iterable, Mapping, Optional, Sequence, Union
 
 from rmq._core import commitlog as _cl
+from rmq.client.calls import blocking, drive
 from rmq.client.consumer_api import (ConsumerAPI, SubscriptionData, consumer_data, default_client_id,
                                      heartbeat_body, post_process_messages)
 from rmq.client.remoting import DEFAULT_TIMEOUT_MS
@@ -292,7 +292,197 @@ def group_by_broker(views: Sequence[MessageView]) -> dict:
     return out
 
 
-class SimpleConsumer:
+class SimpleConsumerCalls:
+    """What a SimpleConsumer does, without I/O: its options, subscriptions and the calls
+    (:mod:`rmq.client.calls`) of receive / ack / change_invisible_duration, composed with the
+    consumer calls of its client (:class:`rmq.client.consumer_api.ConsumerCalls`).
+    :class:`SimpleConsumer` drives them blocking and :class:`rmq.aio.SimpleConsumer` awaiting.
+
+    State: the options, ``_subs`` (topic -> SubscriptionData), the rotation of receives over the
+    brokers, the last heartbeat (time.monotonic()) and ``_api``, the client (None until started).
+    """
+
+    def __init__(self, namesrv_addr: str, group: str, subscriptions: Optional[Mapping] = None, *,
+                 await_duration_s: float = AWAIT_DURATION_S, timeout_ms: int = DEFAULT_TIMEOUT_MS,
+                 init_mode: str = "MAX", client_id: Optional[str] = None, auth=None):
+        check_consumer_args(group, init_mode, await_duration_s)
+        self.namesrv_addr = namesrv_addr
+        self.group = group
+        self.await_ms = int(await_duration_s * 1000)
+        self.timeout_ms = timeout_ms
+        self.init_mode = init_mode
+        self.client_id = client_id or default_client_id()
+        self._subs = build_subscriptions(subscriptions)
+        self._auth = auth
+        self._api = None
+        self._rotate = itertools.count()
+        self._last_heartbeat = 0.0
+
+    _NOT_STARTED = "SimpleConsumer not started: call start()"
+
+    def _started(self):
+        if self._api is None:
+            raise MQClientError(self._NOT_STARTED)
+        return self._api
+
+    def _invoke(self, addr: str, frame: Frame, timeout_ms: Optional[int]):
+        """The client's invoke (what the drivers call for each request)."""
+        return self._started().invoke(addr, frame, timeout_ms)
+
+    def unsubscribe(self, topic: str) -> None:
+        self._subs.pop(topic, None)
+
+    @property
+    def subscriptions(self) -> dict:
+        """``{topic: expression}`` (a SQL92 one as its MessageSelector)."""
+        return {t: (MessageSelector.by_sql(s.sub_string) if s.expression_type == ExpressionType.SQL92
+                    else s.sub_string) for t, s in self._subs.items()}
+
+    # -- calls -----------------------------------------------------------------------------------
+    def _start_call(self):
+        for topic in self._subs:
+            yield from self._route_call(topic)
+        yield from self._heartbeat_call(force=True)
+
+    def _unregister_call(self):
+        api = self._started()
+        for addr in api.all_broker_addrs():
+            try:
+                yield from api._unregister(addr, self.client_id, self.group)
+            except (RemotingError, MQClientError):
+                pass
+
+    def _subscribe(self, topic: str, expression: "Union[str, MessageSelector]" = "*"):
+        """Add or replace the subscription of ``topic``."""
+        sub = SubscriptionData.build(topic, expression)
+        if self._api is not None:
+            yield from self._route_call(topic)
+        self._subs[topic] = sub
+
+    def _route_call(self, topic: str):
+        r = yield from self._started()._route(topic)
+        if r is None:
+            raise MQClientError(f"no route for topic {topic!r}: does it exist?")
+        return r
+
+    def _heartbeat_call(self, force: bool = False):
+        now = time.monotonic()
+        if not force and now - self._last_heartbeat < HEARTBEAT_INTERVAL_S:
+            return
+        self._last_heartbeat = now
+        api = self._started()
+        data = consumer_data(self.group, CONSUME_TYPE_POP, "CLUSTERING", "CONSUME_FROM_LAST_OFFSET",
+                             list(self._subs.values()))
+        for addr in api.heartbeat_addrs():
+            try:
+                yield addr, Frame(RequestCode.HEART_BEAT, bodies=[heartbeat_body(self.client_id, [data])]), None
+            except (RemotingError, MQClientError) as e:
+                log.debug("heartbeat to %s failed: %s", addr, e)
+
+    def _receive(self, max_message_num: int, invisible_duration_s: float):
+        """Up to ``max_message_num`` (1..32) messages of the subscribed topics, invisible to every
+        consumer of the group for ``invisible_duration_s`` seconds (1 s .. 12 h): ack each before
+        then or it is delivered again.  Waits up to ``await_duration_s`` when there is none; an
+        empty list then.
+
+        Raises
+        ------
+        ValueError
+            Arguments out of range.
+        MQBrokerError
+            The broker refused (e.g. SUBSCRIPTION_PARSE_FAILED, or SYSTEM_ERROR for SQL92 without
+            ``enablePropertyFilter``).
+        RemotingError
+            The broker did not answer.
+        """
+        invisible_ms = check_receive_args(max_message_num, invisible_duration_s)
+        api = self._started()
+        if not self._subs:
+            raise MQClientError("no subscription: call subscribe() first")
+        yield from self._heartbeat_call()
+        for topic in self._subs:
+            yield from api._refresh_route_if_stale(topic)
+        targets = pop_targets(api.cached_routes(), self._subs)
+        if not targets:
+            raise MQClientError(f"no readable broker for topics {sorted(self._subs)}")
+        start = next(self._rotate) % len(targets)
+        order = targets[start:] + targets[:start]
+        # every broker once without waiting, then long polling on the first (RocketMQ 5's client
+        # long-polls one broker per receive call)
+        for sub, _name, addr in (order if len(order) > 1 else ()):
+            views = yield from self._pop_call(sub, addr, max_message_num, invisible_ms, 0)
+            if views:
+                return views
+        sub, _name, addr = order[0]
+        return (yield from self._pop_call(sub, addr, max_message_num, invisible_ms, self.await_ms))
+
+    def _pop_call(self, sub: SubscriptionData, addr: str, n: int, invisible_ms: int, poll_ms: int):
+        resp = yield addr, pop_frame(self.group, sub, n, invisible_ms, poll_ms, self.init_mode), \
+            poll_ms + self.timeout_ms
+        views, dropped = parse_pop_response(resp, sub, addr)
+        if dropped:         # hash collisions of the tag filter: not this consumer's, acked at once
+            try:
+                yield from self._batch_ack_call(dropped)
+            except (MQClientError, RemotingError) as e:
+                log.warning("ack of %d messages the tag filter dropped failed: %s", len(dropped), e)
+        return views
+
+    def _ack(self, message_view: MessageView):
+        """Acknowledge one message: it is never delivered again.
+
+        Raises
+        ------
+        MQBrokerError
+            NO_MESSAGE: the message is no longer in flight (acked before, or its invisible time
+            passed and it was handed back for redelivery).
+        RemotingError
+            No answer (the ack may or may not have been recorded).
+        """
+        addr = yield from self._started()._broker_addr(message_view.broker_name, message_view.topic)
+        check_ack_response((yield addr, ack_frame(self.group, message_view), None), message_view, addr)
+
+    def _ack_batch(self, message_views: Sequence[MessageView]):
+        """Acknowledge many messages with one request per broker (BATCH_ACK_MESSAGE, at most
+        MAX_BATCH_ACK per request) - what a receive of many messages wants.
+
+        Raises
+        ------
+        AckError
+            Some were no longer in flight (``failed``); all others are acked.
+        MQBrokerError, RemotingError
+            As :meth:`ack`.
+        """
+        views = list(message_views)
+        failed = yield from self._batch_ack_call(views)
+        if failed:
+            raise AckError(f"{len(failed)} of {len(views)} acks refused: no longer in flight "
+                           f"(their invisible time passed)", failed)
+
+    def _batch_ack_call(self, views: list):
+        api = self._started()
+        failed = []
+        for name, group_views in group_by_broker(views).items():
+            addr = yield from api._broker_addr(name, group_views[0].topic)
+            for i in range(0, len(group_views), MAX_BATCH_ACK):
+                frame, index = batch_ack_frame(self.group, name, group_views[i:i + MAX_BATCH_ACK])
+                failed += batch_ack_failures((yield addr, frame, None), index, addr)
+        return failed
+
+    def _change_invisible_duration(self, message_view: MessageView, invisible_duration_s: float):
+        """Make the message invisible for ``invisible_duration_s`` seconds from now (1 s .. 12 h);
+        ``message_view`` gets the new receipt handle (the old one is spent).
+
+        Raises
+        ------
+        ValueError, MQBrokerError (NO_MESSAGE as :meth:`ack`), RemotingError
+        """
+        ms = check_invisible(invisible_duration_s)
+        addr = yield from self._started()._broker_addr(message_view.broker_name, message_view.topic)
+        resp = yield addr, change_invisible_frame(self.group, message_view, ms), None
+        apply_change_invisible(resp, message_view, addr)
+
+
+class SimpleConsumer(SimpleConsumerCalls):
     """POP consumer (RocketMQ 5 ``SimpleConsumer``).
 
     Parameters
@@ -316,24 +506,6 @@ class SimpleConsumer:
     Concurrency: one thread at a time per consumer (use one consumer per thread).
     """
 
-    def __init__(self, namesrv_addr: str, group: str, subscriptions: Optional[Mapping] = None, *,
-                 await_duration_s: float = AWAIT_DURATION_S, timeout_ms: int = DEFAULT_TIMEOUT_MS,
-                 init_mode: str = "MAX", client_id: Optional[str] = None, auth=None):
-        check_consumer_args(group, init_mode, await_duration_s)
-        self.namesrv_addr = namesrv_addr
-        self.group = group
-        self.await_ms = int(await_duration_s * 1000)
-        self.timeout_ms = timeout_ms
-        self.init_mode = init_mode
-        self.client_id = client_id or default_client_id()
-        self._subs = build_subscriptions(subscriptions)
-        self._auth = auth
-        self._api: Optional[ConsumerAPI] = None
-        self._rotate = itertools.count()
-        self._last_heartbeat = 0.0
-        self._lock = threading.Lock()
-
-    # -- life ------------------------------------------------------------------------------------
     def start(self) -> "SimpleConsumer":
         """Connect and look the subscribed topics up.
 
@@ -345,31 +517,20 @@ class SimpleConsumer:
         if self._api is None:
             self._api = ConsumerAPI(self.namesrv_addr, self.timeout_ms, auth=self._auth)
         try:
-            for topic in self._subs:
-                self._route(topic)
+            drive(self._start_call(), self._invoke)
         except BaseException:
             api, self._api = self._api, None
             api.close()
             raise
-        self._heartbeat(force=True)
         return self
-
-    def _started(self) -> ConsumerAPI:
-        if self._api is None:
-            raise MQClientError("SimpleConsumer not started: call start()")
-        return self._api
 
     def shutdown(self) -> None:
         """Unregister from the brokers and close; messages received and not acked are delivered
         again after their invisible time."""
-        api, self._api = self._api, None
-        if api is None:
+        if self._api is None:
             return
-        for addr in api.all_broker_addrs():
-            try:
-                api.unregister(addr, self.client_id, self.group)
-            except (RemotingError, MQClientError):
-                pass
+        drive(self._unregister_call(), self._invoke)
+        api, self._api = self._api, None
         api.close()
 
     close = shutdown
@@ -380,147 +541,11 @@ class SimpleConsumer:
     def __exit__(self, *exc) -> None:
         self.shutdown()
 
-    # -- subscriptions ---------------------------------------------------------------------------
-    def subscribe(self, topic: str, expression: "Union[str, MessageSelector]" = "*") -> None:
-        """Add or replace the subscription of ``topic``."""
-        sub = SubscriptionData.build(topic, expression)
-        if self._api is not None:
-            self._route(topic)
-        self._subs[topic] = sub
-
-    def unsubscribe(self, topic: str) -> None:
-        self._subs.pop(topic, None)
-
-    @property
-    def subscriptions(self) -> dict:
-        """``{topic: expression}`` (a SQL92 one as its MessageSelector)."""
-        return {t: (MessageSelector.by_sql(s.sub_string) if s.expression_type == ExpressionType.SQL92
-                    else s.sub_string) for t, s in self._subs.items()}
-
-    def _route(self, topic: str):
-        r = self._started().route(topic)
-        if r is None:
-            raise MQClientError(f"no route for topic {topic!r}: does it exist?")
-        return r
-
-    def _heartbeat(self, force: bool = False) -> None:
-        now = time.monotonic()
-        if not force and now - self._last_heartbeat < HEARTBEAT_INTERVAL_S:
-            return
-        self._last_heartbeat = now
-        api = self._started()
-        data = consumer_data(self.group, CONSUME_TYPE_POP, "CLUSTERING", "CONSUME_FROM_LAST_OFFSET",
-                             list(self._subs.values()))
-        for addr in api.heartbeat_addrs():
-            try:
-                api.invoke(addr, Frame(RequestCode.HEART_BEAT, bodies=[heartbeat_body(self.client_id, [data])]))
-            except (RemotingError, MQClientError) as e:
-                log.debug("heartbeat to %s failed: %s", addr, e)
-
-    # -- receive / ack -----------------------------------------------------------------------------
-    def receive(self, max_message_num: int, invisible_duration_s: float) -> list:
-        """Up to ``max_message_num`` (1..32) messages of the subscribed topics, invisible to every
-        consumer of the group for ``invisible_duration_s`` seconds (1 s .. 12 h): ack each before
-        then or it is delivered again.  Waits up to ``await_duration_s`` when there is none; an
-        empty list then.
-
-        Raises
-        ------
-        ValueError
-            Arguments out of range.
-        MQBrokerError
-            The broker refused (e.g. SUBSCRIPTION_PARSE_FAILED, or SYSTEM_ERROR for SQL92 without
-            ``enablePropertyFilter``).
-        RemotingError
-            The broker did not answer.
-        """
-        invisible_ms = check_receive_args(max_message_num, invisible_duration_s)
-        api = self._started()
-        if not self._subs:
-            raise MQClientError("no subscription: call subscribe() first")
-        self._heartbeat()
-        for topic in self._subs:
-            api.refresh_route_if_stale(topic)
-        targets = pop_targets(api.cached_routes(), self._subs)
-        if not targets:
-            raise MQClientError(f"no readable broker for topics {sorted(self._subs)}")
-        start = next(self._rotate) % len(targets)
-        order = targets[start:] + targets[:start]
-        # every broker once without waiting, then long polling on the first (RocketMQ 5's client
-        # long-polls one broker per receive call)
-        for sub, name, addr in (order if len(order) > 1 else ()):
-            views = self._pop(api, sub, addr, max_message_num, invisible_ms, 0)
-            if views:
-                return views
-        sub, name, addr = order[0]
-        return self._pop(api, sub, addr, max_message_num, invisible_ms, self.await_ms)
-
-    def _pop(self, api: ConsumerAPI, sub: SubscriptionData, addr: str, n: int, invisible_ms: int,
-             poll_ms: int) -> list:
-        resp = api.invoke(addr, pop_frame(self.group, sub, n, invisible_ms, poll_ms, self.init_mode),
-                          poll_ms + self.timeout_ms)
-        views, dropped = parse_pop_response(resp, sub, addr)
-        if dropped:         # hash collisions of the tag filter: not this consumer's, acked at once
-            try:
-                self._batch_ack(api, dropped)
-            except (MQClientError, RemotingError) as e:
-                log.warning("ack of %d messages the tag filter dropped failed: %s", len(dropped), e)
-        return views
-
-    def _addr(self, view: MessageView) -> str:
-        return self._started().broker_addr(view.broker_name, view.topic)
-
-    def ack(self, message_view: MessageView) -> None:
-        """Acknowledge one message: it is never delivered again.
-
-        Raises
-        ------
-        MQBrokerError
-            NO_MESSAGE: the message is no longer in flight (acked before, or its invisible time
-            passed and it was handed back for redelivery).
-        RemotingError
-            No answer (the ack may or may not have been recorded).
-        """
-        addr = self._addr(message_view)
-        check_ack_response(self._started().invoke(addr, ack_frame(self.group, message_view)), message_view, addr)
-
-    def ack_batch(self, message_views: Sequence[MessageView]) -> None:
-        """Acknowledge many messages with one request per broker (BATCH_ACK_MESSAGE, at most
-        MAX_BATCH_ACK per request) - what a receive of many messages wants.
-
-        Raises
-        ------
-        AckError
-            Some were no longer in flight (``failed``); all others are acked.
-        MQBrokerError, RemotingError
-            As :meth:`ack`.
-        """
-        failed = self._batch_ack(self._started(), list(message_views))
-        if failed:
-            raise AckError(f"{len(failed)} of {len(message_views)} acks refused: no longer in flight "
-                           f"(their invisible time passed)", failed)
-
-    def _batch_ack(self, api: ConsumerAPI, views: list) -> list:
-        failed = []
-        for name, group_views in group_by_broker(views).items():
-            addr = api.broker_addr(name, group_views[0].topic)
-            for i in range(0, len(group_views), MAX_BATCH_ACK):
-                frame, index = batch_ack_frame(self.group, name, group_views[i:i + MAX_BATCH_ACK])
-                failed += batch_ack_failures(api.invoke(addr, frame), index, addr)
-        return failed
-
-    def change_invisible_duration(self, message_view: MessageView, invisible_duration_s: float) -> None:
-        """Make the message invisible for ``invisible_duration_s`` seconds from now (1 s .. 12 h);
-        ``message_view`` gets the new receipt handle (the old one is spent).
-
-        Raises
-        ------
-        ValueError, MQBrokerError (NO_MESSAGE as :meth:`ack`), RemotingError
-        """
-        ms = check_invisible(invisible_duration_s)
-        addr = self._addr(message_view)
-        resp = self._started().invoke(addr, change_invisible_frame(self.group, message_view, ms))
-        apply_change_invisible(resp, message_view, addr)
+    subscribe = blocking(SimpleConsumerCalls._subscribe, "_invoke")
+    receive = blocking(SimpleConsumerCalls._receive, "_invoke")
+    ack = blocking(SimpleConsumerCalls._ack, "_invoke")
+    ack_batch = blocking(SimpleConsumerCalls._ack_batch, "_invoke")
+    change_invisible_duration = blocking(SimpleConsumerCalls._change_invisible_duration, "_invoke")
 
 
 __all__ = ["SimpleConsumer", "MessageView", "AckError", "MAX_MESSAGE_NUM", "MIN_INVISIBLE_DURATION_S",
