@@ -45,22 +45,21 @@ from rmq import latency_trace as _lt
 from rmq.client.consumer import (BROKER_SUSPEND_MAX_TIME_MS, CONCURRENT_MAX_RECONSUME_TIMES, CONSUME_THREAD_MAX,
                                  HEARTBEAT_BROKER_INTERVAL_MS, MAX_TIME_CONSUME_CONTINUOUSLY_MS,
                                  ORDERLY_MAX_RECONSUME_TIMES, PERSIST_CONSUMER_OFFSET_INTERVAL_MS,
-                                 POLL_NAME_SERVER_INTERVAL_MS, POLL_PULL_BATCH_SIZE, PULL_BATCH_SIZE,
-                                 PUSH_PULL_BATCH_SIZE, PULL_THRESHOLD_FOR_QUEUE,
+                                 POLL_NAME_SERVER_INTERVAL_MS, PUSH_PULL_BATCH_SIZE, PULL_THRESHOLD_FOR_QUEUE,
                                  PULL_THRESHOLD_SIZE_FOR_QUEUE_MB, PULL_TIME_DELAY_MS_WHEN_EXCEPTION,
                                  PULL_TIME_DELAY_MS_WHEN_FLOW_CONTROL, REBALANCE_INTERVAL_MS,
                                  REBALANCE_LOCK_INTERVAL_MS, RECONSUME_LATER_LOCALLY_MS, SHUTDOWN_AWAIT_MS,
                                  SUSPEND_CURRENT_QUEUE_TIME_MS, CONSUME_CONCURRENTLY_MAX_SPAN,
                                  ConsumeConcurrentlyContext, ConsumeConcurrentlyStatus, ConsumeFromWhere,
                                  ConsumeOrderlyContext, ConsumeOrderlyStatus, MessageModel, RunCommits, _enum,
-                                 compute_pull_from_where)
+                                 PullConsumerCalls, compute_pull_from_where)
 from rmq.aio.remoting import AsyncRemoting
-from rmq.client.calls import awaitable
+from rmq.client.calls import adrive, awaitable
 from rmq.client.consumer_api import (CONSUMER_TIMEOUT_MS_WHEN_SUSPEND, ConsumerCalls, SubscriptionData,
                                      build_pull_frame, consumer_data, default_client_id, group_addrs,
                                      parse_pull_response)
 from rmq.client.consumer_process_queue import ProcessQueue
-from rmq.client.message import MessageQueue, PullResult, PullStatus
+from rmq.client.message import MessageQueue, PullStatus
 from rmq.client.offset_store import LocalFileOffsetStore, OffsetStore
 from rmq.client.rebalance import resolve_strategy
 from rmq.client.remoting import DEFAULT_TIMEOUT_MS
@@ -126,45 +125,23 @@ class AsyncConsumerAPI(ConsumerCalls):
 
 
 # -- pull consumer -------------------------------------------------------------------------------------
-class AsyncPullConsumer:
-    """Awaitable :class:`rmq.client.consumer.PullConsumer` (same parameters and methods;
-    ``assign`` / ``seek`` / ``position`` of a known queue are plain calls)."""
-
-    def __init__(self, namesrv_addr: str, group: str = "DEFAULT_CONSUMER", *, pull_batch_size: int = POLL_PULL_BATCH_SIZE,
-                 consume_from_where: Union[str, ConsumeFromWhere] = ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET,
-                 consume_timestamp_ms: Optional[int] = None, auto_commit: bool = True,
-                 auto_commit_interval_ms: int = PERSIST_CONSUMER_OFFSET_INTERVAL_MS,
-                 timeout_ms: int = DEFAULT_TIMEOUT_MS, instance_name: Optional[str] = None, auth=None):
-        self.auth = auth            # CURVE client keys (rmq.security.client_auth)
-        self.namesrv_addr = namesrv_addr
-        self.group = group
-        self.pull_batch_size = pull_batch_size
-        self.consume_from_where = _enum(ConsumeFromWhere, consume_from_where, "consume_from_where")
-        self.consume_timestamp_ms = consume_timestamp_ms
-        self.auto_commit = auto_commit
-        self.auto_commit_interval_ms = auto_commit_interval_ms
-        self.timeout_ms = timeout_ms
-        self.client_id = default_client_id(instance_name)
-        self.api: Optional[AsyncConsumerAPI] = None
-        self._assigned: list = []
-        self._subs: dict = {}
-        self._positions: dict = {}
-        self._committed: dict = {}
-        self._inflight: dict = {}           # mq -> (task, offset)
-        self._last_commit = time.monotonic()
-        self._closed = False
+class AsyncPullConsumer(PullConsumerCalls):
+    """Awaitable :class:`rmq.client.consumer.PullConsumer` (same parameters, methods and calls,
+    :class:`rmq.client.consumer.PullConsumerCalls`, awaited; ``assign`` / ``seek`` are plain calls).
+    ``_inflight`` holds each queue's pull as ``(task, offset)``."""
 
     async def start(self) -> "AsyncPullConsumer":
         if self._closed:
             raise MQClientError("the consumer is shut down")
-        if self.api is None:
-            self.api = AsyncConsumerAPI(self.namesrv_addr, self.timeout_ms, auth=self.auth)
+        self._api()
         return self
 
     def _api(self) -> AsyncConsumerAPI:
         if self.api is None:
             self.api = AsyncConsumerAPI(self.namesrv_addr, self.timeout_ms, auth=self.auth)
         return self.api
+
+    _client = _api
 
     async def shutdown(self) -> None:
         if self._closed:
@@ -192,103 +169,25 @@ class AsyncPullConsumer:
     async def __aexit__(self, *exc) -> None:
         await self.shutdown()
 
-    async def fetch_subscribe_message_queues(self, topic: str) -> list:
-        route = await self._api().fetch_route(topic)
-        if route is None:
-            raise MQClientError(f"can not find message queue for this topic, {topic}", 17)
-        return route.subscribe_queues()
-
-    async def pull(self, mq: MessageQueue, sub_expression: str = "*", offset: int = 0,
-                   max_nums: int = PULL_BATCH_SIZE, timeout_ms: Optional[int] = None) -> PullResult:
-        return await self._api().pull(self.group, mq, offset, max_nums, SubscriptionData.build(mq.topic, sub_expression),
-                                      0, timeout_ms)
-
-    async def pull_block_if_not_found(self, mq: MessageQueue, sub_expression: str = "*", offset: int = 0,
-                                      max_nums: int = PULL_BATCH_SIZE,
-                                      timeout_ms: int = BROKER_SUSPEND_MAX_TIME_MS) -> PullResult:
-        suspend = max(1, min(int(timeout_ms), BROKER_SUSPEND_MAX_TIME_MS))
-        return await self._api().pull(self.group, mq, offset, max_nums,
-                                      SubscriptionData.build(mq.topic, sub_expression), suspend,
-                                      suspend + self.timeout_ms)
-
-    async def min_offset(self, mq: MessageQueue) -> int:
-        return await self._api().min_offset(mq)
-
-    async def max_offset(self, mq: MessageQueue) -> int:
-        return await self._api().max_offset(mq)
-
-    async def search_offset(self, mq: MessageQueue, timestamp_ms: int) -> int:
-        return await self._api().search_offset(mq, timestamp_ms)
-
-    async def committed(self, mq: MessageQueue) -> int:
-        return await self._api().query_consumer_offset(self.group, mq)
-
-    fetch_consume_offset = committed
-
-    async def update_consume_offset(self, mq: MessageQueue, offset: int) -> None:
-        await self._api().update_consumer_offset(self.group, mq, offset)
-        self._committed[mq] = offset
-
-    def assign(self, mqs: Iterable[MessageQueue], sub_expression: Union[str, dict] = "*") -> None:
-        mqs = list(dict.fromkeys(mqs))
-        topics = {mq.topic for mq in mqs}
-        if isinstance(sub_expression, dict):
-            self._subs = {t: SubscriptionData.build(t, sub_expression.get(t, "*")) for t in topics}
-        else:
-            self._subs = {t: SubscriptionData.build(t, sub_expression) for t in topics}
-        keep = set(mqs)
-        for mq in list(self._positions):
-            if mq not in keep:
-                self._positions.pop(mq, None)
-        for mq in list(self._inflight):   # pulls in flight (prefetched ones too) carry the old subscription
-            self._forget(mq)
-        self._assigned = mqs
-
-    def assignment(self) -> list:
-        return list(self._assigned)
-
     def _forget(self, mq: MessageQueue) -> None:
         entry = self._inflight.pop(mq, None)
         if entry is not None:
             entry[0].cancel()
 
-    def seek(self, mq: MessageQueue, offset: int) -> None:
-        if mq not in self._assigned:
-            raise MQClientError(f"{mq} is not assigned")
-        if offset < 0:
-            raise MQClientError(f"offset < 0: {offset}")
-        self._positions[mq] = int(offset)
-        self._forget(mq)
-
-    async def seek_by_time(self, mq: MessageQueue, timestamp_ms: int) -> int:
-        off = await self.search_offset(mq, timestamp_ms)
-        self.seek(mq, off)
-        return off
-
-    async def seek_to_begin(self, mq: MessageQueue) -> None:
-        self.seek(mq, await self.min_offset(mq))
-
-    async def seek_to_end(self, mq: MessageQueue) -> None:
-        self.seek(mq, await self.max_offset(mq))
-
-    async def position(self, mq: MessageQueue) -> int:
-        off = self._positions.get(mq)
-        return off if off is not None else await self._initial_position(mq)
-
-    async def _initial_position(self, mq: MessageQueue) -> int:
-        api = self._api()
-        last = await api.query_consumer_offset(self.group, mq)
-        if last >= 0:
-            off = last
-            self._committed[mq] = last
-        elif self.consume_from_where is ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET:
-            off = await api.min_offset(mq)
-        elif self.consume_from_where is ConsumeFromWhere.CONSUME_FROM_TIMESTAMP:
-            off = await api.search_offset(mq, self.consume_timestamp_ms or int(time.time() * 1000) - 1_800_000)
-        else:
-            off = await api.max_offset(mq)
-        self._positions[mq] = off
-        return off
+    fetch_subscribe_message_queues = awaitable(PullConsumerCalls._fetch_subscribe_message_queues, "_invoke")
+    pull = awaitable(PullConsumerCalls._pull, "_invoke")
+    pull_block_if_not_found = awaitable(PullConsumerCalls._pull_block_if_not_found, "_invoke")
+    min_offset = awaitable(PullConsumerCalls._min_offset, "_invoke")
+    max_offset = awaitable(PullConsumerCalls._max_offset, "_invoke")
+    search_offset = awaitable(PullConsumerCalls._search_offset, "_invoke")
+    fetch_consume_offset = awaitable(PullConsumerCalls._fetch_consume_offset, "_invoke")
+    committed = fetch_consume_offset
+    update_consume_offset = awaitable(PullConsumerCalls._update_consume_offset, "_invoke")
+    seek_by_time = awaitable(PullConsumerCalls._seek_by_time, "_invoke")
+    seek_to_begin = awaitable(PullConsumerCalls._seek_to_begin, "_invoke")
+    seek_to_end = awaitable(PullConsumerCalls._seek_to_end, "_invoke")
+    position = awaitable(PullConsumerCalls._position, "_invoke")
+    commit_sync = awaitable(PullConsumerCalls._commit_sync, "_invoke")
 
     async def _pull_one(self, mq: MessageQueue, offset: int, suspend: int) -> tuple:
         api = self._api()
@@ -313,18 +212,10 @@ class AsyncPullConsumer:
 
     async def poll(self, timeout_ms: int = 1000) -> list:
         """Messages from the assigned queues, awaiting up to ``timeout_ms`` (long polling)."""
-        if self._closed:
-            raise MQClientError("the consumer is shut down")
-        if self.auto_commit and (time.monotonic() - self._last_commit) * 1000 >= self.auto_commit_interval_ms:
-            await self.commit_sync()
+        await adrive(self._before_poll_call(), self._invoke)
         if not self._assigned:
             await asyncio.sleep(timeout_ms / 1000.0)
             return []
-        for mq in self._assigned:
-            if mq not in self._positions:
-                await self._initial_position(mq)
-        for topic in {mq.topic for mq in self._assigned}:
-            await self._api().refresh_route_if_stale(topic)   # a promoted slave shows up as the new master
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_ms / 1000.0
         out: list = []
@@ -384,15 +275,6 @@ class AsyncPullConsumer:
         while not self._closed:
             for m in await self.poll(1000):
                 yield m
-
-    async def commit_sync(self, offsets: Optional[dict] = None) -> None:
-        api = self._api()
-        todo = offsets if offsets is not None else {mq: off for mq, off in self._positions.items()
-                                                     if self._committed.get(mq) != off}
-        for mq, off in todo.items():
-            await api.update_consumer_offset(self.group, mq, off)
-            self._committed[mq] = off
-        self._last_commit = time.monotonic()
 
 
 # -- push consumer -------------------------------------------------------------------------------------

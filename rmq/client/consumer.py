@@ -53,6 +53,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterable, Optional, Union
 
 from rmq import latency_trace as _lt
+from rmq.client.calls import blocking, drive
 
 if TYPE_CHECKING:                              # poll_arrow's return type; pyarrow is optional (rmq[spark])
     import pyarrow
@@ -196,7 +197,226 @@ def _is_coroutine_fn(fn) -> bool:
 # ==================================================================================================
 # PullConsumer
 # ==================================================================================================
-class PullConsumer:
+class PullConsumerCalls:
+    """What a pull consumer does apart from :meth:`poll`, without I/O: its options, assignment,
+    positions and commits, and the calls (:mod:`rmq.client.calls`) of single pulls, offset
+    queries, seeks and commits, composed with :class:`rmq.client.consumer_api.ConsumerCalls`.
+    :class:`PullConsumer` drives them blocking, :class:`rmq.aio.consumer.AsyncPullConsumer`
+    awaiting; each keeps its own ``poll`` (a RequestMux, or tasks).
+
+    State: ``_assigned`` (the queues :meth:`assign` gave), ``_subs`` (topic -> SubscriptionData),
+    ``_positions`` (mq -> next offset poll returns), ``_committed`` (mq -> offset stored on the
+    broker), ``_inflight`` (mq -> the pull in flight; its kind is the driver's), ``_last_commit``.
+    """
+
+    def __init__(self, namesrv_addr: str, group: str = "DEFAULT_CONSUMER", *, pull_batch_size: int = POLL_PULL_BATCH_SIZE,
+                 consume_from_where: Union[str, ConsumeFromWhere] = ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET,
+                 consume_timestamp_ms: Optional[int] = None, auto_commit: bool = True,
+                 auto_commit_interval_ms: int = PERSIST_CONSUMER_OFFSET_INTERVAL_MS,
+                 timeout_ms: int = DEFAULT_TIMEOUT_MS, instance_name: Optional[str] = None, auth=None):
+        self.auth = auth            # CURVE client keys (rmq.security.client_auth); None: environment / plain
+        if not 1 <= pull_batch_size <= 1024:
+            raise MQClientError(f"pull_batch_size must be in [1, 1024], got {pull_batch_size}")
+        self.namesrv_addr = namesrv_addr
+        self.group = group
+        self.pull_batch_size = pull_batch_size
+        self.consume_from_where = _enum(ConsumeFromWhere, consume_from_where, "consume_from_where")
+        self.consume_timestamp_ms = consume_timestamp_ms
+        self.auto_commit = auto_commit
+        self.auto_commit_interval_ms = auto_commit_interval_ms
+        self.timeout_ms = timeout_ms
+        self.client_id = default_client_id(instance_name)
+        self.api = None
+        self._assigned: list[MessageQueue] = []
+        self._subs: dict[str, SubscriptionData] = {}
+        self._positions: dict[MessageQueue, int] = {}
+        self._committed: dict[MessageQueue, int] = {}
+        self._inflight: dict = {}
+        self._last_commit = time.monotonic()
+        self._closed = False
+
+    def _client(self):
+        """The client (ConsumerAPI / AsyncConsumerAPI), made on first use."""
+        raise NotImplementedError
+
+    def _invoke(self, addr: str, frame: Frame, timeout_ms: Optional[int]):
+        return self._client().invoke(addr, frame, timeout_ms)
+
+    def _forget(self, mq: MessageQueue) -> None:
+        """Drop ``mq``'s pull in flight (its answer is not used)."""
+        self._inflight.pop(mq, None)
+
+    # -- assignment (no I/O) -----------------------------------------------------------------------
+    def assign(self, mqs: Iterable[MessageQueue], sub_expression: Union[str, dict] = "*") -> None:
+        """Consume exactly ``mqs`` with ``poll`` (replaces the previous assignment).
+
+        ``sub_expression`` is one expression for all topics or ``{topic: expression}``.
+        Positions of queues that stay assigned are kept.
+        """
+        mqs = list(dict.fromkeys(mqs))
+        topics = {mq.topic for mq in mqs}
+        if isinstance(sub_expression, dict):
+            self._subs = {t: SubscriptionData.build(t, sub_expression.get(t, "*")) for t in topics}
+        else:
+            self._subs = {t: SubscriptionData.build(t, sub_expression) for t in topics}
+        keep = set(mqs)
+        for mq in list(self._positions):
+            if mq not in keep:
+                self._positions.pop(mq, None)
+        for mq in list(self._inflight):   # pulls in flight (prefetched ones too) carry the old subscription
+            self._forget(mq)
+        self._assigned = mqs
+
+    def assignment(self) -> list:
+        return list(self._assigned)
+
+    def seek(self, mq: MessageQueue, offset: int) -> None:
+        """Next ``poll`` reads ``mq`` from ``offset``."""
+        if mq not in self._assigned:
+            raise MQClientError(f"{mq} is not assigned")
+        if offset < 0:
+            raise MQClientError(f"offset < 0: {offset}")
+        self._positions[mq] = int(offset)
+        self._forget(mq)
+
+    def _commit_due(self) -> bool:
+        return self.auto_commit and (time.monotonic() - self._last_commit) * 1000 >= self.auto_commit_interval_ms
+
+    # -- calls -------------------------------------------------------------------------------------
+    def _fetch_subscribe_message_queues(self, topic: str):
+        """The topic's readable queues, sorted.
+
+        Raises
+        ------
+        MQClientError
+            The NameServer does not know the topic.
+        """
+        route = yield from self._client()._fetch_route(topic)
+        if route is None:
+            raise MQClientError(f"can not find message queue for this topic, {topic}", 17)
+        return route.subscribe_queues()
+
+    def _pull(self, mq: MessageQueue, sub_expression: str = "*", offset: int = 0, max_nums: int = PULL_BATCH_SIZE,
+              timeout_ms: Optional[int] = None):
+        """One pull, answered at once (no long polling).
+
+        Returns
+        -------
+        PullResult
+            ``msg_found_list`` holds MessageExt (bodies inflated, exact tag match).
+
+        Raises
+        ------
+        MQBrokerError
+            The broker refused (TOPIC_NOT_EXIST, ...).
+        RemotingError
+            No answer in ``timeout_ms``.
+        """
+        if offset < 0:
+            raise MQClientError(f"offset < 0: {offset}")
+        sub = SubscriptionData.build(mq.topic, sub_expression)
+        return (yield from self._client()._pull(self.group, mq, offset, max_nums, sub, 0, timeout_ms))
+
+    def _pull_block_if_not_found(self, mq: MessageQueue, sub_expression: str = "*", offset: int = 0,
+                                 max_nums: int = PULL_BATCH_SIZE, timeout_ms: int = BROKER_SUSPEND_MAX_TIME_MS):
+        """Like ``pull``, but the broker holds the request up to ``timeout_ms`` until a
+        message arrives (long polling)."""
+        sub = SubscriptionData.build(mq.topic, sub_expression)
+        suspend = max(1, min(int(timeout_ms), BROKER_SUSPEND_MAX_TIME_MS))
+        return (yield from self._client()._pull(self.group, mq, offset, max_nums, sub, suspend,
+                                                suspend + self.timeout_ms))
+
+    def _min_offset(self, mq: MessageQueue):
+        """The first offset of ``mq`` still stored."""
+        return (yield from self._client()._min_offset(mq))
+
+    def _max_offset(self, mq: MessageQueue):
+        """The offset after the last message of ``mq``."""
+        return (yield from self._client()._max_offset(mq))
+
+    def _search_offset(self, mq: MessageQueue, timestamp_ms: int):
+        """SEARCH_OFFSET_BY_TIMESTAMP: the first offset stored at or after ``timestamp_ms``."""
+        return (yield from self._client()._search_offset(mq, timestamp_ms))
+
+    def _fetch_consume_offset(self, mq: MessageQueue):
+        """The group's committed offset of ``mq`` on the broker (-1 when none)."""
+        return (yield from self._client()._query_consumer_offset(self.group, mq))
+
+    def _update_consume_offset(self, mq: MessageQueue, offset: int):
+        """Store ``offset`` (next to consume) for the group on the broker now."""
+        yield from self._client()._update_consumer_offset(self.group, mq, offset)
+        self._committed[mq] = offset
+
+    def _seek_by_time(self, mq: MessageQueue, timestamp_ms: int):
+        """Seek to the first message stored at or after ``timestamp_ms``; returns that offset."""
+        off = yield from self._search_offset(mq, timestamp_ms)
+        self.seek(mq, off)
+        return off
+
+    def _seek_to_begin(self, mq: MessageQueue):
+        """Seek to the first message still stored."""
+        self.seek(mq, (yield from self._min_offset(mq)))
+
+    def _seek_to_end(self, mq: MessageQueue):
+        """Seek past the last message (only new ones are polled)."""
+        self.seek(mq, (yield from self._max_offset(mq)))
+
+    def _position(self, mq: MessageQueue):
+        """Offset of the next message ``poll`` returns from ``mq``."""
+        off = self._positions.get(mq)
+        if off is None:
+            off = yield from self._initial_position_call(mq)
+        return off
+
+    def _initial_position_call(self, mq: MessageQueue):
+        api = self._client()
+        last = yield from api._query_consumer_offset(self.group, mq)
+        if last >= 0:
+            off = last
+            self._committed[mq] = last
+        elif self.consume_from_where is ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET:
+            off = yield from api._min_offset(mq)
+        elif self.consume_from_where is ConsumeFromWhere.CONSUME_FROM_TIMESTAMP:
+            ts = self.consume_timestamp_ms or int(time.time() * 1000) - 30 * 60 * 1000
+            off = yield from api._search_offset(mq, ts)
+        else:
+            off = yield from api._max_offset(mq)
+        self._positions[mq] = off
+        return off
+
+    def _before_poll_call(self):
+        """What each poll does first: an auto-commit when due, the start positions of new queues,
+        the routes refreshed (a promoted slave shows up as the new master)."""
+        if self._closed:
+            raise MQClientError("the consumer is shut down")
+        if self._commit_due():
+            yield from self._commit_sync()
+        for mq in self._assigned:
+            if mq not in self._positions:
+                yield from self._initial_position_call(mq)
+        api = self._client()
+        for topic in {mq.topic for mq in self._assigned}:
+            yield from api._refresh_route_if_stale(topic)
+
+    def _commit_sync(self, offsets: Optional[dict] = None):
+        """Store positions on the broker: ``offsets`` ({mq: offset}) or every assigned queue's
+        position (skipping unchanged ones).
+
+        Raises
+        ------
+        MQClientError
+            A broker refused or did not answer.
+        """
+        api = self._client()
+        todo = offsets if offsets is not None else {mq: off for mq, off in self._positions.items()
+                                                     if self._committed.get(mq) != off}
+        for mq, off in todo.items():
+            yield from api._update_consumer_offset(self.group, mq, off)
+            self._committed[mq] = off
+        self._last_commit = time.monotonic()
+
+
+class PullConsumer(PullConsumerCalls):
     """Pull messages from queues you choose (RocketMQ DefaultMQPullConsumer + the assign /
     seek / poll / commit side of DefaultLitePullConsumer).
 
@@ -225,33 +445,10 @@ class PullConsumer:
     must be called from one thread at a time (as KafkaConsumer).
     """
 
-    def __init__(self, namesrv_addr: str, group: str = "DEFAULT_CONSUMER", *, pull_batch_size: int = POLL_PULL_BATCH_SIZE,
-                 consume_from_where: Union[str, ConsumeFromWhere] = ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET,
-                 consume_timestamp_ms: Optional[int] = None, auto_commit: bool = True,
-                 auto_commit_interval_ms: int = PERSIST_CONSUMER_OFFSET_INTERVAL_MS,
-                 timeout_ms: int = DEFAULT_TIMEOUT_MS, instance_name: Optional[str] = None, auth=None):
-        self.auth = auth            # CURVE client keys (rmq.security.client_auth); None: environment / plain
-        if not 1 <= pull_batch_size <= 1024:
-            raise MQClientError(f"pull_batch_size must be in [1, 1024], got {pull_batch_size}")
-        self.namesrv_addr = namesrv_addr
-        self.group = group
-        self.pull_batch_size = pull_batch_size
-        self.consume_from_where = _enum(ConsumeFromWhere, consume_from_where, "consume_from_where")
-        self.consume_timestamp_ms = consume_timestamp_ms
-        self.auto_commit = auto_commit
-        self.auto_commit_interval_ms = auto_commit_interval_ms
-        self.timeout_ms = timeout_ms
-        self.client_id = default_client_id(instance_name)
-        self.api: Optional[ConsumerAPI] = None
-        self._assigned: list[MessageQueue] = []
-        self._subs: dict[str, SubscriptionData] = {}
-        self._positions: dict[MessageQueue, int] = {}
-        self._committed: dict[MessageQueue, int] = {}
-        self._inflight: dict[MessageQueue, tuple] = {}     # mq -> token (mq, offset, seq) of the pull in flight
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
         self._seq = itertools.count()
         self._mux: Optional[RequestMux] = None
-        self._last_commit = time.monotonic()
-        self._closed = False
 
     # -- lifecycle --------------------------------------------------------------------------
     def start(self) -> "PullConsumer":
@@ -265,6 +462,8 @@ class PullConsumer:
         if self.api is None:
             self.start()
         return self.api
+
+    _client = _started
 
     def shutdown(self) -> None:
         """Commit (with auto_commit) and close the sockets; idempotent."""
@@ -292,137 +491,20 @@ class PullConsumer:
     def __exit__(self, *exc) -> None:
         self.shutdown()
 
-    # -- queues and single pulls ----------------------------------------------------------------
-    def fetch_subscribe_message_queues(self, topic: str) -> list:
-        """The topic's readable queues, sorted.
-
-        Raises
-        ------
-        MQClientError
-            The NameServer does not know the topic.
-        """
-        route = self._started().fetch_route(topic)
-        if route is None:
-            raise MQClientError(f"can not find message queue for this topic, {topic}", 17)
-        return route.subscribe_queues()
-
-    def pull(self, mq: MessageQueue, sub_expression: str = "*", offset: int = 0, max_nums: int = PULL_BATCH_SIZE,
-             timeout_ms: Optional[int] = None) -> PullResult:
-        """One pull, answered at once (no long polling).
-
-        Returns
-        -------
-        PullResult
-            ``msg_found_list`` holds MessageExt (bodies inflated, exact tag match).
-
-        Raises
-        ------
-        MQBrokerError
-            The broker refused (TOPIC_NOT_EXIST, ...).
-        RemotingError
-            No answer in ``timeout_ms``.
-        """
-        if offset < 0:
-            raise MQClientError(f"offset < 0: {offset}")
-        sub = SubscriptionData.build(mq.topic, sub_expression)
-        return self._started().pull(self.group, mq, offset, max_nums, sub, 0, timeout_ms)
-
-    def pull_block_if_not_found(self, mq: MessageQueue, sub_expression: str = "*", offset: int = 0,
-                                max_nums: int = PULL_BATCH_SIZE, timeout_ms: int = BROKER_SUSPEND_MAX_TIME_MS) -> PullResult:
-        """Like :meth:`pull`, but the broker holds the request up to ``timeout_ms`` until a
-        message arrives (long polling)."""
-        sub = SubscriptionData.build(mq.topic, sub_expression)
-        suspend = max(1, min(int(timeout_ms), BROKER_SUSPEND_MAX_TIME_MS))
-        return self._started().pull(self.group, mq, offset, max_nums, sub, suspend, suspend + self.timeout_ms)
-
-    def min_offset(self, mq: MessageQueue) -> int:
-        return self._started().min_offset(mq)
-
-    def max_offset(self, mq: MessageQueue) -> int:
-        """The offset after the last message of ``mq``."""
-        return self._started().max_offset(mq)
-
-    def search_offset(self, mq: MessageQueue, timestamp_ms: int) -> int:
-        """SEARCH_OFFSET_BY_TIMESTAMP: the first offset stored at or after ``timestamp_ms``."""
-        return self._started().search_offset(mq, timestamp_ms)
-
-    def fetch_consume_offset(self, mq: MessageQueue) -> int:
-        """The group's committed offset of ``mq`` on the broker (-1 when none)."""
-        return self._started().query_consumer_offset(self.group, mq)
-
+    fetch_subscribe_message_queues = blocking(PullConsumerCalls._fetch_subscribe_message_queues, "_invoke")
+    pull = blocking(PullConsumerCalls._pull, "_invoke")
+    pull_block_if_not_found = blocking(PullConsumerCalls._pull_block_if_not_found, "_invoke")
+    min_offset = blocking(PullConsumerCalls._min_offset, "_invoke")
+    max_offset = blocking(PullConsumerCalls._max_offset, "_invoke")
+    search_offset = blocking(PullConsumerCalls._search_offset, "_invoke")
+    fetch_consume_offset = blocking(PullConsumerCalls._fetch_consume_offset, "_invoke")
     committed = fetch_consume_offset
-
-    def update_consume_offset(self, mq: MessageQueue, offset: int) -> None:
-        """Store ``offset`` (next to consume) for the group on the broker now."""
-        self._started().update_consumer_offset(self.group, mq, offset)
-        self._committed[mq] = offset
-
-    # -- assign / seek / poll ------------------------------------------------------------------------
-    def assign(self, mqs: Iterable[MessageQueue], sub_expression: Union[str, dict] = "*") -> None:
-        """Consume exactly ``mqs`` with :meth:`poll` (replaces the previous assignment).
-
-        ``sub_expression`` is one expression for all topics or ``{topic: expression}``.
-        Positions of queues that stay assigned are kept.
-        """
-        mqs = list(dict.fromkeys(mqs))
-        topics = {mq.topic for mq in mqs}
-        if isinstance(sub_expression, dict):
-            self._subs = {t: SubscriptionData.build(t, sub_expression.get(t, "*")) for t in topics}
-        else:
-            self._subs = {t: SubscriptionData.build(t, sub_expression) for t in topics}
-        keep = set(mqs)
-        for mq in list(self._positions):
-            if mq not in keep:
-                self._positions.pop(mq, None)
-        self._inflight.clear()          # pulls in flight (prefetched ones too) carry the old subscription
-        self._assigned = mqs
-
-    def assignment(self) -> list:
-        return list(self._assigned)
-
-    def seek(self, mq: MessageQueue, offset: int) -> None:
-        """Next :meth:`poll` reads ``mq`` from ``offset``."""
-        if mq not in self._assigned:
-            raise MQClientError(f"{mq} is not assigned")
-        if offset < 0:
-            raise MQClientError(f"offset < 0: {offset}")
-        self._positions[mq] = int(offset)
-        self._inflight.pop(mq, None)
-
-    def seek_by_time(self, mq: MessageQueue, timestamp_ms: int) -> int:
-        """Seek to the first message stored at or after ``timestamp_ms``; returns that offset."""
-        off = self.search_offset(mq, timestamp_ms)
-        self.seek(mq, off)
-        return off
-
-    def seek_to_begin(self, mq: MessageQueue) -> None:
-        self.seek(mq, self.min_offset(mq))
-
-    def seek_to_end(self, mq: MessageQueue) -> None:
-        self.seek(mq, self.max_offset(mq))
-
-    def position(self, mq: MessageQueue) -> int:
-        """Offset of the next message :meth:`poll` returns from ``mq``."""
-        off = self._positions.get(mq)
-        if off is None:
-            off = self._initial_position(mq)
-        return off
-
-    def _initial_position(self, mq: MessageQueue) -> int:
-        api = self._started()
-        last = api.query_consumer_offset(self.group, mq)
-        if last >= 0:
-            off = last
-            self._committed[mq] = last
-        elif self.consume_from_where is ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET:
-            off = api.min_offset(mq)
-        elif self.consume_from_where is ConsumeFromWhere.CONSUME_FROM_TIMESTAMP:
-            ts = self.consume_timestamp_ms or int(time.time() * 1000) - 30 * 60 * 1000
-            off = api.search_offset(mq, ts)
-        else:
-            off = api.max_offset(mq)
-        self._positions[mq] = off
-        return off
+    update_consume_offset = blocking(PullConsumerCalls._update_consume_offset, "_invoke")
+    seek_by_time = blocking(PullConsumerCalls._seek_by_time, "_invoke")
+    seek_to_begin = blocking(PullConsumerCalls._seek_to_begin, "_invoke")
+    seek_to_end = blocking(PullConsumerCalls._seek_to_end, "_invoke")
+    position = blocking(PullConsumerCalls._position, "_invoke")
+    commit_sync = blocking(PullConsumerCalls._commit_sync, "_invoke")
 
     def poll(self, timeout_ms: int = 1000) -> list:
         """Messages from the assigned queues, waiting up to ``timeout_ms`` for some (long polling
@@ -497,20 +579,12 @@ class PullConsumer:
     def _poll(self, timeout_ms: int, decode: Callable) -> list:
         """poll()'s loop; ``decode(resp, subscription, addr, mq) -> (next offset, items)``."""
         api = self._started()
-        if self._closed:
-            raise MQClientError("the consumer is shut down")
-        if self.auto_commit and (time.monotonic() - self._last_commit) * 1000 >= self.auto_commit_interval_ms:
-            self.commit_sync()
+        drive(self._before_poll_call(), self._invoke)
         if not self._assigned:
             time.sleep(timeout_ms / 1000.0)
             return []
         if self._mux is None:
-            self._mux = RequestMux(auth=self._started().auth)
-        for mq in self._assigned:
-            if mq not in self._positions:
-                self._initial_position(mq)
-        for topic in {mq.topic for mq in self._assigned}:
-            api.refresh_route_if_stale(topic)           # a promoted slave shows up as the new master
+            self._mux = RequestMux(auth=api.auth)
         deadline = time.monotonic() + timeout_ms / 1000.0
         out: list = []
         error: Optional[Exception] = None
@@ -597,23 +671,6 @@ class PullConsumer:
         """Messages forever (poll in a loop); stop with ``break`` or :meth:`shutdown`."""
         while not self._closed:
             yield from self.poll(1000)
-
-    def commit_sync(self, offsets: Optional[dict] = None) -> None:
-        """Store positions on the broker: ``offsets`` ({mq: offset}) or every assigned queue's
-        position (skipping unchanged ones).
-
-        Raises
-        ------
-        MQClientError
-            A broker refused or did not answer.
-        """
-        api = self._started()
-        todo = offsets if offsets is not None else {mq: off for mq, off in self._positions.items()
-                                                     if self._committed.get(mq) != off}
-        for mq, off in todo.items():
-            api.update_consumer_offset(self.group, mq, off)
-            self._committed[mq] = off
-        self._last_commit = time.monotonic()
 
 
 # ==================================================================================================

@@ -149,3 +149,53 @@ def test_pull_suggestion_picks_the_next_pulls_broker_and_a_failed_pull_puts_the_
     out, _, after = _run(failed_pull, [(SLAVE, RequestCode.PULL_MESSAGE, RemotingTimeoutError("slave gone"))])
     assert isinstance(out, RemotingTimeoutError)
     assert "orders" in after._route_doubt and SLAVE in after.pull_from.suspects()
+
+
+def _pull_core(client: ConsumerCalls, **kw):
+    """A PullConsumerCalls whose client is the I/O-free ``client``."""
+    from rmq.client.consumer import PullConsumerCalls
+
+    class Core(PullConsumerCalls):
+        def _client(self):
+            return self.api
+
+    core = Core(NS, "cg", **kw)
+    core.api = client
+    return core
+
+
+def test_pull_consumer_start_position_without_a_committed_offset_follows_consume_from_where():
+    made = []
+
+    def position(client):
+        pc = _pull_core(client, consume_from_where="CONSUME_FROM_FIRST_OFFSET")
+        pc.assign([MQ])
+        made.append(pc)
+        return pc._position(MQ)
+
+    out, _, _ = _run(position, [
+        (NS, RequestCode.GET_ROUTEINFO_BY_TOPIC, _route({"0": MASTER})),
+        (MASTER, RequestCode.QUERY_CONSUMER_OFFSET, Frame(ResponseCode.QUERY_NOT_FOUND)),
+        (MASTER, RequestCode.GET_MIN_OFFSET, Frame(ResponseCode.SUCCESS, fields={"offset": 5}))])
+    assert out == 5
+    assert [(pc._positions, pc._committed) for pc in made] == [({MQ: 5}, {})] * 2
+
+
+def test_pull_consumer_commit_stores_only_the_positions_that_moved():
+    other = MessageQueue("orders", "broker-a", 1)
+    made = []
+
+    def commit(client):
+        pc = _pull_core(client)
+        pc.assign([MQ, other])
+        pc._positions, pc._committed = {MQ: 10, other: 7}, {other: 7}
+        made.append(pc)
+        return pc._commit_sync()
+
+    _, asked, _ = _run(commit, [
+        (NS, RequestCode.GET_ROUTEINFO_BY_TOPIC, _route({"0": MASTER})),
+        (MASTER, RequestCode.UPDATE_CONSUMER_OFFSET, Frame(ResponseCode.SUCCESS))])
+    assert asked[1][2] == {"consumerGroup": "cg", "topic": "orders", "queueId": 3, "commitOffset": 10}
+    assert [pc._committed for pc in made] == [{MQ: 10, other: 7}] * 2
+    with pytest.raises(MQClientError, match="not assigned"):
+        made[0].seek(MessageQueue("orders", "broker-a", 2), 0)
