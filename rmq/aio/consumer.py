@@ -37,7 +37,6 @@ import collections
 import enum
 import inspect
 import logging
-import random
 import time
 from typing import Callable, Iterable, Optional, Union
 
@@ -52,11 +51,11 @@ from rmq.client.consumer import (BROKER_SUSPEND_MAX_TIME_MS, CONCURRENT_MAX_RECO
                                  SUSPEND_CURRENT_QUEUE_TIME_MS, CONSUME_CONCURRENTLY_MAX_SPAN,
                                  ConsumeConcurrentlyContext, ConsumeConcurrentlyStatus, ConsumeFromWhere,
                                  ConsumeOrderlyContext, ConsumeOrderlyStatus, MessageModel, RunCommits, _enum,
-                                 PullConsumerCalls, compute_pull_from_where)
+                                 PullConsumerCalls, RebalanceCalls)
 from rmq.aio.remoting import AsyncRemoting
 from rmq.client.calls import adrive, awaitable
 from rmq.client.consumer_api import (CONSUMER_TIMEOUT_MS_WHEN_SUSPEND, ConsumerCalls, SubscriptionData,
-                                     build_pull_frame, consumer_data, default_client_id, group_addrs,
+                                     build_pull_frame, default_client_id, group_addrs,
                                      parse_pull_response)
 from rmq.client.consumer_process_queue import ProcessQueue
 from rmq.client.message import MessageQueue, PullStatus
@@ -64,7 +63,7 @@ from rmq.client.offset_store import LocalFileOffsetStore, OffsetStore
 from rmq.client.rebalance import resolve_strategy
 from rmq.client.remoting import DEFAULT_TIMEOUT_MS
 from rmq.client import trace as _trace
-from rmq.common.mix_all import is_retry_topic, retry_topic
+from rmq.common.mix_all import retry_topic
 from rmq.filter import MessageSelector
 from rmq.errors import MQBrokerError, MQClientError, RemotingError
 from rmq.protocol import Frame, RequestCode
@@ -323,7 +322,7 @@ class _AsyncOffsets:
         self._persisted.pop(mq, None)
 
 
-class AsyncPushConsumer:
+class AsyncPushConsumer(RebalanceCalls):
     """Awaitable :class:`rmq.client.consumer.PushConsumer`: same parameters (``consume_thread_max``
     bounds concurrent listener calls), ``await start()`` / ``await shutdown()``.  The listener may
     be a coroutine function (awaited on the loop) or a plain function (run in a worker thread)."""
@@ -572,18 +571,7 @@ class AsyncPushConsumer:
                 log.exception("consumer %s heartbeat failed", self.group)
 
     async def _heartbeat_all(self) -> None:
-        for topic in list(self.subscriptions):
-            try:
-                await self.api.route(topic, self.poll_name_server_interval_ms)
-            except MQClientError:
-                pass
-        datas = [consumer_data(self.group, "CONSUME_PASSIVELY", self.message_model.value,
-                               self.consume_from_where.value, self.subscriptions.values())]
-        for addr in self.api.heartbeat_addrs():                 # masters and slaves (RocketMQ)
-            try:
-                await self.api.heartbeat(addr, self.client_id, datas)
-            except MQClientError as e:
-                log.warning("heartbeat to %s failed: %s", addr, e)
+        await adrive(self._heartbeat_all_call(), self.api.invoke)
 
     async def do_rebalance(self) -> None:
         for topic in list(self.subscriptions):
@@ -597,27 +585,9 @@ class AsyncPushConsumer:
                 del self.process_queue_table[mq]
 
     async def _rebalance_by_topic(self, topic: str) -> None:
-        route = await self.api.route(topic, self.poll_name_server_interval_ms)
-        if route is None:
-            return
-        mq_all = route.subscribe_queues()
-        if not self.clustering:
-            await self._update_table(topic, set(mq_all))
-            return
-        addrs = route.read_addrs(self.api.pull_from.suspects())   # masters; a slave for a group without one
-        if not addrs or not mq_all:
-            return
-        cids = await self.api.consumer_id_list(random.choice(addrs), self.group)
-        if self.client_id not in cids:
-            await self._heartbeat_all()
-            return
-        cids.sort()
-        try:
-            allocated = self.allocate_strategy(self.group, self.client_id, sorted(mq_all), cids)
-        except Exception:
-            log.exception("allocate strategy %r failed", self.allocate_strategy)
-            return
-        await self._update_table(topic, set(allocated))
+        mq_set = await adrive(self._allocate_call(topic), self.api.invoke)
+        if mq_set is not None:
+            await self._update_table(topic, mq_set)
 
     async def _update_table(self, topic: str, mq_set: set) -> None:
         for mq, pq in [(mq, pq) for mq, pq in self.process_queue_table.items() if mq.topic == topic]:
@@ -638,11 +608,7 @@ class AsyncPushConsumer:
             if locked:
                 pq.locked, pq.last_lock_timestamp = True, time.monotonic()
             last = await self.offsets.read_from_store(mq)
-            try:
-                next_offset = await self._start_offset(mq, last)
-            except MQClientError as e:
-                log.warning("cannot compute the start offset of %s: %s", mq, e)
-                next_offset = -1
+            next_offset = await adrive(self._start_offset_call(mq, last), self.api.invoke)
             if next_offset < 0:
                 if locked:
                     await self._unlock([mq])
@@ -652,20 +618,6 @@ class AsyncPushConsumer:
             self._consume_locks[pq] = asyncio.Lock()
             self._pull_tasks[pq] = asyncio.get_running_loop().create_task(self._pull_loop(mq, pq, next_offset))
             log.info("%s: %s takes %s from offset %d", self.group, self.client_id, mq, next_offset)
-
-    async def _start_offset(self, mq: MessageQueue, last: int) -> int:
-        # compute_pull_from_where needs sync callables: resolve the one broker value it may need first
-        if last != -1:
-            return compute_pull_from_where(self.consume_from_where, last, mq, lambda m: -1, lambda m, t: -1, 0)
-        where = self.consume_from_where
-        is_retry = is_retry_topic(mq.topic)
-        if where is ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET:
-            return 0
-        if where is ConsumeFromWhere.CONSUME_FROM_TIMESTAMP and not is_retry:
-            return await self.api.search_offset(mq, self.consume_timestamp_ms)
-        if where is ConsumeFromWhere.CONSUME_FROM_TIMESTAMP or not is_retry:
-            return await self.api.max_offset(mq)
-        return 0
 
     async def _remove_unnecessary(self, mq: MessageQueue, pq: ProcessQueue) -> bool:
         t = self._pull_tasks.pop(pq, None)
@@ -692,40 +644,14 @@ class AsyncPushConsumer:
         return True
 
     async def _lock_one(self, mq: MessageQueue) -> bool:
-        try:
-            addr = await self.api.broker_addr(mq.broker_name, mq.topic)
-            return mq in await self.api.lock_batch_mq(addr, self.group, self.client_id, [mq])
-        except MQClientError as e:
-            log.warning("lock %s failed: %s", mq, e)
-            return False
+        return await adrive(self._lock_one_call(mq), self.api.invoke)
 
     async def _lock_all(self) -> None:
         table = {mq: pq for mq, pq in self.process_queue_table.items() if not pq.dropped}
-        by_broker: dict = {}
-        for mq in table:
-            by_broker.setdefault(mq.broker_name, []).append(mq)
-        for broker, mqs in by_broker.items():
-            try:
-                addr = await self.api.broker_addr(broker, mqs[0].topic)
-                ok = await self.api.lock_batch_mq(addr, self.group, self.client_id, mqs)
-            except MQClientError as e:
-                log.warning("lock renewal on %s failed: %s", broker, e)
-                continue
-            for mq in mqs:
-                table[mq].locked = mq in ok
-                if mq in ok:
-                    table[mq].last_lock_timestamp = time.monotonic()
+        await adrive(self._lock_all_call(table), self.api.invoke)
 
     async def _unlock(self, mqs: list) -> None:
-        by_broker: dict = {}
-        for mq in mqs:
-            by_broker.setdefault(mq.broker_name, []).append(mq)
-        for broker, group_mqs in by_broker.items():
-            try:
-                addr = await self.api.broker_addr(broker, group_mqs[0].topic)
-                await self.api.unlock_batch_mq(addr, self.group, self.client_id, group_mqs)
-            except MQClientError as e:
-                log.warning("unlock %s failed: %s", group_mqs, e)
+        await adrive(self._unlock_call(mqs), self.api.invoke)
 
     # -- pulling ----------------------------------------------------------------------------------------
     async def _pull_loop(self, mq: MessageQueue, pq: ProcessQueue, next_offset: int) -> None:

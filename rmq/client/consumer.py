@@ -166,13 +166,13 @@ def _enum(cls, value, what: str):
         raise MQClientError(f"{what} must be one of {[e.value for e in cls]}, got {value!r}") from None
 
 
-def compute_pull_from_where(consume_from_where: ConsumeFromWhere, last_offset: int, mq: MessageQueue,
-                            max_offset: Callable[[MessageQueue], int], search_offset: Callable[[MessageQueue, int], int],
-                            consume_timestamp_ms: int) -> int:
-    """RocketMQ's ``RebalancePushImpl.computePullFromWhere``: the stored offset when there is one
-    (``last_offset >= 0``); with none (-1) the queue's max offset (LAST; 0 for a retry topic),
-    0 (FIRST) or the offset at ``consume_timestamp_ms`` (TIMESTAMP; max offset for a retry topic);
-    -1 when the stored offset could not be read (-2) or the broker could not be asked.
+def pull_from_where(consume_from_where: ConsumeFromWhere, last_offset: int, mq: MessageQueue, client,
+                    consume_timestamp_ms: int):
+    """RocketMQ's ``RebalancePushImpl.computePullFromWhere`` as a call (:mod:`rmq.client.calls`)
+    on ``client`` (its ``_max_offset`` / ``_search_offset`` calls): the stored offset when there
+    is one (``last_offset >= 0``); with none (-1) the queue's max offset (LAST; 0 for a retry
+    topic), 0 (FIRST) or the offset at ``consume_timestamp_ms`` (TIMESTAMP; max offset for a retry
+    topic); -1 when the stored offset could not be read (-2) or the broker could not be asked.
     """
     if last_offset >= 0:
         return last_offset
@@ -183,11 +183,150 @@ def compute_pull_from_where(consume_from_where: ConsumeFromWhere, last_offset: i
         if consume_from_where is ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET:
             return 0
         if consume_from_where is ConsumeFromWhere.CONSUME_FROM_TIMESTAMP:
-            return max_offset(mq) if is_retry else search_offset(mq, consume_timestamp_ms)
-        return 0 if is_retry else max_offset(mq)
+            if is_retry:
+                return (yield from client._max_offset(mq))
+            return (yield from client._search_offset(mq, consume_timestamp_ms))
+        return 0 if is_retry else (yield from client._max_offset(mq))
     except MQClientError as e:
         log.warning("cannot compute the start offset of %s: %s", mq, e)
         return -1
+
+
+class _OffsetFunctions:
+    """Plain functions standing for a client's offset calls (they make no request of their own)."""
+
+    def __init__(self, max_offset: Callable, search_offset: Callable):
+        self._max, self._search = max_offset, search_offset
+
+    def _max_offset(self, mq):
+        return self._max(mq)
+        yield                                      # a call that never yields a request
+
+    def _search_offset(self, mq, timestamp_ms):
+        return self._search(mq, timestamp_ms)
+        yield
+
+
+def compute_pull_from_where(consume_from_where: ConsumeFromWhere, last_offset: int, mq: MessageQueue,
+                            max_offset: Callable[[MessageQueue], int], search_offset: Callable[[MessageQueue, int], int],
+                            consume_timestamp_ms: int) -> int:
+    """:func:`pull_from_where` with plain functions for the broker's answers."""
+    return drive(pull_from_where(consume_from_where, last_offset, mq, _OffsetFunctions(max_offset, search_offset),
+                                 consume_timestamp_ms), None)
+
+
+class RebalanceCalls:
+    """The parts of a push consumer's rebalance that talk to brokers, as calls
+    (:mod:`rmq.client.calls`) on ``self.api`` (a ConsumerAPI or AsyncConsumerAPI): which queues
+    this member gets, heartbeats, queue locks.  :class:`PushConsumer` drives them blocking on its
+    service thread, :class:`rmq.aio.consumer.AsyncPushConsumer` awaiting; each keeps its own
+    process-queue table and pull engine.  Needs ``api``, ``group``, ``client_id``, ``clustering``,
+    ``subscriptions``, ``allocate_strategy``, ``poll_name_server_interval_ms``, ``message_model``,
+    ``consume_from_where``, ``consume_timestamp_ms``.
+    """
+
+    def _allocate_call(self, topic: str):
+        """The queues of ``topic`` this member consumes now (RocketMQ
+        ``RebalanceImpl.rebalanceByTopic``): every readable queue in BROADCASTING; in CLUSTERING
+        the allocation strategy's share among the group's members the broker lists.  None: keep
+        what is held (no route yet, no member list, or the broker does not know this member yet:
+        then it is sent a heartbeat)."""
+        api = self.api
+        route = yield from api._route(topic, self.poll_name_server_interval_ms)
+        if route is None:
+            return None                # e.g. the retry topic before the first send-back
+        mq_all = route.subscribe_queues()
+        if not self.clustering:
+            return set(mq_all)
+        addrs = route.read_addrs(api.pull_from.suspects())   # masters; a slave for a group without one
+        if not addrs or not mq_all:
+            return None
+        cids = yield from api._consumer_id_list(random.choice(addrs), self.group)
+        if self.client_id not in cids:
+            # the broker does not know us (yet, or it restarted): tell it and keep what we have
+            yield from self._heartbeat_all_call()
+            return None
+        cids.sort()
+        try:
+            allocated = self.allocate_strategy(self.group, self.client_id, sorted(mq_all), cids)
+        except Exception:
+            log.exception("allocate strategy %r failed", self.allocate_strategy)
+            return None
+        return set(allocated)
+
+    def _consumer_datas(self) -> list:
+        return [consumer_data(self.group, "CONSUME_PASSIVELY", self.message_model.value,
+                              self.consume_from_where.value, self.subscriptions.values())]
+
+    def _heartbeat_all_call(self):
+        """HEART_BEAT to every broker of the subscribed topics' routes, masters and slaves
+        (RocketMQ); the routes are refreshed first when older than poll_name_server_interval_ms."""
+        api = self.api
+        for topic in list(self.subscriptions):
+            try:
+                yield from api._route(topic, self.poll_name_server_interval_ms)
+            except MQClientError:
+                pass
+        datas = self._consumer_datas()
+        for addr in api.heartbeat_addrs():
+            try:
+                yield from api._heartbeat(addr, self.client_id, datas)
+            except MQClientError as e:
+                log.warning("heartbeat to %s failed: %s", addr, e)
+
+    def _start_offset_call(self, mq: MessageQueue, last_offset: int):
+        """Where a queue newly held starts (:func:`pull_from_where`); -1: unknown, try later."""
+        return (yield from pull_from_where(self.consume_from_where, last_offset, mq, self.api,
+                                           self.consume_timestamp_ms))
+
+    def _lock_one_call(self, mq: MessageQueue):
+        """LOCK_BATCH_MQ of ``mq`` alone: True when this member holds it now."""
+        try:
+            addr = yield from self.api._broker_addr(mq.broker_name, mq.topic)
+            return mq in (yield from self.api._lock_batch_mq(addr, self.group, self.client_id, [mq]))
+        except MQClientError as e:
+            log.warning("lock %s failed: %s", mq, e)
+            return False
+
+    def _lock_all_call(self, table: dict):
+        """Renew the lock of every queue of ``table`` ({mq: ProcessQueue}; RocketMQ
+        ``RebalanceImpl.lockAll``): each ProcessQueue's ``locked`` is what its broker answered."""
+        for broker, mqs in by_broker(table).items():
+            try:
+                addr = yield from self.api._broker_addr(broker, mqs[0].topic)
+                ok = yield from self.api._lock_batch_mq(addr, self.group, self.client_id, mqs)
+            except MQClientError as e:
+                log.warning("lock renewal on %s failed: %s", broker, e)
+                continue
+            now = time.monotonic()
+            for mq in mqs:
+                pq = table[mq]
+                if mq in ok:
+                    if not pq.locked:
+                        log.info("%s locked again", mq)
+                    pq.locked = True
+                    pq.last_lock_timestamp = now
+                else:
+                    if pq.locked:
+                        log.warning("%s: lock lost", mq)
+                    pq.locked = False
+
+    def _unlock_call(self, mqs: Iterable[MessageQueue]):
+        """UNLOCK_BATCH_MQ of ``mqs``, one request per broker group; failures are logged."""
+        for broker, group_mqs in by_broker(mqs).items():
+            try:
+                addr = yield from self.api._broker_addr(broker, group_mqs[0].topic)
+                yield from self.api._unlock_batch_mq(addr, self.group, self.client_id, group_mqs)
+            except MQClientError as e:
+                log.warning("unlock %s failed: %s", group_mqs, e)
+
+
+def by_broker(mqs: Iterable[MessageQueue]) -> dict:
+    """``{broker name: [mq, ...]}`` in the order given."""
+    out: dict = {}
+    for mq in mqs:
+        out.setdefault(mq.broker_name, []).append(mq)
+    return out
 
 
 def _is_coroutine_fn(fn) -> bool:
@@ -867,7 +1006,7 @@ class _ConsumeRun:
         self.mq = mq
 
 
-class PushConsumer:
+class PushConsumer(RebalanceCalls):
     """A consumer-group member that is assigned queues and called back with their messages
     (RocketMQ DefaultMQPushConsumer).
 
@@ -1204,22 +1343,8 @@ class PushConsumer:
     def persist_consumer_offset(self) -> None:
         self.offset_store.persist_all(self.assigned_message_queues())
 
-    def _consumer_datas(self) -> list:
-        return [consumer_data(self.group, "CONSUME_PASSIVELY", self.message_model.value,
-                              self.consume_from_where.value, self.subscriptions.values())]
-
     def _heartbeat_all(self) -> None:
-        for topic in list(self.subscriptions):
-            try:
-                self.api.route(topic, self.poll_name_server_interval_ms)
-            except MQClientError:
-                pass
-        datas = self._consumer_datas()
-        for addr in self.api.heartbeat_addrs():              # masters and slaves (RocketMQ)
-            try:
-                self.api.heartbeat(addr, self.client_id, datas)
-            except MQClientError as e:
-                log.warning("heartbeat to %s failed: %s", addr, e)
+        drive(self._heartbeat_all_call(), self.api.invoke)
 
     def do_rebalance(self) -> None:
         """One rebalance of every subscribed topic (RocketMQ ``RebalanceImpl.doRebalance``)."""
@@ -1238,28 +1363,9 @@ class PushConsumer:
                         del self.process_queue_table[mq]
 
     def _rebalance_by_topic(self, topic: str) -> None:
-        route = self.api.route(topic, self.poll_name_server_interval_ms)
-        if route is None:
-            return                     # e.g. the retry topic before the first send-back
-        mq_all = route.subscribe_queues()
-        if not self.clustering:
-            self._update_process_queue_table(topic, set(mq_all))
-            return
-        addrs = route.read_addrs(self.api.pull_from.suspects())   # masters; a slave for a group without one
-        if not addrs or not mq_all:
-            return
-        cids = self.api.consumer_id_list(random.choice(addrs), self.group)
-        if self.client_id not in cids:
-            # the broker does not know us (yet, or it restarted): tell it and keep what we have
-            self._heartbeat_all()
-            return
-        cids.sort()
-        try:
-            allocated = self.allocate_strategy(self.group, self.client_id, sorted(mq_all), cids)
-        except Exception:
-            log.exception("allocate strategy %r failed", self.allocate_strategy)
-            return
-        self._update_process_queue_table(topic, set(allocated))
+        mq_set = drive(self._allocate_call(topic), self.api.invoke)
+        if mq_set is not None:
+            self._update_process_queue_table(topic, mq_set)
 
     def _update_process_queue_table(self, topic: str, mq_set: set) -> bool:
         changed = False
@@ -1293,8 +1399,7 @@ class PushConsumer:
                 pq.locked = True
                 pq.last_lock_timestamp = time.monotonic()
             last = self.offset_store.read_offset(mq, ReadOffsetType.READ_FROM_STORE)
-            next_offset = compute_pull_from_where(self.consume_from_where, last, mq, self.api.max_offset,
-                                                  self.api.search_offset, self.consume_timestamp_ms)
+            next_offset = drive(self._start_offset_call(mq, last), self.api.invoke)
             if next_offset < 0:
                 log.warning("%s: start offset unknown, retrying at the next rebalance", mq)
                 if locked:
@@ -1332,50 +1437,16 @@ class PushConsumer:
 
     # -- queue locks (orderly, clustering) ------------------------------------------------------------
     def _lock_one(self, mq: MessageQueue) -> bool:
-        try:
-            addr = self.api.broker_addr(mq.broker_name, mq.topic)
-            return mq in self.api.lock_batch_mq(addr, self.group, self.client_id, [mq])
-        except MQClientError as e:
-            log.warning("lock %s failed: %s", mq, e)
-            return False
-
-    def _by_broker(self, mqs: Iterable[MessageQueue]) -> dict:
-        out: dict = {}
-        for mq in mqs:
-            out.setdefault(mq.broker_name, []).append(mq)
-        return out
+        return drive(self._lock_one_call(mq), self.api.invoke)
 
     def _lock_all(self) -> None:
         """Renew every queue lock (RocketMQ ``RebalanceImpl.lockAll``)."""
         with self._pq_lock:
             table = {mq: pq for mq, pq in self.process_queue_table.items() if not pq.dropped}
-        for broker, mqs in self._by_broker(table).items():
-            try:
-                addr = self.api.broker_addr(broker, mqs[0].topic)
-                ok = self.api.lock_batch_mq(addr, self.group, self.client_id, mqs)
-            except MQClientError as e:
-                log.warning("lock renewal on %s failed: %s", broker, e)
-                continue
-            now = time.monotonic()
-            for mq in mqs:
-                pq = table[mq]
-                if mq in ok:
-                    if not pq.locked:
-                        log.info("%s locked again", mq)
-                    pq.locked = True
-                    pq.last_lock_timestamp = now
-                else:
-                    if pq.locked:
-                        log.warning("%s: lock lost", mq)
-                    pq.locked = False
+        drive(self._lock_all_call(table), self.api.invoke)
 
     def _unlock_all(self, mqs: Iterable[MessageQueue]) -> None:
-        for broker, group_mqs in self._by_broker(mqs).items():
-            try:
-                addr = self.api.broker_addr(broker, group_mqs[0].topic)
-                self.api.unlock_batch_mq(addr, self.group, self.client_id, group_mqs)
-            except MQClientError as e:
-                log.warning("unlock %s failed: %s", group_mqs, e)
+        drive(self._unlock_call(mqs), self.api.invoke)
 
     # -- pulling (pull thread) ----------------------------------------------------------------------------
     def _pull_later(self, pr: PullRequest, delay_ms: float) -> None:

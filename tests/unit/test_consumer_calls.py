@@ -199,3 +199,53 @@ def test_pull_consumer_commit_stores_only_the_positions_that_moved():
     assert [pc._committed for pc in made] == [{MQ: 10, other: 7}] * 2
     with pytest.raises(MQClientError, match="not assigned"):
         made[0].seek(MessageQueue("orders", "broker-a", 2), 0)
+
+
+def _member(client: ConsumerCalls, client_id: str = "me@1"):
+    """A RebalanceCalls host with a push consumer's settings, on the I/O-free ``client``."""
+    from rmq.client.consumer import ConsumeFromWhere, MessageModel, RebalanceCalls
+    from rmq.client.consumer_api import SubscriptionData
+    from rmq.client.rebalance import AllocateMessageQueueAveragely
+
+    m = RebalanceCalls()
+    m.api, m.group, m.client_id, m.clustering = client, "cg", client_id, True
+    m.subscriptions = {"orders": SubscriptionData.build("orders", "*")}
+    m.allocate_strategy = AllocateMessageQueueAveragely()
+    m.poll_name_server_interval_ms = 30_000
+    m.message_model, m.consume_from_where = MessageModel.CLUSTERING, ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET
+    m.consume_timestamp_ms = 0
+    return m
+
+
+def test_rebalance_gives_this_member_its_share_of_the_queues():
+    ids = Frame(ResponseCode.SUCCESS, bodies=[pack_body({"consumerIdList": ["other@2", "me@1"]})])
+    out, asked, _ = _run(lambda c: _member(c)._allocate_call("orders"), [
+        (NS, RequestCode.GET_ROUTEINFO_BY_TOPIC, _route({"0": MASTER})),
+        (MASTER, RequestCode.GET_CONSUMER_LIST_BY_GROUP, ids)])
+    # 4 queues, two members sorted ["me@1", "other@2"]: AVG gives the first two to me@1
+    assert out == {MessageQueue("orders", "broker-a", 0), MessageQueue("orders", "broker-a", 1)}
+    assert asked[1][2] == {"consumerGroup": "cg"}
+
+
+def test_rebalance_of_a_member_the_broker_does_not_know_sends_a_heartbeat_and_keeps_its_queues():
+    ids = Frame(ResponseCode.SUCCESS, bodies=[pack_body({"consumerIdList": ["other@2"]})])
+    out, asked, _ = _run(lambda c: _member(c)._allocate_call("orders"), [
+        (NS, RequestCode.GET_ROUTEINFO_BY_TOPIC, _route({"0": MASTER, "1": SLAVE})),
+        (MASTER, RequestCode.GET_CONSUMER_LIST_BY_GROUP, ids),
+        (MASTER, RequestCode.HEART_BEAT, Frame(ResponseCode.SUCCESS)),
+        (SLAVE, RequestCode.HEART_BEAT, RemotingTimeoutError("slave down"))])     # logged, not raised
+    assert out is None
+    assert [code for _, code, _ in asked][2:] == [RequestCode.HEART_BEAT] * 2
+
+
+def test_start_offset_of_a_new_queue_without_a_stored_offset_is_its_end_and_unknown_on_failure():
+    out, _, _ = _run(lambda c: _member(c)._start_offset_call(MQ, -1), [
+        (NS, RequestCode.GET_ROUTEINFO_BY_TOPIC, _route({"0": MASTER})),
+        (MASTER, RequestCode.GET_MAX_OFFSET, Frame(ResponseCode.SUCCESS, fields={"offset": 77}))])
+    assert out == 77
+    out, _, _ = _run(lambda c: _member(c)._start_offset_call(MQ, -1), [
+        (NS, RequestCode.GET_ROUTEINFO_BY_TOPIC, _route({"0": MASTER})),
+        (MASTER, RequestCode.GET_MAX_OFFSET, RemotingTimeoutError("x"))])
+    assert out == -1
+    out, asked, _ = _run(lambda c: _member(c)._start_offset_call(MQ, 12), [])
+    assert out == 12 and asked == []
