@@ -72,9 +72,10 @@ from rmq import protocol as P
 from rmq import security
 from rmq.client import trace as _trace
 from rmq.client.message import Message, MessageQueue, SendResult
+from rmq.client.send_attempts import SendAttempts
 from rmq.client.producer import (ROUTE_REFRESH_ON_FAILURE_MS, ProducerOptions, QueueTurns,
                                  Selector, apply_selector, batch_body_of,
-                                 check_group, client_id, final_error, heartbeat_request, merge_results,
+                                 check_group, client_id, heartbeat_request, merge_results,
                                  many_keys, many_parts, message_preparer, parse_send_response, prepare_batch,
                                  prepare_many, route_suspect, select_by_hash, selector_for, queued_failures_error,
                                  send_request)
@@ -784,76 +785,47 @@ class Producer:
         max_attempts = 1 if (fixed is not None or oneway) else 1 + self.options.retry_times_when_send_failed
         body = batch_body_of(preps) if batch else None
         return await self._attempts(preps, batch, body, topic, info, fixed, max_attempts, begin, deadline, None,
-                                    oneway, budget_ms)
+                                    oneway)
 
     async def _attempts(self, preps: list, batch: bool, body: Optional[bytes], topic: str, info: TopicPublishInfo,
                         fixed: Optional[MessageQueue], max_attempts: int, begin: float, deadline: float,
-                        attempt_timeout: Optional[float], oneway: bool, budget_ms: Optional[int]) -> list:
-        """The attempts of one request (shared by :meth:`send` and :meth:`send_async`'s
-        batches): a queue per attempt (the fault strategy's, avoiding the last broker), each
-        attempt waiting at most ``attempt_timeout`` seconds (None: what is left until
-        ``deadline``), retried while attempts and time remain on timeouts, unreachable brokers
-        and retryable codes; then the last error, as :func:`final_error` describes it.
-        ``budget_ms``: :meth:`send`'s budget, named by the timeout when the deadline passed before
-        any attempt (None: a send_async request; its timeout names the time since ``begin``)."""
+                        attempt_timeout: Optional[float], oneway: bool) -> list:
+        """The attempts of one request (shared by :meth:`send` and :meth:`send_async`'s batches),
+        under :class:`rmq.client.send_attempts.SendAttempts`' rules; each attempt waits at most
+        ``attempt_timeout`` seconds (None: what is left until ``deadline``)."""
         loop_time = self._loop.time
-        last_broker: Optional[str] = None
-        brokers_sent: list = []
-        last_exc: Optional[BaseException] = None
-        attempts = 0
-        for _ in range(max_attempts):
+        att = SendAttempts(topic, len(preps), fixed, max_attempts, begin, deadline)
+        while True:
             now = loop_time()
-            if now >= deadline:
-                break
-            mq = fixed if fixed is not None else self.fault_strategy.select_one_message_queue(info, last_broker)
-            addr = self.route_cache.find_broker_addr(mq.broker_name)
-            if addr is None:
-                raise MQClientError(f"The broker[{mq.broker_name}] not exist (no master address)")
-            if mq.broker_name not in brokers_sent:
-                brokers_sent.append(mq.broker_name)
-            attempts += 1
-            if attempts > 1:
+            try:
+                mq, addr = att.target(now, self.route_cache, self.fault_strategy)
+            except MQClientError as e:        # out of time before sending, or no queue / broker
+                raise att.give_up(e, now, self.options) from None
+            if att.attempt > 1:
                 self.stats["retries"] += 1
             frame = send_request(preps, mq.queue_id, self.group, batch, oneway, body,
                                  self.options.default_topic_queue_nums)
             wait = deadline - now if attempt_timeout is None else min(attempt_timeout, deadline - now)
-            t0 = loop_time()
             try:
                 resp = await self._invoke(self._conn(addr), frame, wait, oneway, mq.broker_name)
                 if oneway:
                     self.stats["messages"] += len(preps)
                     return []
                 results = parse_send_response(resp, topic, mq.broker_name, addr, preps)
-            except MQBrokerError as e:
-                self.fault_strategy.update_fault_item(mq.broker_name, (loop_time() - t0) * 1000, True)
-                last_exc = e
+            except (MQBrokerError, RemotingError) as e:
                 self._refresh_suspect(topic, e)
-                if fixed is not None or e.response_code not in self.options.retry_response_codes:
+                final = att.failed(e, loop_time(), self.fault_strategy, self.options)
+                if final is None:
+                    continue                      # retried, another broker preferred
+                if final is e:
                     raise
-                last_broker = mq.broker_name
-                continue
-            except RemotingError as e:
-                self.fault_strategy.update_fault_item(mq.broker_name, (loop_time() - t0) * 1000, True)
-                last_exc = e
-                self._refresh_suspect(topic, e)
-                if fixed is not None:
-                    raise
-                last_broker = mq.broker_name
-                continue
-            self.fault_strategy.update_fault_item(mq.broker_name, (loop_time() - t0) * 1000, False)
+                raise final
+            att.answered(loop_time(), self.fault_strategy)
             self.stats["messages"] += len(preps)
             if info.provisional and loop_time() - self._last_fetch.get(topic, 0.0) >= PROVISIONAL_REFRESH_S:
                 self._last_fetch[topic] = loop_time()
                 self._spawn(self._refresh(topic))
             return results
-        if last_exc is None:
-            last_exc = RemotingTimeoutError(
-                f"send to topic {topic} timed out after {budget_ms} ms" if budget_ms is not None else
-                f"send of {len(preps)} message(s) to topic {topic} timed out after "
-                f"{(loop_time() - begin) * 1000:.0f} ms before it could be sent")
-        if attempts <= 1 and max_attempts == 1:
-            raise last_exc
-        raise final_error(last_exc, attempts, (loop_time() - begin) * 1000, topic, brokers_sent)
 
     # -- send_async's batches --------------------------------------------------------------------
     def _pump(self) -> None:
@@ -926,7 +898,7 @@ class Producer:
             batch = len(preps) > 1
             body = batch_body_of(preps) if batch else None
             results = await self._attempts(preps, batch, body, topic, info, fixed, max_attempts, b.created,
-                                           b.deadline, b.attempt_timeout, False, None)
+                                           b.deadline, b.attempt_timeout, False)
         except asyncio.CancelledError:
             self._fail(b, RemotingError(f"producer {self.group} closed while waiting for a response"))
             raise

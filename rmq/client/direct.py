@@ -11,7 +11,7 @@ request / response on the caller's socket.
 What stays with the I/O thread: route look-ups and refreshes (the direct path is taken only
 when the topic's route is known and not provisional), asynchronous and one-way sends, batching.
 Both paths share the route cache, the latency fault strategy (which locks itself) and the
-retry rules (:func:`rmq.client.producer.is_retryable`, :func:`rmq.client.producer.final_error`).
+retry rules (:class:`rmq.client.send_attempts.SendAttempts`).
 
 Concurrency: a :class:`_Link` is used only by the thread that created it; :meth:`DirectSender.close`
 waits (bounded) for sends in progress, then closes every link from the closing thread.
@@ -33,6 +33,7 @@ from rmq import protocol as P
 from rmq import security
 from rmq.client.message import MessageQueue, SendResult
 from rmq.client.route import route_suspect
+from rmq.client.send_attempts import SendAttempts
 from rmq.errors import MQBrokerError, MQClientError, RemotingError, RemotingTimeoutError
 from rmq.protocol import Frame, ProtocolError, ResponseCode
 from rmq.zmqio import recv_parts, send_parts
@@ -212,16 +213,14 @@ class DirectSender:
         MQClientError, MQBrokerError, RemotingTimeoutError, RemotingError
             As :meth:`rmq.Producer.send`.
         """
-        # the producer module imports this one: its wire and retry helpers are imported at call time
-        from rmq.client.producer import apply_selector, final_error, is_retryable, parse_send_response, \
-            send_request
+        # the producer module imports this one: its wire helpers are imported at call time
+        from rmq.client.producer import apply_selector, parse_send_response, send_request
         opts = self.opts
         budget_ms = timeout_ms if timeout_ms is not None else opts.send_msg_timeout_ms
         if budget_ms <= 0:
             raise MQClientError(f"timeout_ms must be positive, got {budget_ms}")
         topic = prep.msg.topic
         started = time.monotonic()
-        deadline = started + budget_ms / 1000.0
         with self._lock:
             if self._closed:
                 raise MQClientError(f"producer {self.group} is closed")
@@ -233,70 +232,43 @@ class DirectSender:
                 if info is None:
                     raise MQClientError(f"No route info of this topic: {topic}")
                 fixed = apply_selector(selector, info, prep.msg, arg)
-            max_attempts = 1 if fixed is not None else 1 + opts.retry_times_when_send_failed
-            attempt = 0
-            brokers_sent: list = []
-            last_broker = None
+            att = SendAttempts(topic, 1, fixed, 1 if fixed is not None else 1 + opts.retry_times_when_send_failed,
+                               started, started + budget_ms / 1000.0)
             while True:
-                now = time.monotonic()
-                if now >= deadline:
-                    exc: BaseException = RemotingTimeoutError(
-                        f"send of 1 message(s) to topic {topic} timed out after {(now - started) * 1000:.0f} ms "
-                        f"before it could be sent (attempt {attempt + 1})")
+                try:
+                    mq, addr = att.target(time.monotonic(), self.route_cache, self.fault)
+                except MQClientError as e:        # out of time before sending, or no queue / broker
+                    exc: Optional[BaseException] = att.give_up(e, time.monotonic(), opts)
                     break
-                if fixed is not None:
-                    mq = fixed
-                else:
-                    info = self.route_cache.publish_info(topic)
-                    if info is None:
-                        exc = MQClientError(f"No route info of this topic: {topic}")
-                        break
-                    try:
-                        mq = self.fault.select_one_message_queue(info, last_broker)
-                    except MQClientError as e:
-                        exc = e
-                        break
-                addr = self.route_cache.find_broker_addr(mq.broker_name)
-                if addr is None:
-                    exc = MQClientError(f"The broker[{mq.broker_name}] not exist (no master address)")
-                    break
-                attempt += 1
-                if attempt > 1:
+                if att.attempt > 1:
                     self._count("retries")
-                if mq.broker_name not in brokers_sent:
-                    brokers_sent.append(mq.broker_name)
                 frame = send_request([prep], mq.queue_id, self.group, False, False, None,
                                      opts.default_topic_queue_nums)
                 frame.opaque = next(self._opaque)
-                sent_at = time.monotonic()
                 if _lt.ENABLED:
                     _lt.event("p_write", prep.uniq_id, time.monotonic_ns())
                 try:
-                    resp = self._link(addr).call(frame, deadline,
-                                                 min(deadline, sent_at + opts.connect_timeout_ms / 1000.0), heartbeat)
+                    resp = self._link(addr).call(frame, att.deadline,
+                                                 min(att.deadline, att.sent_at + opts.connect_timeout_ms / 1000.0),
+                                                 heartbeat)
                     result = parse_send_response(resp, topic, mq.broker_name, addr, [prep])[0]
                 except MQBrokerError as e:                      # the broker answered with an error
                     self._count("requests")
-                    self.fault.update_fault_item(mq.broker_name, (time.monotonic() - sent_at) * 1000.0, True)
                     if route_suspect(e) and self.refresh_route is not None:
                         self.refresh_route(topic, e.response_code in (ResponseCode.TOPIC_NOT_EXIST,
                                                                       ResponseCode.NO_PERMISSION))
-                    exc = e
+                    exc = att.failed(e, time.monotonic(), self.fault, opts)
                 except RemotingError as e:
-                    self.fault.update_fault_item(mq.broker_name, (time.monotonic() - sent_at) * 1000.0, True)
                     if self.refresh_route is not None:
                         self.refresh_route(topic, False)       # a new master may have replaced this one
-                    exc = e
+                    exc = att.failed(e, time.monotonic(), self.fault, opts)
                 else:
-                    self.fault.update_fault_item(mq.broker_name, (time.monotonic() - sent_at) * 1000.0, False)
+                    att.answered(time.monotonic(), self.fault)
                     self._count("requests", "messages")
                     return result
-                if attempt < max_attempts and time.monotonic() < deadline and is_retryable(exc, opts):
-                    last_broker = mq.broker_name
-                    continue
+                if exc is None:
+                    continue                                    # retried, another broker preferred
                 break
-            if attempt > 1 or (attempt == 1 and max_attempts > 1 and is_retryable(exc, opts)):
-                exc = final_error(exc, attempt, (time.monotonic() - started) * 1000.0, topic, brokers_sent)
             self._count("failed_messages")
             raise exc
         finally:

@@ -96,6 +96,7 @@ from rmq.client.direct import DirectSender, close_monitored
 from rmq.client.futures import ManyFuture, ManyPart, SendFuture
 from rmq.client.message import (PROPERTY_SHARDING_KEY, Message,
                                 MessageQueue, SendResult, SendStatus)
+from rmq.client.send_attempts import SendAttempts, final_error, is_retryable
 from rmq.client.route import (LATENCY_MAX_49, NOT_AVAILABLE_DURATION_49, ISOLATION_LATENCY_MS_49,
                               ROUTE_REFRESH_ON_FAILURE_MS, MQFaultStrategy, RouteCache, TopicPublishInfo,
                               cluster_info_request, parse_cluster_info, parse_route_response, route_request,
@@ -399,30 +400,6 @@ def queued_failures_error(group: str, n: int, first: BaseException) -> MQClientE
     return err
 
 
-def is_retryable(exc: BaseException, opts: ProducerOptions) -> bool:
-    """Whether a failed attempt may be retried on another queue (RocketMQ ``sendDefaultImpl``)."""
-    if isinstance(exc, MQBrokerError):
-        return exc.response_code in opts.retry_response_codes
-    return isinstance(exc, RemotingError) or (isinstance(exc, MQClientError) and exc.response_code < 0)
-
-
-def final_error(last: BaseException, attempts: int, cost_ms: float, topic: str, brokers: list) -> BaseException:
-    """The error a send ends with after ``attempts`` tries: ``last``'s type, with RocketMQ's
-    "Send [N] times, still failed" description (``last`` as the cause)."""
-    info = (f"Send [{attempts}] times, still failed, cost [{cost_ms:.0f}]ms, Topic: {topic}, "
-            f"BrokersSent: {brokers}: {getattr(last, 'remark', None) or last}")
-    if isinstance(last, MQBrokerError):
-        err: BaseException = MQBrokerError(info, last.response_code, last.broker_addr)
-    elif isinstance(last, MQClientError):
-        err = type(last)(info, last.response_code) if type(last) in (MQClientError, RemotingError,
-                                                                      RemotingTimeoutError) else last
-    else:
-        err = MQClientError(info)
-    if err is not last:
-        err.__cause__ = last
-    return err
-
-
 _OPEN_KEYS = (str, int, bytes)        # sharding keys a caller-side batch is keyed by (hashable, and equal only
                                       # when java_hash is: 1 and "1" are two keys, as their queues may differ)
 
@@ -596,38 +573,29 @@ class _Pending:
         return self.preps[0].msg.topic
 
 
-class _Request:
-    """One request on the wire (a message, a user batch, or an accumulated batch) and its attempts."""
+class _Request(SendAttempts):
+    """One request on the wire (a message, a user batch, or an accumulated batch); its attempts
+    follow :class:`rmq.client.send_attempts.SendAttempts`."""
 
-    __slots__ = ("items", "topic", "mode", "fixed", "batch", "max_attempts", "attempt", "deadline", "started",
-                 "attempt_timeout",
-                 "mq", "addr", "opaque", "sent_at", "brokers_sent", "last_broker", "batch_body", "park_deadline",
-                 "preps", "queue_turn")
+    __slots__ = ("items", "mode", "batch", "attempt_timeout", "opaque", "batch_body", "park_deadline", "preps",
+                 "queue_turn")
 
     def __init__(self, items: list, fixed: Optional[MessageQueue], opts: ProducerOptions):
         self.items = items
         first = items[0]
-        self.topic = first.topic
         self.mode = first.mode
-        self.fixed = fixed
         self.preps = [p for it in items for p in it.preps]
         self.batch = first.whole or len(self.preps) > 1
         if fixed is not None or self.mode == ONEWAY:
-            self.max_attempts = 1
+            max_attempts = 1
         elif self.mode == SYNC:
-            self.max_attempts = 1 + opts.retry_times_when_send_failed
+            max_attempts = 1 + opts.retry_times_when_send_failed
         else:
-            self.max_attempts = 1 + opts.retry_times_when_send_async_failed
-        self.attempt = 0
-        self.deadline = min(it.deadline for it in items)
+            max_attempts = 1 + opts.retry_times_when_send_async_failed
+        SendAttempts.__init__(self, first.topic, len(self.preps), fixed, max_attempts,
+                              min(it.started for it in items), min(it.deadline for it in items))
         self.attempt_timeout = min(it.attempt_timeout for it in items)
-        self.started = min(it.started for it in items)
-        self.mq: Optional[MessageQueue] = None
-        self.addr = ""
         self.opaque = 0
-        self.sent_at = 0.0
-        self.brokers_sent: list = []
-        self.last_broker: Optional[str] = None
         self.batch_body: Optional[bytes] = None
         self.park_deadline = 0.0
         self.queue_turn = False          # holds its fixed queue's turn (_Sender._pump): ordered sends
@@ -1074,33 +1042,13 @@ class _Sender(threading.Thread):
     def _attempt(self, req: _Request) -> None:
         """Select a queue and send ``req`` (or park it until its broker is connected)."""
         now = time.monotonic()
-        if now >= req.deadline:
-            err = RemotingTimeoutError(f"send of {len(req.preps)} message(s) to topic {req.topic} timed out after "
-                                       f"{(now - req.started) * 1000:.0f} ms before it could be sent"
-                                       f"{' (attempt %d)' % (req.attempt + 1) if req.attempt else ''}")
-            self._give_up(req, err, now)
-            return
         try:
-            if req.fixed is not None:
-                mq = req.fixed
-            else:
-                info = self.route_cache.publish_info(req.topic)
-                if info is None:
-                    raise MQClientError(f"No route info of this topic: {req.topic}")
-                mq = self.fault.select_one_message_queue(info, req.last_broker)
-            addr = self.route_cache.find_broker_addr(mq.broker_name)
-            if addr is None:
-                raise MQClientError(f"The broker[{mq.broker_name}] not exist (no master address)")
-        except MQClientError as e:
-            self._give_up(req, e, now)
+            mq, addr = req.target(now, self.route_cache, self.fault)
+        except MQClientError as e:        # out of time before sending, or no queue / broker
+            self._fail_request(req, req.give_up(e, now, self.opts))
             return
-        req.mq = mq
-        req.addr = addr
-        req.attempt += 1
         if req.attempt > 1:
             self.stats["retries"] += 1
-        if mq.broker_name not in req.brokers_sent:
-            req.brokers_sent.append(mq.broker_name)
         if req.batch and req.batch_body is None:
             req.batch_body = batch_body_of(req.preps)
         frame = send_request(req.preps, mq.queue_id, self.group, req.batch, req.mode == ONEWAY, req.batch_body,
@@ -1109,11 +1057,10 @@ class _Sender(threading.Thread):
         try:
             parts = P.encode(frame)
         except ProtocolError as e:
-            self._give_up(req, MQClientError(f"cannot encode the send request: {e.remark}",
-                                             int(ResponseCode.MESSAGE_ILLEGAL)), now)
+            self._fail_request(req, req.give_up(MQClientError(f"cannot encode the send request: {e.remark}",
+                                                              int(ResponseCode.MESSAGE_ILLEGAL)), now, self.opts))
             return
         conn = self._conn(addr)
-        req.sent_at = now
         if _lt.ENABLED:                   # before the write: the broker may read it before we run again
             _lt.stamp_ids("p_write", [p.uniq_id for p in req.preps], time.monotonic_ns())
         if conn.parked or not self._try_send(conn, parts):
@@ -1220,18 +1167,16 @@ class _Sender(threading.Thread):
 
     def _on_response(self, req: _Request, resp: Frame) -> None:
         now = time.monotonic()
-        latency_ms = (now - req.sent_at) * 1000.0
         mq = req.mq
         try:
             status, answered_mq, base, offset_ids = send_response_fields(resp, req.topic, mq.broker_name, req.addr,
                                                                   len(req.preps))
         except MQBrokerError as e:
-            self.fault.update_fault_item(mq.broker_name, latency_ms, True)
             if resp.code in (ResponseCode.TOPIC_NOT_EXIST, ResponseCode.NO_PERMISSION):
                 self._fetch_route(req.topic)
             self._retry_or_fail(req, e, now)
             return
-        self.fault.update_fault_item(mq.broker_name, latency_ms, False)
+        req.answered(now, self.fault)
         i = 0
         for it in req.items:
             n = len(it.preps)
@@ -1293,21 +1238,14 @@ class _Sender(threading.Thread):
                 f"connection to broker {req.mq.broker_name} at {conn.addr} closed with the request in flight"), now)
 
     def _retry_or_fail(self, req: _Request, exc: BaseException, now: float) -> None:
-        if not isinstance(exc, MQBrokerError):
-            self.fault.update_fault_item(req.mq.broker_name, (now - req.sent_at) * 1000.0, True)
         if route_suspect(exc):
             self.route_in_doubt(req.topic)      # a new master may have replaced this one
-        if (req.attempt < req.max_attempts and now < req.deadline and is_retryable(exc, self.opts)):
-            req.last_broker = req.mq.broker_name
+        final = req.failed(exc, now, self.fault, self.opts)
+        if final is None:
             log.debug("retrying send to topic %s after: %s", req.topic, exc)
             self._attempt(req)
             return
-        self._give_up(req, exc, now)
-
-    def _give_up(self, req: _Request, exc: BaseException, now: float) -> None:
-        if req.attempt > 1 or (req.attempt == 1 and req.max_attempts > 1 and is_retryable(exc, self.opts)):
-            exc = final_error(exc, req.attempt, (now - req.started) * 1000.0, req.topic, req.brokers_sent)
-        self._fail_request(req, exc)
+        self._fail_request(req, final)
 
     def _expire(self, now: float) -> None:
         heap = self._timeouts
