@@ -51,7 +51,7 @@ from rmq.client.consumer import (BROKER_SUSPEND_MAX_TIME_MS, CONCURRENT_MAX_RECO
                                  SUSPEND_CURRENT_QUEUE_TIME_MS, CONSUME_CONCURRENTLY_MAX_SPAN,
                                  ConsumeConcurrentlyContext, ConsumeConcurrentlyStatus, ConsumeFromWhere,
                                  ConsumeOrderlyContext, ConsumeOrderlyStatus, MessageModel, RunCommits, _enum,
-                                 PullConsumerCalls, RebalanceCalls)
+                                 PullConsumerCalls, PushConsumerCalls)
 from rmq.aio.remoting import AsyncRemoting
 from rmq.client.calls import adrive, awaitable
 from rmq.client.consumer_api import (CONSUMER_TIMEOUT_MS_WHEN_SUSPEND, ConsumerCalls, SubscriptionData,
@@ -322,7 +322,7 @@ class _AsyncOffsets:
         self._persisted.pop(mq, None)
 
 
-class AsyncPushConsumer(RebalanceCalls):
+class AsyncPushConsumer(PushConsumerCalls):
     """Awaitable :class:`rmq.client.consumer.PushConsumer`: same parameters (``consume_thread_max``
     bounds concurrent listener calls), ``await start()`` / ``await shutdown()``.  The listener may
     be a coroutine function (awaited on the loop) or a plain function (run in a worker thread)."""
@@ -829,39 +829,18 @@ class AsyncPushConsumer(RebalanceCalls):
         self.stats["consumed_ok"] += len(msgs)
 
     async def _process_result(self, status, ctx, msgs: list, pq: ProcessQueue, mq: MessageQueue) -> None:
-        """A request's outcome: the messages past ``ack_index`` (all of them unless
-        CONSUME_SUCCESS) go back to the broker (CLUSTERING; re-consumed locally when that
-        fails), the rest are committed."""
-        ack = min(max(ctx.ack_index, -1), len(msgs) - 1) if status is ConsumeConcurrentlyStatus.CONSUME_SUCCESS else -1
-        done = msgs
-        if ack < len(msgs) - 1 and self.clustering:
-            again = [m for m in msgs[ack + 1:]
-                     if not await self._send_back(m, mq, ctx.delay_level_when_next_consume)]
-            if again:
-                for m in again:
-                    m.reconsume_times += 1
-                keep = {id(m) for m in again}
-                done = [m for m in msgs if id(m) not in keep]
-                self._spawn(self._consume_later(again, pq, mq))
-        offset = pq.remove_message(done)
-        if offset >= 0 and not pq.dropped:
-            self.offset_store.update_offset(mq, offset, increase_only=True)
-        self.stats["consumed_ok"] += ack + 1            # after the offset, as the thread consumer
-        self.stats["consumed_failed"] += len(msgs) - ack - 1
+        """A request's outcome (:meth:`rmq.client.consumer.PushConsumerCalls._concurrent_result_call`);
+        the messages whose send-back failed are consumed again here later."""
+        again = await adrive(self._concurrent_result_call(status, ctx, msgs, pq, mq), self.api.invoke)
+        if again:
+            self._spawn(self._consume_later(again, pq, mq))
+
+    def _count(self, name: str, n: int = 1) -> None:
+        self.stats[name] += n
 
     async def _consume_later(self, msgs: list, pq: ProcessQueue, mq: MessageQueue) -> None:
         await asyncio.sleep(RECONSUME_LATER_LOCALLY_MS / 1000.0)
         await self._consume_concurrently(msgs, pq, mq)
-
-    async def _send_back(self, msg, mq: MessageQueue, delay_level: int) -> bool:
-        try:
-            await self.api.send_message_back(self.group, mq, msg, delay_level, self._max_reconsume_times())
-            self.stats["sent_back"] += 1
-            return True
-        except MQClientError as e:
-            self.stats["send_back_failed"] += 1
-            log.warning("send back of %s failed: %s", msg.msg_id, e)
-            return False
 
     async def _consume_orderly(self, pq: ProcessQueue, mq: MessageQueue) -> None:
         lock = self._consume_locks.get(pq)
@@ -899,16 +878,7 @@ class AsyncPushConsumer(RebalanceCalls):
                     commit = pq.commit()
                 else:
                     self.stats["consumed_failed"] += len(msgs)
-                    suspend = False
-                    limit = self._max_reconsume_times()
-                    for m in msgs:
-                        if m.reconsume_times >= limit and self.clustering:
-                            if not await self._send_back(m, mq, -1):
-                                suspend = True
-                                m.reconsume_times += 1
-                        elif m.reconsume_times < limit:
-                            suspend = True
-                            m.reconsume_times += 1
+                    suspend = await adrive(self._reconsume_call(msgs, mq), self.api.invoke)
                     if suspend:
                         pq.make_message_to_consume_again(msgs)
                         commit = -1

@@ -215,7 +215,7 @@ def compute_pull_from_where(consume_from_where: ConsumeFromWhere, last_offset: i
                                  consume_timestamp_ms), None)
 
 
-class RebalanceCalls:
+class PushConsumerCalls:
     """The parts of a push consumer's rebalance that talk to brokers, as calls
     (:mod:`rmq.client.calls`) on ``self.api`` (a ConsumerAPI or AsyncConsumerAPI): which queues
     this member gets, heartbeats, queue locks.  :class:`PushConsumer` drives them blocking on its
@@ -319,6 +319,71 @@ class RebalanceCalls:
                 yield from self.api._unlock_batch_mq(addr, self.group, self.client_id, group_mqs)
             except MQClientError as e:
                 log.warning("unlock %s failed: %s", group_mqs, e)
+
+
+    # -- consume results ----------------------------------------------------------------------------
+    def _send_back_call(self, msg, mq: MessageQueue, delay_level: int):
+        """CONSUMER_SEND_MSG_BACK of ``msg`` (its retry, or the DLQ for ``delay_level`` -1); False
+        when it failed (logged): the caller consumes it again here."""
+        try:
+            yield from self.api._send_message_back(self.group, mq, msg, delay_level, self._max_reconsume_times())
+        except MQClientError as e:
+            self._count("send_back_failed")
+            log.warning("send back of %s failed: %s", msg.msg_id, e)
+            return False
+        self._count("sent_back")
+        return True
+
+    def _concurrent_result_call(self, status, ctx: ConsumeConcurrentlyContext, msgs: list, pq: ProcessQueue,
+                                mq: MessageQueue):
+        """A concurrent listener's answer (RocketMQ ``ConsumeMessageConcurrentlyService.processConsumeResult``):
+        the messages past ``ack_index`` (all of them unless CONSUME_SUCCESS) are sent back
+        (CLUSTERING; dropped with a warning in BROADCASTING), the others leave the process queue
+        and move the offset.  Returns the messages whose send-back failed, to consume again here."""
+        if status is ConsumeConcurrentlyStatus.CONSUME_SUCCESS:
+            ack = min(max(ctx.ack_index, -1), len(msgs) - 1)
+        else:
+            ack = -1
+        done, again = msgs, []
+        if ack < len(msgs) - 1:
+            failed = msgs[ack + 1:]
+            if not self.clustering:
+                for m in failed:
+                    log.warning("BROADCASTING: dropping failed message %s", m.msg_id)
+            else:
+                for m in failed:
+                    if not (yield from self._send_back_call(m, mq, ctx.delay_level_when_next_consume)):
+                        m.reconsume_times += 1
+                        again.append(m)
+                if again:
+                    keep = {id(m) for m in again}
+                    done = [m for m in msgs if id(m) not in keep]
+        offset = pq.remove_message(done)
+        if offset >= 0 and not pq.dropped:
+            self.offset_store.update_offset(mq, offset, increase_only=True)
+        # counted last: a reader that sees the count also sees the offset it committed (a
+        # shutdown or a rebalance right after persists the offset past these messages)
+        self._count("consumed_ok", ack + 1)
+        self._count("consumed_failed", len(msgs) - ack - 1)
+        return again
+
+    def _reconsume_call(self, msgs: list, mq: MessageQueue):
+        """An orderly batch that failed (RocketMQ ``checkReconsumeTimes``): True when it must be
+        consumed again here; messages past ``max_reconsume_times`` go to the DLQ instead (again
+        here when that fails; dropped with a warning in BROADCASTING)."""
+        suspend = False
+        limit = self._max_reconsume_times()
+        for m in msgs:
+            if m.reconsume_times >= limit and self.clustering:
+                if not (yield from self._send_back_call(m, mq, -1)):
+                    suspend = True
+                    m.reconsume_times += 1
+            elif m.reconsume_times >= limit:
+                log.warning("BROADCASTING: dropping message %s after %d attempts", m.msg_id, m.reconsume_times)
+            else:
+                suspend = True
+                m.reconsume_times += 1
+        return suspend
 
 
 def by_broker(mqs: Iterable[MessageQueue]) -> dict:
@@ -1006,7 +1071,7 @@ class _ConsumeRun:
         self.mq = mq
 
 
-class PushConsumer(RebalanceCalls):
+class PushConsumer(PushConsumerCalls):
     """A consumer-group member that is assigned queues and called back with their messages
     (RocketMQ DefaultMQPushConsumer).
 
@@ -1663,48 +1728,13 @@ class PushConsumer(RebalanceCalls):
 
     def _process_concurrent_result(self, status, ctx: ConsumeConcurrentlyContext, msgs: list, pq: ProcessQueue,
                                    mq: MessageQueue) -> None:
-        if status is ConsumeConcurrentlyStatus.CONSUME_SUCCESS:
-            ack = min(max(ctx.ack_index, -1), len(msgs) - 1)
-        else:
-            ack = -1
-        done = msgs
-        if ack < len(msgs) - 1:
-            failed = msgs[ack + 1:]
-            if not self.clustering:
-                for m in failed:
-                    log.warning("BROADCASTING: dropping failed message %s", m.msg_id)
-            else:
-                again = []
-                for m in failed:
-                    if not self._send_message_back(m, mq, ctx.delay_level_when_next_consume):
-                        m.reconsume_times += 1
-                        again.append(m)
-                if again:
-                    keep = {id(m) for m in again}
-                    done = [m for m in msgs if id(m) not in keep]
-                    self._submit_consume_later(again, pq, mq, RECONSUME_LATER_LOCALLY_MS)
-        offset = pq.remove_message(done)
-        if offset >= 0 and not pq.dropped:
-            self.offset_store.update_offset(mq, offset, increase_only=True)
-        # counted last: a reader that sees the count also sees the offset it committed (a
-        # shutdown or a rebalance right after persists the offset past these messages)
-        with self._stats_lock:
-            self.stats["consumed_ok"] += ack + 1
-            self.stats["consumed_failed"] += len(msgs) - ack - 1
+        again = drive(self._concurrent_result_call(status, ctx, msgs, pq, mq), self.api.invoke)
+        if again:
+            self._submit_consume_later(again, pq, mq, RECONSUME_LATER_LOCALLY_MS)
 
     def _count(self, name: str, n: int = 1) -> None:
         with self._stats_lock:
             self.stats[name] += n
-
-    def _send_message_back(self, msg, mq: MessageQueue, delay_level: int) -> bool:
-        try:
-            self.api.send_message_back(self.group, mq, msg, delay_level, self._max_reconsume_times())
-            self._count("sent_back")
-            return True
-        except MQClientError as e:
-            self._count("send_back_failed")
-            log.warning("send back of %s failed: %s", msg.msg_id, e)
-            return False
 
     # -- orderly -------------------------------------------------------------------------------------------
     def _mq_lock(self, mq: MessageQueue) -> threading.Lock:
@@ -1793,18 +1823,4 @@ class PushConsumer(RebalanceCalls):
         return cont
 
     def _check_reconsume_times(self, msgs: list, mq: MessageQueue) -> bool:
-        """True when the batch must be retried here; messages over max_reconsume_times go to the
-        DLQ (if that fails they are retried too)."""
-        suspend = False
-        limit = self._max_reconsume_times()
-        for m in msgs:
-            if m.reconsume_times >= limit and self.clustering:
-                if not self._send_message_back(m, mq, -1):
-                    suspend = True
-                    m.reconsume_times += 1
-            elif m.reconsume_times >= limit:
-                log.warning("BROADCASTING: dropping message %s after %d attempts", m.msg_id, m.reconsume_times)
-            else:
-                suspend = True
-                m.reconsume_times += 1
-        return suspend
+        return drive(self._reconsume_call(msgs, mq), self.api.invoke)

@@ -202,18 +202,23 @@ def test_pull_consumer_commit_stores_only_the_positions_that_moved():
 
 
 def _member(client: ConsumerCalls, client_id: str = "me@1"):
-    """A RebalanceCalls host with a push consumer's settings, on the I/O-free ``client``."""
-    from rmq.client.consumer import ConsumeFromWhere, MessageModel, RebalanceCalls
+    """A PushConsumerCalls host with a push consumer's settings, on the I/O-free ``client``."""
+    from rmq.client.consumer import ConsumeFromWhere, MessageModel, PushConsumerCalls
+    from rmq.client.offset_store import OffsetStore
     from rmq.client.consumer_api import SubscriptionData
     from rmq.client.rebalance import AllocateMessageQueueAveragely
 
-    m = RebalanceCalls()
+    m = PushConsumerCalls()
     m.api, m.group, m.client_id, m.clustering = client, "cg", client_id, True
     m.subscriptions = {"orders": SubscriptionData.build("orders", "*")}
     m.allocate_strategy = AllocateMessageQueueAveragely()
     m.poll_name_server_interval_ms = 30_000
     m.message_model, m.consume_from_where = MessageModel.CLUSTERING, ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET
     m.consume_timestamp_ms = 0
+    m.offset_store = OffsetStore("cg")
+    m.stats = {}
+    m._count = lambda name, n=1: m.stats.__setitem__(name, m.stats.get(name, 0) + n)
+    m._max_reconsume_times = lambda: 16
     return m
 
 
@@ -249,3 +254,36 @@ def test_start_offset_of_a_new_queue_without_a_stored_offset_is_its_end_and_unkn
     assert out == -1
     out, asked, _ = _run(lambda c: _member(c)._start_offset_call(MQ, 12), [])
     assert out == 12 and asked == []
+
+
+def test_a_failed_batch_is_sent_back_and_what_could_not_be_is_consumed_again_here():
+    from rmq.client.consumer import ConsumeConcurrentlyContext, ConsumeConcurrentlyStatus
+    from rmq.client.consumer_process_queue import ProcessQueue
+
+    made = []
+
+    def result(client):
+        m = _member(client)
+        made.append(m)
+        msgs = []
+        for i in range(3):
+            x = cl.MessageExt()
+            x.topic, x.body, x.queue_id, x.queue_offset, x.reconsume_times = "orders", b"x", 3, 10 + i, 0
+            x.store_host = bytes([127, 0, 0, 1, 0, 0, 0x2a, 0x9f])
+            msgs.append(x)
+        pq = ProcessQueue()
+        pq.put_message(msgs)
+        ctx = ConsumeConcurrentlyContext(MQ)
+        ctx.ack_index = 0                          # the first consumed, the other two failed
+        again = yield from m._concurrent_result_call(ConsumeConcurrentlyStatus.CONSUME_SUCCESS, ctx, msgs, pq, MQ)
+        return [(x.queue_offset, x.reconsume_times) for x in again]
+
+    out, asked, _ = _run(result, [
+        (NS, RequestCode.GET_ROUTEINFO_BY_TOPIC, _route({"0": MASTER})),
+        (MASTER, RequestCode.CONSUMER_SEND_MSG_BACK, Frame(ResponseCode.SUCCESS)),
+        (MASTER, RequestCode.CONSUMER_SEND_MSG_BACK, Frame(ResponseCode.SYSTEM_ERROR, remark="busy")),
+        (MASTER, RequestCode.SEND_MESSAGE, Frame(ResponseCode.SYSTEM_ERROR, remark="still busy"))])
+    assert out == [(12, 1)]                            # its send-back failed: consumed again here
+    for m in made:
+        assert m.stats == {"sent_back": 1, "send_back_failed": 1, "consumed_ok": 1, "consumed_failed": 2}
+        assert m.offset_store.read_memory(MQ) == 12        # the lowest offset still in the process queue
