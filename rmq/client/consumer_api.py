@@ -60,10 +60,9 @@ from rmq.client.calls import blocking
 from rmq.client.remoting import DEFAULT_TIMEOUT_MS, RemotingClient
 from rmq.client.route import ROUTE_REFRESH_ON_FAILURE_MS, route_suspect
 from rmq.common.mix_all import CLIENT_INNER_PRODUCER_GROUP, MASTER_ID, dlq_topic, retry_topic
-from rmq.common.perm import PERM_READ
 from rmq.common.pull_sys_flag import build_sys_flag
 from rmq.common.request_header import SUB_ALL, PullMessageRequestHeader, SendMessageRequestHeader  # SUB_ALL re-exported
-from rmq.common.route import broker_addrs_from_wire, find_broker_address_in_subscribe
+from rmq.common.route import TopicRouteData, find_broker_address_in_subscribe
 from rmq.errors import MQBrokerError, MQClientError, RemotingError, RemotingTimeoutError
 from rmq.filter import ExpressionType, MessageSelector, sql92
 from rmq.protocol import Frame, ProtocolError, RequestCode, ResponseCode, pack_body, unpack_body
@@ -109,32 +108,35 @@ def default_client_id(instance_name: Optional[str] = None) -> str:
 # -- routes ------------------------------------------------------------------------------------
 @dataclass
 class TopicRoute:
-    """A parsed TopicRouteData: queue data per broker group and each group's addresses."""
+    """A consumer's cached route of a topic: the NameServer's TopicRouteData
+    (:class:`rmq.common.route.TopicRouteData`, the one route model: QueueData, int broker ids)
+    with each group's addresses by name and when it was fetched."""
     topic: str
-    queue_datas: list = field(default_factory=list)      # [{"brokerName", "readQueueNums", "perm", ...}]
+    queue_datas: tuple = ()                              # rmq.common.route.QueueData, by broker name
     broker_addrs: dict = field(default_factory=dict)     # brokerName -> {0: "host:port", 1: ...} (int broker ids)
     fetched_at: float = 0.0                              # time.monotonic()
 
     @classmethod
     def from_wire(cls, topic: str, body: object) -> "TopicRoute":
-        if not isinstance(body, dict):
-            raise MQClientError(f"route of {topic}: body is not a map")
-        qds = [q for q in body.get("queueDatas") or [] if isinstance(q, dict)]
-        addrs = {}
-        for bd in body.get("brokerDatas") or []:
-            if isinstance(bd, dict) and isinstance(bd.get("brokerName"), str):
-                addrs[bd["brokerName"]] = broker_addrs_from_wire(bd.get("brokerAddrs"))   # "0" -> 0
-        return cls(topic, qds, addrs, time.monotonic())
+        """Parse a GET_ROUTEINFO_BY_TOPIC body.
+
+        Raises
+        ------
+        MQClientError
+            A malformed route (the message names the topic and the field).
+        """
+        data = TopicRouteData.from_wire(body, topic)
+        return cls(topic, data.queue_datas, {b.broker_name: dict(b.broker_addrs) for b in data.broker_datas},
+                   time.monotonic())
 
     def subscribe_queues(self) -> list:
         """Readable queues (``readQueueNums`` of each readable broker group with an address: its
         master or, with the master gone, a slave), sorted."""
         out = []
         for qd in self.queue_datas:
-            name = qd.get("brokerName")
-            if not (int(qd.get("perm", 0)) & PERM_READ) or not self.broker_addrs.get(name):
+            if not qd.readable or not self.broker_addrs.get(qd.broker_name):
                 continue
-            out.extend(MessageQueue(self.topic, name, i) for i in range(int(qd.get("readQueueNums", 0))))
+            out.extend(MessageQueue(self.topic, qd.broker_name, i) for i in range(qd.read_queue_nums))
         return sorted(out)
 
     def master_addr(self, broker_name: str) -> Optional[str]:

@@ -28,7 +28,6 @@ from rmq.client.calls import blocking, drive
 from rmq.client.consumer_api import (ConsumerAPI, SubscriptionData, consumer_data, default_client_id,
                                      heartbeat_body, post_process_messages)
 from rmq.client.remoting import DEFAULT_TIMEOUT_MS
-from rmq.common.perm import PERM_READ
 from rmq.errors import MQBrokerError, MQClientError, RemotingError
 from rmq.filter import ExpressionType, MessageSelector
 from rmq.protocol import Frame, RequestCode, ResponseCode, pack_body
@@ -278,10 +277,9 @@ def pop_targets(routes: Iterable, subs: Mapping[str, SubscriptionData]) -> list:
         if sub is None:
             continue
         for qd in route.queue_datas:
-            name = qd.get("brokerName")
-            addr = route.master_addr(name)
-            if addr and int(qd.get("perm", 0)) & PERM_READ and int(qd.get("readQueueNums", 0)) > 0:
-                out.append((sub, name, addr))
+            addr = route.master_addr(qd.broker_name)
+            if addr and qd.readable and qd.read_queue_nums > 0:
+                out.append((sub, qd.broker_name, addr))
     return out
 
 
