@@ -73,6 +73,15 @@ PROPERTY_FIRST_POP_TIME = "1ST_POP_TIME"          # MessageConst.PROPERTY_FIRST_
 PROPERTY_POP_CK = "POP_CK"
 RETRY_FLAG_NORMAL, RETRY_FLAG_RETRY = "0", "1"    # ExtraInfoUtil's retry field (v1 retry topic)
 _DROP_ON_REVIVE = ("__CRC32#", "DELAY", "REAL_TOPIC", "REAL_QID", PROPERTY_POP_CK)
+# one encoder (json.dumps with separators builds a JSONEncoder per call) and each tag's properties once
+_JSON = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode
+_REVIVE_PROPERTIES = {tag: _cl.encode_properties({"TAGS": tag, "WAIT": "false"}) for tag in (CK_TAG, ACK_TAG,
+                                                                                             BATCH_ACK_TAG)}
+
+
+def _offsets_ok(values) -> bool:
+    """Every value an int (not a bool) >= 0 (checked in C: the types, then the minimum)."""
+    return not values or (set(map(type, values)) == {int} and min(values) >= 0)
 
 
 def revive_topic(cluster_name: str) -> str:
@@ -237,9 +246,7 @@ class PopService:
     def _put_revive(self, rq: int, records: list) -> Optional[object]:
         """Append ``records`` ([(tag, body dict)]) to revive queue ``rq`` as one batch; the
         PutMessageResult, or None when the store refused (logged)."""
-        batch = _cl.encode_batch([(json.dumps(body, separators=(",", ":")).encode(),
-                                   _cl.encode_properties({"TAGS": tag, "WAIT": "false"}), 0)
-                                  for tag, body in records])
+        batch = _cl.encode_batch([(_JSON(body).encode(), _REVIVE_PROPERTIES[tag], 0) for tag, body in records])
         res = self.b.store.put_encoded(self.revive_topic, rq, batch, None, 0, int(time.time() * 1000), None, 0,
                                        len(records))
         if not res.ok:
@@ -543,8 +550,8 @@ class PopService:
                 topic, retry, so, qid, pt = a["t"], a["r"], a["so"], a["q"], a["pt"]
                 bits = a["b"]
                 if a.get("c", group) != group or not isinstance(topic, str) or retry not in (
-                        RETRY_FLAG_NORMAL, RETRY_FLAG_RETRY) or not isinstance(bits, list) or not all(
-                        isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in (so, qid, pt, *bits)):
+                        RETRY_FLAG_NORMAL, RETRY_FLAG_RETRY) or type(bits) is not list or not _offsets_ok(
+                        (so, qid, pt)) or not _offsets_ok(bits):
                     raise ValueError
             except (KeyError, TypeError, ValueError):
                 return frame.response(ResponseCode.SYSTEM_ERROR, f"ack {i}: not a BatchAck of group {group}")
