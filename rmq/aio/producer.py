@@ -41,14 +41,13 @@ Client-side batching (:meth:`Producer.send_async`)
     ships what is queued and awaits every answer; :meth:`Producer.close` flushes.
 
 Sockets
-    A plain (non-asyncio) DEALER per NameServer and per broker address
-    (``IMMEDIATE``), its ZeroMQ file descriptor watched with ``loop.add_reader``:
-    a readiness callback reads every response that is there and resolves the
-    waiting request by ``opaque``; requests are written at once without blocking
-    (queued in order, and written when the peer connects, while the socket cannot
-    take them).  Response timeouts are one timer per producer over a heap of
-    deadlines (not a timer per request).  Everything runs on the event loop that
-    called :meth:`Producer.start`; the producer is not thread-safe.
+    :class:`rmq.aio.remoting.AsyncRemoting`: a plain DEALER per NameServer and per broker
+    address (brokers ``IMMEDIATE``, their first frame a HEART_BEAT), read from the event loop,
+    answers matched by opaque; requests are written at once without blocking (parked in order,
+    and written when the peer connects, while the socket cannot take them); one timer over a
+    heap of response deadlines; a dropped broker connection fails its requests at once.
+    Everything runs on the event loop that called :meth:`Producer.start`; the producer is not
+    thread-safe.
 
 Failure behaviour
     As the sync producer: retries on another broker for timeouts, unreachable
@@ -60,18 +59,16 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextvars
-import heapq
 import time
-import itertools
 import logging
 from typing import Any, Callable, Iterable, Optional
 
 import zmq
 
-from rmq import protocol as P
 from rmq import security
 from rmq.client import trace as _trace
 from rmq.client.message import Message, MessageQueue, SendResult
+from rmq.aio.remoting import AsyncRemoting
 from rmq.client.send_attempts import SendAttempts
 from rmq.client.producer import (ROUTE_REFRESH_ON_FAILURE_MS, ProducerOptions, QueueTurns,
                                  Selector, apply_selector, batch_body_of,
@@ -89,39 +86,9 @@ log = logging.getLogger("rmq.aio.producer")
 
 PROVISIONAL_REFRESH_S = 0.1        # min gap between route look-ups of an auto-created topic
 PROVISIONAL_POLL_S = 0.5           # route look-up period while a topic's route is provisional
-DRAIN_LIMIT = 1024                 # responses read per readiness callback before other callbacks run
-TIMER_SLACK_S = 0.005              # after a response timeout fires, the next check is at least this later
-
-# plain ints: pyzmq's enum flags cost Python-level operator calls on every use
-_NOBLOCK = int(zmq.NOBLOCK)
-_MORE_NOBLOCK = int(zmq.SNDMORE) | _NOBLOCK
-_RCVMORE = int(zmq.RCVMORE)
-_EVENTS = int(zmq.EVENTS)
-_POLLIN = int(zmq.POLLIN)
-_POLLOUT = int(zmq.POLLOUT)
 _SEND_BATCH = int(RequestCode.SEND_BATCH_MESSAGE)
 _Future = asyncio.Future
 _copy_context = contextvars.copy_context
-
-
-def _write(sock: zmq.Socket, parts: list) -> None:
-    """``sock.send_multipart(parts, NOBLOCK)`` with int flags (zmq.Again: nothing was queued;
-    ZeroMQ takes the other parts of a message whose first part it took)."""
-    send = sock.send
-    last = len(parts) - 1
-    for i in range(last):
-        send(parts[i], _MORE_NOBLOCK, copy=False)
-    send(parts[last], _NOBLOCK, copy=False)
-
-
-def _read(sock: zmq.Socket) -> list:
-    """``sock.recv_multipart(NOBLOCK)`` with int flags (zmq.Again: nothing there)."""
-    recv = sock.recv
-    parts = [recv(_NOBLOCK)]
-    get = sock.getsockopt
-    while get(_RCVMORE):
-        parts.append(recv(_NOBLOCK))
-    return parts
 
 
 def _run_callbacks(loop: asyncio.AbstractEventLoop, callbacks: list) -> None:
@@ -154,22 +121,6 @@ class _Many:
                 self.future.set_result(result)
             else:
                 self.future.set_exception(err)
-
-
-class _Conn:
-    """A DEALER to a NameServer or a broker: its socket, its ZeroMQ fd (watched by the loop)
-    and the requests waiting until it can take them (in order: ``(parts, sent future or
-    None, deadline)``)."""
-
-    __slots__ = ("addr", "sock", "fd", "parked", "drain_scheduled", "watched")
-
-    def __init__(self, addr: str, sock: zmq.Socket):
-        self.addr = addr
-        self.sock = sock
-        self.fd = sock.getsockopt(zmq.FD)
-        self.parked: collections.deque = collections.deque()
-        self.drain_scheduled = False
-        self.watched = False
 
 
 class _Batch:
@@ -279,14 +230,8 @@ class Producer:
         self._max_pending = o.max_pending_messages
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._ctx: Optional[zmq.Context] = None
-        self._ns: list = []                 # _Conn per NameServer
+        self._remoting: Optional[AsyncRemoting] = None
         self._ns_next = 0
-        self._conns: dict = {}              # broker addr -> _Conn
-        self._waiters: dict = {}            # opaque -> asyncio.Future[Frame]
-        self._opaque = itertools.count(1)
-        self._timeouts: list = []           # heap (deadline, opaque, addr, code, t0, what): stale entries skipped
-        self._timer: Optional[asyncio.TimerHandle] = None
-        self._timer_at = 0.0
         self._route_locks: dict = {}        # topic -> asyncio.Lock
         self._last_fetch: dict = {}         # topic -> loop time
         self._tasks: set = set()
@@ -327,8 +272,11 @@ class Producer:
         self._loop = asyncio.get_running_loop()
         self._ctx = zmq.Context()
         security.register_context(self._ctx, self._auth)
-        for addr in self.namesrv_addrs:
-            self._ns.append(self._open(addr, immediate=False))
+        ns = set(self.namesrv_addrs)
+        self._remoting = AsyncRemoting(
+            self._auth, self._on_broker_request, self._ctx, immediate=lambda addr: addr not in ns,
+            connect_timeout_ms=self.options.connect_timeout_ms, linger_ms=100,
+            on_connect=lambda addr: None if addr in ns else heartbeat_request(self.client_id, self.group))
         self._started = True
         self._spawn(self._timer_loop())
         return self
@@ -368,16 +316,14 @@ class Producer:
         self._shut = True
         if self._trace is not None:
             await asyncio.to_thread(self._trace.close)
-        for conn in self._conns.values():
-            try:
-                conn.sock.send_multipart(P.encode(Frame(RequestCode.UNREGISTER_CLIENT, flag=P.FLAG_ONEWAY, fields={
-                    "clientID": self.client_id, "producerGroup": self.group})), _NOBLOCK)
-            except zmq.ZMQError:
-                pass
-        for h in (self._timer, self._linger_timer):
-            if h is not None:
-                h.cancel()
-        self._timer = self._linger_timer = None
+        remoting = self._remoting
+        if remoting is not None:
+            for addr in self._broker_addrs():
+                remoting.oneway(addr, Frame(RequestCode.UNREGISTER_CLIENT, fields={
+                    "clientID": self.client_id, "producerGroup": self.group}))
+        if self._linger_timer is not None:
+            self._linger_timer.cancel()
+            self._linger_timer = None
         tasks = list(self._tasks)
         for t in tasks:
             t.cancel()
@@ -392,22 +338,9 @@ class Producer:
         for b in list(self._reqs):
             self._fail(b, RemotingError(f"producer {self.group} closed while waiting for a response"))
         self._reqs.clear()
-        for fut in self._waiters.values():
-            if not fut.done():
-                fut.set_exception(RemotingError(f"producer {self.group} closed while waiting for a response"))
-        self._waiters.clear()
-        self._timeouts.clear()
-        conns = list(self._ns) + list(self._conns.values())
-        for c in conns:
-            for _, sent, _ in c.parked:
-                if sent is not None and not sent.done():
-                    sent.set_exception(RemotingError(f"producer {self.group} closed before the request was sent"))
-            c.parked.clear()
-            self._unwatch(c)
-        for c in conns:
-            c.sock.close(linger=100 if c in self._conns.values() else 0)
-        self._conns.clear()
-        self._ns.clear()
+        if remoting is not None:
+            await remoting.close()
+            self._remoting = None
         if self._ctx is not None:
             self._ctx.term()
             self._ctx = None
@@ -807,7 +740,7 @@ class Producer:
                                  self.options.default_topic_queue_nums)
             wait = deadline - now if attempt_timeout is None else min(attempt_timeout, deadline - now)
             try:
-                resp = await self._invoke(self._conn(addr), frame, wait, oneway, mq.broker_name)
+                resp = await self._invoke(addr, frame, wait, oneway, mq.broker_name)
                 if oneway:
                     self.stats["messages"] += len(preps)
                     return []
@@ -999,216 +932,46 @@ class Producer:
                 raise MQClientError(f"producer {self.group} is closed")
 
     # -- wire ------------------------------------------------------------------------------------
-    async def _invoke(self, conn: _Conn, frame: Frame, timeout_s: float, oneway: bool = False,
+    async def _invoke(self, addr: str, frame: Frame, timeout_s: float, oneway: bool = False,
                       what: str = "") -> Optional[Frame]:
-        """Send ``frame`` on ``conn`` and await the response with its opaque.
+        """Send ``frame`` to ``addr`` and await the response (None for ``oneway``), counted in
+        ``stats``.
 
         Raises
         ------
+        MQClientError
+            The producer is closed, or ``frame`` cannot be encoded (MESSAGE_ILLEGAL).
         RemotingError
-            Not connected within ``connect_timeout_ms`` (IMMEDIATE sockets), or closed.
+            Not connected within ``connect_timeout_ms``, or the connection dropped.
         RemotingTimeoutError
             No response within ``timeout_s``.
         """
-        if self._shut:
+        if self._shut or self._remoting is None:
             raise MQClientError(f"producer {self.group} is closed")
-        frame.opaque = opaque = next(self._opaque)
+        self.stats["requests"] += 1
+        if frame.code == _SEND_BATCH:
+            self.stats["batch_requests"] += 1
         try:
-            parts = P.encode(frame)
+            return await self._remoting.invoke(addr, frame, timeout_s * 1000.0, oneway=oneway, what=what)
         except ProtocolError as e:
             raise MQClientError(f"cannot encode the request: {e.remark}", int(ResponseCode.MESSAGE_ILLEGAL)) from None
-        loop = self._loop
-        fut = None
-        if not oneway:
-            fut = loop.create_future()
-            self._waiters[opaque] = fut
-        t0 = loop.time()
-        try:
-            if not self._send_now(conn, parts, what):
-                connect_s = min(timeout_s, self.options.connect_timeout_ms / 1000.0)
-                sent = loop.create_future()
-                self._park(conn, parts, sent, t0 + connect_s)
-                try:
-                    await asyncio.wait_for(sent, connect_s)
-                except asyncio.TimeoutError:
-                    raise RemotingError(f"cannot connect to {what or 'peer'} at {conn.addr} "
-                                        f"(waited {connect_s * 1000:.0f} ms)") from None
-            self.stats["requests"] += 1
-            if frame.code == _SEND_BATCH:
-                self.stats["batch_requests"] += 1
-            if fut is None:
-                return None
-            self._arm_timeout((t0 + timeout_s, opaque, conn.addr, frame.code, t0, what))
-            return await fut
-        finally:
-            if fut is not None:
-                self._waiters.pop(opaque, None)
 
-    def _send_now(self, conn: _Conn, parts: list, what: str = "") -> bool:
-        """Write ``parts`` on ``conn`` if nothing is parked there and the socket takes it now."""
-        if conn.parked:
-            return False
-        sock = conn.sock
-        try:
-            _write(sock, parts)
-        except zmq.Again:
-            return False
-        except zmq.ZMQError as e:
-            raise RemotingError(f"cannot send to {what or 'peer'} at {conn.addr}: {e}") from None
-        # the write may have taken the fd's edge for responses that arrived meanwhile
-        if not conn.drain_scheduled and sock.getsockopt(_EVENTS) & _POLLIN:
-            self._schedule_drain(conn)
-        return True
+    def _on_broker_request(self, frame: Frame, addr: str) -> None:
+        """A broker's own request (CHECK_TRANSACTION_STATE) goes to ``request_handler``."""
+        if self.request_handler is not None:
+            self.request_handler(addr, frame)
 
-    def _park(self, conn: _Conn, parts: list, sent: Optional[asyncio.Future], deadline: float) -> None:
-        """Queue ``parts`` behind what waits for ``conn`` (written in order once it can take them;
-        ``sent`` gets None then, or RemotingError)."""
-        conn.parked.append((parts, sent, deadline))
-        self._flush_parked(conn)
+    def _broker_addrs(self) -> list:
+        """The broker addresses connected so far."""
+        ns = set(self.namesrv_addrs)
+        return [a for a in (self._remoting.addrs() if self._remoting is not None else ()) if a not in ns]
 
-    def _flush_parked(self, conn: _Conn) -> None:
-        """Write what is parked on ``conn``, in order, while the socket takes it."""
-        parked = conn.parked
-        sock = conn.sock
-        if sock.closed:
-            return
-        now = self._loop.time()
-        for _ in range(4):
-            while parked:
-                parts, sent, deadline = parked[0]
-                if (sent.done() if sent is not None else deadline <= now):
-                    parked.popleft()            # given up (connect timeout) meanwhile
-                    continue
-                try:
-                    _write(sock, parts)
-                except zmq.Again:
-                    break
-                except zmq.ZMQError as e:
-                    parked.popleft()
-                    if sent is not None:
-                        sent.set_exception(RemotingError(f"cannot send to {conn.addr}: {e}"))
-                    continue
-                parked.popleft()
-                if sent is not None:
-                    sent.set_result(None)
-            # reading the events takes the fd's edge: act on what they say now
-            events = sock.getsockopt(_EVENTS)
-            if events & _POLLIN:
-                self._schedule_drain(conn)
-            if not (parked and events & _POLLOUT):
-                return
-        self._loop.call_later(TIMER_SLACK_S, self._flush_parked, conn)    # writable, yet refusing: retry soon
-
-    def _arm_timeout(self, entry: tuple) -> None:
-        """Fail the waiter of ``entry``'s opaque with RemotingTimeoutError at its deadline
-        (entry: deadline, opaque, addr, code, t0, what)."""
-        heap = self._timeouts
-        heapq.heappush(heap, entry)
-        if len(heap) > 4096 and len(heap) > 4 * len(self._waiters):     # answered ones: drop them
-            waiters = self._waiters
-            heap[:] = [e for e in heap if e[1] in waiters]
-            heapq.heapify(heap)
-        deadline = entry[0]
-        if self._timer is None or deadline < self._timer_at:
-            if self._timer is not None:
-                self._timer.cancel()
-            self._timer_at = deadline
-            self._timer = self._loop.call_at(deadline, self._on_timeouts)
-
-    def _on_timeouts(self) -> None:
-        self._timer = None
-        now = self._loop.time()
-        heap = self._timeouts
-        waiters = self._waiters
-        while heap and heap[0][0] <= now:
-            _, opaque, addr, code, t0, what = heapq.heappop(heap)
-            fut = waiters.get(opaque)
-            if fut is not None and not fut.done():
-                fut.set_exception(RemotingTimeoutError(
-                    f"wait response from {what or 'peer'} at {addr} timed out after {(now - t0) * 1000:.0f} ms "
-                    f"(request code {code})"))
-        if heap and not self._shut:
-            self._timer_at = max(heap[0][0], now + TIMER_SLACK_S)
-            self._timer = self._loop.call_at(self._timer_at, self._on_timeouts)
-
-    def _open(self, addr: str, immediate: bool) -> _Conn:
-        s = P.dealer(self._ctx)
-        if immediate:
-            s.setsockopt(zmq.IMMEDIATE, 1)     # before connect: only queue to a live peer
-        s.connect(P.endpoint(addr))
-        conn = _Conn(addr, s)
-        self._loop.add_reader(conn.fd, self._on_events, conn)
-        conn.watched = True
-        return conn
-
-    def _unwatch(self, conn: _Conn) -> None:
-        if conn.watched:
-            conn.watched = False
-            try:
-                self._loop.remove_reader(conn.fd)
-            except (RuntimeError, ValueError, OSError):    # the loop is closed
-                pass
-
-    def _conn(self, addr: str) -> _Conn:
-        conn = self._conns.get(addr)
-        if conn is None:
-            conn = self._conns[addr] = self._open(addr, immediate=True)
-            self._heartbeat(conn)          # queued first: the broker knows this producer before its requests
-        return conn
-
-    def _schedule_drain(self, conn: _Conn) -> None:
-        if not conn.drain_scheduled:
-            conn.drain_scheduled = True
-            self._loop.call_soon(self._on_events, conn)
-
-    def _on_events(self, conn: _Conn) -> None:
-        """The socket's fd is readable (ZeroMQ: its events may have changed), or a drain was
-        scheduled: read every response there (up to DRAIN_LIMIT), write what is parked."""
-        conn.drain_scheduled = False
-        sock = conn.sock
-        if sock.closed:
-            return
-        try:
-            for _ in range(DRAIN_LIMIT):
-                try:
-                    parts = _read(sock)
-                except zmq.Again:
-                    break
-                self._dispatch(conn, parts)
-            if conn.parked:
-                self._flush_parked(conn)
-            elif sock.getsockopt(_EVENTS) & _POLLIN:       # DRAIN_LIMIT reached, or arrived meanwhile
-                self._schedule_drain(conn)
-        except zmq.ZMQError as e:
-            if not self._shut:
-                log.warning("receive from %s failed: %s", conn.addr, e)
-                self._unwatch(conn)
-
-    def _dispatch(self, conn: _Conn, parts: list) -> None:
-        try:
-            frame = P.decode(parts)
-        except ProtocolError as e:
-            log.warning("undecodable response from %s: %s", conn.addr, e)
-            return
-        if not frame.is_response:          # a broker's request (CHECK_TRANSACTION_STATE)
-            if self.request_handler is not None:
-                try:
-                    self.request_handler(conn.addr, frame)
-                except Exception:  # noqa: BLE001 - a handler's bug must not stop the reader
-                    log.exception("handling request %s from %s failed", frame.code, conn.addr)
-            return
-        fut = self._waiters.pop(frame.opaque, None)
-        if fut is not None and not fut.done():
-            fut.set_result(frame)
-
-    def _heartbeat(self, conn: _Conn) -> None:
-        """HEART_BEAT to ``conn`` now, or once it can take it (given up after ``send_msg_timeout_ms``)."""
-        parts = P.encode(heartbeat_request(self.client_id, self.group))
-        try:
-            if not self._send_now(conn, parts):
-                self._park(conn, parts, None, self._loop.time() + self.options.send_msg_timeout_ms / 1000.0)
-        except RemotingError:
-            pass
+    def _heartbeat(self, addr: str) -> None:
+        """HEART_BEAT to ``addr`` now, or once it can take it (given up after ``send_msg_timeout_ms``);
+        a new connection's first frame is one anyway."""
+        if self._remoting is not None and not self._shut:
+            self._remoting.post(addr, heartbeat_request(self.client_id, self.group),
+                                self.options.send_msg_timeout_ms / 1000.0)
 
     async def _timer_loop(self) -> None:
         interval = self.options.poll_name_server_interval_ms / 1000.0
@@ -1235,11 +998,12 @@ class Producer:
                     self._spawn(self._discover())
             if now >= next_hb:
                 next_hb = now + hb_interval
-                fresh = [a for a in self.route_cache.master_addrs() if a not in self._conns]
-                for conn in list(self._conns.values()):
-                    self._heartbeat(conn)
-                for addr in fresh:          # sendHeartbeatToAllBroker: every master, connected or not
-                    self._conn(addr)        # opens it and sends its first heartbeat
+                # sendHeartbeatToAllBroker: every master, connected or not
+                known = self._broker_addrs()
+                for addr in known:
+                    self._heartbeat(addr)
+                for addr in set(self.route_cache.master_addrs()).difference(known):
+                    self._remoting.connect(addr)        # its first frame is a heartbeat
 
     def _spawn(self, coro) -> None:
         if self._shut:
@@ -1267,14 +1031,15 @@ class Producer:
     async def _ns_invoke(self, frame_factory, deadline: float) -> Frame:
         """A NameServer request, failing over to the next NameServer on errors."""
         last: Optional[BaseException] = None
-        for i in range(len(self._ns)):
-            idx = (self._ns_next + i) % len(self._ns)
+        n = len(self.namesrv_addrs)
+        for i in range(n):
+            idx = (self._ns_next + i) % n
             left = deadline - self._loop_time()
             if left <= 0:
                 break
             self.stats["route_requests"] += 1
             try:
-                resp = await self._invoke(self._ns[idx], frame_factory(), left, what="NameServer")
+                resp = await self._invoke(self.namesrv_addrs[idx], frame_factory(), left, what="NameServer")
                 self._ns_next = idx
                 return resp
             except RemotingError as e:

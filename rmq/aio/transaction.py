@@ -136,8 +136,7 @@ class TransactionProducer:
 
     async def _end(self, addr: str, frame: Frame) -> None:
         try:
-            await self._producer._invoke(self._producer._conn(addr), frame, END_TIMEOUT_S, oneway=True,
-                                         what="broker")
+            await self._producer._invoke(addr, frame, END_TIMEOUT_S, oneway=True, what="broker")
         except RmqError as e:
             log.warning("END_TRANSACTION not sent (%s): the broker will check back", e)
 

@@ -116,3 +116,54 @@ def test_close_fails_requests_in_flight_and_refuses_new_ones():
             broker.close()
 
     asyncio.run(main())
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_immediate_requests_wait_parked_for_the_peer_then_go_after_the_first_frame():
+    async def main():
+        port = _free_port()
+        addr = f"127.0.0.1:{port}"
+        r = AsyncRemoting(immediate=True, connect_timeout_ms=10_000,
+                          on_connect=lambda a: Frame(RequestCode.HEART_BEAT, fields={"to": a}))
+        broker = None
+        try:
+            call = asyncio.ensure_future(r.invoke(addr, Frame(RequestCode.SEND_MESSAGE), 10_000))
+            for _ in range(5):
+                await asyncio.sleep(0)                           # the loop runs the request's first steps
+            assert not call.done()                               # parked: nobody listens yet
+            broker = _Broker.__new__(_Broker)
+            broker.ctx = zmq.Context()
+            broker.sock = broker.ctx.socket(zmq.ROUTER)
+            broker.sock.bind(f"tcp://{addr}")
+            broker.addr = addr
+            (_, first), (ident, req) = await broker.request(), await broker.request()
+            assert first.code == RequestCode.HEART_BEAT and first.fields == {"to": addr}
+            assert req.code == RequestCode.SEND_MESSAGE
+            broker.answer(ident, req, "stored")
+            assert (await asyncio.wait_for(call, 10)).remark == "stored"
+        finally:
+            await r.close()
+            if broker is not None:
+                broker.close()
+
+    asyncio.run(main())
+
+
+def test_an_immediate_request_nobody_takes_fails_after_the_connect_timeout():
+    async def main():
+        addr = f"127.0.0.1:{_free_port()}"
+        r = AsyncRemoting(immediate=True, connect_timeout_ms=200)
+        try:
+            with pytest.raises(RemotingError, match="cannot connect"):
+                await asyncio.wait_for(r.invoke(addr, Frame(RequestCode.SEND_MESSAGE), 60_000), 30)
+            assert r.oneway(addr, Frame(RequestCode.HEART_BEAT)) is False     # nothing takes it: dropped
+        finally:
+            await r.close()
+
+    asyncio.run(main())
