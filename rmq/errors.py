@@ -142,3 +142,9 @@ class RemotingError(MQClientError):
 
 class RemotingTimeoutError(RemotingError):
     """No response within the timeout (RocketMQ RemotingTimeoutException)."""
+
+
+class RemotingConnectionClosedError(RemotingTimeoutError):
+    """The connection dropped with the request in flight: no answer will come.  Raised at once
+    instead of at the timeout; a :class:`RemotingTimeoutError`, so code that treats "no answer"
+    alike (retry elsewhere, the next NameServer) needs nothing new."""

@@ -21,7 +21,8 @@ during the write would wait for the next edge.
 
 Each connection has a monitor socket, watched the same way (and read once right after it is
 watched: events queued before that give no edge of their own): when the connection drops (a
-killed broker) the requests in flight on it fail at once with :class:`RemotingError` (after the
+killed broker) the requests in flight on it fail at once with
+:class:`rmq.errors.RemotingConnectionClosedError`, a RemotingTimeoutError (after the
 answers already queued are read) rather than at their deadline, which for a long-polling pull
 is 30 s away; until the connection's next handshake, new requests to it wait at most
 ``RECONNECT_WAIT_MS``.
@@ -47,7 +48,7 @@ from rmq import protocol as P
 from rmq import security
 from rmq.client.consumer_api import RECONNECT_WAIT_MS, decode_answer
 from rmq.client.remoting import DEFAULT_TIMEOUT_MS
-from rmq.errors import MQClientError, RemotingError, RemotingTimeoutError
+from rmq.errors import MQClientError, RemotingConnectionClosedError, RemotingError, RemotingTimeoutError
 from rmq.protocol import Frame
 
 log = logging.getLogger("rmq.aio.remoting")
@@ -243,7 +244,7 @@ class AsyncRemoting:
                 ch.inflight.clear()
                 for fut in failed:
                     if not fut.done():
-                        fut.set_exception(RemotingError(f"connection to {ch.addr} closed with the request in flight"))
+                        fut.set_exception(RemotingConnectionClosedError(f"connection to {ch.addr} closed with the request in flight"))
 
     # -- writing ---------------------------------------------------------------------------------
     def _send_now(self, ch: _Channel, parts: list) -> bool:

@@ -57,13 +57,13 @@ from rmq import latency_trace as _lt
 from rmq import protocol as P
 from rmq import security
 from rmq.client.calls import blocking
-from rmq.client.remoting import DEFAULT_TIMEOUT_MS, RemotingClient
+from rmq.client.remoting import DEFAULT_TIMEOUT_MS, RECONNECT_WAIT_MS, RemotingClient  # RECONNECT_WAIT_MS re-exported
 from rmq.client.route import ROUTE_REFRESH_ON_FAILURE_MS, route_suspect
 from rmq.common.mix_all import CLIENT_INNER_PRODUCER_GROUP, MASTER_ID, dlq_topic, retry_topic
 from rmq.common.pull_sys_flag import build_sys_flag
 from rmq.common.request_header import SUB_ALL, PullMessageRequestHeader, SendMessageRequestHeader  # SUB_ALL re-exported
 from rmq.common.route import TopicRouteData, find_broker_address_in_subscribe
-from rmq.errors import MQBrokerError, MQClientError, RemotingError, RemotingTimeoutError
+from rmq.errors import MQBrokerError, MQClientError, RemotingConnectionClosedError, RemotingError, RemotingTimeoutError
 from rmq.filter import ExpressionType, MessageSelector, sql92
 from rmq.protocol import Frame, ProtocolError, RequestCode, ResponseCode, pack_body, unpack_body
 from rmq.zmqio import recv_parts
@@ -74,8 +74,6 @@ BROKER_SUSPEND_MAX_TIME_MS = 15_000               # long-poll hold asked of the 
 CONSUMER_TIMEOUT_MS_WHEN_SUSPEND = 30_000         # network timeout of a long-poll pull
 SYS_FLAG_COMPRESSED = 0x1
 COMPRESSION_TYPE_MASK = 0x700
-RECONNECT_WAIT_MS = 3_000                         # a request to a broker whose connection dropped waits this
-                                                  # long for it to come back (not a long poll's 30 s)
 ADDR_ISOLATION_MS = 30_000                        # a broker address that failed a request is avoided this long
 ROUTE_REFRESH_INTERVAL_MS = 30_000                # pollNameServerInterval of the blocking pull paths
 
@@ -1023,7 +1021,7 @@ class RequestMux:
             self._drain(self._sockets[addr], addr, done)
             for opaque in [o for o, (_, a, _) in self.pending.items() if a == addr]:
                 _, _, token = self.pending.pop(opaque)
-                done.append((token, RemotingError(f"connection to {addr} closed with the request in flight"), addr))
+                done.append((token, RemotingConnectionClosedError(f"connection to {addr} closed with the request in flight"), addr))
         if self.pending:
             now = time.monotonic()
             for opaque in [o for o, (d, _, _) in self.pending.items() if d <= now]:

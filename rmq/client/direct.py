@@ -5,7 +5,8 @@ caller's thread.  Routing a synchronous send through the producer's I/O thread c
 thread hand-offs (a wake-up pipe, then a condition variable back): 136 µs of the 393 µs p50 of
 a 100 B ``send()`` on this 2-core VM, against 257 µs for a bare request / response on one
 socket, with the two kinds of sends interleaved on one cluster.  :class:`DirectSender` gives every
-caller thread its own DEALER (+ a disconnect monitor) per broker, so ``send()`` is one
+caller thread its own :class:`rmq.client.remoting.RemotingClient` (a DEALER per broker, IMMEDIATE,
+a HEART_BEAT as each connection's first frame, a disconnect monitor), so ``send()`` is one
 request / response on the caller's socket.
 
 What stays with the I/O thread: route look-ups and refreshes (the direct path is taken only
@@ -13,12 +14,11 @@ when the topic's route is known and not provisional), asynchronous and one-way s
 Both paths share the route cache, the latency fault strategy (which locks itself) and the
 retry rules (:class:`rmq.client.send_attempts.SendAttempts`).
 
-Concurrency: a :class:`_Link` is used only by the thread that created it; :meth:`DirectSender.close`
-waits (bounded) for sends in progress, then closes every link from the closing thread.
+Concurrency: a thread's client is used only by that thread; :meth:`DirectSender.close` waits
+(bounded) for sends in progress, then closes every thread's client from the closing thread.
 """
 from __future__ import annotations
 
-import itertools
 import logging
 import threading
 import time
@@ -26,17 +26,15 @@ import weakref
 from typing import Any, Callable, Optional
 
 import zmq
-from zmq.utils.monitor import parse_monitor_message
 
 from rmq import latency_trace as _lt
-from rmq import protocol as P
 from rmq import security
 from rmq.client.message import MessageQueue, SendResult
+from rmq.client.remoting import RemotingClient
 from rmq.client.route import route_suspect
 from rmq.client.send_attempts import SendAttempts
-from rmq.errors import MQBrokerError, MQClientError, RemotingError, RemotingTimeoutError
+from rmq.errors import MQBrokerError, MQClientError, RemotingError
 from rmq.protocol import Frame, ProtocolError, ResponseCode
-from rmq.zmqio import recv_parts, send_parts
 
 log = logging.getLogger(__name__)
 
@@ -52,107 +50,6 @@ def close_monitored(sock: zmq.Socket, monitor: zmq.Socket, linger_ms: int) -> No
         pass
     monitor.close(0)
     sock.close(linger=linger_ms)
-
-
-class _Link:
-    """One caller thread's DEALER to one broker, with a monitor for disconnects."""
-
-    __slots__ = ("addr", "sock", "monitor", "poller", "need_heartbeat", "__weakref__")
-
-    def __init__(self, ctx: zmq.Context, addr: str):
-        self.addr = addr
-        self.sock = P.dealer(ctx)
-        self.sock.setsockopt(zmq.IMMEDIATE, 1)       # a send fails fast (Again) while not connected
-        self.monitor = self.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
-        self.sock.connect(f"tcp://{addr}")
-        self.poller = zmq.Poller()
-        self.poller.register(self.sock, zmq.POLLIN)
-        self.poller.register(self.monitor, zmq.POLLIN)
-        self.need_heartbeat = True
-
-    def close(self) -> None:
-        if not self.sock.closed:
-            close_monitored(self.sock, self.monitor, linger_ms=0)
-
-    def __del__(self) -> None:          # the thread that owned it ended: its thread-local dict went
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001 - interpreter shutdown
-            pass
-
-    def _send(self, parts: list, connect_deadline: float) -> None:
-        while True:
-            try:
-                send_parts(self.sock, parts)
-                return
-            except zmq.Again:
-                left_ms = (connect_deadline - time.monotonic()) * 1000.0
-                if left_ms <= 0 or not self.sock.poll(left_ms, zmq.POLLOUT):
-                    raise RemotingError(f"connect to broker {self.addr} failed (not connected within the "
-                                        f"connect timeout)") from None
-
-    def call(self, frame: Frame, deadline: float, connect_deadline: float, heartbeat: Callable[[], Frame]) -> Frame:
-        """Send ``frame`` and return the response with its opaque.
-
-        Raises
-        ------
-        RemotingError
-            Not connected by ``connect_deadline``, or the connection closed with the request
-            in flight.
-        RemotingTimeoutError
-            No answer by ``deadline`` (monotonic seconds).
-        """
-        try:
-            parts = P.encode(frame)
-        except ProtocolError as e:
-            raise MQClientError(f"cannot encode the send request: {e.remark}",
-                                int(ResponseCode.MESSAGE_ILLEGAL)) from None
-        if self.need_heartbeat:
-            self._send(P.encode(heartbeat()), connect_deadline)
-            self.need_heartbeat = False
-        self._send(parts, connect_deadline)
-        sent = time.monotonic()
-        while True:
-            left_ms = (deadline - time.monotonic()) * 1000.0
-            if left_ms <= 0:
-                raise RemotingTimeoutError(f"wait response on broker {self.addr} timeout, "
-                                           f"{(time.monotonic() - sent) * 1000:.0f} ms")
-            ready = dict(self.poller.poll(left_ms))
-            if self.sock in ready:
-                resp = self._answer(frame.opaque)
-                if resp is not None:
-                    return resp
-            if self.monitor in ready and self._disconnected():
-                self.need_heartbeat = True
-                resp = self._answer(frame.opaque)       # an answer that made it before the close
-                if resp is not None:
-                    return resp
-                raise RemotingError(f"connection to broker {self.addr} closed with the request in flight")
-
-    def _answer(self, opaque: int) -> Optional[Frame]:
-        while True:
-            try:
-                parts = recv_parts(self.sock)
-            except zmq.Again:
-                return None
-            try:
-                resp = P.decode(parts)
-            except ProtocolError:
-                continue                                # as the I/O thread: an undecodable frame is skipped
-            if resp.opaque == opaque:
-                return resp                             # else a late answer to a timed-out attempt
-
-    def _disconnected(self) -> bool:
-        gone = False
-        while True:
-            try:
-                msg = self.monitor.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return gone
-            try:
-                gone = gone or parse_monitor_message(msg)["event"] == zmq.EVENT_DISCONNECTED
-            except Exception:  # noqa: BLE001 - malformed monitor frame
-                pass
 
 
 class DirectSender:
@@ -173,13 +70,12 @@ class DirectSender:
         self.ctx = zmq.Context()
         security.register_context(self.ctx, client_auth)
         self._local = threading.local()
-        self._links: "weakref.WeakSet[_Link]" = weakref.WeakSet()
+        self._clients: "weakref.WeakSet[RemotingClient]" = weakref.WeakSet()   # one per calling thread
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         self._active = 0
         self._closed = False
         self._torn_down = False            # links closed and context terminated (once)
-        self._opaque = itertools.count(1)
         self.stats = {"requests": 0, "messages": 0, "retries": 0, "failed_messages": 0}
 
     def usable(self, topic: str) -> bool:
@@ -187,24 +83,26 @@ class DirectSender:
         info = self.route_cache.publish_info(topic)
         return info is not None and info.ok and not info.provisional
 
-    def _link(self, addr: str) -> _Link:
-        links = getattr(self._local, "links", None)
-        if links is None:
-            links = self._local.links = {}
-        link = links.get(addr)
-        if link is None:
-            link = links[addr] = _Link(self.ctx, addr)
+    def _client(self) -> RemotingClient:
+        """This thread's client: immediate sockets (a request waits for the connection up to
+        ``connect_timeout_ms``), a HEART_BEAT first on each connection, a monitor per connection."""
+        c = getattr(self._local, "client", None)
+        if c is None:
+            c = self._local.client = RemotingClient(self.ctx, immediate=True, on_connect=self._heartbeat)
             with self._lock:
-                self._links.add(link)
-        return link
+                self._clients.add(c)
+        return c
+
+    def _heartbeat(self, addr: str) -> Frame:
+        from rmq.client.producer import heartbeat_request    # the producer module imports this one
+        return heartbeat_request(self.client, self.group)
 
     def _count(self, *keys: str) -> None:
         with self._lock:                 # callers' threads share the counters: one lock per event
             for key in keys:
                 self.stats[key] += 1
 
-    def send(self, prep, timeout_ms: Optional[int], selector, arg: Any, queue: Optional[MessageQueue],
-             heartbeat: Callable[[], Frame]) -> SendResult:
+    def send(self, prep, timeout_ms: Optional[int], selector, arg: Any, queue: Optional[MessageQueue]) -> SendResult:
         """Send one prepared message and wait: RocketMQ ``sendDefaultImpl`` (retries on another
         broker for retryable errors when no queue is fixed, within the send budget).
 
@@ -244,14 +142,15 @@ class DirectSender:
                     self._count("retries")
                 frame = send_request([prep], mq.queue_id, self.group, False, False, None,
                                      opts.default_topic_queue_nums)
-                frame.opaque = next(self._opaque)
                 if _lt.ENABLED:
                     _lt.event("p_write", prep.uniq_id, time.monotonic_ns())
                 try:
-                    resp = self._link(addr).call(frame, att.deadline,
-                                                 min(att.deadline, att.sent_at + opts.connect_timeout_ms / 1000.0),
-                                                 heartbeat)
+                    resp = self._client().invoke(addr, frame, (att.deadline - att.sent_at) * 1000.0,
+                                                 opts.connect_timeout_ms)
                     result = parse_send_response(resp, topic, mq.broker_name, addr, [prep])[0]
+                except ProtocolError as e:
+                    raise MQClientError(f"cannot encode the send request: {e.remark}",
+                                        int(ResponseCode.MESSAGE_ILLEGAL)) from None
                 except MQBrokerError as e:                      # the broker answered with an error
                     self._count("requests")
                     if route_suspect(e) and self.refresh_route is not None:
@@ -304,9 +203,9 @@ class DirectSender:
 
     def _teardown(self) -> None:
         with self._lock:
-            links = list(self._links)
-        for link in links:
-            link.close()
+            clients = list(self._clients)
+        for c in clients:
+            c.close()
         # no send is active (teardown runs only then), so no other thread uses a socket of this
         # context: destroy closes any left over (a link whose thread died, a monitor) with linger 0
         # instead of term() waiting forever for them -- this also runs in the producer's GC finalizer

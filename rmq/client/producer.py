@@ -101,7 +101,7 @@ from rmq.client.route import (LATENCY_MAX_49, NOT_AVAILABLE_DURATION_49, ISOLATI
                               ROUTE_REFRESH_ON_FAILURE_MS, MQFaultStrategy, RouteCache, TopicPublishInfo,
                               cluster_info_request, parse_cluster_info, parse_route_response, route_request,
                               route_suspect, split_namesrv_addr)
-from rmq.errors import MQBrokerError, MQClientError, RemotingError, RemotingTimeoutError
+from rmq.errors import MQBrokerError, MQClientError, RemotingConnectionClosedError, RemotingError, RemotingTimeoutError
 from rmq.protocol import Frame, ProtocolError, RequestCode, ResponseCode
 from rmq.common.mix_all import DEFAULT_TOPIC_QUEUE_NUMS
 from rmq.common.request_header import SendMessageRequestHeader, send_response_msg_id
@@ -1234,7 +1234,7 @@ class _Sender(threading.Thread):
         for req in lost:
             del self._inflight[req.opaque]
         for req in lost:
-            self._retry_or_fail(req, RemotingError(
+            self._retry_or_fail(req, RemotingConnectionClosedError(
                 f"connection to broker {req.mq.broker_name} at {conn.addr} closed with the request in flight"), now)
 
     def _retry_or_fail(self, req: _Request, exc: BaseException, now: float) -> None:
@@ -1733,8 +1733,7 @@ class Producer:
         if self._use_direct and (self._sender.pending == 0 or (sel is None and queue is None)) \
                 and self._direct.usable(prep.msg.topic):
             self._check_open()
-            result = self._direct.send(prep, timeout_ms, sel, arg, queue,
-                                       lambda: heartbeat_request(self.client_id, self.group))
+            result = self._direct.send(prep, timeout_ms, sel, arg, queue)
         else:
             fut = self._enqueue([prep], SYNC, timeout_ms, sel, arg, queue)
             result = self._wait(fut, timeout_ms)

@@ -27,7 +27,8 @@ from __future__ import annotations
 from typing import Optional
 
 from rmq.client.message import MessageQueue
-from rmq.errors import MQBrokerError, MQClientError, RemotingError, RemotingTimeoutError
+from rmq.errors import (MQBrokerError, MQClientError, RemotingConnectionClosedError, RemotingError,
+                        RemotingTimeoutError)
 
 
 def is_retryable(exc: BaseException, opts) -> bool:
@@ -47,8 +48,8 @@ def final_error(last: BaseException, attempts: int, cost_ms: float, topic: str, 
     if isinstance(last, MQBrokerError):
         err: BaseException = MQBrokerError(info, last.response_code, last.broker_addr)
     elif isinstance(last, MQClientError):
-        err = type(last)(info, last.response_code) if type(last) in (MQClientError, RemotingError,
-                                                                      RemotingTimeoutError) else last
+        err = type(last)(info, last.response_code) if type(last) in (
+            MQClientError, RemotingError, RemotingTimeoutError, RemotingConnectionClosedError) else last
     else:
         err = MQClientError(info)
     if err is not last:

@@ -7,7 +7,7 @@ import zmq
 
 from rmq import protocol as P
 from rmq.client.consumer_api import RECONNECT_WAIT_MS, RequestMux
-from rmq.errors import RemotingError
+from rmq.errors import RemotingConnectionClosedError, RemotingError
 from rmq.protocol import Frame, RequestCode
 
 LONG_POLL_MS = 60_000
@@ -39,7 +39,7 @@ def test_dropped_connection_fails_requests_then_later_ones_give_up_after_the_rec
         assert _poll_until(mux, 1, 1.0) == [] and notified == [(RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, addr)]
         server.close(0)                                       # the broker dies with the request held
         done = _poll_until(mux, 1, 10.0)
-        assert [(t, type(e)) for t, e, _ in done] == [("held", RemotingError)]
+        assert [(t, type(e)) for t, e, _ in done] == [("held", RemotingConnectionClosedError)]
         assert "closed with the request in flight" in str(done[0][1])
         t0 = time.monotonic()
         mux.send(addr, Frame(RequestCode.PULL_MESSAGE), LONG_POLL_MS, "later")   # still down
