@@ -818,16 +818,8 @@ class ConsumerCalls:
 
 class ConsumerAPI(ConsumerCalls):
     """Blocking wire calls of a consumer, with a route cache (:class:`ConsumerCalls` driven with a
-    blocking :meth:`invoke`).
-
-    Parameters
-    ----------
-    namesrv_addr : str
-        ``host:port[;host:port...]``.
-    timeout_ms : int
-        Default request timeout (RocketMQ 3000 ms).
-    auth : optional
-        CURVE client keys (:func:`rmq.security.client_auth`).
+    blocking :meth:`invoke`).  Parameters as :class:`ConsumerCalls`, plus ``auth``: CURVE client
+    keys (:func:`rmq.security.client_auth`).
 
     Concurrency: thread-safe.  Each calling thread gets its own
     :class:`RemotingClient` (ZeroMQ sockets are single-threaded); :meth:`close`
