@@ -192,27 +192,24 @@ def pull_from_where(consume_from_where: ConsumeFromWhere, last_offset: int, mq: 
         return -1
 
 
-class _OffsetFunctions:
-    """Plain functions standing for a client's offset calls (they make no request of their own)."""
-
-    def __init__(self, max_offset: Callable, search_offset: Callable):
-        self._max, self._search = max_offset, search_offset
+class _OffsetQuestions:
+    """Offset calls that ask their driver (plain functions) instead of a broker."""
 
     def _max_offset(self, mq):
-        return self._max(mq)
-        yield                                      # a call that never yields a request
+        return (yield "max", mq, None)
 
     def _search_offset(self, mq, timestamp_ms):
-        return self._search(mq, timestamp_ms)
-        yield
+        return (yield "search", mq, timestamp_ms)
 
 
 def compute_pull_from_where(consume_from_where: ConsumeFromWhere, last_offset: int, mq: MessageQueue,
                             max_offset: Callable[[MessageQueue], int], search_offset: Callable[[MessageQueue, int], int],
                             consume_timestamp_ms: int) -> int:
     """:func:`pull_from_where` with plain functions for the broker's answers."""
-    return drive(pull_from_where(consume_from_where, last_offset, mq, _OffsetFunctions(max_offset, search_offset),
-                                 consume_timestamp_ms), None)
+    def answer(kind, queue, timestamp_ms):
+        return max_offset(queue) if kind == "max" else search_offset(queue, timestamp_ms)
+    return drive(pull_from_where(consume_from_where, last_offset, mq, _OffsetQuestions(), consume_timestamp_ms),
+                 answer)
 
 
 class PushConsumerCalls:
