@@ -46,7 +46,7 @@ from rmq.client.consumer import (BROKER_SUSPEND_MAX_TIME_MS, CONCURRENT_MAX_RECO
                                  ORDERLY_MAX_RECONSUME_TIMES, PERSIST_CONSUMER_OFFSET_INTERVAL_MS,
                                  POLL_NAME_SERVER_INTERVAL_MS, PUSH_PULL_BATCH_SIZE, PULL_THRESHOLD_FOR_QUEUE,
                                  PULL_THRESHOLD_SIZE_FOR_QUEUE_MB, PULL_TIME_DELAY_MS_WHEN_EXCEPTION,
-                                 PULL_TIME_DELAY_MS_WHEN_FLOW_CONTROL, REBALANCE_INTERVAL_MS,
+                                 REBALANCE_INTERVAL_MS,
                                  REBALANCE_LOCK_INTERVAL_MS, RECONSUME_LATER_LOCALLY_MS, SHUTDOWN_AWAIT_MS,
                                  SUSPEND_CURRENT_QUEUE_TIME_MS, CONSUME_CONCURRENTLY_MAX_SPAN,
                                  ConsumeConcurrentlyContext, ConsumeConcurrentlyStatus, ConsumeFromWhere,
@@ -58,7 +58,7 @@ from rmq.client.consumer_api import (CONSUMER_TIMEOUT_MS_WHEN_SUSPEND, ConsumerC
                                      build_pull_frame, default_client_id, group_addrs,
                                      parse_pull_response)
 from rmq.client.consumer_process_queue import ProcessQueue
-from rmq.client.message import MessageQueue, PullStatus
+from rmq.client.message import MessageQueue
 from rmq.client.offset_store import LocalFileOffsetStore, OffsetStore
 from rmq.client.rebalance import resolve_strategy
 from rmq.client.remoting import DEFAULT_TIMEOUT_MS
@@ -658,27 +658,15 @@ class AsyncPushConsumer(PushConsumerCalls):
         retry = retry_topic(self.group) if self.clustering else None
         delay = PULL_TIME_DELAY_MS_WHEN_EXCEPTION / 1000.0
         while self._state == "RUNNING" and not pq.dropped:
-            pq.last_pull_timestamp = time.monotonic()
-            if pq.msg_count > self.pull_threshold_for_queue or \
-                    pq.msg_size > self.pull_threshold_size_for_queue_mb * 1024 * 1024 or \
-                    (not self.orderly and pq.max_span() > self.consume_concurrently_max_span):
-                await asyncio.sleep(PULL_TIME_DELAY_MS_WHEN_FLOW_CONTROL / 1000.0)
-                continue
-            if self.orderly and self.clustering and not pq.locked:
-                await asyncio.sleep(delay)
+            wait_ms = self._pull_gate(pq, mq)
+            if wait_ms is not None:
+                await asyncio.sleep(wait_ms / 1000.0)
                 continue
             sub = self.subscriptions.get(mq.topic)
-            if sub is None:
-                await asyncio.sleep(delay)
-                continue
-            commit = self.offset_store.read_memory(mq) if self.clustering else -1
             try:
                 # the broker the last answer suggested, else the master, else a slave (PullAPIWrapper)
                 broker_id, addr = await self.api.pull_broker_addr(mq)
-                if broker_id != 0:
-                    commit = -1                              # no commit-offset flag towards a slave
-                frame = build_pull_frame(self.group, mq, next_offset, self.pull_batch_size, sub,
-                                         commit if commit > 0 else -1, BROKER_SUSPEND_MAX_TIME_MS)
+                frame = self._pull_frame(mq, next_offset, broker_id)
                 self.stats["pulls"] += 1
                 try:
                     resp = await self.api.invoke(addr, frame, CONSUMER_TIMEOUT_MS_WHEN_SUSPEND)
@@ -695,23 +683,15 @@ class AsyncPushConsumer(PushConsumerCalls):
                 continue
             if pq.dropped:
                 return
-            if res.pull_status is PullStatus.FOUND:
-                next_offset = res.next_begin_offset
-                if res.msg_found_list:
-                    dispatch = pq.put_message(res.msg_found_list)
-                    if _lt.ENABLED:
-                        _lt.stamp_messages("c_submit", res.msg_found_list, time.monotonic_ns())
-                    self._dispatch(res.msg_found_list, pq, mq, dispatch)
-                elif pq.msg_count == 0:
-                    self.offset_store.update_offset(mq, next_offset, increase_only=True)
-            elif res.pull_status in (PullStatus.NO_NEW_MSG, PullStatus.NO_MATCHED_MSG):
-                next_offset = res.next_begin_offset
-                if pq.msg_count == 0:
-                    self.offset_store.update_offset(mq, next_offset, increase_only=True)
-            else:
-                log.warning("%s: offset %d illegal, moving to %d", mq, next_offset, res.next_begin_offset)
-                pq.dropped = True
-                self.offset_store.update_offset(mq, res.next_begin_offset)
+            outcome = self._pull_outcome(res, pq, mq, next_offset)
+            next_offset = res.next_begin_offset
+            if outcome == "found":
+                dispatch = pq.put_message(res.msg_found_list)
+                if _lt.ENABLED:
+                    _lt.stamp_messages("c_submit", res.msg_found_list, time.monotonic_ns())
+                self._dispatch(res.msg_found_list, pq, mq, dispatch)
+            elif outcome == "illegal":
+                self.offset_store.update_offset(mq, next_offset)
                 await self.offsets.persist(mq)
                 if self.process_queue_table.get(mq) is pq:
                     del self.process_queue_table[mq]

@@ -67,7 +67,7 @@ from rmq.client.rebalance import (AllocateMessageQueueAveragely, AllocateMessage
                                   AllocateMessageQueueByConfig, AllocateMessageQueueByMachineRoom,
                                   AllocateMessageQueueConsistentHash, AllocateMachineRoomNearby, resolve_strategy)
 from rmq.client.remoting import DEFAULT_TIMEOUT_MS
-from rmq.common.mix_all import dlq_topic, is_retry_topic, retry_topic
+from rmq.common.mix_all import MASTER_ID, dlq_topic, is_retry_topic, retry_topic
 from rmq.client import trace as _trace
 from rmq.filter import MessageSelector
 from rmq.errors import MQClientError, RemotingError
@@ -317,6 +317,58 @@ class PushConsumerCalls:
             except MQClientError as e:
                 log.warning("unlock %s failed: %s", group_mqs, e)
 
+
+    # -- pulls --------------------------------------------------------------------------------------
+    def _pull_gate(self, pq: ProcessQueue, mq: MessageQueue) -> Optional[int]:
+        """RocketMQ ``pullMessage``'s checks before a pull of ``mq``: None to pull now, else how
+        long (ms) to wait first: flow control (the process queue holds more than
+        ``pull_threshold_for_queue`` messages or ``pull_threshold_size_for_queue_mb``, or a
+        concurrent consumer's span passed ``consume_concurrently_max_span``), an orderly queue not
+        locked on its broker yet, or no subscription for the topic."""
+        pq.last_pull_timestamp = time.monotonic()
+        if pq.msg_count > self.pull_threshold_for_queue or \
+                pq.msg_size > self.pull_threshold_size_for_queue_mb * 1024 * 1024:
+            return PULL_TIME_DELAY_MS_WHEN_FLOW_CONTROL
+        if not self.orderly:
+            if pq.max_span() > self.consume_concurrently_max_span:
+                return PULL_TIME_DELAY_MS_WHEN_FLOW_CONTROL
+        elif self.clustering and not pq.locked:
+            return PULL_TIME_DELAY_MS_WHEN_EXCEPTION
+        if mq.topic not in self.subscriptions:
+            return PULL_TIME_DELAY_MS_WHEN_EXCEPTION
+        return None
+
+    def _pull_frame(self, mq: MessageQueue, next_offset: int, broker_id: int) -> Frame:
+        """The long-polling PULL_MESSAGE of ``mq`` from ``next_offset`` to broker ``broker_id``,
+        carrying the consumed offset to a master (CLUSTERING; never to a slave, as RocketMQ).
+
+        Raises
+        ------
+        MQClientError
+            The topic was unsubscribed meanwhile.
+        """
+        sub = self.subscriptions.get(mq.topic)
+        if sub is None:
+            raise MQClientError(f"no subscription for topic {mq.topic} (unsubscribed)")
+        commit_offset = self.offset_store.read_memory(mq) if self.clustering and broker_id == MASTER_ID else -1
+        return build_pull_frame(self.group, mq, next_offset, self.pull_batch_size, sub,
+                                commit_offset if commit_offset > 0 else -1, BROKER_SUSPEND_MAX_TIME_MS)
+
+    def _pull_outcome(self, res: PullResult, pq: ProcessQueue, mq: MessageQueue, next_offset: int) -> str:
+        """What a pull answer means for ``mq`` (RocketMQ ``PullCallback``): ``"found"`` (messages to
+        consume), ``"again"`` (none: pull again; with nothing in flight the queue's position moves
+        past filtered-out messages) or ``"illegal"`` (the offset is out of range: the queue is
+        dropped, to restart from ``res.next_begin_offset``)."""
+        status = res.pull_status
+        if status is PullStatus.FOUND and res.msg_found_list:
+            return "found"
+        if status in (PullStatus.FOUND, PullStatus.NO_NEW_MSG, PullStatus.NO_MATCHED_MSG):
+            if pq.msg_count == 0:
+                self.offset_store.update_offset(mq, res.next_begin_offset, increase_only=True)
+            return "again"
+        log.warning("%s: offset %d illegal, moving to %d", mq, next_offset, res.next_begin_offset)
+        pq.dropped = True
+        return "illegal"
 
     # -- consume results ----------------------------------------------------------------------------
     def _send_back_call(self, msg, mq: MessageQueue, delay_level: int):
@@ -1520,31 +1572,15 @@ class PushConsumer(PushConsumerCalls):
         pq = pr.pq
         if pq.dropped or self._state != "RUNNING":
             return
-        pq.last_pull_timestamp = time.monotonic()
-        if pq.msg_count > self.pull_threshold_for_queue or \
-                pq.msg_size > self.pull_threshold_size_for_queue_mb * 1024 * 1024:
-            self._pull_later(pr, PULL_TIME_DELAY_MS_WHEN_FLOW_CONTROL)
+        delay = self._pull_gate(pq, pr.mq)
+        if delay is not None:
+            self._pull_later(pr, delay)
             return
-        if not self.orderly:
-            if pq.max_span() > self.consume_concurrently_max_span:
-                self._pull_later(pr, PULL_TIME_DELAY_MS_WHEN_FLOW_CONTROL)
-                return
-        elif self.clustering and not pq.locked:
-            self._pull_later(pr, PULL_TIME_DELAY_MS_WHEN_EXCEPTION)
-            return
-        sub = self.subscriptions.get(pr.mq.topic)
-        if sub is None:
-            self._pull_later(pr, PULL_TIME_DELAY_MS_WHEN_EXCEPTION)
-            return
-        commit_offset = self.offset_store.read_memory(pr.mq) if self.clustering else -1
         addr = ""
         try:
             # the broker the last response suggested, else the master, else a slave (PullAPIWrapper)
             broker_id, addr = self.api.pull_broker_addr(pr.mq, fetch=False)
-            if broker_id != 0:
-                commit_offset = -1                   # no commit-offset flag towards a slave (RocketMQ)
-            frame = build_pull_frame(self.group, pr.mq, pr.next_offset, self.pull_batch_size, sub,
-                                     commit_offset if commit_offset > 0 else -1, BROKER_SUSPEND_MAX_TIME_MS)
+            frame = self._pull_frame(pr.mq, pr.next_offset, broker_id)
             pr.opaque = self._pull.mux.send(addr, frame, CONSUMER_TIMEOUT_MS_WHEN_SUSPEND, pr)
             self.stats["pulls"] += 1
         except MQClientError as e:
@@ -1569,28 +1605,18 @@ class PushConsumer(PushConsumerCalls):
             log.warning("pull of %s from %s: %s", pr.mq, addr, e)
             self._pull_later(pr, PULL_TIME_DELAY_MS_WHEN_EXCEPTION)
             return
-        status = res.pull_status
-        if status is PullStatus.FOUND:
-            pr.next_offset = res.next_begin_offset
+        outcome = self._pull_outcome(res, pq, pr.mq, pr.next_offset)
+        pr.next_offset = res.next_begin_offset
+        if outcome == "found":
             msgs = res.msg_found_list
-            if not msgs:
-                self._correct_tags_offset(pr)
-                self._pull_message(pr)
-                return
-            dispatch = pq.put_message(msgs)
-            self._submit_consume(msgs, pq, pr.mq, dispatch)
+            self._submit_consume(msgs, pq, pr.mq, pq.put_message(msgs))
             if self.pull_interval_ms > 0:
                 self._pull_later(pr, self.pull_interval_ms)
             else:
                 self._pull_message(pr)
-        elif status in (PullStatus.NO_NEW_MSG, PullStatus.NO_MATCHED_MSG):
-            pr.next_offset = res.next_begin_offset
-            self._correct_tags_offset(pr)
+        elif outcome == "again":
             self._pull_message(pr)
-        else:                                       # OFFSET_ILLEGAL
-            log.warning("%s: offset %d illegal, moving to %d", pr.mq, pr.next_offset, res.next_begin_offset)
-            pr.next_offset = res.next_begin_offset
-            pq.dropped = True
+        else:
             self._pull.call_later(1000, lambda: self._executor_submit(self._fix_illegal_offset, pr))
 
     def _fix_illegal_offset(self, pr: PullRequest) -> None:
@@ -1600,11 +1626,6 @@ class PushConsumer(PushConsumerCalls):
             if self.process_queue_table.get(pr.mq) is pr.pq:
                 del self.process_queue_table[pr.mq]
         self.rebalance_immediately()
-
-    def _correct_tags_offset(self, pr: PullRequest) -> None:
-        # nothing in flight: the queue's position may move past filtered-out messages
-        if pr.pq.msg_count == 0:
-            self.offset_store.update_offset(pr.mq, pr.next_offset, increase_only=True)
 
     # -- consuming ----------------------------------------------------------------------------------------
     def _executor_submit(self, fn: Callable, *args) -> None:

@@ -287,3 +287,40 @@ def test_a_failed_batch_is_sent_back_and_what_could_not_be_is_consumed_again_her
     for m in made:
         assert m.stats == {"sent_back": 1, "send_back_failed": 1, "consumed_ok": 1, "consumed_failed": 2}
         assert m.offset_store.read_memory(MQ) == 12        # the lowest offset still in the process queue
+
+
+def test_pull_gate_holds_a_full_or_unlocked_or_unsubscribed_queue_and_lets_the_others_pull():
+    from rmq.client.consumer import (PULL_TIME_DELAY_MS_WHEN_EXCEPTION, PULL_TIME_DELAY_MS_WHEN_FLOW_CONTROL)
+    from rmq.client.consumer_process_queue import ProcessQueue
+
+    m = _member(ConsumerCalls(NS))
+    m.orderly, m.pull_threshold_for_queue, m.pull_threshold_size_for_queue_mb = False, 2, 100
+    m.consume_concurrently_max_span = 2000
+    pq = ProcessQueue()
+    assert m._pull_gate(pq, MQ) is None and pq.last_pull_timestamp > 0
+    msgs = []
+    for i in range(3):
+        x = cl.MessageExt()
+        x.topic, x.body, x.queue_offset = "orders", b"x", i
+        msgs.append(x)
+    pq.put_message(msgs)                                   # 3 > pull_threshold_for_queue
+    assert m._pull_gate(pq, MQ) == PULL_TIME_DELAY_MS_WHEN_FLOW_CONTROL
+    m.orderly, m.pull_threshold_for_queue = True, 1000
+    assert m._pull_gate(ProcessQueue(), MQ) == PULL_TIME_DELAY_MS_WHEN_EXCEPTION      # orderly, not locked yet
+    m.orderly = False
+    assert m._pull_gate(ProcessQueue(), MessageQueue("gone", "broker-a", 0)) == PULL_TIME_DELAY_MS_WHEN_EXCEPTION
+
+
+def test_pull_outcomes_found_again_and_illegal():
+    from rmq.client.consumer_process_queue import ProcessQueue
+    from rmq.client.message import PullResult, PullStatus
+
+    m = _member(ConsumerCalls(NS))
+    x = cl.MessageExt()
+    x.topic, x.body, x.queue_offset = "orders", b"x", 5
+    assert m._pull_outcome(PullResult(PullStatus.FOUND, 6, 0, 6, [x]), ProcessQueue(), MQ, 5) == "found"
+    pq = ProcessQueue()
+    assert m._pull_outcome(PullResult(PullStatus.NO_MATCHED_MSG, 9, 0, 9), pq, MQ, 6) == "again"
+    assert m.offset_store.read_memory(MQ) == 9             # nothing in flight: past the filtered-out messages
+    assert m._pull_outcome(PullResult(PullStatus.OFFSET_ILLEGAL, 100, 100, 200), pq, MQ, 9) == "illegal"
+    assert pq.dropped
