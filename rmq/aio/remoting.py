@@ -46,8 +46,8 @@ from zmq.utils.monitor import parse_monitor_message
 
 from rmq import protocol as P
 from rmq import security
-from rmq.client.consumer_api import RECONNECT_WAIT_MS, decode_answer
-from rmq.client.remoting import DEFAULT_TIMEOUT_MS
+from rmq.client.consumer_api import decode_answer
+from rmq.client.remoting import DEFAULT_TIMEOUT_MS, RECONNECT_WAIT_MS
 from rmq.errors import MQClientError, RemotingConnectionClosedError, RemotingError, RemotingTimeoutError
 from rmq.protocol import Frame
 

@@ -515,7 +515,8 @@ class Admin:
             raise RemotingTimeoutError(f"{what} {addr} did not answer {RequestCode(code).name} within "
                                        f"{timeout_ms} ms (is it running and reachable?)") from None
         except ProtocolError as e:
-            raise MQClientError(f"malformed response from {what} {addr}: {e.remark}") from None
+            raise MQClientError(f"cannot encode the {RequestCode(code).name} request to {what} {addr}: "
+                                f"{e.remark}") from None
 
     def _broker(self, addr: str, code: int, fields: Optional[dict] = None, bodies: Optional[list] = None,
                 ok: tuple = (ResponseCode.SUCCESS,), timeout_ms: Optional[int] = None) -> Frame:

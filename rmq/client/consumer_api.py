@@ -851,12 +851,14 @@ class ConsumerAPI(ConsumerCalls):
         Raises
         ------
         RemotingError
-            No answer in time (:class:`RemotingTimeoutError`) or an undecodable one.
+            No answer in time (:class:`RemotingTimeoutError`; :class:`RemotingConnectionClosedError`
+            when the connection dropped), or ``frame`` cannot be encoded.  An undecodable answer is
+            dropped by the transport (then no answer comes in time).
         """
         try:
             resp = self.remoting().invoke(addr, frame, timeout_ms or self.timeout_ms)
         except ProtocolError as e:
-            raise RemotingError(f"bad response from {addr}: {e}") from None
+            raise RemotingError(f"cannot encode the request to {addr}: {e}") from None
         except RemotingError as e:
             self._answered(addr, e)
             raise

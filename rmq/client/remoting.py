@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import threading
 import time
 from typing import Callable, Optional
 
@@ -84,7 +83,6 @@ class RemotingClient:
         self._channels: dict[str, _Channel] = {}
         self._down: set = set()
         self._opaque = itertools.count(1)
-        self._lock = threading.Lock()
 
     def _channel(self, addr: str) -> _Channel:
         ch = self._channels.get(addr)
