@@ -55,8 +55,7 @@ from rmq.client.consumer import (BROKER_SUSPEND_MAX_TIME_MS, CONCURRENT_MAX_RECO
 from rmq.aio.remoting import AsyncRemoting
 from rmq.client.calls import adrive, awaitable
 from rmq.client.consumer_api import (CONSUMER_TIMEOUT_MS_WHEN_SUSPEND, ConsumerCalls, SubscriptionData,
-                                     build_pull_frame, default_client_id, group_addrs,
-                                     parse_pull_response)
+                                     build_pull_frame, default_client_id, parse_pull_response)
 from rmq.client.consumer_process_queue import ProcessQueue
 from rmq.client.message import MessageQueue
 from rmq.client.offset_store import LocalFileOffsetStore, OffsetStore
@@ -202,12 +201,6 @@ class AsyncPullConsumer(PullConsumerCalls):
         api.note_pull_outcome(mq, resp)
         api.pull_from.update_from_response(mq, resp)
         return resp, addr
-
-    def _other_addr(self, mq: MessageQueue, failed_addr: str) -> bool:
-        """True when the next pull of ``mq`` goes to another address than ``failed_addr``."""
-        api = self._api()
-        found = api.pull_from.select(mq, group_addrs(list(api._routes.values()), mq.broker_name, mq.topic))
-        return found is not None and found[1] != failed_addr
 
     async def poll(self, timeout_ms: int = 1000) -> list:
         """Messages from the assigned queues, awaiting up to ``timeout_ms`` (long polling)."""

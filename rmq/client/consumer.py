@@ -532,6 +532,15 @@ class PullConsumerCalls:
         self._positions[mq] = int(offset)
         self._forget(mq)
 
+    def _other_addr(self, mq: MessageQueue, failed_addr: str) -> bool:
+        """True when the next pull of ``mq`` would go to another address than ``failed_addr``
+        (e.g. a slave, the master having stopped answering); from the cached routes only (the
+        call never asks the NameServer, so it is run here without I/O)."""
+        try:
+            return drive(self._client()._pull_broker_addr(mq, fetch=False), None)[1] != failed_addr
+        except MQClientError:
+            return False
+
     def _commit_due(self) -> bool:
         return self.auto_commit and (time.monotonic() - self._last_commit) * 1000 >= self.auto_commit_interval_ms
 
@@ -856,7 +865,7 @@ class PullConsumer(PullConsumerCalls):
                 if self._positions.get(mq) != off:
                     continue                                   # seeked meanwhile
                 if isinstance(resp, Exception):
-                    if isinstance(resp, RemotingError) and self._other_addr(api, mq, addr):
+                    if isinstance(resp, RemotingError) and self._other_addr(mq, addr):
                         log.warning("pull of %s from %s failed (%s); reading from another broker of %s",
                                     mq, addr, resp, mq.broker_name)
                         continue                               # asked again at once, elsewhere
@@ -911,14 +920,6 @@ class PullConsumer(PullConsumerCalls):
             self._inflight[mq] = token
         return error
 
-    @staticmethod
-    def _other_addr(api: ConsumerAPI, mq: MessageQueue, failed_addr: str) -> bool:
-        """True when the next pull of ``mq`` would go to another address than ``failed_addr``
-        (e.g. a slave, the master having stopped answering)."""
-        try:
-            return api.pull_broker_addr(mq, fetch=False)[1] != failed_addr
-        except MQClientError:
-            return False
 
     def __iter__(self):
         """Messages forever (poll in a loop); stop with ``break`` or :meth:`shutdown`."""
