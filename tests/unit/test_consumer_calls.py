@@ -324,3 +324,35 @@ def test_pull_outcomes_found_again_and_illegal():
     assert m.offset_store.read_memory(MQ) == 9             # nothing in flight: past the filtered-out messages
     assert m._pull_outcome(PullResult(PullStatus.OFFSET_ILLEGAL, 100, 100, 200), pq, MQ, 9) == "illegal"
     assert pq.dropped
+
+
+def test_pull_frame_carries_the_commit_offset_to_a_master_only_and_refuses_an_unsubscribed_topic():
+    m = _member(ConsumerCalls(NS))
+    m.pull_batch_size = 32
+    m.offset_store.update_offset(MQ, 7)
+    assert m._pull_frame(MQ, 10, 0).fields["commitOffset"] == 7
+    assert m._pull_frame(MQ, 10, 1).fields["commitOffset"] == -1          # a slave takes no commits
+    with pytest.raises(MQClientError, match="no subscription for topic gone"):
+        m._pull_frame(MessageQueue("gone", "broker-a", 0), 0, 0)
+
+
+def test_a_failed_pull_is_asked_again_elsewhere_only_when_the_group_has_another_address():
+    def pc_with(addrs):
+        pc = _pull_core(ConsumerCalls(NS))
+        from rmq.client.consumer_api import TopicRoute
+        pc.api._routes["orders"] = TopicRoute.from_wire("orders", {
+            "queueDatas": [{"brokerName": "broker-a", "readQueueNums": 4, "writeQueueNums": 4, "perm": 6}],
+            "brokerDatas": [{"brokerName": "broker-a", "cluster": "c", "brokerAddrs": addrs}]})
+        return pc
+
+    both = pc_with({"0": MASTER, "1": SLAVE})
+    both.api.pull_from.mark_unreachable(MASTER)
+    assert both._other_addr(MQ, MASTER) is True                # the slave is next
+    assert pc_with({"0": MASTER})._other_addr(MQ, MASTER) is False
+    assert _pull_core(ConsumerCalls(NS))._other_addr(MQ, MASTER) is False    # no route cached: no request made
+
+
+def test_a_malformed_route_is_refused_with_the_field_named():
+    from rmq.client.consumer_api import TopicRoute
+    with pytest.raises(MQClientError, match="readQueueNums"):
+        TopicRoute.from_wire("orders", {"queueDatas": [{"brokerName": "broker-a", "perm": 6}], "brokerDatas": []})

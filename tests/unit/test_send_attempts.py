@@ -82,3 +82,14 @@ def test_the_deadline_passing_during_an_attempt_ends_the_send_after_it():
     att.target(100.0, cache, fault)
     final = att.failed(RemotingTimeoutError("slow"), 101.0, fault, OPTS)     # no time left to retry
     assert isinstance(final, RemotingTimeoutError) and "Send [1] times" in str(final)
+
+
+def test_a_dropped_connection_keeps_its_type_in_the_final_error():
+    from rmq.errors import RemotingConnectionClosedError
+    cache, fault = _world()
+    att = SendAttempts("T", 1, None, 2, 100.0, 103.0)
+    att.target(100.0, cache, fault)
+    assert att.failed(RemotingConnectionClosedError("closed"), 100.1, fault, OPTS) is None
+    att.target(100.1, cache, fault)
+    final = att.failed(RemotingConnectionClosedError("closed again"), 100.2, fault, OPTS)
+    assert type(final) is RemotingConnectionClosedError and "Send [2] times" in str(final)
