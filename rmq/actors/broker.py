@@ -469,7 +469,7 @@ class BrokerActor(Actor):
 
     def persist_delay_offsets(self) -> None:
         try:
-            self.store.delay_offset_manager.persist()
+            self.store.delay_offset_manager.persist_soon()   # the writer's thread fsyncs, not this one
         except OSError as e:
             self.log.error("cannot persist delay offsets: %s", e)
 
@@ -690,7 +690,7 @@ class BrokerActor(Actor):
         if self.pop is not None:
             self.pop.commit_revive_offsets()
         try:
-            self.store.consumer_offset_manager.persist()
+            self.store.consumer_offset_manager.persist_soon()   # the writer's thread fsyncs, not this one
         except OSError as e:
             self.log.error("cannot persist consumer offsets: %s", e)
 

@@ -106,22 +106,128 @@ class DataVersion:
         return cls(int(d.get("timestamp", 0)), int(d.get("counter", 0)))
 
 
+class ConfigWriter:
+    """Writes JSON config files on a thread of its own, so that the broker's main thread never
+    waits on their fsyncs (RocketMQ persists its ConfigManagers from scheduled executors, not
+    from the threads that serve requests).
+
+    A file submitted again before its previous text was written is written once, with the
+    newest text (seq numbers order the texts of one path).  The thread starts at the first
+    :meth:`submit`.  A failed write is logged and raised to whoever waits for it.
+    """
+
+    def __init__(self, name: str = "config-writer"):
+        self.name = name
+        self._cond = threading.Condition()
+        self._pending: dict = {}          # path -> (seq, text): not written yet
+        self._written: dict = {}          # path -> the newest seq written (or failed)
+        self._errors: dict = {}           # path -> (seq, OSError) of the newest failed write
+        self._writing: dict = {}          # path -> seq: taken by the thread, being written
+        self._seq = 0
+        self._thread: Optional[threading.Thread] = None
+        self._closed = False
+
+    def submit(self, path: str, text: str) -> int:
+        """Queue ``text`` for ``path``; returns its seq (for :meth:`wait`).
+
+        Raises RuntimeError after :meth:`close`."""
+        with self._cond:
+            if self._closed:
+                raise RuntimeError(f"{self.name} is closed: {path} not written")
+            self._seq += 1
+            self._pending[path] = (self._seq, text)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
+            return self._seq
+
+    def wait(self, path: str, seq: int) -> None:
+        """Until ``path``'s text ``seq`` (or a newer one) is written; raises its OSError."""
+        with self._cond:
+            while self._written.get(path, 0) < seq:
+                self._cond.wait()
+            err = self._errors.get(path)
+            if err is not None and err[0] >= seq:
+                raise err[1]
+
+    def flush(self) -> None:
+        """Until everything submitted so far is written (failures logged, not raised)."""
+        with self._cond:
+            while self._pending or self._writing:
+                self._cond.wait()
+
+    def close(self) -> None:
+        """Write what is queued, then stop the thread."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending and not self._closed:
+                    self._cond.wait()
+                if not self._pending:
+                    return                                   # closed, nothing left
+                batch, self._pending = self._pending, {}
+                self._writing = {p: s for p, (s, _) in batch.items()}
+            for path, (seq, text) in batch.items():
+                err = None
+                try:
+                    write_file_atomically(path, text)
+                except OSError as e:
+                    err = e
+                    log.error("cannot write %s: %s", path, e)
+                with self._cond:
+                    if err is not None:
+                        self._errors[path] = (seq, err)
+                    else:
+                        self._errors.pop(path, None)
+                    self._written[path] = max(seq, self._written.get(path, 0))
+                    self._writing.pop(path, None)
+                    self._cond.notify_all()
+
+
 class ConfigManager:
-    """Base of the JSON tables: ``encode()`` / ``decode()`` and atomic ``persist()``."""
+    """Base of the JSON tables: ``encode()`` / ``decode()`` and atomic ``persist()``.
+
+    ``writer`` (set by the MessageStore that owns the table): a :class:`ConfigWriter` that
+    :meth:`persist_soon` hands the file to, and that :meth:`persist` waits on (so that an
+    older text queued there can never overwrite a newer one).  Without one, both write here."""
 
     file_name = ""
 
     def __init__(self, config_dir: str):
         self.path = os.path.join(config_dir, self.file_name)
         self._lock = threading.RLock()
+        self.writer: Optional[ConfigWriter] = None
 
     def load(self) -> None:
         read_json_with_backup(self.path, self.decode)      # decodes the first usable copy
 
-    def persist(self) -> None:
+    def _text(self) -> str:
         with self._lock:
-            text = json.dumps(self.encode(), indent=2, sort_keys=True)
-        write_file_atomically(self.path, text)
+            return json.dumps(self.encode(), indent=2, sort_keys=True)
+
+    def persist(self) -> None:
+        """Write the table now; durable (fsync'd) on return.  Raises OSError."""
+        text = self._text()
+        if self.writer is None:
+            write_file_atomically(self.path, text)
+        else:
+            self.writer.wait(self.path, self.writer.submit(self.path, text))
+
+    def persist_soon(self) -> None:
+        """The table as it is now, written by ``writer``'s thread (the periodic persists and
+        the slave's copies of its master's tables); written here when there is no writer.
+        A failure is logged by the writer."""
+        if self.writer is None:
+            self.persist()
+        else:
+            self.writer.submit(self.path, self._text())
 
     def encode(self) -> dict:  # pragma: no cover - abstract
         raise NotImplementedError

@@ -34,7 +34,7 @@ from rmq.store.checkpoint import StoreCheckpoint
 from rmq.store.commitlog import AppendResult, CommitLog, ReplicaDataError, ReplicaOffsetMismatch  # noqa: F401
 from rmq.store.commitlog import host_to_bytes as _host_to_bytes
 from rmq.store.config import SYNC_FLUSH, MessageStoreConfig
-from rmq.store.config_manager import ConsumerOffsetManager, SubscriptionGroupManager, TopicConfigManager
+from rmq.store.config_manager import ConfigWriter, ConsumerOffsetManager, SubscriptionGroupManager, TopicConfigManager
 from rmq.store.consume_queue import ConsumeQueue
 from rmq.store.epoch import EPOCH_FILE, EpochFile
 from rmq.store.index_service import IndexService
@@ -281,8 +281,10 @@ class MessageStore:
         self.consumer_offset_manager = ConsumerOffsetManager(config_dir)
         self.subscription_group_manager = SubscriptionGroupManager(config_dir)
         self.delay_offset_manager = DelayOffsetManager(config_dir)
+        self.config_writer = ConfigWriter(f"config-writer:{self.root}")   # persist_soon's thread
         for m in self._tables():
             m.load()
+            m.writer = self.config_writer
         self.commitlog = CommitLog(cfg, self.commitlog_dir)
         self.commitlog.load()
         truncate_at = read_truncate_marker(self.root)    # malformed: raises before anything changes
@@ -941,7 +943,8 @@ class MessageStore:
             self.dispatch()
             self.flush()
             for m in self._tables():
-                m.persist()
+                m.persist()                  # after (through the writer) any queued persist_soon
+            self.config_writer.close()
             clean = self.dispatch_behind_bytes() == 0 and not any(
                 mf.write_error for mf in self.commitlog.mapped_file_queue.files)
             self._shutdown = True
@@ -954,6 +957,9 @@ class MessageStore:
                 os.unlink(self.abort_file)
         finally:
             self._shutdown = True
+            writer = getattr(self, "config_writer", None)
+            if writer is not None:
+                writer.close()               # what is queued is written; the thread ends
             self._release_lock()
 
     close = shutdown

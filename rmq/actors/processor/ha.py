@@ -327,6 +327,6 @@ class HAProcessor(RequestProcessor):
             return
         try:
             manager.decode(body)
-            manager.persist()
+            manager.persist_soon()       # off this thread: its fsyncs stalled requests for seconds on a busy disk
         except (KeyError, TypeError, ValueError, OSError) as e:
             self.log.warning("cannot apply the master's %s: %s", type(manager).__name__, e)

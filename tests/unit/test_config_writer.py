@@ -1,0 +1,102 @@
+"""ConfigWriter: the JSON config files written off the broker's main thread (persist_soon), in
+the order they were handed over, durable when persist() returns, and everything queued written
+by a clean store shutdown."""
+import json
+import os
+import threading
+
+import pytest
+
+from rmq.store.config_manager import ConfigWriter, ConsumerOffsetManager, TopicConfigManager
+from rmq.store.message_store import MessageStore
+from tests.conftest import SMALL
+
+
+def read(path):
+    with open(path) as f:
+        return f.read()
+
+
+def test_the_newest_text_of_a_path_wins_and_wait_returns_once_it_is_written(tmp_path):
+    w = ConfigWriter()
+    p = str(tmp_path / "a.json")
+    seqs = [w.submit(p, json.dumps({"n": i})) for i in range(50)]
+    w.wait(p, seqs[-1])
+    assert json.loads(read(p)) == {"n": 49}
+    assert seqs == sorted(seqs)
+    w.flush()
+    assert json.loads(read(p)) == {"n": 49}       # no older text written after the newest
+    assert not os.path.exists(p + ".tmp")
+    w.close()
+
+
+def test_a_failed_write_is_raised_to_its_waiter_and_the_next_one_succeeds(tmp_path):
+    w = ConfigWriter()
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    bad = str(blocker / "x.json")                 # its directory is a file: makedirs fails
+    seq = w.submit(bad, "{}")
+    with pytest.raises(OSError):
+        w.wait(bad, seq)
+    good = str(tmp_path / "ok.json")
+    w.wait(good, w.submit(good, "{}"))
+    assert read(good) == "{}"
+    w.close()
+
+
+def test_close_writes_what_is_queued_and_refuses_more(tmp_path):
+    w = ConfigWriter()
+    paths = [str(tmp_path / f"{i}.json") for i in range(20)]
+    for i, p in enumerate(paths):
+        w.submit(p, str(i))
+    w.close()
+    assert [read(p) for p in paths] == [str(i) for i in range(20)]
+    with pytest.raises(RuntimeError, match="closed"):
+        w.submit(paths[0], "late")
+    assert read(paths[0]) == "0"
+
+
+def test_no_thread_until_the_first_submit(tmp_path):
+    before = {t.name for t in threading.enumerate()}
+    w = ConfigWriter("cw-test")
+    assert "cw-test" not in {t.name for t in threading.enumerate()} - before
+    w.submit(str(tmp_path / "a.json"), "{}")
+    assert "cw-test" in {t.name for t in threading.enumerate()}
+    w.close()
+    assert "cw-test" not in {t.name for t in threading.enumerate()}
+
+
+def test_persist_after_persist_soon_leaves_the_newest_table(tmp_path):
+    w = ConfigWriter()
+    m = ConsumerOffsetManager(str(tmp_path))
+    m.writer = w
+    m.commit_offset("g", "T", 0, 5)
+    m.persist_soon()
+    m.commit_offset("g", "T", 0, 7)
+    m.persist()                                    # durable on return, after the queued text
+    again = ConsumerOffsetManager(str(tmp_path))
+    again.load()
+    assert again.query_offset("g", "T", 0) == 7
+    w.close()
+
+
+def test_without_a_writer_persist_soon_writes_at_once(tmp_path):
+    m = TopicConfigManager(str(tmp_path))
+    m.topic_config_table["T"] = m.new_topic_config("T")
+    m.persist_soon()
+    again = TopicConfigManager(str(tmp_path))
+    again.load()
+    assert "T" in again.topic_config_table
+
+
+def test_a_store_shutdown_writes_the_persist_soon_texts(tmp_path):
+    s = MessageStore(str(tmp_path), **SMALL)
+    for i in range(30):
+        s.consumer_offset_manager.commit_offset("g", "T", 0, i)
+        s.consumer_offset_manager.persist_soon()
+    s.consumer_offset_manager.commit_offset("g", "T", 1, 3)    # not handed to the writer: shutdown's own
+    s.shutdown()
+    s2 = MessageStore(str(tmp_path), **SMALL)
+    assert s2.consumer_offset_manager.query_offset("g", "T", 0) == 29
+    assert s2.consumer_offset_manager.query_offset("g", "T", 1) == 3
+    s2.shutdown()
