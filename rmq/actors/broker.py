@@ -557,7 +557,7 @@ class BrokerActor(Actor):
         cfg = sgm.find_subscription_group_config(group)
         if cfg is None and self.auto_create_group:
             cfg = sgm.new_group_config(group)
-            sgm.update_subscription_group_config(cfg)
+            sgm.update_subscription_group_config(cfg, wait=False)   # no fsync on the request path
         return cfg
 
     # -- status and metrics ------------------------------------------------------------------------

@@ -332,11 +332,16 @@ class SubscriptionGroupManager(ConfigManager):
                 "consumeBroadcastEnable": True, "retryQueueNums": 1, "retryMaxTimes": 16,
                 "brokerId": 0, "whichBrokerWhenConsumeSlowly": 1, "notifyConsumerIdsChangedEnable": True}
 
-    def update_subscription_group_config(self, cfg: dict) -> None:
+    def update_subscription_group_config(self, cfg: dict, wait: bool = True) -> None:
+        """Add or replace a group; ``wait=False``: written by the writer's thread (an
+        auto-created group, made again at its next heartbeat if a crash loses it)."""
         with self._lock:
             self.subscription_group_table[cfg["groupName"]] = cfg
             self.data_version.next_version()
-        self.persist()
+        if wait:
+            self.persist()
+        else:
+            self.persist_soon()
 
     def delete_subscription_group_config(self, group: str) -> bool:
         with self._lock:

@@ -100,3 +100,17 @@ def test_a_store_shutdown_writes_the_persist_soon_texts(tmp_path):
     assert s2.consumer_offset_manager.query_offset("g", "T", 0) == 29
     assert s2.consumer_offset_manager.query_offset("g", "T", 1) == 3
     s2.shutdown()
+
+
+def test_an_auto_created_group_is_written_by_the_writer_thread(tmp_path):
+    from rmq.store.config_manager import SubscriptionGroupManager
+    w = ConfigWriter()
+    m = SubscriptionGroupManager(str(tmp_path))
+    m.writer = w
+    m.update_subscription_group_config(m.new_group_config("auto"), wait=False)
+    assert "auto" in m.subscription_group_table               # served at once, from memory
+    w.flush()
+    again = SubscriptionGroupManager(str(tmp_path))
+    again.load()
+    assert "auto" in again.subscription_group_table
+    w.close()
