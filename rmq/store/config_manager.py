@@ -146,6 +146,8 @@ class ConfigWriter:
         """Until ``path``'s text ``seq`` (or a newer one) is written; raises its OSError."""
         with self._cond:
             while self._written.get(path, 0) < seq:
+                if self._closed and path not in self._pending and path not in self._writing:
+                    raise RuntimeError(f"{self.name} was closed without writing {path}")
                 self._cond.wait()
             err = self._errors.get(path)
             if err is not None and err[0] >= seq:
@@ -157,10 +159,13 @@ class ConfigWriter:
             while self._pending or self._writing:
                 self._cond.wait()
 
-    def close(self) -> None:
-        """Write what is queued, then stop the thread."""
+    def close(self, drop: bool = False) -> None:
+        """Write what is queued (``drop``: forget it, as a killed process would; a write under
+        way still ends), then stop the thread.  Idempotent."""
         with self._cond:
             self._closed = True
+            if drop:
+                self._pending.clear()
             self._cond.notify_all()
         if self._thread is not None:
             self._thread.join()

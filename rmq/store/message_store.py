@@ -1038,6 +1038,7 @@ class MessageStore:
         if self._shutdown:
             return
         try:
+            self.config_writer.close()           # what persist_soon queued is written
             self.commitlog.flush(0)
         finally:
             self._shutdown = True
@@ -1058,6 +1059,7 @@ class MessageStore:
         if self._shutdown:
             return
         self._shutdown = True
+        self.config_writer.close(drop=True)      # a killed process writes nothing it had queued
         self.commitlog.mapped_file_queue.allocator.shutdown()
         for mf in self.commitlog.mapped_file_queue.files:
             mf.close()

@@ -4,6 +4,7 @@ by a clean store shutdown."""
 import json
 import os
 import threading
+import time
 
 import pytest
 
@@ -114,3 +115,66 @@ def test_an_auto_created_group_is_written_by_the_writer_thread(tmp_path):
     again.load()
     assert "auto" in again.subscription_group_table
     w.close()
+
+
+def test_an_abandoned_store_writes_nothing_it_had_queued(tmp_path, monkeypatch):
+    """MessageStore.abandon (a kill -9 in-process): the write under way ends, what was queued behind
+    it is dropped and the thread ends, so a store reopened on the same directory is never
+    overwritten by the old one's texts."""
+    import rmq.store.config_manager as cm
+    s = MessageStore(str(tmp_path), **SMALL)
+    w = s.config_writer
+    real, started, release = cm.write_file_atomically, threading.Event(), threading.Event()
+
+    def held(path, text):                          # the thread's first write waits for the drop
+        started.set()
+        assert release.wait(30)
+        real(path, text)
+    monkeypatch.setattr(cm, "write_file_atomically", held)
+    s.consumer_offset_manager.commit_offset("g", "T", 0, 5)
+    s.consumer_offset_manager.persist_soon()       # taken by the thread, held in its write
+    assert started.wait(30)
+    monkeypatch.setattr(cm, "write_file_atomically", real)
+    s.consumer_offset_manager.commit_offset("g", "T", 0, 9)
+    s.consumer_offset_manager.persist_soon()       # queued behind it
+
+    def let_go():                                  # once abandon dropped the queue
+        end = time.monotonic() + 30
+        while not w._closed and time.monotonic() < end:
+            time.sleep(0.001)
+        release.set()
+    t = threading.Thread(target=let_go)
+    t.start()
+    s.abandon()
+    t.join()
+    assert not w._thread.is_alive()
+    s2 = MessageStore(str(tmp_path), **SMALL)
+    assert s2.consumer_offset_manager.query_offset("g", "T", 0) == 5
+    s2.shutdown()
+
+
+def test_close_with_drop_forgets_the_queue_and_a_waiter_is_told(tmp_path, monkeypatch):
+    import rmq.store.config_manager as cm
+    w = ConfigWriter()
+    p = str(tmp_path / "a.json")
+    w.wait(p, w.submit(p, "1"))
+    real, started, release = cm.write_file_atomically, threading.Event(), threading.Event()
+
+    def held(path, text):
+        started.set()
+        assert release.wait(30)
+        real(path, text)
+    monkeypatch.setattr(cm, "write_file_atomically", held)
+    w.submit(p, "2")                               # under way
+    assert started.wait(30)
+    seq = w.submit(p, "3")                         # queued behind it
+    closer = threading.Thread(target=w.close, kwargs={"drop": True})
+    closer.start()
+    end = time.monotonic() + 30
+    while not w._closed and time.monotonic() < end:
+        time.sleep(0.001)
+    release.set()
+    closer.join()
+    assert read(p) == "2"                          # the write under way ended; "3" was dropped
+    with pytest.raises(RuntimeError, match="without writing"):
+        w.wait(p, seq)
