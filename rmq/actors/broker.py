@@ -468,10 +468,7 @@ class BrokerActor(Actor):
             self.store.deliver_delayed()
 
     def persist_delay_offsets(self) -> None:
-        try:
-            self.store.delay_offset_manager.persist_soon()   # the writer's thread fsyncs, not this one
-        except OSError as e:
-            self.log.error("cannot persist delay offsets: %s", e)
+        self.store.delay_offset_manager.persist_soon()   # the writer's thread fsyncs (and logs a failure)
 
     # -- NameServer registration ---------------------------------------------------------------
     def topic_table_body(self) -> bytes:
@@ -689,10 +686,7 @@ class BrokerActor(Actor):
     def persist_offsets(self) -> None:
         if self.pop is not None:
             self.pop.commit_revive_offsets()
-        try:
-            self.store.consumer_offset_manager.persist_soon()   # the writer's thread fsyncs, not this one
-        except OSError as e:
-            self.log.error("cannot persist consumer offsets: %s", e)
+        self.store.consumer_offset_manager.persist_soon()   # the writer's thread fsyncs (and logs a failure)
 
 
 def main(argv: Optional[list] = None) -> int:

@@ -944,7 +944,6 @@ class MessageStore:
             self.flush()
             for m in self._tables():
                 m.persist()                  # after (through the writer) any queued persist_soon
-            self.config_writer.close()
             clean = self.dispatch_behind_bytes() == 0 and not any(
                 mf.write_error for mf in self.commitlog.mapped_file_queue.files)
             self._shutdown = True
