@@ -106,6 +106,11 @@ class DataVersion:
         return cls(int(d.get("timestamp", 0)), int(d.get("counter", 0)))
 
 
+def dumps_config(data: dict) -> str:
+    """The on-disk text of a config table: standard JSON, indented, keys sorted."""
+    return json.dumps(data, indent=2, sort_keys=True)
+
+
 class ConfigWriter:
     """Writes JSON config files on a thread of its own, so that the broker's main thread never
     waits on their fsyncs (RocketMQ persists its ConfigManagers from scheduled executors, not
@@ -127,8 +132,9 @@ class ConfigWriter:
         self._thread: Optional[threading.Thread] = None
         self._closed = False
 
-    def submit(self, path: str, text: str) -> int:
-        """Queue ``text`` for ``path``; returns its seq (for :meth:`wait`).
+    def submit(self, path: str, text) -> int:
+        """Queue ``text`` for ``path`` (a str, or a dict nobody else holds, dumped by the thread
+        with :func:`dumps_config`); returns its seq (for :meth:`wait`).
 
         Raises RuntimeError after :meth:`close`."""
         with self._cond:
@@ -182,7 +188,7 @@ class ConfigWriter:
             for path, (seq, text) in batch.items():
                 err = None
                 try:
-                    write_file_atomically(path, text)
+                    write_file_atomically(path, text if isinstance(text, str) else dumps_config(text))
                 except OSError as e:
                     err = e
                     log.error("cannot write %s: %s", path, e)
@@ -204,6 +210,9 @@ class ConfigManager:
     older text queued there can never overwrite a newer one).  Without one, both write here."""
 
     file_name = ""
+    # encode() builds new containers (no live table inside): persist_soon hands them to the
+    # writer, whose thread does the JSON (20 ms for 16,000 consumer offsets, 3.5 ms of it encode)
+    encode_is_snapshot = False
 
     def __init__(self, config_dir: str):
         self.path = os.path.join(config_dir, self.file_name)
@@ -215,7 +224,7 @@ class ConfigManager:
 
     def _text(self) -> str:
         with self._lock:
-            return json.dumps(self.encode(), indent=2, sort_keys=True)
+            return dumps_config(self.encode())
 
     def persist(self) -> None:
         """Write the table now; durable (fsync'd) on return.  Raises OSError."""
@@ -231,6 +240,10 @@ class ConfigManager:
         A failure is logged by the writer."""
         if self.writer is None:
             self.persist()
+        elif self.encode_is_snapshot:
+            with self._lock:
+                data = self.encode()
+            self.writer.submit(self.path, data)
         else:
             self.writer.submit(self.path, self._text())
 
@@ -296,6 +309,7 @@ class ConsumerOffsetManager(ConfigManager):
 
     file_name = "consumerOffset.json"
     TOPIC_GROUP_SEPARATOR = "@"
+    encode_is_snapshot = True
 
     def __init__(self, config_dir: str):
         super().__init__(config_dir)

@@ -69,6 +69,7 @@ class DelayOffsetManager(ConfigManager):
     """``delayOffset.json``: ``{"offsetTable": {level: next queue offset}}`` (SPEC.md §4.4)."""
 
     file_name = "delayOffset.json"
+    encode_is_snapshot = True
 
     def __init__(self, config_dir: str):
         super().__init__(config_dir)

@@ -178,3 +178,31 @@ def test_close_with_drop_forgets_the_queue_and_a_waiter_is_told(tmp_path, monkey
     assert read(p) == "2"                          # the write under way ended; "3" was dropped
     with pytest.raises(RuntimeError, match="without writing"):
         w.wait(p, seq)
+
+
+def test_a_snapshot_handed_to_the_writer_is_written_byte_for_byte_as_persist_writes_it(tmp_path, monkeypatch):
+    """ConsumerOffsetManager.encode builds new containers (encode_is_snapshot): persist_soon hands
+    the dict over and the writer's thread does the JSON; the file is the one persist() writes, and
+    a commit after the hand-off does not leak into it."""
+    import rmq.store.config_manager as cm
+    assert ConsumerOffsetManager.encode_is_snapshot
+    w = ConfigWriter()
+    direct, handed = ConsumerOffsetManager(str(tmp_path / "a")), ConsumerOffsetManager(str(tmp_path / "b"))
+    handed.writer = w
+    for m in (direct, handed):
+        for g in range(50):
+            m.commit_offset(f"g{g}", "T", g % 4, g * 10)
+    handed.data_version = cm.DataVersion(direct.data_version.timestamp, direct.data_version.counter)
+    direct.persist()
+    release, real = threading.Event(), cm.write_file_atomically
+
+    def held(path, text):                          # written only after the later commit
+        assert release.wait(30)
+        real(path, text)
+    monkeypatch.setattr(cm, "write_file_atomically", held)
+    handed.persist_soon()
+    handed.commit_offset("late", "T", 0, 1)
+    release.set()
+    w.flush()
+    assert read(handed.path) == read(direct.path)
+    w.close()
