@@ -23,8 +23,9 @@ Files
     and the ``abort`` file; reads ``consumequeue/`` and ``index/``.
 
 Timers
-    register with NameServers 30 000 ms; consumer offsets persisted 5 000 ms
-    (flushConsumerOffsetInterval); parked pulls and sync-flush sends expired
+    register with NameServers 30 000 ms; consumer offsets persisted every 5 000 ms (broker.conf
+    ``flushConsumerOffsetInterval``, ms, at least MIN_FLUSH_CONSUMER_OFFSET_INTERVAL_MS; the
+    JSON and its fsyncs on the store's config-writer thread, not this one); parked pulls and sync-flush sends expired
     every 10 ms; client channels idle > 120 s dropped every 10 s; stats every 1 s.
 
 Failure behaviour
@@ -83,6 +84,7 @@ __all__ = ["BrokerActor", "ANNOUNCE_APPEND", "ANNOUNCE_DURABLE", "ANNOUNCE_TICK"
 
 REGISTER_NAME_SERVER_PERIOD_MS = 30_000      # registerNameServerPeriod
 FLUSH_CONSUMER_OFFSET_INTERVAL_MS = 5_000    # flushConsumerOffsetInterval
+MIN_FLUSH_CONSUMER_OFFSET_INTERVAL_MS = 10   # below it the broker would spend its time encoding offsets
 BROKER_SUSPEND_MAX_TIME_MS = 15_000          # long-poll ceiling (SPEC.md §13.3)
 HOLD_CHECK_MS = 10                           # expiry of parked pulls / sends
 CLIENT_REPLY_HWM = 100_000                   # answers queued per client connection (ZeroMQ SNDHWM)
@@ -128,6 +130,12 @@ class BrokerActor(Actor):
         self.broker_permission = int(settings.get("brokerPermission", PERM_READ | PERM_WRITE))
         # a client silent for longer is dropped (ZeroMQ has no per-connection close event)
         self.channel_expired_ms = int(settings.get("channelExpiredTimeout", CHANNEL_EXPIRED_MS))
+        # consumer offsets (and the revive offsets of POP) written to consumerOffset.json this often
+        self.flush_consumer_offset_interval_ms = int(settings.get("flushConsumerOffsetInterval",
+                                                                  FLUSH_CONSUMER_OFFSET_INTERVAL_MS))
+        if self.flush_consumer_offset_interval_ms < MIN_FLUSH_CONSUMER_OFFSET_INTERVAL_MS:
+            raise ValueError(f"flushConsumerOffsetInterval={self.flush_consumer_offset_interval_ms} ms: at least "
+                             f"{MIN_FLUSH_CONSUMER_OFFSET_INTERVAL_MS} ms")
         self.store: Optional[MessageStore] = None
         self.flushed_offset = 0                  # CommitLog bytes the flush actor reported durable
         self.dispatched_offset = 0               # CommitLog bytes reput reported dispatched
@@ -255,7 +263,8 @@ class BrokerActor(Actor):
                        first_ms=1000)
         self.add_timer(FIND_MASTER_INTERVAL_MS, ha.find_master)
         self.add_timer(REGISTER_NAME_SERVER_PERIOD_MS, self.register_broker_all, first_ms=0)
-        self.add_timer(FLUSH_CONSUMER_OFFSET_INTERVAL_MS, self.persist_offsets, first_ms=10_000)
+        self.add_timer(self.flush_consumer_offset_interval_ms, self.persist_offsets,
+                       first_ms=min(10_000, 2 * self.flush_consumer_offset_interval_ms))
         self.add_timer(HOLD_CHECK_MS, self.check_holds)
         self.add_timer(APPEND_REANNOUNCE_MS, lambda: self.announce_append(force=True))
         self.add_timer(min(CHANNEL_SCAN_MS, max(100, self.channel_expired_ms // 4)), self.client_manager.scan_channels)

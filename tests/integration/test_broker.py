@@ -1,4 +1,5 @@
 """Broker group over the wire: send / pull round trips, tags, long polling, offsets, SYNC_FLUSH."""
+import json
 import os
 import time
 
@@ -140,6 +141,37 @@ def test_offsets_persist_across_restart(cluster):
         r = c.invoke(cluster.broker, Frame(RequestCode.QUERY_CONSUMER_OFFSET, fields={
             "consumerGroup": "cg", "topic": "Off", "queueId": 2}))
         assert r.code == 0 and r.fields["offset"] == 42
+
+
+def test_the_periodic_offset_persist_is_written_off_the_main_thread_and_survives_kill9(tmp_path):
+    """flushConsumerOffsetInterval: the broker hands consumerOffset.json to its config writer's
+    thread on a timer; once the file holds a commit, a kill -9 of the group loses nothing of it."""
+    path = tmp_path / "store" / "config" / "consumerOffset.json"
+    with Cluster(tmp_path / "store", conf={"flushConsumerOffsetInterval": "100"}) as group:
+        with RemotingClient() as c:
+            assert c.invoke(group.broker, Frame(RequestCode.UPDATE_CONSUMER_OFFSET, fields={
+                "consumerGroup": "cg", "topic": "Off", "queueId": 1, "commitOffset": 77})).code == 0
+
+            def on_disk():
+                try:
+                    return json.loads(path.read_text())["offsetTable"].get("Off@cg") == {"1": 77}
+                except (OSError, ValueError):        # not written yet, or caught mid-replace
+                    return False
+            wait_for(on_disk)
+        group.kill_group()
+        group.start_group()
+        with RemotingClient() as c:
+            r = c.invoke(group.broker, Frame(RequestCode.QUERY_CONSUMER_OFFSET, fields={
+                "consumerGroup": "cg", "topic": "Off", "queueId": 1}))
+            assert r.code == 0 and r.fields["offset"] == 77
+
+
+def test_a_flush_consumer_offset_interval_below_the_floor_is_refused_at_start(tmp_path):
+    from rmq.actors.broker import MIN_FLUSH_CONSUMER_OFFSET_INTERVAL_MS
+    with pytest.raises(RuntimeError):
+        Cluster(tmp_path / "store", conf={"flushConsumerOffsetInterval": str(MIN_FLUSH_CONSUMER_OFFSET_INTERVAL_MS - 1)})
+    log = (tmp_path / "store" / "logs" / "broker.stderr.log").read_text()
+    assert f"at least {MIN_FLUSH_CONSUMER_OFFSET_INTERVAL_MS} ms" in log
 
 
 def test_messages_survive_clean_restart_and_kill9(cluster):
