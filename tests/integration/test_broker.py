@@ -131,16 +131,25 @@ def test_pull_statuses(cluster):
         assert pull(c, cluster.broker, "St", 99, 0).code == ResponseCode.SYSTEM_ERROR
 
 
-def test_offsets_persist_across_restart(cluster):
+def commit_offset(broker, topic, queue_id, offset, group="cg"):
     with RemotingClient() as c:
-        assert c.invoke(cluster.broker, Frame(RequestCode.UPDATE_CONSUMER_OFFSET, fields={
-            "consumerGroup": "cg", "topic": "Off", "queueId": 2, "commitOffset": 42})).code == 0
+        assert c.invoke(broker, Frame(RequestCode.UPDATE_CONSUMER_OFFSET, fields={
+            "consumerGroup": group, "topic": topic, "queueId": queue_id, "commitOffset": offset})).code == 0
+
+
+def query_offset(broker, topic, queue_id, group="cg"):
+    with RemotingClient() as c:
+        r = c.invoke(broker, Frame(RequestCode.QUERY_CONSUMER_OFFSET, fields={
+            "consumerGroup": group, "topic": topic, "queueId": queue_id}))
+    assert r.code == 0, r.remark
+    return r.fields["offset"]
+
+
+def test_offsets_persist_across_restart(cluster):
+    commit_offset(cluster.broker, "Off", 2, 42)
     assert cluster.stop_group() == {"broker": 0, "reput": 0, "flush": 0}
     cluster.start_group()
-    with RemotingClient() as c:
-        r = c.invoke(cluster.broker, Frame(RequestCode.QUERY_CONSUMER_OFFSET, fields={
-            "consumerGroup": "cg", "topic": "Off", "queueId": 2}))
-        assert r.code == 0 and r.fields["offset"] == 42
+    assert query_offset(cluster.broker, "Off", 2) == 42
 
 
 def test_the_periodic_offset_persist_is_written_off_the_main_thread_and_survives_kill9(tmp_path):
@@ -148,22 +157,17 @@ def test_the_periodic_offset_persist_is_written_off_the_main_thread_and_survives
     thread on a timer; once the file holds a commit, a kill -9 of the group loses nothing of it."""
     path = tmp_path / "store" / "config" / "consumerOffset.json"
     with Cluster(tmp_path / "store", conf={"flushConsumerOffsetInterval": "100"}) as group:
-        with RemotingClient() as c:
-            assert c.invoke(group.broker, Frame(RequestCode.UPDATE_CONSUMER_OFFSET, fields={
-                "consumerGroup": "cg", "topic": "Off", "queueId": 1, "commitOffset": 77})).code == 0
+        commit_offset(group.broker, "Off", 1, 77)
 
-            def on_disk():
-                try:
-                    return json.loads(path.read_text())["offsetTable"].get("Off@cg") == {"1": 77}
-                except (OSError, ValueError):        # not written yet, or caught mid-replace
-                    return False
-            wait_for(on_disk)
+        def on_disk():
+            try:
+                return json.loads(path.read_text())["offsetTable"].get("Off@cg") == {"1": 77}
+            except (OSError, ValueError):        # not written yet, or caught mid-replace
+                return False
+        wait_for(on_disk)
         group.kill_group()
         group.start_group()
-        with RemotingClient() as c:
-            r = c.invoke(group.broker, Frame(RequestCode.QUERY_CONSUMER_OFFSET, fields={
-                "consumerGroup": "cg", "topic": "Off", "queueId": 1}))
-            assert r.code == 0 and r.fields["offset"] == 77
+        assert query_offset(group.broker, "Off", 1) == 77
 
 
 def test_a_flush_consumer_offset_interval_below_the_floor_is_refused_at_start(tmp_path):

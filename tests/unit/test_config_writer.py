@@ -206,3 +206,37 @@ def test_a_snapshot_handed_to_the_writer_is_written_byte_for_byte_as_persist_wri
     w.flush()
     assert read(handed.path) == read(direct.path)
     w.close()
+
+
+def test_close_for_handoff_writes_what_persist_soon_queued_before_it_returns(tmp_path, monkeypatch):
+    """The broker's stop (close_for_handoff): a text still queued behind a slow write is on disk
+    when the store is closed, not at some later moment of a daemon thread."""
+    import rmq.store.config_manager as cm
+    s = MessageStore(str(tmp_path), **SMALL)
+    w = s.config_writer
+    real, started, release = cm.write_file_atomically, threading.Event(), threading.Event()
+
+    def held(path, text):
+        started.set()
+        assert release.wait(30)
+        real(path, text)
+    monkeypatch.setattr(cm, "write_file_atomically", held)
+    s.consumer_offset_manager.commit_offset("g", "T", 0, 5)
+    s.consumer_offset_manager.persist_soon()       # under way, held
+    assert started.wait(30)
+    monkeypatch.setattr(cm, "write_file_atomically", real)
+    s.consumer_offset_manager.commit_offset("g", "T", 0, 9)
+    s.consumer_offset_manager.persist_soon()       # queued behind it
+
+    def let_go():                                  # once the store began closing its writer
+        end = time.monotonic() + 30
+        while not w._closed and time.monotonic() < end:
+            time.sleep(0.001)
+        release.set()
+    t = threading.Thread(target=let_go)
+    t.start()
+    s.close_for_handoff()
+    t.join()
+    again = ConsumerOffsetManager(os.path.join(str(tmp_path), "config"))
+    again.load()
+    assert again.query_offset("g", "T", 0) == 9

@@ -34,13 +34,18 @@ def test_a_retry_goes_to_the_other_broker_and_the_send_ends_with_the_success():
     att.answered(100.6, fault)
 
 
-def test_attempts_run_out_into_rocketmqs_final_error():
+def _fail_twice(first: Exception, second: Exception, queues: int = 4) -> Exception:
+    """Two attempts (timesTotal 2) that fail with ``first`` then ``second``: the final error."""
     cache, fault = _world()
-    att = SendAttempts("T", 4, None, 2, 100.0, 103.0)
+    att = SendAttempts("T", queues, None, 2, 100.0, 103.0)
     att.target(100.0, cache, fault)
-    assert att.failed(RemotingError("down"), 100.1, fault, OPTS) is None
+    assert att.failed(first, 100.1, fault, OPTS) is None
     att.target(100.1, cache, fault)
-    final = att.failed(RemotingError("down again"), 100.2, fault, OPTS)
+    return att.failed(second, 100.2, fault, OPTS)
+
+
+def test_attempts_run_out_into_rocketmqs_final_error():
+    final = _fail_twice(RemotingError("down"), RemotingError("down again"))
     assert isinstance(final, RemotingError) and "Send [2] times, still failed" in str(final)
     assert final.__cause__ is not None and "down again" in str(final.__cause__)
 
@@ -86,10 +91,6 @@ def test_the_deadline_passing_during_an_attempt_ends_the_send_after_it():
 
 def test_a_dropped_connection_keeps_its_type_in_the_final_error():
     from rmq.errors import RemotingConnectionClosedError
-    cache, fault = _world()
-    att = SendAttempts("T", 1, None, 2, 100.0, 103.0)
-    att.target(100.0, cache, fault)
-    assert att.failed(RemotingConnectionClosedError("closed"), 100.1, fault, OPTS) is None
-    att.target(100.1, cache, fault)
-    final = att.failed(RemotingConnectionClosedError("closed again"), 100.2, fault, OPTS)
+    final = _fail_twice(RemotingConnectionClosedError("closed"), RemotingConnectionClosedError("closed again"),
+                        queues=1)
     assert type(final) is RemotingConnectionClosedError and "Send [2] times" in str(final)
