@@ -117,34 +117,59 @@ def test_an_auto_created_group_is_written_by_the_writer_thread(tmp_path):
     w.close()
 
 
+class HeldWrite:
+    """The config writer's next write waits until :meth:`release` (write_file_atomically patched);
+    :meth:`wait_started` returns once the thread is held and lets later writes through."""
+
+    def __init__(self, monkeypatch):
+        import rmq.store.config_manager as cm
+        self.cm, self.mp = cm, monkeypatch
+        self.real = cm.write_file_atomically
+        self.started, self.released = threading.Event(), threading.Event()
+        monkeypatch.setattr(cm, "write_file_atomically", self._held)
+
+    def _held(self, path, text):
+        self.started.set()
+        assert self.released.wait(30)
+        self.real(path, text)
+
+    def wait_started(self) -> None:
+        assert self.started.wait(30)
+        self.mp.setattr(self.cm, "write_file_atomically", self.real)
+
+    def release(self) -> None:
+        self.released.set()
+
+    def release_once_closed(self, w: ConfigWriter) -> threading.Thread:
+        """A thread that releases the held write once ``w`` is being closed (its queue settled)."""
+        def go():
+            end = time.monotonic() + 30
+            while not w._closed and time.monotonic() < end:
+                time.sleep(0.001)
+            self.release()
+        t = threading.Thread(target=go)
+        t.start()
+        return t
+
+
+def hold_one_and_queue_one(s: MessageStore, monkeypatch) -> HeldWrite:
+    """Offset 5 being written (held), offset 9 queued behind it."""
+    hold = HeldWrite(monkeypatch)
+    s.consumer_offset_manager.commit_offset("g", "T", 0, 5)
+    s.consumer_offset_manager.persist_soon()
+    hold.wait_started()
+    s.consumer_offset_manager.commit_offset("g", "T", 0, 9)
+    s.consumer_offset_manager.persist_soon()
+    return hold
+
+
 def test_an_abandoned_store_writes_nothing_it_had_queued(tmp_path, monkeypatch):
     """MessageStore.abandon (a kill -9 in-process): the write under way ends, what was queued behind
     it is dropped and the thread ends, so a store reopened on the same directory is never
     overwritten by the old one's texts."""
-    import rmq.store.config_manager as cm
     s = MessageStore(str(tmp_path), **SMALL)
     w = s.config_writer
-    real, started, release = cm.write_file_atomically, threading.Event(), threading.Event()
-
-    def held(path, text):                          # the thread's first write waits for the drop
-        started.set()
-        assert release.wait(30)
-        real(path, text)
-    monkeypatch.setattr(cm, "write_file_atomically", held)
-    s.consumer_offset_manager.commit_offset("g", "T", 0, 5)
-    s.consumer_offset_manager.persist_soon()       # taken by the thread, held in its write
-    assert started.wait(30)
-    monkeypatch.setattr(cm, "write_file_atomically", real)
-    s.consumer_offset_manager.commit_offset("g", "T", 0, 9)
-    s.consumer_offset_manager.persist_soon()       # queued behind it
-
-    def let_go():                                  # once abandon dropped the queue
-        end = time.monotonic() + 30
-        while not w._closed and time.monotonic() < end:
-            time.sleep(0.001)
-        release.set()
-    t = threading.Thread(target=let_go)
-    t.start()
+    t = hold_one_and_queue_one(s, monkeypatch).release_once_closed(w)
     s.abandon()
     t.join()
     assert not w._thread.is_alive()
@@ -153,28 +178,29 @@ def test_an_abandoned_store_writes_nothing_it_had_queued(tmp_path, monkeypatch):
     s2.shutdown()
 
 
+def test_close_for_handoff_writes_what_persist_soon_queued_before_it_returns(tmp_path, monkeypatch):
+    """The broker's stop (close_for_handoff): a text still queued behind a slow write is on disk
+    when the store is closed, not at some later moment of a daemon thread."""
+    s = MessageStore(str(tmp_path), **SMALL)
+    t = hold_one_and_queue_one(s, monkeypatch).release_once_closed(s.config_writer)
+    s.close_for_handoff()
+    t.join()
+    again = ConsumerOffsetManager(os.path.join(str(tmp_path), "config"))
+    again.load()
+    assert again.query_offset("g", "T", 0) == 9
+
+
 def test_close_with_drop_forgets_the_queue_and_a_waiter_is_told(tmp_path, monkeypatch):
-    import rmq.store.config_manager as cm
     w = ConfigWriter()
     p = str(tmp_path / "a.json")
     w.wait(p, w.submit(p, "1"))
-    real, started, release = cm.write_file_atomically, threading.Event(), threading.Event()
-
-    def held(path, text):
-        started.set()
-        assert release.wait(30)
-        real(path, text)
-    monkeypatch.setattr(cm, "write_file_atomically", held)
+    hold = HeldWrite(monkeypatch)
     w.submit(p, "2")                               # under way
-    assert started.wait(30)
+    hold.wait_started()
     seq = w.submit(p, "3")                         # queued behind it
-    closer = threading.Thread(target=w.close, kwargs={"drop": True})
-    closer.start()
-    end = time.monotonic() + 30
-    while not w._closed and time.monotonic() < end:
-        time.sleep(0.001)
-    release.set()
-    closer.join()
+    t = hold.release_once_closed(w)
+    w.close(drop=True)
+    t.join()
     assert read(p) == "2"                          # the write under way ended; "3" was dropped
     with pytest.raises(RuntimeError, match="without writing"):
         w.wait(p, seq)
@@ -184,7 +210,7 @@ def test_a_snapshot_handed_to_the_writer_is_written_byte_for_byte_as_persist_wri
     """ConsumerOffsetManager.encode builds new containers (encode_is_snapshot): persist_soon hands
     the dict over and the writer's thread does the JSON; the file is the one persist() writes, and
     a commit after the hand-off does not leak into it."""
-    import rmq.store.config_manager as cm
+    from rmq.store.config_manager import DataVersion
     assert ConsumerOffsetManager.encode_is_snapshot
     w = ConfigWriter()
     direct, handed = ConsumerOffsetManager(str(tmp_path / "a")), ConsumerOffsetManager(str(tmp_path / "b"))
@@ -192,51 +218,13 @@ def test_a_snapshot_handed_to_the_writer_is_written_byte_for_byte_as_persist_wri
     for m in (direct, handed):
         for g in range(50):
             m.commit_offset(f"g{g}", "T", g % 4, g * 10)
-    handed.data_version = cm.DataVersion(direct.data_version.timestamp, direct.data_version.counter)
+    handed.data_version = DataVersion(direct.data_version.timestamp, direct.data_version.counter)
     direct.persist()
-    release, real = threading.Event(), cm.write_file_atomically
-
-    def held(path, text):                          # written only after the later commit
-        assert release.wait(30)
-        real(path, text)
-    monkeypatch.setattr(cm, "write_file_atomically", held)
+    hold = HeldWrite(monkeypatch)
     handed.persist_soon()
+    hold.wait_started()                            # the dict is in the writer's hands, unwritten
     handed.commit_offset("late", "T", 0, 1)
-    release.set()
+    hold.release()
     w.flush()
     assert read(handed.path) == read(direct.path)
     w.close()
-
-
-def test_close_for_handoff_writes_what_persist_soon_queued_before_it_returns(tmp_path, monkeypatch):
-    """The broker's stop (close_for_handoff): a text still queued behind a slow write is on disk
-    when the store is closed, not at some later moment of a daemon thread."""
-    import rmq.store.config_manager as cm
-    s = MessageStore(str(tmp_path), **SMALL)
-    w = s.config_writer
-    real, started, release = cm.write_file_atomically, threading.Event(), threading.Event()
-
-    def held(path, text):
-        started.set()
-        assert release.wait(30)
-        real(path, text)
-    monkeypatch.setattr(cm, "write_file_atomically", held)
-    s.consumer_offset_manager.commit_offset("g", "T", 0, 5)
-    s.consumer_offset_manager.persist_soon()       # under way, held
-    assert started.wait(30)
-    monkeypatch.setattr(cm, "write_file_atomically", real)
-    s.consumer_offset_manager.commit_offset("g", "T", 0, 9)
-    s.consumer_offset_manager.persist_soon()       # queued behind it
-
-    def let_go():                                  # once the store began closing its writer
-        end = time.monotonic() + 30
-        while not w._closed and time.monotonic() < end:
-            time.sleep(0.001)
-        release.set()
-    t = threading.Thread(target=let_go)
-    t.start()
-    s.close_for_handoff()
-    t.join()
-    again = ConsumerOffsetManager(os.path.join(str(tmp_path), "config"))
-    again.load()
-    assert again.query_offset("g", "T", 0) == 9
