@@ -48,10 +48,17 @@ def wait_replicated(c, master, slave, timeout_s=30.0):
     return runtime(c, master.broker_addr)["commitLogMaxOffset"]
 
 
-def fill(c, addr, topic, n, size=300, queues=4, prefix=b"m"):
+def fill(c, addr, topic, n, size=300, queues=4, prefix=b"m", busy_deadline_s=30.0):
+    """``n`` sends; SYSTEM_BUSY (the broker's flow control after a slow append, e.g. a fresh
+    store's first files on a busy disk) is retried as RocketMQ's producer retries it, until
+    ``busy_deadline_s``."""
     for i in range(n):
         body = prefix + b"%06d-" % i + b"x" * size
+        end = time.monotonic() + busy_deadline_s
         r = send(c, addr, topic, body, i % queues)
+        while r.code == ResponseCode.SYSTEM_BUSY and time.monotonic() < end:
+            time.sleep(0.05)
+            r = send(c, addr, topic, body, i % queues)
         assert r.code == ResponseCode.SUCCESS, r.remark
 
 
