@@ -67,7 +67,9 @@ MAX_DELAY_LEVEL = 18                 # messageDelayLevel has 18 levels (SPEC.md 
 COMPRESSED_FLAG = _COMPRESSED
 TRANSACTION_PREPARED_TYPE = _PREPARED
 COMPRESSION_ZLIB_TYPE = _ZLIB
-UNIQ_ID_LENGTH = 32                  # hex digits of a UNIQ_KEY
+cdef enum:
+    _UNIQ_LEN = 32
+UNIQ_ID_LENGTH = _UNIQ_LEN           # hex digits of a UNIQ_KEY
 BATCH_ELEMENT_OVERHEAD = BATCH_FIXED_LENGTH   # TOTALSIZE+MAGIC+BODYCRC+FLAG+BODYLEN+PROPLEN (SPEC.md §1.11)
 VALID_TOPICS_CACHE_MAX = 10_000      # topic names remembered as valid (cleared when full)
 
@@ -117,8 +119,9 @@ cdef inline void _hex_be(char* out, uint32_t v, int digits) noexcept nogil:
         v >>= 4
 
 
-cdef str _new_uniq_id():
-    """The GIL makes the counter's read-and-increment atomic (no Python call in between)."""
+cdef void _write_uniq_id(char* out) except *:
+    """A new UNIQ_KEY's 32 hex digits at ``out``.  The GIL makes the counter's read-and-increment
+    atomic (no Python call in between)."""
     global _counter
     cdef timespec ts
     clock_gettime(CLOCK_REALTIME, &ts)
@@ -128,11 +131,14 @@ cdef str _new_uniq_id():
     cdef uint32_t ms = <uint32_t>(<int64_t>((now - _month_lo) * 1000.0))
     cdef uint32_t n = _counter & 0xFFFF
     _counter += 1
-    cdef str s = PyUnicode_New(UNIQ_ID_LENGTH, 127)
-    cdef char* out = <char*>PyUnicode_DATA(s)
     memcpy(out, _fix_hex, 20)
     _hex_be(out + 20, ms, 8)
     _hex_be(out + 28, n, 4)
+
+
+cdef str _new_uniq_id():
+    cdef str s = PyUnicode_New(UNIQ_ID_LENGTH, 127)
+    _write_uniq_id(<char*>PyUnicode_DATA(s))
     return s
 
 
@@ -462,9 +468,12 @@ cdef class MessagePreparer:
         zlib level, 0..9.
     """
 
-    cdef object message_type, check_topic, error_type
-    cdef int illegal_code, compress_level
-    cdef Py_ssize_t max_message_size, compress_over
+    cdef object message_type, check_topic
+    cdef readonly object error_type
+    cdef readonly int illegal_code
+    cdef int compress_level
+    cdef readonly Py_ssize_t max_message_size
+    cdef Py_ssize_t compress_over
     cdef set valid_topics
 
     def __init__(self, message_type, check_topic, error_type, int illegal_code, Py_ssize_t max_message_size,
@@ -483,6 +492,17 @@ cdef class MessagePreparer:
         """How many topic names are remembered as valid (at most ``VALID_TOPICS_CACHE_MAX``)."""
         return len(self.valid_topics)
 
+    cpdef check_topic_once(self, topic):
+        """The topic check of :meth:`check` (remembered once valid).  Raises ``error_type``."""
+        if topic not in self.valid_topics:
+            try:
+                self.check_topic(topic)
+            except ValueError as e:
+                raise self.error_type(str(e), self.illegal_code) from None
+            if len(self.valid_topics) >= VALID_TOPICS_CACHE_MAX:
+                self.valid_topics.clear()
+            self.valid_topics.add(topic)
+
     cpdef check(self, msg):
         """RocketMQ ``Validators.checkMessage``: a message of the right type, a valid topic, a
         body of 1..max_message_size bytes.  Raises ``error_type`` (MESSAGE_ILLEGAL)."""
@@ -495,14 +515,7 @@ cdef class MessagePreparer:
         else:
             topic = msg.topic
             body = msg.body
-        if topic not in self.valid_topics:
-            try:
-                self.check_topic(topic)
-            except ValueError as e:
-                raise self.error_type(str(e), self.illegal_code) from None
-            if len(self.valid_topics) >= VALID_TOPICS_CACHE_MAX:
-                self.valid_topics.clear()
-            self.valid_topics.add(topic)
+        self.check_topic_once(topic)
         cdef Py_ssize_t n = PyBytes_GET_SIZE(body) if type(body) is bytes else len(body)
         if n == 0:
             raise self.error_type("the message body length is zero", self.illegal_code)
@@ -706,6 +719,269 @@ def batch_body(list preps):
         memcpy(o + BATCH_BODY_OFFSET + blen + 2, PyBytes_AS_STRING(p.props), plen)
         o += n
     return out
+
+
+# -- rows given as columns (Producer.send_async_columns) ----------------------------------------------
+cdef bytes _UNIQ_PREFIX = (PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX + "\x01").encode()
+cdef bytes _TAGS_PREFIX = (PROPERTY_TAGS + "\x01").encode()
+cdef bytes _KEYS_PREFIX = (PROPERTY_KEYS + "\x01").encode()
+# property names a row's own properties may not use: the producer sets them (or they would make
+# the row unbatchable: a delay, a timer, a half message)
+COLUMNS_REFUSED_PROPERTIES = frozenset(RESERVED_PROPERTIES + (PROPERTY_TRANSACTION_PREPARED,))
+cdef frozenset _COLUMNS_REFUSED = COLUMNS_REFUSED_PROPERTIES
+cdef tuple _ROW_KEY_TYPES = (str, int, bytes)   # sharding keys grouped by value (as many_parts' open keys)
+
+
+@cython.final
+cdef class RowsPart:
+    """Rows of one ``send_async_columns`` call that go as one SEND_BATCH_MESSAGE: ``body`` is
+    the batch body (SPEC.md §1.11) of ``n`` rows, ``nbytes`` its length, ``positions`` the rows'
+    indices in the call (in the order sent), ``key`` their sharding key (None: unordered),
+    ``uniq`` the rows' UNIQ_KEYs (32 hex digits each, in order).  ``len(part)`` is ``n``."""
+
+    cdef readonly str topic
+    cdef readonly object key
+    cdef readonly object positions
+    cdef readonly bytes body
+    cdef readonly bytes uniq
+    cdef readonly Py_ssize_t n
+    cdef readonly Py_ssize_t nbytes
+
+    def __len__(self):
+        return self.n
+
+    def uniq_ids(self):
+        """The rows' UNIQ_KEYs (``msg_id`` of their SendResult), as a list of str."""
+        cdef Py_ssize_t i
+        cdef const char* u = PyBytes_AS_STRING(self.uniq)
+        return [u[i * _UNIQ_LEN:(i + 1) * _UNIQ_LEN].decode("ascii") for i in range(self.n)]
+
+    def __repr__(self):
+        return f"RowsPart(topic={self.topic!r}, n={self.n}, nbytes={self.nbytes}, key={self.key!r})"
+
+
+cdef inline const char* _utf8(object s, Py_ssize_t* n, str what, Py_ssize_t row) except NULL:
+    """``s`` (a str) as UTF-8; a \x01 / \x02 separator inside is MessageIllegalError."""
+    cdef const char* p = PyUnicode_AsUTF8AndSize(s, n)
+    if _has_separator(p, n[0]):
+        raise MessageIllegalError(f"{what} {s!r} contains a \\x01 or \\x02 separator")
+    return p
+
+
+def encode_rows(MessagePreparer preparer, str topic, list bodies, list tags, list keys, list properties,
+                list sharding_keys, str key_property, Py_ssize_t batch_size, part_key):
+    """Rows given as columns (one item per row in each list; a list given as None: absent for
+    every row) straight into SEND_BATCH_MESSAGE bodies, without a Message or a PreparedMessage per
+    row: returns ``[RowsPart]`` in the order each part was opened.
+
+    Row ``i`` is what ``Message(topic, bodies[i], tags=tags[i], keys=keys[i],
+    properties=properties[i])`` would send, with ``key_property`` = ``str(sharding_keys[i])``
+    when that key is not None, and a new UNIQ_KEY; its properties in that order (SPEC.md §1.6).
+    Rows of one sharding key share parts up to ``batch_size`` bytes (a row bigger than that is
+    a part of its own), in the order given; unordered rows (key None) likewise.  ``part_key``
+    groups keys that are not str / int / bytes, as :func:`many_parts`.  Bodies are not
+    compressed (a batch's never are, as RocketMQ's).
+
+    Raises
+    ------
+    preparer's error_type (MESSAGE_ILLEGAL)
+        The topic is invalid, or the first bad row, its remark prefixed ``message i of n: ``:
+        a body that is not bytes / bytearray / memoryview, empty or over ``max_message_size``; a
+        tag or key that is not str (keys: or a list of str); properties that are not a dict, or
+        that name a property the producer sets (:data:`COLUMNS_REFUSED_PROPERTIES`); a \x01 /
+        \x02 separator; encoded properties over 32767 bytes.
+    """
+    preparer.check_topic_once(topic)
+    cdef Py_ssize_t n = len(bodies), i = 0, j, m, blen, plen, size, tl, kl, sl, ul, total
+    cdef Py_ssize_t klen_prefix = len(key_property) + 1
+    cdef bytes key_prefix = (key_property + "\x01").encode()
+    cdef list bs = [None] * n            # bytes bodies
+    cdef list ups = [None] * n           # encoded user properties (bytes) or None
+    cdef list ts = [None] * n            # tag str or None
+    cdef list ks = [None] * n            # KEYS str or None
+    cdef list ss = [None] * n            # sharding key str or None
+    cdef list sizes = [0] * n
+    cdef list groups = []                # [key, [row indices], nbytes] in the order opened
+    cdef dict open_ = {}
+    cdef list g
+    cdef object b, up, t, k, sk, gk, name
+    cdef const char* p
+    try:
+        for i in range(n):
+            b = bodies[i]
+            if type(b) is not bytes:
+                if not isinstance(b, (bytes, bytearray, memoryview)):
+                    raise preparer.error_type(f"message body must be bytes, got {type(b).__name__}",
+                                              preparer.illegal_code)
+                b = bytes(b)
+            blen = PyBytes_GET_SIZE(b)
+            if blen == 0:
+                raise preparer.error_type("the message body length is zero", preparer.illegal_code)
+            if blen > preparer.max_message_size:
+                raise preparer.error_type(f"the message body size over max value, MAX: {preparer.max_message_size} "
+                                          f"(body is {blen} bytes; topic {topic})", preparer.illegal_code)
+            bs[i] = b
+            plen = _UNIQ_LEN + PyBytes_GET_SIZE(_UNIQ_PREFIX) + 1
+            if properties is not None:
+                up = properties[i]
+                if up:
+                    if not isinstance(up, dict):
+                        raise preparer.error_type(f"message properties must be a dict, got {type(up).__name__}",
+                                                  preparer.illegal_code)
+                    for name in up:
+                        if name in _COLUMNS_REFUSED or name == key_property:
+                            raise preparer.error_type(
+                                f"property {name!r} is set by the producer (tags / keys / sharding_keys "
+                                f"columns), or needs send_async (delay, timer, wait, transaction)",
+                                preparer.illegal_code)
+                    up = encode_properties(up)
+                    ups[i] = up
+                    plen += PyBytes_GET_SIZE(up)
+            if tags is not None:
+                t = tags[i]
+                if t:
+                    if type(t) is not str:
+                        raise preparer.error_type(f"a tag must be a str, got {type(t).__name__}", preparer.illegal_code)
+                    _utf8(t, &tl, "tag", i)
+                    ts[i] = t
+                    plen += PyBytes_GET_SIZE(_TAGS_PREFIX) + tl + 1
+            if keys is not None:
+                k = keys[i]
+                if k:
+                    if type(k) is str:
+                        _utf8(k, &kl, "keys", i)
+                    elif type(k) is list or type(k) is tuple:
+                        kl = len(<tuple>k) - 1 if type(k) is tuple else len(<list>k) - 1   # the separators
+                        for name in k:
+                            if type(name) is not str:
+                                raise preparer.error_type(f"a key must be a str, got {type(name).__name__}",
+                                                          preparer.illegal_code)
+                            _utf8(name, &tl, "key", i)
+                            kl += tl
+                    else:
+                        raise preparer.error_type(f"keys must be a str or a list of str, got {type(k).__name__}",
+                                                  preparer.illegal_code)
+                    ks[i] = k
+                    plen += PyBytes_GET_SIZE(_KEYS_PREFIX) + kl + 1
+            sk = None
+            if sharding_keys is not None:
+                sk = sharding_keys[i]
+                if sk is not None:
+                    k = sk if type(sk) is str else str(sk)
+                    _utf8(k, &sl, "sharding key", i)
+                    ss[i] = k
+                    plen += klen_prefix + sl + 1
+            if plen > PROPERTIES_MAX_LENGTH:
+                raise preparer.error_type(f"properties are {plen} bytes, over the {PROPERTIES_MAX_LENGTH}-byte limit",
+                                          preparer.illegal_code)
+            size = BATCH_FIXED_LENGTH + blen + plen
+            sizes[i] = size
+            gk = sk if (sk is None or type(sk) in _ROW_KEY_TYPES) else part_key(topic, sk)
+            g = open_.get(gk)
+            if g is not None and <Py_ssize_t>g[2] + size > batch_size:
+                g = None
+            if g is None:
+                g = [sk, [], 0]
+                open_[gk] = g
+                groups.append(g)
+            (<list>g[1]).append(i)
+            g[2] = <Py_ssize_t>g[2] + size
+    except MessageIllegalError as e:
+        raise preparer.error_type(f"message {i} of {n}: {e}", preparer.illegal_code) from None
+    except Exception as e:
+        if isinstance(e, preparer.error_type):
+            raise preparer.error_type(f"message {i} of {n}: {e.remark}", e.response_code) from e
+        raise
+    cdef list parts = []
+    cdef RowsPart part
+    cdef list rows
+    cdef unsigned char* o
+    cdef char* u
+    for g in groups:
+        rows = g[1]
+        m = len(rows)
+        total = g[2]
+        part = RowsPart.__new__(RowsPart)
+        part.topic = topic
+        part.key = g[0]
+        part.positions = range(rows[0], rows[0] + m) if rows[m - 1] - rows[0] == m - 1 else rows
+        part.n = m
+        part.nbytes = total
+        part.body = PyBytes_FromStringAndSize(NULL, total)
+        part.uniq = PyBytes_FromStringAndSize(NULL, m * _UNIQ_LEN)
+        o = <unsigned char*>PyBytes_AS_STRING(part.body)
+        u = PyBytes_AS_STRING(part.uniq)
+        for j in range(m):
+            i = rows[j]
+            size = sizes[i]
+            b = bs[i]
+            blen = PyBytes_GET_SIZE(b)
+            store_be32(o + BATCH_TOTAL_SIZE_OFFSET, <int32_t>size)
+            store_be32(o + BATCH_MAGIC_CODE_OFFSET, 0)
+            store_be32(o + BATCH_BODY_CRC_OFFSET, 0)
+            store_be32(o + BATCH_FLAG_OFFSET, 0)
+            store_be32(o + BATCH_BODY_LENGTH_OFFSET, <int32_t>blen)
+            memcpy(o + BATCH_BODY_OFFSET, PyBytes_AS_STRING(b), blen)
+            plen = size - BATCH_FIXED_LENGTH - blen
+            store_be16(o + BATCH_BODY_OFFSET + blen, <int16_t>plen)
+            o += BATCH_BODY_OFFSET + blen + 2
+            up = ups[i]
+            if up is not None:
+                ul = PyBytes_GET_SIZE(up)
+                memcpy(o, PyBytes_AS_STRING(up), ul)
+                o += ul
+            t = ts[i]
+            if t is not None:
+                o = _put_property(o, _TAGS_PREFIX, t)
+            k = ks[i]
+            if k is not None:
+                if type(k) is str:
+                    o = _put_property(o, _KEYS_PREFIX, k)
+                else:
+                    o = _put_keys(o, k)
+            k = ss[i]
+            if k is not None:
+                o = _put_property(o, key_prefix, k)
+            ul = PyBytes_GET_SIZE(_UNIQ_PREFIX)
+            memcpy(o, PyBytes_AS_STRING(_UNIQ_PREFIX), ul)
+            _write_uniq_id(<char*>o + ul)
+            memcpy(u + j * _UNIQ_LEN, o + ul, _UNIQ_LEN)
+            o[ul + _UNIQ_LEN] = 2
+            o += ul + _UNIQ_LEN + 1
+        if o != <unsigned char*>PyBytes_AS_STRING(part.body) + total:     # the sizes of pass 1 are the bytes written
+            raise AssertionError(f"encode_rows wrote {<Py_ssize_t>(o - <unsigned char*>PyBytes_AS_STRING(part.body))} "
+                                 f"bytes of {total}")
+        parts.append(part)
+    return parts
+
+
+cdef unsigned char* _put_keys(unsigned char* o, object keys) except NULL:
+    """``KEYS \x01`` + the keys (a list or tuple of str) joined by KEY_SEPARATOR + ``\x02``."""
+    cdef Py_ssize_t pl = PyBytes_GET_SIZE(_KEYS_PREFIX), vl
+    cdef const char* v
+    cdef bint first = True
+    memcpy(o, PyBytes_AS_STRING(_KEYS_PREFIX), pl)
+    o += pl
+    for key in keys:
+        if not first:
+            o[0] = 32                    # KEY_SEPARATOR
+            o += 1
+        first = False
+        v = PyUnicode_AsUTF8AndSize(key, &vl)
+        memcpy(o, v, vl)
+        o += vl
+    o[0] = 2
+    return o + 1
+
+
+cdef inline unsigned char* _put_property(unsigned char* o, bytes prefix, str value) except NULL:
+    """``prefix`` (``NAME \x01``) + ``value`` (UTF-8) + ``\x02`` at ``o``; returns the end."""
+    cdef Py_ssize_t pl = PyBytes_GET_SIZE(prefix), vl
+    cdef const char* v = PyUnicode_AsUTF8AndSize(value, &vl)
+    memcpy(o, PyBytes_AS_STRING(prefix), pl)
+    memcpy(o + pl, v, vl)
+    o[pl + vl] = 2
+    return o + pl + vl + 1
 
 
 # -- completion (the producer's I/O thread) --------------------------------------------------------

@@ -27,6 +27,7 @@ from concurrent.futures import Future
 from concurrent.futures._base import FINISHED, RUNNING
 
 from rmq._core.client_msg import finish_future
+from rmq.client.message import ColumnSendResults
 from rmq.errors import SendManyError
 
 _CREATE = threading.Lock()
@@ -194,4 +195,85 @@ class ManyPart:
         self.many._fill(self.positions, None, exc)
 
 
-__all__ = ["SendFuture", "ManyFuture", "ManyOutcomes", "ManyPart"]
+class ColumnOutcomes:
+    """The outcomes of the ``n`` rows of one ``send_async_columns`` call, one record per request
+    (I/O-free: the thread and asyncio producers both use it; the caller serialises calls).
+    ``fill`` returns True when the last row has its outcome; ``outcome()`` then gives
+    ``(ColumnSendResults, None)``, or ``(None, SendManyError)`` (its ``results`` the same
+    ColumnSendResults) when any row failed."""
+
+    __slots__ = ("n", "parts", "left", "failed", "first")
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.parts: list = []
+        self.left = n
+        self.failed = 0
+        self.first: Optional[BaseException] = None
+
+    def fill(self, positions: Sequence[int], uniq: bytes, record: Optional[tuple],
+             exc: Optional[BaseException]) -> bool:
+        """Rows ``positions`` (UNIQ_KEYs ``uniq``) stored as ``record`` = (status, MessageQueue,
+        base queue offset, [offset msg id per row]), or each failed with ``exc`` (``record`` None)."""
+        self.parts.append((positions, uniq, record, exc))
+        if record is None:
+            self.failed += len(positions)
+            if self.first is None:
+                self.first = exc
+        self.left -= len(positions)
+        return self.left == 0
+
+    def outcome(self) -> tuple:
+        results = ColumnSendResults(self.n, self.parts, self.failed)
+        if not self.failed:
+            return results, None
+        err = SendManyError(f"{self.failed} of {self.n} row(s) failed; first: {self.first}", results, self.failed)
+        err.__cause__ = self.first
+        return None, err
+
+
+class ColumnsFuture(SendFuture):
+    """The future of one ``Producer.send_async_columns`` call: its result is a
+    :class:`~rmq.client.message.ColumnSendResults` once every row has its outcome; if any
+    failed, its exception is a :class:`rmq.errors.SendManyError` whose ``results`` is that
+    ColumnSendResults.  Completed one request at a time through :meth:`part`'s sinks."""
+
+    def __init__(self, n: int, callback: Optional[Callable[[Future], Any]] = None) -> None:
+        super().__init__(callback)
+        self._outcomes = ColumnOutcomes(n)
+        self._lock = threading.Lock()
+        if n == 0:
+            self._finish(*self._outcomes.outcome())
+
+    def part(self, positions: Sequence[int], uniq: bytes) -> "ColumnsPart":
+        """The sink of the rows at ``positions`` (in the order sent), UNIQ_KEYs ``uniq``."""
+        return ColumnsPart(self, positions, uniq)
+
+    def _fill(self, positions: Sequence[int], uniq: bytes, record: Optional[tuple],
+              exc: Optional[BaseException]) -> None:
+        with self._lock:
+            last = self._outcomes.fill(positions, uniq, record, exc)
+        if last:
+            self._finish(*self._outcomes.outcome())
+
+
+class ColumnsPart:
+    """What the producer completes for one request of a :class:`ColumnsFuture`:
+    ``set_result((status, MessageQueue, base queue offset, [offset msg id per row]))`` or
+    ``set_exception(exc)`` for all its rows."""
+
+    __slots__ = ("many", "positions", "uniq")
+
+    def __init__(self, many: ColumnsFuture, positions: Sequence[int], uniq: bytes) -> None:
+        self.many = many
+        self.positions = positions
+        self.uniq = uniq
+
+    def set_result(self, record: tuple) -> None:
+        self.many._fill(self.positions, self.uniq, record, None)
+
+    def set_exception(self, exc: BaseException) -> None:
+        self.many._fill(self.positions, self.uniq, None, exc)
+
+
+__all__ = ["SendFuture", "ManyFuture", "ManyOutcomes", "ManyPart", "ColumnOutcomes", "ColumnsFuture", "ColumnsPart"]

@@ -8,6 +8,8 @@ born_timestamp, reconsume_times, ...).
 """
 from __future__ import annotations
 
+from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -69,6 +71,120 @@ class SendResult:
         return self.message_queue
 
 
+class ColumnSendResults(Sequence):
+    """The outcome of one ``Producer.send_async_columns`` call of ``n`` rows: a sequence of
+    ``n`` entries in the order given -- row ``i``'s :class:`SendResult`, or the exception it
+    failed with -- kept as one record per request (not an object per row), with columnar views.
+
+    The views are lists / ``array`` objects built on first use; a failed row is ``-1`` in the
+    arrays and None in ``message_queues``:
+
+    * ``queue_ids`` (``array('i')``), ``queue_offsets`` (``array('q')``), ``message_queues``;
+    * ``msg_ids``: every row's UNIQ_KEY (a failed row's too: it was sent with it);
+    * ``exceptions``: ``{row: exception}`` of the failed rows; ``failed``: how many;
+    * :meth:`last_offsets`: the highest queue offset stored per queue (``{MessageQueue: int}``).
+
+    ``results[i]`` builds row ``i``'s :class:`SendResult` (``offset_msg_id`` included).
+    """
+
+    __slots__ = ("n", "failed", "_parts", "_cache")
+
+    def __init__(self, n: int, parts: list, failed: int) -> None:
+        # parts: (positions, UNIQ_KEYs as 32 ASCII bytes per row, record, exception): record =
+        # (status, MessageQueue, base queue offset, [offset msg id per row]), or None with the exception
+        self.n = n
+        self.failed = failed
+        self._parts = parts
+        self._cache: dict = {}
+
+    def __len__(self) -> int:
+        return self.n
+
+    def _rows(self) -> list:
+        """Every entry, in the order given (built once)."""
+        rows = self._cache.get("rows")
+        if rows is None:
+            rows = [None] * self.n
+            for positions, uniq, rec, exc in self._parts:
+                if rec is None:
+                    for i in positions:
+                        rows[i] = exc
+                    continue
+                status, mq, base, offset_ids = rec
+                for j, i in enumerate(positions):
+                    rows[i] = SendResult(status, uniq[j * 32:(j + 1) * 32].decode("ascii"), mq, base + j,
+                                         offset_ids[j] if j < len(offset_ids) else "")
+            self._cache["rows"] = rows
+        return rows
+
+    def __getitem__(self, i):
+        return self._rows()[i]
+
+    def __iter__(self):
+        return iter(self._rows())
+
+    def _column(self, name: str, make, value_of, failed_value):
+        col = self._cache.get(name)
+        if col is None:
+            col = make(self.n)
+            for positions, _, rec, _ in self._parts:
+                if rec is None:
+                    for i in positions:
+                        col[i] = failed_value
+                    continue
+                values = value_of(rec, len(positions))
+                if type(positions) is range and positions.step == 1:
+                    col[positions.start:positions.stop] = values
+                else:
+                    for i, v in zip(positions, values):
+                        col[i] = v
+            self._cache[name] = col
+        return col
+
+    @property
+    def queue_offsets(self) -> "array":
+        return self._column("queue_offsets", lambda n: array("q", bytes(8 * n)),
+                            lambda rec, m: array("q", range(rec[2], rec[2] + m)), -1)
+
+    @property
+    def queue_ids(self) -> "array":
+        return self._column("queue_ids", lambda n: array("i", bytes(4 * n)),
+                            lambda rec, m: array("i", [rec[1].queue_id]) * m, -1)
+
+    @property
+    def message_queues(self) -> list:
+        return self._column("message_queues", lambda n: [None] * n, lambda rec, m: [rec[1]] * m, None)
+
+    @property
+    def msg_ids(self) -> list:
+        ids = self._cache.get("msg_ids")
+        if ids is None:
+            ids = [""] * self.n
+            for positions, uniq, rec, exc in self._parts:
+                for j, i in enumerate(positions):
+                    ids[i] = uniq[j * 32:(j + 1) * 32].decode("ascii")
+            self._cache["msg_ids"] = ids
+        return ids
+
+    @property
+    def exceptions(self) -> dict:
+        return {i: exc for positions, _, rec, exc in self._parts if rec is None for i in positions}
+
+    def last_offsets(self) -> dict:
+        """``{MessageQueue: highest queue offset stored there by this call}`` (one entry per queue
+        written; what a reader needs to read these rows back up to: that offset + 1)."""
+        out: dict = {}
+        for positions, _, rec, _ in self._parts:
+            if rec is not None and len(positions):
+                last = rec[2] + len(positions) - 1
+                if last > out.get(rec[1], -1):
+                    out[rec[1]] = last
+        return out
+
+    def __repr__(self) -> str:
+        return f"ColumnSendResults(n={self.n}, failed={self.failed}, requests={len(self._parts)})"
+
+
 class PullStatus(str, Enum):
     """RocketMQ ``PullStatus``."""
     FOUND = "FOUND"
@@ -91,5 +207,5 @@ class PullResult:
 # rmq._core.client_msg
 
 
-__all__ = ["Message", "MessageExt", "MessageQueue", "SendResult", "SendStatus", "PullResult", "PullStatus",
-           "create_uniq_id"]
+__all__ = ["Message", "MessageExt", "MessageQueue", "SendResult", "SendStatus", "ColumnSendResults", "PullResult",
+           "PullStatus", "create_uniq_id"]

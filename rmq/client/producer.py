@@ -89,11 +89,11 @@ from rmq import security
 from rmq.client import trace as _trace
 from rmq._core.client_msg import (BATCH_ELEMENT_OVERHEAD, COMPRESSED_FLAG, COMPRESSION_ZLIB_TYPE,  # noqa: F401 (re-exported)
                                   PROPERTY_TRANSACTION_PREPARED, TRANSACTION_PREPARED_TYPE, MessagePreparer,
-                                  PreparedMessage, batch_body, complete_send_batch)
+                                  PreparedMessage, RowsPart, batch_body, complete_send_batch, encode_rows)
 from rmq._core.client_msg import many_parts as _many_parts
 from rmq._core.commitlog import tags_string_to_tags_code
 from rmq.client.direct import DirectSender, close_monitored
-from rmq.client.futures import ManyFuture, ManyPart, SendFuture
+from rmq.client.futures import ColumnsFuture, ManyFuture, ManyPart, SendFuture
 from rmq.client.message import (PROPERTY_SHARDING_KEY, Message,
                                 MessageQueue, SendResult, SendStatus)
 from rmq.client.send_attempts import SendAttempts, final_error, is_retryable
@@ -277,6 +277,63 @@ def prepare_many(preparer: MessagePreparer, msgs: list, keys: Optional[list]) ->
         so far are taken back.
     """
     return preparer.prepare_many(msgs, keys, PROPERTY_SHARDING_KEY)
+
+
+def column_list(name: str, col: Any, n: Optional[int] = None) -> list:
+    """``col``, a sequence with one item per message (``n`` of them when given), as a list.
+
+    Raises
+    ------
+    MQClientError
+        ``col`` is one str / bytes value rather than a column, is not iterable, or has not ``n`` items.
+    """
+    if type(col) is not list:
+        if isinstance(col, (bytes, bytearray, str)):
+            raise MQClientError(f"{name} must be a sequence with one item per message, got {type(col).__name__}")
+        try:
+            col = list(col)
+        except TypeError:
+            raise MQClientError(f"{name} must be a sequence with one item per message, "
+                                f"got {type(col).__name__}") from None
+    if n is not None and len(col) != n:
+        raise MQClientError(f"{name} has {len(col)} items for {n} messages")
+    return col
+
+
+def encode_columns(preparer: MessagePreparer, topic: str, bodies: Any, tags: Any, keys: Any, properties: Any,
+                   sharding_key: Any, sharding_keys: Any, batch_size: int) -> tuple:
+    """send_async_columns' rows straight into request bodies: ``(n, [RowsPart])`` (in C:
+    ``rmq._core.client_msg.encode_rows``; rows of one sharding key share parts of up to
+    ``batch_size`` bytes, in the order given).
+
+    Raises
+    ------
+    MQClientError
+        A column that is not one item per body, both sharding arguments, a bad topic, or the
+        first bad row (naming its position): nothing is encoded.
+    """
+    if not isinstance(topic, str):
+        raise MQClientError(f"topic must be a str, got {type(topic).__name__}")
+    bodies = column_list("bodies", bodies)
+    n = len(bodies)
+    cols = [None if c is None else column_list(name, c, n)
+            for name, c in (("tags", tags), ("keys", keys), ("properties", properties))]
+    skeys = many_keys(n, sharding_key, None if sharding_keys is None else column_list("sharding_keys", sharding_keys))
+    return n, encode_rows(preparer, topic, bodies, cols[0], cols[1], cols[2], skeys, PROPERTY_SHARDING_KEY,
+                          batch_size, _part_key)
+
+
+def rows_request(rows: RowsPart, queue_id: int, group: str,
+                 default_topic_queue_nums: int = DEFAULT_TOPIC_QUEUE_NUMS) -> Frame:
+    """The SEND_BATCH_MESSAGE of a :class:`RowsPart` (its body encoded by the caller) to ``queue_id``."""
+    h = SendMessageRequestHeader(group, rows.topic, queue_id, default_topic=CREATE_TOPIC_KEY,
+                                 default_topic_queue_nums=default_topic_queue_nums, wait_store_msg_ok=True)
+    return Frame(RequestCode.SEND_BATCH_MESSAGE, fields=h.to_fields(), bodies=[rows.body])
+
+
+def uniq_ids_of(preps) -> list:
+    """The UNIQ_KEYs of a request's messages (PreparedMessages or a RowsPart)."""
+    return preps.uniq_ids() if type(preps) is RowsPart else [p.uniq_id for p in preps]
 
 
 def many_parts(preps: list, keys: Optional[list], batch_size: int) -> list:
@@ -547,7 +604,7 @@ class _Pending:
     """What one caller handed over: one message, or a user batch (one future, one merged result)."""
 
     __slots__ = ("preps", "future", "mode", "deadline", "attempt_timeout", "selector", "arg", "queue", "whole",
-                 "started", "futures", "nbytes", "open_key")
+                 "started", "futures", "nbytes", "open_key", "rows")
 
     def __init__(self, preps: list, future: Future, mode: int, deadline: float, attempt_timeout: float,
                  selector=None, arg=None, queue: Optional[MessageQueue] = None, whole: bool = False,
@@ -567,10 +624,11 @@ class _Pending:
         self.futures: Optional[list] = None
         self.nbytes = 0
         self.open_key = None              # its key in _Sender.open: the topic, or (topic, sharding key)
+        self.rows: Optional[RowsPart] = None   # send_async_columns: ``preps`` is this part (encoded already)
 
     @property
     def topic(self) -> str:
-        return self.preps[0].msg.topic
+        return self.rows.topic if self.rows is not None else self.preps[0].msg.topic
 
 
 class _Request(SendAttempts):
@@ -584,8 +642,12 @@ class _Request(SendAttempts):
         self.items = items
         first = items[0]
         self.mode = first.mode
-        self.preps = [p for it in items for p in it.preps]
-        self.batch = first.whole or len(self.preps) > 1
+        if first.rows is not None:        # a send_async_columns part: a request of its own
+            self.preps = first.rows
+            self.batch = True
+        else:
+            self.preps = [p for it in items for p in it.preps]
+            self.batch = first.whole or len(self.preps) > 1
         if fixed is not None or self.mode == ONEWAY:
             max_attempts = 1
         elif self.mode == SYNC:
@@ -596,7 +658,7 @@ class _Request(SendAttempts):
                               min(it.started for it in items), min(it.deadline for it in items))
         self.attempt_timeout = min(it.attempt_timeout for it in items)
         self.opaque = 0
-        self.batch_body: Optional[bytes] = None
+        self.batch_body: Optional[bytes] = first.rows.body if first.rows is not None else None
         self.park_deadline = 0.0
         self.queue_turn = False          # holds its fixed queue's turn (_Sender._pump): ordered sends
 
@@ -604,7 +666,8 @@ class _Request(SendAttempts):
 def _mergeable(req: _Request) -> bool:
     """Whether ``req`` may share a SEND_BATCH_MESSAGE with its neighbours: send_async messages that
     can be batched (not a user batch, delayed, compressed or transactional one), never attempted."""
-    return req.attempt == 0 and all(it.mode == ASYNC and not it.whole and it.preps[0].batchable for it in req.items)
+    return req.attempt == 0 and all(it.mode == ASYNC and not it.whole and it.rows is None and it.preps[0].batchable
+                                    for it in req.items)
 
 
 def _pending_bytes(p: _Pending) -> int:
@@ -971,11 +1034,12 @@ class _Sender(threading.Thread):
         fixed = pending.queue
         if fixed is None and pending.selector is not None:
             try:
-                fixed = apply_selector(pending.selector, info, pending.preps[0].msg, pending.arg)
+                fixed = apply_selector(pending.selector, info,
+                                       None if pending.rows is not None else pending.preps[0].msg, pending.arg)
             except MQClientError as e:
                 self._fail(pending, e)
                 return
-        if (self.opts.batching and pending.mode == ASYNC and not pending.whole
+        if (self.opts.batching and pending.mode == ASYNC and not pending.whole and pending.rows is None
                 and pending.preps[0].batchable):
             key = (pending.topic, fixed)
             size = _pending_bytes(pending)
@@ -1051,8 +1115,11 @@ class _Sender(threading.Thread):
             self.stats["retries"] += 1
         if req.batch and req.batch_body is None:
             req.batch_body = batch_body_of(req.preps)
-        frame = send_request(req.preps, mq.queue_id, self.group, req.batch, req.mode == ONEWAY, req.batch_body,
-                             self.opts.default_topic_queue_nums)
+        if type(req.preps) is RowsPart:
+            frame = rows_request(req.preps, mq.queue_id, self.group, self.opts.default_topic_queue_nums)
+        else:
+            frame = send_request(req.preps, mq.queue_id, self.group, req.batch, req.mode == ONEWAY, req.batch_body,
+                                 self.opts.default_topic_queue_nums)
         req.opaque = frame.opaque = next(self._opaque)
         try:
             parts = P.encode(frame)
@@ -1062,7 +1129,7 @@ class _Sender(threading.Thread):
             return
         conn = self._conn(addr)
         if _lt.ENABLED:                   # before the write: the broker may read it before we run again
-            _lt.stamp_ids("p_write", [p.uniq_id for p in req.preps], time.monotonic_ns())
+            _lt.stamp_ids("p_write", uniq_ids_of(req.preps), time.monotonic_ns())
         if conn.parked or not self._try_send(conn, parts):
             req.park_deadline = min(req.deadline, now + self.opts.connect_timeout_ms / 1000.0)
             conn.parked.append((req, parts))
@@ -1180,7 +1247,9 @@ class _Sender(threading.Thread):
         i = 0
         for it in req.items:
             n = len(it.preps)
-            if it.futures is not None:           # a caller-side batch: each future its own result, in C
+            if it.rows is not None:               # send_async_columns: one record for the request's rows
+                self._complete(it, (status, answered_mq, base + i, offset_ids[i:i + n]))
+            elif it.futures is not None:           # a caller-side batch: each future its own result, in C
                 complete_send_batch(it.futures, SendResult, status, it.preps, answered_mq, base + i,
                                     offset_ids[i:i + n])
                 self._done += n
@@ -1878,9 +1947,7 @@ class Producer:
         msgs = msgs if type(msgs) is list else list(msgs)
         n = len(msgs)
         sharding_keys = many_keys(n, sharding_key, sharding_keys)
-        budget_ms = timeout_ms if timeout_ms is not None else self.options.send_msg_timeout_ms
-        if budget_ms <= 0:
-            raise MQClientError(f"timeout_ms must be positive, got {budget_ms}")
+        budget_ms = self._many_budget_ms(timeout_ms)
         preps = prepare_many(self._preparer, msgs, sharding_keys)
         many = ManyFuture(n, self._traced_many(callback, msgs) if self._trace is not None else callback)
         if n == 0:
@@ -1891,8 +1958,99 @@ class Producer:
                              budget_ms)
         return many
 
-    def _hand_over_many(self, many: ManyFuture, parts: list, budget_ms: int) -> None:
-        """Hand the parts of a send_async_many call to the I/O thread, each once it fits under
+    def send_async_columns(self, topic: str, bodies: Sequence[bytes],
+                           callback: Optional[Callable[[Future], Any]] = None, *,
+                           tags: Optional[Sequence[Optional[str]]] = None, keys: Optional[Sequence] = None,
+                           properties: Optional[Sequence[Optional[dict]]] = None, sharding_key: Any = None,
+                           sharding_keys: Optional[Sequence] = None, timeout_ms: Optional[int] = None) -> Future:
+        """Send rows given as columns, all of one topic: row ``i`` is stored as
+        ``Message(topic, bodies[i], tags=tags[i], keys=keys[i], properties=properties[i])``
+        would be (byte for byte but its UNIQ_KEY), without a :class:`Message` or a
+        :class:`SendResult` per row: the rows are encoded in C straight into request-sized
+        SEND_BATCH_MESSAGE bodies (``batch_size``), and each request's outcome is one record.
+        The path for data that is already in columns (a DataFrame, an Arrow table; ``rmq demo
+        flights``); :meth:`send_async_many` is the same for :class:`Message` objects.
+
+        Parameters
+        ----------
+        topic : str
+        bodies : sequence of bytes
+            One body per row (bytes, bytearray or memoryview), 1..``max_message_size`` bytes
+            each; never compressed (a batch's bodies are not, as in RocketMQ).
+        callback : callable(future), optional
+            Runs once, in the I/O thread, when every row has its outcome.
+        tags : sequence of (str or None), optional
+            One tag per row (None or "": none).
+        keys : sequence, optional
+            Per row: a key (str), a list / tuple of str keys, or None.
+        properties : sequence of (dict or None), optional
+            Per row user properties (str -> str; other values as ``str()``).  Names the
+            producer sets (tags, keys, the sharding key, UNIQ_KEY) and those that need
+            :meth:`send_async` (delay level, timers, WAIT, transactions) are refused:
+            :data:`rmq._core.client_msg.COLUMNS_REFUSED_PROPERTIES`.
+        sharding_key, sharding_keys
+            As :meth:`send_async_many`: every row ordered on one key's queue, or one key per
+            row (None: unordered); rows of one key keep the order given.
+        timeout_ms : int, optional
+            Each attempt's wait for the broker (default ``send_msg_timeout_ms``);
+            ``delivery_timeout_ms`` bounds each row's whole send.
+
+        Returns
+        -------
+        concurrent.futures.Future
+            Of a :class:`rmq.client.message.ColumnSendResults` (a sequence of one
+            :class:`SendResult` per row, with columnar views: ``queue_offsets``,
+            ``queue_ids``, ``msg_ids``, ``last_offsets()``).  When any row failed, its
+            exception is a :class:`rmq.errors.SendManyError` whose ``results`` is that
+            ColumnSendResults (failed rows hold their exception).
+
+        Raises
+        ------
+        MQClientError
+            A column without one item per body, a bad topic or row (naming its position;
+            nothing is queued), the producer is closed, or no room in the pending buffer
+            (``max_pending_messages``) within ``send_msg_timeout_ms`` for the first request
+            (for a later one its rows fail in the future's SendManyError instead).
+        """
+        budget_ms = self._many_budget_ms(timeout_ms)
+        self._check_open()
+        n, parts = encode_columns(self._preparer, topic, bodies, tags, keys, properties, sharding_key, sharding_keys,
+                                  self._batch_size if self._batching else 0)
+        many = ColumnsFuture(n, self._traced_rows(callback, topic, bodies, tags, keys)
+                             if self._trace is not None and n else callback)
+        if _lt.ENABLED:
+            _lt.stamp_ids("p_enq", [u for part in parts for u in part.uniq_ids()], time.monotonic_ns())
+        self._hand_over_many(many, parts, budget_ms)
+        return many
+
+    def _many_budget_ms(self, timeout_ms: Optional[int]) -> int:
+        budget_ms = timeout_ms if timeout_ms is not None else self.options.send_msg_timeout_ms
+        if budget_ms <= 0:
+            raise MQClientError(f"timeout_ms must be positive, got {budget_ms}")
+        return budget_ms
+
+    def _traced_rows(self, callback: Optional[Callable[[Future], Any]], topic: str, bodies, tags, keys):
+        """The done-callback of a traced send_async_columns: a Pub record per stored row (its
+        Message built for the trace only)."""
+        bodies = list(bodies)
+        n = len(bodies)
+        tags = list(tags) if tags is not None else [None] * n
+        keys = list(keys) if keys is not None else [None] * n
+        t0 = time.monotonic()
+
+        def done(f: Future) -> None:
+            exc = f.exception()
+            results = f.result() if exc is None else getattr(exc, "results", [])
+            for i, r in enumerate(results):
+                if isinstance(r, SendResult):
+                    self._trace_sent([Message(topic, bodies[i], tags=tags[i], keys=keys[i])], r, t0)
+            if callback is not None:
+                callback(f)
+        return done
+
+    def _hand_over_many(self, many: Any, parts: list, budget_ms: int) -> None:
+        """Hand the parts of a send_async_many call (``[positions, preps, key, nbytes]``) or of a
+        send_async_columns call (:class:`RowsPart`) to the I/O thread, each once it fits under
         ``max_pending_messages``; see send_async_many for what happens when room does not come."""
         s = self._sender
         in_io = threading.get_ident() == s.ident
@@ -1900,7 +2058,13 @@ class Producer:
         deadline = now + max(self.options.delivery_timeout_ms, budget_ms) / 1000.0
         attempt_s = budget_ms / 1000.0
         limit = self.options.max_pending_messages
-        for k, (positions, preps, key, nbytes) in enumerate(parts):
+        rows = bool(parts) and type(parts[0]) is RowsPart
+        for k, part in enumerate(parts):
+            if rows:
+                preps, key, nbytes, topic = part, part.key, part.nbytes, part.topic
+            else:
+                positions, preps, key, nbytes = part
+                topic = preps[0].msg.topic
             m = len(preps)
             try:
                 with s.lock:
@@ -1910,16 +2074,18 @@ class Producer:
                     s.pending += m
                     if key is not None and s.open and type(key) in _OPEN_KEYS:
                         # seal send_async's open batch of this key: these messages go after it
-                        s.open.pop((preps[0].msg.topic, key), None)
+                        s.open.pop((topic, key), None)
             except MQClientError as e:
                 if k == 0:
                     raise
-                for positions_left, _, _, _ in parts[k:]:
-                    many.part(positions_left).set_exception(e)
+                for rest in parts[k:]:
+                    (many.part(rest.positions, rest.uniq) if rows else many.part(rest[0])).set_exception(e)
                 return
-            p = _Pending(preps, many.part(positions), ASYNC, deadline, attempt_s,
-                         None if key is None else select_by_hash, key, None, False, now)
+            p = _Pending(preps, many.part(part.positions, part.uniq) if rows else many.part(positions), ASYNC,
+                         deadline, attempt_s, None if key is None else select_by_hash, key, None, False, now)
             p.nbytes = nbytes
+            if rows:
+                p.rows = part
             s.submit(p)
 
     def _traced_many(self, callback: Optional[Callable[[Future], Any]], msgs: list):

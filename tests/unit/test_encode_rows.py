@@ -1,0 +1,178 @@
+"""send_async_columns' row encoder (rmq._core.client_msg.encode_rows, via
+rmq.client.producer.encode_columns) and its results (ColumnSendResults), without I/O.
+
+The reference for every row is the Message path: ``Message(topic, body, tags=, keys=,
+properties=)`` through prepare_many + many_parts + batch_body (what send_async_many sends).
+"""
+import re
+from array import array
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rmq import Message, SendStatus
+from rmq._core.client_msg import COLUMNS_REFUSED_PROPERTIES, RowsPart
+from rmq._core.layout import BATCH_FIXED_LENGTH, PROPERTIES_MAX_LENGTH
+from rmq.client.futures import ColumnOutcomes
+from rmq.client.message import ColumnSendResults, MessageQueue
+from rmq.client.producer import (ProducerOptions, batch_body_of, encode_columns, many_parts, message_preparer,
+                                 prepare_many)
+from rmq.errors import MQClientError, SendManyError
+
+PREP = message_preparer(ProducerOptions())
+MAX = ProducerOptions().max_message_size
+UNIQ = re.compile(rb"UNIQ_KEY\x01([0-9A-F]{32})\x02")
+
+
+def columns(topic="T", bodies=[], tags=None, keys=None, properties=None, sharding_key=None, sharding_keys=None,
+            batch_size=16384):
+    return encode_columns(PREP, topic, bodies, tags, keys, properties, sharding_key, sharding_keys, batch_size)
+
+
+def reference(topic, bodies, tags, keys, properties, sharding_keys, batch_size):
+    """The Message path's parts: [(positions, batch body, key)]."""
+    n = len(bodies)
+    msgs = [Message(topic, bodies[i], tags=tags[i] if tags else None, keys=keys[i] if keys else None,
+                    properties=properties[i] if properties else None) for i in range(n)]
+    preps = prepare_many(PREP, msgs, sharding_keys)
+    return [(list(pos), batch_body_of(part), key) for pos, part, key, _ in many_parts(preps, sharding_keys, batch_size)]
+
+
+def without_uniq(body: bytes) -> bytes:
+    return UNIQ.sub(b"UNIQ_KEY\x01-\x02", body)
+
+
+# -- the bytes: as the Message path, but the UNIQ_KEY ----------------------------------------------------
+ROWS = st.lists(st.tuples(st.binary(min_size=1, max_size=300),
+                          st.one_of(st.none(), st.just(""), st.text("abcXYZ_-", min_size=1, max_size=8)),    # tag
+                          st.one_of(st.none(), st.text("k1é", min_size=1, max_size=6),                       # keys
+                                    st.lists(st.text("k2ü", min_size=1, max_size=5), min_size=1, max_size=3)),
+                          st.one_of(st.none(), st.dictionaries(st.text("pqr", min_size=1, max_size=4),
+                                                               st.text("vw€ ", max_size=6), max_size=3)),
+                          st.one_of(st.none(), st.sampled_from(["a", "b", 7, b"c"]))),                       # sharding key
+                min_size=1, max_size=50)
+
+
+@settings(max_examples=150, deadline=None)
+@given(rows=ROWS, batch_size=st.sampled_from([0, 200, 1000, 16384]), ordered=st.booleans())
+def test_rows_are_the_bytes_and_parts_of_the_message_path(rows, batch_size, ordered):
+    bodies, tags, keys, props, skeys = (list(c) for c in zip(*rows))
+    skeys = skeys if ordered else None
+    n, parts = columns("T", bodies, tags, keys, props, sharding_keys=skeys, batch_size=batch_size)
+    want = reference("T", bodies, tags, keys, props, skeys, batch_size)
+    assert n == len(rows) and all(type(p) is RowsPart for p in parts)
+    assert [(list(p.positions), p.key) for p in parts] == [(pos, key) for pos, _, key in want]
+    for part, (_, body, _) in zip(parts, want):
+        assert without_uniq(part.body) == without_uniq(body)
+        assert part.nbytes == len(part.body) and len(part) == part.n == len(part.positions)
+        assert [u.encode() for u in part.uniq_ids()] == UNIQ.findall(part.body)     # the ids the results report
+    ids = [u for p in parts for u in p.uniq_ids()]
+    assert len(set(ids)) == len(ids)
+
+
+def test_contiguous_rows_are_a_range_and_a_row_over_batch_size_is_a_part_of_its_own():
+    n, parts = columns("T", [b"x" * 10, b"y" * 5000, b"z" * 10], batch_size=1000)
+    assert n == 3 and [p.positions for p in parts] == [range(0, 1), range(1, 2), range(2, 3)]
+    assert parts[1].nbytes > 1000
+    _, parts = columns("T", [b"a"] * 4, sharding_keys=["k", "j", "k", "k"])
+    assert [(p.key, p.positions) for p in parts] == [("k", [0, 2, 3]), ("j", range(1, 2))]
+    assert columns("T", []) == (0, [])
+
+
+def test_a_large_body_is_sent_as_given_not_compressed():
+    body = b"ab" * 5000                        # over compress_msg_body_over_howmuch (4 KiB)
+    _, [part] = columns("T", [body])
+    assert body in part.body
+
+
+# -- bad input: a clear error naming the row, nothing encoded ------------------------------------------------
+@pytest.mark.parametrize("kw, match", [
+    ({"bodies": [b"a", "text"]}, "message 1 of 2: message body must be bytes, got str"),
+    ({"bodies": [b"a", b""]}, "message 1 of 2: the message body length is zero"),
+    ({"bodies": [b"a", b"x" * (MAX + 1)]}, "message 1 of 2: the message body size over max value"),
+    ({"tags": ["t", 5]}, "message 1 of 2: a tag must be a str, got int"),
+    ({"tags": ["t", "a\x01b"]}, "message 1 of 2: .*separator"),
+    ({"keys": ["k", ["a", 3]]}, "message 1 of 2: a key must be a str, got int"),
+    ({"keys": ["k", 3]}, "message 1 of 2: keys must be a str or a list of str, got int"),
+    ({"keys": ["k", "a\x02"]}, "message 1 of 2: .*separator"),
+    ({"properties": [None, ["a"]]}, "message 1 of 2: message properties must be a dict, got list"),
+    ({"properties": [None, {"a": "x\x01"}]}, "message 1 of 2: .*separator"),
+    ({"properties": [None, {"DELAY": "3"}]}, "message 1 of 2: property 'DELAY' is set by the producer"),
+    ({"properties": [None, {"__SHARDINGKEY": "k"}]}, "message 1 of 2: property '__SHARDINGKEY'"),
+    ({"tags": ["t"]}, "tags has 1 items for 2 messages"),
+    ({"keys": "k"}, "keys must be a sequence with one item per message, got str"),
+    ({"bodies": b"ab"}, "bodies must be a sequence with one item per message, got bytes"),
+    ({"properties": 5}, "properties must be a sequence with one item per message, got int"),
+    ({"sharding_keys": ["a"]}, "sharding_keys has 1 keys for 2 messages"),
+    ({"sharding_key": "a", "sharding_keys": ["a", "b"]}, "either sharding_key or sharding_keys"),
+    ({"topic": "bad topic!"}, "topic"),
+    ({"topic": 5}, "topic must be a str, got int"),
+])
+def test_bad_input_is_refused_with_the_row_named(kw, match):
+    args = {"topic": "T", "bodies": [b"a", b"b"]}
+    args.update(kw)
+    with pytest.raises(MQClientError, match=match) as e:
+        columns(**args)
+    if match.startswith("message "):          # a bad row: MESSAGE_ILLEGAL, as the Message path's
+        assert e.value.response_code == 13
+
+
+def test_every_refused_property_name_is_refused():
+    for name in sorted(COLUMNS_REFUSED_PROPERTIES):
+        with pytest.raises(MQClientError, match=f"property '{name}' is set by the producer"):
+            columns("T", [b"a"], properties=[{name: "1"}])
+
+
+def test_properties_up_to_the_limit_pass_and_one_byte_more_is_refused():
+    # a row's properties: user ones, then UNIQ_KEY \x01 <32> \x02 (42 bytes); "p" \x01 value \x02 is 3 + len
+    fill = PROPERTIES_MAX_LENGTH - 42 - 3
+    n, [part] = columns("T", [b"a"], properties=[{"p": "v" * fill}])
+    assert part.nbytes == BATCH_FIXED_LENGTH + 1 + PROPERTIES_MAX_LENGTH
+    with pytest.raises(MQClientError, match=f"message 0 of 1: properties are {PROPERTIES_MAX_LENGTH + 1} bytes"):
+        columns("T", [b"a"], properties=[{"p": "v" * (fill + 1)}])
+
+
+# -- the results of a call, one record per request -----------------------------------------------------------
+MQ = MessageQueue("T", "broker-a", 3)
+MQ2 = MessageQueue("T", "broker-a", 5)
+
+
+def uniq(n, first=0):
+    return b"".join(b"%032X" % (first + i) for i in range(n))
+
+
+def test_column_results_hold_one_record_per_request_and_give_rows_and_columns():
+    out = ColumnOutcomes(6)
+    assert not out.fill(range(0, 3), uniq(3), (SendStatus.SEND_OK, MQ, 100, ["o0", "o1", "o2"]), None)
+    assert out.fill([3, 5, 4], uniq(3, 3), (SendStatus.SEND_OK, MQ2, 7, ["o3", "o5", "o4"]), None)
+    results, err = out.outcome()
+    assert err is None and isinstance(results, ColumnSendResults) and len(results) == 6 and results.failed == 0
+    assert results.queue_offsets == array("q", [100, 101, 102, 7, 9, 8])
+    assert results.queue_ids == array("i", [3, 3, 3, 5, 5, 5])
+    assert results.message_queues == [MQ] * 3 + [MQ2] * 3
+    assert results.msg_ids == ["%032X" % i for i in (0, 1, 2, 3, 5, 4)]
+    assert results.last_offsets() == {MQ: 102, MQ2: 9}
+    r = results[4]
+    assert (r.status, r.msg_id, r.message_queue, r.queue_offset, r.offset_msg_id) == \
+        (SendStatus.SEND_OK, "%032X" % 5, MQ2, 9, "o4")
+    assert [x.queue_offset for x in results] == [100, 101, 102, 7, 9, 8] and results.exceptions == {}
+
+
+def test_a_failed_request_fails_its_rows_only_and_the_call_raises_send_many_error():
+    out = ColumnOutcomes(4)
+    boom = MQClientError("refused")
+    out.fill(range(0, 2), uniq(2), (SendStatus.SEND_OK, MQ, 0, ["a", "b"]), None)
+    assert out.fill([3, 2], uniq(2, 2), None, boom)
+    results, err = out.outcome()
+    assert results is None and isinstance(err, SendManyError) and err.failed == 2 and err.__cause__ is boom
+    res = err.results
+    assert res.failed == 2 and res.exceptions == {3: boom, 2: boom} and res[2] is boom and res[0].queue_offset == 0
+    assert res.queue_offsets == array("q", [0, 1, -1, -1]) and res.queue_ids == array("i", [3, 3, -1, -1])
+    assert res.message_queues == [MQ, MQ, None, None] and res.last_offsets() == {MQ: 1}
+    assert res.msg_ids[2] == "%032X" % 3 and res.msg_ids[3] == "%032X" % 2     # ids of failed rows too
+
+
+def test_an_empty_call_is_an_empty_result():
+    results, err = ColumnOutcomes(0).outcome()
+    assert err is None and len(results) == 0 and list(results) == [] and results.last_offsets() == {}
