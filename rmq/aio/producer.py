@@ -71,14 +71,14 @@ from rmq.client.message import Message, MessageQueue, SendResult
 from rmq.aio.remoting import AsyncRemoting
 from rmq.client.send_attempts import SendAttempts
 from rmq.client.producer import (ROUTE_REFRESH_ON_FAILURE_MS, ProducerOptions, QueueTurns,
-                                 Selector, apply_selector, batch_body_of,
-                                 check_group, client_id, heartbeat_request, merge_results,
+                                 RowsPart, Selector, apply_selector, batch_body_of,
+                                 check_group, client_id, encode_columns, heartbeat_request, merge_results,
                                  many_keys, many_parts, message_preparer, parse_send_response, prepare_batch,
-                                 prepare_many, route_suspect, select_by_hash, selector_for, queued_failures_error,
-                                 send_request)
+                                 prepare_many, route_suspect, rows_request, select_by_hash, selector_for,
+                                 queued_failures_error, send_request, send_response_fields)
 from rmq.client.route import (MQFaultStrategy, RouteCache, TopicPublishInfo, cluster_info_request, parse_cluster_info,
                               parse_route_response, route_request, split_namesrv_addr)
-from rmq.client.futures import ManyOutcomes
+from rmq.client.futures import ColumnOutcomes, ManyOutcomes
 from rmq.errors import MQBrokerError, MQClientError, RemotingError, RemotingTimeoutError
 from rmq.protocol import Frame, ProtocolError, RequestCode, ResponseCode
 
@@ -123,12 +123,31 @@ class _Many:
                 self.future.set_exception(err)
 
 
+class _Columns:
+    """One send_async_columns call: its outcomes (ColumnOutcomes, shared with the thread producer)
+    and the asyncio future that gets them once the last request ends."""
+
+    __slots__ = ("outcomes", "future")
+
+    def __init__(self, n: int, future: asyncio.Future) -> None:
+        self.outcomes = ColumnOutcomes(n)
+        self.future = future
+
+    def fill(self, positions, uniq, record, exc) -> None:
+        if self.outcomes.fill(positions, uniq, record, exc) and not self.future.done():
+            result, err = self.outcomes.outcome()
+            if err is None:
+                self.future.set_result(result)
+            else:
+                self.future.set_exception(err)
+
+
 class _Batch:
     """Messages of :meth:`Producer.send_async` that go as one request: a topic's accumulated
     batch, or one message that cannot share one.  ``futures[i]`` gets ``preps[i]``'s result."""
 
     __slots__ = ("topic", "preps", "futures", "callbacks", "nbytes", "created", "deadline", "attempt_timeout",
-                 "queue", "selector", "arg", "finished", "queue_turn", "parts")
+                 "queue", "selector", "arg", "finished", "queue_turn", "parts", "rows")
 
     def __init__(self, topic: str, now: float, deadline: float, attempt_timeout: float,
                  queue: Optional[MessageQueue] = None, selector=None, arg=None):
@@ -148,11 +167,13 @@ class _Batch:
         # send_async_many parts: [(_Many, positions, index of its first message in preps)]; their
         # messages have None in futures
         self.parts: Optional[list] = None
+        # send_async_columns: (_Columns, RowsPart): ``preps`` is the part (its body encoded already)
+        self.rows: Optional[tuple] = None
 
 
 def _mergeable(b: _Batch) -> bool:
     """Whether ``b`` (its queue chosen) may share a SEND_BATCH_MESSAGE: every message batchable."""
-    return b.selector is None and not b.finished and all(p.batchable for p in b.preps)
+    return b.selector is None and not b.finished and b.rows is None and all(p.batchable for p in b.preps)
 
 
 def _batch_bytes(b: _Batch) -> int:
@@ -493,14 +514,84 @@ class Producer:
         if n == 0:
             fut.set_result([])
             return fut
-        parts = many_parts(preps, keys, self._batch_size)
+        await self._hand_over_many(many, many_parts(preps, keys, self._batch_size), timeout_ms)
+        return fut
+
+    async def send_async_columns(self, topic: str, bodies, callback: Optional[Callable[[asyncio.Future], Any]] = None,
+                                 *, tags=None, keys=None, properties=None, sharding_key: Any = None,
+                                 sharding_keys: Optional[Iterable] = None,
+                                 timeout_ms: Optional[int] = None) -> asyncio.Future:
+        """Accept rows given as columns, all of one topic, with one :class:`asyncio.Future` for all
+        of them (:meth:`rmq.Producer.send_async_columns` on the event loop: the same columns,
+        rules and errors).  Its result is a :class:`rmq.client.message.ColumnSendResults`; when
+        any row failed, its exception is a :class:`rmq.errors.SendManyError` holding it.
+
+        ::
+
+            results = await (await p.send_async_columns("orders", bodies, tags=tags))
+
+        Raises
+        ------
+        MQClientError
+            A column without one item per body, a bad topic or row (naming its position;
+            nothing is queued), an ordered topic with no route, the producer is closed, or no
+            room in the pending buffer came within ``send_msg_timeout_ms`` for the first request.
+        """
+        if self._closed or not self._started:
+            await self._ensure_started()
+        if timeout_ms is not None and timeout_ms <= 0:
+            raise MQClientError(f"timeout_ms must be positive, got {timeout_ms}")
+        n, parts = encode_columns(self._preparer, topic, bodies, tags, keys, properties, sharding_key, sharding_keys,
+                                  self._batch_size)
+        fut = _Future(loop=self._loop)
+        if self._trace is not None and n:
+            fut.add_done_callback(self._traced_rows(topic, bodies, tags, keys), context=_copy_context())
+        if callback is not None:
+            fut.add_done_callback(callback, context=_copy_context())
+        if n == 0:
+            fut.set_result(ColumnOutcomes(0).outcome()[0])
+            return fut
+        columns = _Columns(n, fut)
+        await self._hand_over_many(columns, parts, timeout_ms)
+        return fut
+
+    def _traced_rows(self, topic: str, bodies, tags, keys):
+        """A Pub record per stored row of a send_async_columns call (its Message built for the trace only)."""
+        bodies = list(bodies)
+        tags = list(tags) if tags is not None else [None] * len(bodies)
+        keys = list(keys) if keys is not None else [None] * len(bodies)
+        t0 = self._loop.time()
+
+        def done(f: asyncio.Future) -> None:
+            if f.cancelled():
+                return
+            exc = f.exception()
+            results = f.result() if exc is None else getattr(exc, "results", [])
+            cost = int((self._loop.time() - t0) * 1000)
+            for i, r in enumerate(results):
+                if isinstance(r, SendResult):
+                    self._trace.append_pub(Message(topic, bodies[i], tags=tags[i], keys=keys[i]), r, cost,
+                                           self.client_id, False)
+        return done
+
+    async def _hand_over_many(self, many: Any, parts: list, timeout_ms: Optional[int]) -> None:
+        """Queue the parts of a send_async_many call (``[positions, preps, key, nbytes]``, filling
+        ``many``: a _Many) or of a send_async_columns call (:class:`RowsPart`, filling a _Columns),
+        each once it fits under ``max_pending_messages``."""
+        rows = type(parts[0]) is RowsPart
         queues = {}                       # ordered parts: their queue, from the route (nothing queued if none)
-        for _, part, key, _ in parts:
+        for part in parts:
+            key = part.key if rows else part[2]
             if key is not None:
-                topic = part[0].msg.topic
+                topic = part.topic if rows else part[1][0].msg.topic
                 info = await self._publish_info(topic, self._loop.time() + self._delivery_s(timeout_ms))
-                queues[id(part)] = apply_selector(select_by_hash, info, part[0].msg, key)
-        for k, (positions, part, key, nbytes) in enumerate(parts):
+                queues[id(part)] = apply_selector(select_by_hash, info, None if rows else part[1][0].msg, key)
+        for k, entry in enumerate(parts):
+            if rows:
+                part, key, nbytes, topic, positions = entry, entry.key, entry.nbytes, entry.topic, entry.positions
+            else:
+                positions, part, key, nbytes = entry
+                topic = part[0].msg.topic
             m = len(part)
             if self._pending + m > self._max_pending and self._pending > 0:
                 try:
@@ -509,11 +600,13 @@ class Producer:
                     if k == 0:
                         raise
                     for rest in parts[k:]:
-                        many.fill(rest[0], None, e)
-                    return fut
+                        if rows:
+                            many.fill(rest.positions, rest.uniq, None, e)
+                        else:
+                            many.fill(rest[0], None, e)
+                    return
             self._pending += m
-            topic = part[0].msg.topic
-            queue = queues.get(id(part)) if key is not None else None
+            queue = queues.get(id(entry)) if key is not None else None
             if queue is not None:         # after what send_async queued for that queue
                 open_ = self._accs.pop((topic, queue), None)
                 if open_ is not None:
@@ -522,13 +615,15 @@ class Producer:
             b = _Batch(topic, now, now + self._delivery_s(timeout_ms),
                        (self.options.send_msg_timeout_ms if timeout_ms is None else timeout_ms) / 1000.0, queue)
             b.preps = part
-            b.futures = [None] * m
             b.nbytes = nbytes
-            b.parts = [(many, positions, 0)]
+            if rows:
+                b.rows = (many, part)
+            else:
+                b.futures = [None] * m
+                b.parts = [(many, positions, 0)]
             self._ready.append(b)
             if self._inflight < self._max_in_flight:
                 self._pump()
-        return fut
 
     def _append(self, prep, fut: asyncio.Future, callback, timeout_ms: Optional[int],
                 queue: Optional[MessageQueue] = None) -> None:
@@ -736,15 +831,21 @@ class Producer:
                 raise att.give_up(e, now, self.options) from None
             if att.attempt > 1:
                 self.stats["retries"] += 1
-            frame = send_request(preps, mq.queue_id, self.group, batch, oneway, body,
-                                 self.options.default_topic_queue_nums)
+            if type(preps) is RowsPart:
+                frame = rows_request(preps, mq.queue_id, self.group, self.options.default_topic_queue_nums)
+            else:
+                frame = send_request(preps, mq.queue_id, self.group, batch, oneway, body,
+                                     self.options.default_topic_queue_nums)
             wait = deadline - now if attempt_timeout is None else min(attempt_timeout, deadline - now)
             try:
                 resp = await self._invoke(addr, frame, wait, oneway, mq.broker_name)
                 if oneway:
                     self.stats["messages"] += len(preps)
                     return []
-                results = parse_send_response(resp, topic, mq.broker_name, addr, preps)
+                if type(preps) is RowsPart:        # one record for the rows: (status, mq, base, offset ids)
+                    results = send_response_fields(resp, topic, mq.broker_name, addr, len(preps))
+                else:
+                    results = parse_send_response(resp, topic, mq.broker_name, addr, preps)
             except (MQBrokerError, RemotingError) as e:
                 self._refresh_suspect(topic, e)
                 final = att.failed(e, loop_time(), self.fault_strategy, self.options)
@@ -826,10 +927,10 @@ class Producer:
                 info = await self._publish_info(topic, b.deadline)
             fixed = b.queue
             if fixed is None and b.selector is not None:
-                fixed = apply_selector(b.selector, info, preps[0].msg, b.arg)
+                fixed = apply_selector(b.selector, info, None if b.rows is not None else preps[0].msg, b.arg)
             max_attempts = 1 if fixed is not None else 1 + self.options.retry_times_when_send_async_failed
-            batch = len(preps) > 1
-            body = batch_body_of(preps) if batch else None
+            batch = b.rows is not None or len(preps) > 1
+            body = None if b.rows is not None or not batch else batch_body_of(preps)
             results = await self._attempts(preps, batch, body, topic, info, fixed, max_attempts, b.created,
                                            b.deadline, b.attempt_timeout, False)
         except asyncio.CancelledError:
@@ -850,6 +951,11 @@ class Producer:
         if b.finished:
             return
         b.finished = True
+        if b.rows is not None:
+            columns, part = b.rows
+            columns.fill(part.positions, part.uniq, results, None)
+            self._done(part.n)
+            return
         for f, r in zip(b.futures, results):
             if f is None:                          # a send_async_many message: its part below
                 continue
@@ -874,6 +980,10 @@ class Producer:
             return
         b.finished = True
         n = len(b.futures)
+        if b.rows is not None:
+            columns, part = b.rows
+            columns.fill(part.positions, part.uniq, None, exc)
+            n = part.n
         for f in b.futures:
             if f is not None and not f.done():
                 f.set_exception(exc)

@@ -277,3 +277,124 @@ def test_room_that_never_comes_for_a_later_part_fails_the_rest_in_the_error(clus
     assert full and 0 < full[0] <= 100 and full == list(range(full[0], len(msgs)))
     assert all(r.status is SendStatus.SEND_OK for r in results[:full[0]])
     assert ei.value.failed == len(full)
+
+
+# -- send_async_columns: rows given as columns ---------------------------------------------------------------
+def send_columns(client, namesrv, group, topic, queues, producer_kw=None, **kw):
+    """``send_async_columns(topic, **kw)`` with a thread or an asyncio producer, after the topic's
+    route is served: (the outcome: ColumnSendResults, or the exception; the producer's stats)."""
+    producer_kw = producer_kw or {}
+    if client == "thread":
+        with Producer(namesrv, group=group, **producer_kw) as p:
+            wait_route(p, topic, queues)
+            fut = p.send_async_columns(topic, **kw)
+            try:
+                out = fut.result(WAIT_S)
+            except Exception as e:  # noqa: BLE001 - the test looks at it
+                out = e
+            assert p.flush(WAIT_S) == 0
+            return out, dict(p.stats)
+    from rmq.aio import Producer as AioProducer
+
+    async def main():
+        async with AioProducer(namesrv, group=group, **producer_kw) as p:
+            while len(await p.fetch_publish_message_queues(topic)) != queues:
+                await asyncio.sleep(0.05)
+            fut = await p.send_async_columns(topic, **kw)
+            try:
+                out = await fut
+            except Exception as e:  # noqa: BLE001
+                out = e
+            assert await p.flush(WAIT_S) == 0
+            return out, dict(p.stats)
+    return asyncio.run(asyncio.wait_for(main(), WAIT_S))
+
+
+@pytest.mark.parametrize("client", ["thread", "aio"])
+def test_columns_rows_are_stored_as_their_messages_with_results_per_row_both_clients(cluster, rc, client):
+    """1,200 rows with tags, keys (a str or a list), user properties and sharding keys (some None),
+    in ~2 KiB requests: each row is stored once with its body, tags, keys, properties and the
+    UNIQ_KEY its result names, at the queue and offset its result gives; a key's rows keep
+    their order on the queue select_by_hash picks; last_offsets() is each queue's highest."""
+    from rmq.client.message import ColumnSendResults
+    topic = f"Columns-{client}"
+    create_topic(rc, cluster, topic, 4)
+    n = 1200
+    bodies = [b"%06d" % i + b"c" * (i % 90) for i in range(n)]
+    tags = [None if i % 4 == 0 else f"T{i % 3}" for i in range(n)]
+    keys = [None if i % 5 == 0 else (f"id{i}" if i % 2 else [f"id{i}", f"alt{i}"]) for i in range(n)]
+    props = [None if i % 6 == 0 else {"row": str(i), "city": "Zürich"} for i in range(n)]
+    skeys = [None if i % 7 == 0 else f"k{i % 5}" for i in range(n)]
+    results, stats = send_columns(client, cluster.namesrv_addr, f"pg-cols-{client}", topic, 4, {"batch_size": 2048},
+                                  bodies=bodies, tags=tags, keys=keys, properties=props, sharding_keys=skeys)
+    assert isinstance(results, ColumnSendResults) and len(results) == n and results.failed == 0
+    assert stats["messages"] == n and stats["batch_requests"] >= n * 100 // 2048
+    by_key: dict = {}
+    for i, r in enumerate(results):
+        assert r.status is SendStatus.SEND_OK and r.msg_id == results.msg_ids[i] and len(r.msg_id) == 32
+        assert (r.queue_id, r.queue_offset) == (results.queue_ids[i], results.queue_offsets[i])
+        if skeys[i] is not None:
+            assert r.queue_id == abs(java_hash(skeys[i])) % 4
+            by_key.setdefault(skeys[i], []).append(r.queue_offset)
+    assert all(offs == sorted(offs) for offs in by_key.values())
+    stored = {rec.msg_id: rec for rec in pull_topic(rc, cluster, topic, 4, n)}
+    assert len(stored) == n
+    for i in range(n):
+        rec = stored[results.msg_ids[i]]
+        assert rec.body == bodies[i] and (rec.queue_id, rec.queue_offset) == (results.queue_ids[i],
+                                                                              results.queue_offsets[i])
+        assert rec.tags == tags[i]
+        want_keys = [] if keys[i] is None else ([keys[i]] if isinstance(keys[i], str) else keys[i])
+        assert rec.keys == want_keys
+        assert {k: v for k, v in rec.properties.items() if k in ("row", "city")} == (props[i] or {})
+        assert rec.properties.get("__SHARDINGKEY") == skeys[i] and rec.offset_msg_id == results[i].offset_msg_id
+    last = results.last_offsets()
+    assert {mq.queue_id: off for mq, off in last.items()} == \
+        {q: max(o for qq, o in zip(results.queue_ids, results.queue_offsets) if qq == q) for q in set(results.queue_ids)}
+
+
+@pytest.mark.parametrize("client", ["thread", "aio"])
+def test_columns_a_row_the_broker_refuses_fails_alone_both_clients(cluster, rc, client):
+    """A row over the broker's maxMessageSize (but within the client's) is a request of its own
+    (bigger than batch_size): it alone fails (SendManyError, its entry the MQBrokerError, -1 in
+    the columns); the other rows are stored."""
+    topic = f"ColumnsRefused-{client}"
+    create_topic(rc, cluster, topic, 2)
+    bodies = [b"%05d" % i for i in range(400)]
+    bodies[123] = os.urandom(BROKER_MAX_MESSAGE_SIZE + 1024)
+    err, stats = send_columns(client, cluster.namesrv_addr, f"pg-cols-r-{client}", topic, 2, {"batch_size": 4096},
+                              bodies=bodies)
+    assert isinstance(err, SendManyError) and err.failed == 1
+    res = err.results
+    assert set(res.exceptions) == {123} and isinstance(res[123], MQBrokerError) and res[123].response_code == 13
+    assert res.queue_offsets[123] == -1 and res.queue_ids[123] == -1 and res.message_queues[123] is None
+    assert all(res[i].status is SendStatus.SEND_OK for i in range(400) if i != 123)
+    stored = pull_topic(rc, cluster, topic, 2, 399)
+    assert sorted(x.body for x in stored) == sorted(b for i, b in enumerate(bodies) if i != 123)
+
+
+def test_columns_bad_input_is_refused_whole_and_nothing_is_queued(cluster):
+    from rmq.aio import Producer as AioProducer
+    calls: list = []
+    with Producer(cluster.namesrv_addr, group="pg-cols-bad") as p:
+        with pytest.raises(MQClientError, match="message 1 of 3: the message body length is zero"):
+            p.send_async_columns("ColumnsBad", [b"a", b"", b"c"], calls.append)
+        with pytest.raises(MQClientError, match="tags has 2 items for 3 messages"):
+            p.send_async_columns("ColumnsBad", [b"a", b"b", b"c"], tags=["x", "y"])
+        with pytest.raises(MQClientError, match="timeout_ms must be positive"):
+            p.send_async_columns("ColumnsBad", [b"a"], timeout_ms=0)
+        assert p.pending == 0 and calls == []
+        empty = p.send_async_columns("ColumnsBad", [], calls.append).result(WAIT_S)
+        assert len(empty) == 0 and len(calls) == 1
+    with pytest.raises(MQClientError, match="producer pg-cols-bad is closed"):
+        p.send_async_columns("ColumnsBad", [b"a"])
+
+    async def aio():
+        async with AioProducer(cluster.namesrv_addr, group="pg-cols-bad-aio") as ap:
+            with pytest.raises(MQClientError, match="message 0 of 1: property 'TAGS' is set by the producer"):
+                await ap.send_async_columns("ColumnsBad", [b"a"], properties=[{"TAGS": "x"}])
+            with pytest.raises(MQClientError, match="ordered sends need the topic|No route info"):
+                await ap.send_async_columns("ColumnsNoSuchTopic", [b"a"], sharding_key="k")
+            assert ap.pending == 0
+            return len(await (await ap.send_async_columns("ColumnsBad", [])))
+    assert asyncio.run(asyncio.wait_for(aio(), WAIT_S)) == 0
