@@ -31,6 +31,10 @@ what is already there):
     lists of 1000 ``Message`` built in the loop, each handed over with one
     ``send_async_many(msgs, callback)`` (one future per list, its callback counting the list's
     outcomes); then ``flush()``; none may fail.  Timed: first call -> every outcome counted.
+``Producer.send_async_columns x1000`` / ``rmq.aio Producer.send_async_columns x1000``
+    the same lists of 1000 bodies as columns (``send_async_columns(topic, bodies, callback)``:
+    encoded in C, no ``Message`` / ``SendResult`` per row; the list of bodies is built in the loop
+    as the other rows build their messages); counted and timed as ``send_async_many``.
 ``Producer.send_async sharding_key`` / ``rmq.aio Producer.send_async sharding_key``
     as the ``send_async`` rows, ordered: message ``i`` with sharding key ``i % 8`` (the
     producers' rule for ordered sends: one request out per queue, the next batch filling).
@@ -75,24 +79,27 @@ SEND_ORDERED = "Producer.send_async sharding_key"
 AIO_SEND_ORDERED = "rmq.aio Producer.send_async sharding_key"
 SEND_MANY = f"Producer.send_async_many x{BATCH}"
 AIO_SEND_MANY = f"rmq.aio Producer.send_async_many x{BATCH}"
+SEND_COLUMNS = f"Producer.send_async_columns x{BATCH}"
+AIO_SEND_COLUMNS = f"rmq.aio Producer.send_async_columns x{BATCH}"
 ORDERED_KEYS = 8                   # the ordered rows' sharding keys (message i: key i % 8)
 ROWS = (SEND_ASYNC, SEND_BATCH, PUSH, POLL, POLL_ARROW, AIO_SEND, AIO_PUSH, SEND_ORDERED, AIO_SEND_ORDERED,
-        SEND_MANY, AIO_SEND_MANY)
-KIND = {SEND_ASYNC: "produce", SEND_BATCH: "produce", AIO_SEND: "produce", SEND_ORDERED: "produce",
+        SEND_MANY, AIO_SEND_MANY, SEND_COLUMNS, AIO_SEND_COLUMNS)
+KIND = {SEND_COLUMNS: "produce", AIO_SEND_COLUMNS: "produce", SEND_ASYNC: "produce", SEND_BATCH: "produce", AIO_SEND: "produce", SEND_ORDERED: "produce",
         AIO_SEND_ORDERED: "produce", SEND_MANY: "produce", AIO_SEND_MANY: "produce",
         PUSH: "consume", POLL: "consume", POLL_ARROW: "consume", AIO_PUSH: "consume"}
 TOPIC_OF = {SEND_ASYNC: "send_async", SEND_BATCH: "send_batch", AIO_SEND: "aio_send",   # produce rows' topics
             SEND_ORDERED: "send_ordered", AIO_SEND_ORDERED: "aio_send_ordered", SEND_MANY: "send_many",
-            AIO_SEND_MANY: "aio_send_many"}
+            AIO_SEND_MANY: "aio_send_many", SEND_COLUMNS: "send_columns", AIO_SEND_COLUMNS: "aio_send_columns"}
 AIO_OF = {AIO_SEND: SEND_ASYNC, AIO_PUSH: PUSH,      # aio row -> the thread-based row it is held to
-          AIO_SEND_ORDERED: SEND_ORDERED, AIO_SEND_MANY: SEND_MANY}
+          AIO_SEND_ORDERED: SEND_ORDERED, AIO_SEND_MANY: SEND_MANY, AIO_SEND_COLUMNS: SEND_COLUMNS}
 # row -> (the row of the same run it is held to, the share of that row's figure it must reach)
 HELD_TO = {**{row: (base, AIO_RATIO) for row, base in AIO_OF.items()}, SEND_ORDERED: (SEND_ASYNC, ORDERED_RATIO)}
 
 # issue 17: (row, body size) -> msgs/s floor; and (row, body size) -> floor as a multiple of Redis
-# (send_async_many is the issue's "produce then flush" path: held to send_async's targets)
+# (send_async_many and send_async_columns are the issue's "produce then flush" paths: held to send_async's targets)
 TARGETS = {(SEND_ASYNC, 100): 1_000_000, (SEND_ASYNC, 1024): 500_000, (SEND_BATCH, 100): 1_500_000,
            (SEND_MANY, 100): 1_000_000, (SEND_MANY, 1024): 500_000,
+           (SEND_COLUMNS, 100): 1_000_000, (SEND_COLUMNS, 1024): 500_000,
            (PUSH, 100): 1_000_000, (POLL, 100): 2_000_000, (POLL_ARROW, 100): 3_000_000}
 REDIS_TARGETS = {(SEND_BATCH, 100): 8.0, (SEND_BATCH, 1024): 5.0}
 REF_NAMES = {("redis", "produce"): f"Redis XADD pipeline x{BATCH}", ("redis", "consume"): f"Redis XREAD COUNT {BATCH}",
@@ -147,6 +154,22 @@ def send_many(namesrv: str, topic: str, size: int, n: int) -> dict:
         t0 = time.perf_counter()
         for s in range(0, n, BATCH):
             p.send_async_many([Message(topic, body) for _ in range(min(BATCH, n - s))], cb)
+        left = p.flush()
+        if not cb.done.wait(_timeout_s(n)):
+            raise TimeoutError(f"{cb.missing:,} outcomes missing ({left:,} unanswered)")
+        el = time.perf_counter() - t0
+    return {"msgs": cb.checked(), "seconds": el}
+
+
+def send_columns(namesrv: str, topic: str, size: int, n: int) -> dict:
+    from rmq import Message, Producer
+    body = body_of(size)
+    cb = _ManyOutcomes(n, threading.Event())
+    with Producer(namesrv, group="bench-client-pg") as p:
+        p.send(Message(topic, b"warm-up"))
+        t0 = time.perf_counter()
+        for s in range(0, n, BATCH):
+            p.send_async_columns(topic, [body] * min(BATCH, n - s), cb)
         left = p.flush()
         if not cb.done.wait(_timeout_s(n)):
             raise TimeoutError(f"{cb.missing:,} outcomes missing ({left:,} unanswered)")
@@ -445,11 +468,36 @@ def aio_push(namesrv: str, topic: str, size: int, n: int) -> dict:
     return asyncio.run(go())
 
 
+def aio_send_columns(namesrv: str, topic: str, size: int, n: int) -> dict:
+    import asyncio
+
+    from rmq import Message
+    from rmq.aio import Producer
+    body = body_of(size)
+
+    async def go() -> dict:
+        cb = _ManyOutcomes(n, asyncio.Event())
+        async with Producer(namesrv, group="bench-client-aio-pg") as p:
+            await p.send(Message(topic, b"warm-up"))
+            t0 = time.perf_counter()
+            for s in range(0, n, BATCH):
+                await p.send_async_columns(topic, [body] * min(BATCH, n - s), cb)
+            left = await p.flush()
+            try:
+                await asyncio.wait_for(cb.done.wait(), _timeout_s(n))
+            except asyncio.TimeoutError:
+                raise TimeoutError(f"{cb.missing:,} outcomes missing ({left:,} unanswered)") from None
+            el = time.perf_counter() - t0
+        return {"msgs": cb.checked(), "seconds": el}
+
+    return asyncio.run(go())
+
+
 RUNNERS = {SEND_ASYNC: send_async, SEND_BATCH: send_batch, PUSH: push, POLL: poll,
            POLL_ARROW: functools.partial(poll, arrow=True), AIO_SEND: aio_send, AIO_PUSH: aio_push,
            SEND_ORDERED: functools.partial(send_async, ordered=True),
            AIO_SEND_ORDERED: functools.partial(aio_send, ordered=True), SEND_MANY: send_many,
-           AIO_SEND_MANY: aio_send_many}
+           AIO_SEND_MANY: aio_send_many, SEND_COLUMNS: send_columns, AIO_SEND_COLUMNS: aio_send_columns}
 
 
 # -- references -------------------------------------------------------------------------------

