@@ -60,7 +60,8 @@ cdef extern from "time.h" nogil:
 from rmq.common.message_const import (KEY_SEPARATOR, PROPERTY_DELAY_TIME_LEVEL, PROPERTY_KEYS,  # noqa: F401
                                       PROPERTY_TAGS, PROPERTY_TIMER_DELAY_MS, PROPERTY_TIMER_DELAY_SEC,
                                       PROPERTY_TIMER_DELIVER_MS, PROPERTY_TRANSACTION_PREPARED,
-                                      PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, PROPERTY_WAIT_STORE_MSG_OK,
+                                      PROPERTY_SHARDING_KEY, PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX,
+                                      PROPERTY_WAIT_STORE_MSG_OK,
                                       RESERVED_PROPERTIES, TIMER_PROPERTIES)
 MAX_DELAY_LEVEL = 18                 # messageDelayLevel has 18 levels (SPEC.md §10.1)
 # MessageSysFlag (SPEC.md §1.5), from rmq._core.layout
@@ -727,7 +728,7 @@ cdef bytes _TAGS_PREFIX = (PROPERTY_TAGS + "\x01").encode()
 cdef bytes _KEYS_PREFIX = (PROPERTY_KEYS + "\x01").encode()
 # property names a row's own properties may not use: the producer sets them (or they would make
 # the row unbatchable: a delay, a timer, a half message)
-COLUMNS_REFUSED_PROPERTIES = frozenset(RESERVED_PROPERTIES + (PROPERTY_TRANSACTION_PREPARED,))
+COLUMNS_REFUSED_PROPERTIES = frozenset(RESERVED_PROPERTIES + (PROPERTY_TRANSACTION_PREPARED, PROPERTY_SHARDING_KEY))
 cdef frozenset _COLUMNS_REFUSED = COLUMNS_REFUSED_PROPERTIES
 cdef tuple _ROW_KEY_TYPES = (str, int, bytes)   # sharding keys grouped by value (as many_parts' open keys)
 

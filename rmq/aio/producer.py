@@ -72,7 +72,8 @@ from rmq.aio.remoting import AsyncRemoting
 from rmq.client.send_attempts import SendAttempts
 from rmq.client.producer import (ROUTE_REFRESH_ON_FAILURE_MS, ProducerOptions, QueueTurns,
                                  RowsPart, Selector, apply_selector, batch_body_of,
-                                 check_group, client_id, encode_columns, heartbeat_request, merge_results,
+                                 check_group, client_id, columns_request_size, encode_columns, heartbeat_request,
+                                 merge_results,
                                  many_keys, many_parts, message_preparer, parse_send_response, prepare_batch,
                                  prepare_many, route_suspect, rows_request, select_by_hash, selector_for,
                                  queued_failures_error, send_request, send_response_fields)
@@ -542,7 +543,7 @@ class Producer:
         if timeout_ms is not None and timeout_ms <= 0:
             raise MQClientError(f"timeout_ms must be positive, got {timeout_ms}")
         n, parts = encode_columns(self._preparer, topic, bodies, tags, keys, properties, sharding_key, sharding_keys,
-                                  self._batch_size)
+                                  columns_request_size(self.options))
         fut = _Future(loop=self._loop)
         if self._trace is not None and n:
             fut.add_done_callback(self._traced_rows(topic, bodies, tags, keys), context=_copy_context())

@@ -127,6 +127,8 @@ MAX_PENDING_MESSAGES = 10_000              # accepted but unanswered messages be
                                            # (every pending message is ~15 live objects the GC walks)
 DELIVERY_TIMEOUT_MS = 120_000              # send_async: hand-over to final result (Kafka's delivery.timeout.ms)
 DEFAULT_BATCH_SIZE = 16 * 1024             # bytes; Kafka's batch.size, used when only linger_ms is set
+COLUMNS_REQUEST_SIZE = 256 * 1024          # bytes; send_async_columns' requests are at least this big (all
+                                           # its rows are handed over at once: nothing gained by smaller ones)
 PROVISIONAL_REFRESH_MS = 100               # min gap between route look-ups of an auto-created topic
 PROVISIONAL_POLL_MS = 500                  # route look-up period while a topic's route is provisional
 # BATCH_ELEMENT_OVERHEAD, COMPRESSED_FLAG, COMPRESSION_ZLIB_TYPE, TRANSACTION_PREPARED_TYPE,
@@ -321,6 +323,14 @@ def encode_columns(preparer: MessagePreparer, topic: str, bodies: Any, tags: Any
     skeys = many_keys(n, sharding_key, None if sharding_keys is None else column_list("sharding_keys", sharding_keys))
     return n, encode_rows(preparer, topic, bodies, cols[0], cols[1], cols[2], skeys, PROPERTY_SHARDING_KEY,
                           batch_size, _part_key)
+
+
+def columns_request_size(opts: ProducerOptions) -> int:
+    """The bytes of one send_async_columns request: ``max(batch_size, COLUMNS_REQUEST_SIZE)``,
+    within ``max_message_size`` (the broker's bound on a batch body, as RocketMQ's: a whole
+    batch of up to maxMessageSize goes as one request).  ``batch_size`` 0 (send_async's
+    batching off) does not apply: columns always go as batches."""
+    return min(max(opts.batch_size or 0, COLUMNS_REQUEST_SIZE), opts.max_message_size)
 
 
 def rows_request(rows: RowsPart, queue_id: int, group: str,
@@ -1967,7 +1977,10 @@ class Producer:
         ``Message(topic, bodies[i], tags=tags[i], keys=keys[i], properties=properties[i])``
         would be (byte for byte but its UNIQ_KEY), without a :class:`Message` or a
         :class:`SendResult` per row: the rows are encoded in C straight into request-sized
-        SEND_BATCH_MESSAGE bodies (``batch_size``), and each request's outcome is one record.
+        SEND_BATCH_MESSAGE bodies, and each request's outcome is one record.  A request holds up to
+        ``max(batch_size, COLUMNS_REQUEST_SIZE)`` bytes (256 KiB; within ``max_message_size``:
+        :func:`columns_request_size`): the rows are handed over at once, so smaller requests
+        would only cost more round trips.
         The path for data that is already in columns (a DataFrame, an Arrow table; ``rmq demo
         flights``); :meth:`send_async_many` is the same for :class:`Message` objects.
 
@@ -2015,7 +2028,7 @@ class Producer:
         budget_ms = self._many_budget_ms(timeout_ms)
         self._check_open()
         n, parts = encode_columns(self._preparer, topic, bodies, tags, keys, properties, sharding_key, sharding_keys,
-                                  self._batch_size if self._batching else 0)
+                                  columns_request_size(self.options))
         many = ColumnsFuture(n, self._traced_rows(callback, topic, bodies, tags, keys)
                              if self._trace is not None and n else callback)
         if _lt.ENABLED:

@@ -2,8 +2,11 @@
 
 Each Spark task sends its rows with one :class:`rmq.Producer` (client-side batching:
 ``lingerMs`` / ``batchSize``) and waits for every send result before it reports success,
-so a task that returns has all its messages stored.  Delivery is at-least-once: a
-retried task or a replayed micro-batch sends its rows again.  Every message carries
+so a task that returns has all its messages stored.  With the ``topic`` option and no
+``queue_id`` column (the common case) each Arrow batch goes as columns
+(``Producer.send_async_columns``: encoded in C, no ``Message`` per row); otherwise row by
+row (``send_async``, a queue per row).  Delivery is at-least-once: a retried task or a
+replayed micro-batch sends its rows again.  Every message carries
 ``SPARK_DEDUP_KEY`` = ``queryId/batchId/partitionId/seq`` (``seq`` counts the task's
 rows from 0), identical across such retries, for dedup downstream.
 """
@@ -16,7 +19,9 @@ from typing import Iterator, List, Optional
 
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
 
+from rmq._core.client_msg import COLUMNS_REFUSED_PROPERTIES
 from rmq.client.message import RESERVED_PROPERTIES, Message, MessageQueue
+from rmq.errors import SendManyError
 from rmq.errors import RmqError
 from rmq.spark.arrow import column
 from rmq.spark.options import RmqOptionError, SinkOptions
@@ -103,6 +108,30 @@ def _rows_to_messages(batch, opts: SinkOptions, first_seq: int, dedup_prefix: st
         yield msg, (qids[i] if qids is not None else None), (brokers[i] if brokers is not None else None)
 
 
+def _batch_to_columns(batch, first_seq: int, dedup_prefix: str) -> dict:
+    """An Arrow batch as send_async_columns' columns (``bodies``, ``tags``, ``keys``,
+    ``properties``): the same rules as :func:`_rows_to_messages` (null / empty keys dropped,
+    reserved and null properties dropped, ``SPARK_DEDUP_KEY`` added)."""
+    body = column(batch, "body")
+    bodies = []
+    for i, b in enumerate(body):
+        if b is None:
+            raise RmqSinkError(f"row {first_seq + i} of partition {dedup_prefix}: 'body' is null")
+        bodies.append(b.encode("utf-8") if isinstance(b, str) else b)
+    keys = column(batch, "keys")
+    if keys is not None:
+        keys = [([x for x in k if x] or None) if isinstance(k, list) else k for k in keys]
+    props = column(batch, "properties")
+    properties = []
+    for i in range(len(bodies)):
+        p = {}
+        if props is not None and props[i]:
+            p = {str(k): str(v) for k, v in props[i] if v is not None and k not in COLUMNS_REFUSED_PROPERTIES}
+        p[DEDUP_PROPERTY] = f"{dedup_prefix}/{first_seq + i}"
+        properties.append(p)
+    return {"bodies": bodies, "tags": column(batch, "tags"), "keys": keys, "properties": properties}
+
+
 def write_partition(opts: SinkOptions, iterator: Iterator, query_id: str, batch_id: int) -> RmqCommitMessage:
     """Send every row of one task and wait for all results.
 
@@ -126,7 +155,9 @@ def write_partition(opts: SinkOptions, iterator: Iterator, query_id: str, batch_
     def settle(futs: list) -> None:
         for f in futs:
             e = f.exception()
-            if e is not None:
+            if isinstance(e, SendManyError):          # a batch sent as columns: its failed rows
+                failed.extend(e.results.exceptions.values())
+            elif e is not None:
                 failed.append(e)
 
     def queue_for(topic: str, qid: int, broker: Optional[str]) -> MessageQueue:
@@ -142,17 +173,28 @@ def write_partition(opts: SinkOptions, iterator: Iterator, query_id: str, batch_
             raise RmqSinkError(f"topic {topic!r} has no writable queue {broker or '*'}/{qid}")
         return mq
 
+    unacked = 0
     try:
         for batch in iterator:
-            for msg, qid, broker in _rows_to_messages(batch, opts, sent, prefix):
-                q = queue_for(msg.topic, qid, broker) if qid is not None else None
-                pending.append(producer.send_async(msg, queue=q))
-                sent += 1
-                nbytes += len(msg.body)
-            if len(pending) >= MAX_UNACKED:
+            if opts.topic is not None and batch.schema.get_field_index("queue_id") < 0:
+                cols = _batch_to_columns(batch, sent, prefix)
+                pending.append(producer.send_async_columns(opts.topic, cols["bodies"], tags=cols["tags"],
+                                                           keys=cols["keys"], properties=cols["properties"]))
+                sent += batch.num_rows
+                unacked += batch.num_rows
+                nbytes += sum(map(len, cols["bodies"]))
+            else:
+                for msg, qid, broker in _rows_to_messages(batch, opts, sent, prefix):
+                    q = queue_for(msg.topic, qid, broker) if qid is not None else None
+                    pending.append(producer.send_async(msg, queue=q))
+                    sent += 1
+                    unacked += 1
+                    nbytes += len(msg.body)
+            if unacked >= MAX_UNACKED:
                 producer.flush()
                 settle(pending)
                 pending = []
+                unacked = 0
         producer.flush()
         settle(pending)
     except Exception as e:

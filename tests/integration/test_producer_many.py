@@ -9,7 +9,7 @@ from concurrent.futures import Future
 import pytest
 
 from rmq import Message, Producer, SendStatus
-from rmq.client.producer import COMPRESSED_FLAG, java_hash
+from rmq.client.producer import COLUMNS_REQUEST_SIZE, COMPRESSED_FLAG, java_hash
 from rmq.errors import MQBrokerError, MQClientError, SendManyError
 from tests.integration.cluster import Cluster
 from tests.integration.test_producer import create_topic, pull_topic, wait_route
@@ -313,7 +313,8 @@ def send_columns(client, namesrv, group, topic, queues, producer_kw=None, **kw):
 @pytest.mark.parametrize("client", ["thread", "aio"])
 def test_columns_rows_are_stored_as_their_messages_with_results_per_row_both_clients(cluster, rc, client):
     """1,200 rows with tags, keys (a str or a list), user properties and sharding keys (some None),
-    in ~2 KiB requests: each row is stored once with its body, tags, keys, properties and the
+    in requests of up to max_message_size (64 KiB here, the broker's maxMessageSize: what bounds a
+    columns request below COLUMNS_REQUEST_SIZE): each row is stored once with its body, tags, keys, properties and the
     UNIQ_KEY its result names, at the queue and offset its result gives; a key's rows keep
     their order on the queue select_by_hash picks; last_offsets() is each queue's highest."""
     from rmq.client.message import ColumnSendResults
@@ -325,10 +326,11 @@ def test_columns_rows_are_stored_as_their_messages_with_results_per_row_both_cli
     keys = [None if i % 5 == 0 else (f"id{i}" if i % 2 else [f"id{i}", f"alt{i}"]) for i in range(n)]
     props = [None if i % 6 == 0 else {"row": str(i), "city": "Zürich"} for i in range(n)]
     skeys = [None if i % 7 == 0 else f"k{i % 5}" for i in range(n)]
-    results, stats = send_columns(client, cluster.namesrv_addr, f"pg-cols-{client}", topic, 4, {"batch_size": 2048},
-                                  bodies=bodies, tags=tags, keys=keys, properties=props, sharding_keys=skeys)
+    results, stats = send_columns(client, cluster.namesrv_addr, f"pg-cols-{client}", topic, 4,
+                                  {"max_message_size": BROKER_MAX_MESSAGE_SIZE}, bodies=bodies, tags=tags, keys=keys,
+                                  properties=props, sharding_keys=skeys)
     assert isinstance(results, ColumnSendResults) and len(results) == n and results.failed == 0
-    assert stats["messages"] == n and stats["batch_requests"] >= n * 100 // 2048
+    assert stats["messages"] == n and stats["batch_requests"] >= n * 100 // BROKER_MAX_MESSAGE_SIZE + 1
     by_key: dict = {}
     for i, r in enumerate(results):
         assert r.status is SendStatus.SEND_OK and r.msg_id == results.msg_ids[i] and len(r.msg_id) == 32
@@ -355,15 +357,15 @@ def test_columns_rows_are_stored_as_their_messages_with_results_per_row_both_cli
 
 @pytest.mark.parametrize("client", ["thread", "aio"])
 def test_columns_a_row_the_broker_refuses_fails_alone_both_clients(cluster, rc, client):
-    """A row over the broker's maxMessageSize (but within the client's) is a request of its own
-    (bigger than batch_size): it alone fails (SendManyError, its entry the MQBrokerError, -1 in
-    the columns); the other rows are stored."""
+    """A row over the broker's maxMessageSize (but within the client's) and over
+    COLUMNS_REQUEST_SIZE is a request of its own: it alone fails (SendManyError, its entry the
+    MQBrokerError, -1 in the columns); the other rows are stored."""
     topic = f"ColumnsRefused-{client}"
     create_topic(rc, cluster, topic, 2)
     bodies = [b"%05d" % i for i in range(400)]
-    bodies[123] = os.urandom(BROKER_MAX_MESSAGE_SIZE + 1024)
-    err, stats = send_columns(client, cluster.namesrv_addr, f"pg-cols-r-{client}", topic, 2, {"batch_size": 4096},
-                              bodies=bodies)
+    bodies[123] = os.urandom(COLUMNS_REQUEST_SIZE + 1024)
+    err, stats = send_columns(client, cluster.namesrv_addr, f"pg-cols-r-{client}", topic, 2, bodies=bodies)
+    assert stats["batch_requests"] == 3                  # rows 0-122, row 123, rows 124-399
     assert isinstance(err, SendManyError) and err.failed == 1
     res = err.results
     assert set(res.exceptions) == {123} and isinstance(res[123], MQBrokerError) and res[123].response_code == 13

@@ -192,6 +192,23 @@ def test_writer_round_trips_a_dataframe(spark, cluster, flights):
         o = orig[bytes(r.body)]
         assert r.tags == o.tags and r.properties["seq"] == o.properties["seq"]
         assert r.msg_id != o.msg_id                          # a new message, not the old UNIQ_KEY
+    # the columns path (a topic option, no queue_id column): each Arrow batch in one send_async_columns;
+    # null / empty keys and the names the producer sets are dropped as on the row path
+    create_topic(cluster, "copy3", 2)
+    src = spark.createDataFrame(
+        [(b"c-%d" % i, f"t{i % 3}", [f"k{i}", "", None] if i % 2 else None,
+          {"n": str(i), "UNIQ_KEY": "mine", "__SHARDINGKEY": "s", "TAGS": "no", "skip": None}) for i in range(500)],
+        "body BINARY, tags STRING, keys ARRAY<STRING>, properties MAP<STRING,STRING>")
+    (src.repartition(2).write.format("rmq").option("nameServer", cluster.namesrv_addr).option("topic", "copy3")
+     .mode("append").save())
+    wait_dispatched(cluster, "copy3", 2, 500)
+    back = reader(spark, cluster, topic="copy3").collect()
+    assert len(back) == 500 and len({r.properties["SPARK_DEDUP_KEY"] for r in back}) == 500
+    for r in back:
+        i = int(bytes(r.body)[2:])
+        assert r.tags == f"t{i % 3}" and r.keys == (f"k{i}" if i % 2 else None) and r.properties["n"] == str(i)
+        assert r.properties["UNIQ_KEY"] == r.msg_id != "mine" and "__SHARDINGKEY" not in r.properties
+        assert "skip" not in r.properties
 
 
 def test_fail_on_data_loss_both_ways(spark, tmp_path):
