@@ -106,36 +106,18 @@ def _run_callbacks(loop: asyncio.AbstractEventLoop, callbacks: list) -> None:
 
 
 class _Many:
-    """One send_async_many call: its outcomes (ManyOutcomes, shared with the thread producer)
-    and the asyncio future that gets them once the last part ends."""
+    """One send_async_many call (``outcomes``: a ManyOutcomes) or send_async_columns call (a
+    ColumnOutcomes), both shared with the thread producer, and the asyncio future that gets
+    them once the last part ends."""
 
     __slots__ = ("outcomes", "future")
 
-    def __init__(self, n: int, future: asyncio.Future) -> None:
-        self.outcomes = ManyOutcomes(n)
+    def __init__(self, outcomes, future: asyncio.Future) -> None:
+        self.outcomes = outcomes
         self.future = future
 
-    def fill(self, positions, results, exc) -> None:
-        if self.outcomes.fill(positions, results, exc) and not self.future.done():
-            result, err = self.outcomes.outcome()
-            if err is None:
-                self.future.set_result(result)
-            else:
-                self.future.set_exception(err)
-
-
-class _Columns:
-    """One send_async_columns call: its outcomes (ColumnOutcomes, shared with the thread producer)
-    and the asyncio future that gets them once the last request ends."""
-
-    __slots__ = ("outcomes", "future")
-
-    def __init__(self, n: int, future: asyncio.Future) -> None:
-        self.outcomes = ColumnOutcomes(n)
-        self.future = future
-
-    def fill(self, positions, uniq, record, exc) -> None:
-        if self.outcomes.fill(positions, uniq, record, exc) and not self.future.done():
+    def fill(self, *outcome) -> None:
+        if self.outcomes.fill(*outcome) and not self.future.done():
             result, err = self.outcomes.outcome()
             if err is None:
                 self.future.set_result(result)
@@ -168,7 +150,7 @@ class _Batch:
         # send_async_many parts: [(_Many, positions, index of its first message in preps)]; their
         # messages have None in futures
         self.parts: Optional[list] = None
-        # send_async_columns: (_Columns, RowsPart): ``preps`` is the part (its body encoded already)
+        # send_async_columns: (_Many, RowsPart): ``preps`` is the part (its body encoded already)
         self.rows: Optional[tuple] = None
 
 
@@ -511,7 +493,7 @@ class Producer:
         fut = _Future(loop=self._loop)
         if callback is not None:
             fut.add_done_callback(callback, context=_copy_context())
-        many = _Many(n, fut)
+        many = _Many(ManyOutcomes(n), fut)
         if n == 0:
             fut.set_result([])
             return fut
@@ -552,7 +534,7 @@ class Producer:
         if n == 0:
             fut.set_result(ColumnOutcomes(0).outcome()[0])
             return fut
-        columns = _Columns(n, fut)
+        columns = _Many(ColumnOutcomes(n), fut)
         await self._hand_over_many(columns, parts, timeout_ms)
         return fut
 
@@ -577,7 +559,8 @@ class Producer:
 
     async def _hand_over_many(self, many: Any, parts: list, timeout_ms: Optional[int]) -> None:
         """Queue the parts of a send_async_many call (``[positions, preps, key, nbytes]``, filling
-        ``many``: a _Many) or of a send_async_columns call (:class:`RowsPart`, filling a _Columns),
+        ``many``: a _Many of ManyOutcomes) or of a send_async_columns call (:class:`RowsPart`, a _Many
+        of ColumnOutcomes),
         each once it fits under ``max_pending_messages``."""
         rows = type(parts[0]) is RowsPart
         queues = {}                       # ordered parts: their queue, from the route (nothing queued if none)

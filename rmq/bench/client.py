@@ -145,31 +145,25 @@ def send_async(namesrv: str, topic: str, size: int, n: int, ordered: bool = Fals
     return {"msgs": cb.checked(), "seconds": el}
 
 
-def send_many(namesrv: str, topic: str, size: int, n: int) -> dict:
+def _many_call(topic: str, body: bytes, columns: bool):
+    """``call(p, k, cb)``: hand ``k`` messages to producer ``p`` in one call with callback ``cb``:
+    a list of ``Message`` to ``send_async_many``, or a list of bodies to ``send_async_columns``
+    (built in the loop either way; the aio producer's returns an awaitable)."""
+    from rmq import Message
+    if columns:
+        return lambda p, k, cb: p.send_async_columns(topic, [body] * k, cb)
+    return lambda p, k, cb: p.send_async_many([Message(topic, body) for _ in range(k)], cb)
+
+
+def send_many(namesrv: str, topic: str, size: int, n: int, columns: bool = False) -> dict:
     from rmq import Message, Producer
-    body = body_of(size)
+    call = _many_call(topic, body_of(size), columns)
     cb = _ManyOutcomes(n, threading.Event())
     with Producer(namesrv, group="bench-client-pg") as p:
         p.send(Message(topic, b"warm-up"))
         t0 = time.perf_counter()
         for s in range(0, n, BATCH):
-            p.send_async_many([Message(topic, body) for _ in range(min(BATCH, n - s))], cb)
-        left = p.flush()
-        if not cb.done.wait(_timeout_s(n)):
-            raise TimeoutError(f"{cb.missing:,} outcomes missing ({left:,} unanswered)")
-        el = time.perf_counter() - t0
-    return {"msgs": cb.checked(), "seconds": el}
-
-
-def send_columns(namesrv: str, topic: str, size: int, n: int) -> dict:
-    from rmq import Message, Producer
-    body = body_of(size)
-    cb = _ManyOutcomes(n, threading.Event())
-    with Producer(namesrv, group="bench-client-pg") as p:
-        p.send(Message(topic, b"warm-up"))
-        t0 = time.perf_counter()
-        for s in range(0, n, BATCH):
-            p.send_async_columns(topic, [body] * min(BATCH, n - s), cb)
+            call(p, min(BATCH, n - s), cb)
         left = p.flush()
         if not cb.done.wait(_timeout_s(n)):
             raise TimeoutError(f"{cb.missing:,} outcomes missing ({left:,} unanswered)")
@@ -399,12 +393,12 @@ def aio_send(namesrv: str, topic: str, size: int, n: int, ordered: bool = False)
     return asyncio.run(go())
 
 
-def aio_send_many(namesrv: str, topic: str, size: int, n: int) -> dict:
+def aio_send_many(namesrv: str, topic: str, size: int, n: int, columns: bool = False) -> dict:
     import asyncio
 
     from rmq import Message
     from rmq.aio import Producer
-    body = body_of(size)
+    call = _many_call(topic, body_of(size), columns)
 
     async def go() -> dict:
         cb = _ManyOutcomes(n, asyncio.Event())
@@ -412,7 +406,7 @@ def aio_send_many(namesrv: str, topic: str, size: int, n: int) -> dict:
             await p.send(Message(topic, b"warm-up"))
             t0 = time.perf_counter()
             for s in range(0, n, BATCH):
-                await p.send_async_many([Message(topic, body) for _ in range(min(BATCH, n - s))], cb)
+                await call(p, min(BATCH, n - s), cb)
             left = await p.flush()
             try:
                 await asyncio.wait_for(cb.done.wait(), _timeout_s(n))
@@ -468,36 +462,12 @@ def aio_push(namesrv: str, topic: str, size: int, n: int) -> dict:
     return asyncio.run(go())
 
 
-def aio_send_columns(namesrv: str, topic: str, size: int, n: int) -> dict:
-    import asyncio
-
-    from rmq import Message
-    from rmq.aio import Producer
-    body = body_of(size)
-
-    async def go() -> dict:
-        cb = _ManyOutcomes(n, asyncio.Event())
-        async with Producer(namesrv, group="bench-client-aio-pg") as p:
-            await p.send(Message(topic, b"warm-up"))
-            t0 = time.perf_counter()
-            for s in range(0, n, BATCH):
-                await p.send_async_columns(topic, [body] * min(BATCH, n - s), cb)
-            left = await p.flush()
-            try:
-                await asyncio.wait_for(cb.done.wait(), _timeout_s(n))
-            except asyncio.TimeoutError:
-                raise TimeoutError(f"{cb.missing:,} outcomes missing ({left:,} unanswered)") from None
-            el = time.perf_counter() - t0
-        return {"msgs": cb.checked(), "seconds": el}
-
-    return asyncio.run(go())
-
-
 RUNNERS = {SEND_ASYNC: send_async, SEND_BATCH: send_batch, PUSH: push, POLL: poll,
            POLL_ARROW: functools.partial(poll, arrow=True), AIO_SEND: aio_send, AIO_PUSH: aio_push,
            SEND_ORDERED: functools.partial(send_async, ordered=True),
            AIO_SEND_ORDERED: functools.partial(aio_send, ordered=True), SEND_MANY: send_many,
-           AIO_SEND_MANY: aio_send_many, SEND_COLUMNS: send_columns, AIO_SEND_COLUMNS: aio_send_columns}
+           AIO_SEND_MANY: aio_send_many, SEND_COLUMNS: functools.partial(send_many, columns=True),
+           AIO_SEND_COLUMNS: functools.partial(aio_send_many, columns=True)}
 
 
 # -- references -------------------------------------------------------------------------------

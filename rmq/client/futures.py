@@ -115,19 +115,37 @@ class SendFuture(Future):
         self._finish(None, exception)
 
 
-class ManyOutcomes:
+class _Tally:
+    """How many of ``n`` messages still lack an outcome, how many failed, the first failure."""
+
+    __slots__ = ("left", "failed", "first")
+
+    def __init__(self, n: int) -> None:
+        self.left = n
+        self.failed = 0
+        self.first: Optional[BaseException] = None
+
+    def _counted(self, n: int, exc: Optional[BaseException]) -> bool:
+        """``n`` more outcomes (failures with ``exc`` when not None); True at the last."""
+        if exc is not None:
+            self.failed += n
+            if self.first is None:
+                self.first = exc
+        self.left -= n
+        return self.left == 0
+
+
+class ManyOutcomes(_Tally):
     """The outcomes of ``n`` messages of one ``send_async_many`` call, gathered part by part
     (I/O-free: the thread and asyncio producers both use it; the caller serialises calls).
     ``fill`` returns True when the last outcome arrives; ``outcome()`` then gives ``(list of
     SendResult, None)``, or ``(None, SendManyError)`` when any message failed."""
 
-    __slots__ = ("slots", "left", "failed", "first")
+    __slots__ = ("slots",)
 
     def __init__(self, n: int) -> None:
+        super().__init__(n)
         self.slots: list = [None] * n
-        self.left = n
-        self.failed = 0
-        self.first: Optional[BaseException] = None
 
     def fill(self, positions: Sequence[int], results: Optional[Sequence], exc: Optional[BaseException]) -> bool:
         """Message ``positions[j]`` gets ``results[j]``, or each gets ``exc`` (``results`` None)."""
@@ -135,14 +153,10 @@ class ManyOutcomes:
         if results is not None:
             for i, r in zip(positions, results):
                 slots[i] = r
-        else:
-            for i in positions:
-                slots[i] = exc
-            self.failed += len(positions)
-            if self.first is None:
-                self.first = exc
-        self.left -= len(positions)
-        return self.left == 0
+            return self._counted(len(positions), None)
+        for i in positions:
+            slots[i] = exc
+        return self._counted(len(positions), exc)
 
     def outcome(self) -> tuple:
         if not self.failed:
@@ -171,9 +185,10 @@ class ManyFuture(SendFuture):
         """The sink of the messages at ``positions`` (in the order they are sent)."""
         return ManyPart(self, positions)
 
-    def _fill(self, positions: Sequence[int], results: Optional[list], exc: Optional[BaseException]) -> None:
+    def _fill(self, *outcome) -> None:
+        """Its outcomes' ``fill(*outcome)``; the future finishes with the last."""
         with self._lock:
-            last = self._outcomes.fill(positions, results, exc)
+            last = self._outcomes.fill(*outcome)
         if last:
             self._finish(*self._outcomes.outcome())
 
@@ -195,33 +210,26 @@ class ManyPart:
         self.many._fill(self.positions, None, exc)
 
 
-class ColumnOutcomes:
+class ColumnOutcomes(_Tally):
     """The outcomes of the ``n`` rows of one ``send_async_columns`` call, one record per request
     (I/O-free: the thread and asyncio producers both use it; the caller serialises calls).
     ``fill`` returns True when the last row has its outcome; ``outcome()`` then gives
     ``(ColumnSendResults, None)``, or ``(None, SendManyError)`` (its ``results`` the same
     ColumnSendResults) when any row failed."""
 
-    __slots__ = ("n", "parts", "left", "failed", "first")
+    __slots__ = ("n", "parts")
 
     def __init__(self, n: int) -> None:
+        super().__init__(n)
         self.n = n
         self.parts: list = []
-        self.left = n
-        self.failed = 0
-        self.first: Optional[BaseException] = None
 
     def fill(self, positions: Sequence[int], uniq: bytes, record: Optional[tuple],
              exc: Optional[BaseException]) -> bool:
         """Rows ``positions`` (UNIQ_KEYs ``uniq``) stored as ``record`` = (status, MessageQueue,
         base queue offset, [offset msg id per row]), or each failed with ``exc`` (``record`` None)."""
         self.parts.append((positions, uniq, record, exc))
-        if record is None:
-            self.failed += len(positions)
-            if self.first is None:
-                self.first = exc
-        self.left -= len(positions)
-        return self.left == 0
+        return self._counted(len(positions), exc if record is None else None)
 
     def outcome(self) -> tuple:
         results = ColumnSendResults(self.n, self.parts, self.failed)
@@ -232,14 +240,14 @@ class ColumnOutcomes:
         return None, err
 
 
-class ColumnsFuture(SendFuture):
+class ColumnsFuture(ManyFuture):
     """The future of one ``Producer.send_async_columns`` call: its result is a
     :class:`~rmq.client.message.ColumnSendResults` once every row has its outcome; if any
     failed, its exception is a :class:`rmq.errors.SendManyError` whose ``results`` is that
     ColumnSendResults.  Completed one request at a time through :meth:`part`'s sinks."""
 
     def __init__(self, n: int, callback: Optional[Callable[[Future], Any]] = None) -> None:
-        super().__init__(callback)
+        SendFuture.__init__(self, callback)
         self._outcomes = ColumnOutcomes(n)
         self._lock = threading.Lock()
         if n == 0:
@@ -248,13 +256,6 @@ class ColumnsFuture(SendFuture):
     def part(self, positions: Sequence[int], uniq: bytes) -> "ColumnsPart":
         """The sink of the rows at ``positions`` (in the order sent), UNIQ_KEYs ``uniq``."""
         return ColumnsPart(self, positions, uniq)
-
-    def _fill(self, positions: Sequence[int], uniq: bytes, record: Optional[tuple],
-              exc: Optional[BaseException]) -> None:
-        with self._lock:
-            last = self._outcomes.fill(positions, uniq, record, exc)
-        if last:
-            self._finish(*self._outcomes.outcome())
 
 
 class ColumnsPart:

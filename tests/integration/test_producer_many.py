@@ -33,12 +33,19 @@ def cluster(tmp_path_factory):
 def send_many(client, namesrv, group, topics, msgs, producer_kw=None, **kw):
     """``send_async_many(msgs, **kw)`` with a thread or an asyncio producer, after the topics'
     routes are served: (the outcome: results, or the exception; the producer's stats)."""
+    return send_call(client, namesrv, group, topics, lambda p: p.send_async_many(msgs, **kw), producer_kw)
+
+
+def send_call(client, namesrv, group, topics, call, producer_kw=None):
+    """``call(producer)`` (a send_async_many / send_async_columns call: its future, or for the
+    asyncio producer an awaitable of it) after the topics' routes are served: (the outcome, or
+    the exception; the producer's stats)."""
     producer_kw = producer_kw or {}
     if client == "thread":
         with Producer(namesrv, group=group, **producer_kw) as p:
             for t, q in topics:
                 wait_route(p, t, q)
-            fut = p.send_async_many(msgs, **kw)
+            fut = call(p)
             try:
                 out = fut.result(WAIT_S)
             except Exception as e:  # noqa: BLE001 - the test looks at it
@@ -52,7 +59,7 @@ def send_many(client, namesrv, group, topics, msgs, producer_kw=None, **kw):
             for t, q in topics:
                 while len(await p.fetch_publish_message_queues(t)) != q:
                     await asyncio.sleep(0.05)
-            fut = await p.send_async_many(msgs, **kw)
+            fut = await call(p)
             try:
                 out = await fut
             except Exception as e:  # noqa: BLE001
@@ -281,33 +288,9 @@ def test_room_that_never_comes_for_a_later_part_fails_the_rest_in_the_error(clus
 
 # -- send_async_columns: rows given as columns ---------------------------------------------------------------
 def send_columns(client, namesrv, group, topic, queues, producer_kw=None, **kw):
-    """``send_async_columns(topic, **kw)`` with a thread or an asyncio producer, after the topic's
-    route is served: (the outcome: ColumnSendResults, or the exception; the producer's stats)."""
-    producer_kw = producer_kw or {}
-    if client == "thread":
-        with Producer(namesrv, group=group, **producer_kw) as p:
-            wait_route(p, topic, queues)
-            fut = p.send_async_columns(topic, **kw)
-            try:
-                out = fut.result(WAIT_S)
-            except Exception as e:  # noqa: BLE001 - the test looks at it
-                out = e
-            assert p.flush(WAIT_S) == 0
-            return out, dict(p.stats)
-    from rmq.aio import Producer as AioProducer
-
-    async def main():
-        async with AioProducer(namesrv, group=group, **producer_kw) as p:
-            while len(await p.fetch_publish_message_queues(topic)) != queues:
-                await asyncio.sleep(0.05)
-            fut = await p.send_async_columns(topic, **kw)
-            try:
-                out = await fut
-            except Exception as e:  # noqa: BLE001
-                out = e
-            assert await p.flush(WAIT_S) == 0
-            return out, dict(p.stats)
-    return asyncio.run(asyncio.wait_for(main(), WAIT_S))
+    """``send_async_columns(topic, **kw)`` as :func:`send_call` runs it."""
+    return send_call(client, namesrv, group, [(topic, queues)], lambda p: p.send_async_columns(topic, **kw),
+                     producer_kw)
 
 
 @pytest.mark.parametrize("client", ["thread", "aio"])
