@@ -7,6 +7,7 @@ Run::
     RMQ_SPARK_BENCH_MESSAGES=1000000 python bench/bench_spark.py
     python -m pytest bench/bench_spark.py -q -s          # the same, as a test (asserts the counts)
     python bench/bench_spark.py --micro                  # Arrow batch building only: old path vs pages_to_batch
+    python bench/bench_spark.py --sink                   # the sink only: df.write.format("rmq")
 
 Setup (untimed): one broker group (nameserver + broker + reput + flush on loopback), topic
 ``bench`` with ``RMQ_SPARK_BENCH_QUEUES`` (default 8) queues filled with
@@ -25,6 +26,10 @@ Scenarios (MB/s counts message bodies; rows/s counts messages):
                                   a task, pulls + Arrow batches (16 k rows) on 2 cores
 ``spark rmq -> noop, no props``   the same with ``includeProperties=false``
 ``spark rmq count(body)``         ``select(sum(length(body)))``: Arrow batches cross into the JVM
+``spark df -> rmq (sink)``        ``df.write.format("rmq")`` of ``RMQ_SPARK_BENCH_SINK_ROWS`` (500 000) rows
+                                  (body of ``RMQ_SPARK_BENCH_BODY`` bytes, a tag, a key) from
+                                  ``spark.range`` in 2 partitions to a topic of its own per round, with
+                                  the ``topic`` option: what a task's producer sends (rows/s of the write)
 ================================  ==========================================================================
 
 Each scenario runs ``RMQ_SPARK_BENCH_ROUNDS`` (default 3) times and the best round is reported
@@ -52,6 +57,7 @@ BODY_SIZE = int(os.environ.get("RMQ_SPARK_BENCH_BODY", "100"))
 ROUNDS = int(os.environ.get("RMQ_SPARK_BENCH_ROUNDS", "3"))
 TOPIC = "bench"
 SEND_BATCH = 256
+SINK_ROWS = int(os.environ.get("RMQ_SPARK_BENCH_SINK_ROWS", "500000"))
 TIMEOUT_S = 600.0
 
 
@@ -101,6 +107,19 @@ def spark_sum_body(spark, bc: BenchCluster) -> int:
     return bc.n
 
 
+def spark_sink(spark, bc: BenchCluster, n: int = SINK_ROWS) -> int:
+    """``n`` rows written with the sink to a new topic (auto-created by its first request)."""
+    from pyspark.sql import functions as F
+    spark_sink.round = getattr(spark_sink, "round", 0) + 1
+    pad = max(BODY_SIZE - 12, 0)
+    df = spark.range(n, numPartitions=2).select(
+        F.concat(F.lit("x" * pad), F.lpad(F.col("id").cast("string"), 12, "0")).cast("binary").alias("body"),
+        F.lit("t").alias("tags"), F.col("id").cast("string").alias("keys"))
+    (df.write.format("rmq").option("nameServer", bc.namesrv).option("topic", f"sink{spark_sink.round}")
+     .mode("append").save())
+    return n
+
+
 def best_of(fn, rounds: int = ROUNDS) -> dict:
     secs = []
     n = 0
@@ -125,6 +144,7 @@ def run(write=print) -> dict:
         results["spark rmq -> noop"] = best_of(lambda: spark_noop(spark, bc))
         results["spark rmq -> noop, no props"] = best_of(lambda: spark_noop(spark, bc, includeProperties="false"))
         results["spark rmq count(body)"] = best_of(lambda: spark_sum_body(spark, bc))
+        results["spark df -> rmq (sink)"] = best_of(lambda: spark_sink(spark, bc))
         results["raw pull (broker) again"] = best_of(lambda: raw_pull(bc, decode=False))
         raw = max(results["raw pull (broker)"]["rows_per_s"], results["raw pull (broker) again"]["rows_per_s"])
         write(f"\n{bc.n} messages x {BODY_SIZE} B over {QUEUES} queues, local[2], best of {ROUNDS}")
@@ -133,6 +153,22 @@ def run(write=print) -> dict:
             write(f"{name:32} {r['rows_per_s']:12,.0f} {r['mb_per_s']:9.1f} {r['rows_per_s'] / raw:12.2f}  "
                   f"{r['rounds']}")
         return results
+    finally:
+        if spark is not None:
+            spark.stop()
+        bc.close()
+
+
+def sink_only(write=print) -> dict:
+    """The sink scenario alone (an empty broker group)."""
+    bc = BenchCluster(0)
+    spark = None
+    try:
+        spark = spark_session()
+        spark_sink(spark, bc, 20_000)                        # warm-up: Python workers, planner, routes
+        r = best_of(lambda: spark_sink(spark, bc))
+        write(f"spark df -> rmq (sink): {r['rows_per_s']:,.0f} rows/s, {r['mb_per_s']:.1f} MB/s, rounds {r['rounds']}")
+        return r
     finally:
         if spark is not None:
             spark.stop()
@@ -221,11 +257,13 @@ def test_spark_connector_throughput():
     if shutil.which("java") is None:
         pytest.skip("java is missing")
     results = run()
-    assert all(r["rows"] == N_MESSAGES for r in results.values())
+    assert all(r["rows"] == (SINK_ROWS if "sink" in name else N_MESSAGES) for name, r in results.items())
 
 
 if __name__ == "__main__":
     if "--micro" in sys.argv:
         arrow_micro()
+    elif "--sink" in sys.argv:
+        sink_only()
     else:
         run()
