@@ -11,6 +11,7 @@ _LAZY = {
     "Message": "rmq.client.message",
     "MessageQueue": "rmq.client.message",
     "SendResult": "rmq.client.message",
+    "ColumnSendResults": "rmq.client.message",
     "SendStatus": "rmq.client.message",
     "PullResult": "rmq.client.message",
     "PullStatus": "rmq.client.message",

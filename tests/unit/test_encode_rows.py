@@ -80,6 +80,18 @@ def test_contiguous_rows_are_a_range_and_a_row_over_batch_size_is_a_part_of_its_
     assert columns("T", []) == (0, [])
 
 
+def test_bytearray_and_memoryview_bodies_are_sent_as_their_bytes():
+    _, [part] = columns("T", [bytearray(b"ba-body"), memoryview(b"mv-body"), b"by-body"])
+    _, [ref] = columns("T", [b"ba-body", b"mv-body", b"by-body"])
+    assert without_uniq(part.body) == without_uniq(ref.body)
+
+
+def test_non_str_property_values_and_sharding_keys_are_sent_as_their_str():
+    _, [part] = columns("T", [b"a"], properties=[{"n": 5, 7: "x"}], sharding_keys=[42])
+    assert b"n\x015\x02" in part.body and b"7\x01x\x02" in part.body and b"__SHARDINGKEY\x0142\x02" in part.body
+    assert part.key == 42          # the queue is picked by the key itself (java_hash(42)), as send_async_many's
+
+
 def test_a_large_body_is_sent_as_given_not_compressed():
     body = b"ab" * 5000                        # over compress_msg_body_over_howmuch (4 KiB)
     _, [part] = columns("T", [body])
