@@ -38,7 +38,6 @@ new owner can lock it, so order per queue holds across a rebalance.
 """
 from __future__ import annotations
 
-import collections
 import enum
 import heapq
 import inspect
@@ -1109,16 +1108,29 @@ class RunCommits:
 
 
 class _ConsumeRun:
-    """The ConsumeRequests (lists of at most ``consume_message_batch_max_size`` messages) of one
-    pull result of ``mq``, taken by the workers that get the run (RocketMQ's
-    ``submitConsumeRequest`` makes one task of each)."""
+    """The ConsumeRequests (slices of at most ``size`` = ``consume_message_batch_max_size``
+    messages) of one pull result ``msgs`` of ``mq``, taken by the workers that get the run
+    (RocketMQ's ``submitConsumeRequest`` makes one task of each).  A request's list is cut when a
+    worker takes it (:meth:`take`), not before: a pull result of 256 messages is not 256 lists
+    alive at once for the cyclic GC to walk."""
 
-    __slots__ = ("requests", "pq", "mq")
+    __slots__ = ("msgs", "size", "count", "pq", "mq", "_next")
 
-    def __init__(self, requests: collections.deque, pq: ProcessQueue, mq: MessageQueue):
-        self.requests = requests
+    def __init__(self, msgs: list, size: int, pq: ProcessQueue, mq: MessageQueue):
+        self.msgs = msgs
+        self.size = size
+        self.count = -(-len(msgs) // size)       # requests
         self.pq = pq
         self.mq = mq
+        self._next = itertools.count().__next__  # atomic under the GIL: workers share the run
+
+    def take(self) -> Optional[list]:
+        """The next request's messages, or None when every request is taken."""
+        k = self._next()
+        if k >= self.count:
+            return None
+        n = self.size
+        return self.msgs[k * n:(k + 1) * n]
 
 
 class PushConsumer(PushConsumerCalls):
@@ -1641,12 +1653,10 @@ class PushConsumer(PushConsumerCalls):
             if dispatch:
                 self._executor_submit(self._consume_orderly, pq, mq)
             return
-        n = self.consume_message_batch_max_size
-        run = _ConsumeRun(collections.deque([[m] for m in msgs] if n == 1 else
-                                            [msgs[i:i + n] for i in range(0, len(msgs), n)]), pq, mq)
+        run = _ConsumeRun(msgs, self.consume_message_batch_max_size, pq, mq)
         # one task per idle worker, at least one: a busy pool gets one task per pull result, an
         # idle one still runs the requests of a pull in parallel (slow listeners)
-        for _ in range(max(1, min(len(run.requests), self._executor.waiting()))):
+        for _ in range(max(1, min(run.count, self._executor.waiting()))):
             self._executor_submit(self._consume_run, run)
 
     def _submit_consume_later(self, msgs: list, pq: ProcessQueue, mq: MessageQueue, delay_ms: float) -> None:
@@ -1675,12 +1685,11 @@ class PushConsumer(PushConsumerCalls):
         from the process queue, offset, counts) at the end and at least every
         ``RUN_COMMIT_INTERVAL_S``; any other outcome goes through the per-request path at once.
         Stops taking requests when the consumer stops (those left are redelivered later)."""
-        pq, mq, requests = run.pq, run.mq, run.requests
+        pq, mq, take = run.pq, run.mq, run.take
         commits = RunCommits()
         while self._state == "RUNNING":
-            try:
-                msgs = requests.popleft()
-            except IndexError:
+            msgs = take()
+            if msgs is None:
                 break
             outcome = self._consume_once(msgs, pq, mq)
             if outcome is None:
