@@ -72,7 +72,7 @@ from rmq.aio.remoting import AsyncRemoting
 from rmq.client.send_attempts import SendAttempts
 from rmq.client.producer import (ROUTE_REFRESH_ON_FAILURE_MS, ProducerOptions, QueueTurns,
                                  RowsPart, Selector, apply_selector, batch_body_of,
-                                 check_group, client_id, columns_request_size, encode_columns, heartbeat_request,
+                                 check_group, client_id, many_request_size, encode_columns, heartbeat_request,
                                  merge_results,
                                  many_keys, many_parts, message_preparer, parse_send_response, prepare_batch,
                                  prepare_many, route_suspect, rows_request, select_by_hash, selector_for,
@@ -469,7 +469,8 @@ class Producer:
 
             results = await (await p.send_async_many([Message("orders", b) for b in bodies]))
 
-        The messages go in request-sized batches (``batch_size``), pipelined, with no future or
+        The messages go in batches of up to ``MANY_REQUEST_SIZE`` bytes, or ``batch_size`` when
+        given (as the thread producer's: :func:`rmq.client.producer.many_request_size`), pipelined, with no future or
         callback per message; ``callback(future)`` runs on the loop once, when all are done.
         ``sharding_key`` orders every message on its key's queue, ``sharding_keys`` gives one key
         per message (None: unordered); ordered messages need the topic's route (looked up first).
@@ -497,7 +498,7 @@ class Producer:
         if n == 0:
             fut.set_result([])
             return fut
-        await self._hand_over_many(many, many_parts(preps, keys, self._batch_size), timeout_ms)
+        await self._hand_over_many(many, many_parts(preps, keys, many_request_size(self.options)), timeout_ms)
         return fut
 
     async def send_async_columns(self, topic: str, bodies, callback: Optional[Callable[[asyncio.Future], Any]] = None,
@@ -525,7 +526,7 @@ class Producer:
         if timeout_ms is not None and timeout_ms <= 0:
             raise MQClientError(f"timeout_ms must be positive, got {timeout_ms}")
         n, parts = encode_columns(self._preparer, topic, bodies, tags, keys, properties, sharding_key, sharding_keys,
-                                  columns_request_size(self.options))
+                                  many_request_size(self.options, columns=True))
         fut = _Future(loop=self._loop)
         if self._trace is not None and n:
             fut.add_done_callback(self._traced_rows(topic, bodies, tags, keys), context=_copy_context())

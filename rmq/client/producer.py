@@ -127,8 +127,9 @@ MAX_PENDING_MESSAGES = 10_000              # accepted but unanswered messages be
                                            # (every pending message is ~15 live objects the GC walks)
 DELIVERY_TIMEOUT_MS = 120_000              # send_async: hand-over to final result (Kafka's delivery.timeout.ms)
 DEFAULT_BATCH_SIZE = 16 * 1024             # bytes; Kafka's batch.size, used when only linger_ms is set
-COLUMNS_REQUEST_SIZE = 256 * 1024          # bytes; send_async_columns' requests are at least this big (all
-                                           # its rows are handed over at once: nothing gained by smaller ones)
+MANY_REQUEST_SIZE = 256 * 1024             # bytes; send_async_many / send_async_columns requests are at least
+                                           # this big (all their messages are handed over at once: smaller
+                                           # requests only cost round trips; Kafka's max.request.size role)
 PROVISIONAL_REFRESH_MS = 100               # min gap between route look-ups of an auto-created topic
 PROVISIONAL_POLL_MS = 500                  # route look-up period while a topic's route is provisional
 # BATCH_ELEMENT_OVERHEAD, COMPRESSED_FLAG, COMPRESSION_ZLIB_TYPE, TRANSACTION_PREPARED_TYPE,
@@ -175,6 +176,8 @@ class ProducerOptions:
     max_pending_messages: int = MAX_PENDING_MESSAGES  # send_async blocks above this many unanswered messages
     connect_timeout_ms: int = CONNECT_TIMEOUT_MS
     delivery_timeout_ms: int = DELIVERY_TIMEOUT_MS  # send_async: queueing + linger + every attempt
+    # whether batch_size was left to its default (then bulk hand-overs use MANY_REQUEST_SIZE)
+    batch_size_defaulted: bool = dataclasses.field(default=False, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         def positive(name, allow_zero=False):
@@ -185,6 +188,7 @@ class ProducerOptions:
         if self.batch_size is None and isinstance(self.max_message_size, int):
             # the default: Kafka's batch.size, within max_message_size
             self.batch_size = min(DEFAULT_BATCH_SIZE, max(self.max_message_size, 0))
+            self.batch_size_defaulted = True
         for n in ("send_msg_timeout_ms", "max_message_size", "poll_name_server_interval_ms",
                   "heartbeat_broker_interval_ms", "max_in_flight", "max_in_flight_per_queue", "max_pending_messages",
                   "connect_timeout_ms",
@@ -325,12 +329,18 @@ def encode_columns(preparer: MessagePreparer, topic: str, bodies: Any, tags: Any
                           batch_size, _part_key)
 
 
-def columns_request_size(opts: ProducerOptions) -> int:
-    """The bytes of one send_async_columns request: ``max(batch_size, COLUMNS_REQUEST_SIZE)``,
-    within ``max_message_size`` (the broker's bound on a batch body, as RocketMQ's: a whole
-    batch of up to maxMessageSize goes as one request).  ``batch_size`` 0 (send_async's
-    batching off) does not apply: columns always go as batches."""
-    return min(max(opts.batch_size or 0, COLUMNS_REQUEST_SIZE), opts.max_message_size)
+def many_request_size(opts: ProducerOptions, columns: bool = False) -> int:
+    """The bytes of one send_async_many (or, ``columns``, send_async_columns) request.
+
+    With ``batch_size`` left to its default: ``MANY_REQUEST_SIZE`` (256 KiB), within
+    ``max_message_size`` (the broker's bound on a batch body, as RocketMQ's: a whole batch of up
+    to maxMessageSize goes as one request) -- the messages are all handed over at once, so 16 KiB
+    requests would only cost round trips.  A ``batch_size`` the user gave is kept (a broker with
+    a small maxMessageSize, or small requests wanted); 0 (batching off) is one message per
+    send_async_many request, and MANY_REQUEST_SIZE for columns (they always go as batches)."""
+    if opts.batch_size_defaulted or (columns and not opts.batch_size):
+        return min(max(opts.batch_size, MANY_REQUEST_SIZE), opts.max_message_size)
+    return opts.batch_size
 
 
 def rows_request(rows: RowsPart, queue_id: int, group: str,
@@ -1920,8 +1930,10 @@ class Producer:
                         sharding_key: Any = None, sharding_keys: Optional[Sequence] = None,
                         timeout_ms: Optional[int] = None) -> Future:
         """Queue many messages in one call, with one future for all of them (confluent-kafka's
-        ``produce`` + ``flush``, its delivery reports in one piece): the messages go in
-        request-sized batches (``batch_size``), pipelined, with no future or callback per message.
+        ``produce`` + ``flush``, its delivery reports in one piece): the messages go in batches of
+        up to ``MANY_REQUEST_SIZE`` bytes (256 KiB, within ``max_message_size``), or
+        ``batch_size`` when given (:func:`many_request_size`; 0: one per request), pipelined, with
+        no future or callback per message.
 
         Parameters
         ----------
@@ -1964,8 +1976,7 @@ class Producer:
             return many
         if _lt.ENABLED:
             _lt.stamp_ids("p_enq", [p.uniq_id for p in preps], time.monotonic_ns())
-        self._hand_over_many(many, many_parts(preps, sharding_keys, self._batch_size if self._batching else 0),
-                             budget_ms)
+        self._hand_over_many(many, many_parts(preps, sharding_keys, many_request_size(self.options)), budget_ms)
         return many
 
     def send_async_columns(self, topic: str, bodies: Sequence[bytes],
@@ -1978,9 +1989,9 @@ class Producer:
         would be (byte for byte but its UNIQ_KEY), without a :class:`Message` or a
         :class:`SendResult` per row: the rows are encoded in C straight into request-sized
         SEND_BATCH_MESSAGE bodies, and each request's outcome is one record.  A request holds up to
-        ``max(batch_size, COLUMNS_REQUEST_SIZE)`` bytes (256 KiB; within ``max_message_size``:
-        :func:`columns_request_size`): the rows are handed over at once, so smaller requests
-        would only cost more round trips.
+        ``MANY_REQUEST_SIZE`` bytes (256 KiB, within ``max_message_size``), or ``batch_size``
+        when given (:func:`many_request_size`): the rows are handed over at once, so smaller
+        requests would only cost more round trips.
         The path for data that is already in columns (a DataFrame, an Arrow table; ``rmq demo
         flights``); :meth:`send_async_many` is the same for :class:`Message` objects.
 
@@ -2028,7 +2039,7 @@ class Producer:
         budget_ms = self._many_budget_ms(timeout_ms)
         self._check_open()
         n, parts = encode_columns(self._preparer, topic, bodies, tags, keys, properties, sharding_key, sharding_keys,
-                                  columns_request_size(self.options))
+                                  many_request_size(self.options, columns=True))
         many = ColumnsFuture(n, self._traced_rows(callback, topic, bodies, tags, keys)
                              if self._trace is not None and n else callback)
         if _lt.ENABLED:

@@ -9,7 +9,7 @@ from concurrent.futures import Future
 import pytest
 
 from rmq import Message, Producer, SendStatus
-from rmq.client.producer import COLUMNS_REQUEST_SIZE, COMPRESSED_FLAG, java_hash
+from rmq.client.producer import MANY_REQUEST_SIZE, COMPRESSED_FLAG, java_hash
 from rmq.errors import MQBrokerError, MQClientError, SendManyError
 from tests.integration.cluster import Cluster
 from tests.integration.test_producer import create_topic, pull_topic, wait_route
@@ -297,7 +297,7 @@ def send_columns(client, namesrv, group, topic, queues, producer_kw=None, **kw):
 def test_columns_rows_are_stored_as_their_messages_with_results_per_row_both_clients(cluster, rc, client):
     """1,200 rows with tags, keys (a str or a list), user properties and sharding keys (some None),
     in requests of up to max_message_size (64 KiB here, the broker's maxMessageSize: what bounds a
-    columns request below COLUMNS_REQUEST_SIZE): each row is stored once with its body, tags, keys, properties and the
+    columns request below MANY_REQUEST_SIZE): each row is stored once with its body, tags, keys, properties and the
     UNIQ_KEY its result names, at the queue and offset its result gives; a key's rows keep
     their order on the queue select_by_hash picks; last_offsets() is each queue's highest."""
     from rmq.client.message import ColumnSendResults
@@ -341,12 +341,12 @@ def test_columns_rows_are_stored_as_their_messages_with_results_per_row_both_cli
 @pytest.mark.parametrize("client", ["thread", "aio"])
 def test_columns_a_row_the_broker_refuses_fails_alone_both_clients(cluster, rc, client):
     """A row over the broker's maxMessageSize (but within the client's) and over
-    COLUMNS_REQUEST_SIZE is a request of its own: it alone fails (SendManyError, its entry the
+    MANY_REQUEST_SIZE is a request of its own: it alone fails (SendManyError, its entry the
     MQBrokerError, -1 in the columns); the other rows are stored."""
     topic = f"ColumnsRefused-{client}"
     create_topic(rc, cluster, topic, 2)
     bodies = [b"%05d" % i for i in range(400)]
-    bodies[123] = os.urandom(COLUMNS_REQUEST_SIZE + 1024)
+    bodies[123] = os.urandom(MANY_REQUEST_SIZE + 1024)
     err, stats = send_columns(client, cluster.namesrv_addr, f"pg-cols-r-{client}", topic, 2, bodies=bodies)
     assert stats["batch_requests"] == 3                  # rows 0-122, row 123, rows 124-399
     assert isinstance(err, SendManyError) and err.failed == 1

@@ -16,7 +16,7 @@ from rmq._core.client_msg import COLUMNS_REFUSED_PROPERTIES, RowsPart
 from rmq._core.layout import BATCH_FIXED_LENGTH, PROPERTIES_MAX_LENGTH
 from rmq.client.futures import ColumnOutcomes
 from rmq.client.message import ColumnSendResults, MessageQueue
-from rmq.client.producer import (COLUMNS_REQUEST_SIZE, ProducerOptions, batch_body_of, columns_request_size,
+from rmq.client.producer import (MANY_REQUEST_SIZE, ProducerOptions, batch_body_of, many_request_size,
                                  encode_columns, many_parts, message_preparer, prepare_many)
 from rmq.errors import MQClientError, SendManyError
 
@@ -190,12 +190,17 @@ def test_an_empty_call_is_an_empty_result():
     assert err is None and len(results) == 0 and list(results) == [] and results.last_offsets() == {}
 
 
-def test_a_columns_request_is_at_least_columns_request_size_within_max_message_size():
-    assert COLUMNS_REQUEST_SIZE == 256 * 1024
-    assert columns_request_size(ProducerOptions()) == COLUMNS_REQUEST_SIZE           # batch_size 16 KiB
-    assert columns_request_size(ProducerOptions(batch_size=0)) == COLUMNS_REQUEST_SIZE
-    assert columns_request_size(ProducerOptions(batch_size=1 << 20)) == 1 << 20
-    assert columns_request_size(ProducerOptions(max_message_size=64 << 10)) == 64 << 10
-    _, parts = columns("T", [b"x" * 1000] * 600, batch_size=columns_request_size(ProducerOptions()))
-    per = COLUMNS_REQUEST_SIZE // (BATCH_FIXED_LENGTH + 1000 + 42)     # a row: header, body, UNIQ_KEY property
-    assert [p.n for p in parts] == [per, per, 600 - 2 * per] and all(p.nbytes <= COLUMNS_REQUEST_SIZE for p in parts)
+def test_a_bulk_request_is_many_request_size_unless_batch_size_is_given_within_max_message_size():
+    assert MANY_REQUEST_SIZE == 256 * 1024
+    for columns_ in (True, False):
+        assert many_request_size(ProducerOptions(), columns_) == MANY_REQUEST_SIZE       # batch_size defaulted
+        assert many_request_size(ProducerOptions(linger_ms=5), columns_) == MANY_REQUEST_SIZE
+        assert many_request_size(ProducerOptions(max_message_size=64 << 10), columns_) == 64 << 10
+        assert many_request_size(ProducerOptions(batch_size=1 << 20), columns_) == 1 << 20   # given: kept
+        assert many_request_size(ProducerOptions(batch_size=2048), columns_) == 2048
+    # batching off: send_async_many sends one message per request; columns always go as batches
+    assert many_request_size(ProducerOptions(batch_size=0)) == 0
+    assert many_request_size(ProducerOptions(batch_size=0), columns=True) == MANY_REQUEST_SIZE
+    _, parts = columns("T", [b"x" * 1000] * 600, batch_size=many_request_size(ProducerOptions(), columns=True))
+    per = MANY_REQUEST_SIZE // (BATCH_FIXED_LENGTH + 1000 + 42)     # a row: header, body, UNIQ_KEY property
+    assert [p.n for p in parts] == [per, per, 600 - 2 * per] and all(p.nbytes <= MANY_REQUEST_SIZE for p in parts)
