@@ -761,7 +761,7 @@ cdef class RowsPart:
         return f"RowsPart(topic={self.topic!r}, n={self.n}, nbytes={self.nbytes}, key={self.key!r})"
 
 
-cdef inline const char* _utf8(object s, Py_ssize_t* n, str what, Py_ssize_t row) except NULL:
+cdef inline const char* _utf8(object s, Py_ssize_t* n, str what) except NULL:
     """``s`` (a str) as UTF-8; a \x01 / \x02 separator inside is MessageIllegalError."""
     cdef const char* p = PyUnicode_AsUTF8AndSize(s, n)
     if _has_separator(p, n[0]):
@@ -843,21 +843,21 @@ def encode_rows(MessagePreparer preparer, str topic, list bodies, list tags, lis
                 if t:
                     if type(t) is not str:
                         raise preparer.error_type(f"a tag must be a str, got {type(t).__name__}", preparer.illegal_code)
-                    _utf8(t, &tl, "tag", i)
+                    _utf8(t, &tl, "tag")
                     ts[i] = t
                     plen += PyBytes_GET_SIZE(_TAGS_PREFIX) + tl + 1
             if keys is not None:
                 k = keys[i]
                 if k:
                     if type(k) is str:
-                        _utf8(k, &kl, "keys", i)
+                        _utf8(k, &kl, "keys")
                     elif type(k) is list or type(k) is tuple:
                         kl = len(<tuple>k) - 1 if type(k) is tuple else len(<list>k) - 1   # the separators
                         for name in k:
                             if type(name) is not str:
                                 raise preparer.error_type(f"a key must be a str, got {type(name).__name__}",
                                                           preparer.illegal_code)
-                            _utf8(name, &tl, "key", i)
+                            _utf8(name, &tl, "key")
                             kl += tl
                     else:
                         raise preparer.error_type(f"keys must be a str or a list of str, got {type(k).__name__}",
@@ -869,7 +869,7 @@ def encode_rows(MessagePreparer preparer, str topic, list bodies, list tags, lis
                 sk = sharding_keys[i]
                 if sk is not None:
                     k = sk if type(sk) is str else str(sk)
-                    _utf8(k, &sl, "sharding key", i)
+                    _utf8(k, &sl, "sharding key")
                     ss[i] = k
                     plen += klen_prefix + sl + 1
             if plen > PROPERTIES_MAX_LENGTH:

@@ -75,7 +75,7 @@ from rmq.client.producer import (ROUTE_REFRESH_ON_FAILURE_MS, ProducerOptions, Q
                                  check_group, client_id, many_request_size, encode_columns, heartbeat_request,
                                  merge_results,
                                  many_keys, many_parts, message_preparer, parse_send_response, prepare_batch,
-                                 prepare_many, route_suspect, rows_request, select_by_hash, selector_for,
+                                 prepare_many, route_suspect, row_messages, rows_request, select_by_hash, selector_for,
                                  queued_failures_error, send_request, send_response_fields)
 from rmq.client.route import (MQFaultStrategy, RouteCache, TopicPublishInfo, cluster_info_request, parse_cluster_info,
                               parse_route_response, route_request, split_namesrv_addr)
@@ -529,7 +529,8 @@ class Producer:
                                   many_request_size(self.options, columns=True))
         fut = _Future(loop=self._loop)
         if self._trace is not None and n:
-            fut.add_done_callback(self._traced_rows(topic, bodies, tags, keys), context=_copy_context())
+            fut.add_done_callback(self._traced_rows(row_messages(topic, list(bodies), tags, keys)),
+                                  context=_copy_context())
         if callback is not None:
             fut.add_done_callback(callback, context=_copy_context())
         if n == 0:
@@ -539,11 +540,9 @@ class Producer:
         await self._hand_over_many(columns, parts, timeout_ms)
         return fut
 
-    def _traced_rows(self, topic: str, bodies, tags, keys):
-        """A Pub record per stored row of a send_async_columns call (its Message built for the trace only)."""
-        bodies = list(bodies)
-        tags = list(tags) if tags is not None else [None] * len(bodies)
-        keys = list(keys) if keys is not None else [None] * len(bodies)
+    def _traced_rows(self, msgs: list):
+        """A Pub record per stored row of a send_async_columns call (``msgs``: its
+        :func:`rmq.client.producer.row_messages`)."""
         t0 = self._loop.time()
 
         def done(f: asyncio.Future) -> None:
@@ -552,10 +551,9 @@ class Producer:
             exc = f.exception()
             results = f.result() if exc is None else getattr(exc, "results", [])
             cost = int((self._loop.time() - t0) * 1000)
-            for i, r in enumerate(results):
+            for m, r in zip(msgs, results):
                 if isinstance(r, SendResult):
-                    self._trace.append_pub(Message(topic, bodies[i], tags=tags[i], keys=keys[i]), r, cost,
-                                           self.client_id, False)
+                    self._trace.append_pub(m, r, cost, self.client_id, False)
         return done
 
     async def _hand_over_many(self, many: Any, parts: list, timeout_ms: Optional[int]) -> None:

@@ -351,6 +351,15 @@ def rows_request(rows: RowsPart, queue_id: int, group: str,
     return Frame(RequestCode.SEND_BATCH_MESSAGE, fields=h.to_fields(), bodies=[rows.body])
 
 
+def row_messages(topic: str, bodies: Sequence, tags: Optional[Sequence], keys: Optional[Sequence]) -> list:
+    """The :class:`Message` of each send_async_columns row (body, tag, keys): what a traced call's
+    Pub records describe (built only with message trace on)."""
+    n = len(bodies)
+    tags = tags if tags is not None else [None] * n
+    keys = keys if keys is not None else [None] * n
+    return [Message(topic, bodies[i], tags=tags[i], keys=keys[i]) for i in range(n)]
+
+
 def uniq_ids_of(preps) -> list:
     """The UNIQ_KEYs of a request's messages (PreparedMessages or a RowsPart)."""
     return preps.uniq_ids() if type(preps) is RowsPart else [p.uniq_id for p in preps]
@@ -2040,7 +2049,7 @@ class Producer:
         self._check_open()
         n, parts = encode_columns(self._preparer, topic, bodies, tags, keys, properties, sharding_key, sharding_keys,
                                   many_request_size(self.options, columns=True))
-        many = ColumnsFuture(n, self._traced_rows(callback, topic, bodies, tags, keys)
+        many = ColumnsFuture(n, self._traced_many(callback, row_messages(topic, list(bodies), tags, keys))
                              if self._trace is not None and n else callback)
         if _lt.ENABLED:
             _lt.stamp_ids("p_enq", [u for part in parts for u in part.uniq_ids()], time.monotonic_ns())
@@ -2052,25 +2061,6 @@ class Producer:
         if budget_ms <= 0:
             raise MQClientError(f"timeout_ms must be positive, got {budget_ms}")
         return budget_ms
-
-    def _traced_rows(self, callback: Optional[Callable[[Future], Any]], topic: str, bodies, tags, keys):
-        """The done-callback of a traced send_async_columns: a Pub record per stored row (its
-        Message built for the trace only)."""
-        bodies = list(bodies)
-        n = len(bodies)
-        tags = list(tags) if tags is not None else [None] * n
-        keys = list(keys) if keys is not None else [None] * n
-        t0 = time.monotonic()
-
-        def done(f: Future) -> None:
-            exc = f.exception()
-            results = f.result() if exc is None else getattr(exc, "results", [])
-            for i, r in enumerate(results):
-                if isinstance(r, SendResult):
-                    self._trace_sent([Message(topic, bodies[i], tags=tags[i], keys=keys[i])], r, t0)
-            if callback is not None:
-                callback(f)
-        return done
 
     def _hand_over_many(self, many: Any, parts: list, budget_ms: int) -> None:
         """Hand the parts of a send_async_many call (``[positions, preps, key, nbytes]``) or of a
@@ -2113,7 +2103,8 @@ class Producer:
             s.submit(p)
 
     def _traced_many(self, callback: Optional[Callable[[Future], Any]], msgs: list):
-        """The done-callback of a traced send_async_many: a Pub record per stored message."""
+        """The done-callback of a traced send_async_many (or send_async_columns, ``msgs`` its
+        :func:`row_messages`): a Pub record per stored message."""
         t0 = time.monotonic()
 
         def done(f: Future) -> None:

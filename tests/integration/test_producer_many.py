@@ -371,6 +371,8 @@ def test_columns_bad_input_is_refused_whole_and_nothing_is_queued(cluster):
         assert p.pending == 0 and calls == []
         empty = p.send_async_columns("ColumnsBad", [], calls.append).result(WAIT_S)
         assert len(empty) == 0 and len(calls) == 1
+        many = p.send_async_columns("ColumnsBad", [b"x" * 100] * 300, calls.append)    # one callback, once
+        assert len(many.result(WAIT_S)) == 300 and calls[1:] == [many]
     with pytest.raises(MQClientError, match="producer pg-cols-bad is closed"):
         p.send_async_columns("ColumnsBad", [b"a"])
 
