@@ -753,12 +753,32 @@ cdef class RowsPart:
 
     def uniq_ids(self):
         """The rows' UNIQ_KEYs (``msg_id`` of their SendResult), as a list of str."""
-        cdef Py_ssize_t i
-        cdef const char* u = PyBytes_AS_STRING(self.uniq)
-        return [u[i * _UNIQ_LEN:(i + 1) * _UNIQ_LEN].decode("ascii") for i in range(self.n)]
+        return split_uniq_ids(self.uniq)
 
     def __repr__(self):
         return f"RowsPart(topic={self.topic!r}, n={self.n}, nbytes={self.nbytes}, key={self.key!r})"
+
+
+cpdef list split_uniq_ids(bytes uniq):
+    """``uniq`` (UNIQ_KEYs of 32 ASCII hex digits each, back to back, as :class:`RowsPart` holds
+    them) as a list of str, built in C.
+
+    Raises
+    ------
+    ValueError
+        ``uniq`` is not a whole number of ids.
+    """
+    cdef Py_ssize_t n = PyBytes_GET_SIZE(uniq), i
+    if n % _UNIQ_LEN:
+        raise ValueError(f"{n} bytes are not a whole number of {_UNIQ_LEN}-digit UNIQ_KEYs")
+    cdef const char* u = PyBytes_AS_STRING(uniq)
+    cdef list out = []
+    cdef str s
+    for i in range(n // _UNIQ_LEN):
+        s = PyUnicode_New(_UNIQ_LEN, 127)
+        memcpy(PyUnicode_DATA(s), u + i * _UNIQ_LEN, _UNIQ_LEN)
+        out.append(s)
+    return out
 
 
 cdef inline const char* _utf8(object s, Py_ssize_t* n, str what) except NULL:

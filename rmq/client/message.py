@@ -19,7 +19,7 @@ from rmq._core.client_msg import (KEY_SEPARATOR, MAX_DELAY_LEVEL, PROPERTY_DELAY
                                   PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_TIMER_DELAY_MS, PROPERTY_TIMER_DELAY_SEC,
                                   PROPERTY_TIMER_DELIVER_MS, PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX,
                                   PROPERTY_WAIT_STORE_MSG_OK, RESERVED_PROPERTIES, TIMER_PROPERTIES, Message,
-                                  create_uniq_id)
+                                  create_uniq_id, split_uniq_ids)
 
 from rmq.common.message_const import (PROPERTY_MAX_RECONSUME_TIMES, PROPERTY_ORIGIN_MESSAGE_ID,  # noqa: F401
                                       PROPERTY_REAL_QUEUE_ID, PROPERTY_REAL_TOPIC, PROPERTY_RECONSUME_TIME,
@@ -105,15 +105,15 @@ class ColumnSendResults(Sequence):
         rows = self._cache.get("rows")
         if rows is None:
             rows = [None] * self.n
-            for positions, uniq, rec, exc in self._parts:
+            ids = self.msg_ids
+            for positions, _, rec, exc in self._parts:
                 if rec is None:
                     for i in positions:
                         rows[i] = exc
                     continue
-                status, mq, base, offset_ids = rec
+                status, mq, base, offset_ids = rec        # offset_ids: one per row (send_response_fields)
                 for j, i in enumerate(positions):
-                    rows[i] = SendResult(status, uniq[j * 32:(j + 1) * 32].decode("ascii"), mq, base + j,
-                                         offset_ids[j] if j < len(offset_ids) else "")
+                    rows[i] = SendResult(status, ids[i], mq, base + j, offset_ids[j])
             self._cache["rows"] = rows
         return rows
 
@@ -160,9 +160,13 @@ class ColumnSendResults(Sequence):
         ids = self._cache.get("msg_ids")
         if ids is None:
             ids = [""] * self.n
-            for positions, uniq, rec, exc in self._parts:
-                for j, i in enumerate(positions):
-                    ids[i] = uniq[j * 32:(j + 1) * 32].decode("ascii")
+            for positions, uniq, _, _ in self._parts:
+                part_ids = split_uniq_ids(uniq)
+                if type(positions) is range and positions.step == 1:
+                    ids[positions.start:positions.stop] = part_ids
+                else:
+                    for i, u in zip(positions, part_ids):
+                        ids[i] = u
             self._cache["msg_ids"] = ids
         return ids
 

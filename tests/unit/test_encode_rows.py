@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rmq import Message, SendStatus
-from rmq._core.client_msg import COLUMNS_REFUSED_PROPERTIES, RowsPart
+from rmq._core.client_msg import COLUMNS_REFUSED_PROPERTIES, UNIQ_ID_LENGTH, RowsPart, split_uniq_ids
 from rmq._core.layout import BATCH_FIXED_LENGTH, PROPERTIES_MAX_LENGTH
 from rmq.client.futures import ColumnOutcomes
 from rmq.client.message import ColumnSendResults, MessageQueue
@@ -204,3 +204,9 @@ def test_a_bulk_request_is_many_request_size_unless_batch_size_is_given_within_m
     _, parts = columns("T", [b"x" * 1000] * 600, batch_size=many_request_size(ProducerOptions(), columns=True))
     per = MANY_REQUEST_SIZE // (BATCH_FIXED_LENGTH + 1000 + 42)     # a row: header, body, UNIQ_KEY property
     assert [p.n for p in parts] == [per, per, 600 - 2 * per] and all(p.nbytes <= MANY_REQUEST_SIZE for p in parts)
+
+
+def test_split_uniq_ids_cuts_whole_ids_and_refuses_a_partial_one():
+    assert split_uniq_ids(uniq(3)) == ["%032X" % i for i in range(3)] and split_uniq_ids(b"") == []
+    with pytest.raises(ValueError, match=f"not a whole number of {UNIQ_ID_LENGTH}-digit"):
+        split_uniq_ids(uniq(2) + b"ABC")
