@@ -20,7 +20,7 @@ from typing import Iterator, List, Optional
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
 
 from rmq._core.client_msg import COLUMNS_REFUSED_PROPERTIES
-from rmq.client.message import RESERVED_PROPERTIES, Message, MessageQueue
+from rmq.client.message import Message, MessageQueue
 from rmq.errors import SendManyError
 from rmq.errors import RmqError
 from rmq.spark.arrow import column
@@ -77,44 +77,19 @@ def _task_context():
     return TaskContext.get()
 
 
-def _rows_to_messages(batch, opts: SinkOptions, first_seq: int, dedup_prefix: str):
-    """Yield ``(Message, queue_id, broker_name)`` for each row of an Arrow batch."""
-    n = batch.num_rows
-    body = column(batch, "body")
-    topic_col = None if opts.topic is not None else column(batch, "topic")
-    tags = column(batch, "tags")
-    keys = column(batch, "keys")
-    props = column(batch, "properties")
-    qids = column(batch, "queue_id")
-    brokers = column(batch, "broker_name")
-    for i in range(n):
-        seq = first_seq + i
-        b = body[i]
-        if b is None:
-            raise RmqSinkError(f"row {seq} of partition {dedup_prefix}: 'body' is null")
-        if isinstance(b, str):
-            b = b.encode("utf-8")
-        topic = opts.topic if topic_col is None else topic_col[i]
-        if not topic:
-            raise RmqSinkError(f"row {seq} of partition {dedup_prefix}: 'topic' is null or empty")
-        p = {}
-        if props is not None and props[i]:
-            p = {str(k): str(v) for k, v in props[i] if v is not None and k not in RESERVED_PROPERTIES}
-        p[DEDUP_PROPERTY] = f"{dedup_prefix}/{seq}"
-        k = keys[i] if keys is not None else None
-        if isinstance(k, list):
-            k = [x for x in k if x]
-        msg = Message(topic, b, tags=tags[i] if tags is not None else None, keys=k or None, properties=p)
-        yield msg, (qids[i] if qids is not None else None), (brokers[i] if brokers is not None else None)
-
-
 def _batch_to_columns(batch, first_seq: int, dedup_prefix: str) -> dict:
     """An Arrow batch as send_async_columns' columns (``bodies``, ``tags``, ``keys``,
-    ``properties``): the same rules as :func:`_rows_to_messages` (null / empty keys dropped,
-    reserved and null properties dropped, ``SPARK_DEDUP_KEY`` added)."""
-    body = column(batch, "body")
+    ``properties``), the sink's rules for every row: a null body is an error, a STRING body is
+    UTF-8, null / empty keys are dropped, null properties and the names the producer sets
+    (``COLUMNS_REFUSED_PROPERTIES``) are dropped, ``SPARK_DEDUP_KEY`` is added.
+
+    Raises
+    ------
+    RmqSinkError
+        A null body (naming the row's sequence number in the partition).
+    """
     bodies = []
-    for i, b in enumerate(body):
+    for i, b in enumerate(column(batch, "body")):
         if b is None:
             raise RmqSinkError(f"row {first_seq + i} of partition {dedup_prefix}: 'body' is null")
         bodies.append(b.encode("utf-8") if isinstance(b, str) else b)
@@ -130,6 +105,23 @@ def _batch_to_columns(batch, first_seq: int, dedup_prefix: str) -> dict:
         p[DEDUP_PROPERTY] = f"{dedup_prefix}/{first_seq + i}"
         properties.append(p)
     return {"bodies": bodies, "tags": column(batch, "tags"), "keys": keys, "properties": properties}
+
+
+def _rows_to_messages(batch, opts: SinkOptions, first_seq: int, dedup_prefix: str):
+    """Yield ``(Message, queue_id, broker_name)`` for each row of an Arrow batch (the row path:
+    a topic column, or a queue per row), its columns as :func:`_batch_to_columns` makes them."""
+    cols = _batch_to_columns(batch, first_seq, dedup_prefix)
+    topic_col = None if opts.topic is not None else column(batch, "topic")
+    tags, keys = cols["tags"], cols["keys"]
+    qids = column(batch, "queue_id")
+    brokers = column(batch, "broker_name")
+    for i, (b, p) in enumerate(zip(cols["bodies"], cols["properties"])):
+        topic = opts.topic if topic_col is None else topic_col[i]
+        if not topic:
+            raise RmqSinkError(f"row {first_seq + i} of partition {dedup_prefix}: 'topic' is null or empty")
+        msg = Message(topic, b, tags=tags[i] if tags is not None else None,
+                      keys=keys[i] if keys is not None else None, properties=p)
+        yield msg, (qids[i] if qids is not None else None), (brokers[i] if brokers is not None else None)
 
 
 def write_partition(opts: SinkOptions, iterator: Iterator, query_id: str, batch_id: int) -> RmqCommitMessage:

@@ -164,3 +164,35 @@ def test_cached_consumer_apis_of_this_process_are_closed_at_exit():
         assert wire._apis.get(other_pid) is sentinel        # not this process's: left alone
     finally:
         wire._apis.pop(other_pid, None)
+
+
+# -- the sink's rows (rmq.spark.sink): one set of rules for the columns path and the row path ---------------
+def _sink_batch(**cols):
+    import pyarrow as pa
+    types = {"body": pa.binary(), "topic": pa.string(), "tags": pa.string(), "keys": pa.list_(pa.string()),
+             "properties": pa.map_(pa.string(), pa.string()), "queue_id": pa.int32()}
+    return pa.RecordBatch.from_arrays([pa.array(v, type=types[k]) for k, v in cols.items()], names=list(cols))
+
+
+def test_sink_columns_and_rows_apply_the_same_rules():
+    from rmq.spark.sink import _batch_to_columns, _rows_to_messages
+    batch = _sink_batch(body=[b"a", b"b"], topic=["T", "U"], tags=["x", None], keys=[["k1", "", None], None],
+                        properties=[[("n", "1"), ("UNIQ_KEY", "mine"), ("__SHARDINGKEY", "s"), ("z", None)], None])
+    cols = _batch_to_columns(batch, 10, "q/0/3")
+    assert cols["bodies"] == [b"a", b"b"] and cols["tags"] == ["x", None] and cols["keys"] == [["k1"], None]
+    assert cols["properties"] == [{"n": "1", "SPARK_DEDUP_KEY": "q/0/3/10"}, {"SPARK_DEDUP_KEY": "q/0/3/11"}]
+    opts = SinkOptions.parse({"nameServer": NS})
+    (m0, q0, b0), (m1, _, _) = list(_rows_to_messages(batch, opts, 10, "q/0/3"))
+    assert (m0.topic, m0.body, m0.tags, m0.keys, q0, b0) == ("T", b"a", "x", ["k1"], None, None)
+    assert {k: m0.properties[k] for k in ("n", "SPARK_DEDUP_KEY")} == cols["properties"][0]
+    assert "UNIQ_KEY" not in m0.properties and "__SHARDINGKEY" not in m0.properties
+    assert (m1.topic, m1.tags, m1.keys) == ("U", None, [])
+
+
+def test_sink_refuses_a_null_body_or_topic_naming_the_row():
+    from rmq.spark.sink import RmqSinkError, _batch_to_columns, _rows_to_messages
+    with pytest.raises(RmqSinkError, match="row 6 of partition q/0/1: 'body' is null"):
+        _batch_to_columns(_sink_batch(body=[b"a", None]), 5, "q/0/1")
+    opts = SinkOptions.parse({"nameServer": NS})
+    with pytest.raises(RmqSinkError, match="row 0 of partition q/0/1: 'topic' is null or empty"):
+        list(_rows_to_messages(_sink_batch(body=[b"a"], topic=[""]), opts, 0, "q/0/1"))
