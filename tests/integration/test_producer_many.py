@@ -385,3 +385,20 @@ def test_columns_bad_input_is_refused_whole_and_nothing_is_queued(cluster):
             assert ap.pending == 0
             return len(await (await ap.send_async_columns("ColumnsBad", [])))
     assert asyncio.run(asyncio.wait_for(aio(), WAIT_S)) == 0
+
+
+@pytest.mark.parametrize("client", ["thread", "aio"])
+def test_send_async_many_requests_take_many_request_size_unless_batch_size_is_given(cluster, rc, client):
+    """With batch_size left to its default a send_async_many request holds up to MANY_REQUEST_SIZE,
+    within max_message_size (64 KiB here, the broker's maxMessageSize); a given batch_size is kept.
+    2,000 x 100 B messages are 164 B each in a batch (header + body + UNIQ_KEY): 6 requests of up to
+    64 KiB, 21 of up to 16 KiB."""
+    topic = f"ManySize-{client}"
+    create_topic(rc, cluster, topic, 1)
+    msgs = lambda: [Message(topic, b"%06d" % i + b"s" * 94) for i in range(2000)]   # noqa: E731
+    results, stats = send_many(client, cluster.namesrv_addr, f"pg-many-size-{client}", [(topic, 1)], msgs(),
+                               {"max_message_size": BROKER_MAX_MESSAGE_SIZE})
+    assert len(results) == 2000 and stats["batch_requests"] == 6
+    results, stats = send_many(client, cluster.namesrv_addr, f"pg-many-size-{client}", [(topic, 1)], msgs(),
+                               {"batch_size": 16 * 1024})
+    assert len(results) == 2000 and stats["batch_requests"] == 21
