@@ -75,8 +75,8 @@ from rmq.client.producer import (ROUTE_REFRESH_ON_FAILURE_MS, ProducerOptions, Q
                                  check_group, client_id, many_request_size, encode_columns, heartbeat_request,
                                  merge_results,
                                  many_keys, many_parts, message_preparer, parse_send_response, prepare_batch,
-                                 prepare_many, route_suspect, row_messages, rows_request, select_by_hash, selector_for,
-                                 queued_failures_error, send_request, send_response_fields)
+                                 prepare_many, route_suspect, row_messages, select_by_hash, selector_for,
+                                 queued_failures_error, send_request)
 from rmq.client.route import (MQFaultStrategy, RouteCache, TopicPublishInfo, cluster_info_request, parse_cluster_info,
                               parse_route_response, route_request, split_namesrv_addr)
 from rmq.client.futures import ColumnOutcomes, ManyOutcomes
@@ -814,21 +814,15 @@ class Producer:
                 raise att.give_up(e, now, self.options) from None
             if att.attempt > 1:
                 self.stats["retries"] += 1
-            if type(preps) is RowsPart:
-                frame = rows_request(preps, mq.queue_id, self.group, self.options.default_topic_queue_nums)
-            else:
-                frame = send_request(preps, mq.queue_id, self.group, batch, oneway, body,
-                                     self.options.default_topic_queue_nums)
+            frame = send_request(preps, mq.queue_id, self.group, batch, oneway, body,
+                                 self.options.default_topic_queue_nums)
             wait = deadline - now if attempt_timeout is None else min(attempt_timeout, deadline - now)
             try:
                 resp = await self._invoke(addr, frame, wait, oneway, mq.broker_name)
                 if oneway:
                     self.stats["messages"] += len(preps)
                     return []
-                if type(preps) is RowsPart:        # one record for the rows: (status, mq, base, offset ids)
-                    results = send_response_fields(resp, topic, mq.broker_name, addr, len(preps))
-                else:
-                    results = parse_send_response(resp, topic, mq.broker_name, addr, preps)
+                results = parse_send_response(resp, topic, mq.broker_name, addr, preps)   # a RowsPart: one record
             except (MQBrokerError, RemotingError) as e:
                 self._refresh_suspect(topic, e)
                 final = att.failed(e, loop_time(), self.fault_strategy, self.options)

@@ -343,14 +343,6 @@ def many_request_size(opts: ProducerOptions, columns: bool = False) -> int:
     return opts.batch_size
 
 
-def rows_request(rows: RowsPart, queue_id: int, group: str,
-                 default_topic_queue_nums: int = DEFAULT_TOPIC_QUEUE_NUMS) -> Frame:
-    """The SEND_BATCH_MESSAGE of a :class:`RowsPart` (its body encoded by the caller) to ``queue_id``."""
-    h = SendMessageRequestHeader(group, rows.topic, queue_id, default_topic=CREATE_TOPIC_KEY,
-                                 default_topic_queue_nums=default_topic_queue_nums, wait_store_msg_ok=True)
-    return Frame(RequestCode.SEND_BATCH_MESSAGE, fields=h.to_fields(), bodies=[rows.body])
-
-
 def row_messages(topic: str, bodies: Sequence, tags: Optional[Sequence], keys: Optional[Sequence]) -> list:
     """The :class:`Message` of each send_async_columns row (body, tag, keys): what a traced call's
     Pub records describe (built only with message trace on)."""
@@ -409,7 +401,13 @@ def send_request(preps: Sequence[PreparedMessage], queue_id: int, group: str, ba
                  oneway: bool = False, batch_body: Optional[bytes] = None,
                  default_topic_queue_nums: int = DEFAULT_TOPIC_QUEUE_NUMS) -> Frame:
     """SEND_MESSAGE (one message) or SEND_BATCH_MESSAGE (``batch``) for ``preps``, to ``queue_id``
-    (-1: the broker picks).  ``batch_body`` reuses an earlier :func:`encode_batch` of the same messages."""
+    (-1: the broker picks).  ``batch_body`` reuses an earlier :func:`encode_batch` of the same messages.
+    ``preps`` may be a send_async_columns :class:`RowsPart`: its SEND_BATCH_MESSAGE, body encoded."""
+    if type(preps) is RowsPart:
+        h = SendMessageRequestHeader(group, preps.topic, queue_id, default_topic=CREATE_TOPIC_KEY,
+                                     default_topic_queue_nums=default_topic_queue_nums, wait_store_msg_ok=True)
+        return Frame(RequestCode.SEND_BATCH_MESSAGE, flag=P.FLAG_ONEWAY if oneway else 0, fields=h.to_fields(),
+                     bodies=[preps.body])
     first = preps[0]
     h = SendMessageRequestHeader(group, first.msg.topic, queue_id, default_topic=CREATE_TOPIC_KEY,
                                  default_topic_queue_nums=default_topic_queue_nums,
@@ -455,14 +453,17 @@ def send_response_fields(resp: Frame, topic: str, broker_name: str, broker_addr:
 
 
 def parse_send_response(resp: Frame, topic: str, broker_name: str, broker_addr: str,
-                        preps: Sequence[PreparedMessage]) -> list:
-    """One :class:`SendResult` per message of the request (queue offset = base + index).
+                        preps: Sequence[PreparedMessage]):
+    """One :class:`SendResult` per message of the request (queue offset = base + index); for a
+    send_async_columns :class:`RowsPart`, its one record (:func:`send_response_fields`).
 
     Raises
     ------
     MQBrokerError
         The broker answered an error code (``response_code``, ``broker_addr`` set).
     """
+    if type(preps) is RowsPart:
+        return send_response_fields(resp, topic, broker_name, broker_addr, len(preps))
     preps = preps if type(preps) is list else list(preps)
     status, mq, base, offset_ids = send_response_fields(resp, topic, broker_name, broker_addr, len(preps))
     return complete_send_batch(None, SendResult, status, preps, mq, base, offset_ids)
@@ -1144,11 +1145,8 @@ class _Sender(threading.Thread):
             self.stats["retries"] += 1
         if req.batch and req.batch_body is None:
             req.batch_body = batch_body_of(req.preps)
-        if type(req.preps) is RowsPart:
-            frame = rows_request(req.preps, mq.queue_id, self.group, self.opts.default_topic_queue_nums)
-        else:
-            frame = send_request(req.preps, mq.queue_id, self.group, req.batch, req.mode == ONEWAY, req.batch_body,
-                                 self.opts.default_topic_queue_nums)
+        frame = send_request(req.preps, mq.queue_id, self.group, req.batch, req.mode == ONEWAY, req.batch_body,
+                             self.opts.default_topic_queue_nums)
         req.opaque = frame.opaque = next(self._opaque)
         try:
             parts = P.encode(frame)
