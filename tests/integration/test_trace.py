@@ -195,58 +195,39 @@ def test_the_asyncio_consumer_has_a_trace_dispatcher_only_while_running(cluster)
     assert running is not None and not running._thread.is_alive() and after is None
 
 
+@pytest.mark.parametrize("call", ["many", "columns"])
 @pytest.mark.parametrize("client", ["thread", "aio"])
-def test_send_async_many_writes_a_pub_record_per_message(cluster, client):
+def test_bulk_sends_write_a_pub_record_per_message(cluster, client, call):
+    """A traced send_async_many (Messages) or send_async_columns (rows): one Pub record per stored
+    message, with its tag and keys; the thread producer's dispatcher sends all 20."""
     import asyncio
-    topic = f"TRMany-{client}"
+    topic = f"TR-{call}-{client}"
     create_topic(cluster, topic, 2)
-    msgs = [Message(topic, b"m%d" % i) for i in range(20)]
-    if client == "thread":
-        with Producer(cluster.namesrv_addr, group="pg-many-tr", enable_msg_trace=True,
-                      custom_trace_topic="MANY_TRACE") as p:
-            results = p.send_async_many(msgs).result(30)
-            assert p.trace_dispatcher.flush(20)
-            assert p.trace_dispatcher.sent_records == 20
-    else:
-        from rmq.aio import Producer as AioProducer
-
-        async def main():
-            async with AioProducer(cluster.namesrv_addr, group="pg-many-tr-aio", enable_msg_trace=True,
-                                   custom_trace_topic="MANY_TRACE") as p:
-                return await (await p.send_async_many(msgs))
-        results = asyncio.run(asyncio.wait_for(main(), 60))
-    with Admin(cluster.namesrv_addr) as a:
-        for r in (results[0], results[-1]):
-            views = wait_for(lambda: a.query_msg_trace_by_id(r.msg_id, "MANY_TRACE"), 30, "send_async_many trace")
-            assert [(v.trace_type, v.msg_id) for v in views] == [("Pub", r.msg_id)]
-
-
-@pytest.mark.parametrize("client", ["thread", "aio"])
-def test_send_async_columns_writes_a_pub_record_per_row(cluster, client):
-    """A traced send_async_columns: one Pub record per stored row, with the row's tag and keys."""
-    import asyncio
-    topic = f"TRCols-{client}"
-    create_topic(cluster, topic, 2)
-    bodies = [b"c%d" % i for i in range(20)]
+    bodies = [b"m%d" % i for i in range(20)]
     tags = ["TG%d" % (i % 2) for i in range(20)]
     keys = [["K%d" % i, "L%d" % i] for i in range(20)]
+
+    def send(p):
+        if call == "many":
+            return p.send_async_many([Message(topic, b, tags=t, keys=k) for b, t, k in zip(bodies, tags, keys)])
+        return p.send_async_columns(topic, bodies, tags=tags, keys=keys)
     if client == "thread":
-        with Producer(cluster.namesrv_addr, group="pg-cols-tr", enable_msg_trace=True,
-                      custom_trace_topic="COLS_TRACE") as p:
-            results = p.send_async_columns(topic, bodies, tags=tags, keys=keys).result(30)
+        with Producer(cluster.namesrv_addr, group=f"pg-{call}-tr", enable_msg_trace=True,
+                      custom_trace_topic="BULK_TRACE") as p:
+            results = send(p).result(30)
             assert p.trace_dispatcher.flush(20)
             assert p.trace_dispatcher.sent_records == 20
     else:
         from rmq.aio import Producer as AioProducer
 
         async def main():
-            async with AioProducer(cluster.namesrv_addr, group="pg-cols-tr-aio", enable_msg_trace=True,
-                                   custom_trace_topic="COLS_TRACE") as p:
-                return await (await p.send_async_columns(topic, bodies, tags=tags, keys=keys))
+            async with AioProducer(cluster.namesrv_addr, group=f"pg-{call}-tr-aio", enable_msg_trace=True,
+                                   custom_trace_topic="BULK_TRACE") as p:
+                return await (await send(p))
         results = asyncio.run(asyncio.wait_for(main(), 60))
     with Admin(cluster.namesrv_addr) as a:
         for i in (0, 19):
             r = results[i]
-            views = wait_for(lambda: a.query_msg_trace_by_id(r.msg_id, "COLS_TRACE"), 30, "send_async_columns trace")
+            views = wait_for(lambda: a.query_msg_trace_by_id(r.msg_id, "BULK_TRACE"), 30, f"send_async_{call} trace")
             assert [(v.trace_type, v.msg_id, v.tags, v.keys) for v in views] == \
                 [("Pub", r.msg_id, tags[i], f"K{i} L{i}")]
