@@ -25,7 +25,8 @@ PushConsumer threads and sockets
                                decoding and tag re-filtering; hands messages to the consume pool.
     ``rmq-rebalance-<group>``  rebalance every ``rebalance_interval_ms`` (routes, GET_CONSUMER_LIST_BY_GROUP,
                                allocation, queue locks), heartbeats, offset persistence, lock renewal.
-    ``rmq-consume-<group>_N``  the listener pool (``consume_thread_max`` threads); a send-back to the
+    ``rmq-consume-<group>_N``  the listener pool (``consume_thread_min`` .. ``consume_thread_max`` threads,
+                               grown while listeners block; ``_monitor`` decides); a send-back to the
                                retry topic is made from the consuming thread.
     Each thread that makes blocking calls has its own DEALER sockets (``ConsumerAPI``).
 
@@ -44,7 +45,6 @@ import inspect
 import itertools
 import logging
 import os
-import queue
 import random
 import threading
 import time
@@ -56,6 +56,7 @@ from rmq.client.calls import blocking, drive
 
 if TYPE_CHECKING:                              # poll_arrow's return type; pyarrow is optional (rmq[spark])
     import pyarrow
+from rmq.client.consume_pool import CONSUME_THREAD_LIMIT, CONSUME_THREAD_MAX, CONSUME_THREAD_MIN, ConsumePool
 from rmq.client.consumer_api import (BROKER_SUSPEND_MAX_TIME_MS, CONSUMER_TIMEOUT_MS_WHEN_SUSPEND, ConsumerAPI,
                                      RequestMux, SubscriptionData, build_pull_frame, consumer_data,
                                      default_client_id, parse_pull_response)
@@ -83,7 +84,6 @@ PULL_BATCH_SIZE = 32                            # RocketMQ's pullBatchSize: the 
 # maxTransferCountOnMessageInMemory (rmq: 1024) and maxTransferBytesOnMessageInMemory (256 KiB).
 PUSH_PULL_BATCH_SIZE = 256
 POLL_PULL_BATCH_SIZE = 512
-CONSUME_THREAD_MAX = 20
 PULL_THRESHOLD_FOR_QUEUE = 1000                 # messages cached per queue before pulls pause
 PULL_THRESHOLD_SIZE_FOR_QUEUE_MB = 100          # MiB cached per queue before pulls pause
 CONSUME_CONCURRENTLY_MAX_SPAN = 2000            # offsets between first and last cached message
@@ -1022,62 +1022,6 @@ class _PullService(threading.Thread):
             os.close(self._wfd)
 
 
-class _ConsumePool:
-    """The listener threads: ``n`` workers on one SimpleQueue of (fn, args) (lighter than a
-    ThreadPoolExecutor: no Future per batch).  Workers are daemon threads, so a listener that
-    never returns cannot keep the interpreter alive after :meth:`shutdown` gave up on it."""
-
-    def __init__(self, n: int, name: str):
-        self._q: queue.SimpleQueue = queue.SimpleQueue()
-        self._closed = False
-        self._idle_lock = threading.Lock()
-        self.idle = 0                           # workers waiting for a task (under _idle_lock)
-        self._threads = [threading.Thread(target=self._work, name=f"{name}_{i}", daemon=True) for i in range(n)]
-        for t in self._threads:
-            t.start()
-
-    def submit(self, fn: Callable, args: tuple) -> None:
-        if not self._closed:
-            self._q.put((fn, args))
-
-    def waiting(self) -> int:
-        """Workers idle now, less the tasks already queued for them (>= 0)."""
-        return max(0, self.idle - self._q.qsize())
-
-    def _work(self) -> None:
-        get = self._q.get
-        lock = self._idle_lock
-        while True:
-            with lock:
-                self.idle += 1
-            item = get()
-            with lock:
-                self.idle -= 1
-            if item is None:
-                return
-            fn, args = item
-            try:
-                fn(*args)
-            except Exception:                   # a consume task must never kill its thread
-                log.exception("consume task %s failed", getattr(fn, "__name__", fn))
-
-    def shutdown(self, timeout_s: float) -> None:
-        """Drop queued tasks, let running ones finish (up to ``timeout_s`` in all), stop the workers."""
-        self._closed = True
-        try:
-            while True:
-                self._q.get_nowait()
-        except queue.Empty:
-            pass
-        for _ in self._threads:
-            self._q.put(None)
-        deadline = time.monotonic() + timeout_s
-        me = threading.current_thread()
-        for t in self._threads:
-            if t is not me:                     # shutdown() called from a listener
-                t.join(max(0.0, deadline - time.monotonic()))
-
-
 class RunCommits:
     """The wholly consumed requests of one consume run (a worker thread's or an asyncio task's),
     committed together: :meth:`add` returns what to commit now (at least every
@@ -1114,7 +1058,7 @@ class _ConsumeRun:
     worker takes it (:meth:`take`), not before: a pull result of 256 messages is not 256 lists
     alive at once for the cyclic GC to walk."""
 
-    __slots__ = ("msgs", "size", "count", "pq", "mq", "_next")
+    __slots__ = ("msgs", "size", "count", "pq", "mq", "_next", "taken")
 
     def __init__(self, msgs: list, size: int, pq: ProcessQueue, mq: MessageQueue):
         self.msgs = msgs
@@ -1123,14 +1067,20 @@ class _ConsumeRun:
         self.pq = pq
         self.mq = mq
         self._next = itertools.count().__next__  # atomic under the GIL: workers share the run
+        self.taken = 0                           # a hint for left(): the requests handed out
 
     def take(self) -> Optional[list]:
         """The next request's messages, or None when every request is taken."""
         k = self._next()
         if k >= self.count:
             return None
+        self.taken = k + 1
         n = self.size
         return self.msgs[k * n:(k + 1) * n]
+
+    def left(self) -> int:
+        """About how many requests are not taken yet (the pool's monitor adds helpers while > 0)."""
+        return self.count - self.taken
 
 
 class PushConsumer(PushConsumerCalls):
@@ -1153,9 +1103,13 @@ class PushConsumer(PushConsumerCalls):
         For CONSUME_FROM_TIMESTAMP (default: 30 minutes before start).
     allocate_strategy : strategy, callable or name
         Queue allocation (default AllocateMessageQueueAveragely, see rmq.client.rebalance).
-    consume_thread_max : int
-        Listener threads (20); ``consume_thread_min`` is accepted for RocketMQ parity (the pool
-        always has ``consume_thread_max`` threads).
+    consume_thread_max, consume_thread_min : int
+        Bounds of the listener threads (20 and 1; RocketMQ's consumeThreadMin is 20).  The pool
+        starts with ``consume_thread_min`` and grows towards ``consume_thread_max`` only while the
+        listener calls wait off the CPU (I/O, sleeps, locks); while they are CPU-bound, more
+        threads would only pass the GIL around (see :mod:`rmq.client.consume_pool`).  Raise
+        ``consume_thread_min`` for a listener that spends its time in C code that releases the
+        GIL.  An orderly listener has ``consume_thread_max`` threads from the start.
     pull_batch_size : int
         Messages asked per pull (``PUSH_PULL_BATCH_SIZE``, 256; RocketMQ's pullBatchSize is 32,
         see the constant for why rmq asks more).
@@ -1193,7 +1147,7 @@ class PushConsumer(PushConsumerCalls):
                  allocate_strategy=None, consume_thread_max: int = CONSUME_THREAD_MAX,
                  pull_batch_size: int = PUSH_PULL_BATCH_SIZE, consume_message_batch_max_size: int = 1,
                  max_reconsume_times: int = -1, rebalance_interval_ms: int = REBALANCE_INTERVAL_MS, *,
-                 consume_timestamp_ms: Optional[int] = None, consume_thread_min: int = CONSUME_THREAD_MAX,
+                 consume_timestamp_ms: Optional[int] = None, consume_thread_min: int = CONSUME_THREAD_MIN,
                  pull_interval_ms: int = 0, pull_threshold_for_queue: int = PULL_THRESHOLD_FOR_QUEUE,
                  pull_threshold_size_for_queue_mb: int = PULL_THRESHOLD_SIZE_FOR_QUEUE_MB,
                  consume_concurrently_max_span: int = CONSUME_CONCURRENTLY_MAX_SPAN,
@@ -1214,8 +1168,11 @@ class PushConsumer(PushConsumerCalls):
                                 f"{consume_message_batch_max_size}")
         if not 1 <= pull_batch_size <= 1024:
             raise MQClientError(f"pull_batch_size must be in [1, 1024], got {pull_batch_size}")
-        if not 1 <= consume_thread_max <= 1000:
-            raise MQClientError(f"consume_thread_max must be in [1, 1000], got {consume_thread_max}")
+        if not 1 <= consume_thread_max <= CONSUME_THREAD_LIMIT:
+            raise MQClientError(f"consume_thread_max must be in [1, {CONSUME_THREAD_LIMIT}], got {consume_thread_max}")
+        if not 1 <= consume_thread_min <= consume_thread_max:
+            raise MQClientError(f"consume_thread_min must be in [1, consume_thread_max={consume_thread_max}], got "
+                                f"{consume_thread_min}")
         if not group or group == "DEFAULT_CONSUMER":
             raise MQClientError("consumer group must be set (and not DEFAULT_CONSUMER)")
         self.namesrv_addr = namesrv_addr
@@ -1252,7 +1209,7 @@ class PushConsumer(PushConsumerCalls):
         self.api: Optional[ConsumerAPI] = None
         self.offset_store: Optional[OffsetStore] = None
         self._pull: Optional[_PullService] = None
-        self._executor: Optional[_ConsumePool] = None
+        self._executor: Optional[ConsumePool] = None
         self._service: Optional[threading.Thread] = None
         self._heartbeats: Optional[threading.Thread] = None
         self._heartbeat_stop = threading.Event()
@@ -1337,7 +1294,10 @@ class PushConsumer(PushConsumerCalls):
         self.offset_store.load()
         if self.consume_timestamp_ms is None:
             self.consume_timestamp_ms = int(time.time() * 1000) - 30 * 60 * 1000
-        self._executor = _ConsumePool(self.consume_thread_max, f"rmq-consume-{self.group}")
+        # orderly: every thread from the start (a task keeps its queue up to MAX_TIME_CONSUME_CONTINUOUSLY_MS:
+        # a CPU-bound listener on too few threads would hold the other queues back that long)
+        self._executor = ConsumePool(self.consume_thread_max, f"rmq-consume-{self.group}",
+                                     self.consume_thread_max if self.orderly else self.consume_thread_min)
         if self.enable_msg_trace and self._trace is None:
             self._trace = _trace.TraceDispatcher(self.namesrv_addr, self.group, self.custom_trace_topic)
         self._pull = _PullService(self)
@@ -1656,8 +1616,10 @@ class PushConsumer(PushConsumerCalls):
         run = _ConsumeRun(msgs, self.consume_message_batch_max_size, pq, mq)
         # one task per idle worker, at least one: a busy pool gets one task per pull result, an
         # idle one still runs the requests of a pull in parallel (slow listeners)
+        if self._state not in ("RUNNING", "STOPPING") or self._executor is None:
+            return
         for _ in range(max(1, min(run.count, self._executor.waiting()))):
-            self._executor_submit(self._consume_run, run)
+            self._executor.submit(self._consume_run, (run,), run)
 
     def _submit_consume_later(self, msgs: list, pq: ProcessQueue, mq: MessageQueue, delay_ms: float) -> None:
         self._pull.call_later(delay_ms, lambda: self._executor_submit(self._consume_concurrently, msgs, pq, mq))

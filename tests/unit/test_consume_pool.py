@@ -1,0 +1,121 @@
+"""The PushConsumer's listener pool (rmq.client.consume_pool): its grow / retire rule, and real
+threads growing while tasks block, helping with a shared run, and exiting after keep-alive."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from rmq import PushConsumer
+from rmq.client import consume_pool as CP
+from rmq.client.consume_pool import ConsumePool, pool_decision
+from rmq.errors import MQClientError
+
+
+def wait_for(cond, timeout=30.0, what="condition"):
+    end = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+def test_limits_are_named():
+    assert (CP.CONSUME_THREAD_MAX, CP.CONSUME_THREAD_MIN, CP.CONSUME_THREAD_LIMIT) == (20, 1, 1000)
+    assert CP.KEEP_ALIVE_S == 60.0
+    assert 0 < CP.GROW_BELOW_CPU < CP.SHRINK_ABOVE_CPU <= 1
+
+
+@pytest.mark.parametrize("waiting, idle, share, live, expect", [
+    (0, 0, 0.0, 1, 0),          # nothing waits
+    (5, 1, 0.0, 1, 0),          # a worker is idle: it takes the task
+    (5, 0, 0.0, 1, 1),          # blocked workers: doubles
+    (50, 0, 0.1, 4, 4),
+    (50, 0, 0.1, 16, 4),        # up to the maximum (20)
+    (50, 0, 0.1, 20, 0),
+    (2, 0, 0.1, 8, 2),          # never more than the tasks waiting
+    (5, 0, None, 2, 2),         # no CPU clocks: grows whenever tasks wait
+    (5, 0, 0.7, 4, 0),          # between the thresholds: holds
+    (5, 0, 0.95, 4, -1),        # CPU-bound with tasks waiting: one retires
+    (5, 0, 0.95, 1, 0),         # ... not below the minimum
+])
+def test_pool_decision(waiting, idle, share, live, expect):
+    assert pool_decision(waiting, idle, share, live, 1, 20) == expect
+
+
+def test_bounds_are_checked():
+    for lo, hi in ((0, 4), (5, 4)):
+        with pytest.raises(ValueError, match="1 <= min <= max"):
+            ConsumePool(hi, "t", lo)
+    with pytest.raises(MQClientError, match="consume_thread_min must be in"):
+        PushConsumer("127.0.0.1:1", "g", consume_thread_max=4, consume_thread_min=5)
+    with pytest.raises(MQClientError, match="consume_thread_max must be in"):
+        PushConsumer("127.0.0.1:1", "g", consume_thread_max=CP.CONSUME_THREAD_LIMIT + 1)
+
+
+def test_blocked_tasks_grow_the_pool_to_its_maximum_and_extras_exit_after_keep_alive():
+    pool = ConsumePool(6, "grow", 1, keep_alive_s=0.3)
+    barrier = threading.Barrier(6, timeout=30)
+    passed = []
+    try:
+        assert pool.size == 1
+        for _ in range(6):          # each waits until all 6 run at once: only a grown pool gets there
+            pool.submit(lambda: passed.append(barrier.wait()), ())
+        wait_for(lambda: len(passed) == 6, what="6 tasks running at once")
+        assert pool.peak == 6 and pool.grown >= 1
+        wait_for(lambda: pool.size == 1, what="the extra workers to exit after keep-alive")
+    finally:
+        pool.shutdown(5)
+
+
+class _Run:
+    """A shared task's state: ``n`` requests, each taken by one caller (as _ConsumeRun)."""
+
+    def __init__(self, n):
+        self.n, self.taken, self.lock = n, 0, threading.Lock()
+
+    def take(self):
+        with self.lock:
+            if self.taken >= self.n:
+                return False
+            self.taken += 1
+            return True
+
+    def left(self):
+        return self.n - self.taken
+
+
+def test_added_workers_help_with_a_shared_run():
+    pool = ConsumePool(4, "share", 1)
+    run = _Run(4)
+    barrier = threading.Barrier(4, timeout=30)
+    done = []
+
+    def consume_run(r):
+        while r.take():
+            done.append(barrier.wait())     # each request waits for 3 others: needs 4 workers on one run
+
+    try:
+        pool.submit(consume_run, (run,), run)     # one task for the whole run, as for a busy pool
+        wait_for(lambda: len(done) == 4, what="the run's 4 requests running at once")
+        assert pool.peak == 4
+    finally:
+        pool.shutdown(5)
+
+
+def test_a_failing_task_keeps_its_worker_and_shutdown_drops_queued_tasks():
+    pool = ConsumePool(1, "fail", 1)
+    ran = []
+    gate = threading.Event()
+    try:
+        pool.submit(lambda: 1 / 0, ())
+        pool.submit(ran.append, (1,))
+        wait_for(lambda: ran == [1], what="the task after a failing one")
+        pool.submit(gate.wait, (30,))
+        wait_for(lambda: pool.idle == 0, what="the worker to block")
+        pool.submit(ran.append, (2,))            # queued behind the blocked task
+    finally:
+        threading.Timer(0.2, gate.set).start()
+        pool.shutdown(10)
+    assert ran == [1] and pool.size == 0
