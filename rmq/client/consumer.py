@@ -158,6 +158,17 @@ class ConsumeOrderlyContext:
     suspend_current_queue_time_millis: int = -1
 
 
+def _concurrent_status(status) -> "ConsumeConcurrentlyStatus":
+    """A concurrent listener's answer as a ConsumeConcurrentlyStatus: None or CONSUME_SUCCESS (the
+    member or its name: the str enum compares equal to it) is success, anything else
+    RECONSUME_LATER (logged when it is not that status either)."""
+    if status is None or status == "CONSUME_SUCCESS":
+        return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+    if status != "RECONSUME_LATER":
+        log.error("listener returned %r (not a ConsumeConcurrentlyStatus): treated as RECONSUME_LATER", status)
+    return ConsumeConcurrentlyStatus.RECONSUME_LATER
+
+
 def _enum(cls, value, what: str):
     try:
         return cls(value.value if isinstance(value, enum.Enum) else value)
@@ -1647,25 +1658,47 @@ class PushConsumer(PushConsumerCalls):
         from the process queue, offset, counts) at the end and at least every
         ``RUN_COMMIT_INTERVAL_S``; any other outcome goes through the per-request path at once.
         Stops taking requests when the consumer stops (those left are redelivered later)."""
+        # the loop runs once per message with the defaults: _consume_once's and _call_listener's
+        # steps are written out here (no trace; with one, the per-request path)
         pq, mq, take = run.pq, run.mq, run.take
-        commits = RunCommits()
+        listener = self.listener
+        success = ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+        monotonic = time.monotonic
+        done: list = []
+        last = monotonic()
         while self._state == "RUNNING":
             msgs = take()
             if msgs is None:
                 break
-            outcome = self._consume_once(msgs, pq, mq)
-            if outcome is None:
-                return                              # dropped: the new owner redelivers them
-            status, ctx = outcome
-            if commits.wholly_consumed(status, ctx, msgs):
-                now = commits.add(msgs)
-                if now:
-                    self._commit_consumed(now, pq, mq)
+            if self._trace is None:
+                if pq.dropped:
+                    return                          # dropped: the new owner redelivers them
+                ctx = ConsumeConcurrentlyContext(mq)
+                try:
+                    status = listener(msgs, ctx)
+                except Exception:
+                    log.exception("listener failed on %d message(s) of %s", len(msgs), mq)
+                    status = ConsumeConcurrentlyStatus.RECONSUME_LATER
+                else:
+                    if status is not success:
+                        status = _concurrent_status(status)
+                if pq.dropped:
+                    log.info("%s dropped while consuming; %d message(s) will be redelivered", mq, len(msgs))
+                    return
+            else:
+                outcome = self._consume_once(msgs, pq, mq)
+                if outcome is None:
+                    return
+                status, ctx = outcome
+            if status is success and ctx.ack_index >= len(msgs) - 1:     # wholly consumed
+                done += msgs
+                if monotonic() - last >= RUN_COMMIT_INTERVAL_S:
+                    self._commit_consumed(done, pq, mq)
+                    done, last = [], monotonic()
             else:
                 self._process_concurrent_result(status, ctx, msgs, pq, mq)
-        left = commits.take()
-        if left:
-            self._commit_consumed(left, pq, mq)
+        if done:
+            self._commit_consumed(done, pq, mq)
 
     def _commit_consumed(self, msgs: list, pq: ProcessQueue, mq: MessageQueue) -> None:
         """Messages consumed successfully: out of the process queue, the offset forward, counted
@@ -1682,15 +1715,7 @@ class PushConsumer(PushConsumerCalls):
         ctx = ConsumeConcurrentlyContext(mq)
         tr = self._trace_before(msgs) if self._trace is not None else None
         try:
-            status = self.listener(msgs, ctx)
-            if status is None or status == "CONSUME_SUCCESS":      # the str enum compares equal to its name
-                status = ConsumeConcurrentlyStatus.CONSUME_SUCCESS
-            elif status != "RECONSUME_LATER":
-                log.error("listener returned %r (not a ConsumeConcurrentlyStatus): treated as RECONSUME_LATER",
-                          status)
-                status = ConsumeConcurrentlyStatus.RECONSUME_LATER
-            else:
-                status = ConsumeConcurrentlyStatus.RECONSUME_LATER
+            status = _concurrent_status(self.listener(msgs, ctx))
         except Exception:
             log.exception("listener failed on %d message(s) of %s", len(msgs), mq)
             status = ConsumeConcurrentlyStatus.RECONSUME_LATER

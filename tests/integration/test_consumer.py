@@ -637,6 +637,36 @@ def test_retry_redelivers_with_original_topic_then_succeeds(cluster):
         x.shutdown()
 
 
+def test_listener_answers_raise_junk_none_and_names_are_judged_per_request(cluster):
+    """A consume run's listener outcomes: an exception and an answer that is no status are
+    RECONSUME_LATER (redelivered once, from the retry topic); None and the status's name are
+    success (never redelivered)."""
+    create_topic(cluster, "T", 1)
+    seen = collections.defaultdict(list)
+    lock = threading.Lock()
+
+    def listener(msgs, ctx):
+        m = msgs[0]
+        with lock:
+            seen[m.body].append(m.reconsume_times)
+        if m.reconsume_times:
+            return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+        if m.body == b"raise":
+            raise RuntimeError("listener bug")
+        return {b"junk": 42, b"none": None, b"name": "CONSUME_SUCCESS"}[m.body]
+    x = push_consumer(cluster, "answersg", listener).start()
+    try:
+        wait_for(lambda: x.assigned_message_queues("T"), what="assignment")
+        send_many(cluster, "T", [(b, 0) for b in (b"raise", b"junk", b"none", b"name")])
+        wait_for(lambda: len(seen[b"raise"]) == 2 and len(seen[b"junk"]) == 2, what="both redelivered")
+        wait_for(lambda: x.offset_store.read_memory(MessageQueue("T", "broker-a", 0)) == 4, what="offset past all 4")
+        # the offset passes a message only after its outcome: two failures were sent back, no more
+        assert x.stats["sent_back"] == 2 and x.stats["consumed_failed"] == 2
+        assert dict(seen) == {b"raise": [0, 1], b"junk": [0, 1], b"none": [0], b"name": [0]}
+    finally:
+        x.shutdown()
+
+
 # -- crash: a killed member's uncommitted messages go to the others --------------------------------------
 CHILD = r"""
 import sys, threading, time
