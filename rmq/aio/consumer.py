@@ -33,7 +33,6 @@ Concurrency: use a consumer from the event loop that started it.
 from __future__ import annotations
 
 import asyncio
-import collections
 import enum
 import inspect
 import logging
@@ -41,6 +40,7 @@ import time
 from typing import Callable, Iterable, Optional, Union
 
 from rmq import latency_trace as _lt
+from rmq._core.consume import ConsumeRun
 from rmq.client.consumer import (BROKER_SUSPEND_MAX_TIME_MS, CONCURRENT_MAX_RECONSUME_TIMES, CONSUME_THREAD_MAX,
                                  HEARTBEAT_BROKER_INTERVAL_MS, MAX_TIME_CONSUME_CONTINUOUSLY_MS,
                                  ORDERLY_MAX_RECONSUME_TIMES, PERSIST_CONSUMER_OFFSET_INTERVAL_MS,
@@ -50,7 +50,8 @@ from rmq.client.consumer import (BROKER_SUSPEND_MAX_TIME_MS, CONCURRENT_MAX_RECO
                                  REBALANCE_LOCK_INTERVAL_MS, RECONSUME_LATER_LOCALLY_MS, SHUTDOWN_AWAIT_MS,
                                  SUSPEND_CURRENT_QUEUE_TIME_MS, CONSUME_CONCURRENTLY_MAX_SPAN,
                                  ConsumeConcurrentlyContext, ConsumeConcurrentlyStatus, ConsumeFromWhere,
-                                 ConsumeOrderlyContext, ConsumeOrderlyStatus, MessageModel, RunCommits, _enum,
+                                 ConsumeOrderlyContext, ConsumeOrderlyStatus, MessageModel, RunCommits, _concurrent_status,
+                                 _enum,
                                  PullConsumerCalls, PushConsumerCalls)
 from rmq.aio.remoting import AsyncRemoting
 from rmq.client.calls import adrive, awaitable
@@ -728,15 +729,14 @@ class AsyncPushConsumer(PushConsumerCalls):
             if dispatch:
                 self._spawn(self._consume_orderly(pq, mq))
             return
-        n = self.consume_message_batch_max_size
-        run = collections.deque([[m] for m in msgs] if n == 1 else [msgs[i:i + n] for i in range(0, len(msgs), n)])
+        run = ConsumeRun(msgs, self.consume_message_batch_max_size, pq, mq)
         # one task per free listener slot, at least one (not one task per request): the tasks
         # take the pull's requests in turn, as the thread consumer's workers do
         free = self.consume_thread_max - self._running_tasks
-        for _ in range(max(1, min(len(run), free))):
+        for _ in range(max(1, min(run.count, free))):
             self._spawn(self._consume_run(run, pq, mq))
 
-    async def _consume_run(self, run: "collections.deque", pq: ProcessQueue, mq: MessageQueue) -> None:
+    async def _consume_run(self, run: ConsumeRun, pq: ProcessQueue, mq: MessageQueue) -> None:
         """Consume the requests of one pull result in turn until none is left (other tasks of
         the same run take some too), holding one listener slot throughout, as a worker thread
         of the thread consumer does.  Wholly consumed requests are committed together (out of
@@ -746,8 +746,10 @@ class AsyncPushConsumer(PushConsumerCalls):
         commits = RunCommits()
         try:
             async with self._sem:
-                while run and self._state == "RUNNING":
-                    msgs = run.popleft()
+                while self._state == "RUNNING":
+                    msgs = run.take()
+                    if msgs is None:
+                        break
                     outcome = await self._consume_once(msgs, pq, mq)
                     if outcome is None:
                         return                      # dropped: the new owner redelivers them
@@ -779,11 +781,7 @@ class AsyncPushConsumer(PushConsumerCalls):
             return None
         ctx = ConsumeConcurrentlyContext(mq)
         try:
-            status = await self._call(msgs, ctx)
-            if status is None or status is ConsumeConcurrentlyStatus.CONSUME_SUCCESS:
-                status = ConsumeConcurrentlyStatus.CONSUME_SUCCESS
-            else:
-                status = ConsumeConcurrentlyStatus(status.value if isinstance(status, enum.Enum) else status)
+            status = _concurrent_status(await self._call(msgs, ctx))
         except asyncio.CancelledError:
             raise
         except Exception:

@@ -52,6 +52,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterable, Optional, Union
 
 from rmq import latency_trace as _lt
+from rmq._core.consume import ConsumeConcurrentlyContext, ConsumeRun
 from rmq.client.calls import blocking, drive
 
 if TYPE_CHECKING:                              # poll_arrow's return type; pyarrow is optional (rmq[spark])
@@ -135,19 +136,6 @@ class ConsumeConcurrentlyStatus(str, enum.Enum):
 class ConsumeOrderlyStatus(str, enum.Enum):
     SUCCESS = "SUCCESS"
     SUSPEND_CURRENT_QUEUE_A_MOMENT = "SUSPEND_CURRENT_QUEUE_A_MOMENT"
-
-
-@dataclass(slots=True)
-class ConsumeConcurrentlyContext:
-    """Passed to a concurrent listener.
-
-    ``delay_level_when_next_consume``: 0 lets the broker pick ``3 + reconsumeTimes``; -1 sends
-    failed messages straight to the DLQ; 1..18 a level.  ``ack_index``: with CONSUME_SUCCESS,
-    the messages after this index still count as failed (partial success).
-    """
-    message_queue: MessageQueue
-    delay_level_when_next_consume: int = 0
-    ack_index: int = 2 ** 31 - 1
 
 
 @dataclass(slots=True)
@@ -1062,38 +1050,6 @@ class RunCommits:
         return out
 
 
-class _ConsumeRun:
-    """The ConsumeRequests (slices of at most ``size`` = ``consume_message_batch_max_size``
-    messages) of one pull result ``msgs`` of ``mq``, taken by the workers that get the run
-    (RocketMQ's ``submitConsumeRequest`` makes one task of each).  A request's list is cut when a
-    worker takes it (:meth:`take`), not before: a pull result of 256 messages is not 256 lists
-    alive at once for the cyclic GC to walk."""
-
-    __slots__ = ("msgs", "size", "count", "pq", "mq", "_next", "taken")
-
-    def __init__(self, msgs: list, size: int, pq: ProcessQueue, mq: MessageQueue):
-        self.msgs = msgs
-        self.size = size
-        self.count = -(-len(msgs) // size)       # requests
-        self.pq = pq
-        self.mq = mq
-        self._next = itertools.count().__next__  # atomic under the GIL: workers share the run
-        self.taken = 0                           # a hint for left(): the requests handed out
-
-    def take(self) -> Optional[list]:
-        """The next request's messages, or None when every request is taken."""
-        k = self._next()
-        if k >= self.count:
-            return None
-        self.taken = k + 1
-        n = self.size
-        return self.msgs[k * n:(k + 1) * n]
-
-    def left(self) -> int:
-        """About how many requests are not taken yet (the pool's monitor adds helpers while > 0)."""
-        return self.count - self.taken
-
-
 class PushConsumer(PushConsumerCalls):
     """A consumer-group member that is assigned queues and called back with their messages
     (RocketMQ DefaultMQPushConsumer).
@@ -1624,7 +1580,7 @@ class PushConsumer(PushConsumerCalls):
             if dispatch:
                 self._executor_submit(self._consume_orderly, pq, mq)
             return
-        run = _ConsumeRun(msgs, self.consume_message_batch_max_size, pq, mq)
+        run = ConsumeRun(msgs, self.consume_message_batch_max_size, pq, mq)
         # one task per idle worker, at least one: a busy pool gets one task per pull result, an
         # idle one still runs the requests of a pull in parallel (slow listeners)
         if self._state not in ("RUNNING", "STOPPING") or self._executor is None:
@@ -1652,7 +1608,7 @@ class PushConsumer(PushConsumerCalls):
         """The message-trace dispatcher while running with ``enable_msg_trace=True``, else None."""
         return self._trace
 
-    def _consume_run(self, run: "_ConsumeRun") -> None:
+    def _consume_run(self, run: ConsumeRun) -> None:
         """Take the ConsumeRequests of ``run`` one after the other until none is left (other
         workers may take some too).  Wholly consumed requests are committed together (removed
         from the process queue, offset, counts) at the end and at least every

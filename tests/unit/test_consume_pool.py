@@ -119,3 +119,41 @@ def test_a_failing_task_keeps_its_worker_and_shutdown_drops_queued_tasks():
         threading.Timer(0.2, gate.set).start()
         pool.shutdown(10)
     assert ran == [1] and pool.size == 0
+
+
+# -- the per-message objects in C (rmq._core.consume) -------------------------------------------
+def test_consume_run_cuts_requests_when_taken_and_each_once_across_threads():
+    from rmq._core.consume import ConsumeRun
+    msgs = list(range(10))
+    run = ConsumeRun(msgs, 4, "pq", "mq")
+    assert (run.count, run.size, run.left(), run.pq, run.mq) == (3, 4, 3, "pq", "mq")
+    assert [run.take(), run.take(), run.take(), run.take()] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9], None]
+    assert run.left() == 0 and ConsumeRun([], 1, None, None).take() is None
+    with pytest.raises(ValueError, match="batch size must be >= 1"):
+        ConsumeRun(msgs, 0, None, None)
+
+    big = ConsumeRun(list(range(20_000)), 1, None, None)
+    got: list = []
+
+    def worker():
+        mine = []
+        while (r := big.take()) is not None:
+            mine.extend(r)
+        got.append(mine)
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sorted(x for mine in got for x in mine) == list(range(20_000))
+
+
+def test_consume_concurrently_context_is_rocketmqs():
+    from rmq.client.consumer import ConsumeConcurrentlyContext
+    ctx = ConsumeConcurrentlyContext("mq")
+    assert (ctx.message_queue, ctx.delay_level_when_next_consume, ctx.ack_index) == ("mq", 0, 2 ** 31 - 1)
+    ctx.ack_index, ctx.delay_level_when_next_consume = 3, -1
+    assert ctx == ConsumeConcurrentlyContext("mq", -1, 3) != ConsumeConcurrentlyContext("mq")
+    assert repr(ctx) == "ConsumeConcurrentlyContext(message_queue='mq', delay_level_when_next_consume=-1, ack_index=3)"
+    with pytest.raises(AttributeError):
+        ctx.other = 1                          # no per-object dict

@@ -1,0 +1,79 @@
+# cython: language_level=3, embedsignature=True
+"""The PushConsumer's per-message objects in C: what a consume run builds for every listener call.
+
+* :class:`ConsumeConcurrentlyContext` -- RocketMQ's ``ConsumeConcurrentlyContext``, one per
+  listener call (with the defaults, one per message): a C type, built without a Python frame;
+* :class:`ConsumeRun` -- the ConsumeRequests of one pull result, cut when a worker takes one
+  (:meth:`ConsumeRun.take` runs without releasing the GIL, so workers sharing a run never get
+  the same request).
+
+This module imports no client, store or actor module.
+"""
+cimport cython
+
+ACK_INDEX_ALL = 2 ** 31 - 1      # ConsumeConcurrentlyContext.ackIndex = Integer.MAX_VALUE
+
+
+@cython.freelist(64)
+cdef class ConsumeConcurrentlyContext:
+    """Passed to a concurrent listener (RocketMQ ``ConsumeConcurrentlyContext``).
+
+    ``delay_level_when_next_consume``: 0 lets the broker pick ``3 + reconsumeTimes``; -1 sends
+    failed messages straight to the DLQ; 1..18 a level.  ``ack_index``: with CONSUME_SUCCESS,
+    the messages after this index still count as failed (partial success).
+    """
+    cdef public object message_queue
+    cdef public object delay_level_when_next_consume
+    cdef public object ack_index
+
+    def __init__(self, message_queue, delay_level_when_next_consume=0, ack_index=ACK_INDEX_ALL):
+        self.message_queue = message_queue
+        self.delay_level_when_next_consume = delay_level_when_next_consume
+        self.ack_index = ack_index
+
+    def __repr__(self):
+        return (f"ConsumeConcurrentlyContext(message_queue={self.message_queue!r}, delay_level_when_next_consume="
+                f"{self.delay_level_when_next_consume!r}, ack_index={self.ack_index!r})")
+
+    def __eq__(self, other):
+        if type(other) is not ConsumeConcurrentlyContext:
+            return NotImplemented
+        o = <ConsumeConcurrentlyContext>other
+        return (self.message_queue, self.delay_level_when_next_consume, self.ack_index) == \
+            (o.message_queue, o.delay_level_when_next_consume, o.ack_index)
+
+    __hash__ = None
+
+
+cdef class ConsumeRun:
+    """The ConsumeRequests (slices of at most ``size`` = ``consume_message_batch_max_size``
+    messages) of one pull result ``msgs`` of ``mq``, taken by the workers that get the run
+    (RocketMQ's ``submitConsumeRequest`` makes one task of each).  A request's list is cut when a
+    worker takes it, not before: a pull result of 256 messages is not 256 lists alive at once
+    for the cyclic GC to walk."""
+    cdef readonly list msgs
+    cdef readonly Py_ssize_t size, count
+    cdef readonly object pq, mq
+    cdef Py_ssize_t _next
+
+    def __init__(self, list msgs, Py_ssize_t size, pq, mq):
+        if size < 1:
+            raise ValueError(f"consume batch size must be >= 1, got {size}")
+        self.msgs = msgs
+        self.size = size
+        self.count = (len(msgs) + size - 1) // size       # requests
+        self.pq = pq
+        self.mq = mq
+        self._next = 0
+
+    def take(self):
+        """The next request's messages (a new list), or None when every request is taken."""
+        cdef Py_ssize_t k = self._next
+        if k >= self.count:
+            return None
+        self._next = k + 1
+        return self.msgs[k * self.size:(k + 1) * self.size]
+
+    def left(self):
+        """How many requests are not taken yet."""
+        return self.count - self._next
