@@ -50,7 +50,7 @@ from rmq.client.consumer import (BROKER_SUSPEND_MAX_TIME_MS, CONCURRENT_MAX_RECO
                                  REBALANCE_LOCK_INTERVAL_MS, RECONSUME_LATER_LOCALLY_MS, SHUTDOWN_AWAIT_MS,
                                  SUSPEND_CURRENT_QUEUE_TIME_MS, CONSUME_CONCURRENTLY_MAX_SPAN,
                                  ConsumeConcurrentlyContext, ConsumeConcurrentlyStatus, ConsumeFromWhere,
-                                 ConsumeOrderlyContext, ConsumeOrderlyStatus, MessageModel, RunCommits, _concurrent_status,
+                                 ConsumeOrderlyContext, ConsumeOrderlyStatus, MessageModel, RUN_COMMIT_INTERVAL_S, _concurrent_status,
                                  _enum,
                                  PullConsumerCalls, PushConsumerCalls)
 from rmq.aio.remoting import AsyncRemoting
@@ -714,15 +714,18 @@ class AsyncPushConsumer(PushConsumerCalls):
     def trace_dispatcher(self) -> "Optional[_trace.TraceDispatcher]":
         return self._trace
 
-    async def _call_listener(self, msgs: list, ctx):
+    def _listener_is_async(self) -> bool:
         fn = self.listener
         if fn is not self._listener_seen:             # a coroutine function or not: asked once per listener
             self._listener_seen = fn
             self._listener_async = inspect.iscoroutinefunction(fn) or \
                 inspect.iscoroutinefunction(getattr(fn, "__call__", None))
-        if self._listener_async:
-            return await fn(msgs, ctx)
-        return await asyncio.to_thread(fn, msgs, ctx)
+        return self._listener_async
+
+    async def _call_listener(self, msgs: list, ctx):
+        if self._listener_is_async():
+            return await self.listener(msgs, ctx)
+        return await asyncio.to_thread(self.listener, msgs, ctx)
 
     def _dispatch(self, msgs: list, pq: ProcessQueue, mq: MessageQueue, dispatch: bool) -> None:
         if self.orderly:
@@ -742,29 +745,49 @@ class AsyncPushConsumer(PushConsumerCalls):
         of the thread consumer does.  Wholly consumed requests are committed together (out of
         the process queue, offset, counts) at the end and at least every
         ``RUN_COMMIT_INTERVAL_S``; any other outcome takes the per-request path at once."""
+        # the loop runs once per message with the defaults: with a coroutine listener and no trace,
+        # _consume_once's, _call's and _call_listener's steps are written out here (one await)
         self._running_tasks += 1
-        commits = RunCommits()
+        success = ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+        monotonic = time.monotonic
+        done: list = []
+        last = monotonic()
         try:
             async with self._sem:
                 while self._state == "RUNNING":
                     msgs = run.take()
                     if msgs is None:
                         break
-                    outcome = await self._consume_once(msgs, pq, mq)
-                    if outcome is None:
-                        return                      # dropped: the new owner redelivers them
-                    status, ctx = outcome
-                    if commits.wholly_consumed(status, ctx, msgs):
-                        now = commits.add(msgs)
-                        if now:
-                            self._commit_consumed(now, pq, mq)
+                    if self._trace is None and self._listener_is_async():
+                        if pq.dropped:
+                            return                  # dropped: the new owner redelivers them
+                        ctx = ConsumeConcurrentlyContext(mq)
+                        try:
+                            status = await self.listener(msgs, ctx)
+                        except Exception:
+                            log.exception("listener failed on %d message(s) of %s", len(msgs), mq)
+                            status = ConsumeConcurrentlyStatus.RECONSUME_LATER
+                        else:
+                            if status is not success:
+                                status = _concurrent_status(status)
+                        if pq.dropped:
+                            return
+                    else:
+                        outcome = await self._consume_once(msgs, pq, mq)
+                        if outcome is None:
+                            return
+                        status, ctx = outcome
+                    if status is success and ctx.ack_index >= len(msgs) - 1:     # wholly consumed
+                        done += msgs
+                        if monotonic() - last >= RUN_COMMIT_INTERVAL_S:
+                            self._commit_consumed(done, pq, mq)
+                            done, last = [], monotonic()
                     else:
                         await self._process_result(status, ctx, msgs, pq, mq)
         finally:
             self._running_tasks -= 1
-            left = commits.take()
-            if left and not pq.dropped:
-                self._commit_consumed(left, pq, mq)
+            if done and not pq.dropped:
+                self._commit_consumed(done, pq, mq)
 
     async def _consume_concurrently(self, msgs: list, pq: ProcessQueue, mq: MessageQueue) -> None:
         """One ConsumeRequest on its own (a local re-consume), in a listener slot."""

@@ -1021,35 +1021,6 @@ class _PullService(threading.Thread):
             os.close(self._wfd)
 
 
-class RunCommits:
-    """The wholly consumed requests of one consume run (a worker thread's or an asyncio task's),
-    committed together: :meth:`add` returns what to commit now (at least every
-    ``RUN_COMMIT_INTERVAL_S``), :meth:`take` what is left at the run's end.  No I/O and no lock:
-    one run, one owner."""
-
-    __slots__ = ("done", "last")
-
-    def __init__(self) -> None:
-        self.done: list = []
-        self.last = time.monotonic()
-
-    @staticmethod
-    def wholly_consumed(status, ctx: ConsumeConcurrentlyContext, msgs: list) -> bool:
-        """CONSUME_SUCCESS with no ``ack_index`` cutting the request short."""
-        return status is ConsumeConcurrentlyStatus.CONSUME_SUCCESS and ctx.ack_index >= len(msgs) - 1
-
-    def add(self, msgs: list) -> Optional[list]:
-        self.done.extend(msgs)
-        if time.monotonic() - self.last < RUN_COMMIT_INTERVAL_S:
-            return None
-        self.last = time.monotonic()
-        return self.take()
-
-    def take(self) -> list:
-        out, self.done = self.done, []
-        return out
-
-
 class PushConsumer(PushConsumerCalls):
     """A consumer-group member that is assigned queues and called back with their messages
     (RocketMQ DefaultMQPushConsumer).

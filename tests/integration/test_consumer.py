@@ -637,12 +637,9 @@ def test_retry_redelivers_with_original_topic_then_succeeds(cluster):
         x.shutdown()
 
 
-def test_listener_answers_raise_junk_none_and_names_are_judged_per_request(cluster):
-    """A consume run's listener outcomes: an exception and an answer that is no status are
-    RECONSUME_LATER (redelivered once, from the retry topic); None and the status's name are
-    success (never redelivered)."""
-    create_topic(cluster, "T", 1)
-    seen = collections.defaultdict(list)
+def _answers_listener(seen: dict):
+    """A listener (sync) answering by body: raise, junk, None, the status's name; success on a
+    redelivery."""
     lock = threading.Lock()
 
     def listener(msgs, ctx):
@@ -654,17 +651,54 @@ def test_listener_answers_raise_junk_none_and_names_are_judged_per_request(clust
         if m.body == b"raise":
             raise RuntimeError("listener bug")
         return {b"junk": 42, b"none": None, b"name": "CONSUME_SUCCESS"}[m.body]
-    x = push_consumer(cluster, "answersg", listener).start()
+    return listener
+
+
+def _answers_judged(cluster, seen: dict, stats: dict, offset) -> None:
+    send_many(cluster, "T", [(b, 0) for b in (b"raise", b"junk", b"none", b"name")])
+    wait_for(lambda: len(seen[b"raise"]) == 2 and len(seen[b"junk"]) == 2, what="both redelivered")
+    wait_for(lambda: offset() == 4, what="offset past all 4")
+    # the offset passes a message only after its outcome: two failures were sent back, no more
+    assert stats["sent_back"] == 2 and stats["consumed_failed"] == 2
+    assert dict(seen) == {b"raise": [0, 1], b"junk": [0, 1], b"none": [0], b"name": [0]}
+
+
+def test_listener_answers_raise_junk_none_and_names_are_judged_per_request(cluster):
+    """A consume run's listener outcomes: an exception and an answer that is no status are
+    RECONSUME_LATER (redelivered once, from the retry topic); None and the status's name are
+    success (never redelivered)."""
+    create_topic(cluster, "T", 1)
+    seen = collections.defaultdict(list)
+    x = push_consumer(cluster, "answersg", _answers_listener(seen)).start()
     try:
         wait_for(lambda: x.assigned_message_queues("T"), what="assignment")
-        send_many(cluster, "T", [(b, 0) for b in (b"raise", b"junk", b"none", b"name")])
-        wait_for(lambda: len(seen[b"raise"]) == 2 and len(seen[b"junk"]) == 2, what="both redelivered")
-        wait_for(lambda: x.offset_store.read_memory(MessageQueue("T", "broker-a", 0)) == 4, what="offset past all 4")
-        # the offset passes a message only after its outcome: two failures were sent back, no more
-        assert x.stats["sent_back"] == 2 and x.stats["consumed_failed"] == 2
-        assert dict(seen) == {b"raise": [0, 1], b"junk": [0, 1], b"none": [0], b"name": [0]}
+        _answers_judged(cluster, seen, x.stats, lambda: x.offset_store.read_memory(MessageQueue("T", "broker-a", 0)))
     finally:
         x.shutdown()
+
+
+def test_async_listener_answers_are_judged_as_the_thread_consumers(cluster):
+    """rmq.aio's consume run (a coroutine listener: its own loop) judges the same answers the same way."""
+    from rmq.aio.consumer import AsyncPushConsumer
+    create_topic(cluster, "T", 1)
+    seen = collections.defaultdict(list)
+    sync_listener = _answers_listener(seen)
+
+    async def listener(msgs, ctx):
+        return sync_listener(msgs, ctx)
+
+    async def main():
+        c = AsyncPushConsumer(cluster.namesrv_addr, "answers-aio", **FAST)
+        c.subscribe("T", "*")
+        c.register_message_listener(listener)
+        await c.start()
+        try:
+            await asyncio.to_thread(wait_for, lambda: c.assigned_message_queues("T"), what="assignment")
+            await asyncio.to_thread(_answers_judged, cluster, seen, c.stats,
+                                    lambda: c.offset_store.read_memory(MessageQueue("T", "broker-a", 0)))
+        finally:
+            await c.shutdown()
+    asyncio.run(asyncio.wait_for(main(), 90))
 
 
 # -- crash: a killed member's uncommitted messages go to the others --------------------------------------
