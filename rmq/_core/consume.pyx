@@ -77,3 +77,54 @@ cdef class ConsumeRun:
     def left(self):
         """How many requests are not taken yet."""
         return self.count - self._next
+
+
+def needs_post_processing(list msgs, long compressed_flag, retry_topic):
+    """True when a pulled message has a compressed body (``sys_flag & compressed_flag``) or is a
+    copy from ``retry_topic`` (None: none is): the cases ``post_process_messages`` changes.  One
+    C loop over the attributes, so a pull result with neither is handed on untouched."""
+    cdef object m
+    for m in msgs:
+        if <long>m.sys_flag & compressed_flag:
+            return True
+        if retry_topic is not None and m.topic == retry_topic:
+            return True
+    return False
+
+
+def tree_put(tree, list msgs):
+    """ProcessQueue.put_message's loop: each of ``msgs`` not in ``tree`` (queue offset ->
+    message, a mapping kept in arrival order) is added.  Returns ``(added, body bytes added, the
+    highest offset added or -1)``."""
+    cdef Py_ssize_t added = 0, size = 0
+    cdef long long hi = -1, off
+    cdef object m, k, body
+    for m in msgs:
+        k = m.queue_offset
+        if k in tree:
+            continue
+        tree[k] = m
+        added += 1
+        body = m.body
+        if body is not None:
+            size += len(body)
+        off = k
+        if off > hi:
+            hi = off
+    return added, size, hi
+
+
+def tree_remove(tree, list msgs):
+    """ProcessQueue.remove_message's loop: ``msgs`` out of ``tree`` (those still in it).
+    Returns ``(removed, body bytes removed)``."""
+    cdef Py_ssize_t removed = 0, size = 0
+    cdef object m, old, body
+    pop = tree.pop
+    for m in msgs:
+        old = pop(m.queue_offset, None)
+        if old is not None:
+            removed += 1
+            body = old.body
+            if body is not None:
+                size += len(body)
+    return removed, size

@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Optional, Sequence, Union
 
 from rmq._core import commitlog as _cl
+from rmq._core.consume import needs_post_processing
 from rmq.client.message import (PROPERTY_MAX_RECONSUME_TIMES, PROPERTY_RECONSUME_TIME, PROPERTY_RETRY_TOPIC,
                                 MessageQueue, PullResult, PullStatus)
 import zmq
@@ -375,6 +376,8 @@ def post_process_messages(msgs: list, sub: Optional[SubscriptionData] = None,
     if sub is not None and not sub.is_all:
         tags = sub.tags_set
         out = [m for m in msgs if m.properties.get("TAGS") in tags]
+    if not needs_post_processing(out, SYS_FLAG_COMPRESSED, group_retry_topic):
+        return out
     for m in out:
         if m.sys_flag & SYS_FLAG_COMPRESSED and m.body is not None:
             try:

@@ -26,6 +26,8 @@ import time
 from collections import OrderedDict
 from typing import Optional
 
+from rmq._core.consume import tree_put, tree_remove
+
 REBALANCE_LOCK_MAX_LIVE_TIME_MS = 30_000     # rocketmq.client.rebalance.lockMaxLiveTime
 PULL_MAX_IDLE_TIME_MS = 120_000              # rocketmq.client.pull.pullMaxIdleTime
 
@@ -57,14 +59,11 @@ class ProcessQueue:
         started (messages waiting and no task running)."""
         with self._lock:
             m = self.msg_tree_map
-            for msg in msgs:
-                off = msg.queue_offset
-                if off not in m:
-                    m[off] = msg
-                    self.msg_count += 1
-                    self.msg_size += len(msg.body) if msg.body is not None else 0
-                    if off > self.queue_offset_max:
-                        self.queue_offset_max = off
+            added, size, hi = tree_put(m, msgs)
+            self.msg_count += added
+            self.msg_size += size
+            if hi > self.queue_offset_max:
+                self.queue_offset_max = hi
             dispatch = False
             if m and not self.consuming:
                 dispatch = True
@@ -79,11 +78,9 @@ class ProcessQueue:
             if not m:
                 return -1
             result = self.queue_offset_max + 1
-            for msg in msgs:
-                old = m.pop(msg.queue_offset, None)
-                if old is not None:
-                    self.msg_count -= 1
-                    self.msg_size -= len(old.body) if old.body is not None else 0
+            removed, size = tree_remove(m, msgs)
+            self.msg_count -= removed
+            self.msg_size -= size
             if m:
                 result = next(iter(m))
             self.last_consume_timestamp = time.monotonic()

@@ -157,3 +157,38 @@ def test_consume_concurrently_context_is_rocketmqs():
     assert repr(ctx) == "ConsumeConcurrentlyContext(message_queue='mq', delay_level_when_next_consume=-1, ack_index=3)"
     with pytest.raises(AttributeError):
         ctx.other = 1                          # no per-object dict
+
+
+def _ext(topic, body, offset):
+    from rmq._core.commitlog import MessageExt
+    m = MessageExt()
+    m.topic, m.body, m.queue_offset = topic, body, offset
+    return m
+
+
+def test_process_queue_loops_in_c_keep_counts_order_and_skip_duplicates():
+    from collections import OrderedDict
+
+    from rmq._core.consume import tree_put, tree_remove
+    msgs = [_ext("T", b"x" * (i + 1), 10 + i) for i in range(4)]
+    msgs[2].body = None                            # a body not read counts 0 bytes
+    tree = OrderedDict()
+    assert tree_put(tree, msgs[:3]) == (3, 1 + 2, 12)
+    assert tree_put(tree, msgs[1:]) == (1, 4, 13)  # 11 and 12 were there already
+    assert list(tree) == [10, 11, 12, 13] and tree_put(tree, []) == (0, 0, -1)
+    assert tree_remove(tree, [msgs[1], msgs[1], msgs[3]]) == (2, 2 + 4)
+    assert list(tree) == [10, 12]
+
+
+def test_post_processing_is_skipped_only_when_no_message_needs_it():
+    from rmq._core.consume import needs_post_processing
+    from rmq.client.consumer_api import SYS_FLAG_COMPRESSED
+    plain = [_ext("T", b"x", i) for i in range(3)]
+    assert not needs_post_processing(plain, SYS_FLAG_COMPRESSED, "%RETRY%g")
+    assert not needs_post_processing([], SYS_FLAG_COMPRESSED, None)
+    retried = plain + [_ext("%RETRY%g", b"x", 3)]
+    assert needs_post_processing(retried, SYS_FLAG_COMPRESSED, "%RETRY%g")
+    assert not needs_post_processing(retried, SYS_FLAG_COMPRESSED, None)
+    packed = _ext("T", b"x", 4)
+    packed.sys_flag = SYS_FLAG_COMPRESSED
+    assert needs_post_processing(plain + [packed], SYS_FLAG_COMPRESSED, None)
