@@ -958,8 +958,9 @@ def test_members_joining_and_leaving_are_notified_and_rebalance_at_once(cluster)
 
 
 def test_one_pull_is_consumed_in_parallel_by_idle_workers_and_committed(cluster):
-    """The ConsumeRequests of one pull result go to every idle listener thread (a slow listener
-    is not serialised by the per-pull hand-off), and what they consumed is committed."""
+    """The ConsumeRequests of one pull result run in parallel when the listener blocks (the pool
+    grows from one thread and the added workers help with the running pull result: a slow
+    listener is not serialised by the per-pull hand-off), and what they consumed is committed."""
     create_topic(cluster, "T", 1)
     send_many(cluster, "T", [(b"%d" % i, 0) for i in range(8)])      # one queue: one pull takes all 8
     lock = threading.Lock()
