@@ -297,6 +297,10 @@ class _AsyncOffsets:
     async def persist(self, mq: MessageQueue) -> None:
         await self.persist_all([mq], force=True)
 
+    def forget_persisted(self, mq: MessageQueue) -> None:
+        """As :meth:`rmq.client.offset_store.OffsetStore.forget_persisted`."""
+        self._persisted.pop(mq, None)
+
     async def persist_all(self, mqs: Iterable[MessageQueue], force: bool = False) -> None:
         if self.api is None:
             self.table.persist_all(mqs)
@@ -482,7 +486,8 @@ class AsyncPushConsumer(PushConsumerCalls):
         for _, pq in items:
             pq.dropped = True
         try:
-            await self.offsets.persist_all([mq for mq, _ in items])
+            # every offset, changed or not (see the thread consumer's shutdown)
+            await self.offsets.persist_all([mq for mq, _ in items], force=True)
             if self.orderly and self.clustering:
                 await self._unlock([mq for mq, _ in items])
             for addr in self.api.heartbeat_addrs():
@@ -726,6 +731,10 @@ class AsyncPushConsumer(PushConsumerCalls):
         if self._listener_is_async():
             return await self.listener(msgs, ctx)
         return await asyncio.to_thread(self.listener, msgs, ctx)
+
+    def _commit_carried(self, mq: MessageQueue) -> None:
+        if self.offsets is not None:
+            self.offsets.forget_persisted(mq)
 
     def _dispatch(self, msgs: list, pq: ProcessQueue, mq: MessageQueue, dispatch: bool) -> None:
         if self.orderly:

@@ -352,8 +352,15 @@ class PushConsumerCalls:
         if sub is None:
             raise MQClientError(f"no subscription for topic {mq.topic} (unsubscribed)")
         commit_offset = self.offset_store.read_memory(mq) if self.clustering and broker_id == MASTER_ID else -1
+        if commit_offset > 0:
+            self._commit_carried(mq)
         return build_pull_frame(self.group, mq, next_offset, self.pull_batch_size, sub,
                                 commit_offset if commit_offset > 0 else -1, BROKER_SUSPEND_MAX_TIME_MS)
+
+    def _commit_carried(self, mq: MessageQueue) -> None:
+        """A pull carries ``mq``'s offset (commitOffset): the broker may apply it after a later
+        persist, so the next persist sends the offset even when unchanged."""
+        self.offset_store.forget_persisted(mq)
 
     def _pull_outcome(self, res: PullResult, pq: ProcessQueue, mq: MessageQueue, next_offset: int) -> str:
         """What a pull answer means for ``mq`` (RocketMQ ``PullCallback``): ``"found"`` (messages to
@@ -1286,7 +1293,9 @@ class PushConsumer(PushConsumerCalls):
         for _, pq in items:
             pq.dropped = True
         try:
-            self.offset_store.persist_all([mq for mq, _ in items])
+            # every offset, changed or not: a held pull carries the offset of its time, and the
+            # broker may apply it after the last persist (RocketMQ's shutdown persists them all)
+            self.offset_store.persist_all([mq for mq, _ in items], force=True)
             if self.orderly and self.clustering:
                 self._unlock_all([mq for mq, _ in items])
             for addr in self.api.heartbeat_addrs():

@@ -98,8 +98,14 @@ class OffsetStore:
     def persist(self, mq: MessageQueue) -> None:
         """Write the offset of ``mq`` to the store now."""
 
-    def persist_all(self, mqs: Iterable[MessageQueue]) -> None:
-        """Write the offsets of ``mqs`` (the queues still assigned) to the store."""
+    def persist_all(self, mqs: Iterable[MessageQueue], force: bool = False) -> None:
+        """Write the offsets of ``mqs`` (the queues still assigned) to the store (``force``: also
+        those the store was last given unchanged, as on shutdown)."""
+
+    def forget_persisted(self, mq: MessageQueue) -> None:
+        """The store's offset of ``mq`` may no longer be the last one persisted (a long-polling
+        PULL_MESSAGE carried the offset of its time, and may be applied after a later persist):
+        the next :meth:`persist_all` writes it even when unchanged."""
 
 
 class RemoteBrokerOffsetStore(OffsetStore):
@@ -151,11 +157,11 @@ class RemoteBrokerOffsetStore(OffsetStore):
         except MQClientError as e:
             log.warning("persist offset %d of %s for %s failed: %s", off, mq, self.group, e)
 
-    def persist_all(self, mqs: Iterable[MessageQueue]) -> None:
+    def persist_all(self, mqs: Iterable[MessageQueue], force: bool = False) -> None:
         wanted = set(mqs)
         with self._lock:
             todo = [(mq, off) for mq, off in self._table.items()
-                    if mq in wanted and off >= 0 and self._persisted.get(mq) != off]
+                    if mq in wanted and off >= 0 and (force or self._persisted.get(mq) != off)]
         unreachable: set = set()          # broker groups that did not answer this round: one timeout each
         for mq, off in todo:
             if mq.broker_name in unreachable:
@@ -170,6 +176,10 @@ class RemoteBrokerOffsetStore(OffsetStore):
                             "round)", off, mq, self.group, e, mq.broker_name)
             except MQClientError as e:
                 log.warning("persist offset %d of %s for %s failed: %s", off, mq, self.group, e)
+
+    def forget_persisted(self, mq: MessageQueue) -> None:
+        with self._lock:
+            self._persisted.pop(mq, None)
 
     def remove_offset(self, mq: MessageQueue) -> None:
         with self._lock:
@@ -226,7 +236,7 @@ class LocalFileOffsetStore(OffsetStore):
     def persist(self, mq: MessageQueue) -> None:
         self._write()
 
-    def persist_all(self, mqs: Iterable[MessageQueue]) -> None:
+    def persist_all(self, mqs: Iterable[MessageQueue], force: bool = False) -> None:
         self._write()
 
     def remove_offset(self, mq: MessageQueue) -> None:

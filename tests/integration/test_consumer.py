@@ -637,6 +637,61 @@ def test_retry_redelivers_with_original_topic_then_succeeds(cluster):
         x.shutdown()
 
 
+@pytest.mark.parametrize("aio", [False, True], ids=["thread", "aio"])
+def test_shutdown_persists_every_offset_over_a_late_pull_commit(cluster, aio):
+    """A long-polling pull carries the offset of its time (commitOffset) and the broker may apply
+    it after a later persist of a higher one; the offset is then unchanged in the consumer, which
+    persisted it already.  Shutdown persists every offset anyway (RocketMQ's persistAll): here
+    the late commit is a pull of the group's with an older commitOffset, answered before it."""
+    from rmq.aio.consumer import AsyncPushConsumer
+    from rmq.client.consumer_api import SubscriptionData, build_pull_frame
+    create_topic(cluster, "T", 1)
+    mq = MessageQueue("T", "broker-a", 0)
+    seen = []
+    send_many(cluster, "T", [(b"%d" % i, 0) for i in range(5)])
+
+    def late_commit():
+        with RemotingClient() as rc:
+            frame = build_pull_frame("late", mq, 5, 1, SubscriptionData.build("T", "*"), 3, 0)
+            rc.invoke(cluster.broker, frame)
+        with PullConsumer(cluster.namesrv_addr, group="late", auto_commit=False) as pc:
+            assert pc.committed(mq) == 3
+
+    def committed():
+        with PullConsumer(cluster.namesrv_addr, group="late", auto_commit=False) as pc:
+            return pc.committed(mq)
+
+    if not aio:
+        x = push_consumer(cluster, "late", lambda msgs, ctx: seen.extend(msgs),
+                          consume_from_where="CONSUME_FROM_FIRST_OFFSET").start()
+        try:
+            wait_for(lambda: x.offset_store.read_memory(mq) == 5, what="5 consumed")
+            x.offset_store.persist_all([mq])
+            assert committed() == 5
+            late_commit()
+        finally:
+            x.shutdown()
+    else:
+        async def listener(msgs, ctx):
+            seen.extend(msgs)
+
+        async def main():
+            c = AsyncPushConsumer(cluster.namesrv_addr, "late", **{**FAST, "consume_from_where":
+                                                                      "CONSUME_FROM_FIRST_OFFSET"})
+            c.subscribe("T", "*")
+            c.register_message_listener(listener)
+            await c.start()
+            try:
+                await asyncio.to_thread(wait_for, lambda: c.offset_store.read_memory(mq) == 5, what="5 consumed")
+                await c.offsets.persist_all([mq])
+                assert await asyncio.to_thread(committed) == 5
+                await asyncio.to_thread(late_commit)
+            finally:
+                await c.shutdown()
+        asyncio.run(asyncio.wait_for(main(), 90))
+    assert len(seen) == 5 and committed() == 5
+
+
 def _answers_listener(seen: dict):
     """A listener (sync) answering by body: raise, junk, None, the status's name; success on a
     redelivery."""

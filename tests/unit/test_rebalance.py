@@ -284,6 +284,11 @@ def test_remote_offset_store_reads_broker_and_persists_changes():
     assert calls == [(0, 5)]
     s.persist_all([a, b])
     assert calls == [(0, 5), (1, 7)]                    # unchanged ones are not re-sent
+    s.forget_persisted(a)                               # a pull carried an older commitOffset
+    s.persist_all([a, b])
+    assert calls == [(0, 5), (1, 7), (0, 5)]
+    s.persist_all([a, b], force=True)                   # shutdown: every one
+    assert calls == [(0, 5), (1, 7), (0, 5), (0, 5), (1, 7)]
     s.remove_offset(a)
     assert s.read_offset(a, ReadOffsetType.READ_FROM_MEMORY) == -1
     assert s.read_offset(a) == 5                        # memory first, then the broker
