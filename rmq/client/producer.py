@@ -126,13 +126,8 @@ MAX_IN_FLIGHT_PER_QUEUE = 1                # ordered sends: requests out per que
 MAX_PENDING_MESSAGES = 10_000              # accepted but unanswered messages before send_async blocks
                                            # (every pending message is ~15 live objects the GC walks)
 DELIVERY_TIMEOUT_MS = 120_000              # send_async: hand-over to final result (Kafka's delivery.timeout.ms)
-# bytes; send_async's batches while batch_size is left to its default (within max_message_size),
-# also when only linger_ms is set.  Kafka's batch.size is 16 KiB per partition; rmq's batch is per
-# topic (or topic and sharding key) and is one request, and 16 KiB made 1 KiB messages 15 a request:
-# send_async of 1 KiB, 3 alternated runs, 16 KiB 51-89 k msgs/s, 64 KiB 132-139 k, 256 KiB 142-231 k;
-# 100 B 134-231 k, 202-251 k, 255-260 k.  A lone message still leaves at once (linger 0).
-DEFAULT_BATCH_SIZE = 256 * 1024
-MANY_REQUEST_SIZE = DEFAULT_BATCH_SIZE     # bytes; send_async_many / send_async_columns requests are at least
+DEFAULT_BATCH_SIZE = 16 * 1024             # bytes; Kafka's batch.size, used when only linger_ms is set
+MANY_REQUEST_SIZE = 256 * 1024             # bytes; send_async_many / send_async_columns requests are at least
                                            # this big (all their messages are handed over at once: smaller
                                            # requests only cost round trips; Kafka's max.request.size role)
 PROVISIONAL_REFRESH_MS = 100               # min gap between route look-ups of an auto-created topic
@@ -175,7 +170,7 @@ class ProducerOptions:
     retry_response_codes: frozenset = RETRY_RESPONSE_CODES
     default_topic_queue_nums: int = DEFAULT_TOPIC_QUEUE_NUMS             # [defaultTopicQueueNums]
     linger_ms: float = 0.0              # batching: wait up to this long for a batch to fill
-    batch_size: Optional[int] = None    # batching: ship a batch at this many bytes (None: 256 KiB; 0 = off)
+    batch_size: Optional[int] = None    # batching: ship a batch at this many bytes (None: 16 KiB; 0 = off)
     max_in_flight: int = MAX_IN_FLIGHT  # outstanding requests (pipelining)
     max_in_flight_per_queue: int = MAX_IN_FLIGHT_PER_QUEUE  # ordered sends: requests out per queue
     max_pending_messages: int = MAX_PENDING_MESSAGES  # send_async blocks above this many unanswered messages
@@ -191,7 +186,7 @@ class ProducerOptions:
                 raise MQClientError(f"producer option {name} must be a {'non-negative' if allow_zero else 'positive'}"
                                     f" number, got {v!r}")
         if self.batch_size is None and isinstance(self.max_message_size, int):
-            # the default (DEFAULT_BATCH_SIZE), within max_message_size
+            # the default: Kafka's batch.size, within max_message_size
             self.batch_size = min(DEFAULT_BATCH_SIZE, max(self.max_message_size, 0))
             self.batch_size_defaulted = True
         for n in ("send_msg_timeout_ms", "max_message_size", "poll_name_server_interval_ms",
@@ -339,7 +334,7 @@ def many_request_size(opts: ProducerOptions, columns: bool = False) -> int:
 
     With ``batch_size`` left to its default: ``MANY_REQUEST_SIZE`` (256 KiB), within
     ``max_message_size`` (the broker's bound on a batch body, as RocketMQ's: a whole batch of up
-    to maxMessageSize goes as one request) -- the messages are all handed over at once, so small
+    to maxMessageSize goes as one request) -- the messages are all handed over at once, so 16 KiB
     requests would only cost round trips.  A ``batch_size`` the user gave is kept (a broker with
     a small maxMessageSize, or small requests wanted); 0 (batching off) is one message per
     send_async_many request, and MANY_REQUEST_SIZE for columns (they always go as batches)."""
@@ -1642,9 +1637,7 @@ class Producer:
         Client-side batching of :meth:`send_async`, as Kafka's producer: messages for the same
         queue that wait while ``max_in_flight`` requests are outstanding, or for up to
         ``linger_ms`` (0), go together as one SEND_BATCH_MESSAGE of up to ``batch_size``
-        bytes (256 KiB, ``DEFAULT_BATCH_SIZE``; at most ``max_message_size``; Kafka's batch.size
-        is 16 KiB, per partition, and a broker with a smaller maxMessageSize wants a smaller
-        ``batch_size`` or ``max_message_size``).  With linger 0 a
+        bytes (16 KiB, Kafka's batch.size; at most ``max_message_size``).  With linger 0 a
         lone message leaves at once, so batching costs no latency and only forms under load
         (``send_async`` of 100 B messages: 17.5 k msgs/s one request each, 125 k batched).
         ``batch_size=0`` sends one SEND_MESSAGE per message (RocketMQ's ``sendAsync``).

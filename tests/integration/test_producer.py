@@ -363,7 +363,7 @@ def test_send_async_completes_every_future(cluster, rc, batch_size):
     if batch_size is None:
         # linger 0: messages queued while max_in_flight requests are out leave together (Kafka's
         # batch.size default): at most max_in_flight single requests before the broker stopped, the
-        # rest in batches of up to 256 KiB
+        # rest in 16 KiB batches
         assert st["batch_requests"] > 0 and requests < n // 10, st
     else:
         # one request per message, plus one per retry (a send shed with SYSTEM_BUSY, see below)
@@ -667,9 +667,9 @@ def test_direct_send_to_a_killed_broker_fails_clearly_after_retries(tmp_path):
         c.close()
 
 
-def test_default_batch_size_is_256_kib_within_max_message_size():
+def test_default_batch_size_is_kafkas_within_max_message_size():
     from rmq.client.producer import DEFAULT_BATCH_SIZE, ProducerOptions
-    assert ProducerOptions().batch_size == DEFAULT_BATCH_SIZE == 256 * 1024 and ProducerOptions().batching
+    assert ProducerOptions().batch_size == DEFAULT_BATCH_SIZE == 16 * 1024 and ProducerOptions().batching
     assert ProducerOptions(max_message_size=4096).batch_size == 4096      # never above a message's limit
     assert not ProducerOptions(batch_size=0).batching                       # RocketMQ's one request each
     assert ProducerOptions(batch_size=0, linger_ms=5).batch_size == DEFAULT_BATCH_SIZE
