@@ -1640,6 +1640,10 @@ class Producer:
         bytes (16 KiB, Kafka's batch.size; at most ``max_message_size``).  With linger 0 a
         lone message leaves at once, so batching costs no latency and only forms under load
         (``send_async`` of 100 B messages: 17.5 k msgs/s one request each, 125 k batched).
+        Larger batches carry more under load (one Python thread, 3 alternated runs: 1 KiB
+        messages 51-89 k msgs/s at 16 KiB, 132-139 k at 64 KiB, 142-231 k at 256 KiB; 100 B
+        134-231 k, 202-251 k, 255-260 k), but a batch must fit the broker's maxMessageSize and
+        one CommitLog file (mappedFileSizeCommitLog), or the broker refuses it whole.
         ``batch_size=0`` sends one SEND_MESSAGE per message (RocketMQ's ``sendAsync``).
     max_in_flight : int
         Requests outstanding at once (pipelining; 32).  Ordered sends have at most
