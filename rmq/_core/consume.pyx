@@ -10,8 +10,16 @@
 This module imports no client, store or actor module.
 """
 cimport cython
+from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
 ACK_INDEX_ALL = 2 ** 31 - 1      # ConsumeConcurrentlyContext.ackIndex = Integer.MAX_VALUE
+RUN_COMMIT_INTERVAL_S = 0.05     # a run's consumed messages are committed at least this often
+
+
+cdef inline double _monotonic() noexcept nogil:
+    cdef timespec ts
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return ts.tv_sec + ts.tv_nsec * 1e-9
 
 
 @cython.freelist(64)
@@ -55,6 +63,8 @@ cdef class ConsumeRun:
     cdef readonly Py_ssize_t size, count
     cdef readonly object pq, mq
     cdef Py_ssize_t _next
+    cdef list _done                  # wholly consumed messages not committed yet (every worker's)
+    cdef double _last                # when they were last handed out for a commit (CLOCK_MONOTONIC s)
 
     def __init__(self, list msgs, Py_ssize_t size, pq, mq):
         if size < 1:
@@ -65,6 +75,8 @@ cdef class ConsumeRun:
         self.pq = pq
         self.mq = mq
         self._next = 0
+        self._done = []
+        self._last = _monotonic()
 
     def take(self):
         """The next request's messages (a new list), or None when every request is taken."""
@@ -77,6 +89,24 @@ cdef class ConsumeRun:
     def left(self):
         """How many requests are not taken yet."""
         return self.count - self._next
+
+    def consumed(self, list msgs):
+        """Request ``msgs`` was wholly consumed: it joins the run's messages to commit.  Returns
+        them all (a list to commit now) once RUN_COMMIT_INTERVAL_S passed since the last time,
+        else None; the workers sharing the run share the list (committing any consumed message
+        is right whoever consumed it)."""
+        self._done.extend(msgs)
+        cdef double now = _monotonic()
+        if now - self._last < RUN_COMMIT_INTERVAL_S:
+            return None
+        self._last = now
+        out, self._done = self._done, []
+        return out
+
+    def rest(self):
+        """The consumed messages not handed out yet (a worker leaving the run commits them)."""
+        out, self._done = self._done, []
+        return out
 
 
 def needs_post_processing(list msgs, long compressed_flag, retry_topic):

@@ -50,7 +50,7 @@ from rmq.client.consumer import (BROKER_SUSPEND_MAX_TIME_MS, CONCURRENT_MAX_RECO
                                  REBALANCE_LOCK_INTERVAL_MS, RECONSUME_LATER_LOCALLY_MS, SHUTDOWN_AWAIT_MS,
                                  SUSPEND_CURRENT_QUEUE_TIME_MS, CONSUME_CONCURRENTLY_MAX_SPAN,
                                  ConsumeConcurrentlyContext, ConsumeConcurrentlyStatus, ConsumeFromWhere,
-                                 ConsumeOrderlyContext, ConsumeOrderlyStatus, MessageModel, RUN_COMMIT_INTERVAL_S, _concurrent_status,
+                                 ConsumeOrderlyContext, ConsumeOrderlyStatus, MessageModel, _concurrent_status,
                                  _enum,
                                  PullConsumerCalls, PushConsumerCalls)
 from rmq.aio.remoting import AsyncRemoting
@@ -758,9 +758,6 @@ class AsyncPushConsumer(PushConsumerCalls):
         # _consume_once's, _call's and _call_listener's steps are written out here (one await)
         self._running_tasks += 1
         success = ConsumeConcurrentlyStatus.CONSUME_SUCCESS
-        monotonic = time.monotonic
-        done: list = []
-        last = monotonic()
         try:
             async with self._sem:
                 while self._state == "RUNNING":
@@ -787,16 +784,16 @@ class AsyncPushConsumer(PushConsumerCalls):
                             return
                         status, ctx = outcome
                     if status is success and ctx.ack_index >= len(msgs) - 1:     # wholly consumed
-                        done += msgs
-                        if monotonic() - last >= RUN_COMMIT_INTERVAL_S:
-                            self._commit_consumed(done, pq, mq)
-                            done, last = [], monotonic()
+                        now = run.consumed(msgs)
+                        if now is not None:
+                            self._commit_consumed(now, pq, mq)
                     else:
                         await self._process_result(status, ctx, msgs, pq, mq)
         finally:
             self._running_tasks -= 1
-            if done and not pq.dropped:
-                self._commit_consumed(done, pq, mq)
+            rest = run.rest()
+            if rest and not pq.dropped:
+                self._commit_consumed(rest, pq, mq)
 
     async def _consume_concurrently(self, msgs: list, pq: ProcessQueue, mq: MessageQueue) -> None:
         """One ConsumeRequest on its own (a local re-consume), in a listener slot."""

@@ -52,7 +52,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterable, Optional, Union
 
 from rmq import latency_trace as _lt
-from rmq._core.consume import ConsumeConcurrentlyContext, ConsumeRun
+from rmq._core.consume import RUN_COMMIT_INTERVAL_S, ConsumeConcurrentlyContext, ConsumeRun  # noqa: F401 (re-exported)
 from rmq.client.calls import blocking, drive
 
 if TYPE_CHECKING:                              # poll_arrow's return type; pyarrow is optional (rmq[spark])
@@ -102,7 +102,6 @@ PULL_TIME_DELAY_MS_WHEN_FLOW_CONTROL = 50
 PULL_TIME_DELAY_MS_WHEN_SUSPEND = 1000
 MAX_TIME_CONSUME_CONTINUOUSLY_MS = 60_000       # one orderly task keeps a queue at most this long
 RECONSUME_LATER_LOCALLY_MS = 5000               # failed send-back: consume again here after this
-RUN_COMMIT_INTERVAL_S = 0.05                    # a worker's consumed messages are committed at least this often
 SHUTDOWN_AWAIT_MS = 10_000                      # how long shutdown waits for running listeners
 ORDERLY_MAX_RECONSUME_TIMES = 2 ** 31 - 1       # Integer.MAX_VALUE: orderly retries locally forever
 CONCURRENT_MAX_RECONSUME_TIMES = 16
@@ -1603,9 +1602,6 @@ class PushConsumer(PushConsumerCalls):
         pq, mq, take = run.pq, run.mq, run.take
         listener = self.listener
         success = ConsumeConcurrentlyStatus.CONSUME_SUCCESS
-        monotonic = time.monotonic
-        done: list = []
-        last = monotonic()
         while self._state == "RUNNING":
             msgs = take()
             if msgs is None:
@@ -1631,14 +1627,14 @@ class PushConsumer(PushConsumerCalls):
                     return
                 status, ctx = outcome
             if status is success and ctx.ack_index >= len(msgs) - 1:     # wholly consumed
-                done += msgs
-                if monotonic() - last >= RUN_COMMIT_INTERVAL_S:
-                    self._commit_consumed(done, pq, mq)
-                    done, last = [], monotonic()
+                now = run.consumed(msgs)
+                if now is not None:
+                    self._commit_consumed(now, pq, mq)
             else:
                 self._process_concurrent_result(status, ctx, msgs, pq, mq)
-        if done:
-            self._commit_consumed(done, pq, mq)
+        rest = run.rest()
+        if rest:
+            self._commit_consumed(rest, pq, mq)
 
     def _commit_consumed(self, msgs: list, pq: ProcessQueue, mq: MessageQueue) -> None:
         """Messages consumed successfully: out of the process queue, the offset forward, counted

@@ -192,3 +192,62 @@ def test_post_processing_is_skipped_only_when_no_message_needs_it():
     packed = _ext("T", b"x", 4)
     packed.sys_flag = SYS_FLAG_COMPRESSED
     assert needs_post_processing(plain + [packed], SYS_FLAG_COMPRESSED, None)
+
+
+def test_consume_run_collects_consumed_requests_for_commits_every_interval_and_at_the_end():
+    from rmq._core.consume import RUN_COMMIT_INTERVAL_S, ConsumeRun
+    run = ConsumeRun(list(range(6)), 2, None, None)
+    first = run.consumed(run.take())
+    if first is None:                             # (the run was made less than an interval ago)
+        assert run.rest() == [0, 1]
+    else:
+        assert first == [0, 1] and run.rest() == []
+    assert run.consumed(run.take()) is None       # within the interval of the last hand-out
+    end = time.monotonic() + 30
+    got = None
+    while got is None:                            # the interval passes: all of it, at once
+        assert time.monotonic() < end, "consumed() never handed the list out"
+        time.sleep(RUN_COMMIT_INTERVAL_S / 5)
+        got = run.consumed([])
+    assert got == [2, 3] and run.rest() == []
+    run.consumed(run.take())
+    assert run.rest() == [4, 5] and run.rest() == [] and run.take() is None
+
+
+def test_consume_run_commits_every_message_once_across_workers():
+    from rmq._core.consume import ConsumeRun
+    run = ConsumeRun(list(range(30_000)), 3, None, None)
+    handed: list = []
+
+    def worker():
+        while (r := run.take()) is not None:
+            now = run.consumed(r)
+            if now:
+                handed.append(now)
+        handed.append(run.rest())
+    threads = [threading.Thread(target=worker) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sorted(x for part in handed for x in part) == list(range(30_000))
+
+
+def test_a_retire_request_makes_one_worker_beyond_the_minimum_exit():
+    pool = ConsumePool(4, "retire", 1)
+    gate = threading.Event()
+    started = []
+    try:
+        for _ in range(3):                        # blocked tasks: the pool grows to 3 or more
+            pool.submit(lambda: (started.append(1), gate.wait(30)), ())
+        wait_for(lambda: len(started) == 3, what="3 tasks running at once")
+        gate.set()
+        wait_for(lambda: pool.idle == pool.size, what="the workers idle again")
+        live = pool.size
+        with pool._lock:
+            pool._retire = 1                      # what a CPU-bound tick sets (pool_decision: -1)
+        pool.submit(lambda: None, ())             # the worker that runs it, or an idle one, leaves
+        wait_for(lambda: pool.size == live - 1, what="one worker retired")
+        assert pool.size >= pool.min_threads
+    finally:
+        pool.shutdown(5)
