@@ -336,6 +336,26 @@ def test_pull_frame_carries_the_commit_offset_to_a_master_only_and_refuses_an_un
         m._pull_frame(MessageQueue("gone", "broker-a", 0), 0, 0)
 
 
+def test_a_pull_that_carries_the_offset_makes_the_next_persist_send_it_again():
+    """The broker applies a pull's commitOffset when it reads the pull, possibly after a later
+    persist of a higher offset: the offset store forgets what it last persisted for the queue."""
+    from rmq.client.offset_store import RemoteBrokerOffsetStore
+    sent = []
+    m = _member(ConsumerCalls(NS))
+    m.pull_batch_size = 32
+    m.offset_store = RemoteBrokerOffsetStore("cg", lambda g, mq: -1, lambda g, mq, off: sent.append(off))
+    m.offset_store.update_offset(MQ, 7)
+    m.offset_store.persist_all([MQ])
+    m.offset_store.persist_all([MQ])
+    assert sent == [7]                                  # unchanged: not sent twice
+    m._pull_frame(MQ, 10, 1)                            # to a slave: no commitOffset, nothing forgotten
+    m.offset_store.persist_all([MQ])
+    assert sent == [7]
+    m._pull_frame(MQ, 10, 0)                            # to the master, carrying 7
+    m.offset_store.persist_all([MQ])
+    assert sent == [7, 7]
+
+
 def test_a_failed_pull_is_asked_again_elsewhere_only_when_the_group_has_another_address():
     def pc_with(addrs):
         pc = _pull_core(ConsumerCalls(NS))
@@ -356,3 +376,13 @@ def test_a_malformed_route_is_refused_with_the_field_named():
     from rmq.client.consumer_api import TopicRoute
     with pytest.raises(MQClientError, match="readQueueNums"):
         TopicRoute.from_wire("orders", {"queueDatas": [{"brokerName": "broker-a", "perm": 6}], "brokerDatas": []})
+
+
+def test_the_asyncio_consumer_forgets_what_it_persisted_when_a_pull_carries_the_offset():
+    from rmq.aio.consumer import AsyncPushConsumer, _AsyncOffsets
+    from rmq.client.offset_store import OffsetStore
+    c = AsyncPushConsumer(NS, "cg")
+    c.offsets = _AsyncOffsets(OffsetStore("cg"), None)
+    c.offsets._persisted[MQ] = 7
+    c._commit_carried(MQ)
+    assert MQ not in c.offsets._persisted
