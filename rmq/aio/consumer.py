@@ -754,8 +754,8 @@ class AsyncPushConsumer(PushConsumerCalls):
         of the thread consumer does.  Wholly consumed requests are committed together (out of
         the process queue, offset, counts) at the end and at least every
         ``RUN_COMMIT_INTERVAL_S``; any other outcome takes the per-request path at once."""
-        # the loop runs once per message with the defaults: with a coroutine listener and no trace,
-        # _consume_once's, _call's and _call_listener's steps are written out here (one await)
+        # the loop runs once per message with the defaults: a coroutine listener without a trace is
+        # awaited at once (one await per request), anything else through _call
         self._running_tasks += 1
         success = ConsumeConcurrentlyStatus.CONSUME_SUCCESS
         try:
@@ -764,25 +764,22 @@ class AsyncPushConsumer(PushConsumerCalls):
                     msgs = run.take()
                     if msgs is None:
                         break
-                    if self._trace is None and self._listener_is_async():
-                        if pq.dropped:
-                            return                  # dropped: the new owner redelivers them
-                        ctx = ConsumeConcurrentlyContext(mq)
-                        try:
+                    if pq.dropped:
+                        return                      # dropped: the new owner redelivers them
+                    ctx = ConsumeConcurrentlyContext(mq)
+                    try:
+                        if self._trace is None and self._listener_is_async():
                             status = await self.listener(msgs, ctx)
-                        except Exception:
-                            log.exception("listener failed on %d message(s) of %s", len(msgs), mq)
-                            status = ConsumeConcurrentlyStatus.RECONSUME_LATER
                         else:
-                            if status is not success:
-                                status = _concurrent_status(status)
-                        if pq.dropped:
-                            return
+                            status = await self._call(msgs, ctx)
+                    except Exception:
+                        log.exception("listener failed on %d message(s) of %s", len(msgs), mq)
+                        status = ConsumeConcurrentlyStatus.RECONSUME_LATER
                     else:
-                        outcome = await self._consume_once(msgs, pq, mq)
-                        if outcome is None:
-                            return
-                        status, ctx = outcome
+                        if status is not success:
+                            status = _concurrent_status(status)
+                    if pq.dropped:
+                        return
                     if status is success and ctx.ack_index >= len(msgs) - 1:     # wholly consumed
                         now = run.consumed(msgs)
                         if now is not None:

@@ -1597,8 +1597,8 @@ class PushConsumer(PushConsumerCalls):
         from the process queue, offset, counts) at the end and at least every
         ``RUN_COMMIT_INTERVAL_S``; any other outcome goes through the per-request path at once.
         Stops taking requests when the consumer stops (those left are redelivered later)."""
-        # the loop runs once per message with the defaults: _consume_once's and _call_listener's
-        # steps are written out here (no trace; with one, the per-request path)
+        # the loop runs once per message with the defaults: one listener call per request, the
+        # trace (when on) around it, no other Python frame on the way
         pq, mq, take = run.pq, run.mq, run.take
         listener = self.listener
         success = ConsumeConcurrentlyStatus.CONSUME_SUCCESS
@@ -1606,26 +1606,23 @@ class PushConsumer(PushConsumerCalls):
             msgs = take()
             if msgs is None:
                 break
-            if self._trace is None:
-                if pq.dropped:
-                    return                          # dropped: the new owner redelivers them
-                ctx = ConsumeConcurrentlyContext(mq)
-                try:
-                    status = listener(msgs, ctx)
-                except Exception:
-                    log.exception("listener failed on %d message(s) of %s", len(msgs), mq)
-                    status = ConsumeConcurrentlyStatus.RECONSUME_LATER
-                else:
-                    if status is not success:
-                        status = _concurrent_status(status)
-                if pq.dropped:
-                    log.info("%s dropped while consuming; %d message(s) will be redelivered", mq, len(msgs))
-                    return
+            if pq.dropped:
+                return                              # dropped: the new owner redelivers them
+            ctx = ConsumeConcurrentlyContext(mq)
+            tr = self._trace_before(msgs) if self._trace is not None else None
+            try:
+                status = listener(msgs, ctx)
+            except Exception:
+                log.exception("listener failed on %d message(s) of %s", len(msgs), mq)
+                status = ConsumeConcurrentlyStatus.RECONSUME_LATER
             else:
-                outcome = self._consume_once(msgs, pq, mq)
-                if outcome is None:
-                    return
-                status, ctx = outcome
+                if status is not success:
+                    status = _concurrent_status(status)
+            if tr is not None:
+                self._trace_after(tr, msgs, status is success)
+            if pq.dropped:
+                log.info("%s dropped while consuming; %d message(s) will be redelivered", mq, len(msgs))
+                return
             if status is success and ctx.ack_index >= len(msgs) - 1:     # wholly consumed
                 now = run.consumed(msgs)
                 if now is not None:
@@ -1645,37 +1642,10 @@ class PushConsumer(PushConsumerCalls):
         with self._stats_lock:
             self.stats["consumed_ok"] += len(msgs)
 
-    def _call_listener(self, msgs: list, pq: ProcessQueue, mq: MessageQueue) -> tuple:
-        """Call the listener once: (ConsumeConcurrentlyStatus, its context).  An exception or
-        an unknown answer is RECONSUME_LATER."""
-        ctx = ConsumeConcurrentlyContext(mq)
-        tr = self._trace_before(msgs) if self._trace is not None else None
-        try:
-            status = _concurrent_status(self.listener(msgs, ctx))
-        except Exception:
-            log.exception("listener failed on %d message(s) of %s", len(msgs), mq)
-            status = ConsumeConcurrentlyStatus.RECONSUME_LATER
-        if tr is not None:
-            self._trace_after(tr, msgs, status is ConsumeConcurrentlyStatus.CONSUME_SUCCESS)
-        return status, ctx
-
-    def _consume_once(self, msgs: list, pq: ProcessQueue, mq: MessageQueue) -> Optional[tuple]:
-        """The listener on ``msgs`` unless ``pq`` is dropped: (status, context), or None when
-        the queue was dropped before or during the call (the messages will be redelivered)."""
-        if pq.dropped:
-            return None
-        outcome = self._call_listener(msgs, pq, mq)
-        if pq.dropped:
-            log.info("%s dropped while consuming; %d message(s) will be redelivered", mq, len(msgs))
-            return None
-        return outcome
-
     def _consume_concurrently(self, msgs: list, pq: ProcessQueue, mq: MessageQueue) -> None:
         """One listener call (RocketMQ ``ConsumeMessageConcurrentlyService.ConsumeRequest``): a
-        request consumed again locally after a failed send-back."""
-        outcome = self._consume_once(msgs, pq, mq)
-        if outcome is not None:
-            self._process_concurrent_result(outcome[0], outcome[1], msgs, pq, mq)
+        request consumed again locally after a failed send-back, as a run of one request."""
+        self._consume_run(ConsumeRun(msgs, len(msgs), pq, mq))
 
     def _process_concurrent_result(self, status, ctx: ConsumeConcurrentlyContext, msgs: list, pq: ProcessQueue,
                                    mq: MessageQueue) -> None:
