@@ -278,6 +278,7 @@ class _AsyncOffsets:
         self.table = table
         self.api = api
         self._persisted: dict = {}
+        self._loaded: dict = {}             # what the store held when this member read it
 
     async def read_from_store(self, mq: MessageQueue) -> int:
         if self.api is None:
@@ -291,7 +292,7 @@ class _AsyncOffsets:
             log.warning("query offset of %s: %s", mq, e)
             return -2
         if off >= 0:
-            self._persisted[mq] = off
+            self._persisted[mq] = self._loaded[mq] = off
         return off
 
     async def persist(self, mq: MessageQueue) -> None:
@@ -307,7 +308,8 @@ class _AsyncOffsets:
             return
         for mq in mqs:
             off = self.table.read_memory(mq)
-            if off < 0 or (not force and self._persisted.get(mq) == off):
+            # the thread store's rule (RemoteBrokerOffsetStore._to_send)
+            if off < 0 or (self._persisted.get(mq) == off and (not force or self._loaded.get(mq) == off)):
                 continue
             try:
                 await self.api.update_consumer_offset(self.table.group, mq, off)
@@ -318,6 +320,7 @@ class _AsyncOffsets:
     def remove(self, mq: MessageQueue) -> None:
         self.table.remove_offset(mq)
         self._persisted.pop(mq, None)
+        self._loaded.pop(mq, None)
 
 
 class AsyncPushConsumer(PushConsumerCalls):
@@ -793,29 +796,8 @@ class AsyncPushConsumer(PushConsumerCalls):
                 self._commit_consumed(rest, pq, mq)
 
     async def _consume_concurrently(self, msgs: list, pq: ProcessQueue, mq: MessageQueue) -> None:
-        """One ConsumeRequest on its own (a local re-consume), in a listener slot."""
-        async with self._sem:
-            outcome = await self._consume_once(msgs, pq, mq)
-        if outcome is not None:
-            await self._process_result(outcome[0], outcome[1], msgs, pq, mq)
-
-    async def _consume_once(self, msgs: list, pq: ProcessQueue, mq: MessageQueue) -> Optional[tuple]:
-        """The listener on ``msgs`` unless ``pq`` is dropped: (ConsumeConcurrentlyStatus, context),
-        or None when the queue was dropped before or during the call.  An exception or an unknown
-        answer is RECONSUME_LATER."""
-        if pq.dropped:
-            return None
-        ctx = ConsumeConcurrentlyContext(mq)
-        try:
-            status = _concurrent_status(await self._call(msgs, ctx))
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.exception("listener failed on %d message(s) of %s", len(msgs), mq)
-            status = ConsumeConcurrentlyStatus.RECONSUME_LATER
-        if pq.dropped:
-            return None
-        return status, ctx
+        """One ConsumeRequest on its own (a local re-consume): a run of one request, in a listener slot."""
+        await self._consume_run(ConsumeRun(msgs, len(msgs), pq, mq), pq, mq)
 
     def _commit_consumed(self, msgs: list, pq: ProcessQueue, mq: MessageQueue) -> None:
         """Consumed messages out of the process queue, the offset forward, then counted (a reader

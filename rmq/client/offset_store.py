@@ -100,7 +100,8 @@ class OffsetStore:
 
     def persist_all(self, mqs: Iterable[MessageQueue], force: bool = False) -> None:
         """Write the offsets of ``mqs`` (the queues still assigned) to the store (``force``: also
-        those the store was last given unchanged, as on shutdown)."""
+        those the store was last given unchanged, as on shutdown, except one this member never
+        moved from what it read from the store)."""
 
     def forget_persisted(self, mq: MessageQueue) -> None:
         """The store's offset of ``mq`` may no longer be the last one persisted (a long-polling
@@ -126,6 +127,14 @@ class RemoteBrokerOffsetStore(OffsetStore):
         self._query = query
         self._update = update
         self._persisted: dict[MessageQueue, int] = {}
+        self._loaded: dict[MessageQueue, int] = {}      # what the store held when this member read it
+
+    def _to_send(self, mq: MessageQueue, off: int, force: bool) -> bool:
+        """Whether ``off`` goes to the store: it changed since the last persist, or (``force``)
+        since this member read it from the store.  An offset this member never moved from what
+        it read is not written even then: another member may have moved it since (a queue
+        taken over while its owner was still finishing)."""
+        return off >= 0 and (self._persisted.get(mq) != off or (force and self._loaded.get(mq) != off))
 
     def read_offset(self, mq, read_type=ReadOffsetType.MEMORY_FIRST_THEN_STORE):
         if read_type is not ReadOffsetType.READ_FROM_STORE:
@@ -143,13 +152,14 @@ class RemoteBrokerOffsetStore(OffsetStore):
         if off >= 0:
             self.update_offset(mq, off, increase_only=False)
             with self._lock:
-                self._persisted[mq] = off
+                self._persisted[mq] = self._loaded[mq] = off
         return off
 
     def persist(self, mq: MessageQueue) -> None:
         off = self.read_memory(mq)
-        if off < 0:
-            return
+        with self._lock:
+            if not self._to_send(mq, off, True):
+                return
         try:
             self._update(self.group, mq, off)
             with self._lock:
@@ -161,7 +171,7 @@ class RemoteBrokerOffsetStore(OffsetStore):
         wanted = set(mqs)
         with self._lock:
             todo = [(mq, off) for mq, off in self._table.items()
-                    if mq in wanted and off >= 0 and (force or self._persisted.get(mq) != off)]
+                    if mq in wanted and self._to_send(mq, off, force)]
         unreachable: set = set()          # broker groups that did not answer this round: one timeout each
         for mq, off in todo:
             if mq.broker_name in unreachable:
@@ -185,6 +195,7 @@ class RemoteBrokerOffsetStore(OffsetStore):
         with self._lock:
             self._table.pop(mq, None)
             self._persisted.pop(mq, None)
+            self._loaded.pop(mq, None)
 
 
 class LocalFileOffsetStore(OffsetStore):

@@ -294,6 +294,28 @@ def test_remote_offset_store_reads_broker_and_persists_changes():
     assert s.read_offset(a) == 5                        # memory first, then the broker
 
 
+def test_remote_offset_store_never_writes_back_an_offset_it_only_read():
+    """A member that took a queue over (offset read from the broker) and shuts down or drops it
+    before moving it writes nothing: the previous owner may have committed more meanwhile.  Once
+    it moved the offset, a forced persist (shutdown) writes it even when already persisted."""
+    calls = []
+    s = RemoteBrokerOffsetStore("g", lambda g, mq: 199, lambda g, mq, off: calls.append(off))
+    a = MessageQueue("T", "b", 3)
+    assert s.read_offset(a, ReadOffsetType.READ_FROM_STORE) == 199
+    s.persist_all([a], force=True)
+    s.persist(a)
+    assert calls == []
+    s.update_offset(a, 200)
+    s.persist_all([a])
+    s.persist_all([a], force=True)
+    s.persist(a)
+    assert calls == [200, 200, 200]
+    s.remove_offset(a)
+    s.update_offset(a, 199)                             # read again later: nothing "loaded" any more
+    s.persist_all([a], force=True)
+    assert calls == [200, 200, 200, 199]
+
+
 def test_remote_offset_store_persist_gives_up_on_a_silent_broker_group_for_the_round():
     """A broker group that does not answer costs one timeout per persist round, not one per queue
     (the push consumer's service thread persists, and must go on to refresh routes and rebalance);
