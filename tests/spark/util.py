@@ -67,11 +67,14 @@ def now_ms():
     return int(time.time() * 1000)
 
 
+CLEANING_FILE_SIZE = 64 * 1024                   # bytes: the cleaning cluster's CommitLog file size
+
+
 def cleaning_cluster(tmp_path):
     """A broker group whose cleaner deletes every CommitLog file but the newest, every 200 ms, at
     any hour (fileReservedTime 0, 64 KiB files): for data-loss tests."""
     from tests.integration.cluster import Cluster
-    conf = {"mappedFileSizeCommitLog": str(64 * 1024), "fileReservedTime": "0",
+    conf = {"mappedFileSizeCommitLog": str(CLEANING_FILE_SIZE), "fileReservedTime": "0",
             "deleteWhen": ";".join(f"{h:02d}" for h in range(24)), "cleanResourceInterval": "200",
             "cleanResourceInitialDelay": "0"}
     return Cluster(tmp_path / "store", conf=conf, with_cleaner=True)
@@ -81,10 +84,15 @@ def cleaned_min_offset(cluster, topic, above=0, timeout_s=30):
     """Once the cleaner has left only the newest CommitLog file and queue 0's min offset has stayed
     put over 8 looks (reput cleans ConsumeQueue files after the CommitLog's; a file cleaned between
     a read's plan and its pulls would be data loss too), that min offset (> ``above``)."""
-    import os
-    commitlog = os.path.join(cluster.store_path, "commitlog")
-    wait_for(lambda: len([n for n in os.listdir(commitlog) if not n.endswith(".tmp")]) <= 2, timeout_s,
-             what="the cleaner deletes all but the newest CommitLog file")
+    from rmq.testing import broker_runtime_info
+
+    def only_newest_left():
+        # the file count alone is not enough: a pre-allocated next file makes "2 files" look done
+        # while one full file is still to go, and its later deletion is data loss to a read
+        info = broker_runtime_info(cluster.broker_addr)
+        lo, hi = int(info["commitLogMinOffset"]), int(info["commitLogMaxOffset"])
+        return hi > 0 and lo == (hi - 1) // CLEANING_FILE_SIZE * CLEANING_FILE_SIZE
+    wait_for(only_newest_left, timeout_s, what="the cleaner deletes all but the newest CommitLog file")
     api = ConsumerAPI(cluster.namesrv_addr)
     try:
         api.fetch_route(topic)
