@@ -69,6 +69,22 @@ class MessageIllegalError(StoreError, ValueError):
         self.status = status
 
 
+class BatchTooLargeError(MessageIllegalError):
+    """A batch that cannot be stored whole: over maxMessageSize, or more than one CommitLog file
+    holds (MESSAGE_ILLEGAL).
+
+    Attributes
+    ----------
+    max_body : int
+        The largest batch body (bytes) the store takes: what a producer that made the batch
+        itself may split it into (rmq.common.request_header.MAX_BATCH_BYTES_FIELD).
+    """
+
+    def __init__(self, message: str, max_body: int):
+        super().__init__(message)
+        self.max_body = max_body
+
+
 class IndexOverflowError(StoreError):
     """An IndexFile is full; the caller rolls to a new one."""
 

@@ -28,7 +28,7 @@ from cpython.unicode cimport PyUnicode_CheckExact
 from libc.stdint cimport int16_t, int32_t, int64_t, uint8_t, uint32_t
 from libc.string cimport memchr, memcpy
 
-from rmq._core.hton cimport store_be16, store_be32
+from rmq._core.hton cimport load_be32, store_be16, store_be32
 from rmq._core.layout cimport COMPRESSED_FLAG as _COMPRESSED, COMPRESSION_ZLIB_TYPE as _ZLIB, \
     TRANSACTION_PREPARED_TYPE as _PREPARED
 from rmq._core.layout cimport BATCH_BODY_LENGTH_OFFSET, BATCH_BODY_OFFSET, BATCH_FIXED_LENGTH, \
@@ -754,6 +754,49 @@ cdef class RowsPart:
     def uniq_ids(self):
         """The rows' UNIQ_KEYs (``msg_id`` of their SendResult), as a list of str."""
         return split_uniq_ids(self.uniq)
+
+    def split(self, Py_ssize_t limit):
+        """The rows as consecutive parts of at most ``limit`` body bytes each (a broker refused the
+        whole as over its maxMessageSize): ``[RowsPart]`` in order, same topic and key; a row
+        larger than ``limit`` is a part of its own (the broker judges it alone).
+
+        Raises
+        ------
+        ValueError
+            ``limit`` < 1, or the body is not ``n`` whole batch elements (SPEC.md §1.11).
+        """
+        if limit < 1:
+            raise ValueError(f"limit must be >= 1, got {limit}")
+        cdef const unsigned char* o = <const unsigned char*>PyBytes_AS_STRING(self.body)
+        cdef Py_ssize_t total = PyBytes_GET_SIZE(self.body), at = 0, start = 0, first = 0, j = 0, size
+        cdef list out = []
+        while j < self.n:
+            if total - at < BATCH_FIXED_LENGTH:
+                raise ValueError(f"row {j} of {self.n}: truncated batch element at byte {at}")
+            size = load_be32(o + at + BATCH_TOTAL_SIZE_OFFSET)
+            if size < BATCH_FIXED_LENGTH or size > total - at:
+                raise ValueError(f"row {j} of {self.n}: batch element of {size} bytes at byte {at}")
+            if at > start and at + size - start > limit:
+                out.append(self._slice(first, j, start, at))
+                start, first = at, j
+            at += size
+            j += 1
+        if at != total:
+            raise ValueError(f"{total - at} bytes after the {self.n} rows' batch elements")
+        if j > first:
+            out.append(self._slice(first, j, start, at))
+        return out
+
+    cdef RowsPart _slice(self, Py_ssize_t a, Py_ssize_t b, Py_ssize_t lo, Py_ssize_t hi):
+        cdef RowsPart part = RowsPart.__new__(RowsPart)
+        part.topic = self.topic
+        part.key = self.key
+        part.positions = self.positions[a:b]
+        part.n = b - a
+        part.nbytes = hi - lo
+        part.body = self.body[lo:hi]
+        part.uniq = self.uniq[a * _UNIQ_LEN:b * _UNIQ_LEN]
+        return part
 
     def __repr__(self):
         return f"RowsPart(topic={self.topic!r}, n={self.n}, nbytes={self.nbytes}, key={self.key!r})"

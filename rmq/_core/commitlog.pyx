@@ -21,7 +21,7 @@ from rmq._core.jhash cimport java_hash
 from rmq._core.layout cimport *
 from rmq._core.mapped_file cimport MappedFile
 
-from rmq.errors import CorruptRecordError, MessageIllegalError
+from rmq.errors import BatchTooLargeError, CorruptRecordError, MessageIllegalError
 
 # AppendMessageStatus (SPEC.md §6.2), the outcomes append_batch returns
 PUT_OK = 0
@@ -430,9 +430,12 @@ def append_batch(MappedFile mf, const unsigned char[::1] batch, const unsigned c
     cdef const int64_t* bts = &born_timestamps[0] if per_born and born_timestamps.shape[0] else NULL
     cdef int64_t file_size = mf.file_size
     if total_bytes + END_FILE_MIN_BLANK_LENGTH > file_size:
-        raise MessageIllegalError(
+        # max_body: the share of this batch's body bytes that takes half a file (parts a producer
+        # that made the batch may split it into; each then fits a fresh file)
+        raise BatchTooLargeError(
             f"batch of {count} messages takes {total_bytes} bytes, more than a CommitLog file "
-            f"({file_size} bytes) can hold")
+            f"({file_size} bytes, mappedFileSizeCommitLog) can hold",
+            max(1, batch.shape[0] * (file_size // 2) // total_bytes))
     cdef int64_t wrote = mf.wrote_position
     cdef unsigned char* base = mf.ptr()
     cdef int64_t free_bytes = file_size - wrote

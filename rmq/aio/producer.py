@@ -76,7 +76,7 @@ from rmq.client.producer import (ROUTE_REFRESH_ON_FAILURE_MS, ProducerOptions, Q
                                  merge_results,
                                  many_keys, many_parts, message_preparer, parse_send_response, prepare_batch,
                                  prepare_many, route_suspect, row_messages, select_by_hash, selector_for,
-                                 queued_failures_error, send_request)
+                                 queued_failures_error, refused_batch_limit, send_request, split_by_size)
 from rmq.client.route import (MQFaultStrategy, RouteCache, TopicPublishInfo, cluster_info_request, parse_cluster_info,
                               parse_route_response, route_request, split_namesrv_addr)
 from rmq.client.futures import ColumnOutcomes, ManyOutcomes
@@ -181,6 +181,44 @@ def _combine(first: _Batch, joined: list) -> _Batch:
     return m
 
 
+class _BatchTooLarge(Exception):
+    """A broker refused a batch of send_async's as over its maxMessageSize ``limit`` (bytes)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(limit)
+        self.limit = limit
+
+
+def _split_batch(b: _Batch, limit: int) -> list:
+    """``b`` as consecutive batches of at most ``limit`` bytes each (a message over it alone), each
+    completing its own messages: their futures, callbacks and send_async_many slices, or a
+    send_async_columns part's rows (the thread producer's ``_split_pending``)."""
+    if b.rows is not None:
+        columns, part = b.rows
+        out = []
+        for sub in part.split(limit):
+            m = _Batch(b.topic, b.created, b.deadline, b.attempt_timeout, b.queue, b.selector, b.arg)
+            m.preps, m.rows, m.nbytes = sub, (columns, sub), sub.nbytes
+            out.append(m)
+        return out
+    sizes = [p.size for p in b.preps]
+    out = []
+    for a, c in split_by_size(sizes, limit):
+        m = _Batch(b.topic, b.created, b.deadline, b.attempt_timeout, b.queue, b.selector, b.arg)
+        m.preps, m.futures, m.nbytes = b.preps[a:c], b.futures[a:c], sum(sizes[a:c])
+        if b.callbacks is not None:
+            mine = {id(f) for f in m.futures if f is not None}
+            m.callbacks = [cb for cb in b.callbacks if id(cb[0]) in mine] or None
+        if b.parts is not None:
+            m.parts = []
+            for many, positions, at in b.parts:
+                lo, hi = max(a, at), min(c, at + len(positions))
+                if lo < hi:
+                    m.parts.append((many, positions[lo - at:hi - at], lo - a))
+        out.append(m)
+    return out
+
+
 class Producer:
     """An asyncio producer (RocketMQ ``DefaultMQProducer`` semantics).
 
@@ -225,11 +263,13 @@ class Producer:
         self.route_cache = RouteCache()
         self.fault_strategy = MQFaultStrategy(o.send_latency_fault_enable, o.latency_max, o.not_available_duration,
                                               o.isolation_latency_ms)
-        self.stats = {"requests": 0, "batch_requests": 0, "messages": 0, "retries": 0, "route_requests": 0,
+        self.stats = {"requests": 0, "batch_requests": 0, "split_requests": 0, "messages": 0, "retries": 0,
+                      "route_requests": 0,
                       "failed_messages": 0}
         self._preparer = message_preparer(o)
         self._prepare = self._preparer.prepare
         self._batch_size = o.batch_size             # 0: send_async sends one request per message
+        self._batch_limit = 0                       # the lowest maxMessageSize a broker refused a batch with
         self._max_in_flight = o.max_in_flight
         self._max_pending = o.max_pending_messages
         self._loop: Optional[asyncio.AbstractEventLoop] = None
@@ -456,6 +496,12 @@ class Producer:
             self._pump()
         return fut
 
+    def _request_size(self, columns: bool = False) -> int:
+        """Bytes of one send_async_many / send_async_columns request: :func:`many_request_size`,
+        within the maxMessageSize a broker refused a batch with (as the thread producer's)."""
+        size = many_request_size(self.options, columns)
+        return min(size, self._batch_limit) if self._batch_limit and size else size
+
     async def send_async_many(self, msgs: Iterable[Message],
                               callback: Optional[Callable[[asyncio.Future], Any]] = None, *,
                               sharding_key: Any = None, sharding_keys: Optional[Iterable] = None,
@@ -498,7 +544,7 @@ class Producer:
         if n == 0:
             fut.set_result([])
             return fut
-        await self._hand_over_many(many, many_parts(preps, keys, many_request_size(self.options)), timeout_ms)
+        await self._hand_over_many(many, many_parts(preps, keys, self._request_size()), timeout_ms)
         return fut
 
     async def send_async_columns(self, topic: str, bodies, callback: Optional[Callable[[asyncio.Future], Any]] = None,
@@ -526,7 +572,7 @@ class Producer:
         if timeout_ms is not None and timeout_ms <= 0:
             raise MQClientError(f"timeout_ms must be positive, got {timeout_ms}")
         n, parts = encode_columns(self._preparer, topic, bodies, tags, keys, properties, sharding_key, sharding_keys,
-                                  many_request_size(self.options, columns=True))
+                                  self._request_size(columns=True))
         fut = _Future(loop=self._loop)
         if self._trace is not None and n:
             fut.add_done_callback(self._traced_rows(row_messages(topic, list(bodies), tags, keys)),
@@ -800,10 +846,12 @@ class Producer:
 
     async def _attempts(self, preps: list, batch: bool, body: Optional[bytes], topic: str, info: TopicPublishInfo,
                         fixed: Optional[MessageQueue], max_attempts: int, begin: float, deadline: float,
-                        attempt_timeout: Optional[float], oneway: bool) -> list:
+                        attempt_timeout: Optional[float], oneway: bool, splittable: bool = False) -> list:
         """The attempts of one request (shared by :meth:`send` and :meth:`send_async`'s batches),
         under :class:`rmq.client.send_attempts.SendAttempts`' rules; each attempt waits at most
-        ``attempt_timeout`` seconds (None: what is left until ``deadline``)."""
+        ``attempt_timeout`` seconds (None: what is left until ``deadline``).  ``splittable`` (a
+        batch this producer made): a refusal as over the broker's maxMessageSize raises
+        :class:`_BatchTooLarge` instead of failing it."""
         loop_time = self._loop.time
         att = SendAttempts(topic, len(preps), fixed, max_attempts, begin, deadline)
         while True:
@@ -822,6 +870,10 @@ class Producer:
                 if oneway:
                     self.stats["messages"] += len(preps)
                     return []
+                if splittable and batch and resp.code == ResponseCode.MESSAGE_ILLEGAL:
+                    limit = refused_batch_limit(resp, len(body) if body is not None else preps.nbytes, len(preps))
+                    if limit:
+                        raise _BatchTooLarge(limit)
                 results = parse_send_response(resp, topic, mq.broker_name, addr, preps)   # a RowsPart: one record
             except (MQBrokerError, RemotingError) as e:
                 self._refresh_suspect(topic, e)
@@ -908,8 +960,12 @@ class Producer:
             max_attempts = 1 if fixed is not None else 1 + self.options.retry_times_when_send_async_failed
             batch = b.rows is not None or len(preps) > 1
             body = None if b.rows is not None or not batch else batch_body_of(preps)
-            results = await self._attempts(preps, batch, body, topic, info, fixed, max_attempts, b.created,
-                                           b.deadline, b.attempt_timeout, False)
+            try:
+                results = await self._attempts(preps, batch, body, topic, info, fixed, max_attempts, b.created,
+                                               b.deadline, b.attempt_timeout, False, True)
+            except _BatchTooLarge as e:
+                await self._run_split(b, e.limit, info, fixed, max_attempts)
+                return
         except asyncio.CancelledError:
             self._fail(b, RemotingError(f"producer {self.group} closed while waiting for a response"))
             raise
@@ -923,6 +979,41 @@ class Producer:
             if b.queue_turn:
                 self._end_turn(b)
             self._pump()
+
+    async def _run_split(self, b: _Batch, limit: int, info: TopicPublishInfo, fixed: Optional[MessageQueue],
+                         max_attempts: int) -> None:
+        """The broker refused ``b`` as over its maxMessageSize ``limit`` (bytes): its messages go
+        again as batches that fit, one after the other (an ordered batch's queue turn is held
+        until the last), each with its own outcome (Kafka's split of a batch refused as
+        MESSAGE_TOO_LARGE).  Later batches of this producer are made to fit."""
+        parts = _split_batch(b, limit)
+        b.finished = True                 # its messages' outcomes come from the parts
+        self.stats["split_requests"] += 1
+        if not self._batch_limit or limit < self._batch_limit:
+            self._batch_limit = limit
+            log.warning("a broker refused a batch over its maxMessageSize %d: sending it in %d parts; "
+                        "batches of this producer are now at most %d bytes", limit, len(parts), limit)
+            if self._batch_size:
+                self._batch_size = min(self._batch_size, limit)
+            self._queue_turns.cap = min(self._queue_turns.cap, limit)
+        for part in parts:
+            try:
+                body = None if part.rows is not None or len(part.preps) < 2 else batch_body_of(part.preps)
+                try:
+                    results = await self._attempts(part.preps, part.rows is not None or len(part.preps) > 1, body,
+                                                   b.topic, info, fixed, max_attempts, b.created, b.deadline,
+                                                   b.attempt_timeout, False, True)
+                except _BatchTooLarge as e:   # a part that still does not fit (its messages larger than most)
+                    await self._run_split(part, e.limit, info, fixed, max_attempts)
+                    continue
+            except asyncio.CancelledError:
+                for rest in parts[parts.index(part):]:
+                    self._fail(rest, RemotingError(f"producer {self.group} closed while waiting for a response"))
+                raise
+            except Exception as e:  # noqa: BLE001 - the part's outcome
+                self._fail(part, e)
+            else:
+                self._complete(part, results)
 
     def _complete(self, b: _Batch, results: list) -> None:
         if b.finished:

@@ -93,7 +93,7 @@ from rmq._core.client_msg import (BATCH_ELEMENT_OVERHEAD, COMPRESSED_FLAG, COMPR
 from rmq._core.client_msg import many_parts as _many_parts
 from rmq._core.commitlog import tags_string_to_tags_code
 from rmq.client.direct import DirectSender, close_monitored
-from rmq.client.futures import ColumnsFuture, ManyFuture, ManyPart, SendFuture
+from rmq.client.futures import ColumnsFuture, ColumnsPart, ManyFuture, ManyPart, SendFuture
 from rmq.client.message import (PROPERTY_SHARDING_KEY, Message,
                                 MessageQueue, SendResult, SendStatus)
 from rmq.client.send_attempts import SendAttempts, final_error, is_retryable
@@ -104,7 +104,7 @@ from rmq.client.route import (LATENCY_MAX_49, NOT_AVAILABLE_DURATION_49, ISOLATI
 from rmq.errors import MQBrokerError, MQClientError, RemotingConnectionClosedError, RemotingError, RemotingTimeoutError
 from rmq.protocol import Frame, ProtocolError, RequestCode, ResponseCode
 from rmq.common.mix_all import DEFAULT_TOPIC_QUEUE_NUMS
-from rmq.common.request_header import SendMessageRequestHeader, send_response_msg_id
+from rmq.common.request_header import MAX_BATCH_BYTES_FIELD, SendMessageRequestHeader, send_response_msg_id
 from rmq.common.topic_validator import AUTO_CREATE_TOPIC_KEY_TOPIC as CREATE_TOPIC_KEY
 from rmq.common.topic_validator import check_group, check_topic   # pure functions: the client never touches files
 
@@ -341,6 +341,33 @@ def many_request_size(opts: ProducerOptions, columns: bool = False) -> int:
     if opts.batch_size_defaulted or (columns and not opts.batch_size):
         return min(max(opts.batch_size, MANY_REQUEST_SIZE), opts.max_message_size)
     return opts.batch_size
+
+
+def refused_batch_limit(resp: Frame, nbytes: int, n: int) -> int:
+    """The broker's maxMessageSize (bytes) when ``resp`` refused a batch of ``n`` messages and
+    ``nbytes`` body bytes as over it and the batch can be split (``n`` > 1); 0 otherwise: the
+    refusal stands (field: :data:`rmq.common.request_header.MAX_BATCH_BYTES_FIELD`)."""
+    if resp.code != ResponseCode.MESSAGE_ILLEGAL or n < 2:
+        return 0
+    limit = resp.fields.get(MAX_BATCH_BYTES_FIELD)
+    if type(limit) is not int or not 0 < limit < nbytes:
+        return 0
+    return limit
+
+
+def split_by_size(sizes: Sequence[int], limit: int) -> list:
+    """Consecutive index ranges ``[(a, b)]`` covering ``sizes`` in order, each summing to at most
+    ``limit`` bytes; an item over ``limit`` is a range of its own (the broker judges it alone)."""
+    out: list = []
+    a = total = 0
+    for i, n in enumerate(sizes):
+        if i > a and total + n > limit:
+            out.append((a, i))
+            a, total = i, 0
+        total += n
+    if len(sizes) > a:
+        out.append((a, len(sizes)))
+    return out
 
 
 def row_messages(topic: str, bodies: Sequence, tags: Optional[Sequence], keys: Optional[Sequence]) -> list:
@@ -610,6 +637,15 @@ class QueueTurns:
             del self._turns[queue]
         return None
 
+    def hold_first(self, queue, reqs: list) -> None:
+        """``reqs`` go next for ``queue``, in order, ahead of everything held there: the parts of a
+        request split while it held the queue's turn (the turn stays with its first part)."""
+        t = self._turns.get(queue)
+        if t is None or not reqs:
+            return
+        t[1].extendleft(reversed(reqs))
+        self.held += len(reqs)
+
     def _join(self, first, held: collections.deque):
         if self.combine is None or not held or not self.mergeable(first):
             return first
@@ -666,7 +702,7 @@ class _Request(SendAttempts):
     follow :class:`rmq.client.send_attempts.SendAttempts`."""
 
     __slots__ = ("items", "mode", "batch", "attempt_timeout", "opaque", "batch_body", "park_deadline", "preps",
-                 "queue_turn")
+                 "queue_turn", "split")
 
     def __init__(self, items: list, fixed: Optional[MessageQueue], opts: ProducerOptions):
         self.items = items
@@ -691,12 +727,13 @@ class _Request(SendAttempts):
         self.batch_body: Optional[bytes] = first.rows.body if first.rows is not None else None
         self.park_deadline = 0.0
         self.queue_turn = False          # holds its fixed queue's turn (_Sender._pump): ordered sends
+        self.split = False               # a part of a batch the broker refused as too large: never joined
 
 
 def _mergeable(req: _Request) -> bool:
     """Whether ``req`` may share a SEND_BATCH_MESSAGE with its neighbours: send_async messages that
     can be batched (not a user batch, delayed, compressed or transactional one), never attempted."""
-    return req.attempt == 0 and all(it.mode == ASYNC and not it.whole and it.rows is None and it.preps[0].batchable
+    return req.attempt == 0 and not req.split and all(it.mode == ASYNC and not it.whole and it.rows is None and it.preps[0].batchable
                                     for it in req.items)
 
 
@@ -708,6 +745,38 @@ def _pending_bytes(p: _Pending) -> int:
 def _request_bytes(req: _Request) -> int:
     """Bytes of a mergeable request (:func:`_mergeable`), item by item."""
     return sum(_pending_bytes(it) for it in req.items)
+
+
+def _split_pending(it: _Pending, limit: int) -> list:
+    """``it`` as hand-overs of at most ``limit`` bytes each, in order, each completing its own
+    messages' futures (a caller-side batch's futures, a send_async_many part's or a
+    send_async_columns part's sink, cut to its messages); ``[it]`` when it fits or is one message."""
+    if _pending_bytes(it) <= limit or len(it.preps) < 2:
+        return [it]
+    if it.rows is not None:
+        pieces = [(part, ColumnsPart(it.future.many, part.positions, part.uniq), None, part.nbytes)
+                  for part in it.rows.split(limit)]
+    else:
+        sizes = [p.size for p in it.preps]
+        pieces = []
+        for a, b in split_by_size(sizes, limit):
+            if it.futures is not None:
+                sink, futures = None, it.futures[a:b]
+            elif type(it.future) is ManyPart:
+                sink, futures = ManyPart(it.future.many, it.future.positions[a:b]), None
+            else:
+                return [it]               # not a kind of hand-over that is split
+            pieces.append((it.preps[a:b], sink, futures, sum(sizes[a:b])))
+    out = []
+    for preps, sink, futures, nbytes in pieces:
+        p = _Pending(preps, sink, it.mode, it.deadline, it.attempt_timeout, it.selector, it.arg, it.queue,
+                     False, it.started)
+        p.futures = futures
+        p.nbytes = nbytes
+        if it.rows is not None:
+            p.rows = preps
+        out.append(p)
+    return out
 
 
 class _Accumulator:
@@ -758,7 +827,7 @@ class _Sender(threading.Thread):
         self.route_cache = RouteCache()
         self.fault = MQFaultStrategy(opts.send_latency_fault_enable, opts.latency_max, opts.not_available_duration,
                                      opts.isolation_latency_ms)
-        self.stats = {"requests": 0, "batch_requests": 0, "messages": 0, "retries": 0, "failed_messages": 0,
+        self.stats = {"requests": 0, "batch_requests": 0, "split_requests": 0, "messages": 0, "retries": 0, "failed_messages": 0,
                       "route_requests": 0}
         # caller <-> I/O thread
         self._cmds: collections.deque = collections.deque()     # ("call" | "stop", arg)
@@ -807,6 +876,10 @@ class _Sender(threading.Thread):
         self._accs: dict = {}             # (topic, fixed MessageQueue or None) -> _Accumulator
         # ordered sends (a fixed queue): max_in_flight_per_queue requests out per queue, the next held
         # (the held ones joined up to batch_size when a turn passes: _request_bytes, _Request)
+        # bytes of a batch: the option, lowered to the broker's maxMessageSize once one refused a
+        # batch as over it (_split); callers read it under ``lock``
+        self.batch_size = opts.batch_size
+        self.batch_limit = 0              # the lowest maxMessageSize a broker refused a batch with (0: none)
         self._queue_turns = QueueTurns(opts.max_in_flight_per_queue, opts.batch_size, _mergeable, _request_bytes,
                                        lambda first, joined: _Request(
                                            [it for r in (first, *joined) for it in r.items], first.fixed, opts))
@@ -1074,14 +1147,14 @@ class _Sender(threading.Thread):
             key = (pending.topic, fixed)
             size = _pending_bytes(pending)
             acc = self._accs.get(key)
-            if acc is not None and acc.items and acc.nbytes + size > self.opts.batch_size:
+            if acc is not None and acc.items and acc.nbytes + size > self.batch_size:
                 self._ship(key, acc)
                 acc = None
             if acc is None:
                 acc = self._accs[key] = _Accumulator(time.monotonic())
             acc.items.append(pending)
             acc.nbytes += size
-            if acc.nbytes >= self.opts.batch_size:
+            if acc.nbytes >= self.batch_size:
                 self._ship(key, acc)
             return
         if self.opts.batching and (pending.mode == ASYNC or fixed is not None):
@@ -1262,6 +1335,10 @@ class _Sender(threading.Thread):
     def _on_response(self, req: _Request, resp: Frame) -> None:
         now = time.monotonic()
         mq = req.mq
+        if resp.code == ResponseCode.MESSAGE_ILLEGAL and req.batch and req.batch_body is not None:
+            limit = refused_batch_limit(resp, len(req.batch_body), len(req.preps))
+            if limit and self._split(req, limit):
+                return
         try:
             status, answered_mq, base, offset_ids = send_response_fields(resp, req.topic, mq.broker_name, req.addr,
                                                                   len(req.preps))
@@ -1298,6 +1375,49 @@ class _Sender(threading.Thread):
             last = self._route_last_fetch.get(req.topic, 0.0)
             if now - last >= PROVISIONAL_REFRESH_MS / 1000.0:
                 self._fetch_route(req.topic)
+
+    def _split(self, req: _Request, limit: int) -> bool:
+        """The broker refused ``req``'s batch as over its maxMessageSize ``limit`` (bytes): send its
+        messages again as parts that fit (Kafka's split of a batch refused as MESSAGE_TOO_LARGE),
+        in order, ahead of what waits; an ordered request's parts keep its queue's turn, one
+        after the other.  Later batches of this producer are made to fit (``batch_size``).  False
+        (the refusal stands): a user batch (``send_batch``), stored whole or not at all."""
+        if any(it.whole for it in req.items):
+            return False
+        items: list = []
+        for it in req.items:
+            items.extend(_split_pending(it, limit))
+        groups: list = []
+        group: list = []
+        size = 0
+        for it in items:
+            n = _pending_bytes(it)
+            if group and (it.rows is not None or group[0].rows is not None or size + n > limit):
+                groups.append(group)      # a send_async_columns part is a request of its own
+                group, size = [], 0
+            group.append(it)
+            size += n
+        groups.append(group)
+        parts = [_Request(g, req.fixed, self.opts) for g in groups]
+        for r in parts:
+            r.split = True
+        self.stats["split_requests"] += 1
+        if not self.batch_limit or limit < self.batch_limit:
+            self.batch_limit = limit
+            log.warning("broker %s refused a batch of %d bytes over its maxMessageSize %d: sending it in %d "
+                        "parts; batches of this producer are now at most %d bytes", req.addr,
+                        len(req.batch_body or b""), limit, len(parts), limit)
+            with self.lock:
+                self.batch_size = min(self.batch_size, limit) if self.batch_size else 0
+            self._queue_turns.cap = min(self._queue_turns.cap, limit)
+        if req.queue_turn:                # the turn passes to the first part; the others go next
+            req.queue_turn = False
+            parts[0].queue_turn = True
+            self._queue_turns.hold_first(req.fixed, parts[1:])
+            self._ready.appendleft(parts[0])
+        else:
+            self._ready.extendleft(reversed(parts))
+        return True
 
     def _on_monitor(self, conn: _Conn) -> None:
         disconnected = connected = False
@@ -1704,7 +1824,6 @@ class Producer:
         self._prepare = self._preparer.prepare
         self._batching = o.batching
         self._max_pending = o.max_pending_messages
-        self._batch_size = o.batch_size
         self._delivery_timeout_s = max(o.delivery_timeout_ms, o.send_msg_timeout_ms) / 1000.0
         self._attempt_timeout_s = o.send_msg_timeout_ms / 1000.0
         self._sender = _Sender(self.namesrv_addrs, group, self.client_id, self.options)
@@ -1769,7 +1888,8 @@ class Producer:
 
     @property
     def stats(self) -> dict:
-        """Counters: requests, batch_requests, messages (acknowledged), retries, failed_messages, route_requests
+        """Counters: requests, batch_requests, split_requests (batches the broker refused as too large and
+        that went again in parts), messages (acknowledged), retries, failed_messages, route_requests
         (the I/O thread's plus those of synchronous sends made on callers' threads), held_for_order
         (ordered requests that waited for the previous request of their queue to be answered)."""
         st = dict(self._sender.stats)
@@ -1900,7 +2020,7 @@ class Producer:
                 self._wait_for_room(1, self.options.send_msg_timeout_ms)
             s.pending += 1
             p = s.open.get(key)
-            if p is None or p.nbytes + size > self._batch_size:
+            if p is None or p.nbytes + size > s.batch_size:
                 now = time.monotonic()
                 p = _Pending([], None, ASYNC, now + self._delivery_timeout_s, self._attempt_timeout_s,
                              None if sharding_key is None else select_by_hash, sharding_key, started=now)
@@ -1987,7 +2107,7 @@ class Producer:
             return many
         if _lt.ENABLED:
             _lt.stamp_ids("p_enq", [p.uniq_id for p in preps], time.monotonic_ns())
-        self._hand_over_many(many, many_parts(preps, sharding_keys, many_request_size(self.options)), budget_ms)
+        self._hand_over_many(many, many_parts(preps, sharding_keys, self._request_size()), budget_ms)
         return many
 
     def send_async_columns(self, topic: str, bodies: Sequence[bytes],
@@ -2050,13 +2170,20 @@ class Producer:
         budget_ms = self._many_budget_ms(timeout_ms)
         self._check_open()
         n, parts = encode_columns(self._preparer, topic, bodies, tags, keys, properties, sharding_key, sharding_keys,
-                                  many_request_size(self.options, columns=True))
+                                  self._request_size(columns=True))
         many = ColumnsFuture(n, self._traced_many(callback, row_messages(topic, list(bodies), tags, keys))
                              if self._trace is not None and n else callback)
         if _lt.ENABLED:
             _lt.stamp_ids("p_enq", [u for part in parts for u in part.uniq_ids()], time.monotonic_ns())
         self._hand_over_many(many, parts, budget_ms)
         return many
+
+    def _request_size(self, columns: bool = False) -> int:
+        """Bytes of one send_async_many / send_async_columns request: :func:`many_request_size`,
+        within the maxMessageSize a broker refused a batch with (0 for many: one per request)."""
+        size = many_request_size(self.options, columns)
+        limit = self._sender.batch_limit
+        return min(size, limit) if limit and size else size
 
     def _many_budget_ms(self, timeout_ms: Optional[int]) -> int:
         budget_ms = timeout_ms if timeout_ms is not None else self.options.send_msg_timeout_ms

@@ -96,6 +96,13 @@ class SendMessageRequestHeader:
 SEND_RESPONSE_MSG_ID_INLINE_MAX = 16 * 1024
 
 
+# SEND_BATCH_MESSAGE refused as too large to store whole (MESSAGE_ILLEGAL: over maxMessageSize, or
+# more than one CommitLog file holds): the response carries the largest batch body (bytes) the
+# broker takes in this field, so a producer that made the batch itself can split it into parts that
+# fit and send those (rmq; RocketMQ answers the same code without the field)
+MAX_BATCH_BYTES_FIELD = "maxBatchBytes"
+
+
 def send_response_msg_id_parts(msg_id: str) -> tuple[dict, list]:
     """(header fields, bodies) that carry a SEND_MESSAGE / SEND_BATCH_MESSAGE answer's ``msgId``."""
     if len(msg_id) <= SEND_RESPONSE_MSG_ID_INLINE_MAX:

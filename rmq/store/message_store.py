@@ -119,6 +119,7 @@ class PutMessageResult:
     status: PutMessageStatus
     remark: str = ""
     append: Optional[AppendResult] = None
+    max_body: int = 0       # a batch refused as too large to store whole: the largest body it takes (bytes)
 
     @property
     def ok(self) -> bool:
@@ -608,7 +609,8 @@ class MessageStore:
         if len(batch) > self.config.max_message_size:
             # DefaultMessageStore.checkMessages: a batch body is at most maxMessageSize
             return PutMessageResult(PutMessageStatus.MESSAGE_ILLEGAL,
-                                    f"batch is {len(batch)} bytes, over maxMessageSize {self.config.max_message_size}")
+                                    f"batch is {len(batch)} bytes, over maxMessageSize {self.config.max_message_size}",
+                                    max_body=self.config.max_message_size)
         return self.put_encoded(topic, queue_id, batch, properties, sys_flag, born_timestamp, born_host,
                          reconsume_times, count_hint)
 
@@ -648,7 +650,7 @@ class MessageStore:
                     prepared_transaction_offset=prepared_transaction_offset, count_hint=count_hint,
                     born_timestamps=born_timestamps)
             except MessageIllegalError as e:
-                return PutMessageResult(PutMessageStatus(e.status), str(e))
+                return PutMessageResult(PutMessageStatus(e.status), str(e), max_body=getattr(e, "max_body", 0))
             except StoreDiskFullError as e:
                 return PutMessageResult(PutMessageStatus.CREATE_MAPPED_FILE_FAILED, f"[DISK_FULL] {e}")
             except StoreError as e:

@@ -107,6 +107,26 @@ def test_malformed_batch_changes_nothing(open_store):
     assert s.topic_queue_table.get(("T", 0), 0) == 0
 
 
+def test_batch_too_large_to_store_whole_says_the_largest_body_taken(open_store):
+    """Over maxMessageSize, or more than one CommitLog file would take: MESSAGE_ILLEGAL, nothing
+    written, and ``max_body`` (bytes) says how large a batch may be (what the broker answers a
+    producer, which splits the batch to it); a batch of that body size is then stored."""
+    s = open_store(mapped_file_size_commit_log=64 * 1024, max_message_size=100 * 1024)
+    msgs = [(b"m" * 100, b"", 0)] * 700                  # ~84 KB of body, ~150 KB in the CommitLog
+    batch = cl.encode_batch(msgs)
+    before = s.commitlog.get_max_offset()
+    r = s.put_messages("T", 0, batch)
+    assert r.status is PutMessageStatus.MESSAGE_ILLEGAL and "mappedFileSizeCommitLog" in r.remark
+    assert 0 < r.max_body < 32 * 1024 and unchanged(s, before)
+    per = len(cl.encode_batch(msgs[:1]))
+    fits = cl.encode_batch(msgs[:r.max_body // per])
+    assert s.put_messages("T", 0, fits).ok
+    big = cl.encode_batch([(b"m" * 100, b"", 0)] * 1000)   # ~120 KB: over maxMessageSize first
+    r = s.put_messages("T", 0, big)
+    assert r.status is PutMessageStatus.MESSAGE_ILLEGAL and r.max_body == 100 * 1024
+    assert s.put_message("T", b"ok", 0).ok              # a refusal changes nothing after it
+
+
 def test_group_name_rules():
     assert check_group("g" * GROUP_MAX_LENGTH)
     for bad in ("", "g" * (GROUP_MAX_LENGTH + 1), "a b", "../x"):

@@ -22,7 +22,7 @@ from rmq.actors.transaction import HALF_TOPIC, half_properties, is_half_request
 from rmq import protocol as P
 from rmq.common.mix_all import dlq_topic, is_dlq_topic, retry_topic
 from rmq.common.perm import PERM_WRITE
-from rmq.common.request_header import send_response_msg_id_parts
+from rmq.common.request_header import MAX_BATCH_BYTES_FIELD, send_response_msg_id_parts
 from rmq.common.topic_validator import MAX_QUEUE_NUMS, check_group, check_topic
 from rmq.protocol import Frame, RequestCode, ResponseCode, field_int, field_str
 from rmq.zmqio import send_parts
@@ -294,6 +294,10 @@ class SendMessageProcessor(RequestProcessor):
         if res.status is PutMessageStatus.OS_PAGE_CACHE_BUSY:
             return frame.response(code, "[PC_SYNCHRONIZED]broker busy, start flow control for a while")
         if not res.ok:
+            if res.max_body and frame.code == RequestCode.SEND_BATCH_MESSAGE:
+                # too large to store whole: the largest body it takes, for a producer that made the
+                # batch itself to split it and send the parts (rmq)
+                return frame.response(code, res.remark, fields={MAX_BATCH_BYTES_FIELD: res.max_body})
             return frame.response(code, res.remark or res.status.value)
         a = res.append
         if is_half:
