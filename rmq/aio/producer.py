@@ -24,7 +24,7 @@ Client-side batching (:meth:`Producer.send_async`)
     ``linger_ms`` 0): a message joins its topic's open batch on the event loop; a
     batch leaves as one SEND_BATCH_MESSAGE at once while fewer than ``max_in_flight``
     requests are out, otherwise it fills until a request completes or it reaches
-    ``batch_size`` bytes (16 KiB; then it waits its turn, sealed).  A lone message
+    ``batch_size`` bytes (64 KiB; then it waits its turn, sealed).  A lone message
     leaves at once, so batching costs no latency and forms only under load.
     Ordered messages (selector, sharding key, explicit queue) whose topic's route
     is known join their queue's batch, and each such queue has one request out

@@ -667,9 +667,9 @@ def test_direct_send_to_a_killed_broker_fails_clearly_after_retries(tmp_path):
         c.close()
 
 
-def test_default_batch_size_is_kafkas_within_max_message_size():
+def test_default_batch_size_is_64_kib_within_max_message_size():
     from rmq.client.producer import DEFAULT_BATCH_SIZE, ProducerOptions
-    assert ProducerOptions().batch_size == DEFAULT_BATCH_SIZE == 16 * 1024 and ProducerOptions().batching
+    assert ProducerOptions().batch_size == DEFAULT_BATCH_SIZE == 64 * 1024 and ProducerOptions().batching
     assert ProducerOptions(max_message_size=4096).batch_size == 4096      # never above a message's limit
     assert not ProducerOptions(batch_size=0).batching                       # RocketMQ's one request each
     assert ProducerOptions(batch_size=0, linger_ms=5).batch_size == DEFAULT_BATCH_SIZE
