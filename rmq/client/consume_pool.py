@@ -20,6 +20,11 @@ still needs many threads, and gets them:
   on I/O, a lock or a sleep): the pool doubles, up to ``max_threads``, and the new workers help
   with the requests of the runs already being consumed (:meth:`submit`'s ``shared``).  Without
   per-thread CPU clocks it grows whenever tasks wait, as a fixed pool would.
+- unless every Python thread of the process together ran ``GIL_BUSY_CPU`` of the tick: then the
+  workers were off a CPU waiting for the GIL (the consumer's pull thread had it), not on I/O,
+  and a new worker would wait too.  Without this rule the pool grew to 2 workers in a CPU-bound
+  run and lost 15-50 % (PushConsumer, 100 B, 4 alternated rounds of 300,000: 218-545 k msgs/s
+  against 454-626 k never growing; bench/results/client.md, stop 40).
 - above ``SHRINK_ABOVE_CPU`` with tasks waiting, the workers are CPU-bound and contend for the
   GIL: one worker retires per tick, down to ``min_threads``.
 - a worker beyond ``min_threads`` that waited ``keep_alive_s`` (RocketMQ's consume pool: 60 s)
@@ -45,18 +50,25 @@ KEEP_ALIVE_S = 60.0                 # ConsumeMessageConcurrentlyService's pool: 
 GROW_CHECK_MS = 10                  # the monitor's tick while tasks wait
 GROW_BELOW_CPU = 0.5                # workers' CPU share of a tick under which the pool grows
 SHRINK_ABOVE_CPU = 0.9              # ... over which one worker retires (tasks waiting, CPU-bound)
+GIL_BUSY_CPU = 0.7                  # all Python threads' CPU share of a tick over which the GIL is
+                                    # taken: workers that ran less waited for it, not on I/O (no growth)
 
 
-def pool_decision(waiting_tasks: int, idle: int, cpu_share: Optional[float], live: int, lo: int, hi: int) -> int:
+def pool_decision(waiting_tasks: int, idle: int, cpu_share: Optional[float], live: int, lo: int, hi: int,
+                  gil_share: Optional[float] = None) -> int:
     """The monitor's rule for one tick: how many workers to add (> 0) or retire (< 0).
 
     ``waiting_tasks``: tasks queued plus requests of running runs not taken yet; ``idle``: workers
     waiting for a task; ``cpu_share``: CPU seconds the workers used in the tick / the tick's
-    seconds (None: not measurable here); ``live``: workers now; ``lo`` / ``hi``: the bounds.
+    seconds (None: not measurable here); ``live``: workers now; ``lo`` / ``hi``: the bounds;
+    ``gil_share``: the same for every Python thread of the process together (None: unknown).
+    Workers below ``GROW_BELOW_CPU`` are off a CPU: blocked (the pool grows), unless the Python
+    threads together ran ``GIL_BUSY_CPU`` of the tick, when they only waited for the GIL (the pull
+    thread had it: more workers would wait too).
     """
     if waiting_tasks <= 0 or idle > 0:
         return 0
-    if cpu_share is None or cpu_share < GROW_BELOW_CPU:
+    if cpu_share is None or (cpu_share < GROW_BELOW_CPU and (gil_share is None or gil_share < GIL_BUSY_CPU)):
         return min(hi - live, max(1, live), waiting_tasks)
     if cpu_share > SHRINK_ABOVE_CPU and live > lo:
         return -1
@@ -118,6 +130,7 @@ class ConsumePool:
         self.peak = 0                          # the most workers live at once
         self._wake = threading.Event()         # tasks wait and no worker is idle
         self._cpu_clocks = _cpu_clock(threading.get_ident()) is not None
+        self._thread_cpu: dict = {}         # thread ident -> its CPU seconds at the last tick (_python_cpu)
         with self._lock:
             self._spawn(min_threads)
         self._monitor = threading.Thread(target=self._watch, name=f"{name}_monitor", daemon=True)
@@ -209,6 +222,7 @@ class ConsumePool:
                 workers = list(self._workers.values())
             for w in workers:
                 w.cpu = self._cpu(w)
+            self._python_cpu()
             t_last = time.monotonic()
             while not self._closed:
                 time.sleep(tick)
@@ -218,6 +232,28 @@ class ConsumePool:
                         self._wake.set()
                     break
                 t_last = time.monotonic()
+
+    def _python_cpu(self) -> Optional[float]:
+        """CPU seconds every Python thread of the process used since the last call (threads seen
+        for the first time count from now); None without per-thread clocks."""
+        if not self._cpu_clocks:
+            return None
+        last = self._thread_cpu
+        now: dict = {}
+        used = 0.0
+        for t in threading.enumerate():
+            ident = t.ident
+            clock = _cpu_clock(ident) if ident is not None else None
+            if clock is None:
+                continue
+            try:
+                cpu = time.clock_gettime(clock)
+            except OSError:                     # exited since
+                continue
+            now[ident] = cpu
+            used += cpu - last.get(ident, cpu)
+        self._thread_cpu = now
+        return used
 
     def _tick(self, elapsed: float) -> bool:
         """One monitor step; True when no task waits any more (the monitor sleeps until one does)."""
@@ -234,10 +270,12 @@ class ConsumePool:
             if task is not None and task[2] is not None and task[2].left() > 0:
                 shared.append(task)
         waiting = self._q.qsize() + sum(t[2].left() for t in shared)
+        gil = self._python_cpu()
         if waiting <= 0:
             return True
         share = (used / elapsed if elapsed > 0 else 0.0) if self._cpu_clocks else None
-        step = pool_decision(waiting, idle, share, live, self.min_threads, self.max_threads)
+        gil_share = gil / elapsed if gil is not None and elapsed > 0 else None
+        step = pool_decision(waiting, idle, share, live, self.min_threads, self.max_threads, gil_share)
         if step > 0 and not self._closed:
             with self._lock:
                 step = min(step, self.max_threads - len(self._workers))

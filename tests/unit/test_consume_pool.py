@@ -25,6 +25,7 @@ def test_limits_are_named():
     assert (CP.CONSUME_THREAD_MAX, CP.CONSUME_THREAD_MIN, CP.CONSUME_THREAD_LIMIT) == (20, 1, 1000)
     assert CP.KEEP_ALIVE_S == 60.0
     assert 0 < CP.GROW_BELOW_CPU < CP.SHRINK_ABOVE_CPU <= 1
+    assert CP.GROW_BELOW_CPU < CP.GIL_BUSY_CPU <= 1
 
 
 @pytest.mark.parametrize("waiting, idle, share, live, expect", [
@@ -42,6 +43,50 @@ def test_limits_are_named():
 ])
 def test_pool_decision(waiting, idle, share, live, expect):
     assert pool_decision(waiting, idle, share, live, 1, 20) == expect
+
+
+@pytest.mark.parametrize("share, gil, live, expect", [
+    (0.1, 0.15, 1, 1),          # workers off a CPU and the GIL free: blocked on I/O, grows
+    (0.45, 0.65, 2, 2),         # ... below GIL_BUSY_CPU
+    (0.45, 0.9, 1, 0),          # the GIL taken (the pull thread had it): waiting for it, holds
+    (0.1, 0.75, 4, 0),
+    (0.95, 0.98, 4, -1),        # CPU-bound workers still retire one
+    (None, 0.95, 2, 2),         # no per-thread clocks: as before
+])
+def test_pool_decision_tells_a_gil_wait_from_a_block(share, gil, live, expect):
+    assert pool_decision(5, 0, share, live, 1, 20, gil) == expect
+
+
+def test_python_cpu_sums_every_python_thread():
+    """_python_cpu counts the CPU time of threads that are not workers (a pull thread), from
+    per-thread CPU clocks: a thread that burns 50 ms of its own CPU shows at least that much."""
+    pool = ConsumePool(2, "gil", 1)
+    try:
+        if pool._python_cpu() is None:
+            pytest.skip("no per-thread CPU clocks on this platform")
+        started, go, burnt, done = (threading.Event() for _ in range(4))
+
+        def burn():
+            started.set()
+            go.wait(30)
+            t0 = time.thread_time()
+            while time.thread_time() - t0 < 0.05:
+                pass
+            burnt.set()
+            done.wait(30)                       # alive while it is measured
+        t = threading.Thread(target=burn)
+        t.start()
+        try:
+            assert started.wait(30)
+            pool._python_cpu()                  # the baseline: the thread is known now
+            go.set()
+            assert burnt.wait(30)
+            assert pool._python_cpu() >= 0.05
+        finally:
+            done.set()
+            t.join(30)
+    finally:
+        pool.shutdown(5)
 
 
 def test_bounds_are_checked():
