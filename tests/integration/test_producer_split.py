@@ -160,3 +160,37 @@ def test_a_batch_larger_than_a_commitlog_file_is_split_to_fit(tmp_path, rc):
         check_stored(rc, c, "SplitFile", sent + more, False)
     finally:
         c.close()
+
+
+@pytest.mark.parametrize("client", ["thread", "aio"])
+def test_a_part_that_still_does_not_fit_is_split_again(tmp_path, rc, client):
+    """64 KiB CommitLog files and one 1 MiB request of 600 two-byte messages then 150 of 4,000 B:
+    the broker names a size from the whole batch's bytes in the CommitLog per byte of body
+    (about 1.1), but the first part holds only tiny messages (about 2.3), so it is refused too,
+    and split again; every message is stored once, in order."""
+    topic = f"SplitAgain{client}"
+    c = Cluster(tmp_path / "store", conf={"mappedFileSizeCommitLog": str(64 * 1024)})
+    try:
+        create_topic(rc, c, topic, 1)
+        sent = [i.to_bytes(2, "big") if i < 600 else f"{i:05d}|".encode() + b"L" * 3994 for i in range(750)]
+        msgs = [Message(topic, b) for b in sent]
+        keys = ["k"] * len(msgs)                 # one queue, ordered: the parts keep the order
+        if client == "thread":
+            with Producer(c.namesrv_addr, group="pg-split-again", batch_size=1024 * 1024) as p:
+                wait_route(p, topic, 1)
+                results = p.send_async_many(msgs, sharding_keys=keys).result(WAIT_S)
+                splits = p._sender.stats["split_requests"]
+        else:
+            from rmq.aio import Producer as AioProducer
+
+            async def main():
+                async with AioProducer(c.namesrv_addr, group="pg-split-again", batch_size=1024 * 1024) as p:
+                    out = await asyncio.wait_for(await p.send_async_many(msgs, sharding_keys=keys), WAIT_S)
+                    return out, p.stats["split_requests"]
+            results, splits = asyncio.run(main())
+        assert {r.status for r in results} == {SendStatus.SEND_OK}
+        assert splits >= 2
+        recs = sorted(pull_topic(rc, c, topic, 1, len(sent)), key=lambda r: r.queue_offset)
+        assert [r.body for r in recs] == sent
+    finally:
+        c.close()

@@ -125,6 +125,10 @@ def test_batch_too_large_to_store_whole_says_the_largest_body_taken(open_store):
     r = s.put_messages("T", 0, big)
     assert r.status is PutMessageStatus.MESSAGE_ILLEGAL and r.max_body == 100 * 1024
     assert s.put_message("T", b"ok", 0).ok              # a refusal changes nothing after it
+    before = s.commitlog.get_max_offset()
+    r = s.put_message("T", os.urandom(70 * 1024), 0)    # one message larger than a file: no retry helps
+    assert r.status is PutMessageStatus.MESSAGE_ILLEGAL and "mappedFileSizeCommitLog" in r.remark
+    assert unchanged(s, before)
 
 
 def test_group_name_rules():
