@@ -182,7 +182,8 @@ def _combine(first: _Batch, joined: list) -> _Batch:
 
 
 class _BatchTooLarge(Exception):
-    """A broker refused a batch of send_async's as over its maxMessageSize ``limit`` (bytes)."""
+    """A broker refused a batch of send_async's as too large to store whole; it takes at most
+    ``limit`` bytes (:func:`rmq.client.producer.refused_batch_limit`)."""
 
     def __init__(self, limit: int) -> None:
         super().__init__(limit)
@@ -269,7 +270,7 @@ class Producer:
         self._preparer = message_preparer(o)
         self._prepare = self._preparer.prepare
         self._batch_size = o.batch_size             # 0: send_async sends one request per message
-        self._batch_limit = 0                       # the lowest maxMessageSize a broker refused a batch with
+        self._batch_limit = 0                       # the largest batch a broker that refused one takes (bytes)
         self._max_in_flight = o.max_in_flight
         self._max_pending = o.max_pending_messages
         self._loop: Optional[asyncio.AbstractEventLoop] = None
@@ -982,16 +983,17 @@ class Producer:
 
     async def _run_split(self, b: _Batch, limit: int, info: TopicPublishInfo, fixed: Optional[MessageQueue],
                          max_attempts: int) -> None:
-        """The broker refused ``b`` as over its maxMessageSize ``limit`` (bytes): its messages go
-        again as batches that fit, one after the other (an ordered batch's queue turn is held
-        until the last), each with its own outcome (Kafka's split of a batch refused as
-        MESSAGE_TOO_LARGE).  Later batches of this producer are made to fit."""
+        """The broker refused ``b`` as too large to store whole, taking at most ``limit`` bytes: its
+        messages go again as batches that fit, one after the other (an ordered batch's queue turn
+        is held until the last; a part refused again is split again), each with its own outcome
+        (Kafka's split of a batch refused as MESSAGE_TOO_LARGE).  Later batches of this producer
+        are made to fit."""
         parts = _split_batch(b, limit)
         b.finished = True                 # its messages' outcomes come from the parts
         self.stats["split_requests"] += 1
         if not self._batch_limit or limit < self._batch_limit:
             self._batch_limit = limit
-            log.warning("a broker refused a batch over its maxMessageSize %d: sending it in %d parts; "
+            log.warning("a broker refused a batch as too large (it takes at most %d): sending it in %d parts; "
                         "batches of this producer are now at most %d bytes", limit, len(parts), limit)
             if self._batch_size:
                 self._batch_size = min(self._batch_size, limit)

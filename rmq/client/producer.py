@@ -348,8 +348,9 @@ def many_request_size(opts: ProducerOptions, columns: bool = False) -> int:
 
 
 def refused_batch_limit(resp: Frame, nbytes: int, n: int) -> int:
-    """The broker's maxMessageSize (bytes) when ``resp`` refused a batch of ``n`` messages and
-    ``nbytes`` body bytes as over it and the batch can be split (``n`` > 1); 0 otherwise: the
+    """The largest batch body (bytes) the broker takes, when ``resp`` refused a batch of ``n``
+    messages and ``nbytes`` body bytes as too large to store whole (over its maxMessageSize, or
+    more than one CommitLog file holds) and the batch can be split (``n`` > 1); 0 otherwise: the
     refusal stands (field: :data:`rmq.common.request_header.MAX_BATCH_BYTES_FIELD`)."""
     if resp.code != ResponseCode.MESSAGE_ILLEGAL or n < 2:
         return 0
@@ -880,10 +881,10 @@ class _Sender(threading.Thread):
         self._accs: dict = {}             # (topic, fixed MessageQueue or None) -> _Accumulator
         # ordered sends (a fixed queue): max_in_flight_per_queue requests out per queue, the next held
         # (the held ones joined up to batch_size when a turn passes: _request_bytes, _Request)
-        # bytes of a batch: the option, lowered to the broker's maxMessageSize once one refused a
-        # batch as over it (_split); callers read it under ``lock``
+        # bytes of a batch: the option, lowered to the largest batch a broker takes once one refused
+        # a batch as too large (_split); callers read it under ``lock``
         self.batch_size = opts.batch_size
-        self.batch_limit = 0              # the lowest maxMessageSize a broker refused a batch with (0: none)
+        self.batch_limit = 0              # the lowest such size a broker answered with (bytes; 0: none)
         self._queue_turns = QueueTurns(opts.max_in_flight_per_queue, opts.batch_size, _mergeable, _request_bytes,
                                        lambda first, joined: _Request(
                                            [it for r in (first, *joined) for it in r.items], first.fixed, opts))
@@ -1381,8 +1382,8 @@ class _Sender(threading.Thread):
                 self._fetch_route(req.topic)
 
     def _split(self, req: _Request, limit: int) -> bool:
-        """The broker refused ``req``'s batch as over its maxMessageSize ``limit`` (bytes): send its
-        messages again as parts that fit (Kafka's split of a batch refused as MESSAGE_TOO_LARGE),
+        """The broker refused ``req``'s batch as too large to store whole, taking at most ``limit``
+        bytes (``refused_batch_limit``): send its messages again as parts that fit (Kafka's split of a batch refused as MESSAGE_TOO_LARGE),
         in order, ahead of what waits; an ordered request's parts keep its queue's turn, one
         after the other.  Later batches of this producer are made to fit (``batch_size``).  False
         (the refusal stands): a user batch (``send_batch``), stored whole or not at all."""
@@ -1408,8 +1409,8 @@ class _Sender(threading.Thread):
         self.stats["split_requests"] += 1
         if not self.batch_limit or limit < self.batch_limit:
             self.batch_limit = limit
-            log.warning("broker %s refused a batch of %d bytes over its maxMessageSize %d: sending it in %d "
-                        "parts; batches of this producer are now at most %d bytes", req.addr,
+            log.warning("broker %s refused a batch of %d bytes as too large (it takes at most %d): sending it "
+                        "in %d parts; batches of this producer are now at most %d bytes", req.addr,
                         len(req.batch_body or b""), limit, len(parts), limit)
             with self.lock:
                 self.batch_size = min(self.batch_size, limit) if self.batch_size else 0
