@@ -48,7 +48,7 @@ class FollowerActor(Actor):
         root = os.path.abspath(self.config.store_path_root_dir)
         q = MappedFileQueue(self.config.store_path_commit_log or os.path.join(root, "commitlog"),
                             self.config.mapped_file_size_commit_log)
-        q.load()
+        q.load(drop_tmp=False)       # the broker's allocator may be creating the next file (NAME.tmp)
         for mf in q.files:
             mf.wrote_position = 0
             mf.flushed_position = 0

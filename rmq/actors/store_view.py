@@ -19,7 +19,7 @@ class StoreView:
         self.root = os.path.abspath(config.store_path_root_dir)
         self.commitlog = MappedFileQueue(config.store_path_commit_log or os.path.join(self.root, "commitlog"),
                                          config.mapped_file_size_commit_log)
-        self.commitlog.load()
+        self.commitlog.load(drop_tmp=False)      # the broker's allocator may be creating the next file
         for mf in self.commitlog.files:          # nothing is readable until the broker announces it
             mf.wrote_position = 0
         self.consume_queue_table: dict[tuple[str, int], ConsumeQueue] = {}

@@ -101,8 +101,10 @@ class ConsumeQueue:
         return self.mapped_file_size // CQ_STORE_UNIT_SIZE
 
     # -- loading and recovery (SPEC.md §5.1, §5.3) -----------------------------------
-    def load(self) -> bool:
-        """Map every file of the queue directory (positions at full size until :meth:`recover`).
+    def load(self, drop_tmp: bool = True) -> bool:
+        """Map every file of the queue directory (positions at full size until :meth:`recover`);
+        ``drop_tmp``: see :meth:`MappedFileQueue.load` (False for a reader of a queue another
+        process writes).
 
         Returns
         -------
@@ -114,7 +116,7 @@ class ConsumeQueue:
         StoreError
             A file has the wrong size, a bad name, or the files leave a hole.
         """
-        self.mapped_file_queue.load()
+        self.mapped_file_queue.load(drop_tmp)
         return True
 
     def recover(self) -> int:

@@ -126,10 +126,15 @@ class MappedFileQueue:
         self._head_checked_at = float("-inf")   # time.monotonic() of refresh's last head check
 
     # -- loading -----------------------------------------------------------------
-    def load(self) -> None:
+    def load(self, drop_tmp: bool = True) -> None:
         """Map every file of the directory, sorted by name; every file must be full size.
 
-        Positions start at the full file size; recovery fixes the tail.
+        Positions start at the full file size; recovery fixes the tail.  ``*.tmp`` files (a file
+        being created: written as NAME.tmp, then renamed) are never mapped; with ``drop_tmp`` they
+        are deleted as creations a crash cut short.  Only the queue's writer may do that, at its
+        start: a reader (the broker's view of the ConsumeQueues reput writes, the actors' view of
+        the broker's CommitLog) would delete a file the writer is creating this instant, and the
+        writer's rename then fails (reput died so in a CI run).
 
         Raises
         ------
@@ -143,7 +148,8 @@ class MappedFileQueue:
             if not os.path.isfile(path):
                 continue
             if name.endswith(TMP_SUFFIX):
-                os.unlink(path)     # a creation cut short by a crash: never part of the log
+                if drop_tmp:
+                    os.unlink(path)     # a creation cut short by a crash: never part of the log
                 continue
             if len(name) != FILE_NAME_DIGITS or not name.isdigit():
                 raise StoreError(f"unexpected file {path} in a mapped file queue")

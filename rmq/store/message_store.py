@@ -476,7 +476,7 @@ class MessageStore:
                 for qid in os.listdir(tdir):
                     if qid.isdigit() and (topic, int(qid)) not in self.consume_queue_table:
                         cq = ConsumeQueue(self.root, topic, int(qid), self.config.mapped_file_size_consume_queue)
-                        cq.load()
+                        cq.load(drop_tmp=False)          # reput may be creating a file there now
                         self.consume_queue_table[(topic, int(qid))] = cq
         for cq in self.consume_queue_table.values():
             mfq = cq.mapped_file_queue
@@ -508,7 +508,9 @@ class MessageStore:
         cq = self.consume_queue_table.get(key)
         if cq is None and create:
             cq = ConsumeQueue(self.root, topic, queue_id, self.config.mapped_file_size_consume_queue)
-            cq.load()
+            # a queue first seen while running: reput (another process) may be creating one of its
+            # files this instant, as NAME.tmp; only a writer's start deletes those
+            cq.load(drop_tmp=False)
             self.consume_queue_table[key] = cq
         return cq
 

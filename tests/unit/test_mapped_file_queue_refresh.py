@@ -39,3 +39,39 @@ def test_refresh_maps_new_files_and_drops_deleted_heads_at_most_every_interval(t
     assert len(r.files) == 1
     for q in (r, w):
         q.shutdown()
+
+
+def test_load_leaves_a_file_being_created_to_its_writer(tmp_path):
+    """NAME.tmp is a file its writer is creating (allocated, then renamed): a reader's load maps
+    only the real files and leaves it; the writer's own load at its start deletes it as a creation
+    a crash cut short."""
+    w = writer_with_files(tmp_path, 2)
+    tmp = os.path.join(str(tmp_path), M.offset_to_file_name(2 * SIZE) + M.TMP_SUFFIX)
+    with open(tmp, "wb") as f:
+        f.write(b"\0" * SIZE)
+    r = M.MappedFileQueue(str(tmp_path), SIZE)
+    r.load(drop_tmp=False)
+    assert [mf.file_from_offset for mf in r.files] == [0, SIZE] and os.path.exists(tmp)
+    os.rename(tmp, tmp[:-len(M.TMP_SUFFIX)])        # the writer's rename still finds it
+    os.rename(tmp[:-len(M.TMP_SUFFIX)], tmp)
+    r2 = M.MappedFileQueue(str(tmp_path), SIZE)
+    r2.load()                                       # the writer at its start: dropped
+    assert [mf.file_from_offset for mf in r2.files] == [0, SIZE] and not os.path.exists(tmp)
+    for q in (r, r2, w):
+        q.shutdown()
+
+
+def test_a_consume_queue_first_seen_while_running_keeps_reputs_file_in_creation(open_store):
+    """The broker maps a ConsumeQueue reput writes the first time a request or an announcement
+    names it; if reput is creating one of its files right then (NAME.tmp), the broker must not
+    delete it (reput's rename failed and reput died in a CI run)."""
+    s = open_store()
+    qdir = os.path.join(s.consume_queue_dir, "Fresh", "3")
+    os.makedirs(qdir)
+    size = s.config.mapped_file_size_consume_queue
+    tmp = os.path.join(qdir, M.offset_to_file_name(0) + M.TMP_SUFFIX)
+    with open(tmp, "wb") as f:
+        f.write(b"\0" * size)
+    cq = s.find_consume_queue("Fresh", 3)
+    assert os.path.exists(tmp) and not cq.mapped_file_queue.files
+    os.rename(tmp, tmp[:-len(M.TMP_SUFFIX)])        # reput's creation completes
