@@ -384,7 +384,10 @@ class MessageStore:
                 if not qid.isdigit():
                     continue     # RocketMQ skips names that are not a queue id
                 cq = ConsumeQueue(self.root, topic, int(qid), self.config.mapped_file_size_consume_queue)
-                cq.load()
+                # their writer is reput (it drops stale NAME.tmp files at its own start), or this store's
+                # dispatch, which creates a file over a stale NAME.tmp (O_TRUNC): a broker restarted
+                # alone must not delete the file a running reput is creating
+                cq.load(drop_tmp=False)
                 self.consume_queue_table[(topic, int(qid))] = cq
 
     def _recover(self, reindex_from: Optional[int] = None) -> None:

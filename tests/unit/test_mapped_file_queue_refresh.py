@@ -75,3 +75,25 @@ def test_a_consume_queue_first_seen_while_running_keeps_reputs_file_in_creation(
     cq = s.find_consume_queue("Fresh", 3)
     assert os.path.exists(tmp) and not cq.mapped_file_queue.files
     os.rename(tmp, tmp[:-len(M.TMP_SUFFIX)])        # reput's creation completes
+
+
+def test_a_store_restarted_alone_keeps_reputs_file_in_creation(open_store, store_dir):
+    """The broker restarted by the supervisor while reput runs: its recovery loads every
+    ConsumeQueue directory and must leave a NAME.tmp reput is creating; the store's own dispatch
+    still creates that file later (over the stale .tmp) when it needs it."""
+    s = open_store()
+    assert s.put_message("T", b"first", 0).ok
+    s.dispatch()
+    qdir = os.path.join(s.consume_queue_dir, "T", "0")
+    size = s.config.mapped_file_size_consume_queue
+    s.shutdown()
+    tmp = os.path.join(qdir, M.offset_to_file_name(size) + M.TMP_SUFFIX)
+    with open(tmp, "wb") as f:
+        f.write(b"\0" * 16)
+    s2 = open_store()
+    assert os.path.exists(tmp)
+    assert s2.get_messages("g", "T", 0, 0, 1).messages()[0].body == b"first"
+    mfq = s2.find_consume_queue("T", 0).mapped_file_queue
+    mfq.files[-1].wrote_position = size          # as if full: the writer creates the next file
+    mfq.get_last_mapped_file(0, need_create=True)
+    assert os.path.exists(tmp[:-len(M.TMP_SUFFIX)]) and not os.path.exists(tmp)
