@@ -498,10 +498,8 @@ class Producer:
         return fut
 
     def _request_size(self, columns: bool = False) -> int:
-        """Bytes of one send_async_many / send_async_columns request: :func:`many_request_size`,
-        within the maxMessageSize a broker refused a batch with (as the thread producer's)."""
-        size = many_request_size(self.options, columns)
-        return min(size, self._batch_limit) if self._batch_limit and size else size
+        """Bytes of one send_async_many / send_async_columns request (:func:`many_request_size`)."""
+        return many_request_size(self.options, columns, self._batch_limit)
 
     async def send_async_many(self, msgs: Iterable[Message],
                               callback: Optional[Callable[[asyncio.Future], Any]] = None, *,

@@ -333,8 +333,10 @@ def encode_columns(preparer: MessagePreparer, topic: str, bodies: Any, tags: Any
                           batch_size, _part_key)
 
 
-def many_request_size(opts: ProducerOptions, columns: bool = False) -> int:
-    """The bytes of one send_async_many (or, ``columns``, send_async_columns) request.
+def many_request_size(opts: ProducerOptions, columns: bool = False, limit: int = 0) -> int:
+    """The bytes of one send_async_many (or, ``columns``, send_async_columns) request, within
+    ``limit`` (bytes; 0: none): the largest batch a broker that refused one takes (the producer's
+    learned limit, :func:`refused_batch_limit`).
 
     With ``batch_size`` left to its default: ``MANY_REQUEST_SIZE`` (256 KiB), within
     ``max_message_size`` (the broker's bound on a batch body, as RocketMQ's: a whole batch of up
@@ -343,8 +345,10 @@ def many_request_size(opts: ProducerOptions, columns: bool = False) -> int:
     a small maxMessageSize, or small requests wanted); 0 (batching off) is one message per
     send_async_many request, and MANY_REQUEST_SIZE for columns (they always go as batches)."""
     if opts.batch_size_defaulted or (columns and not opts.batch_size):
-        return min(max(opts.batch_size, MANY_REQUEST_SIZE), opts.max_message_size)
-    return opts.batch_size
+        size = min(max(opts.batch_size, MANY_REQUEST_SIZE), opts.max_message_size)
+    else:
+        size = opts.batch_size
+    return min(size, limit) if limit and size else size
 
 
 def refused_batch_limit(resp: Frame, nbytes: int, n: int) -> int:
@@ -2185,11 +2189,8 @@ class Producer:
         return many
 
     def _request_size(self, columns: bool = False) -> int:
-        """Bytes of one send_async_many / send_async_columns request: :func:`many_request_size`,
-        within the maxMessageSize a broker refused a batch with (0 for many: one per request)."""
-        size = many_request_size(self.options, columns)
-        limit = self._sender.batch_limit
-        return min(size, limit) if limit and size else size
+        """Bytes of one send_async_many / send_async_columns request (:func:`many_request_size`)."""
+        return many_request_size(self.options, columns, self._sender.batch_limit)
 
     def _many_budget_ms(self, timeout_ms: Optional[int]) -> int:
         budget_ms = timeout_ms if timeout_ms is not None else self.options.send_msg_timeout_ms

@@ -63,12 +63,12 @@ def test_send_async_many_splits_a_refused_batch_and_learns_the_limit(cluster, rc
         results = p.send_async_many([Message(topic, b) for b in sent],
                                     sharding_keys=[i % 3 for i in range(N)] if keyed else None).result(WAIT_S)
         assert len(results) == N and {r.status for r in results} == {SendStatus.SEND_OK}
-        split = p._sender.stats["split_requests"]
+        split = p.stats["split_requests"]
         assert split >= 1
         assert p._request_size() == LIMIT                     # learned: later calls make parts that fit
         more = bodies(topic + "b", 1000)
         assert len(p.send_async_many([Message(topic, b) for b in more]).result(WAIT_S)) == 1000
-        assert p._sender.stats["split_requests"] == split
+        assert p.stats["split_requests"] == split
     check_stored(rc, cluster, topic, sent + more, keyed)
 
 
@@ -82,7 +82,7 @@ def test_send_async_columns_splits_a_refused_part(cluster, rc, keyed):
         res = p.send_async_columns(topic, sent, sharding_keys=[i % 3 for i in range(N)] if keyed else None,
                                    tags=["t"] * N).result(WAIT_S)
         assert len(res) == N and res.failed == 0
-        assert p._sender.stats["split_requests"] >= 1
+        assert p.stats["split_requests"] >= 1
         assert sorted(res.msg_ids) == sorted(set(res.msg_ids))
     check_stored(rc, cluster, topic, sent, keyed)
 
@@ -97,7 +97,8 @@ def test_send_async_batches_over_the_limit_are_split(cluster, rc):
         wait_route(p, topic, QUEUES)
         futs = [p.send_async(Message(topic, b)) for b in sent]
         assert {f.result(WAIT_S).status for f in futs} == {SendStatus.SEND_OK}
-        assert p._sender.stats["split_requests"] >= 1 and p._sender.batch_size == LIMIT
+        assert p.stats["split_requests"] >= 1 and p._sender.batch_size == LIMIT
+        assert p._sender._queue_turns.cap == LIMIT              # ordered requests are joined within it too
     check_stored(rc, cluster, topic, sent, False)
 
 
@@ -110,7 +111,7 @@ def test_a_user_batch_over_the_limit_is_refused_whole(cluster, rc):
         with pytest.raises(MQBrokerError) as ei:
             p.send_batch([Message(topic, b) for b in bodies(topic, 1000)])
         assert ei.value.response_code == ResponseCode.MESSAGE_ILLEGAL and "maxMessageSize" in str(ei.value)
-        assert p._sender.stats["split_requests"] == 0
+        assert p.stats["split_requests"] == 0
         # one message over the limit cannot be split either: its refusal stands too
         with pytest.raises(SendManyError) as ei:
             p.send_async_many([Message(topic, os.urandom(LIMIT + 1))]).result(WAIT_S)   # random: not compressed
@@ -154,7 +155,7 @@ def test_a_batch_larger_than_a_commitlog_file_is_split_to_fit(tmp_path, rc):
             wait_route(p, "SplitFile", QUEUES)
             results = p.send_async_many([Message("SplitFile", b) for b in sent]).result(WAIT_S)
             assert {r.status for r in results} == {SendStatus.SEND_OK}
-            assert p._sender.stats["split_requests"] >= 1 and 0 < p._request_size() <= 32 * 1024
+            assert p.stats["split_requests"] >= 1 and 0 < p._request_size() <= 32 * 1024
             futs = [p.send_async(Message("SplitFile", b)) for b in more]
             assert {f.result(WAIT_S).status for f in futs} == {SendStatus.SEND_OK}
         check_stored(rc, c, "SplitFile", sent + more, False)
@@ -179,7 +180,7 @@ def test_a_part_that_still_does_not_fit_is_split_again(tmp_path, rc, client):
             with Producer(c.namesrv_addr, group="pg-split-again", batch_size=1024 * 1024) as p:
                 wait_route(p, topic, 1)
                 results = p.send_async_many(msgs, sharding_keys=keys).result(WAIT_S)
-                splits = p._sender.stats["split_requests"]
+                splits = p.stats["split_requests"]
         else:
             from rmq.aio import Producer as AioProducer
 

@@ -21,6 +21,16 @@ def wait_for(cond, timeout=30.0, what="condition"):
         time.sleep(0.01)
 
 
+def in_threads(fn, n, timeout=60):
+    """Run ``fn`` on ``n`` threads at once and wait for them all."""
+    threads = [threading.Thread(target=fn) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    assert not any(t.is_alive() for t in threads), f"{fn} still running after {timeout} s"
+
+
 def test_limits_are_named():
     assert (CP.CONSUME_THREAD_MAX, CP.CONSUME_THREAD_MIN, CP.CONSUME_THREAD_LIMIT) == (20, 1, 1000)
     assert CP.KEEP_ALIVE_S == 60.0
@@ -185,11 +195,7 @@ def test_consume_run_cuts_requests_when_taken_and_each_once_across_threads():
         while (r := big.take()) is not None:
             mine.extend(r)
         got.append(mine)
-    threads = [threading.Thread(target=worker) for _ in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    in_threads(worker, 8)
     assert sorted(x for mine in got for x in mine) == list(range(20_000))
 
 
@@ -270,11 +276,7 @@ def test_consume_run_commits_every_message_once_across_workers():
             if now:
                 handed.append(now)
         handed.append(run.rest())
-    threads = [threading.Thread(target=worker) for _ in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    in_threads(worker, 6)
     assert sorted(x for part in handed for x in part) == list(range(30_000))
 
 

@@ -201,6 +201,10 @@ def test_a_bulk_request_is_many_request_size_unless_batch_size_is_given_within_m
     # batching off: send_async_many sends one message per request; columns always go as batches
     assert many_request_size(ProducerOptions(batch_size=0)) == 0
     assert many_request_size(ProducerOptions(batch_size=0), columns=True) == MANY_REQUEST_SIZE
+    # within the limit a broker answered a refused batch with (the producer's learned limit)
+    assert many_request_size(ProducerOptions(), True, 65536) == 65536
+    assert many_request_size(ProducerOptions(batch_size=2048), False, 65536) == 2048
+    assert many_request_size(ProducerOptions(batch_size=0), False, 65536) == 0     # still one per request
     _, parts = columns("T", [b"x" * 1000] * 600, batch_size=many_request_size(ProducerOptions(), columns=True))
     per = MANY_REQUEST_SIZE // (BATCH_FIXED_LENGTH + 1000 + 42)     # a row: header, body, UNIQ_KEY property
     assert [p.n for p in parts] == [per, per, 600 - 2 * per] and all(p.nbytes <= MANY_REQUEST_SIZE for p in parts)
