@@ -8,18 +8,24 @@
 
 Any number of receives and acks may be in flight at once (one DEALER per broker, read from the
 event loop, answers matched by opaque: :class:`rmq.aio.remoting.AsyncRemoting`): run several
-receive loops as tasks of one consumer to keep a broker busy.  The calls, frames and response parsing are those of
+receive loops as tasks of one consumer to keep a broker busy.  ``ack_batch`` calls of several
+tasks to one broker are merged (:class:`rmq.client.simple_consumer.AckLane`): one
+BATCH_ACK_MESSAGE in flight per broker, the calls that came meanwhile go together next.  The calls, frames and response parsing are those of
 :mod:`rmq.client.simple_consumer`; this module only awaits them.
 
 Concurrency: use a consumer from the event loop that started it.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
+from typing import Sequence
 
 from rmq.aio.consumer import AsyncConsumerAPI
 from rmq.client.calls import adrive, awaitable
-from rmq.client.simple_consumer import AckError, MessageView, SimpleConsumerCalls
+from rmq.client.simple_consumer import (MAX_BATCH_ACK, AckError, AckLane, MessageView, SimpleConsumerCalls,
+                                        batch_ack_failures, batch_ack_frame, group_by_broker)
+from rmq.errors import MQBrokerError, MQClientError
 
 log = logging.getLogger("rmq.aio.simple_consumer")
 
@@ -29,6 +35,11 @@ class SimpleConsumer(SimpleConsumerCalls):
     (the same calls, :class:`rmq.client.simple_consumer.SimpleConsumerCalls`, awaited)."""
 
     _NOT_STARTED = "SimpleConsumer not started: await start()"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._lanes: dict = {}              # broker address -> AckLane
+        self._pumps: set = set()            # the lanes' sending tasks
 
     async def start(self) -> "SimpleConsumer":
         """Connect and look the subscribed topics up (MQClientError for a topic without a route)."""
@@ -46,6 +57,8 @@ class SimpleConsumer(SimpleConsumerCalls):
         """Unregister from the brokers and close (as :meth:`rmq.SimpleConsumer.shutdown`)."""
         if self._api is None:
             return
+        if self._pumps:                     # acks already asked for go out first
+            await asyncio.gather(*self._pumps, return_exceptions=True)
         await adrive(self._unregister_call(), self._invoke)
         api, self._api = self._api, None
         await api.close()
@@ -61,7 +74,79 @@ class SimpleConsumer(SimpleConsumerCalls):
     subscribe = awaitable(SimpleConsumerCalls._subscribe, "_invoke")
     receive = awaitable(SimpleConsumerCalls._receive, "_invoke")
     ack = awaitable(SimpleConsumerCalls._ack, "_invoke")
-    ack_batch = awaitable(SimpleConsumerCalls._ack_batch, "_invoke")
+
+    async def ack_batch(self, message_views: Sequence[MessageView]) -> None:
+        """Acknowledge many messages (as :meth:`rmq.SimpleConsumer.ack_batch`: AckError names the
+        ones no longer in flight; MQBrokerError, RemotingError).  Calls of other tasks to the
+        same broker made while one is in flight are sent with it as one request."""
+        views = list(message_views)
+        api = self._started()
+        failed: list = []
+        for name, group_views in group_by_broker(views).items():
+            addr = await adrive(api._broker_addr(name, group_views[0].topic), self._invoke)
+            lane = self._lanes.get(addr)
+            if lane is None or lane.broker_name != name:
+                lane = self._lanes[addr] = AckLane(name)
+            loop = asyncio.get_running_loop()
+            waiters = []
+            for i in range(0, len(group_views), MAX_BATCH_ACK):
+                w = loop.create_future()
+                lane.add(group_views[i:i + MAX_BATCH_ACK], w)
+                waiters.append(w)
+            if not lane.busy:
+                lane.busy = True
+                pump = loop.create_task(self._pump(addr, lane))
+                self._pumps.add(pump)
+                pump.add_done_callback(self._pumps.discard)
+            for w in waiters:
+                refused, exc = await w
+                if exc is not None:
+                    raise exc
+                failed += refused
+        if failed:
+            raise AckError(f"{len(failed)} of {len(views)} acks refused: no longer in flight "
+                           f"(their invisible time passed)", failed)
+
+    async def _pump(self, addr: str, lane: AckLane) -> None:
+        """Send ``lane``'s requests one after the other until none waits; each waiter gets
+        ``(failed views, None)`` or ``(None, exception)``.  A merged request the broker refuses
+        as a whole goes again call by call, so one call's refusal is its own."""
+        taken: list = []
+        try:
+            while True:
+                nxt = lane.take(self.group, live=lambda w: not w.done())
+                if nxt is None:
+                    return
+                frame, index, taken = nxt
+                try:
+                    failed = batch_ack_failures(await self._invoke(addr, frame, None), index, addr)
+                    outcomes = [(w, (refused, None)) for w, refused in AckLane.outcomes(taken, failed)]
+                except MQBrokerError as e:
+                    if len(taken) == 1:
+                        outcomes = [(taken[0][1], (None, e))]
+                    else:
+                        outcomes = [(w, await self._ack_alone(addr, lane.broker_name, vs)) for vs, w in taken]
+                except Exception as e:  # noqa: BLE001 - every waiter of the request gets it
+                    outcomes = [(w, (None, e)) for _, w in taken]
+                for w, outcome in outcomes:
+                    if not w.done():
+                        w.set_result(outcome)
+                taken = []
+        finally:
+            lane.busy = False
+            gone = MQClientError("SimpleConsumer closed while an ack was waiting to be sent")
+            for _, w in list(taken) + list(lane.waiting):
+                if not w.done():
+                    w.set_result((None, gone))
+            lane.waiting.clear()
+
+    async def _ack_alone(self, addr: str, broker_name: str, views: list) -> tuple:
+        """One call's views as a request of their own: ``(failed views, None)`` or ``(None, exc)``."""
+        frame, index = batch_ack_frame(self.group, broker_name, views)
+        try:
+            return batch_ack_failures(await self._invoke(addr, frame, None), index, addr), None
+        except Exception as e:  # noqa: BLE001 - the caller's outcome
+            return None, e
     change_invisible_duration = awaitable(SimpleConsumerCalls._change_invisible_duration, "_invoke")
 
 

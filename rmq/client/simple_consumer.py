@@ -18,6 +18,7 @@ shared with :mod:`rmq.aio`'s SimpleConsumer; only the waiting differs (:mod:`rmq
 """
 from __future__ import annotations
 
+import collections
 import itertools
 import logging
 import time
@@ -266,6 +267,75 @@ def batch_ack_failures(resp: Frame, index: dict, addr: str) -> list:
         if v is not None:
             out.append(v)
     return out
+
+
+class AckLane:
+    """The batch acks of one broker that wait while a BATCH_ACK_MESSAGE to it is in flight: at
+    most one request in flight per broker, and everything that waited goes as the next request
+    (up to MAX_BATCH_ACK views): under concurrent ``ack_batch`` calls (rmq.aio's receive loops)
+    the broker gets one request per round trip instead of one per call.  Nagle's rule for acks,
+    as Kafka's consumer merges offset commits; a lone caller's ack goes at once, as before.
+
+    No I/O (the driver: :class:`rmq.aio.SimpleConsumer`): the driver queues ``(views, waiter)``
+    entries with :meth:`add` (``views`` at most MAX_BATCH_ACK, of this broker), sets ``busy``
+    while it sends; :meth:`take` gives the next request; :meth:`outcomes` splits its answer.
+
+    State: ``waiting`` (a deque of entries), ``busy`` (a request of this lane is in flight).
+    """
+    __slots__ = ("broker_name", "waiting", "busy")
+
+    def __init__(self, broker_name: str):
+        self.broker_name = broker_name
+        self.waiting: collections.deque = collections.deque()
+        self.busy = False
+
+    def add(self, views: list, waiter) -> None:
+        """Queue ``views`` (1..MAX_BATCH_ACK of this broker's) for the caller ``waiter``.
+
+        Raises
+        ------
+        ValueError
+            No views, or more than MAX_BATCH_ACK.
+        """
+        if not 1 <= len(views) <= MAX_BATCH_ACK:
+            raise ValueError(f"an ack lane entry holds 1..{MAX_BATCH_ACK} views, got {len(views)}")
+        self.waiting.append((views, waiter))
+
+    def take(self, group: str, live=None) -> Optional[tuple]:
+        """``(frame, index, entries)``: one BATCH_ACK_MESSAGE of the waiting entries in order, as
+        many as fit MAX_BATCH_ACK views (at least one), or None when none waits.  Entries whose
+        waiter fails ``live(waiter)`` (a cancelled caller) are dropped unsent; an entry that
+        repeats a view already taken waits for the next request (one bit per view a request)."""
+        entries, views, seen = [], [], set()
+        waiting = self.waiting
+        while waiting:
+            vs, w = waiting[0]
+            if live is not None and not live(w):
+                waiting.popleft()
+                continue
+            ids = {id(v) for v in vs}
+            if entries and (len(views) + len(vs) > MAX_BATCH_ACK or len(ids) < len(vs) or not ids.isdisjoint(seen)):
+                break
+            waiting.popleft()
+            entries.append((vs, w))
+            views.extend(vs)
+            seen |= ids
+        if not entries:
+            return None
+        frame, index = batch_ack_frame(group, self.broker_name, views)
+        return frame, index, entries
+
+    @staticmethod
+    def outcomes(entries: list, failed: list) -> list:
+        """``[(waiter, its failed views)]`` of a request's answer (``failed``: the views the broker
+        refused, :func:`batch_ack_failures`)."""
+        if len(entries) == 1:
+            return [(entries[0][1], failed)]
+        owner = {id(v): k for k, (vs, _) in enumerate(entries) for v in vs}   # a view is in one entry
+        out = [[] for _ in entries]
+        for v in failed:
+            out[owner[id(v)]].append(v)
+        return [(w, out[k]) for k, (_, w) in enumerate(entries)]
 
 
 def pop_targets(routes: Iterable, subs: Mapping[str, SubscriptionData]) -> list:
@@ -546,6 +616,6 @@ class SimpleConsumer(SimpleConsumerCalls):
     change_invisible_duration = blocking(SimpleConsumerCalls._change_invisible_duration, "_invoke")
 
 
-__all__ = ["SimpleConsumer", "MessageView", "AckError", "MAX_MESSAGE_NUM", "MIN_INVISIBLE_DURATION_S",
+__all__ = ["SimpleConsumer", "MessageView", "AckError", "AckLane", "MAX_MESSAGE_NUM", "MIN_INVISIBLE_DURATION_S",
            "MAX_INVISIBLE_DURATION_S", "AWAIT_DURATION_S", "MAX_BATCH_ACK"]
 

@@ -368,3 +368,51 @@ def test_aio_simple_consumer(cluster):
             await AioSimpleConsumer(cluster.namesrv_addr, "pop-ga", {"NoSuchTopicPA": "*"}).start()
 
     asyncio.run(main())
+
+
+def test_aio_ack_batch_calls_of_concurrent_tasks_merge(cluster):
+    """rmq.aio: ack_batch calls made while one is in flight go as one BATCH_ACK_MESSAGE; each
+    caller still gets its own outcome: an AckError naming only its stale views, a whole-request
+    refusal (a view of a topic that does not exist) only for the call that caused it.  Every
+    other message is acked once and never delivered again."""
+    import asyncio
+
+    from rmq.aio import SimpleConsumer as AioSimpleConsumer
+    from rmq.client.simple_consumer import MessageView
+
+    create_topic(cluster, "PM", 4)
+    bodies = produce(cluster, "PM", 160, 4)
+    sent = []                                   # the BatchAck lists of the requests sent
+
+    class Counting(AioSimpleConsumer):
+        async def _invoke(self, addr, frame, timeout_ms):
+            if frame.code == RequestCode.BATCH_ACK_MESSAGE:
+                sent.append(msgpack.unpackb(frame.bodies[0])["acks"])
+            return await super()._invoke(addr, frame, timeout_ms)
+
+    async def main():
+        async with Counting(cluster.namesrv_addr, "pop-gm", {"PM": "*"}, await_duration_s=0.3,
+                            init_mode="MIN") as sc:
+            got = []
+            deadline = time.monotonic() + 30
+            while len(got) < 160 and time.monotonic() < deadline:
+                got += await sc.receive(32, 60)
+            assert sorted(v.body for v in got) == sorted(bodies)
+            stale, parts = got[:10], [got[10 + 30 * k:40 + 30 * k] for k in range(5)]
+            await sc.ack_batch(stale)                  # acked: a second ack of them is refused
+            assert len(sent) == 1
+            bogus = MessageView(got[0].message, "NoSuchTopicPM", got[0]._ck, got[0].broker_name)
+            outcomes = await asyncio.gather(sc.ack_batch(parts[0]), sc.ack_batch(stale), sc.ack_batch(parts[1]),
+                                            sc.ack_batch(parts[2]), return_exceptions=True)
+            assert outcomes[0] is None and outcomes[2] is None and outcomes[3] is None
+            assert isinstance(outcomes[1], AckError) and outcomes[1].failed == stale
+            assert len(sent) == 2, "four calls made together go as one request"
+            assert sum(len(a["b"]) for a in sent[1]) == 100
+            outcomes = await asyncio.gather(sc.ack_batch(parts[3]), sc.ack_batch([bogus]), sc.ack_batch(parts[4]),
+                                            return_exceptions=True)
+            assert outcomes[0] is None and outcomes[2] is None
+            assert isinstance(outcomes[1], MQBrokerError) and outcomes[1].response_code == ResponseCode.TOPIC_NOT_EXIST
+            assert len(sent) == 6, "the refused merged request went again call by call"
+            assert not await sc.receive(32, 60), "every message acked once"
+
+    asyncio.run(main())
