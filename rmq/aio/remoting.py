@@ -50,6 +50,7 @@ from rmq.client.consumer_api import decode_answer
 from rmq.client.remoting import DEFAULT_TIMEOUT_MS, RECONNECT_WAIT_MS
 from rmq.errors import MQClientError, RemotingConnectionClosedError, RemotingError, RemotingTimeoutError
 from rmq.protocol import Frame
+from rmq.zmqio import recv_parts, send_parts
 
 log = logging.getLogger("rmq.aio.remoting")
 
@@ -59,29 +60,7 @@ TIMER_SLACK_S = 0.005            # after a response timeout fires, the next chec
 _MONITOR_EVENTS = zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED
 # plain ints: pyzmq's enum flags cost Python-level operator calls on every use
 _NOBLOCK = int(zmq.NOBLOCK)
-_MORE_NOBLOCK = int(zmq.SNDMORE) | _NOBLOCK
-_RCVMORE = int(zmq.RCVMORE)
 _EVENTS, _POLLIN, _POLLOUT = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.POLLOUT)
-
-
-def _write(sock: zmq.Socket, parts: list) -> None:
-    """``sock.send_multipart(parts, NOBLOCK)`` with int flags (zmq.Again: nothing was queued;
-    ZeroMQ takes the other parts of a message whose first part it took)."""
-    send = sock.send
-    last = len(parts) - 1
-    for i in range(last):
-        send(parts[i], _MORE_NOBLOCK, copy=False)
-    send(parts[last], _NOBLOCK, copy=False)
-
-
-def _read(sock: zmq.Socket) -> list:
-    """``sock.recv_multipart(NOBLOCK)`` with int flags (zmq.Again: nothing there)."""
-    recv = sock.recv
-    parts = [recv(_NOBLOCK)]
-    get = sock.getsockopt
-    while get(_RCVMORE):
-        parts.append(recv(_NOBLOCK))
-    return parts
 
 
 class _Channel:
@@ -203,7 +182,7 @@ class AsyncRemoting:
         try:
             for _ in range(DRAIN_LIMIT):
                 try:
-                    parts = _read(sock)
+                    parts = recv_parts(sock)
                 except zmq.Again:
                     break
                 resp = decode_answer(parts, addr, on_request)   # None: undecodable, or a broker's request
@@ -253,7 +232,7 @@ class AsyncRemoting:
             return False
         sock = ch.sock
         try:
-            _write(sock, parts)
+            send_parts(sock, parts)
         except zmq.Again:
             return False
         except zmq.ZMQError as e:
@@ -280,7 +259,7 @@ class AsyncRemoting:
                     parked.popleft()            # given up (connect timeout) meanwhile
                     continue
                 try:
-                    _write(sock, parts)
+                    send_parts(sock, parts)
                 except zmq.Again:
                     break
                 except zmq.ZMQError as e:

@@ -67,7 +67,7 @@ from rmq.common.route import TopicRouteData, find_broker_address_in_subscribe
 from rmq.errors import MQBrokerError, MQClientError, RemotingConnectionClosedError, RemotingError, RemotingTimeoutError
 from rmq.filter import ExpressionType, MessageSelector, sql92
 from rmq.protocol import Frame, ProtocolError, RequestCode, ResponseCode, pack_body, unpack_body
-from rmq.zmqio import recv_parts
+from rmq.zmqio import recv_parts, send_parts
 
 log = logging.getLogger("rmq.client.consumer")
 
@@ -972,7 +972,7 @@ class RequestMux:
         frame.opaque = next(self._opaque)
         frame.flag &= ~P.FLAG_ONEWAY
         try:
-            s.send_multipart(P.encode(frame), flags=zmq.NOBLOCK, copy=False)
+            send_parts(s, P.encode(frame))
         except zmq.Again:
             raise RemotingError(f"send queue to {addr} is full") from None
         now = time.monotonic()

@@ -103,6 +103,7 @@ from rmq.client.route import (LATENCY_MAX_49, NOT_AVAILABLE_DURATION_49, ISOLATI
                               route_suspect, split_namesrv_addr)
 from rmq.errors import MQBrokerError, MQClientError, RemotingConnectionClosedError, RemotingError, RemotingTimeoutError
 from rmq.protocol import Frame, ProtocolError, RequestCode, ResponseCode
+from rmq.zmqio import recv_parts, send_parts
 from rmq.common.mix_all import DEFAULT_TOPIC_QUEUE_NUMS
 from rmq.common.request_header import MAX_BATCH_BYTES_FIELD, SendMessageRequestHeader, send_response_msg_id
 from rmq.common.topic_validator import AUTO_CREATE_TOPIC_KEY_TOPIC as CREATE_TOPIC_KEY
@@ -918,9 +919,9 @@ class _Sender(threading.Thread):
         conn = self._conn(addr)
         try:
             if conn.need_heartbeat:
-                conn.sock.send_multipart(P.encode(heartbeat_request(self.client, self.group)), zmq.NOBLOCK)
+                send_parts(conn.sock, P.encode(heartbeat_request(self.client, self.group)))
                 conn.need_heartbeat = False
-            conn.sock.send_multipart(P.encode(frame), zmq.NOBLOCK)
+            send_parts(conn.sock, P.encode(frame))
         except zmq.ZMQError as e:
             raise RemotingError(f"cannot send {RequestCode(frame.code).name} to broker {addr}: {e}") from None
 
@@ -1266,12 +1267,12 @@ class _Sender(threading.Thread):
     def _try_send(self, conn: _Conn, parts: list) -> bool:
         if conn.need_heartbeat:
             try:
-                conn.sock.send_multipart(P.encode(heartbeat_request(self.client, self.group)), zmq.NOBLOCK)
+                send_parts(conn.sock, P.encode(heartbeat_request(self.client, self.group)))
                 conn.need_heartbeat = False
             except zmq.Again:
                 return False
         try:
-            conn.sock.send_multipart(parts, zmq.NOBLOCK, copy=False)
+            send_parts(conn.sock, parts)
             return True
         except zmq.Again:
             return False
@@ -1318,7 +1319,7 @@ class _Sender(threading.Thread):
     def _drain_broker(self, conn: _Conn, limit: int = 4096) -> None:
         for _ in range(limit):
             try:
-                parts = conn.sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                parts = recv_parts(conn.sock)
             except zmq.Again:
                 return
             try:
@@ -1446,7 +1447,7 @@ class _Sender(threading.Thread):
         if connected and conn.need_heartbeat and not conn.parked:
             # (re)connected: the broker learns of this producer now, not at the next send or interval
             try:
-                conn.sock.send_multipart(P.encode(heartbeat_request(self.client, self.group)), zmq.NOBLOCK)
+                send_parts(conn.sock, P.encode(heartbeat_request(self.client, self.group)))
                 conn.need_heartbeat = False
             except zmq.Again:
                 pass
