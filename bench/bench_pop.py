@@ -12,6 +12,7 @@ in 8 queues, produced first.  Then, from one process:
   one thread, until every message is acked;
 - the same with ``ack(view)`` per message (what RocketMQ 5's SimpleConsumer offers), on a slice;
 - ``rmq.aio``'s SimpleConsumer with AIO_TASKS (8) receive + ack_batch loops in flight at once;
+- the same with every view acked by a task of its own (``gather`` of ``ack(view)``);
 - ``PushConsumer`` (defaults: 20 consume threads, batch size 1) of another group, until its
   listener saw every message.
 
@@ -65,8 +66,10 @@ def pop_rate(c: Cluster, topic: str, group: str, n: int, batch_ack: bool) -> flo
     return got / dt
 
 
-def aio_pop_rate(c: Cluster, topic: str, group: str, n: int, tasks: int) -> float:
-    """``tasks`` receive(32) + ack_batch loops on one rmq.aio SimpleConsumer (one thread)."""
+def aio_pop_rate(c: Cluster, topic: str, group: str, n: int, tasks: int, ack_each: bool = False) -> float:
+    """``tasks`` receive(32) + ack_batch loops on one rmq.aio SimpleConsumer (one thread); with
+    ``ack_each``, every view acked by a task of its own (``gather`` of ``ack(view)``: the asyncio
+    way to handle each message on its own, whose acks the consumer merges)."""
     import asyncio
 
     from rmq.aio import SimpleConsumer as AioSimpleConsumer
@@ -81,7 +84,10 @@ def aio_pop_rate(c: Cluster, topic: str, group: str, n: int, tasks: int) -> floa
                     if not views:
                         return
                     got[0] += len(views)
-                    await sc.ack_batch(views)
+                    if ack_each:
+                        await asyncio.gather(*(sc.ack(v) for v in views))
+                    else:
+                        await sc.ack_batch(views)
             t0 = time.perf_counter()
             await asyncio.gather(*(loop() for _ in range(tasks)))
             dt = time.perf_counter() - t0
@@ -123,11 +129,14 @@ def main() -> None:
         pop = pop_rate(c, "BP", "bench-pop", N, True)
         single = pop_rate(c, "BP", "bench-pop-single", min(N_SINGLE, N), False)
         aio = aio_pop_rate(c, "BP", "bench-pop-aio", N, AIO_TASKS)
+        aio_each = aio_pop_rate(c, "BP", "bench-pop-aio-each", N, AIO_TASKS, ack_each=True)
         push = push_rate(c, "BP", N)
         print(f"messages: {N} x {len(BODY)} B in {QUEUES} queues, one process, one thread")
         print(f"SimpleConsumer receive(32) + ack_batch : {pop:>10,.0f} msgs/s  ({pop / push:.2f}x push)")
         print(f"SimpleConsumer receive(32) + ack each  : {single:>10,.0f} msgs/s  ({single / push:.2f}x push)")
         print(f"rmq.aio SimpleConsumer, {AIO_TASKS} receive loops: {aio:>9,.0f} msgs/s  ({aio / push:.2f}x push)")
+        print(f"rmq.aio, {AIO_TASKS} loops, each view acked alone   : {aio_each:>7,.0f} msgs/s  "
+              f"({aio_each / push:.2f}x push)")
         print(f"PushConsumer, defaults                  : {push:>10,.0f} msgs/s  (1.00x)")
 
 

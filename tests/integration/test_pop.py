@@ -370,24 +370,27 @@ def test_aio_simple_consumer(cluster):
     asyncio.run(main())
 
 
-def test_aio_ack_batch_calls_of_concurrent_tasks_merge(cluster):
-    """rmq.aio: ack_batch calls made while one is in flight go as one BATCH_ACK_MESSAGE; each
-    caller still gets its own outcome: an AckError naming only its stale views, a whole-request
-    refusal (a view of a topic that does not exist) only for the call that caused it.  Every
-    other message is acked once and never delivered again."""
+def test_aio_acks_of_concurrent_tasks_merge(cluster):
+    """rmq.aio: ack / ack_batch calls made while one is in flight go as one BATCH_ACK_MESSAGE;
+    each caller still gets its own outcome: an AckError naming only its stale views, NO_MESSAGE
+    for a stale single ack, a whole-request refusal (a view of a topic that does not exist) only
+    for the call that caused it.  Every other message is acked once and never delivered again."""
     import asyncio
 
     from rmq.aio import SimpleConsumer as AioSimpleConsumer
     from rmq.client.simple_consumer import MessageView
 
     create_topic(cluster, "PM", 4)
-    bodies = produce(cluster, "PM", 160, 4)
+    bodies = produce(cluster, "PM", 200, 4)
     sent = []                                   # the BatchAck lists of the requests sent
+    singles = []                                # the ACK_MESSAGE requests sent
 
     class Counting(AioSimpleConsumer):
         async def _invoke(self, addr, frame, timeout_ms):
             if frame.code == RequestCode.BATCH_ACK_MESSAGE:
                 sent.append(msgpack.unpackb(frame.bodies[0])["acks"])
+            elif frame.code == RequestCode.ACK_MESSAGE:
+                singles.append(frame.fields["extraInfo"])
             return await super()._invoke(addr, frame, timeout_ms)
 
     async def main():
@@ -395,9 +398,10 @@ def test_aio_ack_batch_calls_of_concurrent_tasks_merge(cluster):
                             init_mode="MIN") as sc:
             got = []
             deadline = time.monotonic() + 30
-            while len(got) < 160 and time.monotonic() < deadline:
+            while len(got) < 200 and time.monotonic() < deadline:
                 got += await sc.receive(32, 60)
             assert sorted(v.body for v in got) == sorted(bodies)
+            got, ones = got[:160], got[160:]
             stale, parts = got[:10], [got[10 + 30 * k:40 + 30 * k] for k in range(5)]
             await sc.ack_batch(stale)                  # acked: a second ack of them is refused
             assert len(sent) == 1
@@ -413,6 +417,17 @@ def test_aio_ack_batch_calls_of_concurrent_tasks_merge(cluster):
             assert outcomes[0] is None and outcomes[2] is None
             assert isinstance(outcomes[1], MQBrokerError) and outcomes[1].response_code == ResponseCode.TOPIC_NOT_EXIST
             assert len(sent) == 6, "the refused merged request went again call by call"
+            # single acks: alone an ACK_MESSAGE, made together one BATCH_ACK_MESSAGE; a stale one
+            # is an MQBrokerError NO_MESSAGE for its own caller only
+            await sc.ack(ones[0])
+            assert len(singles) == 1 and len(sent) == 6
+            outcomes = await asyncio.gather(*(sc.ack(v) for v in ones), return_exceptions=True)
+            assert isinstance(outcomes[0], MQBrokerError) and outcomes[0].response_code == ResponseCode.NO_MESSAGE
+            assert outcomes[1:] == [None] * 39
+            assert len(singles) == 1 and len(sent) == 7 and sum(len(a["b"]) for a in sent[6]) == 40
+            with pytest.raises(MQBrokerError) as e:
+                await sc.ack(ones[1])
+            assert e.value.response_code == ResponseCode.NO_MESSAGE and len(singles) == 2
             assert not await sc.receive(32, 60), "every message acked once"
 
     asyncio.run(main())
