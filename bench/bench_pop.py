@@ -11,6 +11,7 @@ in 8 queues, produced first.  Then, from one process:
 - ``SimpleConsumer.receive(32, 60)`` + ``ack_batch(views)`` (one BATCH_ACK_MESSAGE per receive),
   one thread, until every message is acked;
 - the same with ``ack(view)`` per message (what RocketMQ 5's SimpleConsumer offers), on a slice;
+- the same with ``ack_async(view)`` per message (RocketMQ 5's ackAsync), until every future is done;
 - ``rmq.aio``'s SimpleConsumer with AIO_TASKS (8) receive + ack_batch loops in flight at once;
 - the same with every view acked by a task of its own (``gather`` of ``ack(view)``);
 - ``PushConsumer`` (defaults: 20 consume threads, batch size 1) of another group, until its
@@ -47,20 +48,27 @@ def produce(c: Cluster, topic: str, n: int) -> None:
     wait_dispatched(c, topic, QUEUES, n)
 
 
-def pop_rate(c: Cluster, topic: str, group: str, n: int, batch_ack: bool) -> float:
+def pop_rate(c: Cluster, topic: str, group: str, n: int, batch_ack) -> float:
+    """receive(32) in a loop, each batch acked by ``ack_batch`` (True), ``ack`` per view (False)
+    or ``ack_async`` per view ("async", timed until every future is done)."""
     got = 0
+    futs = []
     with SimpleConsumer(c.namesrv_addr, group, {topic: "*"}, await_duration_s=1, init_mode="MIN") as sc:
         t0 = time.perf_counter()
         while got < n:
             views = sc.receive(32, 60)
             if not views:
                 break
-            if batch_ack:
+            if batch_ack == "async":
+                futs += [sc.ack_async(v) for v in views]
+            elif batch_ack:
                 sc.ack_batch(views)
             else:
                 for v in views:
                     sc.ack(v)
             got += len(views)
+        for f in futs:
+            f.result(60)
         dt = time.perf_counter() - t0
     assert got >= n, f"{got} of {n} received"
     return got / dt
@@ -128,12 +136,15 @@ def main() -> None:
         produce(c, "BP", N)
         pop = pop_rate(c, "BP", "bench-pop", N, True)
         single = pop_rate(c, "BP", "bench-pop-single", min(N_SINGLE, N), False)
+        single_async = pop_rate(c, "BP", "bench-pop-async", N, "async")
         aio = aio_pop_rate(c, "BP", "bench-pop-aio", N, AIO_TASKS)
         aio_each = aio_pop_rate(c, "BP", "bench-pop-aio-each", N, AIO_TASKS, ack_each=True)
         push = push_rate(c, "BP", N)
         print(f"messages: {N} x {len(BODY)} B in {QUEUES} queues, one process, one thread")
         print(f"SimpleConsumer receive(32) + ack_batch : {pop:>10,.0f} msgs/s  ({pop / push:.2f}x push)")
         print(f"SimpleConsumer receive(32) + ack each  : {single:>10,.0f} msgs/s  ({single / push:.2f}x push)")
+        print(f"SimpleConsumer receive(32) + ack_async each: {single_async:>7,.0f} msgs/s  "
+              f"({single_async / push:.2f}x push)")
         print(f"rmq.aio SimpleConsumer, {AIO_TASKS} receive loops: {aio:>9,.0f} msgs/s  ({aio / push:.2f}x push)")
         print(f"rmq.aio, {AIO_TASKS} loops, each view acked alone   : {aio_each:>7,.0f} msgs/s  "
               f"({aio_each / push:.2f}x push)")

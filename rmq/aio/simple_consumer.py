@@ -23,22 +23,12 @@ from typing import Sequence
 
 from rmq.aio.consumer import AsyncConsumerAPI
 from rmq.client.calls import adrive, awaitable
-from rmq.client.simple_consumer import (MAX_BATCH_ACK, AckError, AckLane, MessageView, SimpleConsumerCalls,
-                                        ack_frame, batch_ack_failures, batch_ack_frame, check_ack_response,
-                                        group_by_broker)
-from rmq.errors import MQBrokerError, MQClientError
-from rmq.protocol import ResponseCode
+from rmq.client.simple_consumer import (MAX_BATCH_ACK, AckError, AckLane, AckWaiter, MessageView,
+                                        SimpleConsumerCalls, ack_request_call, group_by_broker,
+                                        not_in_flight_error)
+from rmq.errors import MQClientError
 
 log = logging.getLogger("rmq.aio.simple_consumer")
-
-
-class _Waiter:
-    """A caller of :meth:`SimpleConsumer.ack` / ``ack_batch`` on an AckLane: the future its
-    outcome goes to, and whether it is a single ``ack`` (ACK_MESSAGE when sent alone)."""
-    __slots__ = ("fut", "single")
-
-    def __init__(self, fut: asyncio.Future, single: bool):
-        self.fut, self.single = fut, single
 
 
 class SimpleConsumer(SimpleConsumerCalls):
@@ -92,10 +82,7 @@ class SimpleConsumer(SimpleConsumerCalls):
             raise MQClientError(f"expected a MessageView, got {type(message_view).__name__}")
         refused, addr = await self._lane_ack([message_view], True)
         if refused:
-            v = message_view
-            raise MQBrokerError(f"message {v.topic}/{v.queue_id}@{v.queue_offset} is not in flight: already "
-                                f"acked, or its invisible time passed and it was revived", ResponseCode.NO_MESSAGE,
-                                addr)
+            raise not_in_flight_error(message_view, addr)
 
     async def ack_batch(self, message_views: Sequence[MessageView]) -> None:
         """Acknowledge many messages (as :meth:`rmq.SimpleConsumer.ack_batch`: AckError names the
@@ -121,7 +108,7 @@ class SimpleConsumer(SimpleConsumerCalls):
                 lane = self._lanes[addr] = AckLane(name)
             waiters = []
             for i in range(0, len(group_views), MAX_BATCH_ACK):
-                w = _Waiter(loop.create_future(), single)
+                w = AckWaiter(loop.create_future(), single)
                 lane.add(group_views[i:i + MAX_BATCH_ACK], w)
                 waiters.append(w)
             if not lane.busy:
@@ -137,50 +124,24 @@ class SimpleConsumer(SimpleConsumerCalls):
         return failed, addr
 
     async def _pump(self, addr: str, lane: AckLane) -> None:
-        """Send ``lane``'s requests one after the other until none waits; each waiter gets
-        ``(refused views, None)`` or ``(None, exception)``.  An entry alone goes as before
-        (ACK_MESSAGE for a single ack, its refusal an MQBrokerError); a merged request the broker
-        refuses as a whole goes again entry by entry, so one call's refusal is its own."""
-        taken: list = []
+        """Send ``lane``'s requests one after the other (:func:`ack_request_call`) until none
+        waits; a waiter left when it stops (cancelled, closed) gets an MQClientError."""
+        taken: tuple = ((), (), ())
         try:
             while True:
-                nxt = lane.take(self.group, live=lambda w: not w.fut.done())
-                if nxt is None:
+                taken = lane.take(self.group, live=lambda w: not w.fut.done())
+                if taken is None:
                     return
-                frame, index, taken = nxt
-                if len(taken) == 1:
-                    outcomes = [(taken[0][1], await self._ack_alone(addr, lane.broker_name, *taken[0]))]
-                else:
-                    try:
-                        failed = batch_ack_failures(await self._invoke(addr, frame, None), index, addr)
-                        outcomes = [(w, (refused, None)) for w, refused in AckLane.outcomes(taken, failed)]
-                    except MQBrokerError:
-                        outcomes = [(w, await self._ack_alone(addr, lane.broker_name, vs, w)) for vs, w in taken]
-                    except Exception as e:  # noqa: BLE001 - every waiter of the request gets it
-                        outcomes = [(w, (None, e)) for _, w in taken]
-                for w, outcome in outcomes:
+                for w, outcome in await adrive(ack_request_call(self.group, lane, addr, taken), self._invoke):
                     if not w.fut.done():
                         w.fut.set_result(outcome)
-                taken = []
         finally:
             lane.busy = False
             gone = MQClientError("SimpleConsumer closed while an ack was waiting to be sent")
-            for _, w in list(taken) + list(lane.waiting):
+            for _, w in list(taken[2] if taken else ()) + list(lane.waiting):
                 if not w.fut.done():
                     w.fut.set_result((None, gone))
             lane.waiting.clear()
-
-    async def _ack_alone(self, addr: str, broker_name: str, views: list, w: _Waiter) -> tuple:
-        """One entry as a request of its own (ACK_MESSAGE for a single ack, else
-        BATCH_ACK_MESSAGE): ``(refused views, None)`` or ``(None, exc)``."""
-        try:
-            if w.single:
-                check_ack_response(await self._invoke(addr, ack_frame(self.group, views[0]), None), views[0], addr)
-                return [], None
-            frame, index = batch_ack_frame(self.group, broker_name, views)
-            return batch_ack_failures(await self._invoke(addr, frame, None), index, addr), None
-        except Exception as e:  # noqa: BLE001 - the caller's outcome
-            return None, e
 
     change_invisible_duration = awaitable(SimpleConsumerCalls._change_invisible_duration, "_invoke")
 

@@ -21,7 +21,9 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
+import threading
 import time
+from concurrent.futures import Future
 from typing import Iterable, Mapping, Optional, Sequence, Union
 
 from rmq._core import commitlog as _cl
@@ -40,6 +42,7 @@ MIN_INVISIBLE_DURATION_S = 1.0          # rmq.actors.pop.MIN_INVISIBLE_TIME_MS
 MAX_INVISIBLE_DURATION_S = 12 * 3600.0  # rmq.actors.pop.MAX_INVISIBLE_TIME_MS (RocketMQ's proxy: 12 h)
 AWAIT_DURATION_S = 15.0                 # long polling of an empty receive (brokerSuspendMaxTimeMillis)
 MAX_BATCH_ACK = 1024                    # receipt handles per BATCH_ACK_MESSAGE (rmq.actors.pop)
+ACK_FLUSH_TIMEOUT_S = 10.0              # shutdown() waits this long for the ack_async acks asked for
 HEARTBEAT_INTERVAL_S = 30.0             # heartbeatBrokerInterval
 CONSUME_TYPE_POP = "CONSUME_POP"        # ConsumeType.CONSUME_POP
 RETRY_FLAG_NORMAL = "0"
@@ -338,6 +341,56 @@ class AckLane:
         return [(w, out[k]) for k, (_, w) in enumerate(entries)]
 
 
+class AckWaiter:
+    """A caller on an :class:`AckLane`: ``fut`` gets its outcome, ``(refused views, None)`` or
+    ``(None, exception)``; ``single`` marks an ``ack`` of one view (an ACK_MESSAGE when it goes
+    alone).  ``fut`` is an asyncio or a concurrent.futures Future: only its driver touches it."""
+    __slots__ = ("fut", "single")
+
+    def __init__(self, fut, single: bool):
+        self.fut, self.single = fut, single
+
+
+def ack_request_call(group: str, lane: AckLane, addr: str, taken: tuple):
+    """The call (:mod:`rmq.client.calls`) that sends one request of ``lane`` (``taken``, what
+    :meth:`AckLane.take` returned) to ``addr``; returns ``[(waiter, outcome)]``.  An entry alone
+    goes as it would have without the lane (ACK_MESSAGE for a single ack); a merged request the
+    broker refuses as a whole goes again entry by entry, so one call's refusal stays its own;
+    any other failure (RemotingError) is every entry's."""
+    frame, index, entries = taken
+    if len(entries) == 1:
+        views, w = entries[0]
+        return [(w, (yield from _ack_entry_call(group, lane.broker_name, addr, views, w.single)))]
+    try:
+        failed = batch_ack_failures((yield addr, frame, None), index, addr)
+    except MQBrokerError:
+        out = []
+        for views, w in entries:
+            out.append((w, (yield from _ack_entry_call(group, lane.broker_name, addr, views, w.single))))
+        return out
+    except Exception as e:  # noqa: BLE001 - every entry's outcome
+        return [(w, (None, e)) for _, w in entries]
+    return [(w, (refused, None)) for w, refused in AckLane.outcomes(entries, failed)]
+
+
+def _ack_entry_call(group: str, broker_name: str, addr: str, views: list, single: bool):
+    try:
+        if single:
+            check_ack_response((yield addr, ack_frame(group, views[0]), None), views[0], addr)
+            return [], None
+        frame, index = batch_ack_frame(group, broker_name, views)
+        return batch_ack_failures((yield addr, frame, None), index, addr), None
+    except Exception as e:  # noqa: BLE001 - the entry's outcome
+        return None, e
+
+
+def not_in_flight_error(view: MessageView, addr: str) -> MQBrokerError:
+    """What a single ack of ``view`` merged into a batch raises when the broker refused it (the
+    NO_MESSAGE of ACK_MESSAGE)."""
+    return MQBrokerError(f"message {view.topic}/{view.queue_id}@{view.queue_offset} is not in flight: already "
+                         f"acked, or its invisible time passed and it was revived", ResponseCode.NO_MESSAGE, addr)
+
+
 def pop_targets(routes: Iterable, subs: Mapping[str, SubscriptionData]) -> list:
     """``[(subscription, broker name, master address)]``: every readable broker of every subscribed
     topic with a master (POP is served by masters)."""
@@ -574,6 +627,8 @@ class SimpleConsumer(SimpleConsumerCalls):
     Concurrency: one thread at a time per consumer (use one consumer per thread).
     """
 
+    _acker: "Optional[_AckSender]" = None
+
     def start(self) -> "SimpleConsumer":
         """Connect and look the subscribed topics up.
 
@@ -592,11 +647,41 @@ class SimpleConsumer(SimpleConsumerCalls):
             raise
         return self
 
+    def ack_async(self, message_view: MessageView) -> Future:
+        """Acknowledge one message without waiting for the broker (RocketMQ 5's ``ackAsync``).
+
+        Returns
+        -------
+        concurrent.futures.Future
+            Done with None once acked; with MQBrokerError NO_MESSAGE (no longer in flight, as
+            :meth:`ack`) or RemotingError.  The consumer's ack thread sends the acks: one request
+            in flight per broker, the acks asked for meanwhile together as the next
+            BATCH_ACK_MESSAGE (:class:`AckLane`; one waiting alone goes as ACK_MESSAGE).
+            :meth:`shutdown` first waits (up to ``ACK_FLUSH_TIMEOUT_S``) for the acks asked for.
+
+        Raises
+        ------
+        MQClientError
+            Not started, shutting down, ``message_view`` not a MessageView, or its broker unknown.
+        """
+        if not isinstance(message_view, MessageView):
+            raise MQClientError(f"expected a MessageView, got {type(message_view).__name__}")
+        addr = drive(self._started()._broker_addr(message_view.broker_name, message_view.topic), self._invoke)
+        fut: Future = Future()
+        if self._acker is None:
+            self._acker = _AckSender(self)
+            self._acker.start()
+        self._acker.add(addr, message_view, fut)
+        return fut
+
     def shutdown(self) -> None:
         """Unregister from the brokers and close; messages received and not acked are delivered
-        again after their invisible time."""
+        again after their invisible time (acks asked for with :meth:`ack_async` are sent first)."""
         if self._api is None:
             return
+        acker, self._acker = self._acker, None
+        if acker is not None:
+            acker.close(ACK_FLUSH_TIMEOUT_S)
         drive(self._unregister_call(), self._invoke)
         api, self._api = self._api, None
         api.close()
@@ -614,6 +699,66 @@ class SimpleConsumer(SimpleConsumerCalls):
     ack = blocking(SimpleConsumerCalls._ack, "_invoke")
     ack_batch = blocking(SimpleConsumerCalls._ack_batch, "_invoke")
     change_invisible_duration = blocking(SimpleConsumerCalls._change_invisible_duration, "_invoke")
+
+
+class _AckSender(threading.Thread):
+    """The ack thread of a :class:`SimpleConsumer` (started by its first ``ack_async``): sends the
+    lanes' requests (:func:`ack_request_call`, blocking) one after the other and completes the
+    futures.  State: ``lanes`` (broker address -> AckLane) and ``closing``, under ``cond``."""
+
+    def __init__(self, consumer: SimpleConsumer):
+        super().__init__(name=f"rmq-ack-{consumer.group}", daemon=True)
+        self.consumer = consumer
+        self.cond = threading.Condition()
+        self.lanes: dict = {}
+        self.closing = False
+
+    def add(self, addr: str, view: MessageView, fut: Future) -> None:
+        with self.cond:
+            if self.closing:
+                raise MQClientError("SimpleConsumer is shutting down")
+            lane = self.lanes.get(addr)
+            if lane is None or lane.broker_name != view.broker_name:
+                lane = self.lanes[addr] = AckLane(view.broker_name)
+            lane.add([view], AckWaiter(fut, True))
+            self.cond.notify()
+
+    def close(self, timeout_s: float) -> None:
+        """Send what was asked for (waiting up to ``timeout_s``), then end the thread."""
+        with self.cond:
+            self.closing = True
+            self.cond.notify()
+        self.join(timeout_s)
+
+    def run(self) -> None:
+        group = self.consumer.group
+        live = _ack_live
+        while True:
+            with self.cond:
+                while not any(lane.waiting for lane in self.lanes.values()):
+                    if self.closing:
+                        return
+                    self.cond.wait()
+                work = [(addr, lane, lane.take(group, live)) for addr, lane in self.lanes.items() if lane.waiting]
+            for addr, lane, taken in work:
+                if taken is None:
+                    continue
+                try:
+                    outcomes = drive(ack_request_call(group, lane, addr, taken), self.consumer._invoke)
+                except Exception as e:  # noqa: BLE001 - e.g. the consumer closed under it: every entry's
+                    outcomes = [(w, (None, e)) for _, w in taken[2]]
+                for w, (refused, exc) in outcomes:
+                    if exc is None and refused:
+                        exc = not_in_flight_error(refused[0], addr)
+                    if exc is not None:
+                        w.fut.set_exception(exc)
+                    else:
+                        w.fut.set_result(None)
+
+
+def _ack_live(w: AckWaiter) -> bool:
+    """A waiting ack_async future not cancelled by its caller (from now on it cannot be)."""
+    return w.fut.running() or w.fut.set_running_or_notify_cancel()
 
 
 __all__ = ["SimpleConsumer", "MessageView", "AckError", "AckLane", "MAX_MESSAGE_NUM", "MIN_INVISIBLE_DURATION_S",

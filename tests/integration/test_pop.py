@@ -431,3 +431,37 @@ def test_aio_acks_of_concurrent_tasks_merge(cluster):
             assert not await sc.receive(32, 60), "every message acked once"
 
     asyncio.run(main())
+
+
+def test_ack_async_merges_and_shutdown_sends_what_was_asked(cluster):
+    """SimpleConsumer.ack_async (RocketMQ 5's ackAsync): futures done with None, NO_MESSAGE for a
+    view no longer in flight; acks asked for while one is on its way go in fewer requests than
+    acks; shutdown sends the acks asked for before it, so none of those messages comes back."""
+    create_topic(cluster, "PAA", 2)
+    bodies = produce(cluster, "PAA", 128, 2)
+    requests = []
+
+    class Counting(SimpleConsumer):
+        def _invoke(self, addr, frame, timeout_ms):
+            if frame.code in (RequestCode.ACK_MESSAGE, RequestCode.BATCH_ACK_MESSAGE):
+                requests.append(frame.code)
+            return super()._invoke(addr, frame, timeout_ms)
+
+    with Counting(cluster.namesrv_addr, "pop-gaa", {"PAA": "*"}, await_duration_s=0.3, init_mode="MIN") as sc:
+        got = drain(sc, 128, invisible=3, ack=False)
+        assert sorted(v.body for v in got) == sorted(bodies)
+        futs = [sc.ack_async(v) for v in got[:96]]
+        assert [f.result(30) for f in futs] == [None] * 96
+        assert 1 <= len(requests) < 96
+        stale = sc.ack_async(got[0])
+        with pytest.raises(MQBrokerError) as e:
+            stale.result(30)
+        assert e.value.response_code == ResponseCode.NO_MESSAGE
+        with pytest.raises(MQClientError):
+            sc.ack_async("not a view")
+        last = [sc.ack_async(v) for v in got[96:]]          # shutdown (leaving the block) sends these
+    assert all(f.done() and f.exception() is None for f in last)
+    with simple(cluster, "pop-gaa", {"PAA": "*"}) as sc:
+        deadline = time.monotonic() + 5                   # past the 3 s invisible time: nothing comes back
+        while time.monotonic() < deadline:
+            assert sc.receive(32, 30) == []
