@@ -28,6 +28,7 @@ from typing import Iterable, Mapping, Optional, Sequence, Union
 
 from rmq._core import commitlog as _cl
 from rmq.client.calls import blocking, drive
+from rmq.client.futures import SendFuture
 from rmq.client.consumer_api import (ConsumerAPI, SubscriptionData, consumer_data, default_client_id,
                                      heartbeat_body, post_process_messages)
 from rmq.client.remoting import DEFAULT_TIMEOUT_MS
@@ -654,24 +655,26 @@ class SimpleConsumer(SimpleConsumerCalls):
         -------
         concurrent.futures.Future
             Done with None once acked; with MQBrokerError NO_MESSAGE (no longer in flight, as
-            :meth:`ack`) or RemotingError.  The consumer's ack thread sends the acks: one request
-            in flight per broker, the acks asked for meanwhile together as the next
-            BATCH_ACK_MESSAGE (:class:`AckLane`; one waiting alone goes as ACK_MESSAGE).
-            :meth:`shutdown` first waits (up to ``ACK_FLUSH_TIMEOUT_S``) for the acks asked for.
+            :meth:`ack`), RemotingError, or MQClientError (the broker's address unknown).  The
+            consumer's ack thread sends the acks: one request in flight per broker, the acks
+            asked for meanwhile together as the next BATCH_ACK_MESSAGE (:class:`AckLane`; one
+            waiting alone goes as ACK_MESSAGE).  :meth:`shutdown` first waits (up to
+            ``ACK_FLUSH_TIMEOUT_S``) for the acks asked for.  The future cannot be cancelled.
 
         Raises
         ------
         MQClientError
-            Not started, shutting down, ``message_view`` not a MessageView, or its broker unknown.
+            Not started, shutting down, or ``message_view`` not a MessageView.
         """
         if not isinstance(message_view, MessageView):
             raise MQClientError(f"expected a MessageView, got {type(message_view).__name__}")
-        addr = drive(self._started()._broker_addr(message_view.broker_name, message_view.topic), self._invoke)
-        fut: Future = Future()
-        if self._acker is None:
-            self._acker = _AckSender(self)
-            self._acker.start()
-        self._acker.add(addr, message_view, fut)
+        self._started()
+        acker = self._acker
+        if acker is None:
+            acker = self._acker = _AckSender(self)
+            acker.start()
+        fut = SendFuture()
+        acker.add(message_view, fut)
         return fut
 
     def shutdown(self) -> None:
@@ -702,26 +705,29 @@ class SimpleConsumer(SimpleConsumerCalls):
 
 
 class _AckSender(threading.Thread):
-    """The ack thread of a :class:`SimpleConsumer` (started by its first ``ack_async``): sends the
-    lanes' requests (:func:`ack_request_call`, blocking) one after the other and completes the
-    futures.  State: ``lanes`` (broker address -> AckLane) and ``closing``, under ``cond``."""
+    """The ack thread of a :class:`SimpleConsumer` (started by its first ``ack_async``): finds each
+    lane's broker address (once per request), sends the lanes' requests
+    (:func:`ack_request_call`, blocking) one after the other and completes the futures.  State:
+    ``lanes`` (broker name -> AckLane), ``idle`` (waiting for work) and ``closing``, under ``cond``."""
 
     def __init__(self, consumer: SimpleConsumer):
         super().__init__(name=f"rmq-ack-{consumer.group}", daemon=True)
         self.consumer = consumer
         self.cond = threading.Condition()
         self.lanes: dict = {}
+        self.idle = False
         self.closing = False
 
-    def add(self, addr: str, view: MessageView, fut: Future) -> None:
+    def add(self, view: MessageView, fut: Future) -> None:
         with self.cond:
             if self.closing:
                 raise MQClientError("SimpleConsumer is shutting down")
-            lane = self.lanes.get(addr)
-            if lane is None or lane.broker_name != view.broker_name:
-                lane = self.lanes[addr] = AckLane(view.broker_name)
+            lane = self.lanes.get(view.broker_name)
+            if lane is None:
+                lane = self.lanes[view.broker_name] = AckLane(view.broker_name)
             lane.add([view], AckWaiter(fut, True))
-            self.cond.notify()
+            if self.idle:
+                self.cond.notify()
 
     def close(self, timeout_s: float) -> None:
         """Send what was asked for (waiting up to ``timeout_s``), then end the thread."""
@@ -731,22 +737,26 @@ class _AckSender(threading.Thread):
         self.join(timeout_s)
 
     def run(self) -> None:
-        group = self.consumer.group
-        live = _ack_live
+        c = self.consumer
+        group = c.group
         while True:
             with self.cond:
                 while not any(lane.waiting for lane in self.lanes.values()):
                     if self.closing:
                         return
+                    self.idle = True
                     self.cond.wait()
-                work = [(addr, lane, lane.take(group, live)) for addr, lane in self.lanes.items() if lane.waiting]
-            for addr, lane, taken in work:
+                    self.idle = False
+                work = [(lane, lane.take(group)) for lane in self.lanes.values() if lane.waiting]
+            for lane, taken in work:
                 if taken is None:
                     continue
                 try:
-                    outcomes = drive(ack_request_call(group, lane, addr, taken), self.consumer._invoke)
-                except Exception as e:  # noqa: BLE001 - e.g. the consumer closed under it: every entry's
-                    outcomes = [(w, (None, e)) for _, w in taken[2]]
+                    api = c._started()
+                    addr = drive(api._broker_addr(lane.broker_name, taken[2][0][0][0].topic), c._invoke)
+                    outcomes = drive(ack_request_call(group, lane, addr, taken), c._invoke)
+                except Exception as e:  # noqa: BLE001 - no address, or the consumer closed: every entry's
+                    addr, outcomes = "", [(w, (None, e)) for _, w in taken[2]]
                 for w, (refused, exc) in outcomes:
                     if exc is None and refused:
                         exc = not_in_flight_error(refused[0], addr)
@@ -754,11 +764,6 @@ class _AckSender(threading.Thread):
                         w.fut.set_exception(exc)
                     else:
                         w.fut.set_result(None)
-
-
-def _ack_live(w: AckWaiter) -> bool:
-    """A waiting ack_async future not cancelled by its caller (from now on it cannot be)."""
-    return w.fut.running() or w.fut.set_running_or_notify_cancel()
 
 
 __all__ = ["SimpleConsumer", "MessageView", "AckError", "AckLane", "MAX_MESSAGE_NUM", "MIN_INVISIBLE_DURATION_S",
