@@ -8,9 +8,10 @@
 
 Any number of receives and acks may be in flight at once (one DEALER per broker, read from the
 event loop, answers matched by opaque: :class:`rmq.aio.remoting.AsyncRemoting`): run several
-receive loops as tasks of one consumer to keep a broker busy.  ``ack_batch`` calls of several
-tasks to one broker are merged (:class:`rmq.client.simple_consumer.AckLane`): one
-BATCH_ACK_MESSAGE in flight per broker, the calls that came meanwhile go together next.  The calls, frames and response parsing are those of
+receive loops as tasks of one consumer to keep a broker busy.  ``ack`` / ``ack_batch`` calls
+of several tasks to one broker are merged (:class:`rmq.client.simple_consumer.AckLane`): one
+ack request in flight per broker, the calls made meanwhile go together as the next
+BATCH_ACK_MESSAGE.  The calls, frames and response parsing are those of
 :mod:`rmq.client.simple_consumer`; this module only awaits them.
 
 Concurrency: use a consumer from the event loop that started it.
@@ -24,8 +25,7 @@ from typing import Sequence
 from rmq.aio.consumer import AsyncConsumerAPI
 from rmq.client.calls import adrive, awaitable
 from rmq.client.simple_consumer import (MAX_BATCH_ACK, AckError, AckLane, AckWaiter, MessageView,
-                                        SimpleConsumerCalls, ack_request_call, group_by_broker,
-                                        not_in_flight_error)
+                                        SimpleConsumerCalls, ack_request_call, group_by_broker)
 from rmq.errors import MQClientError
 
 log = logging.getLogger("rmq.aio.simple_consumer")
@@ -39,7 +39,7 @@ class SimpleConsumer(SimpleConsumerCalls):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self._lanes: dict = {}              # broker address -> AckLane
+        self._lanes: dict = {}              # broker name -> AckLane
         self._pumps: set = set()            # the lanes' sending tasks
 
     async def start(self) -> "SimpleConsumer":
@@ -74,71 +74,74 @@ class SimpleConsumer(SimpleConsumerCalls):
 
     subscribe = awaitable(SimpleConsumerCalls._subscribe, "_invoke")
     receive = awaitable(SimpleConsumerCalls._receive, "_invoke")
+
     async def ack(self, message_view: MessageView) -> None:
         """Acknowledge one message (as :meth:`rmq.SimpleConsumer.ack`: MQBrokerError NO_MESSAGE when
         it is no longer in flight; RemotingError).  Alone it goes as ACK_MESSAGE; acks of other
         tasks to the same broker made while one is in flight go with it as one BATCH_ACK_MESSAGE."""
         if not isinstance(message_view, MessageView):
             raise MQClientError(f"expected a MessageView, got {type(message_view).__name__}")
-        refused, addr = await self._lane_ack([message_view], True)
-        if refused:
-            raise not_in_flight_error(message_view, addr)
+        await self._lane_ack([message_view], True)
 
     async def ack_batch(self, message_views: Sequence[MessageView]) -> None:
         """Acknowledge many messages (as :meth:`rmq.SimpleConsumer.ack_batch`: AckError names the
         ones no longer in flight; MQBrokerError, RemotingError).  Acks of other tasks to the
         same broker made while one is in flight are sent with it as one request."""
         views = list(message_views)
-        failed, _ = await self._lane_ack(views, False)
+        failed = await self._lane_ack(views, False)
         if failed:
             raise AckError(f"{len(failed)} of {len(views)} acks refused: no longer in flight "
                            f"(their invisible time passed)", failed)
 
-    async def _lane_ack(self, views: list, single: bool) -> tuple:
-        """``(refused views, last broker address)``: ``views`` queued on their brokers' lanes
-        (at most MAX_BATCH_ACK per entry), a lane's pump started when idle, every entry awaited."""
-        api = self._started()
+    async def _lane_ack(self, views: list, single: bool) -> list:
+        """The views the brokers refused: ``views`` queued on their brokers' lanes (at most
+        MAX_BATCH_ACK per entry), a lane's pump started when idle, every entry awaited; the first
+        failure raised."""
+        self._started()
         failed: list = []
-        addr = ""
         loop = asyncio.get_running_loop()
+        waiters = []
         for name, group_views in group_by_broker(views).items():
-            addr = await adrive(api._broker_addr(name, group_views[0].topic), self._invoke)
-            lane = self._lanes.get(addr)
-            if lane is None or lane.broker_name != name:
-                lane = self._lanes[addr] = AckLane(name)
-            waiters = []
+            lane = self._lanes.get(name)
+            if lane is None:
+                lane = self._lanes[name] = AckLane(name)
             for i in range(0, len(group_views), MAX_BATCH_ACK):
                 w = AckWaiter(loop.create_future(), single)
                 lane.add(group_views[i:i + MAX_BATCH_ACK], w)
                 waiters.append(w)
             if not lane.busy:
                 lane.busy = True
-                pump = loop.create_task(self._pump(addr, lane))
+                pump = loop.create_task(self._pump(lane))
                 self._pumps.add(pump)
                 pump.add_done_callback(self._pumps.discard)
-            for w in waiters:
-                refused, exc = await w.fut
-                if exc is not None:
-                    raise exc
-                failed += refused
-        return failed, addr
+        for w in waiters:
+            refused, exc = await w.fut
+            if exc is not None:
+                raise exc
+            failed += refused
+        return failed
 
-    async def _pump(self, addr: str, lane: AckLane) -> None:
+    async def _pump(self, lane: AckLane) -> None:
         """Send ``lane``'s requests one after the other (:func:`ack_request_call`) until none
-        waits; a waiter left when it stops (cancelled, closed) gets an MQClientError."""
-        taken: tuple = ((), (), ())
+        waits; each waiter's future gets ``(refused views, exception or None)``; a waiter left when
+        it stops (cancelled, closed) gets an MQClientError."""
+        entries: list = []
+        gone: BaseException = MQClientError("SimpleConsumer closed while an ack was waiting to be sent")
         try:
             while True:
                 taken = lane.take(self.group, live=lambda w: not w.fut.done())
                 if taken is None:
                     return
-                for w, outcome in await adrive(ack_request_call(self.group, lane, addr, taken), self._invoke):
+                entries = taken[2]
+                for w, refused, exc in await adrive(ack_request_call(self._started(), self.group, lane, taken),
+                                                    self._invoke):
                     if not w.fut.done():
-                        w.fut.set_result(outcome)
+                        w.fut.set_result((refused, exc))
+        except Exception as e:  # noqa: BLE001 - e.g. closed under it: the waiters left get it
+            gone = e
         finally:
             lane.busy = False
-            gone = MQClientError("SimpleConsumer closed while an ack was waiting to be sent")
-            for _, w in list(taken[2] if taken else ()) + list(lane.waiting):
+            for _, w in list(entries) + list(lane.waiting):
                 if not w.fut.done():
                     w.fut.set_result((None, gone))
             lane.waiting.clear()

@@ -343,46 +343,62 @@ class AckLane:
 
 
 class AckWaiter:
-    """A caller on an :class:`AckLane`: ``fut`` gets its outcome, ``(refused views, None)`` or
-    ``(None, exception)``; ``single`` marks an ``ack`` of one view (an ACK_MESSAGE when it goes
-    alone).  ``fut`` is an asyncio or a concurrent.futures Future: only its driver touches it."""
+    """A caller on an :class:`AckLane`: ``fut`` gets its outcome (its driver's choice of shape);
+    ``single`` marks an ``ack`` of one view (an ACK_MESSAGE when it goes alone, its refusal an
+    MQBrokerError).  ``fut`` is an asyncio or a concurrent.futures Future: only its driver
+    touches it."""
     __slots__ = ("fut", "single")
 
     def __init__(self, fut, single: bool):
         self.fut, self.single = fut, single
 
 
-def ack_request_call(group: str, lane: AckLane, addr: str, taken: tuple):
+def ack_request_call(api, group: str, lane: AckLane, taken: tuple):
     """The call (:mod:`rmq.client.calls`) that sends one request of ``lane`` (``taken``, what
-    :meth:`AckLane.take` returned) to ``addr``; returns ``[(waiter, outcome)]``.  An entry alone
-    goes as it would have without the lane (ACK_MESSAGE for a single ack); a merged request the
-    broker refuses as a whole goes again entry by entry, so one call's refusal stays its own;
-    any other failure (RemotingError) is every entry's."""
-    frame, index, entries = taken
+    :meth:`AckLane.take` returned) to its broker's master, found through ``api`` (a consumer
+    client's :class:`rmq.client.consumer_api.ConsumerCalls`); returns ``[(waiter, refused views,
+    exception or None)]``.  An entry alone goes as it would have without the lane (ACK_MESSAGE for
+    a single ack); a merged request the broker refuses as a whole goes again entry by entry, so one
+    call's refusal stays its own; a single ack the broker refused gets the NO_MESSAGE error
+    ACK_MESSAGE would have (:func:`not_in_flight_error`); any other failure (no address,
+    RemotingError) is every entry's."""
+    _, _, entries = taken
+    try:
+        addr = yield from api._broker_addr(lane.broker_name, entries[0][0][0].topic)
+    except Exception as e:  # noqa: BLE001 - every entry's outcome
+        return [(w, None, e) for _, w in entries]
     if len(entries) == 1:
-        views, w = entries[0]
-        return [(w, (yield from _ack_entry_call(group, lane.broker_name, addr, views, w.single)))]
+        outcomes = [(yield from _ack_entry_call(group, lane.broker_name, addr, *entries[0]))]
+    else:
+        outcomes = yield from _merged_call(group, lane.broker_name, addr, taken)
+    return [(w, refused, not_in_flight_error(refused[0], addr) if exc is None and refused and w.single else exc)
+            for w, refused, exc in outcomes]
+
+
+def _merged_call(group: str, broker_name: str, addr: str, taken: tuple):
+    frame, index, entries = taken
     try:
         failed = batch_ack_failures((yield addr, frame, None), index, addr)
     except MQBrokerError:
         out = []
-        for views, w in entries:
-            out.append((w, (yield from _ack_entry_call(group, lane.broker_name, addr, views, w.single))))
+        for entry in entries:
+            out.append((yield from _ack_entry_call(group, broker_name, addr, *entry)))
         return out
     except Exception as e:  # noqa: BLE001 - every entry's outcome
-        return [(w, (None, e)) for _, w in entries]
-    return [(w, (refused, None)) for w, refused in AckLane.outcomes(entries, failed)]
+        return [(w, None, e) for _, w in entries]
+    return [(w, refused, None) for w, refused in AckLane.outcomes(entries, failed)]
 
 
-def _ack_entry_call(group: str, broker_name: str, addr: str, views: list, single: bool):
+def _ack_entry_call(group: str, broker_name: str, addr: str, views: list, w: "AckWaiter"):
+    """One entry as a request of its own: ``(waiter, refused views, exception or None)``."""
     try:
-        if single:
+        if w.single:
             check_ack_response((yield addr, ack_frame(group, views[0]), None), views[0], addr)
-            return [], None
+            return w, [], None
         frame, index = batch_ack_frame(group, broker_name, views)
-        return batch_ack_failures((yield addr, frame, None), index, addr), None
+        return w, batch_ack_failures((yield addr, frame, None), index, addr), None
     except Exception as e:  # noqa: BLE001 - the entry's outcome
-        return None, e
+        return w, None, e
 
 
 def not_in_flight_error(view: MessageView, addr: str) -> MQBrokerError:
@@ -752,14 +768,10 @@ class _AckSender(threading.Thread):
                 if taken is None:
                     continue
                 try:
-                    api = c._started()
-                    addr = drive(api._broker_addr(lane.broker_name, taken[2][0][0][0].topic), c._invoke)
-                    outcomes = drive(ack_request_call(group, lane, addr, taken), c._invoke)
-                except Exception as e:  # noqa: BLE001 - no address, or the consumer closed: every entry's
-                    addr, outcomes = "", [(w, (None, e)) for _, w in taken[2]]
-                for w, (refused, exc) in outcomes:
-                    if exc is None and refused:
-                        exc = not_in_flight_error(refused[0], addr)
+                    outcomes = drive(ack_request_call(c._started(), group, lane, taken), c._invoke)
+                except Exception as e:  # noqa: BLE001 - the consumer closed under it: every entry's
+                    outcomes = [(w, None, e) for _, w in taken[2]]
+                for w, refused, exc in outcomes:
                     if exc is not None:
                         w.fut.set_exception(exc)
                     else:
