@@ -733,6 +733,7 @@ class _AckSender(threading.Thread):
         self.lanes: dict = {}
         self.idle = False
         self.closing = False
+        self.abandon = False               # shutdown waited long enough: fail what is not sent
 
     def add(self, view: MessageView, fut: Future) -> None:
         with self.cond:
@@ -746,11 +747,18 @@ class _AckSender(threading.Thread):
                 self.cond.notify()
 
     def close(self, timeout_s: float) -> None:
-        """Send what was asked for (waiting up to ``timeout_s``), then end the thread."""
+        """Send what was asked for (waiting up to ``timeout_s``), then end the thread: past it the
+        acks not sent yet fail (MQClientError) and only the request on its way is waited for
+        (its timeout), so the consumer's sockets are never closed under this thread."""
         with self.cond:
             self.closing = True
             self.cond.notify()
         self.join(timeout_s)
+        if self.is_alive():
+            with self.cond:
+                self.abandon = True
+            # the request on its way: an address look-up and the ack, each within timeout_ms
+            self.join(2 * self.consumer.timeout_ms / 1000.0 + 1.0)
 
     def run(self) -> None:
         c = self.consumer
@@ -766,6 +774,10 @@ class _AckSender(threading.Thread):
                 work = [(lane, lane.take(group)) for lane in self.lanes.values() if lane.waiting]
             for lane, taken in work:
                 if taken is None:
+                    continue
+                if self.abandon:
+                    for _, w in taken[2]:
+                        w.fut.set_exception(MQClientError("SimpleConsumer shut down before the ack was sent"))
                     continue
                 try:
                     outcomes = drive(ack_request_call(c._started(), group, lane, taken), c._invoke)

@@ -14,7 +14,7 @@ from rmq.client.admin import Admin
 from rmq.client.consumer import ConsumeConcurrentlyStatus, MessageQueue
 from rmq.client.remoting import RemotingClient
 from rmq.client.simple_consumer import MAX_INVISIBLE_DURATION_S, MIN_INVISIBLE_DURATION_S, AckError
-from rmq.errors import FilterExpressionError, MQBrokerError, MQClientError
+from rmq.errors import FilterExpressionError, MQBrokerError, MQClientError, RemotingError
 from rmq.protocol import Frame, RequestCode, ResponseCode
 from tests.integration.cluster import Cluster
 from tests.integration.test_consumer import create_topic, push_consumer, wait_dispatched, wait_for
@@ -465,3 +465,27 @@ def test_ack_async_merges_and_shutdown_sends_what_was_asked(cluster):
         deadline = time.monotonic() + 5                   # past the 3 s invisible time: nothing comes back
         while time.monotonic() < deadline:
             assert sc.receive(32, 30) == []
+
+
+def test_shutdown_with_the_broker_gone_fails_the_acks_not_sent(tmp_path, monkeypatch):
+    """ack_async and a broker that died: shutdown() waits ACK_FLUSH_TIMEOUT_S, then fails the acks
+    not sent and waits only for the request on its way; every future ends with an error."""
+    from rmq.client import simple_consumer as S
+    c = Cluster(tmp_path / "store")
+    try:
+        create_topic(c, "PAD", 1)
+        produce(c, "PAD", 40, 1)
+        sc = simple(c, "pop-gad", {"PAD": "*"}, timeout_ms=500)
+        got = drain(sc, 40, invisible=60, ack=False)
+        assert len(got) == 40
+        c.kill_group()
+        monkeypatch.setattr(S, "ACK_FLUSH_TIMEOUT_S", 0.3)
+        futs = [sc.ack_async(v) for v in got]
+        acker = sc._acker                       # the ack thread: gone before the sockets close
+        sc.shutdown()
+        assert not acker.is_alive()
+        assert all(f.done() for f in futs)
+        errors = [f.exception() for f in futs]
+        assert all(isinstance(e, (RemotingError, MQClientError)) for e in errors), errors
+    finally:
+        c.close()
