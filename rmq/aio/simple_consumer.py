@@ -24,8 +24,8 @@ from typing import Sequence
 
 from rmq.aio.consumer import AsyncConsumerAPI
 from rmq.client.calls import adrive, awaitable
-from rmq.client.simple_consumer import (MAX_BATCH_ACK, AckError, AckLane, AckWaiter, MessageView,
-                                        SimpleConsumerCalls, ack_request_call, group_by_broker)
+from rmq.client.simple_consumer import (ACK_REQUESTS_IN_FLIGHT, MAX_BATCH_ACK, AckError, AckLane, AckWaiter,
+                                        MessageView, SimpleConsumerCalls, ack_request_call, group_by_broker)
 from rmq.errors import MQClientError
 
 log = logging.getLogger("rmq.aio.simple_consumer")
@@ -104,13 +104,13 @@ class SimpleConsumer(SimpleConsumerCalls):
         for name, group_views in group_by_broker(views).items():
             lane = self._lanes.get(name)
             if lane is None:
-                lane = self._lanes[name] = AckLane(name)
+                lane = self._lanes[name] = AckLane(name, ACK_REQUESTS_IN_FLIGHT)
             for i in range(0, len(group_views), MAX_BATCH_ACK):
                 w = AckWaiter(loop.create_future(), single)
                 lane.add(group_views[i:i + MAX_BATCH_ACK], w)
                 waiters.append(w)
-            if not lane.busy:
-                lane.busy = True
+            if lane.sending < lane.limit:
+                lane.sending += 1
                 pump = loop.create_task(self._pump(lane))
                 self._pumps.add(pump)
                 pump.add_done_callback(self._pumps.discard)
@@ -122,9 +122,10 @@ class SimpleConsumer(SimpleConsumerCalls):
         return failed
 
     async def _pump(self, lane: AckLane) -> None:
-        """Send ``lane``'s requests one after the other (:func:`ack_request_call`) until none
-        waits; each waiter's future gets ``(refused views, exception or None)``; a waiter left when
-        it stops (cancelled, closed) gets an MQClientError."""
+        """One of ``lane``'s senders (at most ``lane.limit``): its requests one after the other
+        (:func:`ack_request_call`) until none waits; each waiter's future gets ``(refused views,
+        exception or None)``; the waiters left when the last sender stops (cancelled, closed) get
+        an MQClientError."""
         entries: list = []
         gone: BaseException = MQClientError("SimpleConsumer closed while an ack was waiting to be sent")
         try:
@@ -140,11 +141,14 @@ class SimpleConsumer(SimpleConsumerCalls):
         except Exception as e:  # noqa: BLE001 - e.g. closed under it: the waiters left get it
             gone = e
         finally:
-            lane.busy = False
-            for _, w in list(entries) + list(lane.waiting):
+            lane.sending -= 1
+            left = list(entries)              # a request cut short (cancelled, failed): its waiters
+            if not lane.sending:              # no sender left for what waits
+                left += lane.waiting
+                lane.waiting.clear()
+            for _, w in left:
                 if not w.fut.done():
                     w.fut.set_result((None, gone))
-            lane.waiting.clear()
 
     change_invisible_duration = awaitable(SimpleConsumerCalls._change_invisible_duration, "_invoke")
 
