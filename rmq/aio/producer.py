@@ -71,7 +71,7 @@ from rmq.client.message import Message, MessageQueue, SendResult
 from rmq.aio.remoting import AsyncRemoting
 from rmq.client.send_attempts import SendAttempts
 from rmq.client.producer import (ROUTE_REFRESH_ON_FAILURE_MS, ProducerOptions, QueueTurns,
-                                 RowsPart, Selector, apply_selector, batch_body_of,
+                                 RowsPart, Selector, ShardQueues, apply_selector, batch_body_of,
                                  check_group, client_id, many_request_size, encode_columns, heartbeat_request,
                                  merge_results,
                                  many_keys, many_parts, message_preparer, parse_send_response, prepare_batch,
@@ -285,6 +285,7 @@ class Producer:
         self._shut = False                  # close() is tearing down: nothing goes out any more
         # send_async: batches (see the module docstring)
         self._accs: dict = {}               # (topic, ordered MessageQueue or None) -> _Batch being filled
+        self._shards = ShardQueues()        # sharding key -> queue, under the current route
         # ordered batches: max_in_flight_per_queue requests out per queue, the next ones held
         # (the held ones joined up to batch_size when a turn passes, as the thread producer's)
         self._queue_turns = QueueTurns(o.max_in_flight_per_queue, o.batch_size, _mergeable, _batch_bytes,
@@ -483,7 +484,13 @@ class Producer:
         if self._closed or not self._started:
             await self._ensure_started()
         if selector is not None or sharding_key is not None or queue is not None or timeout_ms is not None:
-            return await self._send_async_with(msg, callback, timeout_ms, selector, arg, sharding_key, queue)
+            if selector is not None or sharding_key is not None:
+                selector, arg = selector_for(selector, arg, sharding_key, msg)
+            prep = self._prepare(msg)
+            if self._pending >= self._max_pending and self._pending > 0:
+                self._check_with(prep, timeout_ms, queue)      # nothing waits for room that is refused anyway
+                await self._wait_for_room(1)
+            return self._send_async_with(prep, callback, timeout_ms, selector, arg, queue)
         prep = self._prepare(msg)
         if self._pending >= self._max_pending and self._pending > 0:
             await self._wait_for_room(1)
@@ -494,7 +501,7 @@ class Producer:
         else:
             self._alone(prep, fut, callback, None, None, None, None)
         if self._inflight < self._max_in_flight:
-            self._pump()
+            self._pump((prep.msg.topic, None))
         return fut
 
     def _request_size(self, columns: bool = False) -> int:
@@ -677,26 +684,29 @@ class Producer:
             del self._accs[key]
             self._ready.append(b)
 
-    async def _send_async_with(self, msg: Message, callback, timeout_ms: Optional[int], selector, arg,
-                               sharding_key, queue: Optional[MessageQueue]) -> asyncio.Future:
-        """send_async with a selector, sharding key, queue or timeout."""
-        if selector is not None or sharding_key is not None:
-            selector, arg = selector_for(selector, arg, sharding_key, msg)
-        prep = self._prepare(msg)
+    @staticmethod
+    def _check_with(prep, timeout_ms: Optional[int], queue: Optional[MessageQueue]) -> None:
+        """send_async's ``queue`` / ``timeout_ms`` checks (MQClientError)."""
         topic = prep.msg.topic
         if queue is not None and (not isinstance(queue, MessageQueue) or queue.topic != topic):
             raise MQClientError(f"queue must be a MessageQueue of topic {topic}, got {queue!r}")
         if timeout_ms is not None and timeout_ms <= 0:
             raise MQClientError(f"timeout_ms must be positive, got {timeout_ms}")
-        if self._pending >= self._max_pending and self._pending > 0:
-            await self._wait_for_room(1)
+
+    def _send_async_with(self, prep, callback, timeout_ms: Optional[int], selector, arg,
+                         queue: Optional[MessageQueue]) -> asyncio.Future:
+        """send_async of a prepared message with a selector (sharding key), queue or timeout, room
+        made: not a coroutine (one frame less per message)."""
+        self._check_with(prep, timeout_ms, queue)
+        topic = prep.msg.topic
         fut = _Future(loop=self._loop)
         self._pending += 1
         if selector is not None:
             info = self.route_cache.publish_info(topic)
             if info is not None and info.ok:           # the queue now: it joins that queue's batch
                 try:
-                    queue = apply_selector(selector, info, prep.msg, arg)
+                    queue = self._shards.select(info, prep.msg, arg) if selector is select_by_hash \
+                        else apply_selector(selector, info, prep.msg, arg)
                     selector = None
                 except MQClientError:
                     pass                               # a request of its own: its future gets the error
@@ -705,7 +715,7 @@ class Producer:
         else:
             self._alone(prep, fut, callback, timeout_ms, queue, selector, arg)
         if self._inflight < self._max_in_flight:
-            self._pump()
+            self._pump((topic, queue))
         return fut
 
     def _delivery_s(self, timeout_ms: Optional[int]) -> float:
@@ -890,9 +900,13 @@ class Producer:
             return results
 
     # -- send_async's batches --------------------------------------------------------------------
-    def _pump(self) -> None:
+    def _pump(self, changed: Optional[tuple] = None) -> None:
         """Put queued batches on the wire while fewer than ``max_in_flight`` requests are out:
-        sealed ones first, then the open ones (at once with ``linger_ms`` 0)."""
+        sealed ones first, then the open ones (at once with ``linger_ms`` 0).  ``changed``: the
+        key (topic, queue) of the one open batch a send_async just added to; with ``linger_ms``
+        0 only that one is looked at, as every other was when it last changed or when the
+        request it waited for ended (which pumps them all): 8 ordered queues cost one look per
+        message, not eight."""
         if self._shut:
             return
         limit = self._max_in_flight
@@ -905,7 +919,12 @@ class Producer:
         accs = self._accs
         turns = self._queue_turns
         if linger <= 0 or self._flushing:
-            for key, b in list(accs.items()):
+            if changed is None or self._flushing:
+                items = list(accs.items())
+            else:
+                b = accs.get(changed)
+                items = [(changed, b)] if b is not None else ()
+            for key, b in items:
                 if self._inflight >= limit:
                     return
                 if key[1] is None or not turns.busy(key[1]) or self._flushing:

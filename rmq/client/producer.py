@@ -524,8 +524,35 @@ def queued_failures_error(group: str, n: int, first: BaseException) -> MQClientE
     return err
 
 
+SHARD_QUEUES_MAX = 65_536              # sharding keys whose queue a ShardQueues remembers
 _OPEN_KEYS = (str, int, bytes)        # sharding keys a caller-side batch is keyed by (hashable, and equal only
                                       # when java_hash is: 1 and "1" are two keys, as their queues may differ)
+
+
+class ShardQueues:
+    """Each sharding key's queue under a topic's current route, remembered: select_by_hash's
+    answer per (topic, key) while the topic's TopicPublishInfo is the same object (a new route
+    is a new object, so a route change is seen at once).  Keys of the open-batch types (str,
+    int, bytes; a bool is not one: ``True == 1`` but their hashCodes differ); at most
+    SHARD_QUEUES_MAX entries (all forgotten past it).  No I/O; one event loop or thread."""
+    __slots__ = ("_queues",)
+
+    def __init__(self) -> None:
+        self._queues: dict = {}
+
+    def select(self, info: TopicPublishInfo, msg: Message, key: Any) -> MessageQueue:
+        """``apply_selector(select_by_hash, info, msg, key)``, remembered.  Raises as it."""
+        if type(key) not in _OPEN_KEYS:
+            return apply_selector(select_by_hash, info, msg, key)
+        k = (info.topic, type(key), key)
+        hit = self._queues.get(k)
+        if hit is not None and hit[0] is info:
+            return hit[1]
+        mq = apply_selector(select_by_hash, info, msg, key)
+        if len(self._queues) >= SHARD_QUEUES_MAX:
+            self._queues.clear()
+        self._queues[k] = (info, mq)
+        return mq
 
 
 def selector_for(selector: Optional[Selector], arg: Any, sharding_key: Any, msg: Message):
