@@ -19,6 +19,7 @@ Concurrency: use a consumer from the event loop that started it.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from typing import Sequence
 
@@ -113,7 +114,7 @@ class SimpleConsumer(SimpleConsumerCalls):
                 lane.sending += 1
                 pump = loop.create_task(self._pump(lane))
                 self._pumps.add(pump)
-                pump.add_done_callback(self._pumps.discard)
+                pump.add_done_callback(functools.partial(self._pump_done, lane))
         for w in waiters:
             refused, exc = await w.fut
             if exc is not None:
@@ -141,14 +142,25 @@ class SimpleConsumer(SimpleConsumerCalls):
         except Exception as e:  # noqa: BLE001 - e.g. closed under it: the waiters left get it
             gone = e
         finally:
-            lane.sending -= 1
-            left = list(entries)              # a request cut short (cancelled, failed): its waiters
-            if not lane.sending:              # no sender left for what waits
-                left += lane.waiting
-                lane.waiting.clear()
-            for _, w in left:
-                if not w.fut.done():
-                    w.fut.set_result((None, gone))
+            self._pumps.discard(asyncio.current_task())
+            self._sender_gone(lane, entries, gone)
+
+    def _pump_done(self, lane: AckLane, task: asyncio.Task) -> None:
+        """A pump cancelled before it ran (its ``finally`` never did): count it out, as it would."""
+        if task in self._pumps:
+            self._pumps.discard(task)
+            self._sender_gone(lane, [], MQClientError("SimpleConsumer closed while an ack was waiting to be sent"))
+
+    @staticmethod
+    def _sender_gone(lane: AckLane, entries: list, gone: BaseException) -> None:
+        lane.sending -= 1
+        left = list(entries)                  # a request cut short (cancelled, failed): its waiters
+        if not lane.sending:                  # no sender left for what waits
+            left += lane.waiting
+            lane.waiting.clear()
+        for _, w in left:
+            if not w.fut.done():
+                w.fut.set_result((None, gone))
 
     change_invisible_duration = awaitable(SimpleConsumerCalls._change_invisible_duration, "_invoke")
 

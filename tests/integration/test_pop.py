@@ -489,3 +489,35 @@ def test_shutdown_with_the_broker_gone_fails_the_acks_not_sent(tmp_path, monkeyp
         assert all(isinstance(e, (RemotingError, MQClientError)) for e in errors), errors
     finally:
         c.close()
+
+
+def test_aio_ack_sender_cancelled_before_it_ran_fails_its_waiters(cluster):
+    """rmq.aio: an ack sender task cancelled before its first step (the loop tearing down) still
+    counts itself out: the calls waiting on it get an MQClientError (never hang), and the next
+    ack goes through a new sender."""
+    import asyncio
+
+    from rmq.aio import SimpleConsumer as AioSimpleConsumer
+
+    create_topic(cluster, "PX", 1)
+    produce(cluster, "PX", 20, 1)
+
+    async def main():
+        async with AioSimpleConsumer(cluster.namesrv_addr, "pop-gx", {"PX": "*"}, await_duration_s=0.3,
+                                     init_mode="MIN") as sc:
+            views = []
+            deadline = time.monotonic() + 30
+            while len(views) < 20 and time.monotonic() < deadline:
+                views += await sc.receive(32, 60)
+            call = asyncio.ensure_future(sc.ack_batch(views))
+            await asyncio.sleep(0)                     # the call queued its acks and a sender task
+            senders = list(sc._pumps)
+            assert senders
+            for t in senders:
+                t.cancel()                             # before the sender's first step
+            with pytest.raises(MQClientError):
+                await asyncio.wait_for(call, 10)
+            await asyncio.wait_for(sc.ack_batch(views), 10)   # a new sender: acked now
+            assert not await sc.receive(32, 60)
+
+    asyncio.run(main())
