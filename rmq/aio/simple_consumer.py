@@ -131,11 +131,10 @@ class SimpleConsumer(SimpleConsumerCalls):
         gone: BaseException = MQClientError("SimpleConsumer closed while an ack was waiting to be sent")
         try:
             while True:
-                taken = lane.take(self.group, live=lambda w: not w.fut.done())
-                if taken is None:
+                entries = lane.take(live=lambda w: not w.fut.done()) or []
+                if not entries:
                     return
-                entries = taken[2]
-                for w, refused, exc in await adrive(ack_request_call(self._started(), self.group, lane, taken),
+                for w, refused, exc in await adrive(ack_request_call(self._started(), self.group, lane, entries),
                                                     self._invoke):
                     if not w.fut.done():
                         w.fut.set_result((refused, exc))

@@ -286,7 +286,8 @@ class AckLane:
     No I/O (the drivers: :class:`rmq.aio.SimpleConsumer`, and the ack thread of
     ``SimpleConsumer.ack_async`` with a limit of one): the driver queues ``(views, waiter)``
     entries with :meth:`add` (``views`` at most MAX_BATCH_ACK, of this broker), counts its
-    senders in ``sending``; :meth:`take` gives the next request; :meth:`outcomes` splits its answer.
+    senders in ``sending``; :meth:`take` gives the next request's entries, which
+    :func:`ack_request_call` sends; :meth:`outcomes` splits a merged request's answer.
 
     State: ``waiting`` (a deque of entries), ``sending`` (the driver's senders at work, each with
     at most one request in flight), ``limit``.
@@ -311,12 +312,13 @@ class AckLane:
             raise ValueError(f"an ack lane entry holds 1..{MAX_BATCH_ACK} views, got {len(views)}")
         self.waiting.append((views, waiter))
 
-    def take(self, group: str, live=None) -> Optional[tuple]:
-        """``(frame, index, entries)``: one BATCH_ACK_MESSAGE of the waiting entries in order, as
-        many as fit MAX_BATCH_ACK views (at least one), or None when none waits.  Entries whose
-        waiter fails ``live(waiter)`` (a cancelled caller) are dropped unsent; an entry that
-        repeats a view already taken waits for the next request (one bit per view a request)."""
-        entries, views, seen = [], [], set()
+    def take(self, live=None) -> Optional[list]:
+        """The entries of the next request: the waiting ones in order, as many as fit
+        MAX_BATCH_ACK views (at least one), or None when none waits.  Entries whose waiter fails
+        ``live(waiter)`` (a cancelled caller) are dropped unsent; an entry that repeats a view
+        already taken waits for the next request (one bit per view a request).  The frame is
+        :func:`ack_request_call`'s to build (none for an entry that goes alone)."""
+        entries, n, seen = [], 0, set()
         waiting = self.waiting
         while waiting:
             vs, w = waiting[0]
@@ -324,16 +326,13 @@ class AckLane:
                 waiting.popleft()
                 continue
             ids = {id(v) for v in vs}
-            if entries and (len(views) + len(vs) > MAX_BATCH_ACK or len(ids) < len(vs) or not ids.isdisjoint(seen)):
+            if entries and (n + len(vs) > MAX_BATCH_ACK or len(ids) < len(vs) or not ids.isdisjoint(seen)):
                 break
             waiting.popleft()
             entries.append((vs, w))
-            views.extend(vs)
+            n += len(vs)
             seen |= ids
-        if not entries:
-            return None
-        frame, index = batch_ack_frame(group, self.broker_name, views)
-        return frame, index, entries
+        return entries or None
 
     @staticmethod
     def outcomes(entries: list, failed: list) -> list:
@@ -359,8 +358,8 @@ class AckWaiter:
         self.fut, self.single = fut, single
 
 
-def ack_request_call(api, group: str, lane: AckLane, taken: tuple):
-    """The call (:mod:`rmq.client.calls`) that sends one request of ``lane`` (``taken``, what
+def ack_request_call(api, group: str, lane: AckLane, entries: list):
+    """The call (:mod:`rmq.client.calls`) that sends one request of ``lane`` (``entries``, what
     :meth:`AckLane.take` returned) to its broker's master, found through ``api`` (a consumer
     client's :class:`rmq.client.consumer_api.ConsumerCalls`); returns ``[(waiter, refused views,
     exception or None)]``.  An entry alone goes as it would have without the lane (ACK_MESSAGE for
@@ -368,7 +367,6 @@ def ack_request_call(api, group: str, lane: AckLane, taken: tuple):
     call's refusal stays its own; a single ack the broker refused gets the NO_MESSAGE error
     ACK_MESSAGE would have (:func:`not_in_flight_error`); any other failure (no address,
     RemotingError) is every entry's."""
-    _, _, entries = taken
     try:
         addr = yield from api._broker_addr(lane.broker_name, entries[0][0][0].topic)
     except Exception as e:  # noqa: BLE001 - every entry's outcome
@@ -376,13 +374,13 @@ def ack_request_call(api, group: str, lane: AckLane, taken: tuple):
     if len(entries) == 1:
         outcomes = [(yield from _ack_entry_call(group, lane.broker_name, addr, *entries[0]))]
     else:
-        outcomes = yield from _merged_call(group, lane.broker_name, addr, taken)
+        outcomes = yield from _merged_call(group, lane.broker_name, addr, entries)
     return [(w, refused, not_in_flight_error(refused[0], addr) if exc is None and refused and w.single else exc)
             for w, refused, exc in outcomes]
 
 
-def _merged_call(group: str, broker_name: str, addr: str, taken: tuple):
-    frame, index, entries = taken
+def _merged_call(group: str, broker_name: str, addr: str, entries: list):
+    frame, index = batch_ack_frame(group, broker_name, [v for vs, _ in entries for v in vs])
     try:
         failed = batch_ack_failures((yield addr, frame, None), index, addr)
     except MQBrokerError:
@@ -777,18 +775,18 @@ class _AckSender(threading.Thread):
                     self.idle = True
                     self.cond.wait()
                     self.idle = False
-                work = [(lane, lane.take(group)) for lane in self.lanes.values() if lane.waiting]
+                work = [(lane, lane.take()) for lane in self.lanes.values() if lane.waiting]
             for lane, taken in work:
                 if taken is None:
                     continue
                 if self.abandon:
-                    for _, w in taken[2]:
+                    for _, w in taken:
                         w.fut.set_exception(MQClientError("SimpleConsumer shut down before the ack was sent"))
                     continue
                 try:
                     outcomes = drive(ack_request_call(c._started(), group, lane, taken), c._invoke)
                 except Exception as e:  # noqa: BLE001 - the consumer closed under it: every entry's
-                    outcomes = [(w, None, e) for _, w in taken[2]]
+                    outcomes = [(w, None, e) for _, w in taken]
                 for w, refused, exc in outcomes:
                     if exc is not None:
                         w.fut.set_exception(exc)

@@ -6,7 +6,6 @@ import msgpack
 import pytest
 
 from rmq.client.simple_consumer import MAX_BATCH_ACK, AckLane, MessageView, batch_ack_frame
-from rmq.protocol import RequestCode
 
 
 def views(n, start=0, so=0, qid=0, topic="T"):
@@ -16,7 +15,9 @@ def views(n, start=0, so=0, qid=0, topic="T"):
             for i in range(n)]
 
 
-def bits(frame):
+def bits(entries):
+    """The BatchAck bit lists of the request these entries make."""
+    frame, _ = batch_ack_frame("cg", "broker-a", [v for vs, _ in entries for v in vs])
     return [a["b"] for a in msgpack.unpackb(frame.bodies[0])["acks"]]
 
 
@@ -25,13 +26,10 @@ def test_everything_waiting_goes_as_one_request_in_order():
     a, b, c = views(3, so=0), views(2, so=10), views(4, so=20, qid=1)
     for vs, w in ((a, "A"), (b, "B"), (c, "C")):
         lane.add(vs, w)
-    frame, index, entries = lane.take("cg")
-    assert frame.code == RequestCode.BATCH_ACK_MESSAGE and frame.fields["consumerGroup"] == "cg"
+    entries = lane.take()
     assert [w for _, w in entries] == ["A", "B", "C"]
-    assert bits(frame) == [[0, 1, 2], [0, 1], [0, 1, 2, 3]]
-    assert lane.take("cg") is None and not lane.waiting
-    # the same frame as one call of all these views would have sent
-    assert bits(batch_ack_frame("cg", "broker-a", a + b + c)[0]) == bits(frame)
+    assert bits(entries) == [[0, 1, 2], [0, 1], [0, 1, 2, 3]]
+    assert lane.take() is None and not lane.waiting
 
 
 def test_a_request_holds_at_most_max_batch_ack_views():
@@ -39,11 +37,11 @@ def test_a_request_holds_at_most_max_batch_ack_views():
     big, small = views(MAX_BATCH_ACK - 1, so=0), views(2, so=5_000)
     lane.add(big, "big")
     lane.add(small, "small")
-    _, _, first = lane.take("cg")
-    _, _, second = lane.take("cg")
+    first = lane.take()
+    second = lane.take()
     assert [w for _, w in first] == ["big"] and [w for _, w in second] == ["small"]
     lane.add(views(MAX_BATCH_ACK), "full")       # a full entry alone is fine
-    assert len(lane.take("cg")[2]) == 1
+    assert len(lane.take()) == 1
     for bad in ([], views(MAX_BATCH_ACK + 1)):
         with pytest.raises(ValueError):
             lane.add(bad, "x")
@@ -54,9 +52,9 @@ def test_cancelled_callers_are_dropped_unsent():
     lane = AckLane("broker-a")
     for w in ("gone", "live", "gone2"):
         lane.add(views(1, so=len(w)), w)
-    _, _, entries = lane.take("cg", live=lambda w: w == "live")
+    entries = lane.take(live=lambda w: w == "live")
     assert [w for _, w in entries] == ["live"]
-    assert lane.take("cg", live=lambda w: False) is None and not lane.waiting
+    assert lane.take(live=lambda w: False) is None and not lane.waiting
 
 
 def test_a_view_acked_twice_goes_in_the_next_request():
@@ -67,8 +65,8 @@ def test_a_view_acked_twice_goes_in_the_next_request():
     lane.add(a, "first")
     lane.add(a[1:2], "again")
     lane.add(views(1, so=50), "other")
-    _, _, one = lane.take("cg")
-    _, _, two = lane.take("cg")
+    one = lane.take()
+    two = lane.take()
     assert [w for _, w in one] == ["first"] and [w for _, w in two] == ["again", "other"]
 
 
@@ -77,12 +75,13 @@ def test_failed_views_go_back_to_their_own_caller():
     a, b, c = views(3, so=0), views(2, so=10), views(2, so=20)
     for vs, w in ((a, "A"), (b, "B"), (c, "C")):
         lane.add(vs, w)
-    _, index, entries = lane.take("cg")
+    entries = lane.take()
+    _, index = batch_ack_frame("cg", "broker-a", [v for vs, _ in entries for v in vs])
     failed = [index[(1, 1)], index[(0, 0)]]           # what batch_ack_failures returns
     assert failed == [b[1], a[0]]
     assert AckLane.outcomes(entries, failed) == [("A", [a[0]]), ("B", [b[1]]), ("C", [])]
     assert AckLane.outcomes(entries, []) == [("A", []), ("B", []), ("C", [])]
     # a lone call gets the broker's list as it came (a view it repeated, twice)
     lane.add(a + a[:1], "dup")
-    _, _, alone = lane.take("cg")
+    alone = lane.take()
     assert AckLane.outcomes(alone, [a[0]]) == [("dup", [a[0]])]
