@@ -47,6 +47,15 @@ def simple(c, group, subs, **kw):
     return SimpleConsumer(c.namesrv_addr, group, subs, **kw).start()
 
 
+async def areceive(sc, want, invisible=60.0, timeout_s=30.0):
+    """rmq.aio: receive(32) until ``want`` views came (or ``timeout_s``); none acked."""
+    got = []
+    deadline = time.monotonic() + timeout_s
+    while len(got) < want and time.monotonic() < deadline:
+        got += await sc.receive(POP_MAX_MSG_NUMS, invisible)
+    return got
+
+
 def drain(sc, want, invisible=30.0, ack=True, timeout_s=30.0):
     got = []
     deadline = time.monotonic() + timeout_s
@@ -396,10 +405,7 @@ def test_aio_acks_of_concurrent_tasks_merge(cluster):
     async def main():
         async with Counting(cluster.namesrv_addr, "pop-gm", {"PM": "*"}, await_duration_s=0.3,
                             init_mode="MIN") as sc:
-            got = []
-            deadline = time.monotonic() + 30
-            while len(got) < 200 and time.monotonic() < deadline:
-                got += await sc.receive(32, 60)
+            got = await areceive(sc, 200)
             assert sorted(v.body for v in got) == sorted(bodies)
             got, ones = got[:160], got[160:]
             stale, parts = got[:10], [got[10 + 30 * k:40 + 30 * k] for k in range(5)]
@@ -505,10 +511,7 @@ def test_aio_ack_sender_cancelled_before_it_ran_fails_its_waiters(cluster):
     async def main():
         async with AioSimpleConsumer(cluster.namesrv_addr, "pop-gx", {"PX": "*"}, await_duration_s=0.3,
                                      init_mode="MIN") as sc:
-            views = []
-            deadline = time.monotonic() + 30
-            while len(views) < 20 and time.monotonic() < deadline:
-                views += await sc.receive(32, 60)
+            views = await areceive(sc, 20)
             call = asyncio.ensure_future(sc.ack_batch(views))
             await asyncio.sleep(0)                     # the call queued its acks and a sender task
             senders = list(sc._pumps)
@@ -519,5 +522,42 @@ def test_aio_ack_sender_cancelled_before_it_ran_fails_its_waiters(cluster):
                 await asyncio.wait_for(call, 10)
             await asyncio.wait_for(sc.ack_batch(views), 10)   # a new sender: acked now
             assert not await sc.receive(32, 60)
+
+    asyncio.run(main())
+
+
+def test_aio_ack_batch_over_max_batch_ack_and_two_senders(cluster, monkeypatch):
+    """rmq.aio: one ack_batch of more than MAX_BATCH_ACK views goes as requests of at most
+    MAX_BATCH_ACK each, and with two ack requests allowed in flight per broker
+    (ACK_REQUESTS_IN_FLIGHT) concurrent calls all complete and every message is acked once."""
+    import asyncio
+
+    from rmq.aio import SimpleConsumer as AioSimpleConsumer
+    from rmq.aio import simple_consumer as A
+
+    create_topic(cluster, "PB", 2)
+    bodies = produce(cluster, "PB", MAX_BATCH_ACK + 100, 2)
+    sizes = []
+
+    class Counting(AioSimpleConsumer):
+        async def _invoke(self, addr, frame, timeout_ms):
+            if frame.code == RequestCode.BATCH_ACK_MESSAGE:
+                sizes.append(sum(len(a["b"]) for a in msgpack.unpackb(frame.bodies[0])["acks"]))
+            return await super()._invoke(addr, frame, timeout_ms)
+
+    async def main():
+        async with Counting(cluster.namesrv_addr, "pop-gb", {"PB": "*"}, await_duration_s=0.3,
+                            init_mode="MIN") as sc:
+            got = await areceive(sc, len(bodies))
+            assert sorted(v.body for v in got) == sorted(bodies)
+            await sc.ack_batch(got[:MAX_BATCH_ACK + 50])
+            assert sizes == [MAX_BATCH_ACK, 50]
+            monkeypatch.setattr(A, "ACK_REQUESTS_IN_FLIGHT", 2)
+            sc._lanes.clear()                       # new lanes take the new limit
+            rest = got[MAX_BATCH_ACK + 50:]
+            outcomes = await asyncio.wait_for(asyncio.gather(*(sc.ack(v) for v in rest), return_exceptions=True), 30)
+            assert outcomes == [None] * len(rest)
+            assert all(lane.sending == 0 and not lane.waiting for lane in sc._lanes.values())
+            assert not await sc.receive(32, 60), "every message acked once"
 
     asyncio.run(main())
