@@ -434,6 +434,9 @@ def test_aio_acks_of_concurrent_tasks_merge(cluster):
             with pytest.raises(MQBrokerError) as e:
                 await sc.ack(ones[1])
             assert e.value.response_code == ResponseCode.NO_MESSAGE and len(singles) == 2
+            with pytest.raises(MQClientError):
+                await sc.ack("not a view")                 # refused before anything is queued
+            assert len(singles) == 2 and len(sent) == 7
             assert not await sc.receive(32, 60), "every message acked once"
 
     asyncio.run(main())
