@@ -316,10 +316,22 @@ class ConsumerOffsetManager(ConfigManager):
         self.offset_table: dict[str, dict[int, int]] = {}
         self.data_version = DataVersion()
 
-    def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+    def commit_offset(self, group: str, topic: str, queue_id: int, offset: int,
+                      increase_only: bool = False) -> bool:
+        """Store ``offset`` (a queue offset) as the group's committed offset of the queue.
+
+        ``increase_only``: store it only when it is not below the stored one (the offset a
+        PULL_MESSAGE carries: a pull sent before a consumer's last UPDATE_CONSUMER_OFFSET, on
+        another connection, can arrive after it and must not move the offset back).
+        UPDATE_CONSUMER_OFFSET and admin resets move it either way.  Returns whether it was stored.
+        """
         with self._lock:
-            self.offset_table.setdefault(f"{topic}{self.TOPIC_GROUP_SEPARATOR}{group}", {})[queue_id] = offset
+            table = self.offset_table.setdefault(f"{topic}{self.TOPIC_GROUP_SEPARATOR}{group}", {})
+            if increase_only and table.get(queue_id, -1) > offset:
+                return False
+            table[queue_id] = offset
             self.data_version.next_version()
+            return True
 
     def query_offset(self, group: str, topic: str, queue_id: int) -> int:
         """The committed offset, or -1 when the group never committed one."""

@@ -152,6 +152,24 @@ def test_offsets_persist_across_restart(cluster):
     assert query_offset(cluster.broker, "Off", 2) == 42
 
 
+def test_a_pulls_commit_offset_never_moves_the_stored_offset_back(cluster):
+    """A pull's commitOffset can be overtaken by the consumer's later UPDATE_CONSUMER_OFFSET (they
+    travel on different connections, e.g. at shutdown): it moves the offset forward only, while
+    UPDATE_CONSUMER_OFFSET (and an admin reset) moves it either way."""
+    with RemotingClient() as c:
+        assert send(c, cluster.broker, "PcOff", b"x", 0).code == ResponseCode.SUCCESS
+        wait_for(lambda: pull(c, cluster.broker, "PcOff", 0, 0).code == ResponseCode.SUCCESS)
+        assert pull(c, cluster.broker, "PcOff", 0, 0, suspend_ms=1, commit=5).code == ResponseCode.SUCCESS
+        assert query_offset(cluster.broker, "PcOff", 0) == 5           # nothing stored yet: taken
+        commit_offset(cluster.broker, "PcOff", 0, 9)
+        assert pull(c, cluster.broker, "PcOff", 0, 0, suspend_ms=1, commit=8).code == ResponseCode.SUCCESS
+        assert query_offset(cluster.broker, "PcOff", 0) == 9           # a late pull's 8: refused
+        assert pull(c, cluster.broker, "PcOff", 0, 0, suspend_ms=1, commit=12).code == ResponseCode.SUCCESS
+        assert query_offset(cluster.broker, "PcOff", 0) == 12          # forward: taken
+        commit_offset(cluster.broker, "PcOff", 0, 3)
+        assert query_offset(cluster.broker, "PcOff", 0) == 3           # UPDATE_CONSUMER_OFFSET: back too
+
+
 def test_the_periodic_offset_persist_is_written_off_the_main_thread_and_survives_kill9(tmp_path):
     """flushConsumerOffsetInterval: the broker hands consumerOffset.json to its config writer's
     thread on a timer; once the file holds a commit, a kill -9 of the group loses nothing of it."""

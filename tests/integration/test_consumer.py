@@ -639,10 +639,11 @@ def test_retry_redelivers_with_original_topic_then_succeeds(cluster):
 
 @pytest.mark.parametrize("aio", [False, True], ids=["thread", "aio"])
 def test_shutdown_persists_every_offset_over_a_late_pull_commit(cluster, aio):
-    """A long-polling pull carries the offset of its time (commitOffset) and the broker may apply
-    it after a later persist of a higher one; the offset is then unchanged in the consumer, which
-    persisted it already.  Shutdown persists every offset anyway (RocketMQ's persistAll): here
-    the late commit is a pull of the group's with an older commitOffset, answered before it."""
+    """A long-polling pull carries the offset of its time (commitOffset) and can reach the broker
+    after a later persist of a higher one (another connection): the broker never lets it move the
+    offset back.  An UPDATE_CONSUMER_OFFSET does (a stale persist, an admin's); the offset is then
+    unchanged in the consumer, which persisted it already, and shutdown persists every offset
+    anyway (RocketMQ's persistAll)."""
     from rmq.aio.consumer import AsyncPushConsumer
     from rmq.client.consumer_api import SubscriptionData, build_pull_frame
     create_topic(cluster, "T", 1)
@@ -653,8 +654,10 @@ def test_shutdown_persists_every_offset_over_a_late_pull_commit(cluster, aio):
     def late_commit():
         with RemotingClient() as rc:
             frame = build_pull_frame("late", mq, 5, 1, SubscriptionData.build("T", "*"), 3, 0)
-            rc.invoke(cluster.broker, frame)
+            assert rc.invoke(cluster.broker, frame).code == ResponseCode.PULL_NOT_FOUND
         with PullConsumer(cluster.namesrv_addr, group="late", auto_commit=False) as pc:
+            assert pc.committed(mq) == 5                  # the late pull's 3: refused
+            pc.api.update_consumer_offset("late", mq, 3)
             assert pc.committed(mq) == 3
 
     def committed():
