@@ -51,16 +51,14 @@ from rmq.client.consumer import (BROKER_SUSPEND_MAX_TIME_MS, CONCURRENT_MAX_RECO
                                  SUSPEND_CURRENT_QUEUE_TIME_MS, CONSUME_CONCURRENTLY_MAX_SPAN,
                                  ConsumeConcurrentlyContext, ConsumeConcurrentlyStatus, ConsumeFromWhere,
                                  ConsumeOrderlyContext, ConsumeOrderlyStatus, MessageModel, _concurrent_status,
-                                 _enum,
                                  PullConsumerCalls, PushConsumerCalls)
 from rmq.aio.remoting import AsyncRemoting
 from rmq.client.calls import adrive, awaitable
 from rmq.client.consumer_api import (CONSUMER_TIMEOUT_MS_WHEN_SUSPEND, ConsumerCalls, SubscriptionData,
-                                     build_pull_frame, default_client_id, parse_pull_response)
+                                     build_pull_frame, parse_pull_response)
 from rmq.client.consumer_process_queue import ProcessQueue
 from rmq.client.message import MessageQueue
 from rmq.client.offset_store import LocalFileOffsetStore, OffsetStore
-from rmq.client.rebalance import resolve_strategy
 from rmq.client.remoting import DEFAULT_TIMEOUT_MS
 from rmq.client import trace as _trace
 from rmq.common.mix_all import retry_topic
@@ -345,36 +343,7 @@ class AsyncPushConsumer(PushConsumerCalls):
                  offset_store_dir: Optional[str] = None, timeout_ms: int = DEFAULT_TIMEOUT_MS,
                  shutdown_await_ms: int = SHUTDOWN_AWAIT_MS, auth=None, enable_msg_trace: bool = False,
                  custom_trace_topic: Optional[str] = None):
-        self.auth = auth            # CURVE client keys (rmq.security.client_auth)
-        # message trace, as rmq.PushConsumer: the dispatcher (a thread) exists from start() to shutdown()
-        self.enable_msg_trace = enable_msg_trace
-        self.custom_trace_topic = custom_trace_topic
-        self._trace: Optional[_trace.TraceDispatcher] = None
-        if not group or group == "DEFAULT_CONSUMER":
-            raise MQClientError("consumer group must be set (and not DEFAULT_CONSUMER)")
-        self.namesrv_addr = namesrv_addr
-        self.group = group
-        self.message_model = _enum(MessageModel, message_model, "message_model")
-        self.consume_from_where = _enum(ConsumeFromWhere, consume_from_where, "consume_from_where")
-        self.consume_timestamp_ms = consume_timestamp_ms
-        self.allocate_strategy = resolve_strategy(allocate_strategy)
-        self.consume_thread_max = consume_thread_max
-        self.pull_batch_size = pull_batch_size
-        self.consume_message_batch_max_size = consume_message_batch_max_size
-        self.max_reconsume_times = max_reconsume_times
-        self.rebalance_interval_ms = rebalance_interval_ms
-        self.pull_threshold_for_queue = pull_threshold_for_queue
-        self.pull_threshold_size_for_queue_mb = pull_threshold_size_for_queue_mb
-        self.consume_concurrently_max_span = consume_concurrently_max_span
-        self.suspend_current_queue_time_millis = suspend_current_queue_time_millis
-        self.persist_consumer_offset_interval_ms = persist_consumer_offset_interval_ms
-        self.heartbeat_broker_interval_ms = heartbeat_broker_interval_ms
-        self.poll_name_server_interval_ms = poll_name_server_interval_ms
-        self.lock_interval_ms = lock_interval_ms
-        self.offset_store_dir = offset_store_dir
-        self.timeout_ms = timeout_ms
-        self.shutdown_await_ms = shutdown_await_ms
-        self.client_id = default_client_id(instance_name)
+        self._configure(locals())         # as rmq.PushConsumer's (checked the same way)
         self.subscriptions: dict[str, SubscriptionData] = {}
         self.listener: Optional[Callable] = None
         self.orderly = False

@@ -212,6 +212,15 @@ def compute_pull_from_where(consume_from_where: ConsumeFromWhere, last_offset: i
                  answer)
 
 
+# the push consumers' options kept as given (PushConsumerCalls._configure)
+_PUSH_OPTIONS = ("auth", "enable_msg_trace", "custom_trace_topic", "namesrv_addr", "group", "consume_timestamp_ms",
+                 "consume_thread_max", "pull_batch_size", "consume_message_batch_max_size", "max_reconsume_times",
+                 "rebalance_interval_ms", "pull_threshold_for_queue", "pull_threshold_size_for_queue_mb",
+                 "consume_concurrently_max_span", "suspend_current_queue_time_millis",
+                 "persist_consumer_offset_interval_ms", "heartbeat_broker_interval_ms", "poll_name_server_interval_ms",
+                 "lock_interval_ms", "offset_store_dir", "timeout_ms", "shutdown_await_ms")
+
+
 class PushConsumerCalls:
     """The parts of a push consumer's rebalance that talk to brokers, as calls
     (:mod:`rmq.client.calls`) on ``self.api`` (a ConsumerAPI or AsyncConsumerAPI): which queues
@@ -221,6 +230,34 @@ class PushConsumerCalls:
     ``subscriptions``, ``allocate_strategy``, ``poll_name_server_interval_ms``, ``message_model``,
     ``consume_from_where``, ``consume_timestamp_ms``.
     """
+
+    def _configure(self, opts: dict) -> None:
+        """Check and set the options both push consumers take (``opts``: the constructor's
+        arguments by name; each is an attribute of the same name, documented on
+        :class:`PushConsumer`).  Message trace's dispatcher exists from ``start`` to ``shutdown``.
+
+        Raises
+        ------
+        MQClientError
+            No group (or DEFAULT_CONSUMER), a batch size outside [1, 1024], ``consume_thread_max``
+            outside [1, CONSUME_THREAD_LIMIT] (DefaultMQPushConsumer.checkConfig), an unknown
+            message model or consume-from-where.
+        """
+        for name in ("consume_message_batch_max_size", "pull_batch_size"):
+            if not 1 <= opts[name] <= 1024:
+                raise MQClientError(f"{name} must be in [1, 1024], got {opts[name]}")
+        if not 1 <= opts["consume_thread_max"] <= CONSUME_THREAD_LIMIT:
+            raise MQClientError(f"consume_thread_max must be in [1, {CONSUME_THREAD_LIMIT}], got "
+                                f"{opts['consume_thread_max']}")
+        if not opts["group"] or opts["group"] == "DEFAULT_CONSUMER":
+            raise MQClientError("consumer group must be set (and not DEFAULT_CONSUMER)")
+        for name in _PUSH_OPTIONS:
+            setattr(self, name, opts[name])
+        self.message_model = _enum(MessageModel, opts["message_model"], "message_model")
+        self.consume_from_where = _enum(ConsumeFromWhere, opts["consume_from_where"], "consume_from_where")
+        self.allocate_strategy = resolve_strategy(opts["allocate_strategy"])
+        self.client_id = default_client_id(opts["instance_name"])
+        self._trace: Optional[_trace.TraceDispatcher] = None
 
     def _allocate_call(self, topic: str):
         """The queues of ``topic`` this member consumes now (RocketMQ
@@ -1107,47 +1144,12 @@ class PushConsumer(PushConsumerCalls):
                  offset_store_dir: Optional[str] = None, timeout_ms: int = DEFAULT_TIMEOUT_MS,
                  shutdown_await_ms: int = SHUTDOWN_AWAIT_MS, auth=None, enable_msg_trace: bool = False,
                  custom_trace_topic: Optional[str] = None):
-        self.auth = auth            # CURVE client keys (rmq.security.client_auth); None: environment / plain
-        self.enable_msg_trace = enable_msg_trace
-        self.custom_trace_topic = custom_trace_topic
-        self._trace: Optional[_trace.TraceDispatcher] = None
-        if not 1 <= consume_message_batch_max_size <= 1024:
-            raise MQClientError(f"consume_message_batch_max_size must be in [1, 1024], got "
-                                f"{consume_message_batch_max_size}")
-        if not 1 <= pull_batch_size <= 1024:
-            raise MQClientError(f"pull_batch_size must be in [1, 1024], got {pull_batch_size}")
-        if not 1 <= consume_thread_max <= CONSUME_THREAD_LIMIT:
-            raise MQClientError(f"consume_thread_max must be in [1, {CONSUME_THREAD_LIMIT}], got {consume_thread_max}")
+        self._configure(locals())
         if not 1 <= consume_thread_min <= consume_thread_max:
             raise MQClientError(f"consume_thread_min must be in [1, consume_thread_max={consume_thread_max}], got "
                                 f"{consume_thread_min}")
-        if not group or group == "DEFAULT_CONSUMER":
-            raise MQClientError("consumer group must be set (and not DEFAULT_CONSUMER)")
-        self.namesrv_addr = namesrv_addr
-        self.group = group
-        self.message_model = _enum(MessageModel, message_model, "message_model")
-        self.consume_from_where = _enum(ConsumeFromWhere, consume_from_where, "consume_from_where")
-        self.consume_timestamp_ms = consume_timestamp_ms
-        self.allocate_strategy = resolve_strategy(allocate_strategy)
-        self.consume_thread_max = consume_thread_max
         self.consume_thread_min = consume_thread_min
-        self.pull_batch_size = pull_batch_size
-        self.consume_message_batch_max_size = consume_message_batch_max_size
-        self.max_reconsume_times = max_reconsume_times
-        self.rebalance_interval_ms = rebalance_interval_ms
         self.pull_interval_ms = pull_interval_ms
-        self.pull_threshold_for_queue = pull_threshold_for_queue
-        self.pull_threshold_size_for_queue_mb = pull_threshold_size_for_queue_mb
-        self.consume_concurrently_max_span = consume_concurrently_max_span
-        self.suspend_current_queue_time_millis = suspend_current_queue_time_millis
-        self.persist_consumer_offset_interval_ms = persist_consumer_offset_interval_ms
-        self.heartbeat_broker_interval_ms = heartbeat_broker_interval_ms
-        self.poll_name_server_interval_ms = poll_name_server_interval_ms
-        self.lock_interval_ms = lock_interval_ms
-        self.offset_store_dir = offset_store_dir
-        self.timeout_ms = timeout_ms
-        self.shutdown_await_ms = shutdown_await_ms
-        self.client_id = default_client_id(instance_name)
         self.subscriptions: dict[str, SubscriptionData] = {}
         self.listener: Optional[Callable] = None
         self.orderly = False
