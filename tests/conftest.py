@@ -33,6 +33,60 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
             terminalreporter.write_line(f"{rep.nodeid}: {reason}")
         terminalreporter.write_line("install what they need (.ci/run says what CI needs)")
 
+
+# -- a crashed worker's history ------------------------------------------------------------------
+# A pytest-xdist worker that dies (a segfault: faulthandler prints its threads' stacks) is
+# reported with the test it was running only; what it ran before (another file's threads,
+# pyarrow, Spark's py4j) is often the cause.  Each worker writes the test ids it starts to a
+# file of the run's history directory, and the master prints the last ones of a worker that
+# went down with an error.
+HISTORY_DIR_ENV = "RMQ_TEST_HISTORY_DIR"
+HISTORY_TAIL = 40                    # test ids printed for a crashed worker
+
+
+def pytest_configure(config):
+    if not hasattr(config, "workerinput") and config.pluginmanager.hasplugin("xdist"):
+        import tempfile
+        os.environ[HISTORY_DIR_ENV] = tempfile.mkdtemp(prefix="rmq-test-history-")   # workers inherit it
+
+
+def _history_path(worker: str):
+    d = os.environ.get(HISTORY_DIR_ENV)
+    return os.path.join(d, f"{worker}.log") if d else None
+
+
+def pytest_runtest_logstart(nodeid, location):
+    path = _history_path(os.environ.get("PYTEST_XDIST_WORKER", ""))
+    if path and os.environ.get("PYTEST_XDIST_WORKER"):
+        with open(path, "a") as f:
+            f.write(nodeid + "\n")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    if not error:
+        return
+    path = _history_path(node.gateway.id)
+    try:
+        with open(path) as f:
+            ran = f.read().splitlines()
+    except (OSError, TypeError):
+        return
+    tr = node.config.pluginmanager.get_plugin("terminalreporter")
+    if tr is not None:
+        tr.write_sep("=", f"worker {node.gateway.id} went down ({error}); tests it started, in order "
+                          f"(the last {min(HISTORY_TAIL, len(ran))} of {len(ran)})", red=True)
+        for line in ran[-HISTORY_TAIL:]:
+            tr.write_line(line)
+
+
+def pytest_unconfigure(config):
+    d = os.environ.get(HISTORY_DIR_ENV)
+    if d and not hasattr(config, "workerinput"):
+        import shutil
+        shutil.rmtree(d, ignore_errors=True)
+
+
 import rmq._core.commitlog
 import rmq._core.consume_queue
 import rmq._core.dispatch
