@@ -711,7 +711,11 @@ cdef class MessageExt:   # messages are not for the cyclic GC to scan (its colle
 
     @property
     def tags(self):
-        return self.properties.get("TAGS")
+        """The TAGS property (None when unset); read from the stored properties string while the
+        dict is not parsed yet (a tag filter of a pulled page needs only this one)."""
+        if self._properties is None:
+            return _property_value(self._props_raw, b"TAGS") if self._props_raw else None
+        return self._properties.get("TAGS")
 
     @property
     def keys(self):
@@ -743,6 +747,25 @@ cdef class MessageExt:   # messages are not for the cyclic GC to scan (its colle
     def __repr__(self):
         return (f"MessageExt(topic={self.topic!r}, queue_id={self.queue_id}, queue_offset={self.queue_offset}, "
                 f"commitlog_offset={self.commitlog_offset}, size={self.store_size})")
+
+
+cdef object _property_value(bytes raw, bytes name):
+    """What ``_parse_properties(raw).get(name)`` gives, without the dict: the value of the last
+    ``name \\x01 value`` segment with a non-empty value, or None."""
+    cdef const unsigned char* p = <const unsigned char*>PyBytes_AS_STRING(raw)
+    cdef const char* nm = PyBytes_AS_STRING(name)
+    cdef Py_ssize_t n = len(raw), nl = len(name), start = 0, end, pos = -1, vlen = 0
+    while start < n:
+        end = start
+        while end < n and p[end] != PROPERTY_SEPARATOR:
+            end += 1
+        if end - start > nl + 1 and p[start + nl] == NAME_VALUE_SEPARATOR and memcmp(p + start, nm, nl) == 0:
+            pos = start + nl + 1
+            vlen = end - pos
+        start = end + 1
+    if pos < 0:
+        return None
+    return (<const char*>p)[pos:pos + vlen].decode("utf-8", "replace")
 
 
 cdef dict _parse_properties(bytes raw):

@@ -375,7 +375,7 @@ def post_process_messages(msgs: list, sub: Optional[SubscriptionData] = None,
     out = msgs
     if sub is not None and not sub.is_all:
         tags = sub.tags_set
-        out = [m for m in msgs if m.properties.get("TAGS") in tags]
+        out = [m for m in msgs if m.tags in tags]
     if not needs_post_processing(out, SYS_FLAG_COMPRESSED, group_retry_topic):
         return out
     for m in out:

@@ -210,9 +210,11 @@ def parse_pop_response(resp: Frame, sub: SubscriptionData, addr: str = "") -> tu
     i = 0
     for so, rq, retry, n in segments:
         ck = (so, pt, it, rq, retry)
-        for m in msgs[i:i + n]:
-            v = MessageView(m, topic, ck, bn)
-            (views if sub.matches(m.tags) else dropped).append(v)
+        if not sub.tags_set:        # "*": every record (its properties stay unparsed until asked for)
+            views += [MessageView(m, topic, ck, bn) for m in msgs[i:i + n]]
+        else:
+            for m in msgs[i:i + n]:
+                (views if sub.matches(m.tags) else dropped).append(MessageView(m, topic, ck, bn))
         i += n
     return views, dropped
 

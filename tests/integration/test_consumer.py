@@ -306,9 +306,9 @@ def test_three_push_consumers_share_all_queues_without_gaps_or_duplicates(cluste
             c.shutdown()
     # offsets committed on shutdown: every queue at its end
     with PullConsumer(cluster.namesrv_addr, group="share", auto_commit=False) as pc:
-        for q in range(8):
-            mq = MessageQueue("T", "broker-a", q)
-            assert pc.committed(mq) == pc.max_offset(mq) == n // 8
+        ends = {q: (pc.committed(MessageQueue("T", "broker-a", q)), pc.max_offset(MessageQueue("T", "broker-a", q)))
+                for q in range(8)}
+    assert all(ends[q] == (n // 8, n // 8) for q in range(8)), f"(committed, max) by queue: {ends}"
 
 
 def test_membership_changes_redeliver_but_never_lose(cluster):

@@ -262,3 +262,20 @@ def test_pulled_messages_are_not_for_the_cyclic_gc():
     m.properties = {"TAGS": "a"}
     m.body = b"x"
     assert not gc.is_tracked(m) and m.tags == "a"
+
+
+_PROP_BYTES = st.lists(st.sampled_from([b"TAGS", b"TAG", b"TAGSX", b"KEYS", b"a", b"\x01", b"\x02", b"\xe2\x82",
+                                        b"\xff", b"v", b"x\x01y", b""]), max_size=12).map(b"".join)
+
+
+@settings(max_examples=400, deadline=None)
+@given(props=_PROP_BYTES)
+def test_tags_read_in_place_are_what_the_parsed_properties_say(props):
+    """MessageExt.tags reads TAGS from the stored properties string while the dict is not parsed
+    (the tag filter of a pulled page): the same value as the dict's, for any properties bytes
+    (duplicates: the last; empty values: absent; bad UTF-8: replaced)."""
+    rec = golden_record(b"body", b"T", props, 0, 0, 0, 0, 1, 2, prop_crc=False)
+    fast, = cl.decode_records(rec)
+    parsed, = cl.decode_records(rec)
+    expected = parsed.properties.get("TAGS")      # parses the dict first
+    assert fast.tags == expected and parsed.tags == expected
