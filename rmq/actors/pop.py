@@ -565,10 +565,18 @@ class PopService:
                 checked[topic] = True
             key = (group, topic if retry == RETRY_FLAG_NORMAL else pop_retry_topic(topic, group), qid, so, pt)
             ck = self.cks.get(key)
-            mine = by_ck.setdefault(key, []) if ck is not None else None
-            for d in bits:
+            if ck is None:
+                failed += [[i, d] for d in bits]
+                continue
+            mine = by_ck.setdefault(key, [])
+            offs = [so + d for d in bits]
+            taken = set(offs)
+            if len(taken) == len(offs) and taken <= ck.pending and (not mine or taken.isdisjoint(mine)):
+                mine += offs                  # the common case: a checkpoint's messages, each once
+                continue
+            for d in bits:                    # repeats, or some no longer in flight: one by one
                 qo = so + d
-                if ck is None or qo not in ck.pending or qo in mine:
+                if qo not in ck.pending or qo in mine:
                     failed.append([i, d])
                 else:
                     mine.append(qo)

@@ -564,3 +564,33 @@ def test_aio_ack_batch_over_max_batch_ack_and_two_senders(cluster, monkeypatch):
             assert not await sc.receive(32, 60), "every message acked once"
 
     asyncio.run(main())
+
+
+def test_a_batch_ack_with_repeats_and_acked_messages_refuses_exactly_those(cluster):
+    """BATCH_ACK_MESSAGE: a message repeated within a BatchAck, or in two BatchAcks of one request,
+    and one acked before are each in ``failed`` (as [ack index, bit]); every other is acked once."""
+    create_topic(cluster, "PBR", 1)
+    produce(cluster, "PBR", 6, 1)
+    sc = simple(cluster, "pop-gbr", {"PBR": "*"})
+    try:
+        views = drain(sc, 6, ack=False)
+        assert len(views) == 6 and len({v._ck for v in views}) == 1          # one checkpoint
+        so, pt, it, rq, retry = views[0]._ck
+        sc.ack(views[4])                                                     # acked before
+        base = {"c": "pop-gbr", "t": "PBR", "r": retry, "so": so, "q": 0, "rq": rq, "pt": pt, "it": it}
+        d = [v.message.queue_offset - so for v in views]
+
+        def batch_ack(*bit_lists):
+            with RemotingClient() as rc:
+                r = rc.invoke(cluster.broker, Frame(RequestCode.BATCH_ACK_MESSAGE, fields={"consumerGroup": "pop-gbr"},
+                                                    bodies=[msgpack.packb({"brokerName": "broker-a", "acks": [
+                                                        {**base, "b": bits} for bits in bit_lists]})]))
+            assert r.code == ResponseCode.SUCCESS, r.remark
+            return sorted(map(tuple, r.fields["failed"]))
+
+        assert batch_ack([d[0], d[1], d[1]], [d[1], d[2]], [d[4]]) == [(0, d[1]), (1, d[1]), (2, d[4])]
+        assert batch_ack([d[0], d[3], d[5]]) == [(0, d[0])]                  # d[3], d[5]: now acked
+        assert batch_ack([d[3]]) == [(0, d[3])]
+        assert batch_ack(d) == [(0, x) for x in sorted(d)]                   # all six acked: none in flight
+    finally:
+        sc.shutdown()
