@@ -228,22 +228,27 @@ def ack_frame(group: str, view: MessageView) -> Frame:
 def batch_ack_frame(group: str, broker_name: str, views: Sequence[MessageView]) -> tuple:
     """``(frame, index)``: one BATCH_ACK_MESSAGE of ``views`` (all of ``broker_name``), its body
     RocketMQ's BatchAckMessageRequestBody (one BatchAck per checkpoint, see
-    :meth:`rmq.actors.pop.PopService.on_batch_ack`); ``index[(ack i, bit)]`` is the view."""
+    :meth:`rmq.actors.pop.PopService.on_batch_ack`); ``index[i]`` is ``(startOffset, views)`` of
+    BatchAck ``i``, the views in the order of its bits (:func:`batch_ack_failures` reads it)."""
     by_ck: dict = {}
+    last = vs = None
     for v in views:
-        by_ck.setdefault((v.topic, v._ck, v.message.queue_id), []).append(v)
-    acks, index = [], {}
-    for i, ((topic, ck, qid), vs) in enumerate(by_ck.items()):
+        ck = v._ck
+        if ck is not last:            # a receive's views of one checkpoint share its tuple
+            key = (v.topic, ck, v.message.queue_id)
+            vs = by_ck.get(key)
+            if vs is None:
+                vs = by_ck[key] = []
+            last = ck
+        vs.append(v)
+    acks = []
+    for (topic, ck, qid), vs in by_ck.items():
         so, pt, it, rq, retry = ck
-        bits = []
-        for v in vs:
-            d = v.message.queue_offset - so
-            bits.append(d)
-            index[(i, d)] = v
         acks.append({"c": group, "t": topic, "r": retry, "so": so, "q": qid, "rq": rq, "pt": pt, "it": it,
-                     "b": bits})
+                     "b": [v.message.queue_offset - so for v in vs]})
     return Frame(RequestCode.BATCH_ACK_MESSAGE, fields={"consumerGroup": group},
-                 bodies=[pack_body({"brokerName": broker_name, "acks": acks})]), index
+                 bodies=[pack_body({"brokerName": broker_name, "acks": acks})]), \
+        [(key[1][0], vs) for key, vs in by_ck.items()]
 
 
 def change_invisible_frame(group: str, view: MessageView, invisible_ms: int) -> Frame:
@@ -266,13 +271,21 @@ def apply_change_invisible(resp: Frame, view: MessageView, addr: str) -> None:
     view._handle = None
 
 
-def batch_ack_failures(resp: Frame, index: dict, addr: str) -> list:
-    """The views of a BATCH_ACK_MESSAGE answer's ``failed`` (see :func:`batch_ack_frame`)."""
+def batch_ack_failures(resp: Frame, index: list, addr: str) -> list:
+    """The views of a BATCH_ACK_MESSAGE answer's ``failed`` (``[[ack i, bit], ...]``; ``index``
+    from :func:`batch_ack_frame`); entries that name no view sent are ignored."""
     if resp.code != ResponseCode.SUCCESS:
         raise MQBrokerError(resp.remark or f"batch ack failed with code {resp.code}", resp.code, addr)
+    failed = resp.fields.get("failed", ())
+    if not failed:
+        return []
+    by_bit: dict = {}
+    for i, (so, vs) in enumerate(index):
+        for v in vs:
+            by_bit[(i, v.message.queue_offset - so)] = v
     out = []
-    for item in resp.fields.get("failed", ()):
-        v = index.get(tuple(item)) if isinstance(item, (list, tuple)) else None
+    for item in failed:
+        v = by_bit.get(tuple(item)) if isinstance(item, (list, tuple)) else None
         if v is not None:
             out.append(v)
     return out

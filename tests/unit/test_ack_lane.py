@@ -5,7 +5,8 @@ from types import SimpleNamespace
 import msgpack
 import pytest
 
-from rmq.client.simple_consumer import MAX_BATCH_ACK, AckLane, MessageView, batch_ack_frame
+from rmq.client.simple_consumer import MAX_BATCH_ACK, AckLane, MessageView, batch_ack_failures, batch_ack_frame
+from rmq.protocol import Frame, ResponseCode
 
 
 def views(n, start=0, so=0, qid=0, topic="T"):
@@ -77,8 +78,10 @@ def test_failed_views_go_back_to_their_own_caller():
         lane.add(vs, w)
     entries = lane.take()
     _, index = batch_ack_frame("cg", "broker-a", [v for vs, _ in entries for v in vs])
-    failed = [index[(1, 1)], index[(0, 0)]]           # what batch_ack_failures returns
+    answer = Frame(ResponseCode.SUCCESS, fields={"failed": [[1, 1], [0, 0], [7, 0], "junk"]})
+    failed = batch_ack_failures(answer, index, "addr")      # the views the broker named, in its order
     assert failed == [b[1], a[0]]
+    assert batch_ack_failures(Frame(ResponseCode.SUCCESS, fields={}), index, "addr") == []
     assert AckLane.outcomes(entries, failed) == [("A", [a[0]]), ("B", [b[1]]), ("C", [])]
     assert AckLane.outcomes(entries, []) == [("A", []), ("B", []), ("C", [])]
     # a lone call gets the broker's list as it came (a view it repeated, twice)
