@@ -751,7 +751,8 @@ cdef class MessageExt:   # messages are not for the cyclic GC to scan (its colle
 
 cdef object _property_value(bytes raw, bytes name):
     """What ``_parse_properties(raw).get(name)`` gives, without the dict: the value of the last
-    ``name \\x01 value`` segment with a non-empty value, or None."""
+    ``name \\x01 value`` segment with a non-empty value, or None (:func:`find_property`, the
+    broker's look-up, takes the first segment and an empty value: not what the dict says)."""
     cdef const unsigned char* p = <const unsigned char*>PyBytes_AS_STRING(raw)
     cdef const char* nm = PyBytes_AS_STRING(name)
     cdef Py_ssize_t n = len(raw), nl = len(name), start = 0, end, pos = -1, vlen = 0
