@@ -340,7 +340,7 @@ class AckLane:
             if live is not None and not live(w):
                 waiting.popleft()
                 continue
-            ids = {id(v) for v in vs}
+            ids = set(map(id, vs))
             if entries and (n + len(vs) > MAX_BATCH_ACK or len(ids) < len(vs) or not ids.isdisjoint(seen)):
                 break
             waiting.popleft()
@@ -355,6 +355,8 @@ class AckLane:
         refused, :func:`batch_ack_failures`)."""
         if len(entries) == 1:
             return [(entries[0][1], failed)]
+        if not failed:                 # the common answer: no view looked up
+            return [(w, []) for _, w in entries]
         owner = {id(v): k for k, (vs, _) in enumerate(entries) for v in vs}   # a view is in one entry
         out = [[] for _ in entries]
         for v in failed:
