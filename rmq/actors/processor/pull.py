@@ -190,7 +190,10 @@ class PullMessageProcessor(RequestProcessor):
             code = ResponseCode.PULL_NOT_FOUND if offset == 0 else ResponseCode.PULL_OFFSET_MOVED
         if allow_suspend and has_commit_offset_flag(sys_flag) and b.role != "SLAVE":
             commit = field_int(frame, "commitOffset", -1)
-            if commit >= 0:      # never back: this pull may have been overtaken by a later persist
+            # never back: this pull may have been overtaken by the consumer's later persist on another
+            # connection (RocketMQ stores the value as is, SPEC.md §13.1 step 9; a move back still
+            # comes by UPDATE_CONSUMER_OFFSET, which the consumer sends after a pull carried one)
+            if commit >= 0:
                 store.consumer_offset_manager.commit_offset(group, topic, queue_id, commit, increase_only=True)
         next_begin = res.next_begin_offset
         if res.status in _AT_OR_PAST_CQ_END and res.max_offset <= offset <= \
