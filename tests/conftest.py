@@ -44,8 +44,14 @@ HISTORY_DIR_ENV = "RMQ_TEST_HISTORY_DIR"
 HISTORY_TAIL = 40                    # test ids printed for a crashed worker
 
 
+_worker = ""                         # this process's xdist worker id ("" in the master or without xdist)
+
+
 def pytest_configure(config):
-    if not hasattr(config, "workerinput") and config.pluginmanager.hasplugin("xdist"):
+    global _worker
+    if hasattr(config, "workerinput"):
+        _worker = config.workerinput.get("workerid", "")
+    elif config.pluginmanager.hasplugin("xdist"):
         import tempfile
         os.environ[HISTORY_DIR_ENV] = tempfile.mkdtemp(prefix="rmq-test-history-")   # workers inherit it
 
@@ -56,8 +62,8 @@ def _history_path(worker: str):
 
 
 def pytest_runtest_logstart(nodeid, location):
-    path = _history_path(os.environ.get("PYTEST_XDIST_WORKER", ""))
-    if path and os.environ.get("PYTEST_XDIST_WORKER"):
+    path = _history_path(_worker) if _worker else None     # the master relays these too: not it
+    if path:
         with open(path, "a") as f:
             f.write(nodeid + "\n")
 
