@@ -16,6 +16,7 @@ from rmq.client.consumer_api import post_process_messages
 from rmq.client.message import MessageQueue
 from rmq.errors import CorruptRecordError
 from rmq.spark.arrow import RawPage, arrow_schema, messages_to_batch, pages_to_batch
+from tests.unit.test_commitlog import golden_record
 
 BORN_HOST = bytes([192, 168, 0, 1]) + struct.pack(">i", 54321)
 STORE_HOST = bytes([10, 0, 0, 7]) + struct.pack(">i", 10911)
@@ -294,3 +295,22 @@ print("pandas" in sys.modules)
     out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
+
+
+_UTF8_PIECES = st.sampled_from([b"a", b"abcdefgh", b"0123456789ABCDEF", b"\xc3\xa9", b"\xe2\x82\xac", b"\xf0\x9f\x98\x80",
+                                b"\xc3", b"\xe2\x82", b"\xed\xa0\x80", b"\xc0\xaf", b"\xf4\x90\x80\x80", b"\xff",
+                                b"\x80", b"\xe0\x80\xaf", b"k\x01v\x02"])
+
+
+@settings(max_examples=500, deadline=None)
+@given(props=st.lists(_UTF8_PIECES, max_size=24).map(b"".join))
+def test_utf8_check_agrees_with_pythons_decoder(props):
+    """decode_columns' UTF-8 check (ASCII runs skipped 8 bytes at a time) says what
+    ``bytes.decode("utf-8")`` says, for properties of any length and alignment."""
+    rec = golden_record(b"b", b"T", props, 0, 0, 0, 0, 1, 2, prop_crc=False)
+    try:
+        props.decode("utf-8")
+        valid = True
+    except UnicodeDecodeError:
+        valid = False
+    assert decode_columns([rec])["bad_utf8"] == (0 if valid else 1)
