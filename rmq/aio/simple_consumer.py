@@ -9,9 +9,9 @@
 Any number of receives and acks may be in flight at once (one DEALER per broker, read from the
 event loop, answers matched by opaque: :class:`rmq.aio.remoting.AsyncRemoting`): run several
 receive loops as tasks of one consumer to keep a broker busy.  ``ack`` / ``ack_batch`` calls
-of several tasks to one broker are merged (:class:`rmq.client.simple_consumer.AckLane`): one
-ack request in flight per broker, the calls made meanwhile go together as the next
-BATCH_ACK_MESSAGE.  The calls, frames and response parsing are those of
+of several tasks to one broker are merged (:class:`rmq.client.simple_consumer.AckLane`): at most
+ACK_REQUESTS_IN_FLIGHT (2) ack requests in flight per broker, the calls made meanwhile go
+together as the next BATCH_ACK_MESSAGE.  The calls, frames and response parsing are those of
 :mod:`rmq.client.simple_consumer`; this module only awaits them.
 
 Concurrency: use a consumer from the event loop that started it.

@@ -43,9 +43,12 @@ MIN_INVISIBLE_DURATION_S = 1.0          # rmq.actors.pop.MIN_INVISIBLE_TIME_MS
 MAX_INVISIBLE_DURATION_S = 12 * 3600.0  # rmq.actors.pop.MAX_INVISIBLE_TIME_MS (RocketMQ's proxy: 12 h)
 AWAIT_DURATION_S = 15.0                 # long polling of an empty receive (brokerSuspendMaxTimeMillis)
 MAX_BATCH_ACK = 1024                    # receipt handles per BATCH_ACK_MESSAGE (rmq.actors.pop)
-# rmq.aio: ack requests out per broker before acks wait and merge.  1: the broker is what limits
-# POP (8 receive loops, 300,000 x 100 B, alternated 3 times: 61-81k msgs/s at 1, 58-73k at 2)
-ACK_REQUESTS_IN_FLIGHT = 1
+# rmq.aio: ack requests out per broker before acks wait and merge.  2: rmq.aio receive + ack_batch
+# loops, 300,000 x 100 B, timed to the last ack, alternated 3 times (stop 42): 8 loops 131-144k
+# msgs/s at 2 against 120-128k at 1 (a loop waits less for its ack); 64 loops 207-261k against
+# 233-245k (the machine full: the same within the noise).  Stop 41's "1 beats 2" was measured with
+# the 1 s of idle long polling after the last message counted in.
+ACK_REQUESTS_IN_FLIGHT = 2
 ACK_FLUSH_TIMEOUT_S = 10.0              # shutdown() waits this long for the ack_async acks asked for
 HEARTBEAT_INTERVAL_S = 30.0             # heartbeatBrokerInterval
 CONSUME_TYPE_POP = "CONSUME_POP"        # ConsumeType.CONSUME_POP
