@@ -70,23 +70,22 @@ from rmq.client import trace as _trace
 from rmq.client.message import Message, MessageQueue, SendResult
 from rmq.aio.remoting import AsyncRemoting
 from rmq.client.send_attempts import SendAttempts
-from rmq.client.producer import (ROUTE_REFRESH_ON_FAILURE_MS, ProducerOptions, QueueTurns,
+from rmq.client.producer import (ProducerOptions, QueueTurns,
                                  RowsPart, Selector, ShardQueues, apply_selector, batch_body_of,
                                  check_group, client_id, many_request_size, encode_columns, heartbeat_request,
                                  merge_results,
                                  many_keys, many_parts, message_preparer, parse_send_response, prepare_batch,
-                                 prepare_many, route_suspect, row_messages, select_by_hash, selector_for,
+                                 prepare_many, row_messages, select_by_hash, selector_for,
                                  queued_failures_error, refused_batch_limit, send_request, split_by_size)
-from rmq.client.route import (MQFaultStrategy, RouteCache, TopicPublishInfo, cluster_info_request, parse_cluster_info,
-                              parse_route_response, route_request, split_namesrv_addr)
+from rmq.client.calls import adrive
+from rmq.client.publish_routes import PROVISIONAL_POLL_MS, PublishRoutes, no_route_error
+from rmq.client.route import (MQFaultStrategy, RouteCache, TopicPublishInfo, split_namesrv_addr)
 from rmq.client.futures import ColumnOutcomes, ManyOutcomes
 from rmq.errors import MQBrokerError, MQClientError, RemotingError, RemotingTimeoutError
 from rmq.protocol import Frame, ProtocolError, RequestCode, ResponseCode
 
 log = logging.getLogger("rmq.aio.producer")
 
-PROVISIONAL_REFRESH_S = 0.1        # min gap between route look-ups of an auto-created topic
-PROVISIONAL_POLL_S = 0.5           # route look-up period while a topic's route is provisional
 _SEND_BATCH = int(RequestCode.SEND_BATCH_MESSAGE)
 _Future = asyncio.Future
 _copy_context = contextvars.copy_context
@@ -262,6 +261,7 @@ class Producer:
         self.group = group
         self.client_id = client_id()
         self.route_cache = RouteCache()
+        self._routes = PublishRoutes(self.route_cache)   # per-topic look-up state (sans I/O, shared rules)
         self.fault_strategy = MQFaultStrategy(o.send_latency_fault_enable, o.latency_max, o.not_available_duration,
                                               o.isolation_latency_ms)
         self.stats = {"requests": 0, "batch_requests": 0, "split_requests": 0, "messages": 0, "retries": 0,
@@ -278,7 +278,6 @@ class Producer:
         self._remoting: Optional[AsyncRemoting] = None
         self._ns_next = 0
         self._route_locks: dict = {}        # topic -> asyncio.Lock
-        self._last_fetch: dict = {}         # topic -> loop time
         self._tasks: set = set()
         self._started = False
         self._closed = False                # close() called: new sends are refused
@@ -826,7 +825,7 @@ class Producer:
         deadline = self._loop_time() + self.options.send_msg_timeout_ms / 1000.0
         route = await self._fetch_route(topic, deadline)
         if route is None:
-            raise MQClientError(f"No route info of this topic: {topic}", int(ResponseCode.TOPIC_NOT_EXIST))
+            raise no_route_error(topic)
         return list(self.route_cache.publish_info(topic).message_queue_list)
 
     async def _send(self, preps: list, batch: bool, timeout_ms: Optional[int], selector, arg,
@@ -894,8 +893,7 @@ class Producer:
                 raise final
             att.answered(loop_time(), self.fault_strategy)
             self.stats["messages"] += len(preps)
-            if info.provisional and loop_time() - self._last_fetch.get(topic, 0.0) >= PROVISIONAL_REFRESH_S:
-                self._last_fetch[topic] = loop_time()
+            if self._routes.refresh_after_send(info, loop_time()):
                 self._spawn(self._refresh(topic))
             return results
 
@@ -1179,14 +1177,11 @@ class Producer:
             await self._discover()
             next_hb = loop.time()
         while True:
-            await asyncio.sleep(max(0.0, min(next_refresh, next_hb, loop.time() + PROVISIONAL_POLL_S) - loop.time()))
+            await asyncio.sleep(max(0.0, min(next_refresh, next_hb, loop.time() + PROVISIONAL_POLL_MS / 1000.0)
+                                    - loop.time()))
             now = loop.time()
-            for topic in self.route_cache.topics():
-                info = self.route_cache.publish_info(topic)
-                if (info is not None and info.provisional
-                        and now - self._last_fetch.get(topic, 0.0) >= PROVISIONAL_POLL_S):
-                    self._last_fetch[topic] = now
-                    self._spawn(self._refresh(topic))
+            for topic in self._routes.provisional_due(now):
+                self._spawn(self._refresh(topic))
             if now >= next_refresh:
                 next_refresh = now + interval
                 for topic in self.route_cache.topics():
@@ -1243,32 +1238,30 @@ class Producer:
                 last = e
         raise last or RemotingTimeoutError("NameServer request timed out")
 
+    async def _ns_call(self, call, deadline: float):
+        """Run a NameServer call of :mod:`rmq.client.publish_routes` to its end before ``deadline``."""
+        return await adrive(call, lambda _addr, frame, _timeout: self._ns_invoke(lambda: frame, deadline))
+
     async def _fetch_route(self, topic: str, deadline: float):
         """Ask the NameServer; cache and return the route (None: TOPIC_NOT_EXIST)."""
-        self._last_fetch[topic] = self._loop_time()
-        resp = await self._ns_invoke(lambda: route_request(topic), deadline)
-        route = parse_route_response(resp, topic)
-        if route is not None:
-            self.route_cache.update(topic, route)
-        return route
+        routes = self._routes
+        routes.started(topic, self._loop_time())
+        try:
+            return await self._ns_call(routes.route_call(topic), deadline)
+        finally:
+            routes.ended(topic)
 
     async def _discover(self) -> None:
         """The cluster's brokers from the NameServer into the route table (their masters get heartbeats)."""
         try:
-            resp = await self._ns_invoke(cluster_info_request, self._loop_time() + self.options.send_msg_timeout_ms / 1000.0)
-            self.route_cache.update_brokers(parse_cluster_info(resp))
+            await self._ns_call(self._routes.brokers_call(), self._loop_time() + self.options.send_msg_timeout_ms / 1000.0)
         except MQClientError as e:
             log.debug("cluster info refresh failed: %s", e)
 
     def _refresh_suspect(self, topic: str, exc: BaseException) -> None:
         """A send failed: refetch the route in the background when the failure puts it in doubt
-        (:func:`rmq.client.producer.route_suspect`), at most every ROUTE_REFRESH_ON_FAILURE_MS."""
-        now = self._loop_time()
-        if isinstance(exc, MQBrokerError) and exc.response_code in (ResponseCode.TOPIC_NOT_EXIST,
-                                                                    ResponseCode.NO_PERMISSION):
-            self._spawn(self._refresh(topic))       # the route is wrong for sure: at once
-        elif route_suspect(exc) and now - self._last_fetch.get(topic, -1e18) >= ROUTE_REFRESH_ON_FAILURE_MS / 1000.0:
-            self._last_fetch[topic] = now
+        (:meth:`rmq.client.publish_routes.PublishRoutes.refresh_after_failure`)."""
+        if self._routes.refresh_after_failure(topic, exc, self._loop_time()):
             self._spawn(self._refresh(topic))
 
     async def _refresh(self, topic: str) -> None:
@@ -1278,32 +1271,20 @@ class Producer:
             log.debug("route refresh of %s failed: %s", topic, e)
 
     async def _publish_info(self, topic: str, deadline: float) -> TopicPublishInfo:
-        info = self.route_cache.publish_info(topic)
-        if info is not None and info.ok:
+        routes = self._routes
+        info = routes.usable(topic)
+        if info is not None:
             return info
         lock = self._route_locks.setdefault(topic, asyncio.Lock())
-        async with lock:
-            info = self.route_cache.publish_info(topic)
-            if info is not None and info.ok:
+        async with lock:                     # one look-up per topic: the others take its outcome
+            info = routes.usable(topic)
+            if info is not None:
                 return info
+            routes.started(topic, self._loop_time())
             try:
-                route = await self._fetch_route(topic, deadline)
-                if route is None:
-                    resp = await self._ns_invoke(cluster_info_request, deadline)
-                    brokers = parse_cluster_info(resp)
-                    if not any(b.master_addr() for b in brokers):
-                        raise MQClientError(f"No route info of this topic: {topic}, and the NameServer knows no "
-                                            f"broker with a master", int(ResponseCode.TOPIC_NOT_EXIST))
-                    self.route_cache.set_provisional(topic, brokers)
-            except MQClientError as e:
-                if isinstance(e, RemotingError) or e.response_code < 0:
-                    raise MQClientError(f"No route info of this topic: {topic}: {e}") from e
-                raise
-            info = self.route_cache.publish_info(topic)
-            if info is None or not info.ok:
-                raise MQClientError(f"No route info of this topic: {topic} (no writable queue on a broker with "
-                                    f"a master)", int(ResponseCode.TOPIC_NOT_EXIST))
-            return info
+                return await self._ns_call(routes.publish_info_call(topic), deadline)
+            finally:
+                routes.ended(topic)
 
 
 AsyncProducer = Producer       # the name ECOSYSTEM.md's sketch uses

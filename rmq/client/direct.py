@@ -60,7 +60,7 @@ class DirectSender:
     """
 
     def __init__(self, group: str, client: str, opts, route_cache, fault, client_auth=None,
-                 refresh_route: Optional[Callable[[str, bool], Any]] = None):
+                 refresh_route: Optional[Callable[[str, BaseException], Any]] = None):
         self.group = group
         self.client = client
         self.opts = opts
@@ -154,12 +154,11 @@ class DirectSender:
                 except MQBrokerError as e:                      # the broker answered with an error
                     self._count("requests")
                     if route_suspect(e) and self.refresh_route is not None:
-                        self.refresh_route(topic, e.response_code in (ResponseCode.TOPIC_NOT_EXIST,
-                                                                      ResponseCode.NO_PERMISSION))
+                        self.refresh_route(topic, e)
                     exc = att.failed(e, time.monotonic(), self.fault, opts)
                 except RemotingError as e:
                     if self.refresh_route is not None:
-                        self.refresh_route(topic, False)       # a new master may have replaced this one
+                        self.refresh_route(topic, e)           # a new master may have replaced this one
                     exc = att.failed(e, time.monotonic(), self.fault, opts)
                 else:
                     att.answered(time.monotonic(), self.fault)

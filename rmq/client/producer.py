@@ -97,10 +97,10 @@ from rmq.client.futures import ColumnsFuture, ColumnsPart, ManyFuture, ManyPart,
 from rmq.client.message import (PROPERTY_SHARDING_KEY, Message,
                                 MessageQueue, SendResult, SendStatus)
 from rmq.client.send_attempts import SendAttempts, final_error, is_retryable
+from rmq.client.publish_routes import PROVISIONAL_POLL_MS, PublishRoutes, no_route_error
 from rmq.client.route import (LATENCY_MAX_49, NOT_AVAILABLE_DURATION_49, ISOLATION_LATENCY_MS_49,
-                              ROUTE_REFRESH_ON_FAILURE_MS, MQFaultStrategy, RouteCache, TopicPublishInfo,
-                              cluster_info_request, parse_cluster_info, parse_route_response, route_request,
-                              route_suspect, split_namesrv_addr)
+                              MQFaultStrategy, RouteCache, TopicPublishInfo,
+                              split_namesrv_addr)
 from rmq.errors import MQBrokerError, MQClientError, RemotingConnectionClosedError, RemotingError, RemotingTimeoutError
 from rmq.protocol import Frame, ProtocolError, RequestCode, ResponseCode
 from rmq.zmqio import recv_parts, send_parts
@@ -135,8 +135,6 @@ DEFAULT_BATCH_SIZE = 64 * 1024             # bytes; Kafka's batch.size role (Kaf
 MANY_REQUEST_SIZE = 256 * 1024             # bytes; send_async_many / send_async_columns requests are at least
                                            # this big (all their messages are handed over at once: smaller
                                            # requests only cost round trips; Kafka's max.request.size role)
-PROVISIONAL_REFRESH_MS = 100               # min gap between route look-ups of an auto-created topic
-PROVISIONAL_POLL_MS = 500                  # route look-up period while a topic's route is provisional
 # BATCH_ELEMENT_OVERHEAD, COMPRESSED_FLAG, COMPRESSION_ZLIB_TYPE, TRANSACTION_PREPARED_TYPE,
 # PROPERTY_TRANSACTION_PREPARED: from rmq._core.client_msg (which does the per-message work)
 NO_BUYER_ID = 204                          # RocketMQ ResponseCode values not in rmq.protocol
@@ -896,15 +894,13 @@ class _Sender(threading.Thread):
         self._by_sock: dict = {}          # socket -> handler
         self._ns: list = []               # DEALERs to the NameServers
         self._ns_next = 0
-        self._ns_pending: dict = {}       # opaque -> (kind, topic, deadline, ns index, tries)
-        self._route_fetching: set = set()
+        self._ns_pending: dict = {}       # opaque -> (deadline, ns index, tries, frame, step of its call)
+        self._routes = PublishRoutes(self.route_cache)   # per-topic look-up state (sans I/O, shared rules)
+        self._resolving: set = set()      # topics with a publish_info_call out for their waiters
         self._route_waiters: dict = {}    # topic -> [_Pending]
         self._route_queries: dict = {}    # topic -> [Future of TopicPublishInfo] (fetch_publish_message_queues)
         self._pub: dict = {}              # topic -> TopicPublishInfo: lock-free copy of the cache's, reset on change
-        self._provisional_topics: set = set()  # routes made up from the cluster's brokers, polled until known
-        self._route_last_fetch: dict = {}  # topic -> monotonic s
-        self._cluster_fetching = False
-        self._cluster_waiters: set = set()  # topics waiting for the cluster's broker list
+        self._discovering = False         # a GET_BROKER_CLUSTER_INFO of discover_brokers is out
         self._inflight: dict = {}         # opaque -> _Request
         self._parked_n = 0
         self._timeouts: list = []         # heap (deadline, opaque): stale entries are skipped, and hold
@@ -1071,7 +1067,7 @@ class _Sender(threading.Thread):
         for conn in self._conns.values():
             if conn.parked:
                 t = min(t, conn.parked[0][0].park_deadline)
-        for (_, _, deadline, _, _) in self._ns_pending.values():
+        for (deadline, _, _, _, _) in self._ns_pending.values():
             t = min(t, deadline)
         if self._accs and self._room():
             linger = self.opts.linger_ms / 1000.0
@@ -1082,7 +1078,7 @@ class _Sender(threading.Thread):
                 if not turns.busy(key[1]):   # a busy ordered queue's batch waits for its turn, not linger
                     t = min(t, acc.created + linger)
         t = min(t, self._next_refresh, self._next_heartbeat)
-        if self._provisional_topics:
+        if self._routes.any_provisional:
             t = min(t, now + PROVISIONAL_POLL_MS / 1000.0)
         return max(0.0, (t - now) * 1000.0 + 0.5)
 
@@ -1166,7 +1162,7 @@ class _Sender(threading.Thread):
                 self._pub[topic] = info
         if info is None or not info.ok:
             self._route_waiters.setdefault(topic, []).append(pending)
-            self._fetch_route(topic)
+            self._resolve(topic)
             return
         self._place(pending, info)
 
@@ -1380,8 +1376,6 @@ class _Sender(threading.Thread):
             status, answered_mq, base, offset_ids = send_response_fields(resp, req.topic, mq.broker_name, req.addr,
                                                                   len(req.preps))
         except MQBrokerError as e:
-            if resp.code in (ResponseCode.TOPIC_NOT_EXIST, ResponseCode.NO_PERMISSION):
-                self._fetch_route(req.topic)
             self._retry_or_fail(req, e, now)
             return
         req.answered(now, self.fault)
@@ -1408,10 +1402,8 @@ class _Sender(threading.Thread):
         if req.queue_turn:
             self._end_turn(req)
         info = self.route_cache.publish_info(req.topic)
-        if info is not None and info.provisional:
-            last = self._route_last_fetch.get(req.topic, 0.0)
-            if now - last >= PROVISIONAL_REFRESH_MS / 1000.0:
-                self._fetch_route(req.topic)
+        if info is not None and self._routes.refresh_after_send(info, now):
+            self._fetch_route(req.topic)
 
     def _split(self, req: _Request, limit: int) -> bool:
         """The broker refused ``req``'s batch as too large to store whole, taking at most ``limit``
@@ -1491,8 +1483,7 @@ class _Sender(threading.Thread):
                 f"connection to broker {req.mq.broker_name} at {conn.addr} closed with the request in flight"), now)
 
     def _retry_or_fail(self, req: _Request, exc: BaseException, now: float) -> None:
-        if route_suspect(exc):
-            self.route_in_doubt(req.topic)      # a new master may have replaced this one
+        self.route_in_doubt(req.topic, exc)     # a new master may have replaced this one
         final = req.failed(exc, now, self.fault, self.opts)
         if final is None:
             log.debug("retrying send to topic %s after: %s", req.topic, exc)
@@ -1517,26 +1508,23 @@ class _Sender(threading.Thread):
                     f"cannot connect to broker {req.mq.broker_name} at {conn.addr} "
                     f"(waited {(now - req.sent_at) * 1000:.0f} ms)"), now)
             self._set_pollout(conn, bool(conn.parked))
-        for opaque, (kind, topic, deadline, idx, tries) in list(self._ns_pending.items()):
+        for opaque, (deadline, idx, tries, frame, step) in list(self._ns_pending.items()):
             if deadline <= now:
                 del self._ns_pending[opaque]
-                self._on_ns_failure(kind, topic, idx, tries, RemotingTimeoutError(
+                self._on_ns_failure(idx, tries, frame, step, RemotingTimeoutError(
                     f"NameServer {self.namesrv_addrs[idx]} did not answer within "
                     f"{self.opts.send_msg_timeout_ms} ms"))
 
     def _timers(self, now: float) -> None:
-        for topic in list(self._provisional_topics):
-            info = self.route_cache.publish_info(topic)
-            if info is None or not info.provisional:
-                self._provisional_topics.discard(topic)
-            elif now - self._route_last_fetch.get(topic, 0.0) >= PROVISIONAL_POLL_MS / 1000.0:
+        if self._routes.any_provisional:
+            for topic in self._routes.provisional_due(now):
                 self._fetch_route(topic)
         if now >= self._next_refresh:
             self._next_refresh = now + self.opts.poll_name_server_interval_ms / 1000.0
             for topic in self.route_cache.topics():
                 self._fetch_route(topic)
             if self.discover_brokers:
-                self._fetch_cluster()
+                self._discover()
         if now >= self._next_heartbeat:
             self._next_heartbeat = now + self.opts.heartbeat_broker_interval_ms / 1000.0
             self._heartbeat_new_masters()
@@ -1550,30 +1538,89 @@ class _Sender(threading.Thread):
                         pass
 
     # -- NameServer ------------------------------------------------------------------------------
-    def _ns_send(self, kind: str, topic: str, frame: Frame, tries: int = 0) -> None:
+    def _ns_send(self, frame: Frame, step: Callable[[Any, bool], None], tries: int = 0) -> None:
+        """Send ``frame`` to a NameServer: the one that answered last, then the next ones while it
+        fails (no answer in ``send_msg_timeout_ms``, send queue full).  ``step(answer, False)`` gets
+        the answer Frame, ``step(error, True)`` the last error once every NameServer failed."""
         idx = (self._ns_next + tries) % len(self._ns)
         frame.opaque = next(self._opaque)
         deadline = time.monotonic() + self.opts.send_msg_timeout_ms / 1000.0
-        self._ns_pending[frame.opaque] = (kind, topic, deadline, idx, tries)
+        self._ns_pending[frame.opaque] = (deadline, idx, tries, frame, step)
         self.stats["route_requests"] += 1
         try:
             self._ns[idx].send_multipart(P.encode(frame), zmq.NOBLOCK)
         except zmq.Again:
             del self._ns_pending[frame.opaque]
-            self._on_ns_failure(kind, topic, idx, tries, RemotingError(
-                f"NameServer {self.namesrv_addrs[idx]}: send queue full"))
+            self._on_ns_failure(idx, tries, frame, step,
+                                RemotingError(f"NameServer {self.namesrv_addrs[idx]}: send queue full"))
 
-    def _fetch_route(self, topic: str, tries: int = 0) -> None:
-        if topic in self._route_fetching and tries == 0:
+    def _on_ns_failure(self, idx: int, tries: int, frame: Frame, step: Callable[[Any, bool], None],
+                       exc: BaseException) -> None:
+        if tries + 1 < len(self._ns):
+            self._ns_send(frame, step, tries + 1)
+        else:
+            log.warning("NameServer request %s failed: %s", frame.code, exc)
+            step(exc, True)
+
+    def _run_call(self, call, done: Callable[[Any, Optional[BaseException]], None]) -> None:
+        """Drive a NameServer call of :mod:`rmq.client.publish_routes` on this thread's events:
+        each request it yields goes out with :meth:`_ns_send`, and its answer (or error) goes back
+        into it when it arrives; ``done(result, None)`` or ``done(None, error)`` at its end."""
+        def step(value: Any, failed: bool) -> None:
+            try:
+                _, frame, _ = call.throw(value) if failed else call.send(value)
+            except StopIteration as stop:
+                done(stop.value, None)
+            except Exception as e:  # noqa: BLE001 - the call's outcome
+                done(None, e)
+            else:
+                self._ns_send(frame, step)
+        step(None, False)
+
+    def _fetch_route(self, topic: str) -> None:
+        """Look ``topic``'s route up again (the periodic refresh, a provisional route's poll, a
+        failure, :meth:`query_route`), unless a look-up of it is out."""
+        routes = self._routes
+        if routes.fetching(topic):
             return
-        self._route_fetching.add(topic)
-        self._route_last_fetch[topic] = time.monotonic()
-        self._ns_send("route", topic, route_request(topic), tries)
+        routes.started(topic, time.monotonic())
+        self._run_call(routes.route_call(topic), lambda _route, exc: self._looked_up(topic, None, exc))
 
-    def route_in_doubt(self, topic: str) -> None:
-        """(I/O thread) A send to ``topic`` failed on a broker in a way that puts its route in doubt
-        (:func:`rmq.client.route.route_suspect`): refetch it, at most every ROUTE_REFRESH_ON_FAILURE_MS."""
-        if time.monotonic() - self._route_last_fetch.get(topic, 0.0) >= ROUTE_REFRESH_ON_FAILURE_MS / 1000.0:
+    def _resolve(self, topic: str) -> None:
+        """Find a publish info for the messages waiting for ``topic``'s route (one look-up at a
+        time; RocketMQ's tryToFindTopicPublishInfo, with rmq's provisional route)."""
+        if topic in self._resolving:
+            return
+        self._resolving.add(topic)
+        routes = self._routes
+        routes.started(topic, time.monotonic())
+        self._run_call(routes.publish_info_call(topic), lambda info, exc: self._looked_up(topic, info, exc, True))
+
+    def _looked_up(self, topic: str, info: Optional[TopicPublishInfo], exc: Optional[BaseException],
+                   resolved: bool = False) -> None:
+        """A look-up of ``topic`` ended: queries answered; with ``resolved``, the messages waiting
+        placed (or failed with ``exc``)."""
+        self._routes.ended(topic)
+        self._pub.clear()
+        self._heartbeat_new_masters()
+        if exc is not None and not resolved:
+            exc = MQClientError(f"route of topic {topic}: {exc}", getattr(exc, "response_code", -1))
+        self._answer_queries(topic, exc)
+        if not resolved:
+            return
+        self._resolving.discard(topic)
+        if exc is not None:
+            info = self._routes.usable(topic)   # known meanwhile (another look-up): use it
+        for p in self._route_waiters.pop(topic, None) or ():
+            if info is None:
+                self._fail(p, exc)
+            else:
+                self._place(p, info)
+
+    def route_in_doubt(self, topic: str, exc: object) -> None:
+        """(I/O thread) A send to ``topic`` failed with ``exc``: look its route up again when that
+        puts it in doubt (:meth:`rmq.client.publish_routes.PublishRoutes.refresh_after_failure`)."""
+        if self._routes.refresh_after_failure(topic, exc, time.monotonic()):
             self._fetch_route(topic)
 
     def _heartbeat_new_masters(self) -> None:
@@ -1584,11 +1631,18 @@ class _Sender(threading.Thread):
             if addr not in self._conns:
                 self._conn(addr)         # its heartbeat goes once connected (_on_monitor)
 
-    def _fetch_cluster(self, tries: int = 0) -> None:
-        if self._cluster_fetching and tries == 0:
+    def _discover(self) -> None:
+        """The cluster's brokers into the route table (:attr:`discover_brokers`), one look-up at a time."""
+        if self._discovering:
             return
-        self._cluster_fetching = True
-        self._ns_send("cluster", "", cluster_info_request(), tries)
+        self._discovering = True
+        self._run_call(self._routes.brokers_call(), self._discovered)
+
+    def _discovered(self, _brokers, exc: Optional[BaseException]) -> None:
+        self._discovering = False
+        if exc is not None:
+            log.debug("cluster info refresh failed: %s", exc)
+        self._heartbeat_new_masters()
 
     def _on_ns_readable(self, sock: zmq.Socket, ev: int) -> None:
         for _ in range(1024):
@@ -1604,12 +1658,8 @@ class _Sender(threading.Thread):
             entry = self._ns_pending.pop(resp.opaque, None)
             if entry is None:
                 continue
-            kind, topic, _, idx, tries = entry
-            self._ns_next = idx              # stick to a NameServer that answers
-            if kind == "route":
-                self._on_route(topic, resp, idx, tries)
-            else:
-                self._on_cluster(resp, idx, tries)
+            self._ns_next = entry[1]             # stick to a NameServer that answers
+            entry[4](resp, False)
 
     def query_route(self, topic: str, answer: Future) -> None:
         """(I/O thread) Fetch ``topic``'s route; ``answer`` gets its TopicPublishInfo or an MQClientError."""
@@ -1620,103 +1670,11 @@ class _Sender(threading.Thread):
         info = self.route_cache.publish_info(topic)
         for fut in self._route_queries.pop(topic, None) or []:
             if exc is None and (info is None or info.provisional):
-                exc = MQClientError(f"No route info of this topic: {topic}", int(ResponseCode.TOPIC_NOT_EXIST))
+                exc = no_route_error(topic)
             if exc is not None:
                 fut.set_exception(exc)
             else:
                 fut.set_result(info)
-
-    def _on_route(self, topic: str, resp: Frame, idx: int, tries: int) -> None:
-        try:
-            route = parse_route_response(resp, topic)
-        except MQClientError as e:
-            self._on_ns_failure("route", topic, idx, tries, e)
-            return
-        self._route_fetching.discard(topic)
-        if route is None:
-            self._answer_queries(topic)
-            info = self.route_cache.publish_info(topic)
-            if info is not None and info.ok:
-                self._release_route_waiters(topic)
-                return                       # known (maybe provisional): keep using it
-            if not self._route_waiters.get(topic):
-                return
-            self._cluster_waiters.add(topic)
-            self._fetch_cluster()
-            return
-        if self.route_cache.update(topic, route):
-            self._pub.clear()
-            log.debug("route of topic %s: %s", topic, self.route_cache.publish_info(topic))
-            self._heartbeat_new_masters()
-        self._answer_queries(topic)
-        self._release_route_waiters(topic)
-
-    def _release_route_waiters(self, topic: str) -> None:
-        waiters = self._route_waiters.pop(topic, None)
-        if not waiters:
-            return
-        info = self.route_cache.publish_info(topic)
-        for p in waiters:
-            if info is None or not info.ok:
-                self._fail(p, MQClientError(f"No route info of this topic: {topic} (no writable queue on a "
-                                            f"broker with a master)", int(ResponseCode.TOPIC_NOT_EXIST)))
-            else:
-                self._place(p, info)
-
-    def _on_cluster(self, resp: Frame, idx: int, tries: int) -> None:
-        try:
-            brokers = parse_cluster_info(resp)
-        except MQClientError as e:
-            self._on_ns_failure("cluster", "", idx, tries, e)
-            return
-        self._cluster_fetching = False
-        self.route_cache.update_brokers(brokers)
-        self._heartbeat_new_masters()
-        topics, self._cluster_waiters = self._cluster_waiters, set()
-        for topic in topics:
-            if not any(b.master_addr() for b in brokers):
-                self._fail_waiters(topic, MQClientError(
-                    f"No route info of this topic: {topic}, and the NameServer knows no broker with a master",
-                    int(ResponseCode.TOPIC_NOT_EXIST)))
-                continue
-            self._provisional(topic, brokers)
-
-    def _provisional(self, topic: str, brokers: list) -> None:
-        """The NameServer has no route: send to the cluster's brokers, which auto-create the topic."""
-        if self.route_cache.publish_info(topic) is None:
-            self.route_cache.set_provisional(topic, brokers)
-            self._provisional_topics.add(topic)
-            self._pub.clear()
-        self._release_route_waiters(topic)
-
-    def _fail_waiters(self, topic: str, exc: BaseException) -> None:
-        for p in self._route_waiters.pop(topic, None) or []:
-            self._fail(p, exc)
-
-    def _on_ns_failure(self, kind: str, topic: str, idx: int, tries: int, exc: BaseException) -> None:
-        if tries + 1 < len(self._ns):
-            if kind == "route":
-                self._fetch_route(topic, tries + 1)
-            else:
-                self._fetch_cluster(tries + 1)
-            return
-        log.warning("NameServer request %s %s failed: %s", kind, topic, exc)
-        if kind == "route":
-            self._route_fetching.discard(topic)
-            self._answer_queries(topic, MQClientError(f"route of topic {topic}: {exc}",
-                                                      getattr(exc, "response_code", -1)))
-            info = self.route_cache.publish_info(topic)
-            if info is not None and info.ok:
-                self._release_route_waiters(topic)
-                return
-            self._fail_waiters(topic, MQClientError(f"No route info of this topic: {topic}: {exc}",
-                                                    getattr(exc, "response_code", -1)))
-        else:
-            self._cluster_fetching = False
-            topics, self._cluster_waiters = self._cluster_waiters, set()
-            for t in topics:
-                self._fail_waiters(t, MQClientError(f"No route info of this topic: {t}, and the cluster "
-                                                    f"info could not be read: {exc}"))
 
     # -- shutdown -----------------------------------------------------------------------------
     def _shutdown(self) -> None:
@@ -1726,7 +1684,8 @@ class _Sender(threading.Thread):
         except BaseException:  # noqa: BLE001
             pass
         for topic in list(self._route_waiters):
-            self._fail_waiters(topic, closed)
+            for p in self._route_waiters.pop(topic):
+                self._fail(p, closed)
         for topic in list(self._route_queries):
             self._answer_queries(topic, closed)
         for acc in self._accs.values():
@@ -1873,8 +1832,8 @@ class Producer:
         sender = self._sender
         self._direct = DirectSender(group, self.client_id, self.options, sender.route_cache, sender.fault,
                                     sender.client_auth,
-                                    refresh_route=lambda topic, at_once=True: sender.call(
-                                        lambda: sender._fetch_route(topic) if at_once else sender.route_in_doubt(topic)))
+                                    refresh_route=lambda topic, exc: sender.call(
+                                        lambda: sender.route_in_doubt(topic, exc)))
         self._finalizer = weakref.finalize(self, _finalize, self._sender, self._direct)
         # False: every send goes through the I/O thread's connections (a TransactionProducer: the
         # broker's check-backs arrive on the connection its heartbeats came from)

@@ -1,0 +1,183 @@
+"""The producers' route state and NameServer look-ups without any I/O
+(rmq.client.publish_routes): a scripted NameServer answers or fails each request a call yields,
+under the blocking and the awaiting driver, and the refresh rules are asked with a clock of the
+test's own."""
+import asyncio
+
+import pytest
+
+from rmq.client.calls import adrive, drive
+from rmq.client.publish_routes import NAMESRV, PROVISIONAL_POLL_MS, PROVISIONAL_REFRESH_MS, PublishRoutes
+from rmq.client.route import ROUTE_REFRESH_ON_FAILURE_MS, RouteCache
+from rmq.errors import MQBrokerError, MQClientError, RemotingError, RemotingTimeoutError
+from rmq.protocol import Frame, RequestCode, ResponseCode, pack_body
+
+MASTER_A, MASTER_B, SLAVE_B = "127.0.0.1:10911", "127.0.0.1:10921", "127.0.0.1:10922"
+
+
+def _route(write_queues: int = 4, perm: int = 6) -> Frame:
+    return Frame(ResponseCode.SUCCESS, bodies=[pack_body({
+        "queueDatas": [{"brokerName": "broker-a", "readQueueNums": 4, "writeQueueNums": write_queues, "perm": perm}],
+        "brokerDatas": [{"brokerName": "broker-a", "cluster": "c", "brokerAddrs": {"0": MASTER_A}}]})])
+
+
+def _cluster(*groups) -> Frame:
+    return Frame(ResponseCode.SUCCESS, bodies=[pack_body({"brokerAddrTable": {
+        name: {"brokerName": name, "cluster": "c", "brokerAddrs": addrs} for name, addrs in groups}})])
+
+
+NOT_EXIST = Frame(ResponseCode.TOPIC_NOT_EXIST, remark="No topic route info in name server for the topic: T")
+
+
+def _run(make_call, steps):
+    """Run ``make_call(routes)`` against ``steps`` ([(request code, answer Frame or exception)])
+    under both drivers: the outcome (result or exception) and the sync run's table."""
+    runs = []
+    for mode in ("sync", "async"):
+        routes, todo = PublishRoutes(RouteCache()), list(steps)
+
+        def invoke(addr, frame, timeout_ms, todo=todo):
+            assert addr == NAMESRV and todo, f"unexpected request {frame.code} to {addr!r}"
+            code, answer = todo.pop(0)
+            assert frame.code == code
+            if isinstance(answer, BaseException):
+                raise answer
+            return answer
+
+        async def ainvoke(addr, frame, timeout_ms, invoke=invoke):
+            return invoke(addr, frame, timeout_ms)
+
+        try:
+            call = make_call(routes)
+            out = drive(call, invoke) if mode == "sync" else asyncio.run(adrive(call, ainvoke))
+        except Exception as e:  # noqa: BLE001 - compared between the drivers below
+            out = e
+        assert todo == [], f"{mode}: requests never made: {todo}"
+        runs.append((out, routes))
+    (o1, routes), (o2, _) = runs
+    if isinstance(o1, Exception):
+        assert (type(o1), str(o1), getattr(o1, "response_code", None)) == \
+            (type(o2), str(o2), getattr(o2, "response_code", None))
+    else:
+        assert repr(o1) == repr(o2)
+    return o1, routes
+
+
+def test_a_known_topics_route_goes_into_the_cache():
+    info, routes = _run(lambda r: r.publish_info_call("T"), [(RequestCode.GET_ROUTEINFO_BY_TOPIC, _route())])
+    assert not info.provisional and [(q.broker_name, q.queue_id) for q in info.message_queue_list] == \
+        [("broker-a", i) for i in range(4)]
+    assert routes.cache.publish_info("T") is info and routes.cache.master_addrs() == [MASTER_A]
+    assert routes.provisional_due(1e9) == [] and not routes.any_provisional
+
+
+def test_route_call_returns_none_for_an_unknown_topic_and_asks_nothing_else():
+    route, routes = _run(lambda r: r.route_call("T"), [(RequestCode.GET_ROUTEINFO_BY_TOPIC, NOT_EXIST)])
+    assert route is None and routes.cache.publish_info("T") is None
+
+
+def test_an_unknown_topic_gets_a_provisional_route_to_every_group_with_a_master():
+    info, routes = _run(lambda r: r.publish_info_call("T"), [
+        (RequestCode.GET_ROUTEINFO_BY_TOPIC, NOT_EXIST),
+        (RequestCode.GET_BROKER_CLUSTER_INFO, _cluster(("broker-b", {"0": MASTER_B, "1": SLAVE_B}),
+                                                       ("broker-a", {"0": MASTER_A}),
+                                                       ("broker-c", {"1": "127.0.0.1:10931"})))])
+    assert info.provisional and info.ok
+    # queue -1: the broker picks the queue and creates the topic; broker-c has no master
+    assert [(q.broker_name, q.queue_id) for q in info.message_queue_list] == [("broker-a", -1), ("broker-b", -1)]
+    assert routes.any_provisional
+    routes.started("T", 10.0)
+    routes.ended("T")
+    assert routes.provisional_due(10.0 + PROVISIONAL_POLL_MS / 1000.0 - 0.001) == []
+    assert routes.provisional_due(10.0 + PROVISIONAL_POLL_MS / 1000.0) == ["T"]
+    routes.started("T", 20.0)                         # a poll is out: not due twice
+    assert routes.provisional_due(30.0) == []
+    routes.ended("T")
+    routes.cache.update("T", routes.cache.route("T") or _route_data())   # the NameServer knows it now
+    assert routes.provisional_due(40.0) == [] and not routes.any_provisional
+
+
+def _route_data():
+    from rmq.client.route import parse_route_response
+    return parse_route_response(_route(), "T")
+
+
+def test_no_broker_with_a_master_is_no_route():
+    err, _ = _run(lambda r: r.publish_info_call("T"), [
+        (RequestCode.GET_ROUTEINFO_BY_TOPIC, NOT_EXIST),
+        (RequestCode.GET_BROKER_CLUSTER_INFO, _cluster(("broker-b", {"1": SLAVE_B})))])
+    assert isinstance(err, MQClientError) and err.response_code == ResponseCode.TOPIC_NOT_EXIST
+    assert str(err).endswith("No route info of this topic: T, and the NameServer knows no broker with a master")
+
+
+def test_a_route_without_a_writable_queue_is_no_route():
+    err, routes = _run(lambda r: r.publish_info_call("T"), [(RequestCode.GET_ROUTEINFO_BY_TOPIC, _route(perm=4))])
+    assert isinstance(err, MQClientError) and err.response_code == ResponseCode.TOPIC_NOT_EXIST
+    assert "no writable queue" in str(err) and routes.usable("T") is None
+
+
+@pytest.mark.parametrize("failure", [RemotingTimeoutError("NameServer did not answer"), RemotingError("refused")])
+def test_a_name_server_that_cannot_be_asked_is_no_route_with_the_cause(failure):
+    err, _ = _run(lambda r: r.publish_info_call("T"), [(RequestCode.GET_ROUTEINFO_BY_TOPIC, failure)])
+    assert type(err) is MQClientError and err.response_code == -1
+    assert str(err) == f"No route info of this topic: T: {failure}" and err.__cause__ is not None
+
+
+def test_a_name_servers_error_code_is_the_calls_error_as_it_came():
+    err, _ = _run(lambda r: r.publish_info_call("T"), [
+        (RequestCode.GET_ROUTEINFO_BY_TOPIC, Frame(ResponseCode.SYSTEM_ERROR, remark="disk full"))])
+    assert isinstance(err, MQClientError) and err.response_code == ResponseCode.SYSTEM_ERROR
+    assert "disk full" in str(err)
+
+
+def test_a_cluster_look_up_that_fails_is_no_route_too():
+    err, _ = _run(lambda r: r.publish_info_call("T"), [
+        (RequestCode.GET_ROUTEINFO_BY_TOPIC, NOT_EXIST),
+        (RequestCode.GET_BROKER_CLUSTER_INFO, RemotingTimeoutError("late"))])
+    assert str(err) == "No route info of this topic: T: late"
+
+
+def test_brokers_call_fills_the_cache():
+    brokers, routes = _run(lambda r: r.brokers_call(),
+                           [(RequestCode.GET_BROKER_CLUSTER_INFO, _cluster(("broker-b", {"0": MASTER_B})))])
+    assert [b.broker_name for b in brokers] == ["broker-b"] and routes.cache.master_addrs() == [MASTER_B]
+
+
+def test_look_ups_out_are_counted_per_topic():
+    routes = PublishRoutes(RouteCache())
+    assert not routes.fetching("T") and routes.since_fetch("T", 5.0) == float("inf")
+    routes.started("T", 1.0)
+    routes.started("T", 2.0)
+    routes.ended("T")
+    assert routes.fetching("T") and not routes.fetching("U") and routes.since_fetch("T", 5.0) == 3.0
+    routes.ended("T")
+    assert not routes.fetching("T")
+
+
+def test_when_a_failed_send_looks_its_route_up_again():
+    routes = PublishRoutes(RouteCache())
+    routes.started("T", 100.0)
+    routes.ended("T")
+    gap = ROUTE_REFRESH_ON_FAILURE_MS / 1000.0
+    # the route is wrong for sure: at once, however recent the last look-up
+    for code in (ResponseCode.TOPIC_NOT_EXIST, ResponseCode.NO_PERMISSION):
+        assert routes.refresh_after_failure("T", MQBrokerError("x", code), 100.0)
+        assert routes.refresh_after_failure("T", Frame(code), 100.0)
+    # in doubt (no answer, a lost connection, a slave): at most every ROUTE_REFRESH_ON_FAILURE_MS
+    for exc in (RemotingTimeoutError("late"), MQBrokerError("x", ResponseCode.SERVICE_NOT_AVAILABLE)):
+        assert not routes.refresh_after_failure("T", exc, 100.0 + gap - 0.001)
+        assert routes.refresh_after_failure("T", exc, 100.0 + gap)
+    # a refusal of the message itself says nothing of the route
+    assert not routes.refresh_after_failure("T", MQBrokerError("x", ResponseCode.MESSAGE_ILLEGAL), 1e9)
+    assert not routes.refresh_after_failure("T", MQClientError("bad body"), 1e9)
+
+
+def test_a_send_on_a_provisional_route_looks_it_up_at_most_every_refresh_interval():
+    routes = PublishRoutes(RouteCache())
+    info = routes.cache.set_provisional("T", [])
+    known = routes.cache.update("K", _route_data()) and routes.cache.publish_info("K")
+    routes.started("T", 50.0)
+    routes.ended("T")
+    assert not routes.refresh_after_send(info, 50.0 + PROVISIONAL_REFRESH_MS / 1000.0 - 0.001)
+    assert routes.refresh_after_send(info, 50.0 + PROVISIONAL_REFRESH_MS / 1000.0)
+    assert not routes.refresh_after_send(known, 1e9)
