@@ -193,3 +193,47 @@ def test_bench_client_sizes_its_commitlog_file_for_the_rows_that_write_within_it
     assert auto_file_size(200_000, (100,), rows=(SEND_ASYNC,)) == 256 << 20  # 3 writers x 200k x ~300 B
     assert auto_file_size(200_000, (100,), rows=ROWS) == 1 << 30      # 9 writers x 200k x ~300 B
     assert auto_file_size(10_000_000, (100, 1024)) == FILE_SIZE_MAX    # never above the limit
+
+
+def test_bench_client_rounds_report_each_rows_median_round_and_spread(tmp_path):
+    """``--rounds``: every row runs that many times (a consumer row with a fresh group each time,
+    so every round reads the whole topic again), and the row is its median round, with every
+    round's rate and the spread."""
+    from rmq.bench.client import PUSH, SEND_ASYNC, run
+    lines = []
+    rep = run(messages=1000, sizes=(100,), rows=(SEND_ASYNC, PUSH), store_dir=str(tmp_path), redis=False,
+              raw=False, log=lines.append, rounds=3)
+    assert rep["rounds"] == 3 and [r["path"] for r in rep["rows"]] == [SEND_ASYNC, PUSH]
+    for r in rep["rows"]:
+        assert not r["error"] and r["msgs"] == 1000 and len(r["rounds"]) == 3, r
+        lo, hi = r["spread"]
+        assert sorted(r["rounds"])[1] == r["msgs_per_s"] and (lo, hi) == (min(r["rounds"]), max(r["rounds"])), r
+        assert r["status"] in ("MET", "MISSED"), r
+    assert sum("(round " in line for line in lines) == 6 and sum("median of 3" in line for line in lines) == 2
+
+
+def test_median_round_picks_the_middle_rate_and_keeps_a_failure():
+    from rmq.bench.client import SEND_ASYNC, _row, median_round
+
+    def rnd(rate, error=""):
+        r = _row(SEND_ASYNC, 100, 10)
+        r.update(msgs_per_s=rate, error=error)
+        return r
+
+    one = rnd(5.0)
+    assert median_round([one]) == one and "rounds" not in median_round([one])
+    m = median_round([rnd(3.0), rnd(1.0), rnd(2.0)])
+    assert m["msgs_per_s"] == 2.0 and m["rounds"] == [3.0, 1.0, 2.0] and m["spread"] == (1.0, 3.0)
+    assert median_round([rnd(4.0), rnd(1.0), rnd(3.0), rnd(2.0)])["msgs_per_s"] == 2.0   # the lower middle of 4
+    m = median_round([rnd(3.0), rnd(0.0, "TimeoutError: late"), rnd(1.0)])
+    assert m["error"] == "round 2 of 3: TimeoutError: late" and m["rounds"] == [3.0, None, 1.0]
+    assert median_round([rnd(0.0, "a"), rnd(0.0, "b")])["error"] == "a"
+    with pytest.raises(ValueError, match="rounds must be >= 1"):
+        from rmq.bench.client import run
+        run(rounds=0)
+
+
+def test_bench_client_file_size_counts_every_round():
+    from rmq.bench.client import ROWS, SEND_ASYNC, auto_file_size
+    assert auto_file_size(200_000, (100,), rows=(SEND_ASYNC,), rounds=3) == 512 << 20   # 5 writers x 200k x ~300 B
+    assert auto_file_size(200_000, (100,), rows=ROWS, rounds=1) == auto_file_size(200_000, (100,), rows=ROWS)

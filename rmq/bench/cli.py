@@ -350,7 +350,10 @@ def latency_cmd(rates, sizes, consumers, peers, duration, namesrv, store_dir, js
               help="Where temporary stores go (default: the system temp dir).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
               help="Write every row and reference as JSON to this file.")
-def client_cmd(messages, sizes, redis, raw, namesrv, file_size, store_dir, json_path) -> None:
+@click.option("--rounds", type=click.IntRange(1), default=1, show_default=True,
+              help="Run every row this many times, the rounds interleaved, and report each row's median "
+                   "round with the spread (this VM's run-to-run noise is 20-30 %%).")
+def client_cmd(messages, sizes, redis, raw, namesrv, file_size, store_dir, json_path, rounds) -> None:
     """The public client API with its defaults, one Python thread (issue 17): Producer.send_async,
     Producer.send_batch of 1000, PushConsumer, PullConsumer.poll, rmq.aio's producer and push
     consumer, both producers' ordered send_async (8 sharding keys), send_async_many (lists of 1000)
@@ -362,7 +365,7 @@ def client_cmd(messages, sizes, redis, raw, namesrv, file_size, store_dir, json_
     from rmq.bench import client as CB
     log = functools.partial(console.print, highlight=False, markup=False)
     report = CB.run(messages=messages, sizes=sizes, namesrv=namesrv, store_dir=store_dir, file_size=file_size,
-                    redis=redis, raw=raw, log=log)
+                    redis=redis, raw=raw, log=log, rounds=rounds)
     CB.print_table(report, console)
     if json_path:
         with open(json_path, "w") as f:

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import itertools
 import os
 import shutil
 import tempfile
@@ -277,6 +278,14 @@ def fill(namesrv: str, topic: str, size: int, n: int) -> None:
             time.sleep(0.05)
 
 
+_GROUP_SEQ = itertools.count()
+
+
+def _group(row: str, size: int) -> str:
+    """A consumer group of its own for each consumer row run (every round reads from the first offset)."""
+    return f"bench-client-{row}-{size}-{os.getpid()}-{next(_GROUP_SEQ)}"
+
+
 class _Counter:
     """Counts messages; ``wait(n)`` until n, failing when nothing new came for STALL_S."""
 
@@ -313,7 +322,7 @@ def push(namesrv: str, topic: str, size: int, n: int) -> dict:
     cnt = _Counter()
     cnt.target = n
     ok = ConsumeConcurrentlyStatus.CONSUME_SUCCESS
-    c = PushConsumer(namesrv, f"bench-client-push-{size}-{os.getpid()}", consume_from_where="CONSUME_FROM_FIRST_OFFSET")
+    c = PushConsumer(namesrv, _group("push", size), consume_from_where="CONSUME_FROM_FIRST_OFFSET")
     c.subscribe(topic, "*")
 
     def listener(msgs, ctx):
@@ -334,7 +343,7 @@ def poll(namesrv: str, topic: str, size: int, n: int, arrow: bool = False) -> di
     from rmq import PullConsumer
     if arrow:
         import rmq.arrow  # noqa: F401 - pyarrow's import, once per process, is not part of the rate
-    with PullConsumer(namesrv, f"bench-client-poll{'-arrow' if arrow else ''}-{size}-{os.getpid()}",
+    with PullConsumer(namesrv, _group("poll-arrow" if arrow else "poll", size),
                       consume_from_where="CONSUME_FROM_FIRST_OFFSET") as c:
         c.assign(c.fetch_subscribe_message_queues(topic))
         got, first = 0, None
@@ -428,7 +437,7 @@ def aio_push(namesrv: str, topic: str, size: int, n: int) -> dict:
     async def go() -> dict:
         state = {"got": 0, "first": None, "last": 0.0}
         all_done = asyncio.Event()
-        c = PushConsumer(namesrv, f"bench-client-aio-push-{size}-{os.getpid()}",
+        c = PushConsumer(namesrv, _group("aio-push", size),
                          consume_from_where="CONSUME_FROM_FIRST_OFFSET")
         c.subscribe(topic, "*")
 
@@ -499,6 +508,24 @@ def raw_refs(namesrv: str, size: int, n: int, store_dir=None, log=print) -> dict
 
 
 # -- the run ------------------------------------------------------------------------------------
+def median_round(runs: list) -> dict:
+    """One row of its rounds (each a row dict): the round with the median rate (the lower middle
+    one of an even count), with ``rounds`` (every round's msgs/s, in order) and ``spread``
+    ((min, max) msgs/s); a row any round of which failed carries the first failure.  Judged on
+    that round alone."""
+    ok = [r for r in runs if not r["error"]]
+    failed = next((r for r in runs if r["error"]), None)
+    if not ok:
+        return failed
+    row = dict(sorted(ok, key=lambda r: r["msgs_per_s"])[(len(ok) - 1) // 2])
+    if len(runs) > 1:
+        row["rounds"] = [None if r["error"] else r["msgs_per_s"] for r in runs]
+        row["spread"] = (min(r["msgs_per_s"] for r in ok), max(r["msgs_per_s"] for r in ok))
+    if failed is not None:
+        row["error"] = f"round {runs.index(failed) + 1} of {len(runs)}: {failed['error']}"
+    return row
+
+
 def _row(path: str, size: int, n: int) -> dict:
     return {"path": path, "kind": KIND[path], "api": "aio" if path in AIO_OF else "thread", "size": size,
             "n": n, "msgs": 0, "seconds": None, "msgs_per_s": 0.0, "mb_per_s": 0.0, "target": None,
@@ -540,11 +567,11 @@ def judge(row: dict, rows: list, refs: dict) -> None:
 FILE_SIZE_MAX = 1 << 30            # bytes: RocketMQ's default mappedFileSizeCommitLog
 
 
-def auto_file_size(messages: int, sizes, rows=ROWS) -> int:
-    """mappedFileSizeCommitLog for the run: about what it writes (N messages per produce row, plus
-    the consumer rows' fill and the raw client's reference, per size), 64 MiB .. FILE_SIZE_MAX,
-    so that no row pays for a CommitLog file roll the others do not."""
-    writers = sum(KIND[r] == "produce" for r in rows) + 2
+def auto_file_size(messages: int, sizes, rows=ROWS, rounds: int = 1) -> int:
+    """mappedFileSizeCommitLog for the run: about what it writes (N messages per produce row and
+    round, plus the consumer rows' fill and the raw client's reference, per size), 64 MiB ..
+    FILE_SIZE_MAX, so that no row pays for a CommitLog file roll the others do not."""
+    writers = sum(KIND[r] == "produce" for r in rows) * rounds + 2
     need = sum(writers * n_for(messages, s) * (s + 200) for s in sizes)
     size = 64 << 20
     while size < need and size < FILE_SIZE_MAX:
@@ -553,15 +580,26 @@ def auto_file_size(messages: int, sizes, rows=ROWS) -> int:
 
 
 def run(messages: int = MESSAGES, sizes=SIZES, rows=ROWS, namesrv: Optional[str] = None, store_dir=None,
-        file_size: Optional[int] = None, redis: bool = True, raw: bool = True, log=print) -> dict:
+        file_size: Optional[int] = None, redis: bool = True, raw: bool = True, log=print, rounds: int = 1) -> dict:
     """Every row of ``rows`` per body size on one embedded cluster (or ``namesrv``'s), with the
-    references.  Returns ``{"rows": [...], "refs": {size: {"redis"|"raw": {kind: row}}},
-    "skipped": {what: why}, ...}``; a row with ``error`` failed (the run goes on)."""
+    references.  With ``rounds`` > 1 every row runs that many times, the rounds interleaved (all
+    rows once, then all again: a slow minute of the machine is spread over every row), and the
+    row reports its median round (:func:`median_round`).  Returns ``{"rows": [...], "refs": {size:
+    {"redis"|"raw": {kind: row}}}, "skipped": {what: why}, ...}``; a row with ``error`` failed
+    (the run goes on).
+
+    Raises
+    ------
+    ValueError
+        ``rounds`` < 1.
+    """
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
     from rmq.bench import e2e as E
     from rmq.bench.peers import redis_missing
     t_start = time.monotonic()
     report: dict = {"when": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "cpus": os.cpu_count(),
-                    "loadavg_before": os.getloadavg(), "messages": messages, "sizes": list(sizes),
+                    "loadavg_before": os.getloadavg(), "messages": messages, "sizes": list(sizes), "rounds": rounds,
                     "rows": [], "refs": {}, "skipped": {}}
     if redis and redis_missing():
         report["skipped"]["redis"] = f"not installed: {redis_missing()}"
@@ -575,7 +613,7 @@ def run(messages: int = MESSAGES, sizes=SIZES, rows=ROWS, namesrv: Optional[str]
     if namesrv is None:
         from rmq.testing import Cluster
         tmp = tempfile.mkdtemp(prefix="rmq-bench-client-", dir=store_dir)
-        fs = file_size or auto_file_size(messages, sizes, rows)
+        fs = file_size or auto_file_size(messages, sizes, rows, rounds)
         report["file_size"] = fs
         conf = E.cluster_conf(E.Params(file_size=fs, batch=BATCH), "ASYNC_FLUSH")
         cluster = Cluster(os.path.join(tmp, "store"), conf=conf)
@@ -607,33 +645,40 @@ def run(messages: int = MESSAGES, sizes=SIZES, rows=ROWS, namesrv: Optional[str]
                     report["skipped"][f"redis {size} B"] = f"failed: {type(e).__name__}: {e}"
                     log(f"  ref Redis {size} B failed: {type(e).__name__}: {e}")
             filled = fill_error = None   # the topic the consumer rows read, filled once per size
+            runs: dict = {path: [] for path in rows}
+            for rnd in range(rounds):
+                for path in rows:
+                    row = _row(path, size, n)
+                    try:
+                        if KIND[path] == "consume" and fill_error:
+                            raise RuntimeError(f"the fill failed: {fill_error}")
+                        if KIND[path] == "consume" and filled is None:
+                            filled = f"BenchClient_fill_{tag}"
+                            try:
+                                fill(namesrv, filled, size, n)
+                            except Exception as e:  # noqa: BLE001 - every consumer row of this size fails with it
+                                fill_error = f"{type(e).__name__}: {e}"
+                                raise
+                        topic = filled if KIND[path] == "consume" else f"BenchClient_{TOPIC_OF[path]}_{tag}"
+                        gc.collect()
+                        if pids:
+                            E.wait_idle(list(pids.values()))
+                        meter = E.CpuMeter({"client": me, **pids})
+                        meter.start()
+                        got = RUNNERS[path](namesrv, topic, size, n)
+                        row["cpu"] = meter.stop()
+                        row.update(got)
+                        row["msgs_per_s"] = got["msgs"] / got["seconds"] if got["seconds"] > 0 else 0.0
+                        row["mb_per_s"] = row["msgs_per_s"] * size / MB
+                        if got["msgs"] < n:
+                            row["error"] = f"{got['msgs']:,} of {n:,}"
+                    except Exception as e:  # noqa: BLE001 - one failed row does not stop the run
+                        row["error"] = f"{type(e).__name__}: {e}"
+                    runs[path].append(row)
+                    if rounds > 1:
+                        log(_line(row) + f"  (round {rnd + 1} of {rounds})")
             for path in rows:
-                row = _row(path, size, n)
-                try:
-                    if KIND[path] == "consume" and fill_error:
-                        raise RuntimeError(f"the fill failed: {fill_error}")
-                    if KIND[path] == "consume" and filled is None:
-                        filled = f"BenchClient_fill_{tag}"
-                        try:
-                            fill(namesrv, filled, size, n)
-                        except Exception as e:  # noqa: BLE001 - every consumer row of this size fails with it
-                            fill_error = f"{type(e).__name__}: {e}"
-                            raise
-                    topic = filled if KIND[path] == "consume" else f"BenchClient_{TOPIC_OF[path]}_{tag}"
-                    gc.collect()
-                    if pids:
-                        E.wait_idle(list(pids.values()))
-                    meter = E.CpuMeter({"client": me, **pids})
-                    meter.start()
-                    got = RUNNERS[path](namesrv, topic, size, n)
-                    row["cpu"] = meter.stop()
-                    row.update(got)
-                    row["msgs_per_s"] = got["msgs"] / got["seconds"] if got["seconds"] > 0 else 0.0
-                    row["mb_per_s"] = row["msgs_per_s"] * size / MB
-                    if got["msgs"] < n:
-                        row["error"] = f"{got['msgs']:,} of {n:,}"
-                except Exception as e:  # noqa: BLE001 - one failed row does not stop the run
-                    row["error"] = f"{type(e).__name__}: {e}"
+                row = median_round(runs[path])
                 report["rows"].append(row)
                 judge(row, report["rows"], report["refs"])
                 log(_line(row))
@@ -657,8 +702,10 @@ def _line(row: dict) -> str:
         return f"  {row['path']:<44} {row['size']:>5} B  ERROR {row['error']}"
     x = "".join(f"  {v:.2f}x {k}" for k, v in (("redis", row.get("x_redis")), ("raw", row.get("x_raw")))
                 if v is not None)
+    spread = row.get("spread")
+    med = f"  median of {len(row['rounds'])}, {spread[0]:,.0f} .. {spread[1]:,.0f}" if spread else ""
     return (f"  {row['path']:<44} {row['size']:>5} B {row['msgs_per_s']:>12,.0f} msgs/s {row['mb_per_s']:>8,.1f} MB/s"
-            f"  {row['status']}{x}")
+            f"  {row['status']}{x}{med}")
 
 
 def print_table(report: dict, console) -> None:
