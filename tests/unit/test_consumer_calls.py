@@ -1,16 +1,15 @@
 """The consumer's wire calls without any I/O (rmq.client.consumer_api.ConsumerCalls, driven by
 rmq.client.calls): a scripted transport answers or fails each request a call yields, in order,
 and every script runs under the blocking and the awaiting driver with the same outcome."""
-import asyncio
 
 import pytest
 
 from rmq._core import commitlog as cl
-from rmq.client.calls import adrive, drive
 from rmq.client.consumer_api import ConsumerCalls
 from rmq.client.message import MessageQueue
 from rmq.errors import MQBrokerError, MQClientError, RemotingError, RemotingTimeoutError
 from rmq.protocol import Frame, RequestCode, ResponseCode, pack_body
+from tests.unit.call_drivers import under_both_drivers
 
 NS = "127.0.0.1:9876"
 MASTER, SLAVE = "127.0.0.1:10911", "127.0.0.1:10921"
@@ -28,11 +27,10 @@ def _run(make_call, steps, core_of=lambda: ConsumerCalls(NS)):
     under both drivers; the outcome (result or exception), the requests made ([(addr, code,
     fields but the clock's bornTimestamp)]) and the sync run's core.  The invoke does what ConsumerAPI.invoke does around the
     transport: ConsumerCalls._answered bookkeeping."""
-    runs = []
-    for mode in ("sync", "async"):
+    def setup():
         core, todo, asked = core_of(), list(steps), []
 
-        def invoke(addr, frame, timeout_ms, core=core, todo=todo, asked=asked):
+        def invoke(addr, frame, timeout_ms):
             assert todo, f"unexpected request {frame.code} to {addr}"
             want_addr, want_code, answer = todo.pop(0)
             asked.append((addr, frame.code, {k: v for k, v in frame.fields.items() if k != "bornTimestamp"}))
@@ -41,15 +39,11 @@ def _run(make_call, steps, core_of=lambda: ConsumerCalls(NS)):
             if isinstance(answer, BaseException):
                 raise answer
             return answer
+        return make_call(core), invoke, (core, todo, asked)
 
-        async def ainvoke(addr, frame, timeout_ms, invoke=invoke):
-            return invoke(addr, frame, timeout_ms)
-
-        try:
-            out = drive(make_call(core), invoke) if mode == "sync" else asyncio.run(adrive(make_call(core), ainvoke))
-        except Exception as e:  # noqa: BLE001 - compared between the drivers below
-            out = e
-        assert todo == [], f"{mode}: requests never made: {todo}"
+    runs = []
+    for out, (core, todo, asked) in under_both_drivers(setup):
+        assert todo == [], f"requests never made: {todo}"
         runs.append((out, asked, core))
     (o1, a1, core), (o2, a2, _) = runs
     assert a1 == a2

@@ -2,15 +2,13 @@
 (rmq.client.publish_routes): a scripted NameServer answers or fails each request a call yields,
 under the blocking and the awaiting driver, and the refresh rules are asked with a clock of the
 test's own."""
-import asyncio
-
 import pytest
 
-from rmq.client.calls import adrive, drive
 from rmq.client.publish_routes import NAMESRV, PROVISIONAL_POLL_MS, PROVISIONAL_REFRESH_MS, PublishRoutes
 from rmq.client.route import ROUTE_REFRESH_ON_FAILURE_MS, RouteCache
 from rmq.errors import MQBrokerError, MQClientError, RemotingError, RemotingTimeoutError
 from rmq.protocol import Frame, RequestCode, ResponseCode, pack_body
+from tests.unit.call_drivers import under_both_drivers
 
 MASTER_A, MASTER_B, SLAVE_B = "127.0.0.1:10911", "127.0.0.1:10921", "127.0.0.1:10922"
 
@@ -31,30 +29,21 @@ NOT_EXIST = Frame(ResponseCode.TOPIC_NOT_EXIST, remark="No topic route info in n
 
 def _run(make_call, steps):
     """Run ``make_call(routes)`` against ``steps`` ([(request code, answer Frame or exception)])
-    under both drivers: the outcome (result or exception) and the sync run's table."""
-    runs = []
-    for mode in ("sync", "async"):
+    under both drivers: the outcome (result or exception) and the blocking run's table."""
+    def setup():
         routes, todo = PublishRoutes(RouteCache()), list(steps)
 
-        def invoke(addr, frame, timeout_ms, todo=todo):
+        def invoke(addr, frame, timeout_ms):
             assert addr == NAMESRV and todo, f"unexpected request {frame.code} to {addr!r}"
             code, answer = todo.pop(0)
             assert frame.code == code
             if isinstance(answer, BaseException):
                 raise answer
             return answer
+        return make_call(routes), invoke, (routes, todo)
 
-        async def ainvoke(addr, frame, timeout_ms, invoke=invoke):
-            return invoke(addr, frame, timeout_ms)
-
-        try:
-            call = make_call(routes)
-            out = drive(call, invoke) if mode == "sync" else asyncio.run(adrive(call, ainvoke))
-        except Exception as e:  # noqa: BLE001 - compared between the drivers below
-            out = e
-        assert todo == [], f"{mode}: requests never made: {todo}"
-        runs.append((out, routes))
-    (o1, routes), (o2, _) = runs
+    (o1, (routes, todo1)), (o2, (_, todo2)) = under_both_drivers(setup)
+    assert todo1 == todo2 == [], f"requests never made: {todo1} / {todo2}"
     if isinstance(o1, Exception):
         assert (type(o1), str(o1), getattr(o1, "response_code", None)) == \
             (type(o2), str(o2), getattr(o2, "response_code", None))
