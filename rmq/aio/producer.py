@@ -70,13 +70,14 @@ from rmq.client import trace as _trace
 from rmq.client.message import Message, MessageQueue, SendResult
 from rmq.aio.remoting import AsyncRemoting
 from rmq.client.send_attempts import SendAttempts
-from rmq.client.producer import (ProducerOptions, QueueTurns,
-                                 RowsPart, Selector, ShardQueues, apply_selector, batch_body_of,
-                                 check_group, client_id, many_request_size, encode_columns, heartbeat_request,
-                                 merge_results,
-                                 many_keys, many_parts, message_preparer, parse_send_response, prepare_batch,
-                                 prepare_many, row_messages, select_by_hash, selector_for,
-                                 queued_failures_error, refused_batch_limit, send_request, split_by_size)
+from rmq.client.message_accumulator import QueueTurns
+from rmq.client.producer_request import (ProducerOptions, RowsPart, Selector, ShardQueues, apply_selector,
+                                         batch_body_of, client_id, encode_columns, heartbeat_request,
+                                         many_keys, many_parts, many_request_size, merge_results, message_preparer,
+                                         parse_send_response, prepare_batch, prepare_many, queued_failures_error,
+                                         refused_batch_limit, row_messages, select_by_hash, selector_for,
+                                         send_request, split_by_size)
+from rmq.common.topic_validator import check_group
 from rmq.client.calls import adrive
 from rmq.client.publish_routes import PROVISIONAL_POLL_MS, PublishRoutes, no_route_error
 from rmq.client.route import (MQFaultStrategy, RouteCache, TopicPublishInfo, split_namesrv_addr)
@@ -182,7 +183,7 @@ def _combine(first: _Batch, joined: list) -> _Batch:
 
 class _BatchTooLarge(Exception):
     """A broker refused a batch of send_async's as too large to store whole; it takes at most
-    ``limit`` bytes (:func:`rmq.client.producer.refused_batch_limit`)."""
+    ``limit`` bytes (:func:`rmq.client.producer_request.refused_batch_limit`)."""
 
     def __init__(self, limit: int) -> None:
         super().__init__(limit)
@@ -192,7 +193,7 @@ class _BatchTooLarge(Exception):
 def _split_batch(b: _Batch, limit: int) -> list:
     """``b`` as consecutive batches of at most ``limit`` bytes each (a message over it alone), each
     completing its own messages: their futures, callbacks and send_async_many slices, or a
-    send_async_columns part's rows (the thread producer's ``_split_pending``)."""
+    send_async_columns part's rows (the thread producer's ``message_accumulator.split_pending``)."""
     if b.rows is not None:
         columns, part = b.rows
         out = []
@@ -229,7 +230,7 @@ class Producer:
     group : str
         Producer group.
     **options
-        :class:`rmq.client.producer.ProducerOptions` fields (``send_msg_timeout_ms``,
+        :class:`rmq.client.producer_request.ProducerOptions` fields (``send_msg_timeout_ms``,
         ``retry_times_when_send_failed``, ``compress_msg_body_over_howmuch``,
         ``max_message_size``, ``send_latency_fault_enable``, ...).  ``batch_size``,
         ``linger_ms``, ``max_in_flight``, ``max_pending_messages``, ``delivery_timeout_ms`` and
@@ -521,7 +522,7 @@ class Producer:
             results = await (await p.send_async_many([Message("orders", b) for b in bodies]))
 
         The messages go in batches of up to ``MANY_REQUEST_SIZE`` bytes, or ``batch_size`` when
-        given (as the thread producer's: :func:`rmq.client.producer.many_request_size`), pipelined, with no future or
+        given (as the thread producer's: :func:`rmq.client.producer_request.many_request_size`), pipelined, with no future or
         callback per message; ``callback(future)`` runs on the loop once, when all are done.
         ``sharding_key`` orders every message on its key's queue, ``sharding_keys`` gives one key
         per message (None: unordered); ordered messages need the topic's route (looked up first).

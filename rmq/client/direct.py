@@ -30,6 +30,7 @@ import zmq
 from rmq import latency_trace as _lt
 from rmq import security
 from rmq.client.message import MessageQueue, SendResult
+from rmq.client.producer_request import apply_selector, heartbeat_request, parse_send_response, send_request
 from rmq.client.remoting import RemotingClient
 from rmq.client.route import route_suspect
 from rmq.client.send_attempts import SendAttempts
@@ -94,7 +95,6 @@ class DirectSender:
         return c
 
     def _heartbeat(self, addr: str) -> Frame:
-        from rmq.client.producer import heartbeat_request    # the producer module imports this one
         return heartbeat_request(self.client, self.group)
 
     def _count(self, *keys: str) -> None:
@@ -112,7 +112,6 @@ class DirectSender:
             As :meth:`rmq.Producer.send`.
         """
         # the producer module imports this one: its wire helpers are imported at call time
-        from rmq.client.producer import apply_selector, parse_send_response, send_request
         opts = self.opts
         budget_ms = timeout_ms if timeout_ms is not None else opts.send_msg_timeout_ms
         if budget_ms <= 0:

@@ -2,8 +2,8 @@
 I/O: which queue and broker each attempt goes to, when a failure is retried, and what the send
 finally raises.  The three ways rmq sends drive the same :class:`SendAttempts`:
 
-- the producer's I/O thread (:class:`rmq.client.producer._Sender`, event-driven: an attempt is
-  sent, its answer or timeout arrives later; its ``_Request`` *is* a SendAttempts);
+- the producer's I/O thread (:class:`rmq.client.sender.Sender`, event-driven: an attempt is
+  sent, its answer or timeout arrives later; its ``message_accumulator.Request`` *is* a SendAttempts);
 - the direct path of ``Producer.send`` (:mod:`rmq.client.direct`, blocking);
 - ``rmq.aio.Producer`` (awaiting).
 

@@ -1,5 +1,5 @@
 """send_async_columns' row encoder (rmq._core.client_msg.encode_rows, via
-rmq.client.producer.encode_columns) and its results (ColumnSendResults), without I/O.
+rmq.client.producer_request.encode_columns) and its results (ColumnSendResults), without I/O.
 
 The reference for every row is the Message path: ``Message(topic, body, tags=, keys=,
 properties=)`` through prepare_many + many_parts + batch_body (what send_async_many sends).

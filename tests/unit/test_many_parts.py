@@ -1,4 +1,4 @@
-"""send_async_many's split into hand-overs (rmq.client.producer.many_parts), without I/O."""
+"""send_async_many's split into hand-overs (rmq.client.producer_request.many_parts), without I/O."""
 from rmq import Message
 from rmq.client.producer import ProducerOptions, java_hash, many_parts, message_preparer
 

@@ -1,10 +1,11 @@
-"""rmq.client.producer.QueueTurns: ordered sends' requests-out-per-queue rule, driven without I/O."""
+"""rmq.client.message_accumulator.QueueTurns: ordered sends' requests-out-per-queue rule, driven without I/O."""
 from types import SimpleNamespace
 
 import pytest
 
 from rmq import Producer
-from rmq.client.producer import MAX_IN_FLIGHT_PER_QUEUE, ProducerOptions, QueueTurns
+from rmq.client.message_accumulator import QueueTurns
+from rmq.client.producer_request import MAX_IN_FLIGHT_PER_QUEUE, ProducerOptions
 from rmq.errors import MQClientError
 
 
@@ -87,19 +88,21 @@ def test_max_in_flight_per_queue_must_be_positive(bad):
 
 def _request(mode, n, opts, size=100, queue="q"):
     from rmq import Message
-    from rmq.client.producer import _Pending, _Request, message_preparer
+    from rmq.client.message_accumulator import Pending, Request
+    from rmq.client.producer_request import message_preparer
     prep = message_preparer(opts).prepare
     preps = [prep(Message("T", b"x" * size)) for _ in range(n)]
-    return _Request([_Pending([p], None, mode, 1e12, 3.0) for p in preps], queue, opts)
+    return Request([Pending([p], None, mode, 1e12, 3.0) for p in preps], queue, opts)
 
 
 def test_held_ordered_requests_join_up_to_batch_size_in_order_and_only_async_ones():
     """The thread producer's QueueTurns (no I/O): when a queue's turn passes, the async batchable
     requests held behind the next one join it, in order, while the request stays within
     batch_size; a sync one is never joined (it is answered alone), nor joined to."""
-    from rmq.client.producer import ASYNC, SYNC, _Sender
+    from rmq.client.message_accumulator import ASYNC, SYNC
+    from rmq.client.sender import Sender
     opts = ProducerOptions(batch_size=1000)
-    turns = _Sender(["127.0.0.1:9876"], "pg", "client", opts)._queue_turns
+    turns = Sender(["127.0.0.1:9876"], "pg", "client", opts)._queue_turns
     head, a, b, c, d = (_request(ASYNC, 2, opts) for _ in range(5))
     size = sum(p.size for p in a.preps)
     assert 3 * size <= 1000 < 4 * size                     # three fit the bound, four do not

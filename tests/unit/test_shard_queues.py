@@ -2,9 +2,9 @@
 import pytest
 
 from rmq import Message
-from rmq.client import producer as P
+from rmq.client import producer_request as P
 from rmq.client.message import MessageQueue
-from rmq.client.producer import ShardQueues, apply_selector, select_by_hash
+from rmq.client.producer_request import ShardQueues, apply_selector, select_by_hash
 from rmq.client.route import TopicPublishInfo
 from rmq.errors import MQClientError
 
