@@ -13,7 +13,8 @@ State, per topic (:class:`PublishRoutes`; h11's ``_state.py`` rule: what moves i
 
 When a route is asked for again:
 
-- a send failed with TOPIC_NOT_EXIST or NO_PERMISSION: at once (the route is wrong for sure);
+- a send failed with TOPIC_NOT_EXIST or NO_PERMISSION (the route is wrong for sure): at once, but
+  at most every ROUTE_WRONG_REFRESH_MS (the other requests of a burst that failed alike ask no more);
 - a send failed in a way that puts the route in doubt (:func:`rmq.client.route.route_suspect`):
   at most every ROUTE_REFRESH_ON_FAILURE_MS;
 - a send was answered on a provisional route: at most every PROVISIONAL_REFRESH_MS;
@@ -41,7 +42,8 @@ from rmq.protocol import Frame, ResponseCode
 PROVISIONAL_REFRESH_MS = 100       # min gap between route look-ups of a topic sent to on a provisional route
 PROVISIONAL_POLL_MS = 500          # route look-up period while a topic's route is provisional
 NAMESRV = ""                       # the address a call yields for "a NameServer": the driver picks one
-_REFRESH_AT_ONCE = frozenset({int(ResponseCode.TOPIC_NOT_EXIST), int(ResponseCode.NO_PERMISSION)})
+ROUTE_WRONG_REFRESH_MS = 100      # min gap between look-ups of a topic a broker said it lacks or refuses
+_ROUTE_WRONG = frozenset({int(ResponseCode.TOPIC_NOT_EXIST), int(ResponseCode.NO_PERMISSION)})
 
 
 def no_route_error(topic: str, why: str = "", code: int = int(ResponseCode.TOPIC_NOT_EXIST)) -> MQClientError:
@@ -89,18 +91,29 @@ class PublishRoutes:
         return float("inf") if last is None else now - last
 
     # -- when to look again ---------------------------------------------------------------------
+    # A yes counts as the start of the look-up it asks for (``last_fetch`` = ``now``): a burst of
+    # failures, or of answers on a provisional route, asks once, even when the driver starts the
+    # look-up later (a task).
+
     def refresh_after_failure(self, topic: str, exc: object, now: float) -> bool:
         """Whether a send to ``topic`` that failed with ``exc`` (an exception or an answer Frame)
         should look its route up again now (module docstring)."""
         code = exc.code if isinstance(exc, Frame) else exc.response_code if isinstance(exc, MQBrokerError) else None
-        if code in _REFRESH_AT_ONCE:
-            return True
-        return route_suspect(exc) and self.since_fetch(topic, now) >= ROUTE_REFRESH_ON_FAILURE_MS / 1000.0
+        if code in _ROUTE_WRONG:
+            due = self.since_fetch(topic, now) >= ROUTE_WRONG_REFRESH_MS / 1000.0
+        else:
+            due = route_suspect(exc) and self.since_fetch(topic, now) >= ROUTE_REFRESH_ON_FAILURE_MS / 1000.0
+        if due:
+            self._last_fetch[topic] = now
+        return due
 
     def refresh_after_send(self, info: TopicPublishInfo, now: float) -> bool:
         """Whether a send answered on ``info`` should look its route up again now: on a
         provisional route, at most every PROVISIONAL_REFRESH_MS."""
-        return info.provisional and self.since_fetch(info.topic, now) >= PROVISIONAL_REFRESH_MS / 1000.0
+        if info.provisional and self.since_fetch(info.topic, now) >= PROVISIONAL_REFRESH_MS / 1000.0:
+            self._last_fetch[info.topic] = now
+            return True
+        return False
 
     def provisional_due(self, now: float) -> list:
         """The topics on a provisional route whose poll is due (PROVISIONAL_POLL_MS since the last
@@ -111,6 +124,7 @@ class PublishRoutes:
             if info is None or not info.provisional:
                 self._provisional.discard(topic)
             elif topic not in self._out and self.since_fetch(topic, now) >= PROVISIONAL_POLL_MS / 1000.0:
+                self._last_fetch[topic] = now
                 due.append(topic)
         return due
 
@@ -178,4 +192,5 @@ class PublishRoutes:
         return info
 
 
-__all__ = ["PublishRoutes", "NAMESRV", "PROVISIONAL_REFRESH_MS", "PROVISIONAL_POLL_MS", "no_route_error"]
+__all__ = ["PublishRoutes", "NAMESRV", "PROVISIONAL_REFRESH_MS", "PROVISIONAL_POLL_MS", "ROUTE_WRONG_REFRESH_MS",
+           "no_route_error"]

@@ -4,7 +4,8 @@ under the blocking and the awaiting driver, and the refresh rules are asked with
 test's own."""
 import pytest
 
-from rmq.client.publish_routes import NAMESRV, PROVISIONAL_POLL_MS, PROVISIONAL_REFRESH_MS, PublishRoutes
+from rmq.client.publish_routes import (NAMESRV, PROVISIONAL_POLL_MS, PROVISIONAL_REFRESH_MS, ROUTE_WRONG_REFRESH_MS,
+                                       PublishRoutes)
 from rmq.client.route import ROUTE_REFRESH_ON_FAILURE_MS, RouteCache
 from rmq.errors import MQBrokerError, MQClientError, RemotingError, RemotingTimeoutError
 from rmq.protocol import Frame, RequestCode, ResponseCode, pack_body
@@ -78,7 +79,8 @@ def test_an_unknown_topic_gets_a_provisional_route_to_every_group_with_a_master(
     routes.started("T", 10.0)
     routes.ended("T")
     assert routes.provisional_due(10.0 + PROVISIONAL_POLL_MS / 1000.0 - 0.001) == []
-    assert routes.provisional_due(10.0 + PROVISIONAL_POLL_MS / 1000.0) == ["T"]
+    assert routes.provisional_due(10.0 + PROVISIONAL_POLL_MS / 1000.0 + 1e-9) == ["T"]
+    assert routes.provisional_due(10.0 + PROVISIONAL_POLL_MS / 1000.0 + 1e-9) == []   # asked: not due again at once
     routes.started("T", 20.0)                         # a poll is out: not due twice
     assert routes.provisional_due(30.0) == []
     routes.ended("T")
@@ -144,21 +146,31 @@ def test_look_ups_out_are_counted_per_topic():
 
 
 def test_when_a_failed_send_looks_its_route_up_again():
-    routes = PublishRoutes(RouteCache())
-    routes.started("T", 100.0)
-    routes.ended("T")
-    gap = ROUTE_REFRESH_ON_FAILURE_MS / 1000.0
-    # the route is wrong for sure: at once, however recent the last look-up
-    for code in (ResponseCode.TOPIC_NOT_EXIST, ResponseCode.NO_PERMISSION):
-        assert routes.refresh_after_failure("T", MQBrokerError("x", code), 100.0)
-        assert routes.refresh_after_failure("T", Frame(code), 100.0)
+    gap, wrong = ROUTE_REFRESH_ON_FAILURE_MS / 1000.0, ROUTE_WRONG_REFRESH_MS / 1000.0
+    # the route is wrong for sure: within ROUTE_WRONG_REFRESH_MS of the last look-up, not before
+    for exc in (MQBrokerError("x", ResponseCode.TOPIC_NOT_EXIST), Frame(ResponseCode.NO_PERMISSION)):
+        routes = PublishRoutes(RouteCache())
+        routes.started("T", 100.0)
+        routes.ended("T")
+        assert not routes.refresh_after_failure("T", exc, 100.0 + wrong - 0.001)
+        assert routes.refresh_after_failure("T", exc, 100.0 + wrong + 1e-9)
+        assert not routes.refresh_after_failure("T", exc, 100.0 + wrong + 1e-9)   # the rest of the burst
     # in doubt (no answer, a lost connection, a slave): at most every ROUTE_REFRESH_ON_FAILURE_MS
     for exc in (RemotingTimeoutError("late"), MQBrokerError("x", ResponseCode.SERVICE_NOT_AVAILABLE)):
+        routes = PublishRoutes(RouteCache())
+        routes.started("T", 100.0)
+        routes.ended("T")
         assert not routes.refresh_after_failure("T", exc, 100.0 + gap - 0.001)
-        assert routes.refresh_after_failure("T", exc, 100.0 + gap)
+        assert routes.refresh_after_failure("T", exc, 100.0 + gap + 1e-9)
+        # a yes counts as the look-up's start: a burst of failures asks once, even before the
+        # driver has started the look-up (rmq.aio spawns a task for it)
+        assert not routes.refresh_after_failure("T", exc, 100.0 + gap + 0.5)
+        assert routes.refresh_after_failure("T", exc, 100.0 + 2 * gap + 2e-9)
     # a refusal of the message itself says nothing of the route
+    routes = PublishRoutes(RouteCache())
     assert not routes.refresh_after_failure("T", MQBrokerError("x", ResponseCode.MESSAGE_ILLEGAL), 1e9)
     assert not routes.refresh_after_failure("T", MQClientError("bad body"), 1e9)
+    assert routes.refresh_after_failure("T", RemotingError("gone"), 1e9)         # never looked up: at once
 
 
 def test_a_send_on_a_provisional_route_looks_it_up_at_most_every_refresh_interval():
@@ -168,5 +180,6 @@ def test_a_send_on_a_provisional_route_looks_it_up_at_most_every_refresh_interva
     routes.started("T", 50.0)
     routes.ended("T")
     assert not routes.refresh_after_send(info, 50.0 + PROVISIONAL_REFRESH_MS / 1000.0 - 0.001)
-    assert routes.refresh_after_send(info, 50.0 + PROVISIONAL_REFRESH_MS / 1000.0)
+    assert routes.refresh_after_send(info, 50.0 + PROVISIONAL_REFRESH_MS / 1000.0 + 1e-9)
+    assert not routes.refresh_after_send(info, 50.0 + PROVISIONAL_REFRESH_MS / 1000.0 + 1e-9)   # once per gap
     assert not routes.refresh_after_send(known, 1e9)
