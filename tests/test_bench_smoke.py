@@ -210,6 +210,12 @@ def test_bench_client_rounds_report_each_rows_median_round_and_spread(tmp_path):
         assert sorted(r["rounds"])[1] == r["msgs_per_s"] and (lo, hi) == (min(r["rounds"]), max(r["rounds"])), r
         assert r["status"] in ("MET", "MISSED"), r
     assert sum("(round " in line for line in lines) == 6 and sum("median of 3" in line for line in lines) == 2
+    from rich.console import Console
+    from rmq.bench.client import print_table
+    con = Console(record=True, width=250)
+    print_table(rep, con)
+    text = con.export_text()
+    assert "min .. max of 3" in text and f"{rep['rows'][0]['spread'][0]:,.0f} .. " in text
 
 
 def test_median_round_picks_the_middle_rate_and_keeps_a_failure():

@@ -712,8 +712,12 @@ def print_table(report: dict, console) -> None:
     from rich.table import Table
     t = Table(title="rmq bench client: the public client API, defaults, one Python thread (same run: Redis, raw "
                     "bench client)", title_justify="left")
-    for col in ("row", "body", "msgs", "msgs/s", "MB/s", "target (issue 17)", "status", "× Redis", "× raw client",
-                "CPU % client / broker"):
+    rounds = report.get("rounds", 1)
+    cols = ["row", "body", "msgs", "msgs/s", "MB/s", "target (issue 17)", "status", "× Redis", "× raw client",
+            "CPU % client / broker"]
+    if rounds > 1:
+        cols.insert(4, f"min .. max of {rounds}")
+    for col in cols:
         t.add_column(col, justify="left" if col in ("row", "target (issue 17)", "status") else "right")
     for size in report["sizes"]:
         for r in (r for r in report["rows"] if r["size"] == size):
@@ -722,17 +726,24 @@ def print_table(report: dict, console) -> None:
                 status = "[red]ERROR[/]"
             cpu = r.get("cpu") or {}
             xr = _f(r.get("x_redis"), "{:.2f}×")
-            t.add_row(r["path"], f"{size} B", _f(r["msgs"]), _f(r["msgs_per_s"]) if not r["error"] else "-",
-                      _f(r["mb_per_s"], "{:,.1f}") if not r["error"] else "-", r["target"] or "-", status,
-                      xr, _f(r.get("x_raw"), "{:.2f}×"),
-                      f"{_f(cpu.get('client'))} / {_f(cpu.get('broker'))}" if cpu else "-")
+            cells = [r["path"], f"{size} B", _f(r["msgs"]), _f(r["msgs_per_s"]) if not r["error"] else "-",
+                     _f(r["mb_per_s"], "{:,.1f}") if not r["error"] else "-", r["target"] or "-", status,
+                     xr, _f(r.get("x_raw"), "{:.2f}×"),
+                     f"{_f(cpu.get('client'))} / {_f(cpu.get('broker'))}" if cpu else "-"]
+            if rounds > 1:
+                spread = r.get("spread")
+                cells.insert(4, f"{_f(spread[0])} .. {_f(spread[1])}" if spread else "-")
+            t.add_row(*cells)
         refs = report["refs"].get(size) or report["refs"].get(str(size)) or {}
         for who in ("redis", "raw"):
             for kind in ("produce", "consume"):
                 r = (refs.get(who) or {}).get(kind)
                 if r:
-                    t.add_row(f"[dim]ref: {REF_NAMES[(who, kind)]}[/]", f"{size} B", _f(r["msgs"]),
-                              _f(r["msgs_per_s"]), _f(r["mb_per_s"], "{:,.1f}"), "-", "-", "-", "-", "-")
+                    cells = [f"[dim]ref: {REF_NAMES[(who, kind)]}[/]", f"{size} B", _f(r["msgs"]),
+                             _f(r["msgs_per_s"]), _f(r["mb_per_s"], "{:,.1f}"), "-", "-", "-", "-", "-"]
+                    if rounds > 1:
+                        cells.insert(4, "-")
+                    t.add_row(*cells)
     console.print(t)
     for r in report["rows"]:
         if r["error"]:
