@@ -28,10 +28,23 @@ from rmq.common.message_const import (PROPERTY_MAX_RECONSUME_TIMES, PROPERTY_ORI
 
 @dataclass(frozen=True, order=True)
 class MessageQueue:
-    """One queue of a topic on one broker (RocketMQ ``MessageQueue``)."""
+    """One queue of a topic on one broker (RocketMQ ``MessageQueue``).
+
+    Its hash is computed once (it keys the clients' per-queue tables: an ordered send looks its
+    queue up three times); it is never pickled, as str hashes differ between processes: a copy is
+    built again from the three fields (``__reduce__``)."""
     topic: str
     broker_name: str
     queue_id: int
+
+    def __post_init__(self) -> None:      # not a field: asdict, astuple, repr and order ignore it
+        object.__setattr__(self, "_hash", hash((self.topic, self.broker_name, self.queue_id)))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __reduce__(self):
+        return MessageQueue, (self.topic, self.broker_name, self.queue_id)
 
     def key(self) -> str:
         """``topic/brokerName/queueId`` (the Spark connector's offset key)."""

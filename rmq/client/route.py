@@ -224,8 +224,8 @@ class RouteCache:
             return self._routes.get(topic)
 
     def publish_info(self, topic: str) -> Optional[TopicPublishInfo]:
-        with self._lock:
-            return self._publish.get(topic)
+        # no lock: one dict read is atomic, and writers replace an entry whole (every send asks this)
+        return self._publish.get(topic)
 
     def subscribe_info(self, topic: str) -> Optional[list]:
         with self._lock:

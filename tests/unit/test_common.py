@@ -409,3 +409,31 @@ def test_pull_and_send_headers_are_built_only_by_rmq_common():
                 found += [f"{path.relative_to(RMQ)}:{node.lineno} builds {code}"
                           for code, need in HEADER_KEYS.items() if need <= keys]
     assert found == []
+
+
+def test_message_queue_hash_is_kept_and_never_pickled():
+    """MessageQueue computes its hash once; a pickled queue (Spark ships them to executors, whose
+    str hashes differ) is rebuilt from its fields, and the cached hash is no dataclass field."""
+    import copy
+    import dataclasses
+    import pickle
+    import subprocess
+    import sys
+
+    from rmq.client.message import MessageQueue
+    mq = MessageQueue("orders", "broker-a", 3)
+    assert hash(mq) == hash(("orders", "broker-a", 3)) and {mq: 1}[MessageQueue("orders", "broker-a", 3)] == 1
+    assert dataclasses.astuple(mq) == ("orders", "broker-a", 3) and dataclasses.asdict(mq)["queue_id"] == 3
+    assert repr(mq) == "MessageQueue(topic='orders', broker_name='broker-a', queue_id=3)"
+    assert sorted([MessageQueue("orders", "broker-a", 4), mq]) == [mq, MessageQueue("orders", "broker-a", 4)]
+    moved = dataclasses.replace(mq, queue_id=5)
+    assert hash(moved) == hash(("orders", "broker-a", 5))
+    for twin in (pickle.loads(pickle.dumps(mq)), copy.copy(mq), copy.deepcopy(mq)):
+        assert twin == mq and hash(twin) == hash(mq)
+    # another process (its own str hash seed) unpickles it with its own hash
+    code = ("import pickle, sys; from rmq.client.message import MessageQueue; "
+            "mq = pickle.loads(sys.stdin.buffer.read()); "
+            "print(hash(mq) == hash((mq.topic, mq.broker_name, mq.queue_id)) and {mq: 1}[MessageQueue(*'orders broker-a'.split(), 3)] == 1)")
+    out = subprocess.run([sys.executable, "-c", code], input=pickle.dumps(mq), capture_output=True,
+                         env={**__import__("os").environ, "PYTHONHASHSEED": "12345"}, timeout=60)
+    assert out.stdout.strip() == b"True", out.stderr
