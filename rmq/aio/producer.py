@@ -79,7 +79,7 @@ from rmq.client.producer_request import (ProducerOptions, RowsPart, Selector, Sh
                                          send_request, split_by_size)
 from rmq.common.topic_validator import check_group
 from rmq.client.calls import adrive
-from rmq.client.publish_routes import PROVISIONAL_POLL_MS, PublishRoutes, no_route_error
+from rmq.client.publish_routes import PROVISIONAL_POLL_MS, PublishRoutes, namesrv_attempt_s, no_route_error
 from rmq.client.route import (MQFaultStrategy, RouteCache, TopicPublishInfo, split_namesrv_addr)
 from rmq.client.futures import ColumnOutcomes, ManyOutcomes
 from rmq.errors import MQBrokerError, MQClientError, RemotingError, RemotingTimeoutError
@@ -1222,7 +1222,9 @@ class Producer:
 
     # -- routes ------------------------------------------------------------------------------------
     async def _ns_invoke(self, frame_factory, deadline: float) -> Frame:
-        """A NameServer request, failing over to the next NameServer on errors."""
+        """A NameServer request, the one that answered last first, failing over to the next on
+        errors and timeouts (each waited for :func:`rmq.client.publish_routes.namesrv_attempt_s`
+        of what is left until ``deadline``)."""
         last: Optional[BaseException] = None
         n = len(self.namesrv_addrs)
         for i in range(n):
@@ -1232,7 +1234,8 @@ class Producer:
                 break
             self.stats["route_requests"] += 1
             try:
-                resp = await self._invoke(self.namesrv_addrs[idx], frame_factory(), left, what="NameServer")
+                resp = await self._invoke(self.namesrv_addrs[idx], frame_factory(), namesrv_attempt_s(left, n - i),
+                                          what="NameServer")
                 self._ns_next = idx
                 return resp
             except RemotingError as e:

@@ -36,7 +36,7 @@ from rmq.client.message_accumulator import (ASYNC, ONEWAY, Accumulator, Pending,
 from rmq.client.producer_request import (ProducerOptions, apply_selector, batch_body_of, heartbeat_request,
                                          merge_results, refused_batch_limit, send_request, send_response_fields,
                                          uniq_ids_of)
-from rmq.client.publish_routes import PROVISIONAL_POLL_MS, PublishRoutes, no_route_error
+from rmq.client.publish_routes import PROVISIONAL_POLL_MS, PublishRoutes, namesrv_attempt_s, no_route_error
 from rmq.client.route import MQFaultStrategy, RouteCache, TopicPublishInfo
 from rmq.errors import MQBrokerError, MQClientError, RemotingConnectionClosedError, RemotingError, RemotingTimeoutError
 from rmq.protocol import Frame, ProtocolError, RequestCode, ResponseCode
@@ -734,7 +734,7 @@ class Sender(threading.Thread):
                 del self._ns_pending[opaque]
                 self._on_ns_failure(idx, tries, frame, step, RemotingTimeoutError(
                     f"NameServer {self.namesrv_addrs[idx]} did not answer within "
-                    f"{self.opts.send_msg_timeout_ms} ms"))
+                    f"{self.opts.send_msg_timeout_ms / len(self._ns):.0f} ms"))
 
     def _timers(self, now: float) -> None:
         if self._routes.any_provisional:
@@ -761,11 +761,12 @@ class Sender(threading.Thread):
     # -- NameServer ------------------------------------------------------------------------------
     def _ns_send(self, frame: Frame, step: Callable[[Any, bool], None], tries: int = 0) -> None:
         """Send ``frame`` to a NameServer: the one that answered last, then the next ones while it
-        fails (no answer in ``send_msg_timeout_ms``, send queue full).  ``step(answer, False)`` gets
+        fails (no answer in its share of ``send_msg_timeout_ms``, send queue full).  ``step(answer, False)`` gets
         the answer Frame, ``step(error, True)`` the last error once every NameServer failed."""
         idx = (self._ns_next + tries) % len(self._ns)
         frame.opaque = next(self._opaque)
-        deadline = time.monotonic() + self.opts.send_msg_timeout_ms / 1000.0
+        # each NameServer a share of the budget: a dead first one leaves the others time to answer
+        deadline = time.monotonic() + namesrv_attempt_s(self.opts.send_msg_timeout_ms / 1000.0, len(self._ns))
         self._ns_pending[frame.opaque] = (deadline, idx, tries, frame, step)
         self.stats["route_requests"] += 1
         try:

@@ -320,3 +320,22 @@ def test_ordered_send_async_with_a_failing_selector_fails_its_future_only(cluste
             return await asyncio.wait_for(ok, WAIT_S)
 
     assert run(main()).status is SendStatus.SEND_OK
+
+
+def test_a_nameserver_that_does_not_answer_is_failed_over_within_the_send_budget(cluster, rc):
+    """The first NameServer of the list never answers (ZeroMQ queues the request and says
+    nothing): it is waited for its share of the budget only, so the next one answers and the
+    first send succeeds within ``send_msg_timeout_ms``; the one that answered is asked first from
+    then on.  (Before stop 43 the first one took the whole budget every time: every send failed.)"""
+    create_topic(rc, cluster, "AioNsFailover", 4)
+
+    async def go():
+        async with Producer(f"127.0.0.1:1;{cluster.namesrv_addr}", group="pg", send_msg_timeout_ms=2000) as p:
+            r = await p.send(Message("AioNsFailover", b"x"))       # MQClientError if the budget ran out
+            asked = p.stats["route_requests"]
+            qs = await p.fetch_publish_message_queues("AioNsFailover")
+            return r, asked, len(qs), p.stats["route_requests"] - asked
+
+    r, asked, queues, more = run(go())
+    assert r.status == SendStatus.SEND_OK
+    assert asked == 2 and queues == 4 and more == 1

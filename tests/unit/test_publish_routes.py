@@ -183,3 +183,14 @@ def test_a_send_on_a_provisional_route_looks_it_up_at_most_every_refresh_interva
     assert routes.refresh_after_send(info, 50.0 + PROVISIONAL_REFRESH_MS / 1000.0 + 1e-9)
     assert not routes.refresh_after_send(info, 50.0 + PROVISIONAL_REFRESH_MS / 1000.0 + 1e-9)   # once per gap
     assert not routes.refresh_after_send(known, 1e9)
+
+
+def test_each_name_server_still_to_try_gets_an_equal_share_of_what_is_left():
+    from rmq.client.publish_routes import namesrv_attempt_s
+    assert namesrv_attempt_s(3.0, 1) == 3.0                  # the only one: the whole budget
+    assert namesrv_attempt_s(3.0, 3) == 1.0                  # the first of three: a third
+    left = 3.0
+    for k in (3, 2, 1):                                      # three that never answer: the budget, no more
+        left -= namesrv_attempt_s(left, k)
+    assert abs(left) < 1e-12
+    assert namesrv_attempt_s(1.0, 0) == 1.0                  # never a division by zero
