@@ -79,8 +79,8 @@ from rmq.client.producer_request import (ProducerOptions, RowsPart, Selector, Sh
                                          send_request, split_by_size)
 from rmq.common.topic_validator import check_group
 from rmq.client.calls import adrive
-from rmq.client.publish_routes import PROVISIONAL_POLL_MS, PublishRoutes, namesrv_attempt_s, no_route_error
-from rmq.client.route import (MQFaultStrategy, RouteCache, TopicPublishInfo, split_namesrv_addr)
+from rmq.client.publish_routes import PROVISIONAL_POLL_MS, PublishRoutes, no_route_error
+from rmq.client.route import MQFaultStrategy, RouteCache, TopicPublishInfo, namesrv_attempt_s, split_namesrv_addr
 from rmq.client.futures import ColumnOutcomes, ManyOutcomes
 from rmq.errors import MQBrokerError, MQClientError, RemotingError, RemotingTimeoutError
 from rmq.protocol import Frame, ProtocolError, RequestCode, ResponseCode
@@ -1223,7 +1223,7 @@ class Producer:
     # -- routes ------------------------------------------------------------------------------------
     async def _ns_invoke(self, frame_factory, deadline: float) -> Frame:
         """A NameServer request, the one that answered last first, failing over to the next on
-        errors and timeouts (each waited for :func:`rmq.client.publish_routes.namesrv_attempt_s`
+        errors and timeouts (each waited for :func:`rmq.client.route.namesrv_attempt_s`
         of what is left until ``deadline``)."""
         last: Optional[BaseException] = None
         n = len(self.namesrv_addrs)

@@ -59,7 +59,7 @@ from rmq import protocol as P
 from rmq import security
 from rmq.client.calls import blocking
 from rmq.client.remoting import DEFAULT_TIMEOUT_MS, RECONNECT_WAIT_MS, RemotingClient  # RECONNECT_WAIT_MS re-exported
-from rmq.client.route import ROUTE_REFRESH_ON_FAILURE_MS, route_suspect
+from rmq.client.route import ROUTE_REFRESH_ON_FAILURE_MS, namesrv_attempt_s, route_suspect
 from rmq.common.mix_all import CLIENT_INNER_PRODUCER_GROUP, MASTER_ID, dlq_topic, retry_topic
 from rmq.common.pull_sys_flag import build_sys_flag
 from rmq.common.request_header import SUB_ALL, PullMessageRequestHeader, SendMessageRequestHeader  # SUB_ALL re-exported
@@ -512,6 +512,7 @@ class ConsumerCalls:
         if not self.namesrv_addrs:
             raise MQClientError("no NameServer address given")
         self.timeout_ms = timeout_ms
+        self._ns_last: Optional[str] = None      # the NameServer that answered last (asked first)
         self._lock = threading.Lock()
         self._routes: dict[str, TopicRoute] = {}
         self.pull_from = PullFromWhichNode()
@@ -560,7 +561,9 @@ class ConsumerCalls:
 
     # -- routes (calls) ------------------------------------------------------------------------
     def _fetch_route(self, topic: str, timeout_ms: Optional[int] = None):
-        """Ask the NameServers (in a random order) for ``topic``'s route; None if unknown.
+        """Ask the NameServers for ``topic``'s route (the one that answered last first, the others
+        in a random order, each waited for :func:`rmq.client.route.namesrv_attempt_s` of
+        ``timeout_ms``: one that never answers leaves the others the time to); None if unknown.
 
         Raises
         ------
@@ -568,12 +571,19 @@ class ConsumerCalls:
             No NameServer answered.
         """
         last: Optional[Exception] = None
-        for addr in random.sample(self.namesrv_addrs, len(self.namesrv_addrs)):
+        addrs = self.namesrv_addrs
+        order = random.sample(addrs, len(addrs))
+        if self._ns_last in order:
+            order.remove(self._ns_last)
+            order.insert(0, self._ns_last)
+        share_ms = max(1, int(namesrv_attempt_s(timeout_ms or self.timeout_ms, len(order))))
+        for addr in order:
             try:
-                resp = yield addr, Frame(RequestCode.GET_ROUTEINFO_BY_TOPIC, fields={"topic": topic}), timeout_ms
+                resp = yield addr, Frame(RequestCode.GET_ROUTEINFO_BY_TOPIC, fields={"topic": topic}), share_ms
             except RemotingError as e:
                 last = e
                 continue
+            self._ns_last = addr
             if resp.code == ResponseCode.TOPIC_NOT_EXIST:
                 return None
             _check(resp, addr, f"route of {topic}")

@@ -25,7 +25,7 @@ When a route is asked for again:
 The calls (:mod:`rmq.client.calls`) yield ``(NAMESRV, frame, None)``: the driver sends the
 frame to a NameServer of its list (the one that answered last first), fails over to the next
 one on transport errors (:class:`rmq.errors.RemotingError`, a timeout: each NameServer waited
-for :func:`namesrv_attempt_s` of the budget) and sends back the answer.  An error code from a NameServer
+for :func:`rmq.client.route.namesrv_attempt_s` of the budget) and sends back the answer.  An error code from a NameServer
 is the call's error, as RocketMQ's ``getTopicRouteInfoFromNameServer``.
 
 Concurrency: one table per producer, used by its I/O thread or event loop only.
@@ -45,14 +45,6 @@ PROVISIONAL_POLL_MS = 500          # route look-up period while a topic's route 
 NAMESRV = ""                       # the address a call yields for "a NameServer": the driver picks one
 ROUTE_WRONG_REFRESH_MS = 100      # min gap between look-ups of a topic a broker said it lacks or refuses
 _ROUTE_WRONG = frozenset({int(ResponseCode.TOPIC_NOT_EXIST), int(ResponseCode.NO_PERMISSION)})
-
-
-def namesrv_attempt_s(left_s: float, left_to_try: int) -> float:
-    """How long one NameServer is waited for: an equal share of what is left of the budget for
-    each NameServer still to try, so that one that never answers (down, unreachable: ZeroMQ
-    queues the request and says nothing) still leaves the next ones the time to answer within the
-    caller's budget.  Seconds (or any unit ``left_s`` comes in)."""
-    return left_s / max(1, left_to_try)
 
 
 def no_route_error(topic: str, why: str = "", code: int = int(ResponseCode.TOPIC_NOT_EXIST)) -> MQClientError:
@@ -202,4 +194,4 @@ class PublishRoutes:
 
 
 __all__ = ["PublishRoutes", "NAMESRV", "PROVISIONAL_REFRESH_MS", "PROVISIONAL_POLL_MS", "ROUTE_WRONG_REFRESH_MS",
-           "namesrv_attempt_s", "no_route_error"]
+           "no_route_error"]

@@ -81,6 +81,15 @@ def split_namesrv_addr(namesrv_addr: str) -> list:
     return out
 
 
+def namesrv_attempt_s(left_s: float, left_to_try: int) -> float:
+    """How long one NameServer is waited for: an equal share of what is left of the budget for
+    each NameServer still to try, so that one that never answers (down, unreachable: ZeroMQ
+    queues the request and says nothing) still leaves the next ones the time to answer within the
+    caller's budget.  Seconds (or any unit ``left_s`` comes in)."""
+    return left_s / max(1, left_to_try)
+
+
+
 class TopicPublishInfo:
     """The queues a producer may write, plus the round-robin index (RocketMQ ``TopicPublishInfo``).
 

@@ -36,8 +36,8 @@ from rmq.client.message_accumulator import (ASYNC, ONEWAY, Accumulator, Pending,
 from rmq.client.producer_request import (ProducerOptions, apply_selector, batch_body_of, heartbeat_request,
                                          merge_results, refused_batch_limit, send_request, send_response_fields,
                                          uniq_ids_of)
-from rmq.client.publish_routes import PROVISIONAL_POLL_MS, PublishRoutes, namesrv_attempt_s, no_route_error
-from rmq.client.route import MQFaultStrategy, RouteCache, TopicPublishInfo
+from rmq.client.publish_routes import PROVISIONAL_POLL_MS, PublishRoutes, no_route_error
+from rmq.client.route import MQFaultStrategy, RouteCache, TopicPublishInfo, namesrv_attempt_s
 from rmq.errors import MQBrokerError, MQClientError, RemotingConnectionClosedError, RemotingError, RemotingTimeoutError
 from rmq.protocol import Frame, ProtocolError, RequestCode, ResponseCode
 from rmq.zmqio import recv_parts, send_parts

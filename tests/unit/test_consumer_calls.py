@@ -380,3 +380,21 @@ def test_the_asyncio_consumer_forgets_what_it_persisted_when_a_pull_carries_the_
     c.offsets._persisted[MQ] = 7
     c._commit_carried(MQ)
     assert MQ not in c.offsets._persisted
+
+
+def test_the_name_server_that_answered_is_asked_first_and_each_gets_a_share_of_the_timeout():
+    """A NameServer that never answers (ZeroMQ queues the request and says nothing) is waited for
+    its share of the timeout only, and the one that answered is asked first from then on."""
+    ns2 = "127.0.0.1:9877"
+    core = ConsumerCalls(f"{NS};{ns2}", timeout_ms=3000)
+    call = core._fetch_route("orders")
+    first, _, share = next(call)
+    assert share == 1500                                   # half of 3000 ms each: both fit in the timeout
+    second, _, share = call.throw(RemotingTimeoutError("no answer"))
+    assert share == 1500 and {first, second} == {NS, ns2}
+    with pytest.raises(StopIteration):
+        call.send(_route({"0": MASTER}))
+    for _ in range(8):                                     # the random order no longer decides the first
+        call = core._fetch_route("orders")
+        assert next(call)[0] == second
+        call.close()

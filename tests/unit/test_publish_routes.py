@@ -186,7 +186,7 @@ def test_a_send_on_a_provisional_route_looks_it_up_at_most_every_refresh_interva
 
 
 def test_each_name_server_still_to_try_gets_an_equal_share_of_what_is_left():
-    from rmq.client.publish_routes import namesrv_attempt_s
+    from rmq.client.route import namesrv_attempt_s
     assert namesrv_attempt_s(3.0, 1) == 3.0                  # the only one: the whole budget
     assert namesrv_attempt_s(3.0, 3) == 1.0                  # the first of three: a third
     left = 3.0
