@@ -330,7 +330,7 @@ def test_a_nameserver_that_does_not_answer_is_failed_over_within_the_send_budget
     create_topic(rc, cluster, "AioNsFailover", 4)
 
     async def go():
-        async with Producer(f"127.0.0.1:1;{cluster.namesrv_addr}", group="pg", send_msg_timeout_ms=2000) as p:
+        async with Producer(f"127.0.0.1:1;{cluster.namesrv_addr}", group="pg", send_msg_timeout_ms=4000) as p:
             r = await p.send(Message("AioNsFailover", b"x"))       # MQClientError if the budget ran out
             asked = p.stats["route_requests"]
             qs = await p.fetch_publish_message_queues("AioNsFailover")
