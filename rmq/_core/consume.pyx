@@ -5,7 +5,9 @@
   listener call (with the defaults, one per message): a C type, built without a Python frame;
 * :class:`ConsumeRun` -- the ConsumeRequests of one pull result, cut when a worker takes one
   (:meth:`ConsumeRun.take` runs without releasing the GIL, so workers sharing a run never get
-  the same request).
+  the same request);
+* :func:`consume_run` -- a concurrent consume task's loop over a run's requests: the listener
+  call and its bookkeeping for every message, without a Python frame of its own.
 
 This module imports no client, store or actor module.
 """
@@ -107,6 +109,65 @@ cdef class ConsumeRun:
         """The consumed messages not handed out yet (a worker leaving the run commits them)."""
         out, self._done = self._done, []
         return out
+
+
+def consume_run(ConsumeRun run, consumer, listener, success, later, normalize):
+    """A concurrent consume task's loop (``PushConsumer._consume_run``): take the requests of
+    ``run`` one after the other until none is left or ``consumer._state`` is no longer
+    "RUNNING", calling ``listener(msgs, ConsumeConcurrentlyContext)`` for each.
+
+    ``success`` / ``later``: the CONSUME_SUCCESS / RECONSUME_LATER statuses; ``normalize``
+    turns any other answer into one of them.  Wholly consumed requests join the run's
+    messages to commit, handed to ``consumer._commit_consumed(msgs, pq, mq)`` at least every
+    RUN_COMMIT_INTERVAL_S and when the loop ends; any other outcome goes to
+    ``consumer._process_concurrent_result(status, ctx, msgs, pq, mq)`` at once.  A listener
+    that raises is logged (``consumer._listener_failed(msgs, mq)``, in the except block, so
+    the traceback is there) and counts as RECONSUME_LATER.  With ``consumer._trace`` set,
+    ``_trace_before`` / ``_trace_after`` run around each call.  A dropped process queue ends
+    the loop at once (the queue's new owner redelivers what is left;
+    ``consumer._dropped_while_consuming(mq, n)`` logs a request it interrupted).
+
+    One C loop instead of a Python frame's bytecode: with the defaults (one message per
+    listener call) this is the path of every message a PushConsumer delivers."""
+    cdef object pq = run.pq, mq = run.mq
+    cdef object msgs, status, tr, now, rest
+    cdef ConsumeConcurrentlyContext ctx
+    cdef Py_ssize_t k
+    while consumer._state == "RUNNING":
+        k = run._next
+        if k >= run.count:
+            break
+        run._next = k + 1
+        msgs = run.msgs[k * run.size:(k + 1) * run.size]
+        if pq.dropped:
+            return
+        ctx = ConsumeConcurrentlyContext.__new__(ConsumeConcurrentlyContext)
+        ctx.message_queue = mq
+        ctx.delay_level_when_next_consume = 0
+        ctx.ack_index = ACK_INDEX_ALL
+        tr = consumer._trace_before(msgs) if consumer._trace is not None else None
+        try:
+            status = listener(msgs, ctx)
+        except Exception:
+            consumer._listener_failed(msgs, mq)
+            status = later
+        else:
+            if status is not success:
+                status = normalize(status)
+        if tr is not None:
+            consumer._trace_after(tr, msgs, status is success)
+        if pq.dropped:
+            consumer._dropped_while_consuming(mq, len(msgs))
+            return
+        if status is success and ctx.ack_index >= len(msgs) - 1:     # wholly consumed
+            now = run.consumed(msgs)
+            if now is not None:
+                consumer._commit_consumed(now, pq, mq)
+        else:
+            consumer._process_concurrent_result(status, ctx, msgs, pq, mq)
+    rest = run.rest()
+    if rest:
+        consumer._commit_consumed(rest, pq, mq)
 
 
 def needs_post_processing(list msgs, long compressed_flag, retry_topic):

@@ -287,48 +287,65 @@ def _group(row: str, size: int) -> str:
 
 
 class _Counter:
-    """Counts messages; ``wait(n)`` until n, failing when nothing new came for STALL_S."""
+    """Counts the messages a listener saw, at the least cost a listener can have: one ``next()``
+    of an ``itertools.count`` per message (atomic under the GIL, so no lock however many
+    consume threads call it) and a clock read only for the first and the n-th message.  The
+    PushConsumer row measures the consumer, not its listener: a lock and a clock per call cost
+    0.32 us of the ~1.6 us a message took in all (stop 44, ``timeit`` on this VM).
+    ``wait(n)`` until n, failing when nothing new came for STALL_S."""
 
-    def __init__(self):
-        self.lock = threading.Lock()
-        self.got = 0
+    def __init__(self, target: int):
+        self.seq = itertools.count(1)
+        self.target = target
         self.first: Optional[float] = None
         self.last = 0.0
-        self.target = 0
         self.done = threading.Event()
 
-    def add(self, k: int) -> None:
+    @property
+    def got(self) -> int:
+        """Messages counted so far (the count's repr is ``count(next value)``)."""
+        r = repr(self.seq)
+        return int(r[r.index("(") + 1:-1]) - 1
+
+    def mark(self, seen: int, k: int) -> None:
+        """The listener's rare path: ``seen`` messages counted, the last ``k`` in this call."""
         now = time.perf_counter()
-        with self.lock:
-            if self.first is None:
-                self.first = now
-            self.got += k
+        if seen <= k and self.first is None:
+            self.first = now
+        if seen >= self.target and not self.done.is_set():
             self.last = now
-            if self.got >= self.target:
-                self.done.set()
+            self.done.set()
+
+    def listener(self, ok):
+        """A concurrent listener that counts and returns ``ok``."""
+        nxt, target, mark = next, self.target, self.mark
+        seq = self.seq
+
+        def listener(msgs, ctx):
+            for _ in msgs:
+                seen = nxt(seq)
+            if seen >= target or seen <= len(msgs):
+                mark(seen, len(msgs))
+            return ok
+        return listener
 
     def wait(self, n: int, t0: float) -> None:
         seen, since = -1, time.monotonic()
         while not self.done.wait(0.2):
-            if self.got != seen:
-                seen, since = self.got, time.monotonic()
+            got = self.got
+            if got != seen:
+                seen, since = got, time.monotonic()
             elif time.monotonic() - since > STALL_S:
-                raise TimeoutError(f"consumed {self.got:,} of {n:,}, nothing new for {STALL_S:.0f} s")
+                raise TimeoutError(f"consumed {got:,} of {n:,}, nothing new for {STALL_S:.0f} s")
 
 
 def push(namesrv: str, topic: str, size: int, n: int) -> dict:
     from rmq import PushConsumer
     from rmq.client.consumer import ConsumeConcurrentlyStatus
-    cnt = _Counter()
-    cnt.target = n
-    ok = ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+    cnt = _Counter(n)
     c = PushConsumer(namesrv, _group("push", size), consume_from_where="CONSUME_FROM_FIRST_OFFSET")
     c.subscribe(topic, "*")
-
-    def listener(msgs, ctx):
-        cnt.add(len(msgs))
-        return ok
-    c.register_message_listener(listener)
+    c.register_message_listener(cnt.listener(ConsumeConcurrentlyStatus.CONSUME_SUCCESS))
     t0 = time.perf_counter()
     c.start()
     try:

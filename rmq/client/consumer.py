@@ -52,7 +52,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterable, Optional, Union
 
 from rmq import latency_trace as _lt
-from rmq._core.consume import RUN_COMMIT_INTERVAL_S, ConsumeConcurrentlyContext, ConsumeRun  # noqa: F401 (re-exported)
+from rmq._core.consume import RUN_COMMIT_INTERVAL_S, ConsumeConcurrentlyContext, ConsumeRun, consume_run  # noqa: F401 (re-exported)
 from rmq.client.calls import blocking, drive
 
 if TYPE_CHECKING:                              # poll_arrow's return type; pyarrow is optional (rmq[spark])
@@ -1598,42 +1598,18 @@ class PushConsumer(PushConsumerCalls):
         workers may take some too).  Wholly consumed requests are committed together (removed
         from the process queue, offset, counts) at the end and at least every
         ``RUN_COMMIT_INTERVAL_S``; any other outcome goes through the per-request path at once.
-        Stops taking requests when the consumer stops (those left are redelivered later)."""
-        # the loop runs once per message with the defaults: one listener call per request, the
-        # trace (when on) around it, no other Python frame on the way
-        pq, mq, take = run.pq, run.mq, run.take
-        listener = self.listener
-        success = ConsumeConcurrentlyStatus.CONSUME_SUCCESS
-        while self._state == "RUNNING":
-            msgs = take()
-            if msgs is None:
-                break
-            if pq.dropped:
-                return                              # dropped: the new owner redelivers them
-            ctx = ConsumeConcurrentlyContext(mq)
-            tr = self._trace_before(msgs) if self._trace is not None else None
-            try:
-                status = listener(msgs, ctx)
-            except Exception:
-                log.exception("listener failed on %d message(s) of %s", len(msgs), mq)
-                status = ConsumeConcurrentlyStatus.RECONSUME_LATER
-            else:
-                if status is not success:
-                    status = _concurrent_status(status)
-            if tr is not None:
-                self._trace_after(tr, msgs, status is success)
-            if pq.dropped:
-                log.info("%s dropped while consuming; %d message(s) will be redelivered", mq, len(msgs))
-                return
-            if status is success and ctx.ack_index >= len(msgs) - 1:     # wholly consumed
-                now = run.consumed(msgs)
-                if now is not None:
-                    self._commit_consumed(now, pq, mq)
-            else:
-                self._process_concurrent_result(status, ctx, msgs, pq, mq)
-        rest = run.rest()
-        if rest:
-            self._commit_consumed(rest, pq, mq)
+        Stops taking requests when the consumer stops (those left are redelivered later).
+        The loop is ``rmq._core.consume.consume_run``: with the defaults it runs once per
+        message, so it is C; the rare paths call back into the methods below."""
+        consume_run(run, self, self.listener, ConsumeConcurrentlyStatus.CONSUME_SUCCESS,
+                    ConsumeConcurrentlyStatus.RECONSUME_LATER, _concurrent_status)
+
+    def _listener_failed(self, msgs: list, mq: MessageQueue) -> None:
+        """consume_run's except block: the listener raised (logged with its traceback)."""
+        log.exception("listener failed on %d message(s) of %s", len(msgs), mq)
+
+    def _dropped_while_consuming(self, mq: MessageQueue, n: int) -> None:
+        log.info("%s dropped while consuming; %d message(s) will be redelivered", mq, n)
 
     def _commit_consumed(self, msgs: list, pq: ProcessQueue, mq: MessageQueue) -> None:
         """Messages consumed successfully: out of the process queue, the offset forward, counted

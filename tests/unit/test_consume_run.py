@@ -1,0 +1,139 @@
+"""``rmq._core.consume.consume_run``: the PushConsumer's concurrent consume loop, driven here by
+a recording owner in place of the PushConsumer (the loop's whole interface to it is the
+attributes and methods below), without threads or sockets."""
+import sys
+
+import pytest
+
+from rmq._core.consume import ACK_INDEX_ALL, ConsumeConcurrentlyContext, ConsumeRun, consume_run
+
+SUCCESS, LATER = "CONSUME_SUCCESS", "RECONSUME_LATER"
+
+
+class PQ:
+    def __init__(self):
+        self.dropped = False
+
+
+class Owner:
+    """Records what consume_run asks of its consumer."""
+
+    def __init__(self, trace=False):
+        self._state = "RUNNING"
+        self._trace = object() if trace else None
+        self.events = []
+
+    def _trace_before(self, msgs):
+        self.events.append(("before", list(msgs)))
+        return ("tr", list(msgs))
+
+    def _trace_after(self, tr, msgs, ok):
+        self.events.append(("after", tr, list(msgs), ok))
+
+    def _listener_failed(self, msgs, mq):
+        self.events.append(("failed", list(msgs), mq, type(sys.exc_info()[1]).__name__))
+
+    def _dropped_while_consuming(self, mq, n):
+        self.events.append(("dropped", mq, n))
+
+    def _commit_consumed(self, msgs, pq, mq):
+        self.events.append(("commit", list(msgs), mq))
+
+    def _process_concurrent_result(self, status, ctx, msgs, pq, mq):
+        self.events.append(("result", status, ctx.ack_index, list(msgs)))
+
+
+def normalize(status):
+    return SUCCESS if status is None else LATER
+
+
+def run_of(msgs, size=1, pq=None):
+    return ConsumeRun(list(msgs), size, pq or PQ(), "mq")
+
+
+def test_every_request_reaches_the_listener_with_a_fresh_context_and_all_commit_at_the_end():
+    seen = []
+
+    def listener(msgs, ctx):
+        seen.append((list(msgs), ctx.message_queue, ctx.delay_level_when_next_consume, ctx.ack_index))
+        return SUCCESS
+    owner = Owner()
+    consume_run(run_of(range(5), size=2), owner, listener, SUCCESS, LATER, normalize)
+    assert [s[0] for s in seen] == [[0, 1], [2, 3], [4]]
+    assert all(s[1:4] == ("mq", 0, ACK_INDEX_ALL) for s in seen)
+    # wholly consumed requests are committed together (within RUN_COMMIT_INTERVAL_S: at the end)
+    assert owner.events == [("commit", [0, 1, 2, 3, 4], "mq")]
+
+
+def test_a_raising_listener_is_logged_in_its_except_block_and_counts_as_reconsume_later():
+    def listener(msgs, ctx):
+        if msgs == [1]:
+            raise KeyError("boom")
+        return SUCCESS
+    owner = Owner()
+    consume_run(run_of(range(3)), owner, listener, SUCCESS, LATER, normalize)
+    assert owner.events == [("failed", [1], "mq", "KeyError"), ("result", LATER, ACK_INDEX_ALL, [1]),
+                            ("commit", [0, 2], "mq")]
+
+
+def test_other_answers_are_normalized_and_a_partial_ack_index_takes_the_result_path():
+    def listener(msgs, ctx):
+        if msgs == [0]:
+            return None                        # normalize: success
+        if msgs == [1]:
+            return "bogus"                     # normalize: later
+        ctx.ack_index = 0                      # [2, 3]: the first consumed, the second failed
+        return SUCCESS
+    owner = Owner()
+    consume_run(ConsumeRun([0, 1, 2, 3], 1, PQ(), "mq"), owner, listener, SUCCESS, LATER, normalize)
+    owner2 = Owner()
+    consume_run(ConsumeRun([2, 3], 2, PQ(), "mq"), owner2, listener, SUCCESS, LATER, normalize)
+    assert owner.events == [("result", LATER, ACK_INDEX_ALL, [1]), ("commit", [0, 2, 3], "mq")]
+    assert owner2.events == [("result", SUCCESS, 0, [2, 3])]
+
+
+def test_a_queue_dropped_during_a_call_ends_the_loop_without_a_commit():
+    pq = PQ()
+
+    def listener(msgs, ctx):
+        if msgs == [1]:
+            pq.dropped = True
+        return SUCCESS
+    owner = Owner()
+    run = ConsumeRun([0, 1, 2], 1, pq, "mq")
+    consume_run(run, owner, listener, SUCCESS, LATER, normalize)
+    assert owner.events == [("dropped", "mq", 1)]
+    assert run.left() == 1                     # request [2] never taken: the new owner redelivers it
+
+
+def test_a_consumer_leaving_running_stops_taking_requests_and_commits_what_was_consumed():
+    owner = Owner()
+
+    def listener(msgs, ctx):
+        owner._state = "STOPPING"
+        return SUCCESS
+    run = run_of(range(4))
+    consume_run(run, owner, listener, SUCCESS, LATER, normalize)
+    assert owner.events == [("commit", [0], "mq")]
+    assert run.left() == 3
+
+
+def test_trace_hooks_run_around_each_call_with_the_outcome():
+    def listener(msgs, ctx):
+        return SUCCESS if msgs == [0] else LATER
+    owner = Owner(trace=True)
+    consume_run(run_of(range(2)), owner, listener, SUCCESS, LATER, normalize)
+    assert owner.events == [("before", [0]), ("after", ("tr", [0]), [0], True),
+                            ("before", [1]), ("after", ("tr", [1]), [1], False),
+                            ("result", LATER, ACK_INDEX_ALL, [1]), ("commit", [0], "mq")]
+
+
+def test_the_context_a_listener_gets_is_the_public_type():
+    got = []
+    consume_run(run_of([0]), Owner(), lambda msgs, ctx: got.append(ctx) or SUCCESS, SUCCESS, LATER, normalize)
+    assert type(got[0]) is ConsumeConcurrentlyContext
+
+
+def test_only_a_consume_run_is_accepted():
+    with pytest.raises(TypeError):
+        consume_run([0, 1], Owner(), lambda m, c: SUCCESS, SUCCESS, LATER, normalize)
