@@ -46,6 +46,7 @@ from rmq.client.consumer import (BROKER_SUSPEND_MAX_TIME_MS, CONCURRENT_MAX_RECO
                                  ORDERLY_MAX_RECONSUME_TIMES, PERSIST_CONSUMER_OFFSET_INTERVAL_MS,
                                  POLL_NAME_SERVER_INTERVAL_MS, PUSH_PULL_BATCH_SIZE, PULL_THRESHOLD_FOR_QUEUE,
                                  PULL_THRESHOLD_SIZE_FOR_QUEUE_MB, PULL_TIME_DELAY_MS_WHEN_EXCEPTION,
+                                 PULL_TIME_DELAY_MS_WHEN_FLOW_CONTROL,
                                  REBALANCE_INTERVAL_MS,
                                  REBALANCE_LOCK_INTERVAL_MS, RECONSUME_LATER_LOCALLY_MS, SHUTDOWN_AWAIT_MS,
                                  SUSPEND_CURRENT_QUEUE_TIME_MS, CONSUME_CONCURRENTLY_MAX_SPAN,
@@ -362,7 +363,8 @@ class AsyncPushConsumer(PushConsumerCalls):
         self._service: Optional[asyncio.Task] = None
         self._heartbeats: Optional[asyncio.Task] = None
         self._state = "CREATED"
-        self.stats = {"consumed_ok": 0, "consumed_failed": 0, "sent_back": 0, "send_back_failed": 0, "pulls": 0}
+        self.stats = {"consumed_ok": 0, "consumed_failed": 0, "sent_back": 0, "send_back_failed": 0, "pulls": 0,
+                      "flow_control": 0}
 
     # -- configuration --------------------------------------------------------------------------
     def subscribe(self, topic: str, sub_expression: "str | MessageSelector" = "*") -> None:
@@ -631,7 +633,17 @@ class AsyncPushConsumer(PushConsumerCalls):
         while self._state == "RUNNING" and not pq.dropped:
             wait_ms = self._pull_gate(pq, mq)
             if wait_ms is not None:
-                await asyncio.sleep(wait_ms / 1000.0)
+                if wait_ms == PULL_TIME_DELAY_MS_WHEN_FLOW_CONTROL and pq.msg_count > self.pull_threshold_for_queue:
+                    # as the thread consumer's _park: on again once the listeners made room
+                    self.stats["flow_control"] += 1
+                    room = asyncio.Event()
+                    pq.notify_when_below(self.pull_threshold_for_queue, room.set)
+                    try:
+                        await asyncio.wait_for(room.wait(), wait_ms / 1000.0)
+                    except asyncio.TimeoutError:
+                        pass
+                else:
+                    await asyncio.sleep(wait_ms / 1000.0)
                 continue
             sub = self.subscriptions.get(mq.topic)
             try:

@@ -984,6 +984,7 @@ class PullRequest:
     next_offset: int
     previously_locked: bool = False
     opaque: int = 0
+    parked: int = 0           # serial of the flow-control wait this request is in (0: none)
 
 
 class _PullService(threading.Thread):
@@ -1166,8 +1167,9 @@ class PushConsumer(PushConsumerCalls):
         self._wakeup = threading.Event()
         self._state = "CREATED"
         self.stats = {"consumed_ok": 0, "consumed_failed": 0, "sent_back": 0, "send_back_failed": 0, "pulls": 0,
-                      "notifications": 0}
+                      "notifications": 0, "flow_control": 0}
         self._stats_lock = threading.Lock()
+        self._park_seq = 0                      # serials of flow-control waits (_park; pull thread)
 
     # -- configuration ------------------------------------------------------------------------
     def subscribe(self, topic: str, sub_expression: "str | MessageSelector" = "*") -> None:
@@ -1492,6 +1494,25 @@ class PushConsumer(PushConsumerCalls):
         if self._state == "RUNNING" and not pr.pq.dropped:
             self._pull.call_later(delay_ms, lambda: self._pull_message(pr))
 
+    def _park(self, pr: PullRequest, delay_ms: float) -> None:
+        """Flow control by message count (pull thread): pull ``pr`` again as soon as the consume
+        side has brought its process queue down to ``pull_threshold_for_queue``
+        (:meth:`ProcessQueue.notify_when_below`), or after ``delay_ms`` (RocketMQ's fixed
+        PULL_TIME_DELAY_MS_WHEN_FLOW_CONTROL), whichever comes first.  RocketMQ only waits the
+        50 ms: with rmq's 512-message pulls two pulls fill the 1,000-message threshold, and a
+        queue that waited 50 ms for room made 1 ms ago starved its listener (the PushConsumer's
+        rate fell by a quarter in the runs where it happened)."""
+        self._park_seq += 1
+        serial = pr.parked = self._park_seq
+        self.stats["flow_control"] += 1
+
+        def resume() -> None:
+            if pr.parked == serial:          # not resumed yet by the other path
+                pr.parked = 0
+                self._pull_message(pr)
+        self._pull.call_later(delay_ms, resume)
+        pr.pq.notify_when_below(self.pull_threshold_for_queue, lambda: self._pull.call_soon(resume))
+
     def _pull_message(self, pr: PullRequest) -> None:
         """Send one PULL_MESSAGE for ``pr`` (pull thread only); RocketMQ ``pullMessage``."""
         pq = pr.pq
@@ -1499,7 +1520,10 @@ class PushConsumer(PushConsumerCalls):
             return
         delay = self._pull_gate(pq, pr.mq)
         if delay is not None:
-            self._pull_later(pr, delay)
+            if delay == PULL_TIME_DELAY_MS_WHEN_FLOW_CONTROL and pq.msg_count > self.pull_threshold_for_queue:
+                self._park(pr, delay)
+            else:
+                self._pull_later(pr, delay)
             return
         addr = ""
         try:

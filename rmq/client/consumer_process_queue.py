@@ -24,7 +24,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from typing import Optional
+from typing import Callable, Optional
 
 from rmq._core.consume import tree_put, tree_remove
 
@@ -52,6 +52,7 @@ class ProcessQueue:
         self.last_consume_timestamp = time.monotonic()
         self.try_unlock_times = 0
         self.consume_lock = threading.Lock()
+        self._below: Optional[tuple] = None      # (count, callback) of notify_when_below
 
     # -- both modes ------------------------------------------------------------------------------
     def put_message(self, msgs: list) -> bool:
@@ -84,7 +85,30 @@ class ProcessQueue:
             if m:
                 result = next(iter(m))
             self.last_consume_timestamp = time.monotonic()
-            return result
+            below = self._take_below()
+        if below is not None:
+            below()
+        return result
+
+    def notify_when_below(self, count: int, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` once, as soon as the queue holds ``count`` messages or fewer: at
+        once (in this thread) when it already does, else in the thread whose
+        :meth:`remove_message` or :meth:`commit` brings it there.  Replaces a callback not called
+        yet.  The push consumers' flow control: a pull held back because the queue was full
+        goes out when the consume side has made room, not a fixed delay later."""
+        with self._lock:
+            self._below = (count, callback)
+            below = self._take_below()
+        if below is not None:
+            below()
+
+    def _take_below(self) -> Optional[Callable[[], None]]:
+        """Under ``_lock``: the notify_when_below callback when it is due (forgotten here)."""
+        b = self._below
+        if b is None or self.msg_count > b[0]:
+            return None
+        self._below = None
+        return b[1]
 
     def max_span(self) -> int:
         """Offset distance between the first and the last message held (flow control)."""
@@ -136,7 +160,10 @@ class ProcessQueue:
             for msg in c.values():
                 self.msg_size -= len(msg.body) if msg.body is not None else 0
             c.clear()
-            return offset
+            below = self._take_below()
+        if below is not None:
+            below()
+        return offset
 
     def make_message_to_consume_again(self, msgs: list) -> None:
         """Put a failed orderly batch back in front of the queue."""

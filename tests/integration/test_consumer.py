@@ -702,6 +702,88 @@ def test_shutdown_persists_every_offset_over_a_late_pull_commit(cluster, aio):
     assert len(seen) == 5 and committed() == 5
 
 
+@pytest.mark.parametrize("aio", [False, True], ids=["thread", "aio"])
+def test_flow_control_holds_pulls_while_the_queue_is_full_and_resumes_them(cluster, aio, monkeypatch):
+    """pull_threshold_for_queue (RocketMQ's flow control): while the listeners hold a queue's
+    messages no pull goes out once the process queue is past the threshold; when they let go the
+    held pull resumes at once (ProcessQueue.notify_when_below), not a fixed delay later: the
+    delay is made 60 s here, so it is the only way on.  Every message is consumed, once."""
+    import rmq.aio.consumer
+    import rmq.client.consumer
+    from rmq.aio.consumer import AsyncPushConsumer
+    for mod in (rmq.client.consumer, rmq.aio.consumer):
+        monkeypatch.setattr(mod, "PULL_TIME_DELAY_MS_WHEN_FLOW_CONTROL", 60_000)
+    create_topic(cluster, "F", 1)
+    n, batch, threshold = 200, 16, 20
+    send_many(cluster, "F", [(b"%d" % i, 0) for i in range(n)])
+    wait_dispatched(cluster, "F", 1, n)
+    mq = MessageQueue("F", "broker-a", 0)
+    opts = {**FAST, "consume_from_where": "CONSUME_FROM_FIRST_OFFSET", "pull_batch_size": batch,
+            "pull_threshold_for_queue": threshold}
+    seen = collections.Counter()
+
+    def held(c):
+        pq = c.process_queue_table.get(mq)
+        return pq is not None and pq.msg_count > threshold and c.stats["flow_control"] >= 1
+
+    def check_held(c):
+        pulls, count = c.stats["pulls"], c.process_queue_table[mq].msg_count
+        time.sleep(0.3)
+        assert c.stats["pulls"] == pulls, "a pull went out while the process queue was full"
+        assert c.process_queue_table[mq].msg_count == count <= threshold + batch
+
+    if not aio:
+        release = threading.Event()
+
+        def listener(msgs, ctx):
+            release.wait(30)
+            seen.update(m.body for m in msgs)
+            return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+        c = PushConsumer(cluster.namesrv_addr, "flow", **opts)
+        c.subscribe("F", "*")
+        c.register_message_listener(listener)
+        c.start()
+        try:
+            wait_for(lambda: held(c), what="flow control")
+            check_held(c)
+            release.set()
+            wait_for(lambda: len(seen) == n, what="every message consumed")
+            stats = dict(c.stats)
+        finally:
+            c.shutdown()
+    else:
+        async def main():
+            release = asyncio.Event()
+
+            async def listener(msgs, ctx):
+                await release.wait()
+                seen.update(m.body for m in msgs)
+                return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+            c = AsyncPushConsumer(cluster.namesrv_addr, "flow", **opts)
+            c.subscribe("F", "*")
+            c.register_message_listener(listener)
+            await c.start()
+            try:
+                deadline = time.monotonic() + 15
+                while not held(c):
+                    assert time.monotonic() < deadline, "no flow control within 15 s"
+                    await asyncio.sleep(0.02)
+                await asyncio.to_thread(check_held, c)
+                release.set()
+                deadline = time.monotonic() + 15
+                while len(seen) < n:
+                    assert time.monotonic() < deadline, f"{len(seen)} of {n} consumed"
+                    await asyncio.sleep(0.02)
+                return dict(c.stats)
+            finally:
+                await c.shutdown()
+        stats = asyncio.run(asyncio.wait_for(main(), 90))
+    assert set(seen) == {b"%d" % i for i in range(n)} and set(seen.values()) == {1}
+    # one pull per page found (n / batch) plus the long polls at the end: never a second pull
+    # of the queue in flight beside a held one
+    assert stats["pulls"] <= n // batch + 4, stats
+
+
 def _answers_listener(seen: dict):
     """A listener (sync) answering by body: raise, junk, None, the status's name; success on a
     redelivery."""
