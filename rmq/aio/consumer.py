@@ -725,11 +725,20 @@ class AsyncPushConsumer(PushConsumerCalls):
             if dispatch:
                 self._spawn(self._consume_orderly(pq, mq))
             return
-        run = ConsumeRun(msgs, self.consume_message_batch_max_size, pq, mq)
-        # one task per free listener slot, at least one (not one task per request): the tasks
-        # take the pull's requests in turn, as the thread consumer's workers do
-        free = self.consume_thread_max - self._running_tasks
-        for _ in range(max(1, min(run.count, free))):
+        # one task for the pull result; while its listener calls wait, _fan_out adds tasks that
+        # take the run's other requests, up to consume_thread_max, as the thread consumer's idle
+        # workers do
+        self._spawn(self._consume_run(ConsumeRun(msgs, self.consume_message_batch_max_size, pq, mq), pq, mq))
+
+    def _fan_out(self, run: ConsumeRun, pq: ProcessQueue, mq: MessageQueue) -> None:
+        """A consume task's callback, one loop iteration after it started: if requests of its run
+        are still untaken then, its listener call is waiting, so one more task takes them (and
+        schedules the same check): a run of slow listener calls gets a task per free slot within
+        as many loop iterations.  A listener that never waits takes its whole run in one task:
+        spawning a task per free slot up front cost ~0.2 us a message in 19 tasks that found
+        nothing to take (the aio PushConsumer, 100 B, defaults: 700-800 k -> 800-850 k msgs/s)."""
+        if run.left() > 0 and self._running_tasks < self.consume_thread_max and self._state == "RUNNING" \
+                and not pq.dropped:
             self._spawn(self._consume_run(run, pq, mq))
 
     async def _consume_run(self, run: ConsumeRun, pq: ProcessQueue, mq: MessageQueue) -> None:
@@ -744,18 +753,23 @@ class AsyncPushConsumer(PushConsumerCalls):
         success = ConsumeConcurrentlyStatus.CONSUME_SUCCESS
         try:
             async with self._sem:
+                # what the loop calls, looked up once per run: a listener registered, or a trace
+                # turned on, meanwhile applies from the next run
+                listener = self.listener
+                direct = self._trace is None and self._listener_is_async()
+                call = listener if direct else self._call
+                take = run.take
+                if run.left() > 1:
+                    asyncio.get_running_loop().call_soon(self._fan_out, run, pq, mq)
                 while self._state == "RUNNING":
-                    msgs = run.take()
+                    msgs = take()
                     if msgs is None:
                         break
                     if pq.dropped:
                         return                      # dropped: the new owner redelivers them
                     ctx = ConsumeConcurrentlyContext(mq)
                     try:
-                        if self._trace is None and self._listener_is_async():
-                            status = await self.listener(msgs, ctx)
-                        else:
-                            status = await self._call(msgs, ctx)
+                        status = await call(msgs, ctx)
                     except Exception:
                         log.exception("listener failed on %d message(s) of %s", len(msgs), mq)
                         status = ConsumeConcurrentlyStatus.RECONSUME_LATER

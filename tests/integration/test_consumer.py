@@ -1139,6 +1139,41 @@ def test_one_pull_is_consumed_in_parallel_by_idle_workers_and_committed(cluster)
         c.shutdown()
 
 
+def test_aio_one_pull_is_consumed_in_parallel_while_the_listener_waits(cluster):
+    """rmq.aio: one task takes a pull result; while its listener call waits, tasks are added
+    (AsyncPushConsumer._fan_out) so the run's other requests are consumed at the same time, up
+    to consume_thread_max; what they consumed is committed."""
+    from rmq.aio.consumer import AsyncPushConsumer
+    create_topic(cluster, "T", 1)
+    send_many(cluster, "T", [(b"%d" % i, 0) for i in range(8)])      # one queue: one pull takes all 8
+    active, peak, seen = [0], [0], set()
+
+    async def listener(msgs, ctx):
+        active[0] += 1
+        peak[0] = max(peak[0], active[0])
+        seen.update(m.body for m in msgs)
+        end = time.monotonic() + 10             # until 4 calls wait at once (bounded)
+        while time.monotonic() < end and peak[0] < 4:
+            await asyncio.sleep(0.005)
+        active[0] -= 1
+
+    async def main():
+        c = AsyncPushConsumer(cluster.namesrv_addr, "par", **{**FAST, "consume_thread_max": 6})
+        c.subscribe("T", "*")
+        c.register_message_listener(listener)
+        await c.start()
+        try:
+            mq = MessageQueue("T", "broker-a", 0)
+            deadline = time.monotonic() + 30
+            while not (len(seen) == 8 and c.offset_store.read_memory(mq) == 8 and c.stats["consumed_ok"] == 8):
+                assert time.monotonic() < deadline, (len(seen), c.offset_store.read_memory(mq), c.stats)
+                await asyncio.sleep(0.02)
+        finally:
+            await c.shutdown()
+    asyncio.run(asyncio.wait_for(main(), 60))
+    assert 4 <= peak[0] <= 6, f"{peak[0]} listener calls at once"
+
+
 def test_consumer_pull_batch_defaults_and_the_brokers_cap():
     """rmq's pull sizes (PUSH_PULL_BATCH_SIZE, POLL_PULL_BATCH_SIZE; RocketMQ's 32 stays the
     default of pull()), validated 1..1024; the broker caps a pull at 1024 in-memory messages."""
