@@ -61,7 +61,8 @@ from rmq.common.mix_all import (DEFAULT_NAMESRV_ADDR, DEFAULT_TOPIC_QUEUE_NUMS, 
                                 is_dlq_topic, is_retry_topic, retry_topic)
 from rmq.common.perm import PERM_MAX, PERM_READ, PERM_WRITE
 from rmq.common.request_header import PullMessageRequestHeader, SendMessageRequestHeader
-from rmq.common.route import QueueData, broker_addrs_from_wire
+from rmq.client.route import parse_cluster_info
+from rmq.common.route import QueueData, TopicRouteData
 from rmq.common.topic_validator import MAX_QUEUE_NUMS, check_group, check_topic
 from rmq.errors import MQBrokerError, MQClientError, RemotingTimeoutError, RmqError
 from rmq.protocol import Frame, ProtocolError, RequestCode, ResponseCode, pack_body, unpack_body
@@ -549,14 +550,11 @@ class Admin:
                              ok=(ResponseCode.SUCCESS, ResponseCode.TOPIC_NOT_EXIST))
         if resp.code == ResponseCode.TOPIC_NOT_EXIST:
             return None
-        raw = _body(resp, "route")
-        if not isinstance(raw, dict):
-            raise MQClientError(f"malformed route of topic {topic}: {raw!r:.200}")
-        qds = [QueueData(q["brokerName"], q["readQueueNums"], q["writeQueueNums"], q["perm"],
-                         q.get("topicSysFlag", 0)) for q in raw.get("queueDatas", [])]
-        bds = [BrokerData(b["cluster"], b["brokerName"], broker_addrs_from_wire(b.get("brokerAddrs", {})))
-               for b in raw.get("brokerDatas", [])]
-        return TopicRoute(topic, sorted(qds, key=lambda q: q.broker_name), sorted(bds, key=lambda b: b.broker_name))
+        # the clients' one route parser (checked: a malformed route is an MQClientError naming the
+        # field, not a KeyError), in the admin's shape (BrokerData.master_addr a property)
+        data = TopicRouteData.from_wire(_body(resp, "route"), topic)
+        return TopicRoute(topic, list(data.queue_datas),
+                          [BrokerData(b.cluster, b.broker_name, b.broker_addrs) for b in data.broker_datas])
 
     def topic_route(self, topic: str) -> TopicRoute:
         """The route of ``topic`` (queue datas and broker datas, sorted by broker name).
@@ -574,10 +572,13 @@ class Admin:
 
     def _cluster_info(self) -> tuple[dict, dict]:
         """(brokerName -> BrokerData, clusterName -> [brokerName])."""
-        body = _body(self._namesrv(RequestCode.GET_BROKER_CLUSTER_INFO), "cluster info")
-        brokers = {name: BrokerData(b["cluster"], name, broker_addrs_from_wire(b.get("brokerAddrs", {})))
-                   for name, b in (body.get("brokerAddrTable") or {}).items()}
-        clusters = {c: sorted(names) for c, names in (body.get("clusterAddrTable") or {}).items()}
+        resp = self._namesrv(RequestCode.GET_BROKER_CLUSTER_INFO)
+        brokers = {b.broker_name: BrokerData(b.cluster, b.broker_name, b.broker_addrs)
+                   for b in parse_cluster_info(resp)}          # the clients' checked parser
+        table = unpack_body(resp).get("clusterAddrTable") or {}
+        if not isinstance(table, dict) or not all(isinstance(v, (list, tuple)) for v in table.values()):
+            raise MQClientError(f"cluster info: clusterAddrTable must map cluster -> [brokerName], got {table!r:.200}")
+        clusters = {str(c): sorted(str(n) for n in names) for c, names in table.items()}
         return brokers, clusters
 
     def _masters_of_cluster(self, cluster: str) -> list:
