@@ -188,28 +188,42 @@ def _until_route(fetch, timeout_s: float = 30.0):
 
 class _Outcomes:
     """A send callback counting ``n`` outcomes (thread or event loop); ``done`` (an Event of
-    either kind) is set at the n-th."""
+    either kind) is set at the n-th.  The rows measure the producer, not this callback: an
+    outcome costs an ``exception()`` and a ``next()`` of an ``itertools.count`` (atomic under the
+    GIL), the lock only for a failure (0.45 -> ~0.15 us a message, stop 44)."""
 
     def __init__(self, n: int, done) -> None:
         self.n, self.done = n, done
-        self.ok = self.failed = 0
+        self.failed = 0
         self.first_error: Optional[BaseException] = None
         self._lock = threading.Lock()
+        self._seen = itertools.count(1)
+
+    @property
+    def seen(self) -> int:
+        """Outcomes so far (the count's repr is ``count(next value)``)."""
+        r = repr(self._seen)
+        return int(r[r.index("(") + 1:-1]) - 1
+
+    @property
+    def ok(self) -> int:
+        return self.seen - self.failed
 
     def __call__(self, fut) -> None:
-        exc = fut.exception() if not fut.cancelled() else RuntimeError("cancelled")
-        with self._lock:
-            if exc is None:
-                self.ok += 1
-            else:
+        try:
+            exc = fut.exception()
+        except BaseException as e:  # noqa: BLE001 - a cancelled asyncio future raises CancelledError
+            exc = e
+        if exc is not None:
+            with self._lock:
                 self.failed += 1
                 self.first_error = self.first_error or exc
-            if self.ok + self.failed == self.n:
-                self.done.set()
+        if next(self._seen) == self.n:
+            self.done.set()
 
     @property
     def missing(self) -> int:
-        return self.n - self.ok - self.failed
+        return self.n - self.seen
 
     def checked(self) -> int:
         """The sends that succeeded; raises RuntimeError when any failed."""
@@ -218,9 +232,15 @@ class _Outcomes:
         return self.ok
 
 
-class _ManyOutcomes(_Outcomes):
+class _ManyOutcomes:
     """A send_async_many callback: counts a whole list's outcomes per call (an error that is not
     a SendManyError ends the wait at once: the row fails)."""
+
+    def __init__(self, n: int, done) -> None:
+        self.n, self.done = n, done
+        self.ok = self.failed = 0
+        self.first_error: Optional[BaseException] = None
+        self._lock = threading.Lock()
 
     def __call__(self, fut) -> None:
         from rmq.errors import SendManyError
@@ -238,6 +258,12 @@ class _ManyOutcomes(_Outcomes):
                     self.done.set()
             if self.ok + self.failed >= self.n:
                 self.done.set()
+
+    @property
+    def missing(self) -> int:
+        return self.n - self.ok - self.failed
+
+    checked = _Outcomes.checked
 
 
 def send_batch(namesrv: str, topic: str, size: int, n: int) -> dict:
