@@ -82,6 +82,9 @@ cdef class ConsumeRun:
 
     def take(self):
         """The next request's messages (a new list), or None when every request is taken."""
+        return self._take()
+
+    cdef inline object _take(self):
         cdef Py_ssize_t k = self._next
         if k >= self.count:
             return None
@@ -132,13 +135,10 @@ def consume_run(ConsumeRun run, consumer, listener, success, later, normalize):
     cdef object pq = run.pq, mq = run.mq
     cdef object msgs, status, tr, now, rest
     cdef ConsumeConcurrentlyContext ctx
-    cdef Py_ssize_t k
     while consumer._state == "RUNNING":
-        k = run._next
-        if k >= run.count:
+        msgs = run._take()
+        if msgs is None:
             break
-        run._next = k + 1
-        msgs = run.msgs[k * run.size:(k + 1) * run.size]
         if pq.dropped:
             return
         ctx = ConsumeConcurrentlyContext.__new__(ConsumeConcurrentlyContext)

@@ -186,6 +186,14 @@ def _until_route(fetch, timeout_s: float = 30.0):
             time.sleep(0.05)
 
 
+def _counted(seq: "itertools.count") -> int:
+    """How many values ``seq`` (an ``itertools.count(1)``) gave so far, without taking one: its
+    repr is ``count(next value)``.  The bench's counters count with ``next()`` because it is
+    atomic under the GIL (no lock per message in a callback or listener)."""
+    r = repr(seq)
+    return int(r[r.index("(") + 1:-1]) - 1
+
+
 class _Outcomes:
     """A send callback counting ``n`` outcomes (thread or event loop); ``done`` (an Event of
     either kind) is set at the n-th.  The rows measure the producer, not this callback: an
@@ -201,9 +209,8 @@ class _Outcomes:
 
     @property
     def seen(self) -> int:
-        """Outcomes so far (the count's repr is ``count(next value)``)."""
-        r = repr(self._seen)
-        return int(r[r.index("(") + 1:-1]) - 1
+        """Outcomes so far."""
+        return _counted(self._seen)
 
     @property
     def ok(self) -> int:
@@ -329,9 +336,8 @@ class _Counter:
 
     @property
     def got(self) -> int:
-        """Messages counted so far (the count's repr is ``count(next value)``)."""
-        r = repr(self.seq)
-        return int(r[r.index("(") + 1:-1]) - 1
+        """Messages counted so far."""
+        return _counted(self.seq)
 
     def mark(self, seen: int, k: int) -> None:
         """The listener's rare path: ``seen`` messages counted, the last ``k`` in this call."""

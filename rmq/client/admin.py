@@ -61,7 +61,7 @@ from rmq.common.mix_all import (DEFAULT_NAMESRV_ADDR, DEFAULT_TOPIC_QUEUE_NUMS, 
                                 is_dlq_topic, is_retry_topic, retry_topic)
 from rmq.common.perm import PERM_MAX, PERM_READ, PERM_WRITE
 from rmq.common.request_header import PullMessageRequestHeader, SendMessageRequestHeader
-from rmq.client.route import parse_cluster_info
+from rmq.client.route import parse_cluster_tables
 from rmq.common.route import QueueData, TopicRouteData
 from rmq.common.topic_validator import MAX_QUEUE_NUMS, check_group, check_topic
 from rmq.errors import MQBrokerError, MQClientError, RemotingTimeoutError, RmqError
@@ -572,14 +572,8 @@ class Admin:
 
     def _cluster_info(self) -> tuple[dict, dict]:
         """(brokerName -> BrokerData, clusterName -> [brokerName])."""
-        resp = self._namesrv(RequestCode.GET_BROKER_CLUSTER_INFO)
-        brokers = {b.broker_name: BrokerData(b.cluster, b.broker_name, b.broker_addrs)
-                   for b in parse_cluster_info(resp)}          # the clients' checked parser
-        table = unpack_body(resp).get("clusterAddrTable") or {}
-        if not isinstance(table, dict) or not all(isinstance(v, (list, tuple)) for v in table.values()):
-            raise MQClientError(f"cluster info: clusterAddrTable must map cluster -> [brokerName], got {table!r:.200}")
-        clusters = {str(c): sorted(str(n) for n in names) for c, names in table.items()}
-        return brokers, clusters
+        groups, clusters = parse_cluster_tables(self._namesrv(RequestCode.GET_BROKER_CLUSTER_INFO))  # checked
+        return {b.broker_name: BrokerData(b.cluster, b.broker_name, b.broker_addrs) for b in groups}, clusters
 
     def _masters_of_cluster(self, cluster: str) -> list:
         """[(broker_name, master_addr)] of ``cluster``."""

@@ -306,6 +306,19 @@ def parse_cluster_info(frame: Frame) -> list:
     MQClientError
         Error code or malformed body.
     """
+    return parse_cluster_tables(frame)[0]
+
+
+def parse_cluster_tables(frame: Frame) -> tuple:
+    """``(broker groups, clusters)`` of a GET_BROKER_CLUSTER_INFO response: the BrokerData of
+    ``brokerAddrTable`` sorted by name, and ``clusterAddrTable`` as ``{cluster: [brokerName]}``
+    (names sorted; {} when the table is absent).
+
+    Raises
+    ------
+    MQClientError
+        Error code or malformed body (the message names the table).
+    """
     if frame.code != ResponseCode.SUCCESS:
         raise MQClientError(f"cluster info: {frame.remark or 'error'}", frame.code)
     try:
@@ -315,10 +328,13 @@ def parse_cluster_info(frame: Frame) -> list:
     table = body.get("brokerAddrTable") if isinstance(body, dict) else None
     if not isinstance(table, dict):
         raise MQClientError("cluster info: brokerAddrTable missing")
-    return sorted((BrokerData.from_wire(bd, "cluster info") for bd in table.values()), key=lambda b: b.broker_name)
+    brokers = sorted((BrokerData.from_wire(bd, "cluster info") for bd in table.values()), key=lambda b: b.broker_name)
+    clusters = body.get("clusterAddrTable") or {}
+    if not isinstance(clusters, dict) or not all(isinstance(v, (list, tuple)) for v in clusters.values()):
+        raise MQClientError(f"cluster info: clusterAddrTable must map cluster -> [brokerName], got {clusters!r:.200}")
+    return brokers, {str(c): sorted(str(n) for n in names) for c, names in clusters.items()}
 
 
-# -- latency fault tolerance ------------------------------------------------------------------------------
 class FaultItem:
     """One broker's last latency and when it becomes available again (RocketMQ ``FaultItem``)."""
 
