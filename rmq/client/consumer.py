@@ -1109,7 +1109,10 @@ class PushConsumer(PushConsumerCalls):
     lock_interval_ms : int
         Periods (5 000, 30 000, 30 000, 20 000 ms).
     pull_threshold_for_queue, pull_threshold_size_for_queue_mb, consume_concurrently_max_span : int
-        Flow control per queue (1000 messages, 100 MiB, 2000 offsets).
+        Flow control per queue (1000 messages, 100 MiB, 2000 offsets): past one, the queue's next
+        pull waits.  Past the message count it goes out as soon as the listeners bring the queue
+        back to ``pull_threshold_for_queue``; otherwise (and at the latest) after RocketMQ's
+        PULL_TIME_DELAY_MS_WHEN_FLOW_CONTROL (50 ms).  ``stats["flow_control"]`` counts the waits.
     suspend_current_queue_time_millis : int
         Orderly back-off after SUSPEND_CURRENT_QUEUE_A_MOMENT (1000 ms).
     instance_name : str, optional
