@@ -100,12 +100,16 @@ cdef class ConsumeRun:
         them all (a list to commit now) once RUN_COMMIT_INTERVAL_S passed since the last time,
         else None; the workers sharing the run share the list (committing any consumed message
         is right whoever consumed it)."""
+        return self._consumed(msgs)
+
+    cdef inline object _consumed(self, list msgs):
         self._done.extend(msgs)
         cdef double now = _monotonic()
         if now - self._last < RUN_COMMIT_INTERVAL_S:
             return None
         self._last = now
-        out, self._done = self._done, []
+        out = self._done
+        self._done = []
         return out
 
     def rest(self):
@@ -133,8 +137,9 @@ def consume_run(ConsumeRun run, consumer, listener, success, later, normalize):
     One C loop instead of a Python frame's bytecode: with the defaults (one message per
     listener call) this is the path of every message a PushConsumer delivers."""
     cdef object pq = run.pq, mq = run.mq
-    cdef object msgs, status, tr, now, rest
+    cdef object msgs, status, tr = None, now, rest
     cdef ConsumeConcurrentlyContext ctx
+    cdef bint traced = consumer._trace is not None      # set from start() to shutdown()
     while consumer._state == "RUNNING":
         msgs = run._take()
         if msgs is None:
@@ -145,7 +150,8 @@ def consume_run(ConsumeRun run, consumer, listener, success, later, normalize):
         ctx.message_queue = mq
         ctx.delay_level_when_next_consume = 0
         ctx.ack_index = ACK_INDEX_ALL
-        tr = consumer._trace_before(msgs) if consumer._trace is not None else None
+        if traced:
+            tr = consumer._trace_before(msgs)
         try:
             status = listener(msgs, ctx)
         except Exception:
@@ -154,13 +160,13 @@ def consume_run(ConsumeRun run, consumer, listener, success, later, normalize):
         else:
             if status is not success:
                 status = normalize(status)
-        if tr is not None:
+        if traced:
             consumer._trace_after(tr, msgs, status is success)
         if pq.dropped:
             consumer._dropped_while_consuming(mq, len(msgs))
             return
         if status is success and ctx.ack_index >= len(msgs) - 1:     # wholly consumed
-            now = run.consumed(msgs)
+            now = run._consumed(msgs)
             if now is not None:
                 consumer._commit_consumed(now, pq, mq)
         else:
