@@ -1502,9 +1502,10 @@ class PushConsumer(PushConsumerCalls):
         side has brought its process queue down to ``pull_threshold_for_queue``
         (:meth:`ProcessQueue.notify_when_below`), or after ``delay_ms`` (RocketMQ's fixed
         PULL_TIME_DELAY_MS_WHEN_FLOW_CONTROL), whichever comes first.  RocketMQ only waits the
-        50 ms: with rmq's 512-message pulls two pulls fill the 1,000-message threshold, and a
-        queue that waited 50 ms for room made 1 ms ago starved its listener (the PushConsumer's
-        rate fell by a quarter in the runs where it happened)."""
+        50 ms; with rmq's 512-message pulls two pulls fill the 1,000-message threshold, the
+        listener made room within about a millisecond and then had nothing to do for the rest
+        of the 50 ms (the PushConsumer's rate fell by about a quarter in the runs where it
+        happened, bench/results/client.md, stop 44)."""
         self._park_seq += 1
         serial = pr.parked = self._park_seq
         self.stats["flow_control"] += 1

@@ -10,6 +10,10 @@ Orderly consumption takes messages out in order (``take_messages``) into a
 "consuming" map; ``commit`` returns the offset after the batch, and
 ``make_message_to_consume_again`` puts a failed batch back in front.
 
+Flow control: a pull held back because the queue is full (``pull_threshold_for_queue``)
+registers ``notify_when_below``; the :meth:`remove_message` or :meth:`commit` that brings the
+count down to the threshold calls it (once, outside the lock) to send the pull at once.
+
 ``consume_lock`` serialises an orderly consume step against the rebalance that
 takes the queue away (which waits for the step, commits, then unlocks the queue
 on the broker).  ``locked`` / ``last_lock_timestamp`` mirror the broker-side
