@@ -112,6 +112,19 @@ cdef class ConsumeRun:
         self._done = []
         return out
 
+    def settle(self, bint ok, ctx, list msgs):
+        """Judge request ``msgs`` after its listener call (RocketMQ's ``processConsumeResult``
+        ackIndex rule, written once for both push consumers' loops): ``ok`` is the status was
+        CONSUME_SUCCESS.  False when the request was not wholly consumed (not ok, or
+        ``ctx.ack_index`` before its last message): the caller takes the per-request path.
+        Otherwise as :meth:`consumed`: None, or the run's messages to commit now."""
+        return self._settle(ok, ctx, msgs)
+
+    cdef inline object _settle(self, bint ok, ctx, list msgs):
+        if not ok or not ctx.ack_index >= len(msgs) - 1:
+            return False
+        return self._consumed(msgs)
+
     def rest(self):
         """The consumed messages not handed out yet (a worker leaving the run commits them)."""
         out, self._done = self._done, []
@@ -165,12 +178,11 @@ def consume_run(ConsumeRun run, consumer, listener, success, later, normalize):
         if pq.dropped:
             consumer._dropped_while_consuming(mq, len(msgs))
             return
-        if status is success and ctx.ack_index >= len(msgs) - 1:     # wholly consumed
-            now = run._consumed(msgs)
-            if now is not None:
-                consumer._commit_consumed(now, pq, mq)
-        else:
+        now = run._settle(status is success, ctx, msgs)
+        if now is False:
             consumer._process_concurrent_result(status, ctx, msgs, pq, mq)
+        elif now is not None:
+            consumer._commit_consumed(now, pq, mq)
     rest = run.rest()
     if rest:
         consumer._commit_consumed(rest, pq, mq)

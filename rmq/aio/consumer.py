@@ -46,7 +46,6 @@ from rmq.client.consumer import (BROKER_SUSPEND_MAX_TIME_MS, CONCURRENT_MAX_RECO
                                  ORDERLY_MAX_RECONSUME_TIMES, PERSIST_CONSUMER_OFFSET_INTERVAL_MS,
                                  POLL_NAME_SERVER_INTERVAL_MS, PUSH_PULL_BATCH_SIZE, PULL_THRESHOLD_FOR_QUEUE,
                                  PULL_THRESHOLD_SIZE_FOR_QUEUE_MB, PULL_TIME_DELAY_MS_WHEN_EXCEPTION,
-                                 PULL_TIME_DELAY_MS_WHEN_FLOW_CONTROL,
                                  REBALANCE_INTERVAL_MS,
                                  REBALANCE_LOCK_INTERVAL_MS, RECONSUME_LATER_LOCALLY_MS, SHUTDOWN_AWAIT_MS,
                                  SUSPEND_CURRENT_QUEUE_TIME_MS, CONSUME_CONCURRENTLY_MAX_SPAN,
@@ -633,7 +632,7 @@ class AsyncPushConsumer(PushConsumerCalls):
         while self._state == "RUNNING" and not pq.dropped:
             wait_ms = self._pull_gate(pq, mq)
             if wait_ms is not None:
-                if wait_ms == PULL_TIME_DELAY_MS_WHEN_FLOW_CONTROL and pq.msg_count > self.pull_threshold_for_queue:
+                if self._held_for_room(pq, wait_ms):
                     # as the thread consumer's _park: on again once the listeners made room
                     self.stats["flow_control"] += 1
                     room = asyncio.Event()
@@ -779,12 +778,11 @@ class AsyncPushConsumer(PushConsumerCalls):
                             status = _concurrent_status(status)
                     if pq.dropped:
                         return
-                    if status is success and ctx.ack_index >= len(msgs) - 1:     # wholly consumed
-                        now = run.consumed(msgs)
-                        if now is not None:
-                            self._commit_consumed(now, pq, mq)
-                    else:
+                    now = run.settle(status is success, ctx, msgs)   # the thread loop's rule
+                    if now is False:
                         await self._process_result(status, ctx, msgs, pq, mq)
+                    elif now is not None:
+                        self._commit_consumed(now, pq, mq)
         finally:
             self._running_tasks -= 1
             rest = run.rest()

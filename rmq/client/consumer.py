@@ -375,6 +375,13 @@ class PushConsumerCalls:
             return PULL_TIME_DELAY_MS_WHEN_EXCEPTION
         return None
 
+    def _held_for_room(self, pq: ProcessQueue, delay_ms: Optional[int]) -> bool:
+        """Whether a pull that :meth:`_pull_gate` held back (``delay_ms``) waits for the listeners
+        to bring ``pq`` down to ``pull_threshold_for_queue`` (ProcessQueue.notify_when_below),
+        not only out the delay: held by the message count.  The size and span limits wait the
+        delay (the count is not what moves them)."""
+        return delay_ms == PULL_TIME_DELAY_MS_WHEN_FLOW_CONTROL and pq.msg_count > self.pull_threshold_for_queue
+
     def _pull_frame(self, mq: MessageQueue, next_offset: int, broker_id: int) -> Frame:
         """The long-polling PULL_MESSAGE of ``mq`` from ``next_offset`` to broker ``broker_id``,
         carrying the consumed offset to a master (CLUSTERING; never to a slave, as RocketMQ).
@@ -1524,7 +1531,7 @@ class PushConsumer(PushConsumerCalls):
             return
         delay = self._pull_gate(pq, pr.mq)
         if delay is not None:
-            if delay == PULL_TIME_DELAY_MS_WHEN_FLOW_CONTROL and pq.msg_count > self.pull_threshold_for_queue:
+            if self._held_for_room(pq, delay):
                 self._park(pr, delay)
             else:
                 self._pull_later(pr, delay)

@@ -708,11 +708,10 @@ def test_flow_control_holds_pulls_while_the_queue_is_full_and_resumes_them(clust
     messages no pull goes out once the process queue is past the threshold; when they let go the
     held pull resumes at once (ProcessQueue.notify_when_below), not a fixed delay later: the
     delay is made 60 s here, so it is the only way on.  Every message is consumed, once."""
-    import rmq.aio.consumer
     import rmq.client.consumer
     from rmq.aio.consumer import AsyncPushConsumer
-    for mod in (rmq.client.consumer, rmq.aio.consumer):
-        monkeypatch.setattr(mod, "PULL_TIME_DELAY_MS_WHEN_FLOW_CONTROL", 60_000)
+    # the one rule of both consumers (PushConsumerCalls._pull_gate / _held_for_room) reads it here
+    monkeypatch.setattr(rmq.client.consumer, "PULL_TIME_DELAY_MS_WHEN_FLOW_CONTROL", 60_000)
     create_topic(cluster, "F", 1)
     n, batch, threshold = 200, 16, 20
     send_many(cluster, "F", [(b"%d" % i, 0) for i in range(n)])

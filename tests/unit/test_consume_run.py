@@ -137,3 +137,28 @@ def test_the_context_a_listener_gets_is_the_public_type():
 def test_only_a_consume_run_is_accepted():
     with pytest.raises(TypeError):
         consume_run([0, 1], Owner(), lambda m, c: SUCCESS, SUCCESS, LATER, normalize)
+
+
+def test_a_long_run_commits_at_least_every_run_commit_interval_not_only_at_its_end():
+    import time
+
+    from rmq._core.consume import RUN_COMMIT_INTERVAL_S
+
+    def listener(msgs, ctx):
+        if msgs == [1]:
+            time.sleep(RUN_COMMIT_INTERVAL_S + 0.02)   # more than the interval has passed after it
+        return SUCCESS
+    owner = Owner()
+    consume_run(run_of(range(4)), owner, listener, SUCCESS, LATER, normalize)
+    assert owner.events == [("commit", [0, 1], "mq"), ("commit", [2, 3], "mq")]
+
+
+def test_settle_is_the_one_rule_of_both_loops():
+    run = ConsumeRun([0, 1, 2], 3, PQ(), "mq")
+    ctx = ConsumeConcurrentlyContext("mq")
+    assert run.settle(False, ctx, [0, 1, 2]) is False           # not CONSUME_SUCCESS
+    ctx.ack_index = 1
+    assert run.settle(True, ctx, [0, 1, 2]) is False            # the last message failed
+    ctx.ack_index = 2
+    assert run.settle(True, ctx, [0, 1, 2]) is None             # consumed, committed later
+    assert run.rest() == [0, 1, 2]
