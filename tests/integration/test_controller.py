@@ -169,6 +169,9 @@ def test_one_controller_elects_from_the_sync_state_set(actors, tmp_path):
             hb.add(2, A2)
             f = wait_for(lambda: master_is(c, ep, 1, 1), "the first master")
             assert f["masterAddress"] == A1 and f["syncStateSet"] == [1]
+            # (1 can be elected on its own heartbeats before 2's first one is heard: an ALTER naming 2
+            # is refused until then)
+            wait_for(lambda: alive(c, ep, 2), "2's first heartbeat")
 
             # the master takes 2 into its SyncStateSet; stale epochs are fenced
             alter = {"brokerName": "broker-a", "masterBrokerId": 1, "masterEpoch": 1, "syncStateSetEpoch": 1,
@@ -260,6 +263,7 @@ def test_three_controllers_survive_the_loss_of_the_leader(actors, tmp_path):
             hb.add(2, A2)
             for a in peers:
                 wait_for(lambda: master_is(c, eps[a], 1, 1), f"the first master on {a}")
+            wait_for(lambda: alive(c, eps[leader], 2), "2's first heartbeat on the leader")
             r = call(c, eps[follower], R.CONTROLLER_ALTER_SYNC_STATE_SET,
                      {"brokerName": "broker-a", "masterBrokerId": 1, "masterEpoch": 1, "syncStateSetEpoch": 1,
                       "syncStateSet": [1, 2]})
@@ -307,6 +311,7 @@ def test_one_controller_keeps_its_state_over_restarts(actors, tmp_path):
         hb.add(1, A1)
         hb.add(2, A2)
         wait_for(lambda: master_is(c, ep, 1, 1), "the first master")
+        wait_for(lambda: alive(c, ep, 2), "2's first heartbeat")
         r = call(c, ep, R.CONTROLLER_ALTER_SYNC_STATE_SET,
                  {"brokerName": "broker-a", "masterBrokerId": 1, "masterEpoch": 1, "syncStateSetEpoch": 1,
                   "syncStateSet": [1, 2]})
