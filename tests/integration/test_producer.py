@@ -614,6 +614,36 @@ def test_sync_sends_run_on_the_callers_thread_once_the_route_is_known(cluster, r
     assert all(by_id[r.msg_id].queue_offset == r.queue_offset and by_id[r.msg_id].tags == "D" for r in results)
 
 
+def test_send_batch_runs_on_the_callers_thread_once_the_route_is_known(cluster, rc):
+    """The first send_batch of a topic goes through the I/O thread (its route is looked up); the
+    next ones are one request on the caller's socket, with the same result: ids comma-joined in
+    the batch's order, the first queue offset, one offset msg id per message."""
+    create_topic(rc, cluster, "DirectB", 2)
+    sent, results = [], []
+    with Producer(cluster.namesrv_addr, group="pg") as p:
+        for k, n in enumerate((5, 5, 1, 300)):
+            msgs = [Message("DirectB", b"b%d-%d" % (k, i), keys=[f"k{k}-{i}"]) for i in range(n)]
+            before = dict(p._direct.stats)
+            results.append(p.send_batch(msgs))
+            went_direct = p._direct.stats["requests"] - before["requests"]
+            assert went_direct == (0 if k == 0 else 1), k
+            if went_direct:
+                assert p._direct.stats["messages"] - before["messages"] == n
+                assert p._direct.stats["batch_requests"] - before["batch_requests"] == 1
+            sent.append(msgs)
+        assert p.stats["retries"] == 0
+    recs = pull_topic(rc, cluster, "DirectB", 2, sum(map(len, sent)))
+    assert len(recs) == sum(map(len, sent))                 # each batch stored once
+    at = {(x.queue_id, x.queue_offset): x for x in recs}
+    for msgs, r in zip(sent, results):
+        assert r.status is SendStatus.SEND_OK
+        assert r.msg_id.split(",") == [m.properties["UNIQ_KEY"] for m in msgs]
+        got = [at[r.queue_id, r.queue_offset + i] for i in range(len(msgs))]
+        assert [x.body for x in got] == [m.body for m in msgs]
+        assert [x.msg_id for x in got] == r.msg_id.split(",")
+        assert r.offset_msg_id.split(",") == [x.offset_msg_id for x in got]
+
+
 def test_sync_sends_from_many_threads_each_get_their_own_answer(cluster, rc):
     create_topic(rc, cluster, "DirectMT", 4)
     results, errors = [], []
