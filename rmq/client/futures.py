@@ -18,6 +18,16 @@ its callback before (3).  Callbacks run exactly once, in the completing thread, 
 in the adding thread if the future is already done, as the standard class does.  A
 completion that finds a condition already there takes the standard path.  The future
 starts RUNNING (it cannot be cancelled).
+
+No ``__dict__``: the lazily made parts are plain attributes whose class-level default is None,
+read and written as attributes, never through ``self.__dict__``.  A future is touched by two
+threads (the caller's, the producer's I/O thread), and on CPython 3.11 two threads asking for
+the same object's ``__dict__`` can each materialise one: the dict's allocation may run the
+cyclic GC, whose finalizers run Python code and so may switch threads before the object
+records its dict.  The two dicts then share one values array, which the first to go frees
+under the other: a later collection crashed on it (``dict_traverse`` reading freed memory;
+bench/results/client.md, stop 45).  Attribute reads and writes of these names use the
+object's inline values and allocate nothing.
 """
 from __future__ import annotations
 
@@ -42,6 +52,9 @@ class SendFuture(Future):
     _result = None
     _exception = None
     _cb = None
+    _cond = None         # the Condition, made on first need (see the module docstring)
+    _w = None            # the waiters' list, made on first need
+    _cbs = None          # the callbacks' list, made on first need
 
     def __init__(self, callback: Optional[Callable[[Future], Any]] = None) -> None:
         # no super().__init__(): it builds the Condition.  ``callback`` is a done-callback added
@@ -53,29 +66,29 @@ class SendFuture(Future):
 
     @property
     def _condition(self) -> threading.Condition:  # type: ignore[override]
-        c = self.__dict__.get("_cond")
+        c = self._cond
         if c is None:
             with _CREATE:
-                c = self.__dict__.get("_cond")
+                c = self._cond
                 if c is None:
-                    c = self.__dict__["_cond"] = threading.Condition()
+                    c = self._cond = threading.Condition()
         return c
 
     # Future's methods reach these under the condition (add_done_callback, wait, as_completed),
     # or after FINISHED (the completion's step 3): never two threads creating one at once
     @property
     def _waiters(self) -> list:  # type: ignore[override]
-        w = self.__dict__.get("_w")
+        w = self._w
         if w is None:
-            w = self.__dict__["_w"] = []
+            w = self._w = []
         return w
 
     @property
     def _done_callbacks(self) -> list:  # type: ignore[override]
-        cbs = self.__dict__.get("_cbs")
+        cbs = self._cbs
         if cbs is None:
             cb = self._cb
-            cbs = self.__dict__["_cbs"] = [cb] if cb is not None else []
+            cbs = self._cbs = [cb] if cb is not None else []
             self._cb = None
         return cbs
 
