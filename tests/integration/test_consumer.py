@@ -712,11 +712,14 @@ def test_flow_control_holds_pulls_while_the_queue_is_full_and_resumes_them(clust
     from rmq.aio.consumer import AsyncPushConsumer
     # the one rule of both consumers (PushConsumerCalls._pull_gate / _held_for_room) reads it here
     monkeypatch.setattr(rmq.client.consumer, "PULL_TIME_DELAY_MS_WHEN_FLOW_CONTROL", 60_000)
-    create_topic(cluster, "F", 1)
+    # a topic and group of each run's own: the other run's consumer, just shut down, must not be
+    # in this group's rebalance (a queue handed away and back would start a second pull loop)
+    topic, group = ("FlowA", "flow-aio") if aio else ("FlowT", "flow-thread")
+    create_topic(cluster, topic, 1)
     n, batch, threshold = 200, 16, 20
-    send_many(cluster, "F", [(b"%d" % i, 0) for i in range(n)])
-    wait_dispatched(cluster, "F", 1, n)
-    mq = MessageQueue("F", "broker-a", 0)
+    send_many(cluster, topic, [(b"%d" % i, 0) for i in range(n)])
+    wait_dispatched(cluster, topic, 1, n)
+    mq = MessageQueue(topic, "broker-a", 0)
     opts = {**FAST, "consume_from_where": "CONSUME_FROM_FIRST_OFFSET", "pull_batch_size": batch,
             "pull_threshold_for_queue": threshold}
     seen = collections.Counter()
@@ -738,8 +741,8 @@ def test_flow_control_holds_pulls_while_the_queue_is_full_and_resumes_them(clust
             release.wait(30)
             seen.update(m.body for m in msgs)
             return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
-        c = PushConsumer(cluster.namesrv_addr, "flow", **opts)
-        c.subscribe("F", "*")
+        c = PushConsumer(cluster.namesrv_addr, group, **opts)
+        c.subscribe(topic, "*")
         c.register_message_listener(listener)
         c.start()
         try:
@@ -758,8 +761,8 @@ def test_flow_control_holds_pulls_while_the_queue_is_full_and_resumes_them(clust
                 await release.wait()
                 seen.update(m.body for m in msgs)
                 return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
-            c = AsyncPushConsumer(cluster.namesrv_addr, "flow", **opts)
-            c.subscribe("F", "*")
+            c = AsyncPushConsumer(cluster.namesrv_addr, group, **opts)
+            c.subscribe(topic, "*")
             c.register_message_listener(listener)
             await c.start()
             try:
