@@ -194,17 +194,34 @@ def _counted(seq: "itertools.count") -> int:
     return int(r[r.index("(") + 1:-1]) - 1
 
 
-class _Outcomes:
-    """A send callback counting ``n`` outcomes (thread or event loop); ``done`` (an Event of
-    either kind) is set at the n-th.  The rows measure the producer, not this callback: an
-    outcome costs an ``exception()`` and a ``next()`` of an ``itertools.count`` (atomic under the
-    GIL), the lock only for a failure (0.45 -> ~0.15 us a message, stop 44)."""
+class _Tally:
+    """What the send rows' callbacks share: ``n`` outcomes awaited, ``done`` (an Event of either
+    kind) set when they are in, the failures and the first error, :meth:`checked`.  Subclasses
+    count the outcomes (``ok``, ``missing``)."""
+
+    ok: int
 
     def __init__(self, n: int, done) -> None:
         self.n, self.done = n, done
         self.failed = 0
         self.first_error: Optional[BaseException] = None
         self._lock = threading.Lock()
+
+    def checked(self) -> int:
+        """The sends that succeeded; raises RuntimeError when any failed."""
+        if self.failed:
+            raise RuntimeError(f"{self.failed:,} of {self.n:,} sends failed, first: {self.first_error!r}")
+        return self.ok
+
+
+class _Outcomes(_Tally):
+    """A send callback counting ``n`` outcomes (thread or event loop).  The rows measure the
+    producer, not this callback: an outcome costs an ``exception()`` and a ``next()`` of an
+    ``itertools.count`` (atomic under the GIL), the lock only for a failure (0.45 -> ~0.15 us a
+    message, stop 44)."""
+
+    def __init__(self, n: int, done) -> None:
+        super().__init__(n, done)
         self._seen = itertools.count(1)
 
     @property
@@ -213,7 +230,7 @@ class _Outcomes:
         return _counted(self._seen)
 
     @property
-    def ok(self) -> int:
+    def ok(self) -> int:  # type: ignore[override]
         return self.seen - self.failed
 
     def __call__(self, fut) -> None:
@@ -232,22 +249,14 @@ class _Outcomes:
     def missing(self) -> int:
         return self.n - self.seen
 
-    def checked(self) -> int:
-        """The sends that succeeded; raises RuntimeError when any failed."""
-        if self.failed:
-            raise RuntimeError(f"{self.failed:,} of {self.n:,} sends failed, first: {self.first_error!r}")
-        return self.ok
 
-
-class _ManyOutcomes:
+class _ManyOutcomes(_Tally):
     """A send_async_many callback: counts a whole list's outcomes per call (an error that is not
     a SendManyError ends the wait at once: the row fails)."""
 
     def __init__(self, n: int, done) -> None:
-        self.n, self.done = n, done
-        self.ok = self.failed = 0
-        self.first_error: Optional[BaseException] = None
-        self._lock = threading.Lock()
+        super().__init__(n, done)
+        self.ok = 0
 
     def __call__(self, fut) -> None:
         from rmq.errors import SendManyError
@@ -269,8 +278,6 @@ class _ManyOutcomes:
     @property
     def missing(self) -> int:
         return self.n - self.ok - self.failed
-
-    checked = _Outcomes.checked
 
 
 def send_batch(namesrv: str, topic: str, size: int, n: int) -> dict:

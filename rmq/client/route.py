@@ -335,6 +335,7 @@ def parse_cluster_tables(frame: Frame) -> tuple:
     return brokers, {str(c): sorted(str(n) for n in names) for c, names in clusters.items()}
 
 
+# -- latency fault tolerance ------------------------------------------------------------------------------
 class FaultItem:
     """One broker's last latency and when it becomes available again (RocketMQ ``FaultItem``)."""
 

@@ -4,7 +4,9 @@ import itertools
 import threading
 from concurrent.futures import Future
 
-from rmq.bench.client import _Counter, _counted, _Outcomes
+import pytest
+
+from rmq.bench.client import _Counter, _counted, _ManyOutcomes, _Outcomes
 
 
 def done_future(exc=None):
@@ -57,6 +59,29 @@ def test_outcomes_not_done_before_the_nth_and_a_cancelled_future_counts_as_faile
     assert not cb.done.is_set() and cb.missing == 1
     cb(done_future())
     assert cb.done.is_set() and (cb.ok, cb.failed) == (2, 1)
+
+
+def test_many_outcomes_count_whole_lists_and_a_partial_failure():
+    """send_async_many's callback: a list's results at once, a SendManyError's stored and failed
+    parts apart; any other error ends the wait at once (the row fails)."""
+    from rmq.errors import SendManyError
+    cb = _ManyOutcomes(5, threading.Event())
+    f = Future()
+    f.set_result(["r0", "r1", "r2"])
+    cb(f)
+    assert (cb.ok, cb.failed, cb.missing) == (3, 0, 2) and not cb.done.is_set()
+    boom = ValueError("refused")
+    g = Future()
+    g.set_exception(SendManyError("1 of 2 failed", ["r3", boom], 1))
+    cb(g)
+    assert (cb.ok, cb.failed, cb.missing) == (4, 1, 0) and cb.done.is_set()
+    with pytest.raises(RuntimeError, match="1 of 5 sends failed"):
+        cb.checked()
+    other = _ManyOutcomes(1000, threading.Event())
+    h = Future()
+    h.set_exception(RuntimeError("I/O thread gone"))
+    other(h)
+    assert other.done.is_set() and other.failed == 1 and isinstance(other.first_error, RuntimeError)
 
 
 def test_the_listener_counts_from_many_threads_and_marks_the_first_and_the_nth():
