@@ -108,10 +108,15 @@ def test_a_user_batch_over_the_limit_is_refused_whole(cluster, rc):
     with Producer(cluster.namesrv_addr, group="pg-split-user") as p:
         wait_route(p, topic, 1)
         before = broker_put_total(rc, cluster)
+        direct = dict(p._direct.stats)
         with pytest.raises(MQBrokerError) as ei:
             p.send_batch([Message(topic, b) for b in bodies(topic, 1000)])
         assert ei.value.response_code == ResponseCode.MESSAGE_ILLEGAL and "maxMessageSize" in str(ei.value)
         assert p.stats["split_requests"] == 0
+        # the route is known: the batch went on the caller's thread (rmq.client.direct), was not
+        # retried (MESSAGE_ILLEGAL is not retryable), and its 1,000 messages count as failed
+        assert p._direct.stats["failed_messages"] - direct["failed_messages"] == 1000
+        assert p._direct.stats["retries"] == direct["retries"] and p._direct.stats["messages"] == direct["messages"]
         # one message over the limit cannot be split either: its refusal stands too
         with pytest.raises(SendManyError) as ei:
             p.send_async_many([Message(topic, os.urandom(LIMIT + 1))]).result(WAIT_S)   # random: not compressed
