@@ -47,6 +47,9 @@ cdef extern from "Python.h":
     object PyUnicode_New(Py_ssize_t size, Py_UCS4 maxchar)
     void* PyUnicode_DATA(object o)
     const char* PyUnicode_AsUTF8AndSize(object o, Py_ssize_t* size) except NULL
+    void PyObject_GC_Track(void* o)
+    void PyObject_GC_UnTrack(void* o)
+    int PyObject_GC_IsTracked(object o)
 
 cdef extern from "time.h" nogil:
     ctypedef long time_t
@@ -1056,6 +1059,16 @@ cdef object _future_set_result = _Future.set_result
 cdef object _future_set_exception = _Future.set_exception
 
 
+cpdef untrack_pending(fut):
+    """Take a new :class:`rmq.client.futures.SendFuture` out of the cyclic GC until it completes
+    (:func:`finish_future` tracks it again, before anything else).  A pending future is owned by
+    its producer, so it cannot be cyclic garbage; untracked, the collections that a stream of
+    ``send_async`` calls sets off (one gen-0 pass per 700 new futures, their survivors carried
+    into gen 1 and 2) do not walk the futures in flight.  Only a GC-tracked object is untracked."""
+    if PyObject_GC_IsTracked(fut):
+        PyObject_GC_UnTrack(<void*>fut)
+
+
 cpdef finish_future(fut, result, exc):
     """Complete a :class:`rmq.client.futures.SendFuture` (its protocol: see that module):
     publish FINISHED, notify a condition if one exists, then run the callbacks.
@@ -1067,6 +1080,8 @@ cpdef finish_future(fut, result, exc):
     """
     # attributes only, never fut.__dict__: materialising it races the caller's thread on CPython
     # 3.11 (rmq.client.futures' docstring)
+    if not PyObject_GC_IsTracked(fut):   # pending futures are untracked (untrack_pending): a done
+        PyObject_GC_Track(<void*>fut)    # one may join cycles (a callback holding it), collectable again
     if fut._cond is not None:            # someone may wait on it: the standard path
         if exc is None:
             _future_set_result(fut, result)

@@ -115,17 +115,19 @@ def test_completion_racing_a_waiter_in_another_thread_never_loses_a_wakeup(waite
 
 def test_a_send_future_and_a_prepared_message_give_the_cyclic_gc_little_to_track():
     """The GC's collections run in the thread that allocates (the sender's, per send_async): a
-    future with a callback is its object and nothing else (no dict, no waiters' or callbacks'
-    list until asked for: FUTURE_TRACKED_OBJECTS), and a PreparedMessage is not tracked at all;
-    the lazily made lists still serve add_done_callback and wait()."""
+    pending future is not tracked at all, nor is anything it makes for itself (no dict, no
+    waiters' or callbacks' list until asked for), and a PreparedMessage is not tracked; the
+    lazily made lists still serve add_done_callback and wait(), and completion tracks the
+    future again."""
     from rmq import Message
     from rmq.client.producer import ProducerOptions, message_preparer
-    FUTURE_TRACKED_OBJECTS = 1
     cb = print
     f = SendFuture(cb)
-    tracked = [f] + [o for o in gc.get_referents(f) if gc.is_tracked(o) and o is not cb and o is not SendFuture]
-    assert len(tracked) == FUTURE_TRACKED_OBJECTS
+    assert not gc.is_tracked(f)
+    assert [o for o in gc.get_referents(f) if gc.is_tracked(o) and o is not cb and o is not SendFuture] == []
     assert not gc.is_tracked(message_preparer(ProducerOptions()).prepare(Message("T", b"x")))
+    f.set_result(1)
+    assert gc.is_tracked(f)
     calls = []
     f = SendFuture(lambda fut: calls.append(1))
     f.add_done_callback(lambda fut: calls.append(2))       # materialises the list, with the first one
@@ -133,7 +135,42 @@ def test_a_send_future_and_a_prepared_message_give_the_cyclic_gc_little_to_track
     t.start()
     d, _ = wait([f], 5)
     t.join()
-    assert next(iter(d)).result() == 7 and calls == [1, 2]
+    assert next(iter(d)).result() == 7 and calls == [1, 2] and gc.is_tracked(f)
+
+
+@pytest.mark.parametrize("outcome", ["result", "exception", "late callback"])
+def test_a_done_future_in_a_reference_cycle_is_collected(outcome):
+    """Untracked while pending, tracked again by its completion: a done future in a cycle (its
+    callbacks' list -> the user's object -> the future; its exception's traceback -> a frame
+    -> the future) is freed by the cyclic GC, not leaked."""
+    import weakref
+
+    class Holder:                       # the user's object: keeps its futures, is their callback
+        def __init__(self):
+            self.futures = []
+
+        def done(self, fut):
+            self.futures.append(fut)
+
+    def refuse(fut):
+        try:
+            raise RuntimeError("refused")
+        except RuntimeError as e:
+            fut.set_exception(e)        # e.__traceback__ -> this finished frame -> fut
+
+    h = Holder()
+    f = SendFuture(h.done if outcome == "result" else None)
+    h.futures.append(f)
+    if outcome == "late callback":
+        f.add_done_callback(h.done)     # kept in the future's callbacks list
+    if outcome == "exception":
+        refuse(f)
+    else:
+        f.set_result(1)
+    ref = weakref.ref(f)
+    del f, h
+    gc.collect()
+    assert ref() is None
 
 
 def test_a_many_future_gathers_its_parts_in_the_order_given_and_calls_back_once():
