@@ -50,6 +50,7 @@ cdef extern from "Python.h":
     void PyObject_GC_Track(void* o)
     void PyObject_GC_UnTrack(void* o)
     int PyObject_GC_IsTracked(object o)
+    int PyObject_IS_GC(object o)
 
 cdef extern from "time.h" nogil:
     ctypedef long time_t
@@ -1059,6 +1060,24 @@ cdef object _future_set_result = _Future.set_result
 cdef object _future_set_exception = _Future.set_exception
 
 
+cpdef track_done(obj):
+    """Track ``obj`` in the cyclic GC again after :func:`untrack_pending` (no-op if tracked, or
+    not of a GC type)."""
+    if PyObject_IS_GC(obj) and not PyObject_GC_IsTracked(obj):
+        PyObject_GC_Track(<void*>obj)
+
+
+def pending_callback(fut, callback, ctx):
+    """``(fut, callback, ctx)``, the tuple and ``ctx`` (a ``contextvars.Context``) untracked
+    like ``fut`` (:func:`untrack_pending`): an asyncio send_async's callback entry, held by its
+    producer until the request ends (:func:`track_done` the context before it runs)."""
+    t = (fut, callback, ctx)
+    if PyObject_GC_IsTracked(ctx):
+        PyObject_GC_UnTrack(<void*>ctx)
+    PyObject_GC_UnTrack(<void*>t)
+    return t
+
+
 cpdef untrack_pending(fut):
     """Take a new :class:`rmq.client.futures.SendFuture` out of the cyclic GC until it completes
     (:func:`finish_future` tracks it again, before anything else).  A pending future is owned by
@@ -1080,8 +1099,8 @@ cpdef finish_future(fut, result, exc):
     """
     # attributes only, never fut.__dict__: materialising it races the caller's thread on CPython
     # 3.11 (rmq.client.futures' docstring)
-    if not PyObject_GC_IsTracked(fut):   # pending futures are untracked (untrack_pending): a done
-        PyObject_GC_Track(<void*>fut)    # one may join cycles (a callback holding it), collectable again
+    track_done(fut)                      # pending futures are untracked (untrack_pending): a done one
+                                         # may join cycles (a callback holding it), collectable again
     if fut._cond is not None:            # someone may wait on it: the standard path
         if exc is None:
             _future_set_result(fut, result)
@@ -1123,7 +1142,7 @@ def complete_send_batch(list futures, result_type, status, list preps, mq, Py_ss
     """Message ``i`` of a caller-side batch gets a ``result_type`` (the SendResult dataclass,
     its fields set one by one as its ``__init__`` would: it has no ``__post_init__``) of queue
     offset ``base + i`` and broker id ``offset_ids[i]``, set on ``futures[i]``; a future already
-    finished is skipped.  Returns the results."""
+    finished is skipped.  Returns the results (not tracked by the cyclic GC: see below)."""
     cdef Py_ssize_t i, n = len(preps)
     cdef PreparedMessage p
     cdef list out = []
@@ -1134,6 +1153,11 @@ def complete_send_batch(list futures, result_type, status, list preps, mq, Py_ss
     for i in range(n):
         p = preps[i]
         r = new(result_type)
+        # a result holds an enum, strs, ints and the request's MessageQueue: never in a cycle, so
+        # it stays out of the cyclic GC (one per message: 0.3 us a message of collections in
+        # rmq.aio's send_async otherwise, bench/results/client.md stop 46)
+        if PyObject_GC_IsTracked(r):
+            PyObject_GC_UnTrack(<void*>r)
         r.status = status
         r.msg_id = p.uniq_id
         r.message_queue = mq

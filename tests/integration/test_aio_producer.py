@@ -1,6 +1,7 @@
 """rmq.aio.Producer.send_async (client-side batches on the event loop) against a real broker group."""
 import asyncio
 import contextvars
+import gc
 import os
 import signal
 import time
@@ -53,8 +54,10 @@ def test_send_async_batches_and_each_future_gets_its_own_message(cluster, rc):
             sent = []
             for i in range(n):
                 m = Message(topics[i % 2], b"m-%d" % i)
-                sent.append((m, await p.send_async(m, callback=lambda f: seen.append((f, var.get())))))
-            assert p.pending > 0
+                sent.append((m, await p.send_async(m, callback=lambda f: seen.append((f, var.get(),
+                                                                                      gc.is_tracked(f))))))
+            # pending futures stay out of the cyclic GC (their producer holds them); done, back in
+            assert p.pending > 0 and not gc.is_tracked(sent[-1][1])
             assert await p.flush(WAIT_S) == 0 and p.pending == 0
             assert all(f.done() for _, f in sent)
             # callbacks run on the loop soon after their future is done, in the caller's context
@@ -67,7 +70,8 @@ def test_send_async_batches_and_each_future_gets_its_own_message(cluster, rc):
         assert r.status is SendStatus.SEND_OK and r.msg_id == m.properties["UNIQ_KEY"]
         assert r.message_queue.topic == m.topic
     assert len({(r.message_queue.topic, r.queue_id, r.queue_offset) for _, r in results}) == n
-    assert {id(f) for f, _ in seen} == {id(f) for _, f in sent} and {who for _, who in seen} == {"sender"}
+    assert {id(f) for f, _, _ in seen} == {id(f) for _, f in sent} and {who for _, who, _ in seen} == {"sender"}
+    assert all(tracked for _, _, tracked in seen) and all(gc.is_tracked(f) for _, f in sent)
     # batching: far fewer requests than messages, most of them SEND_BATCH_MESSAGE
     assert stats["messages"] == n and stats["failed_messages"] == 0
     assert stats["batch_requests"] > 0 and stats["requests"] < n / 10, stats

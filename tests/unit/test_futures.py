@@ -173,6 +173,32 @@ def test_a_done_future_in_a_reference_cycle_is_collected(outcome):
     assert ref() is None
 
 
+def test_the_untrack_helpers_of_pending_send_state():
+    """rmq.aio's send_async keeps a pending future and its callback entry (future, callback,
+    context) out of the cyclic GC: the entry's tuple and context untracked, the future by
+    untrack_pending; track_done puts one back (once: tracking twice is harmless)."""
+    import asyncio
+    import contextvars
+
+    from rmq._core.client_msg import pending_callback, track_done, untrack_pending
+    loop = asyncio.new_event_loop()
+    try:
+        fut = loop.create_future()
+        untrack_pending(fut)
+        ctx = contextvars.copy_context()
+        entry = pending_callback(fut, print, ctx)
+        assert entry == (fut, print, ctx)
+        assert not gc.is_tracked(fut) and not gc.is_tracked(ctx) and not gc.is_tracked(entry)
+        track_done(fut)
+        track_done(fut)
+        track_done(ctx)
+        assert gc.is_tracked(fut) and gc.is_tracked(ctx)
+        untrack_pending(1)              # not of a GC type: nothing to do either way
+        track_done(1)
+    finally:
+        loop.close()
+
+
 def test_a_many_future_gathers_its_parts_in_the_order_given_and_calls_back_once():
     calls = []
     f = ManyFuture(5, calls.append)
