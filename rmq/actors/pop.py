@@ -74,7 +74,7 @@ PROPERTY_FIRST_POP_TIME = "1ST_POP_TIME"          # MessageConst.PROPERTY_FIRST_
 PROPERTY_POP_CK = "POP_CK"
 RETRY_FLAG_NORMAL, RETRY_FLAG_RETRY = "0", "1"    # ExtraInfoUtil's retry field (v1 retry topic)
 _DROP_ON_REVIVE = ("__CRC32#", "DELAY", "REAL_TOPIC", "REAL_QID", PROPERTY_POP_CK)
-# each tag's properties, encoded once (the bodies are JSON: orjson, 6x the standard encoder on a
+# each tag's properties, encoded once (the bodies are JSON: orjson, 13x the standard encoder on a
 # checkpoint, which was 11 % of the broker's main thread under POP load: bench/results/client.md stop 46)
 _REVIVE_PROPERTIES = {tag: _cl.encode_properties({"TAGS": tag, "WAIT": "false"}) for tag in (CK_TAG, ACK_TAG,
                                                                                              BATCH_ACK_TAG)}
