@@ -1142,7 +1142,9 @@ def complete_send_batch(list futures, result_type, status, list preps, mq, Py_ss
     """Message ``i`` of a caller-side batch gets a ``result_type`` (the SendResult dataclass,
     its fields set one by one as its ``__init__`` would: it has no ``__post_init__``) of queue
     offset ``base + i`` and broker id ``offset_ids[i]``, set on ``futures[i]``; a future already
-    finished is skipped.  Returns the results (not tracked by the cyclic GC: see below)."""
+    finished is skipped, and each slot of ``futures`` is set to None once its future is done
+    with (a None slot is skipped).  Returns the results (not tracked by the cyclic GC: see
+    below)."""
     cdef Py_ssize_t i, n = len(preps)
     cdef PreparedMessage p
     cdef list out = []
@@ -1166,10 +1168,16 @@ def complete_send_batch(list futures, result_type, status, list preps, mq, Py_ss
         r.region_id = region
         out.append(r)
         if futures is not None:
+            f = futures[i]
+            if f is None:
+                continue
             try:
-                finish_future(futures[i], r, None)
+                finish_future(f, r, None)
             except _InvalidStateError:
                 pass
+            # let go of it: a future nobody else holds is freed now, before a collection can see
+            # it (finish_future tracked it again; the batch's list would keep it to the end)
+            futures[i] = None
     return out
 
 

@@ -106,7 +106,8 @@ def _run_callbacks(loop: asyncio.AbstractEventLoop, callbacks: list) -> None:
     """The send_async callbacks of a request's messages, in order, each in the context it was
     given in; an exception goes to the loop's exception handler (as a done-callback's would)."""
     for fut, cb, ctx in callbacks:
-        _track(ctx)                     # untracked while pending (_pending_callback)
+        _track(fut)                     # untracked while pending (_pending_callback), and until now
+        _track(ctx)                     # when every message of its request has a callback (_complete)
         try:
             ctx.run(cb, fut)
         except (SystemExit, KeyboardInterrupt):
@@ -1055,10 +1056,14 @@ class Producer:
             columns.fill(part.positions, part.uniq, results, None)
             self._done(part.n)
             return
+        # every future with its callback entry: each is tracked by the GC again as its callback
+        # runs (_run_callbacks, held by the entries until then), else now, before its outcome
+        later = b.callbacks is not None and len(b.callbacks) == len(b.futures)
         for f, r in zip(b.futures, results):
             if f is None:                          # a send_async_many message: its part below
                 continue
-            _track(f)
+            if not later:
+                _track(f)
             try:
                 f.set_result(r)
             except asyncio.InvalidStateError:      # cancelled by its owner

@@ -7,6 +7,7 @@ the batch element layout with struct, and the store's own batch decoder
 """
 from __future__ import annotations
 
+import gc
 import os
 import struct
 import time
@@ -261,7 +262,8 @@ def test_prepare_batch_limits():
 def test_complete_send_batch_gives_each_future_its_result_once():
     """A caller-side batch's answer: message i gets queue offset base + i, its own UNIQ_KEY and
     broker id, SendResult's default region; callbacks run once; a future already finished (a
-    timeout that raced the answer) keeps its outcome."""
+    timeout that raced the answer) keeps its outcome; the results are not tracked by the cyclic
+    GC, and the batch's list lets go of each future once it is done."""
     from concurrent.futures import InvalidStateError
 
     from rmq.client.futures import SendFuture
@@ -272,12 +274,16 @@ def test_complete_send_batch_gives_each_future_its_result_once():
     futs = [SendFuture(lambda f: calls.append(f.result().queue_offset)) for _ in preps]
     futs[1].set_exception(TimeoutError("late"))
     mq = MessageQueue("T", "broker-a", 2)
+    held = list(futs)
     out = cm.complete_send_batch(futs, SendResult, SendStatus.SEND_OK, preps, mq, 40, ["o0", "o1", "o2"])
+    assert futs == [None, None, None]   # let go of as each is done (a future nobody holds is freed at once)
+    futs = held
     assert [(r.status, r.msg_id, r.message_queue, r.queue_offset, r.offset_msg_id, r.region_id) for r in out] == \
         [(SendStatus.SEND_OK, p.uniq_id, mq, 40 + i, f"o{i}", "DefaultRegion") for i, p in enumerate(preps)]
     assert out[0] == SendResult(SendStatus.SEND_OK, preps[0].uniq_id, mq, 40, "o0")
     assert futs[0].result() is out[0] and futs[2].result() is out[2]
     assert isinstance(futs[1].exception(), TimeoutError)
     assert calls == [40, 42]            # futs[1]'s callback ran at its failure (and raised on result())
+    assert not any(gc.is_tracked(r) for r in out) and all(gc.is_tracked(f) for f in futs)
     with pytest.raises(InvalidStateError):
         cm.finish_future(futs[0], None, None)
