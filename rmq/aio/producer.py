@@ -53,9 +53,11 @@ Memory
     A pending ``send_async`` future and its callback entry (future, callback, context) are
     held by the producer and kept out of CPython's cyclic GC until the request ends: a stream of
     sends made them faster than they completed, and the collections walked every one in flight
-    (1.7 µs a message of GC, a quarter of the call; bench/results/client.md stop 46).  Each is
-    tracked again before its outcome is set or its callback runs
-    (:mod:`rmq._core.client_msg`: ``untrack_pending``, ``pending_callback``, ``track_done``).
+    (1.7 µs a message of GC, a quarter of the call; bench/results/client.md stop 46).  A future
+    is tracked again before its outcome is set, or, when every message of its request has a
+    callback, just before its callback runs (the entries hold it until then), and a context
+    before its callback runs (:mod:`rmq._core.client_msg`: ``untrack_pending``,
+    ``pending_callback``, ``track_done``): a done future in a cycle is collected as any other.
 
 Failure behaviour
     As the sync producer: retries on another broker for timeouts, unreachable
