@@ -41,9 +41,9 @@ from typing import Callable, Iterable, Optional, Union
 
 from rmq import latency_trace as _lt
 from rmq._core.consume import ConsumeRun
-from rmq.client.consumer import (BROKER_SUSPEND_MAX_TIME_MS, CONCURRENT_MAX_RECONSUME_TIMES, CONSUME_THREAD_MAX,
+from rmq.client.consumer import (BROKER_SUSPEND_MAX_TIME_MS, CONSUME_THREAD_MAX,
                                  HEARTBEAT_BROKER_INTERVAL_MS, MAX_TIME_CONSUME_CONTINUOUSLY_MS,
-                                 ORDERLY_MAX_RECONSUME_TIMES, PERSIST_CONSUMER_OFFSET_INTERVAL_MS,
+                                 PERSIST_CONSUMER_OFFSET_INTERVAL_MS,
                                  POLL_NAME_SERVER_INTERVAL_MS, PUSH_PULL_BATCH_SIZE, PULL_THRESHOLD_FOR_QUEUE,
                                  PULL_THRESHOLD_SIZE_FOR_QUEUE_MB, PULL_TIME_DELAY_MS_WHEN_EXCEPTION,
                                  REBALANCE_INTERVAL_MS,
@@ -396,11 +396,6 @@ class AsyncPushConsumer(PushConsumerCalls):
     def clustering(self) -> bool:
         return self.message_model is MessageModel.CLUSTERING
 
-    def _max_reconsume_times(self) -> int:
-        if self.max_reconsume_times >= 0:
-            return self.max_reconsume_times
-        return ORDERLY_MAX_RECONSUME_TIMES if self.orderly else CONCURRENT_MAX_RECONSUME_TIMES
-
     def assigned_message_queues(self, topic: Optional[str] = None) -> list:
         return sorted(mq for mq, pq in self.process_queue_table.items()
                       if not pq.dropped and (topic is None or mq.topic == topic))
@@ -697,10 +692,6 @@ class AsyncPushConsumer(PushConsumerCalls):
         finally:
             for r in _trace.sub_after_contexts(self.group, rid, msgs, int((time.monotonic() - t0) * 1000), ok):
                 self._trace.append(r)
-
-    @property
-    def trace_dispatcher(self) -> "Optional[_trace.TraceDispatcher]":
-        return self._trace
 
     def _listener_is_async(self) -> bool:
         fn = self.listener

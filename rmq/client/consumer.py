@@ -231,6 +231,18 @@ class PushConsumerCalls:
     ``consume_from_where``, ``consume_timestamp_ms``.
     """
 
+    @property
+    def trace_dispatcher(self) -> "Optional[_trace.TraceDispatcher]":
+        """The message-trace dispatcher while running with ``enable_msg_trace=True``, else None."""
+        return self._trace
+
+    def _max_reconsume_times(self) -> int:
+        """``max_reconsume_times``, or RocketMQ's default for the listener kind (-1: 16
+        concurrently, Integer.MAX_VALUE orderly)."""
+        if self.max_reconsume_times >= 0:
+            return self.max_reconsume_times
+        return ORDERLY_MAX_RECONSUME_TIMES if self.orderly else CONCURRENT_MAX_RECONSUME_TIMES
+
     def _configure(self, opts: dict) -> None:
         """Check and set the options both push consumers take (``opts``: the constructor's
         arguments by name; each is an attribute of the same name, documented on
@@ -1225,11 +1237,6 @@ class PushConsumer(PushConsumerCalls):
     def clustering(self) -> bool:
         return self.message_model is MessageModel.CLUSTERING
 
-    def _max_reconsume_times(self) -> int:
-        if self.max_reconsume_times >= 0:
-            return self.max_reconsume_times
-        return ORDERLY_MAX_RECONSUME_TIMES if self.orderly else CONCURRENT_MAX_RECONSUME_TIMES
-
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> "PushConsumer":
         """Connect, announce the group membership and begin rebalancing and consuming.
@@ -1622,11 +1629,6 @@ class PushConsumer(PushConsumerCalls):
         rid, t0 = tr
         for r in _trace.sub_after_contexts(self.group, rid, msgs, int((time.monotonic() - t0) * 1000), success):
             self._trace.append(r)
-
-    @property
-    def trace_dispatcher(self) -> "Optional[_trace.TraceDispatcher]":
-        """The message-trace dispatcher while running with ``enable_msg_trace=True``, else None."""
-        return self._trace
 
     def _consume_run(self, run: ConsumeRun) -> None:
         """Take the ConsumeRequests of ``run`` one after the other until none is left (other
