@@ -645,39 +645,48 @@ cdef class MessagePreparer:
             raise self.error_type("send_batch needs at least one message", self.illegal_code)
         cdef list out = []
         cdef list added = []
-        cdef Py_ssize_t total = 0
+        cdef Py_ssize_t total = 0, i
         cdef PreparedMessage p
-        cdef object props_obj, uniq, b
+        cdef object props_obj, uniq, b, mt, w
         cdef dict props
+        cdef bint wait
         topic = ms[0].topic if isinstance(ms[0], self.message_type) else None
         try:
-            for m in ms:
+            for i in range(len(ms)):
+                m = ms[i]
                 self.check(m)
-                if m.topic != topic:
+                if isinstance(m, Message):       # its fields read in C
+                    mt = (<Message>m).topic
+                    props_obj = (<Message>m).properties
+                    b = (<Message>m).body
+                else:
+                    mt, props_obj, b = m.topic, m.properties, m.body
+                if mt != topic:
                     raise self.error_type(f"the topic of the messages in one batch should be the same: "
-                                          f"{topic!r} and {m.topic!r}", self.illegal_code)
-                props_obj = m.properties
+                                          f"{topic!r} and {mt!r}", self.illegal_code)
                 if type(props_obj) is not dict:
                     raise self.error_type(f"message properties must be a dict, got {type(props_obj).__name__}",
                                           self.illegal_code)
                 props = props_obj
-                if PROPERTY_DELAY_TIME_LEVEL in props:
-                    raise self.error_type("TimeDelayLevel is not supported for batching", self.illegal_code)
-                for k in TIMER_PROPERTIES:
-                    if k in props:
-                        raise self.error_type("timer messages (deliver_time_ms / delay_time_ms) are not supported "
-                                              "for batching", self.illegal_code)
-                if topic.startswith("%RETRY%"):
+                wait = True
+                uniq = None
+                if props:                        # none set (the usual case): nothing to look for
+                    if PROPERTY_DELAY_TIME_LEVEL in props:
+                        raise self.error_type("TimeDelayLevel is not supported for batching", self.illegal_code)
+                    for k in TIMER_PROPERTIES:
+                        if k in props:
+                            raise self.error_type("timer messages (deliver_time_ms / delay_time_ms) are not "
+                                                  "supported for batching", self.illegal_code)
+                    uniq = props.get(_UNIQ)
+                    w = props.get(_WAIT)
+                    wait = w is None or w != "false"
+                if i == 0 and topic.startswith("%RETRY%"):   # every message has the first's topic
                     raise self.error_type("Retry Group is not supported for batching", self.illegal_code)
-                uniq = props.get(_UNIQ)
                 if not uniq:
                     uniq = _new_uniq_id()
-                    props[_UNIQ] = uniq
+                    PyDict_SetItem(props, _UNIQ, uniq)
                     added.append(props)
-                b = m.body
-                w = props.get(_WAIT)
-                p = self._prepared(m, b if type(b) is bytes else bytes(b), 0, uniq, w is None or w != "false",
-                                   True, props)
+                p = self._prepared(m, b if type(b) is bytes else bytes(b), 0, uniq, wait, True, props)
                 total += p.size
                 out.append(p)
             if total > self.max_message_size:

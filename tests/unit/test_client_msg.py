@@ -245,6 +245,19 @@ def test_prepare_batch_refuses_and_leaves_the_batch_as_given(bad, match):
     assert all("UNIQ_KEY" not in m.properties for m in good + [bad])
 
 
+def test_prepare_batch_keeps_a_given_unique_id_and_wait_flag():
+    """A message with properties keeps its UNIQ_KEY and WAIT=false; one without gets a new id
+    and waits (WAIT_STORE_MSG_OK), as prepare() does for one message."""
+    given = Message("T", b"a", properties={"UNIQ_KEY": "0A" * 16, "WAIT": "false"})
+    plain, tagged = Message("T", b"b"), Message("T", b"c", tags="t", keys="k")
+    p1, p2, p3 = prepare_batch([given, plain, tagged], ProducerOptions())
+    assert (p1.uniq_id, p1.wait) == ("0A" * 16, False)
+    assert p2.wait and p3.wait and len({p2.uniq_id, p3.uniq_id}) == 2
+    assert plain.properties == {"UNIQ_KEY": p2.uniq_id} and tagged.properties["UNIQ_KEY"] == p3.uniq_id
+    assert [prepare_batch([m], ProducerOptions())[0].props for m in (given, plain, tagged)] == \
+        [p1.props, p2.props, p3.props]
+
+
 def test_prepare_batch_limits():
     with pytest.raises(MQClientError, match="at least one message"):
         prepare_batch([], ProducerOptions())
