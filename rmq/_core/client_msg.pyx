@@ -700,6 +700,16 @@ cdef class MessagePreparer:
 
 
 # -- batch bodies (SPEC.md §1.11) ------------------------------------------------------------------
+def all_wait(preps):
+    """Whether every one of ``preps`` (:class:`PreparedMessage`) waits for the store
+    (WAIT_STORE_MSG_OK of their request): True for an empty list."""
+    cdef PreparedMessage p
+    for p in preps:
+        if not p.wait:
+            return False
+    return True
+
+
 def batch_body(list preps):
     """The SEND_BATCH_MESSAGE body of ``preps`` (:class:`PreparedMessage`): per message
     TOTALSIZE 4 | MAGIC 4 (0) | BODYCRC 4 (0) | FLAG 4 | BODYLEN 4 + BODY | PROPLEN 2 + PROPS.

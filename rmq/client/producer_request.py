@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Optional, Sequence
 
 from rmq import protocol as P
-from rmq._core.client_msg import (MessagePreparer, PreparedMessage, RowsPart, batch_body, complete_send_batch,
+from rmq._core.client_msg import (MessagePreparer, PreparedMessage, RowsPart, all_wait, batch_body, complete_send_batch,
                                   encode_rows)
 from rmq._core.client_msg import many_parts as _many_parts
 from rmq._core.commitlog import tags_string_to_tags_code
@@ -367,7 +367,7 @@ def send_request(preps: Sequence[PreparedMessage], queue_id: int, group: str, ba
     first = preps[0]
     h = SendMessageRequestHeader(group, first.msg.topic, queue_id, default_topic=CREATE_TOPIC_KEY,
                                  default_topic_queue_nums=default_topic_queue_nums,
-                                 wait_store_msg_ok=all(p.wait for p in preps))
+                                 wait_store_msg_ok=all_wait(preps))
     if batch:
         body = batch_body if batch_body is not None else batch_body_of(preps)
         code = RequestCode.SEND_BATCH_MESSAGE

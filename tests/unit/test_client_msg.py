@@ -258,6 +258,16 @@ def test_prepare_batch_keeps_a_given_unique_id_and_wait_flag():
         [p1.props, p2.props, p3.props]
 
 
+def test_a_request_waits_for_the_store_only_if_every_message_does():
+    from rmq.client.producer_request import send_request
+    preps = prepare_batch([Message("T", b"a"), Message("T", b"b")], ProducerOptions())
+    assert cm.all_wait([]) and cm.all_wait(preps)
+    assert send_request(preps, 0, "g", True).fields["waitStoreMsgOK"] is True
+    preps += prepare_batch([Message("T", b"c", properties={"WAIT": "false"})], ProducerOptions())
+    assert not cm.all_wait(preps)
+    assert send_request(preps, 0, "g", True).fields["waitStoreMsgOK"] is False
+
+
 def test_prepare_batch_limits():
     with pytest.raises(MQClientError, match="at least one message"):
         prepare_batch([], ProducerOptions())
