@@ -170,12 +170,19 @@ class ManyOutcomes(_Tally):
         self.slots: list = [None] * n
 
     def fill(self, positions: Sequence[int], results: Optional[Sequence], exc: Optional[BaseException]) -> bool:
-        """Message ``positions[j]`` gets ``results[j]``, or each gets ``exc`` (``results`` None)."""
+        """Message ``positions[j]`` gets ``results[j]``, or each gets ``exc`` (``results`` None).
+        ``positions`` ascend (a part lists its messages in the call's order: ``many_parts``), so
+        when they span exactly ``len(positions)`` messages they are a run, filled as one slice."""
         slots = self.slots
         if results is not None:
-            for i, r in zip(positions, results):
-                slots[i] = r
-            return self._counted(len(positions), None)
+            n = len(positions)
+            first = positions[0] if n else 0
+            if n and positions[-1] - first == n - 1 and n == len(results):
+                slots[first:first + n] = results     # a run of the call's messages (positions ascend)
+            else:
+                for i, r in zip(positions, results):
+                    slots[i] = r
+            return self._counted(n, None)
         for i in positions:
             slots[i] = exc
         return self._counted(len(positions), exc)

@@ -199,6 +199,18 @@ def test_the_untrack_helpers_of_pending_send_state():
         loop.close()
 
 
+def test_many_outcomes_fill_runs_and_scattered_positions_alike():
+    """A part's positions ascend: a run of them is filled as one slice, scattered ones (a
+    sharding key's part) one by one; both give message i its own result."""
+    from rmq.client.futures import ManyOutcomes
+    o = ManyOutcomes(8)
+    assert not o.fill([0, 2, 4], ["r0", "r2", "r4"], None)     # one key's messages
+    assert not o.fill([5, 6, 7], ["r5", "r6", "r7"], None)     # a run
+    assert not o.fill([1], ["r1"], None)
+    assert o.fill([3], ["r3"], None)
+    assert o.outcome() == ([f"r{i}" for i in range(8)], None)
+
+
 def test_a_many_future_gathers_its_parts_in_the_order_given_and_calls_back_once():
     calls = []
     f = ManyFuture(5, calls.append)
