@@ -1089,7 +1089,8 @@ cpdef track_done(obj):
 def pending_callback(fut, callback, ctx):
     """``(fut, callback, ctx)``, the tuple and ``ctx`` (a ``contextvars.Context``) untracked
     like ``fut`` (:func:`untrack_pending`): an asyncio send_async's callback entry, held by its
-    producer until the request ends (:func:`track_done` the context before it runs)."""
+    producer until the request ends (:func:`track_done` the future and the context before the
+    callback runs)."""
     t = (fut, callback, ctx)
     if PyObject_GC_IsTracked(ctx):
         PyObject_GC_UnTrack(<void*>ctx)

@@ -300,6 +300,8 @@ def test_complete_send_batch_gives_each_future_its_result_once():
     held = list(futs)
     out = cm.complete_send_batch(futs, SendResult, SendStatus.SEND_OK, preps, mq, 40, ["o0", "o1", "o2"])
     assert futs == [None, None, None]   # let go of as each is done (a future nobody holds is freed at once)
+    again = cm.complete_send_batch(futs, SendResult, SendStatus.SEND_OK, preps, mq, 40, ["o0", "o1", "o2"])
+    assert [r.queue_offset for r in again] == [40, 41, 42]      # a let-go slot is skipped, not an error
     futs = held
     assert [(r.status, r.msg_id, r.message_queue, r.queue_offset, r.offset_msg_id, r.region_id) for r in out] == \
         [(SendStatus.SEND_OK, p.uniq_id, mq, 40 + i, f"o{i}", "DefaultRegion") for i, p in enumerate(preps)]
