@@ -19,15 +19,17 @@ in the adding thread if the future is already done, as the standard class does. 
 completion that finds a condition already there takes the standard path.  The future
 starts RUNNING (it cannot be cancelled).
 
-No ``__dict__``: the lazily made parts are plain attributes whose class-level default is None,
-read and written as attributes, never through ``self.__dict__``.  A future is touched by two
-threads (the caller's, the producer's I/O thread), and on CPython 3.11 two threads asking for
-the same object's ``__dict__`` can each materialise one: the dict's allocation may run the
-cyclic GC, whose finalizers run Python code and so may switch threads before the object
-records its dict.  The two dicts then share one values array, which the first to go frees
-under the other: a later collection crashed on it (``dict_traverse`` reading freed memory;
-bench/results/client.md, stop 45).  Attribute reads and writes of these names use the
-object's inline values and allocate nothing.
+No ``__dict__``: every name the future's code stores is a slot (``__slots__``), read and
+written as an attribute, never through ``self.__dict__``.  A future is touched by two threads
+(the caller's, the producer's I/O thread), and on CPython 3.11 two threads materialising the
+same object's ``__dict__`` can each make one: the dict's allocation may run the cyclic GC,
+whose finalizers run Python code and so may switch threads before the object records its
+dict.  The two dicts then share one values array, which the first to go frees under the other:
+a later collection crashed on it (``dict_traverse`` reading freed memory; bench/results/client.md,
+stop 45).  Reading ``__dict__`` is one way to materialise it; storing a name is another once the
+class's shared keys table stops growing (3.11 takes one slot of its room per instance made, so
+after some dozens of futures a name no instance had stored yet makes a dict wherever it is
+first stored: stop 46).  Slots are neither: they live in the object itself.
 
 Not tracked by the cyclic GC while pending: a stream of ``send_async`` calls makes futures faster
 than they complete, and CPython's collections (one gen-0 pass per 700 new objects, survivors
@@ -54,23 +56,19 @@ _CREATE = threading.Lock()
 class SendFuture(Future):
     """A RUNNING ``concurrent.futures.Future`` whose condition is created on first need."""
 
-    # the state of a new future: class attributes, so that a new one writes only its callback
-    # (completion sets the instance's own)
-    _state = RUNNING
-    _result = None
-    _exception = None
-    _cb = None
-    _cond = None         # the Condition, made on first need (see the module docstring)
-    _w = None            # the waiters' list, made on first need
-    _cbs = None          # the callbacks' list, made on first need
+    # slots, not instance-dict entries: every name the future's two threads store (module
+    # docstring, "No __dict__"); ``_cond``: the Condition, ``_w``: the waiters' list, ``_cbs``:
+    # the callbacks' list, each made on first need
+    __slots__ = ("_state", "_result", "_exception", "_cb", "_cond", "_w", "_cbs")
 
     def __init__(self, callback: Optional[Callable[[Future], Any]] = None) -> None:
         # no super().__init__(): it builds the Condition.  ``callback`` is a done-callback added
         # before any other thread can see the future (no lock needed).  Every object the cyclic
         # GC tracks costs the sending thread (the collections run in it): the waiters' and the
         # callbacks' lists exist only once something asks for them.
-        if callback is not None:
-            self._cb = callback
+        self._state = RUNNING
+        self._result = self._exception = self._cond = self._w = self._cbs = None
+        self._cb = callback
         untrack_pending(self)      # out of the cyclic GC until it completes (module docstring)
 
     @property
@@ -202,6 +200,8 @@ class ManyFuture(SendFuture):
     failed, its exception is a :class:`rmq.errors.SendManyError` whose ``results`` hold each
     message's result or exception.  The producer hands the messages over in parts (one per
     request-sized batch), each completed by :meth:`part`'s sink: no object per message."""
+
+    __slots__ = ("_outcomes", "_lock")    # ColumnsFuture's too (SendFuture's "No __dict__")
 
     def __init__(self, n: int, callback: Optional[Callable[[Future], Any]] = None) -> None:
         super().__init__(callback)

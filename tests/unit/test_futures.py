@@ -113,6 +113,38 @@ def test_completion_racing_a_waiter_in_another_thread_never_loses_a_wakeup(waite
         assert not has_dict(f), (waiter, i)
 
 
+def test_no_dict_even_once_the_class_keys_stop_growing():
+    """CPython 3.11 shares one keys table among a class's instances and stops growing it as
+    instances are made (each creation takes one slot of room): a name stored later than that,
+    on any instance, makes that instance's dict -- in whichever thread stores it, the race that
+    crashed the GC (module docstring).  A fresh subclass starts with an empty table: freeze it
+    with many instances first, then complete, wait on and call back futures from two threads."""
+    class Fresh(SendFuture):
+        pass
+
+    frozen = [Fresh() for _ in range(100)]
+    fs = [Fresh(print if i % 2 else None) for i in range(50)]
+    done = threading.Event()
+
+    def complete():
+        done.wait(5)
+        for i, f in enumerate(fs):
+            if i % 3:
+                f.set_result(i)
+            else:
+                f.set_exception(RuntimeError(i))
+
+    t = threading.Thread(target=complete)
+    t.start()
+    fs[0].add_done_callback(lambda f: None)
+    done.set()
+    assert isinstance(fs[0].exception(5), RuntimeError)
+    t.join()
+    wait(fs, 5)
+    assert [i for i, f in enumerate(fs) if has_dict(f)] == []
+    assert not any(has_dict(f) for f in frozen)
+
+
 def test_a_send_future_and_a_prepared_message_give_the_cyclic_gc_little_to_track():
     """The GC's collections run in the thread that allocates (the sender's, per send_async): a
     pending future is not tracked at all, nor is anything it makes for itself (no dict, no
