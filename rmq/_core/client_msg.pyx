@@ -1108,6 +1108,21 @@ cpdef untrack_pending(fut):
         PyObject_GC_UnTrack(<void*>fut)
 
 
+def set_results(list futures, list results, bint track):
+    """``futures[i].set_result(results[i])`` for asyncio futures (rmq.aio's send_async): a None
+    slot (a send_async_many message) skipped, a future its owner cancelled left as it is; each
+    tracked by the cyclic GC again first when ``track`` (:func:`untrack_pending`)."""
+    cdef Py_ssize_t i, n = min(len(futures), len(results))
+    for i in range(n):
+        f = futures[i]
+        if f is None:
+            continue
+        if track:
+            track_done(f)
+        if not f.done():
+            f.set_result(results[i])
+
+
 cpdef finish_future(fut, result, exc):
     """Complete a :class:`rmq.client.futures.SendFuture` (its protocol: see that module):
     publish FINISHED, notify a condition if one exists, then run the callbacks.

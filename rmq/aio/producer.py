@@ -88,8 +88,8 @@ from rmq.client.producer_request import (ProducerOptions, RowsPart, Selector, Sh
                                          refused_batch_limit, row_messages, select_by_hash, selector_for,
                                          send_request, split_by_size)
 from rmq.common.topic_validator import check_group
-from rmq._core.client_msg import pending_callback as _pending_callback, track_done as _track, \
-    untrack_pending as _untrack
+from rmq._core.client_msg import pending_callback as _pending_callback, set_results as _set_results, \
+    track_done as _track, untrack_pending as _untrack
 from rmq.client.calls import adrive
 from rmq.client.publish_routes import PROVISIONAL_POLL_MS, PublishRoutes, no_route_error
 from rmq.client.route import MQFaultStrategy, RouteCache, TopicPublishInfo, namesrv_attempt_s, split_namesrv_addr
@@ -1061,15 +1061,7 @@ class Producer:
         # every future with its callback entry: each is tracked by the GC again as its callback
         # runs (_run_callbacks, held by the entries until then), else now, before its outcome
         later = b.callbacks is not None and len(b.callbacks) == len(b.futures)
-        for f, r in zip(b.futures, results):
-            if f is None:                          # a send_async_many message: its part below
-                continue
-            if not later:
-                _track(f)
-            try:
-                f.set_result(r)
-            except asyncio.InvalidStateError:      # cancelled by its owner
-                pass
+        _set_results(b.futures, results, not later)   # send_async_many's messages: their parts below
         if b.parts is not None:
             for many, positions, at in b.parts:
                 many.fill(positions, results[at:at + len(positions)], None)
