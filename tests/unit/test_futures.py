@@ -243,6 +243,27 @@ def test_many_outcomes_fill_runs_and_scattered_positions_alike():
     assert o.outcome() == ([f"r{i}" for i in range(8)], None)
 
 
+@pytest.mark.parametrize("track", [True, False])
+def test_set_results_of_an_aio_request(track):
+    """rmq.aio's completion of a request: each future its own result, a None slot (a
+    send_async_many message) skipped, a future its owner cancelled left cancelled; tracked by
+    the GC again first when asked (else its callback entry does it as the callback runs)."""
+    import asyncio
+
+    from rmq._core.client_msg import set_results, untrack_pending
+    loop = asyncio.new_event_loop()
+    try:
+        futs = [loop.create_future() for _ in range(3)]
+        for f in futs:
+            untrack_pending(f)
+        futs[1].cancel()
+        set_results([futs[0], None, futs[1], futs[2]], ["r0", "skip", "r1", "r2"], track)
+        assert futs[0].result() == "r0" and futs[1].cancelled() and futs[2].result() == "r2"
+        assert [gc.is_tracked(f) for f in futs] == [track] * 3
+    finally:
+        loop.close()
+
+
 def test_a_many_future_gathers_its_parts_in_the_order_given_and_calls_back_once():
     calls = []
     f = ManyFuture(5, calls.append)
