@@ -263,7 +263,10 @@ def test_three_controllers_survive_the_loss_of_the_leader(actors, tmp_path):
             hb.add(2, A2)
             for a in peers:
                 wait_for(lambda: master_is(c, eps[a], 1, 1), f"the first master on {a}")
-            wait_for(lambda: alive(c, eps[leader], 2), "2's first heartbeat on the leader")
+            # the controller that takes the ALTER checks liveness in its own heartbeat table (each
+            # controller hears the brokers itself): wait until the follower asked has heard 2 too
+            for a in (leader, follower):
+                wait_for(lambda: alive(c, eps[a], 2), f"2's first heartbeat on {a}")
             r = call(c, eps[follower], R.CONTROLLER_ALTER_SYNC_STATE_SET,
                      {"brokerName": "broker-a", "masterBrokerId": 1, "masterEpoch": 1, "syncStateSetEpoch": 1,
                       "syncStateSet": [1, 2]})
