@@ -33,8 +33,8 @@ import zmq
 from rmq import latency_trace as _lt
 from rmq import security
 from rmq.client.message import MessageQueue, SendResult
-from rmq.client.producer_request import (apply_selector, heartbeat_request, parse_send_response, send_request,
-                                         send_response_fields)
+from rmq.client.producer_request import (apply_selector, batch_send_result, heartbeat_request, parse_send_response,
+                                         send_request, send_response_fields)
 from rmq.client.remoting import RemotingClient
 from rmq.client.route import route_suspect
 from rmq.client.send_attempts import SendAttempts
@@ -247,9 +247,7 @@ def batch_result(resp: Frame, topic: str, broker_name: str, broker_addr: str, pr
         The broker answered an error code.
     """
     status, mq, base, offset_ids = send_response_fields(resp, topic, broker_name, broker_addr, len(preps))
-    if len(preps) == 1:
-        return SendResult(status, preps[0].uniq_id, mq, base, offset_ids[0])
-    return SendResult(status, ",".join([p.uniq_id for p in preps]), mq, base, ",".join(offset_ids))
+    return batch_send_result(status, mq, base, preps, offset_ids)
 
 
 __all__ = ["DirectSender", "CLOSE_WAIT_S", "batch_result", "close_monitored"]

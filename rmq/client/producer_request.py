@@ -425,6 +425,17 @@ def parse_send_response(resp: Frame, topic: str, broker_name: str, broker_addr: 
     return complete_send_batch(None, SendResult, status, preps, mq, base, offset_ids)
 
 
+def batch_send_result(status, mq: MessageQueue, base: int, preps: Sequence[PreparedMessage],
+                      offset_ids: Sequence[str]) -> SendResult:
+    """The one SendResult of a user batch's answer (``send_batch``): ``msg_id`` and
+    ``offset_msg_id`` comma-joined in the batch's order, the first message's queue offset; no
+    result object per message.  (``status``, ``mq``, ``base``, ``offset_ids``: what
+    :func:`send_response_fields` reads from the answer.)"""
+    if len(preps) == 1:
+        return SendResult(status, preps[0].uniq_id, mq, base, offset_ids[0])
+    return SendResult(status, ",".join([p.uniq_id for p in preps]), mq, base, ",".join(offset_ids))
+
+
 def merge_results(results: list) -> SendResult:
     """The single SendResult of a user batch: comma-joined ids, the first queue offset."""
     first = results[0]

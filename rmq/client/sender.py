@@ -33,8 +33,8 @@ from rmq.client.futures import ManyPart
 from rmq.client.message import SendResult
 from rmq.client.message_accumulator import (ASYNC, ONEWAY, Accumulator, Pending, QueueTurns, Request, mergeable,
                                             pending_bytes, request_bytes, split_pending)
-from rmq.client.producer_request import (ProducerOptions, apply_selector, batch_body_of, heartbeat_request,
-                                         merge_results, refused_batch_limit, send_request, send_response_fields,
+from rmq.client.producer_request import (ProducerOptions, apply_selector, batch_body_of, batch_send_result,
+                                         heartbeat_request, refused_batch_limit, send_request, send_response_fields,
                                          uniq_ids_of)
 from rmq.client.publish_routes import PROVISIONAL_POLL_MS, PublishRoutes, no_route_error
 from rmq.client.route import MQFaultStrategy, RouteCache, TopicPublishInfo, namesrv_attempt_s
@@ -610,15 +610,12 @@ class Sender(threading.Thread):
                                     offset_ids[i:i + n])
                 self._done += n
                 self.stats["messages"] += n
-            elif it.whole and n > 1:              # a user batch: one result, ids comma-joined
-                self._complete(it, SendResult(status, ",".join([p.uniq_id for p in it.preps]), answered_mq,
-                                              base + i, ",".join(offset_ids[i:i + n])))
+            elif it.whole:                        # a user batch: one result, ids comma-joined
+                self._complete(it, batch_send_result(status, answered_mq, base + i, it.preps, offset_ids[i:i + n]))
             else:
                 part = complete_send_batch(None, SendResult, status, it.preps, answered_mq, base + i, offset_ids[i:i + n])
-                if type(it.future) is ManyPart:  # a part of send_async_many: its results in one call
-                    self._complete(it, part)
-                else:
-                    self._complete(it, merge_results(part) if it.whole else part[0])
+                # a part of send_async_many: its results in one call; else one message
+                self._complete(it, part if type(it.future) is ManyPart else part[0])
             i += n
         if req.queue_turn:
             self._end_turn(req)

@@ -1,6 +1,7 @@
-"""rmq.client.direct.batch_result: a user batch's one SendResult built straight from the broker's
-answer on the caller's thread, the same as the I/O thread's path gives it (per-message results
-merged: ids comma-joined in the batch's order, the first queue offset)."""
+"""rmq.client.direct.batch_result (batch_send_result, which the I/O thread's path uses too): a
+user batch's one SendResult built straight from the broker's answer, the same as merging
+per-message results gives it (rmq.aio's send_batch: ids comma-joined in the batch's order, the
+first queue offset)."""
 import pytest
 
 from rmq import Message
