@@ -334,6 +334,46 @@ def test_in_flight_messages_survive_a_broker_restart(tmp_path):
         c.close()
 
 
+def test_a_revive_record_that_is_not_json_is_skipped_at_recovery(tmp_path):
+    """The CK table is rebuilt from the revive log at start: a record there whose body is not
+    JSON (written by hand into every revive queue while the group is down, after the real
+    checkpoints and acks) is logged and skipped, and the checkpoints around it still count:
+    acked messages stay acked, the others come back after their invisible time."""
+    from rmq._core import commitlog as _cl
+    from rmq.actors.broker import store_config_from_settings
+    from rmq.actors.pop import CK_TAG, REVIVE_QUEUE_NUM
+    from rmq.broker_conf import actor_settings
+    from rmq.store.message_store import MessageStore
+    c = Cluster(tmp_path / "store")
+    try:
+        create_topic(c, "PJ", 2)
+        bodies = produce(c, "PJ", 60, 2)
+        with simple(c, "pop-gj", {"PJ": "*"}) as sc:
+            got = drain(sc, 60, invisible=3, ack=False)
+            acked = got[:20]
+            sc.ack_batch(acked)
+        c.stop_group()
+        settings = actor_settings(c.conf_path, {"storePathRootDir": str(tmp_path / "store")}, "broker")
+        store = MessageStore(config=store_config_from_settings(settings))
+        try:
+            props = _cl.encode_properties({"TAGS": CK_TAG, "WAIT": "false"})
+            for rq in range(REVIVE_QUEUE_NUM):
+                batch = _cl.encode_batch([(b"\x00 not a checkpoint {", props, 0)])
+                assert store.put_encoded(revive_topic("TestCluster"), rq, batch, None, 0, int(time.time() * 1000),
+                                         None, 0, 1).ok
+            store.commitlog.flush(0)
+        finally:
+            store.shutdown()
+        c.start_group()
+        with simple(c, "pop-gj", {"PJ": "*"}) as sc:
+            rest = drain(sc, 40, invisible=30, timeout_s=60)
+        assert sorted(v.body for v in rest) == sorted(set(bodies) - {v.body for v in acked})
+        logs = "".join(p.read_text(errors="replace") for p in (tmp_path / "store").rglob("*.log"))
+        assert "is not JSON: skipped" in logs
+    finally:
+        c.close()
+
+
 def test_aio_simple_consumer(cluster):
     import asyncio
 
