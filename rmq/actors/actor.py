@@ -39,6 +39,7 @@ from rmq.zmqio import recv_parts, send_parts
 
 from rmq import protocol as P
 from rmq import security as S
+from rmq.common.malloc_tuning import tune_malloc
 from rmq.protocol import Frame, ProtocolError, RequestCode, ResponseCode
 
 HEARTBEAT_INTERVAL_MS = 1000        # actor -> supervisor beat
@@ -427,7 +428,10 @@ class Actor:
                 pass
 
     def run(self) -> None:
-        """Run the loop until stopped; always calls ``on_stop`` and closes the context."""
+        """Run the loop until stopped; always calls ``on_stop`` and closes the context.  Tunes
+        this process's malloc first (:func:`rmq.common.malloc_tuning.tune_malloc`)."""
+        tune_malloc()
+
         def _sig(signum, _frame):
             self._running = False
         signal.signal(signal.SIGTERM, _sig)
@@ -519,7 +523,9 @@ def serve_as_actor(name: str, serve: Callable[[], None], listen: str, store_path
 
     Returns the exit code: 0 after ``serve`` returned (SIGTERM / SIGINT), 1 when it raised
     ValueError (a bad setting: "refusing to start") or OSError (``listen`` cannot be bound).
+    Tunes this process's malloc first, as :meth:`Actor.run`.
     """
+    tune_malloc()
     if store_path:
         write_pid_file(store_path, name)
     beat = BeatThread(supervisor, name) if supervisor else None

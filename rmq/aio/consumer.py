@@ -61,6 +61,7 @@ from rmq.client.message import MessageQueue
 from rmq.client.offset_store import LocalFileOffsetStore, OffsetStore
 from rmq.client.remoting import DEFAULT_TIMEOUT_MS
 from rmq.client import trace as _trace
+from rmq.common.malloc_tuning import tune_malloc
 from rmq.common.mix_all import retry_topic
 from rmq.filter import MessageSelector
 from rmq.errors import MQBrokerError, MQClientError, RemotingError
@@ -82,6 +83,7 @@ class AsyncConsumerAPI(ConsumerCalls):
 
     def __init__(self, namesrv_addr: str, timeout_ms: int = DEFAULT_TIMEOUT_MS, auth=None):
         super().__init__(namesrv_addr, timeout_ms)
+        tune_malloc()                               # pull pages: rmq.common.malloc_tuning
         self.auth = auth
         self.remoting = AsyncRemoting(auth=self.auth)
 

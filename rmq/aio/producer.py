@@ -87,6 +87,7 @@ from rmq.client.producer_request import (ProducerOptions, RowsPart, Selector, Sh
                                          parse_send_response, prepare_batch, prepare_many, queued_failures_error,
                                          refused_batch_limit, row_messages, select_by_hash, selector_for,
                                          send_request, split_by_size)
+from rmq.common.malloc_tuning import tune_malloc
 from rmq.common.topic_validator import check_group
 from rmq._core.client_msg import pending_callback as _pending_callback, set_results as _set_results, \
     track_done as _track, untrack_pending as _untrack
@@ -330,6 +331,7 @@ class Producer:
         if self._started:
             return self
         self._loop = asyncio.get_running_loop()
+        tune_malloc()                               # batch requests: rmq.common.malloc_tuning
         self._ctx = zmq.Context()
         security.register_context(self._ctx, self._auth)
         ns = set(self.namesrv_addrs)

@@ -60,6 +60,7 @@ from rmq import security
 from rmq.client.calls import blocking
 from rmq.client.remoting import DEFAULT_TIMEOUT_MS, RECONNECT_WAIT_MS, RemotingClient  # RECONNECT_WAIT_MS re-exported
 from rmq.client.route import ROUTE_REFRESH_ON_FAILURE_MS, namesrv_attempt_s, route_suspect
+from rmq.common.malloc_tuning import tune_malloc
 from rmq.common.mix_all import CLIENT_INNER_PRODUCER_GROUP, MASTER_ID, dlq_topic, retry_topic
 from rmq.common.pull_sys_flag import build_sys_flag
 from rmq.common.request_header import SUB_ALL, PullMessageRequestHeader, SendMessageRequestHeader  # SUB_ALL re-exported
@@ -841,6 +842,7 @@ class ConsumerAPI(ConsumerCalls):
 
     def __init__(self, namesrv_addr: str, timeout_ms: int = DEFAULT_TIMEOUT_MS, auth=None):
         super().__init__(namesrv_addr, timeout_ms)
+        tune_malloc()                               # pull pages: rmq.common.malloc_tuning
         self.auth = security.client_auth(auth)     # CURVE keys (rmq.security); None: plain
         self._local = threading.local()
         self._clients: list[RemotingClient] = []

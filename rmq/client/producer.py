@@ -105,6 +105,7 @@ from rmq.client.producer_request import (  # noqa: F401 (re-exported: what this 
 from rmq.client.route import MQFaultStrategy, RouteCache, split_namesrv_addr
 from rmq.client.send_attempts import final_error, is_retryable
 from rmq.client.sender import Sender
+from rmq.common.malloc_tuning import tune_malloc
 from rmq.common.topic_validator import check_group   # pure functions: the client never touches files
 from rmq.errors import MQClientError, RemotingTimeoutError
 
@@ -208,6 +209,7 @@ class Producer:
         self._max_pending = o.max_pending_messages
         self._delivery_timeout_s = max(o.delivery_timeout_ms, o.send_msg_timeout_ms) / 1000.0
         self._attempt_timeout_s = o.send_msg_timeout_ms / 1000.0
+        tune_malloc()                               # batch requests: rmq.common.malloc_tuning
         self._sender = Sender(self.namesrv_addrs, group, self.client_id, self.options)
         self._sender.client_auth = security.client_auth(auth)   # CURVE keys; None: environment / plain
         self._sender.start()
