@@ -81,6 +81,22 @@ def write_pid_file(store_path: str, name: str) -> Optional[str]:
         return None
 
 
+class _Outbox(threading.local):
+    """Replies made while an actor handles the requests it read from a socket in one turn
+    (:meth:`Actor.run_once`, more than one), written when they are all handled, in the order
+    made (Redis writes its replies before it sleeps, for the same reason).  Back to back,
+    ZeroMQ's I/O thread is woken once for them and writes each connection's together; written
+    between the handlers, each reply woke it on its own.  POP receive + ack from 64 asyncio
+    loops: the broker's main thread 3.3-3.7 -> 2.8-3.0 us a message.  A turn holds at most
+    DRAIN_PER_POLL requests, and a lone request is answered at once.  ``RMQ_DEFER_REPLIES=0`` in
+    an actor's environment writes every reply at once (for measuring)."""
+    parts: Optional[list] = None
+
+
+_OUTBOX = _Outbox()
+DEFER_REPLIES = os.environ.get("RMQ_DEFER_REPLIES", "1") != "0"
+
+
 class Reply:
     """Where a request's response goes: socket + routing envelope + opaque."""
 
@@ -111,9 +127,16 @@ class Reply:
             parts = P.encode(frame)
         except ProtocolError as e:
             parts = P.encode(Frame(ResponseCode.SYSTEM_ERROR, self.opaque, P.FLAG_RESPONSE, e.remark))
+        outbox = _OUTBOX.parts
+        if outbox is not None:              # answered while its actor handles a batch: sent after it
+            outbox.append((self, frame.code, self.envelope + parts))
+            return
+        self._write(frame.code, self.envelope + parts)
+
+    def _write(self, code: int, parts: list) -> None:
         result = "success"
         try:
-            send_parts(self.socket, self.envelope + parts)
+            send_parts(self.socket, parts)
         except zmq.Again:
             result = "write_channel_failed"
             logging.getLogger("rmq.actor").warning("reply to %r dropped: peer queue full", self.envelope[:1])
@@ -122,9 +145,9 @@ class Reply:
             # a client that closed with a request in flight (a parked long-poll pull) is routine
             level = logging.INFO if e.errno == zmq.EHOSTUNREACH else logging.WARNING
             logging.getLogger("rmq.actor").log(level, "reply dropped (code %s, opaque %s): %s",
-                                               frame.code, self.opaque, e)
+                                               code, self.opaque, e)
         if self.observer is not None:
-            self.observer(self.request_code, frame.code, (time.monotonic() - self.received_at) * 1000.0,
+            self.observer(self.request_code, code, (time.monotonic() - self.received_at) * 1000.0,
                           self.held, result)
 
     def error(self, code: int, remark: str) -> None:
@@ -490,18 +513,25 @@ class Actor:
                     break
             shed = self._shed.get(sock)
             last = len(batch) - 1
-            if shed is None:
-                for i, (parts, self.request_received_at) in enumerate(batch):
-                    self.last_of_turn = i == last
-                    handler(parts)
-            else:
-                after_s, shed_fn = shed
-                for i, (parts, self.request_received_at) in enumerate(batch):
-                    waited = monotonic() - self.request_received_at
-                    if waited > after_s and shed_fn(sock, parts, waited * 1000.0):
-                        continue
-                    self.last_of_turn = i == last
-                    handler(parts)
+            outbox = _OUTBOX.parts = [] if DEFER_REPLIES and last > 0 else None
+            try:
+                if shed is None:
+                    for i, (parts, self.request_received_at) in enumerate(batch):
+                        self.last_of_turn = i == last
+                        handler(parts)
+                else:
+                    after_s, shed_fn = shed
+                    for i, (parts, self.request_received_at) in enumerate(batch):
+                        waited = monotonic() - self.request_received_at
+                        if waited > after_s and shed_fn(sock, parts, waited * 1000.0):
+                            continue
+                        self.last_of_turn = i == last
+                        handler(parts)
+            finally:
+                if outbox is not None:
+                    _OUTBOX.parts = None
+                    for reply, code, parts in outbox:
+                        reply._write(code, parts)
         if events:
             self.after_poll()
         now = time.monotonic()

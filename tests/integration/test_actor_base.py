@@ -45,3 +45,30 @@ def test_poll_timeout_rounds_up_to_whole_ms_so_a_near_timer_does_not_spin():
     assert poll_timeout_ms(10.0, 20.0, 250) == 250            # bounded by max_wait_ms
     assert poll_timeout_ms(10.0, None, 250.5) == 251
     assert all(isinstance(poll_timeout_ms(10.0, d, 1000), int) for d in (None, 10.0001, 11.0))
+
+
+def test_a_burst_of_requests_is_answered_in_order_errors_and_all(actors, tmp_path):
+    # requests read in one turn are answered after the turn (the actor's outbox): every one gets
+    # its own answer, in the order handled, a failing handler's included, and a parked one later
+    a = actors("-m", "tests.integration.echo_actor", str(tmp_path))
+    kinds = [RequestCode.HEART_BEAT, RequestCode.QUERY_MESSAGE, 12345, RequestCode.HEART_BEAT] * 50
+    with RemotingClient() as c:
+        assert c.invoke(a.endpoint, Frame(RequestCode.HEART_BEAT)).code == ResponseCode.SUCCESS   # connected
+        c.send_raw(a.endpoint, P.encode(Frame(RequestCode.PULL_MESSAGE, opaque=10_000)))          # parked
+        for i, code in enumerate(kinds):
+            c.send_raw(a.endpoint, P.encode(Frame(code, opaque=i + 1, fields={"i": i})))
+        got = []
+        while len(got) < len(kinds) + 1:
+            r = c.recv_raw(a.endpoint, timeout_ms=10_000)
+            assert r is not None, f"{len(got)} of {len(kinds) + 1} answers"
+            got.append(r)
+    answers = [r for r in got if r.opaque != 10_000]
+    assert [r.opaque for r in answers] == list(range(1, len(kinds) + 1))
+    for r, code in zip(answers, kinds):
+        if code == RequestCode.HEART_BEAT:
+            assert r.code == ResponseCode.SUCCESS and r.fields == {"i": r.opaque - 1}
+        elif code == RequestCode.QUERY_MESSAGE:
+            assert r.code == ResponseCode.SYSTEM_ERROR and "handler exploded" in r.remark
+        else:
+            assert r.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED
+    assert [r.remark for r in got if r.opaque == 10_000] == ["later"]
