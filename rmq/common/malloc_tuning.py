@@ -30,8 +30,8 @@ import threading
 
 log = logging.getLogger("rmq.malloc")
 
-MALLOC_MMAP_THRESHOLD_BYTES = 4 * 1024 * 1024    # above every pull page (maxTransferBytesOnMessageInMemory
-                                                 # 256 KiB) and send batch (maxMessageSize 4 MiB) but the largest
+MALLOC_MMAP_THRESHOLD_BYTES = 4 * 1024 * 1024    # above every pull page (maxTransferBytesOnMessageInMemory,
+                                                 # 256 KiB); only a batch of the whole maxMessageSize maps
 MALLOC_TRIM_THRESHOLD_BYTES = 16 * 1024 * 1024   # free heap top kept mapped, per arena
 MALLOC_MMAP_THRESHOLD_MAX_BYTES = 32 * 1024 * 1024   # glibc's ceiling on 64-bit (HEAP_MAX_SIZE / 2)
 TUNING_ENV = "RMQ_MALLOC_TUNING"                 # "0" / "false" / "off" / "no": leave malloc alone
@@ -44,6 +44,13 @@ _NAMES = {M_MMAP_THRESHOLD: "M_MMAP_THRESHOLD", M_TRIM_THRESHOLD: "M_TRIM_THRESH
 
 _lock = threading.Lock()
 _done: dict = {}                                  # pid -> what tune_malloc set in that process
+
+
+def applied() -> "dict | None":
+    """What :func:`tune_malloc` set in this process (its result), or None when it was not called."""
+    with _lock:
+        done = _done.get(os.getpid())
+    return None if done is None else dict(done)
 
 
 def tuning_disabled() -> bool:

@@ -5,6 +5,7 @@ import sys
 import zmq
 
 from rmq.actors.actor import Actor
+from rmq.common import malloc_tuning
 from rmq.protocol import Frame, RequestCode
 
 
@@ -17,6 +18,9 @@ class EchoActor(Actor):
         self.handle(RequestCode.HEART_BEAT, lambda f, r: f.response(fields=f.fields, bodies=list(f.bodies)))
         self.handle(RequestCode.QUERY_MESSAGE, self.boom)
         self.handle(RequestCode.PULL_MESSAGE, self.deferred)
+        # what Actor.run set up for malloc (None: nothing called tune_malloc)
+        self.handle(RequestCode.GET_BROKER_RUNTIME_INFO,
+                    lambda f, r: f.response(fields={"malloc": malloc_tuning.applied()}))
         self.parked = []
         self.add_timer(50, self.release)
         print("ready", self.sock.getsockopt_string(zmq.LAST_ENDPOINT), flush=True)

@@ -1,11 +1,13 @@
 """The actor base as a real process: requests, errors, deferred replies, clean stop."""
 import os
+import platform
 
 import msgpack
 import pytest
 
 from rmq import protocol as P
 from rmq.client.remoting import RemotingClient
+from rmq.common.malloc_tuning import MALLOC_MMAP_THRESHOLD_BYTES, MALLOC_TRIM_THRESHOLD_BYTES, TUNING_ENV
 from rmq.protocol import Frame, RequestCode, ResponseCode
 
 pytestmark = pytest.mark.integration
@@ -47,10 +49,12 @@ def test_poll_timeout_rounds_up_to_whole_ms_so_a_near_timer_does_not_spin():
     assert all(isinstance(poll_timeout_ms(10.0, d, 1000), int) for d in (None, 10.0001, 11.0))
 
 
-def test_a_burst_of_requests_is_answered_in_order_errors_and_all(actors, tmp_path):
-    # requests read in one turn are answered after the turn (the actor's outbox): every one gets
-    # its own answer, in the order handled, a failing handler's included, and a parked one later
-    a = actors("-m", "tests.integration.echo_actor", str(tmp_path))
+@pytest.mark.parametrize("defer", ["1", "0"])
+def test_a_burst_of_requests_is_answered_in_order_errors_and_all(actors, tmp_path, defer):
+    # requests read in one turn are answered after the turn (the actor's outbox; RMQ_DEFER_REPLIES=0:
+    # each at once): every one gets its own answer, in the order handled, a failing handler's
+    # included, and a parked one later
+    a = actors("-m", "tests.integration.echo_actor", str(tmp_path), env={"RMQ_DEFER_REPLIES": defer})
     kinds = [RequestCode.HEART_BEAT, RequestCode.QUERY_MESSAGE, 12345, RequestCode.HEART_BEAT] * 50
     with RemotingClient() as c:
         assert c.invoke(a.endpoint, Frame(RequestCode.HEART_BEAT)).code == ResponseCode.SUCCESS   # connected
@@ -72,3 +76,16 @@ def test_a_burst_of_requests_is_answered_in_order_errors_and_all(actors, tmp_pat
         else:
             assert r.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED
     assert [r.remark for r in got if r.opaque == 10_000] == ["later"]
+
+
+@pytest.mark.parametrize("env, expected", [
+    ({}, {"M_MMAP_THRESHOLD": MALLOC_MMAP_THRESHOLD_BYTES, "M_TRIM_THRESHOLD": MALLOC_TRIM_THRESHOLD_BYTES}),
+    ({TUNING_ENV: "0"}, {}),
+])
+def test_an_actor_tunes_malloc_when_it_starts_unless_told_not_to(actors, tmp_path, env, expected):
+    if platform.libc_ver()[0] != "glibc":
+        expected = {}                   # nothing to tune elsewhere
+    a = actors("-m", "tests.integration.echo_actor", str(tmp_path), env=env)
+    with RemotingClient() as c:
+        r = c.invoke(a.endpoint, Frame(RequestCode.GET_BROKER_RUNTIME_INFO))
+    assert r.fields["malloc"] == expected

@@ -26,6 +26,7 @@ PROBE = textwrap.dedent("""
     libc.malloc.restype = ctypes.c_void_p
     libc.free.argtypes = [ctypes.c_void_p]
     how = sys.argv[1]
+    never = MT.applied()
     if how == "tune":
         first = MT.tune_malloc()
     elif how == "client":
@@ -39,7 +40,7 @@ PROBE = textwrap.dedent("""
     p = libc.malloc(1 << 20)
     mapped = libc.mallinfo2().hblks - before
     libc.free(p)
-    print(json.dumps({"first": first, "again": again, "mapped": mapped}))
+    print(json.dumps({"never": never, "first": first, "again": again, "applied": MT.applied(), "mapped": mapped}))
 """)
 
 
@@ -57,7 +58,8 @@ def test_a_tuned_process_takes_a_1_mib_buffer_from_the_heap():
     r = probe("tune")
     assert r["first"] == {"M_MMAP_THRESHOLD": MT.MALLOC_MMAP_THRESHOLD_BYTES,
                           "M_TRIM_THRESHOLD": MT.MALLOC_TRIM_THRESHOLD_BYTES}
-    assert r["again"] == r["first"]               # once per process: the second call's values are ignored
+    assert r["again"] == r["first"] == r["applied"]   # once per process: the second call's values are ignored
+    assert r["never"] is None                      # applied(): None before any call
     assert r["mapped"] == 0
 
 
