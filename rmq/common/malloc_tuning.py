@@ -101,17 +101,17 @@ def tune_malloc(mmap_threshold: int = MALLOC_MMAP_THRESHOLD_BYTES,
     with _lock:
         if pid in _done:
             return dict(_done[pid])
-        applied: dict = {}
+        done: dict = {}
         libc = None if tuning_disabled() else _libc()
         if libc is not None:
             for param, value in ((M_MMAP_THRESHOLD, mmap_threshold), (M_TRIM_THRESHOLD, trim_threshold)):
                 if os.environ.get(_GLIBC_ENV[param]):
                     continue                      # the user's glibc variable decides this one
                 if libc.mallopt(param, value) == 1:
-                    applied[_NAMES[param]] = value
+                    done[_NAMES[param]] = value
                 else:
                     log.warning("mallopt(%s, %d) refused; malloc keeps its default", _NAMES[param], value)
-        _done[pid] = applied
-        if applied:
-            log.debug("malloc tuned: %s", applied)
-        return dict(applied)
+        _done[pid] = done
+        if done:
+            log.debug("malloc tuned: %s", done)
+        return dict(done)
