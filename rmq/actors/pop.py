@@ -253,6 +253,7 @@ class PopService:
         if not res.ok:
             log.error("revive log append failed: %s %s", res.status, res.remark)
             return None
+        self.b.note_quiet_append(res.append.wrote_offset, res.append.wrote_bytes)
         return res
 
     def _ck_body(self, key: tuple, invisible_time: int, offsets: list, end: Optional[int]) -> dict:

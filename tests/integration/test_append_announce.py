@@ -3,7 +3,9 @@ per ``appendAnnounceIntervalMs`` (default 1 ms, RocketMQ's ReputMessageService r
 append after a quiet spell at once and the rest at the interval's end, so nothing appended is left
 unannounced.  Under SYNC_FLUSH a small group is msynced by the broker itself before its acks and
 announced as ANNOUNCE_DURABLE (the flush actor is not woken); a group left to the flush actor, and
-every append of a SYNC_MASTER, is announced at once (a send waits for what it starts).
+every append of a SYNC_MASTER, is announced at once (a send waits for what it starts).  The POP
+revive log's checkpoints and acks, which no reader waits for, make no announcement of their own:
+the next one (an append's, or the periodic tick) takes them.
 
 Counted on the broker's PUB socket itself.  Sends go one at a time (each answered before the next
 is sent), so each is appended in a poll turn of its own: without coalescing, one announcement per
@@ -13,14 +15,18 @@ import time
 import pytest
 import zmq
 
+from rmq import PullConsumer, SimpleConsumer
 from rmq import protocol as P
 from rmq.actors.broker import SYNC_FLUSH_INLINE_MAX_BYTES
 from rmq.actors.broker_endpoints import ANNOUNCE_APPEND, ANNOUNCE_DURABLE, ANNOUNCE_TICK, announce_endpoint
+from rmq.actors.pop import REVIVE_QUEUE_NUM, revive_topic
+from rmq.client.consumer import MessageQueue
 from rmq.client.remoting import RemotingClient
 from rmq.protocol import ResponseCode
 from rmq.testing import broker_runtime_info
 from tests.integration.cluster import Cluster
 from tests.integration.test_broker import send
+from tests.integration.test_consumer import create_topic, wait_dispatched, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -143,3 +149,52 @@ def test_sync_flush_small_sends_made_durable_by_the_broker_do_not_wake_the_flush
     durable = [e for e in ann.durable if e <= end]
     assert durable and durable[-1] == end and durable == sorted(set(durable)), (durable[-3:], end)
     assert len(durable) <= int(elapsed_s * 1000 / interval_ms) + 2 and len(durable) < SENDS, (len(durable), elapsed_s)
+
+
+@pytest.mark.parametrize("interval_ms", [None, 0])
+def test_pop_revive_log_appends_are_announced_by_the_next_announcement(tmp_path, interval_ms):
+    """POP receives and acks append only revive-log records: with the default interval no
+    ANNOUNCE_APPEND goes out for them, the periodic tick tells reput their end (they get
+    dispatched), and the next send is announced at once with them.  With
+    appendAnnounceIntervalMs=0 they are announced as any append."""
+    conf = {} if interval_ms is None else {"appendAnnounceIntervalMs": str(interval_ms)}
+    with Cluster(str(tmp_path / "store"), conf=conf) as cluster, RemotingClient() as c:
+        create_topic(cluster, "AnnPop", 1)
+        for i in range(100):
+            assert send(c, cluster.broker_addr, "AnnPop", b"p%03d" % i).code == ResponseCode.SUCCESS
+        wait_dispatched(cluster, "AnnPop", 1, 100, group="ann-probe")
+        ann = Announcements(cluster.store_path)
+        try:
+            ann.until_append_end(int(broker_runtime_info(cluster.broker_addr, c)["commitLogMaxOffset"]),
+                                 tick_will_do=True)
+            start = int(broker_runtime_info(cluster.broker_addr, c)["commitLogMaxOffset"])
+            ann.appends.clear()
+            got = 0
+            with SimpleConsumer(cluster.namesrv_addr, "ann-pop", {"AnnPop": "*"}, await_duration_s=0.5,
+                                init_mode="MIN") as sc:
+                while got < 100:
+                    views = sc.receive(10, 60)
+                    assert views, f"POP returned nothing after {got} of 100"
+                    sc.ack_batch(views)
+                    got += len(views)
+            info = broker_runtime_info(cluster.broker_addr, c)
+            end = int(info["commitLogMaxOffset"])
+            assert end > start, "the checkpoints and acks went to the CommitLog"
+            ann.until_append_end(end, tick_will_do=True)
+            if interval_ms == 0:
+                assert ann.appends and ann.appends[-1] == end, (ann.appends[-3:], end)
+            else:
+                assert not ann.appends, f"revive-log appends announced on their own: {ann.appends[-3:]}"
+            # reput dispatched them (from the tick): the revive queues hold every record
+            with PullConsumer(cluster.namesrv_addr, "ann-revive-reader") as pc:
+                wait_for(lambda: sum(pc.max_offset(MessageQueue(revive_topic("TestCluster"), "broker-a", q))
+                                     for q in range(REVIVE_QUEUE_NUM)) >= 20,
+                         what="the revive log dispatched (10 checkpoints + 10 acks)")
+            ann.appends.clear()
+            r = send(c, cluster.broker_addr, "AnnPop", b"after")
+            assert r.code == ResponseCode.SUCCESS, r.remark
+            end2 = int(broker_runtime_info(cluster.broker_addr, c)["commitLogMaxOffset"])
+            ann.until_append_end(end2)          # an ANNOUNCE_APPEND, not the tick
+            assert ann.appends[0] == end2, (ann.appends, end2)
+        finally:
+            ann.close()
