@@ -20,6 +20,7 @@ runs with explicit Unpacker limits, and a malformed frame raises
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any, Optional, Sequence, Union
@@ -41,6 +42,9 @@ UNPACK_LIMITS = dict(max_buffer_size=MAX_HEADER_SIZE, max_str_len=MAX_HEADER_SIZ
                      max_ext_len=0)
 # msgpack.unpackb takes the same limits but the buffer's (decode checks the header's size itself)
 _UNPACKB_LIMITS = {k: v for k, v in UNPACK_LIMITS.items() if k != "max_buffer_size"}
+# encode's msgpack Packer, one per thread (a Packer is not thread-safe): msgpack.packb builds a new
+# one per call, 1.07 against 0.66 us for a POP_MESSAGE header on this VM (timeit)
+_PACKERS = threading.local()
 
 FLAG_RESPONSE = 0x1                # RemotingCommand flag bit 0
 FLAG_ONEWAY = 0x2                  # RemotingCommand flag bit 1
@@ -241,14 +245,22 @@ def encode(frame: Frame) -> list:
     ProtocolError
         The header or the whole message would exceed the limits.
     """
-    header = msgpack.packb({"code": int(frame.code), "opaque": int(frame.opaque), "flag": int(frame.flag),
-                            "remark": frame.remark[:MAX_REMARK_LENGTH], "fields": frame.fields},
-                           use_bin_type=True)
+    try:
+        packer = _PACKERS.packer
+    except AttributeError:
+        packer = _PACKERS.packer = msgpack.Packer(use_bin_type=True)
+    try:
+        header = packer.pack({"code": int(frame.code), "opaque": int(frame.opaque), "flag": int(frame.flag),
+                              "remark": frame.remark[:MAX_REMARK_LENGTH], "fields": frame.fields})
+    except BaseException:
+        packer.reset()                # nothing of a failed header is left for the next one
+        raise
     if len(header) > MAX_HEADER_SIZE:
+        _PACKERS.packer = msgpack.Packer(use_bin_type=True)   # its buffer grew past the limit: not kept
         raise ProtocolError(f"header of {len(header)} bytes exceeds {MAX_HEADER_SIZE}", ResponseCode.SYSTEM_ERROR)
     if len(frame.bodies) > MAX_BODY_PARTS:
         raise ProtocolError(f"{len(frame.bodies)} body parts exceed {MAX_BODY_PARTS}")
-    total = len(header) + sum(len(b) for b in frame.bodies)
+    total = len(header) + sum(map(len, frame.bodies))
     if total > MAX_MESSAGE_SIZE:
         raise ProtocolError(f"message of {total} bytes exceeds {MAX_MESSAGE_SIZE}")
     return [PROTOCOL_MAGIC, header, *frame.bodies]

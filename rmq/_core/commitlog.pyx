@@ -9,7 +9,7 @@ physical offset, queue offset, store timestamp, body CRC and whole-record
 ``checkMessageAndReturnSize``; recovery and dispatch scan with it.
 """
 cimport cython
-from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from libc.stdint cimport int16_t, int32_t, int64_t, uint16_t, uint32_t
 from libc.string cimport memcmp, memcpy
 
@@ -783,7 +783,18 @@ cdef dict _parse_properties(bytes raw):
     return out
 
 
-cdef MessageExt _decode_one(const unsigned char* p, RecordView* rv, bint read_body, str topic=None):
+cdef inline bytes _same_or_new(bytes last, const unsigned char* p, int32_t n):
+    """``last`` when it holds the ``n`` bytes at ``p`` (a page's records share their hosts), else
+    a new bytes of them."""
+    if last is not None and PyBytes_GET_SIZE(last) == n and memcmp(PyBytes_AS_STRING(last), p, n) == 0:
+        return last
+    return (<const char*>p)[:n]
+
+
+cdef MessageExt _decode_one(const unsigned char* p, RecordView* rv, bint read_body, str topic,
+                            bytes last_born, bytes last_store):
+    """One record as a MessageExt; ``last_born`` / ``last_store``: the previous record's host
+    bytes, shared when equal (two allocations fewer per message of a page)."""
     cdef MessageExt m = MessageExt.__new__(MessageExt)
     cdef int32_t bh = host_length(rv.sys_flag, BORNHOST_V6_FLAG)
     cdef int32_t sh = host_length(rv.sys_flag, STOREHOSTADDRESS_V6_FLAG)
@@ -800,9 +811,9 @@ cdef MessageExt _decode_one(const unsigned char* p, RecordView* rv, bint read_bo
     m.body_crc = load_be32(p + MSG_BODY_CRC_OFFSET)
     m.sys_flag = rv.sys_flag
     m.born_timestamp = load_be64(p + MSG_BORN_TIMESTAMP_OFFSET)
-    m.born_host = (<const char*>p)[MSG_BORN_HOST_OFFSET:MSG_BORN_HOST_OFFSET + bh]
+    m.born_host = _same_or_new(last_born, p + MSG_BORN_HOST_OFFSET, bh)
     m.store_timestamp = rv.store_timestamp
-    m.store_host = (<const char*>p)[stp + 8:stp + 8 + sh]
+    m.store_host = _same_or_new(last_store, p + stp + 8, sh)
     m.reconsume_times = load_be32(p + stp + 8 + sh)
     m.prepared_transaction_offset = load_be64(p + stp + 8 + sh + 4)
     return m
@@ -826,6 +837,7 @@ def decode_records(const unsigned char[::1] data, bint read_body=True, bint chec
     cdef const unsigned char* last_topic = NULL
     cdef int32_t last_topic_len = -1
     cdef str topic = None
+    cdef MessageExt m = None
     out = []
     while pos < n:
         p = &data[0] + pos
@@ -838,7 +850,9 @@ def decode_records(const unsigned char[::1] data, bint read_body=True, bint chec
             topic = (<const char*>p)[rv.topic_pos:rv.topic_pos + rv.topic_len].decode("utf-8", "replace")
             last_topic = p + rv.topic_pos
             last_topic_len = rv.topic_len
-        out.append(_decode_one(p, &rv, read_body, topic))
+        m = _decode_one(p, &rv, read_body, topic, m.born_host if m is not None else None,
+                        m.store_host if m is not None else None)
+        out.append(m)
         pos += rv.total_size
     return out
 

@@ -124,6 +124,26 @@ def test_ipv6_hosts_set_sysflag_bits(mf, tmp_path):
     assert len(m.offset_msg_id) == 56 and cl.decode_message_id(m.offset_msg_id) == (v6, 0)
 
 
+def test_decoded_records_share_equal_hosts_and_keep_different_ones(mf):
+    """decode_records shares one bytes for equal born / store hosts of consecutive records (a
+    page's usual case) and still gives each record its own when they differ (two producers, an
+    IPv6 one among them)."""
+    v4a, v4b = BORN_HOST, bytes([10, 0, 0, 9]) + struct.pack(">i", 4242)
+    v6 = bytes(range(16)) + struct.pack(">i", 9)
+    batch = cl.encode_batch([(b"x", b"", 0), (b"y", b"", 0)])
+    wrote = 0
+    for born, sys_flag in ((v4a, 0), (v4a, 0), (v4b, 0), (v6, 0x10), (v4a, 0)):
+        out = array("q", [0, 0])
+        _, _, w, _ = cl.append_batch(mf, batch, b"T", 0, 0, sys_flag, 1, born, STORE_HOST, 2, b"", True, 0, 0,
+                                     1 << 22, out)
+        wrote += w
+    ms = cl.decode_records(mf.read(0, wrote), True, True)
+    assert [m.born_host for m in ms] == [v4a] * 4 + [v4b] * 2 + [v6] * 2 + [v4a] * 2
+    assert all(m.store_host == STORE_HOST for m in ms)
+    assert ms[0].born_host is ms[3].born_host and ms[0].store_host is ms[9].store_host
+    assert ms[5].born_host is not ms[6].born_host
+
+
 def test_end_of_file_blank_record(tmp_path):
     f = MappedFile(str(tmp_path / "00000000000000000000"), 1024)
     (_, _, w1, _), _ = append(f, [(b"x" * 500, b"", 0)])

@@ -62,6 +62,35 @@ def test_encode_limits():
         P.encode(Frame(1, fields={"k": "v" * (P.MAX_HEADER_SIZE + 1)}))
 
 
+def test_encode_after_a_failed_header_and_from_many_threads():
+    """encode keeps one msgpack Packer per thread: a header that cannot be packed (or is too
+    large) leaves nothing behind for the next, and threads never see each other's bytes."""
+    import threading
+
+    with pytest.raises(TypeError):
+        P.encode(Frame(1, fields={"a": "x" * 100, "b": object()}))
+    with pytest.raises(ProtocolError):
+        P.encode(Frame(1, fields={"k": "v" * (P.MAX_HEADER_SIZE + 1)}))
+    g = P.decode(P.encode(Frame(2, 5, fields={"k": "v"})))
+    assert (g.code, g.opaque, g.fields) == (2, 5, {"k": "v"})
+
+    errors = []
+
+    def run(t):
+        try:
+            for i in range(2000):
+                f = P.decode(P.encode(Frame(t, i, fields={"t": t, "pad": "p" * (i % 50)})))
+                assert (f.code, f.opaque, f.fields) == (t, i, {"t": t, "pad": "p" * (i % 50)})
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+    threads = [threading.Thread(target=run, args=(t,)) for t in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors, errors[:1]
+
+
 def test_field_validators():
     f = Frame(1, fields={"i": 5, "s": "abc", "b": True, "x": "5"})
     assert P.field_int(f, "i", lo=0, hi=10) == 5
