@@ -237,3 +237,150 @@ def tree_remove(tree, list msgs):
             if body is not None:
                 size += len(body)
     return removed, size
+
+
+# -- POP consumption (rmq.client.simple_consumer) ---------------------------------------------
+@cython.no_gc          # holds a message, strs and a tuple of ints / strs: no cycle runs through it
+@cython.final
+cdef class MessageView:
+    """A received message (RocketMQ 5's MessageView): the stored message plus its receipt handle.
+
+    ``topic`` is the topic subscribed to (also for a redelivery stored in the group's POP retry
+    topic); ``delivery_attempt`` is 1 for a first delivery (``reconsume_times + 1``).  ``_ck`` is
+    the checkpoint the message was popped under, ``(startOffset, popTime, invisibleTime,
+    reviveQid, retry)``: the views of one receive and one queue share the tuple.
+
+    A C type the cyclic GC does not track (a receive builds one per message: stop 48,
+    ``bench/results/client.md``).
+    """
+    cdef public object message              # rmq._core.commitlog.MessageExt
+    cdef public str topic
+    cdef public tuple _ck
+    cdef public object _handle              # the receipt handle, built on first use (None: not yet)
+    cdef public str broker_name
+
+    def __init__(self, message, str topic, tuple ck, str broker_name):
+        self.message = message
+        self.topic = topic
+        self._ck = ck
+        self._handle = None
+        self.broker_name = broker_name
+
+    @property
+    def receipt_handle(self):
+        """RocketMQ's extraInfo of the message: ``"startOffset popTime invisibleTime reviveQid retry
+        brokerName queueId queueOffset"`` (ExtraInfoUtil); what ack / change_invisible_duration send."""
+        if self._handle is None:
+            so, pt, it, rq, retry = self._ck
+            m = self.message
+            self._handle = f"{so} {pt} {it} {rq} {retry} {self.broker_name} {m.queue_id} {m.queue_offset}"
+        return self._handle
+
+    @property
+    def message_id(self):
+        return self.message.msg_id
+
+    @property
+    def body(self):
+        return self.message.body
+
+    @property
+    def properties(self):
+        return self.message.properties
+
+    @property
+    def tag(self):
+        return self.message.tags
+
+    @property
+    def keys(self):
+        return self.message.keys
+
+    @property
+    def queue_id(self):
+        return self.message.queue_id
+
+    @property
+    def queue_offset(self):
+        return self.message.queue_offset
+
+    @property
+    def born_timestamp(self):
+        return self.message.born_timestamp
+
+    @property
+    def store_timestamp(self):
+        return self.message.store_timestamp
+
+    @property
+    def delivery_attempt(self):
+        return self.message.reconsume_times + 1
+
+    @property
+    def invisible_until_ms(self):
+        """When the broker redelivers the message unless it is acked (epoch ms)."""
+        return self._ck[1] + self._ck[2]
+
+    def __repr__(self):
+        return (f"MessageView(topic={self.topic!r}, message_id={self.message_id!r}, "
+                f"delivery_attempt={self.delivery_attempt}, receipt_handle={self.receipt_handle!r})")
+
+
+cdef inline MessageView _view(object m, str topic, tuple ck, str broker_name):
+    cdef MessageView v = MessageView.__new__(MessageView)
+    v.message = m
+    v.topic = topic
+    v._ck = ck
+    v._handle = None
+    v.broker_name = broker_name
+    return v
+
+
+def pop_views(list msgs, list segments, str topic, object pop_time, object invisible_time, str broker_name,
+              tags_set=None, matches=None):
+    """The views of a POP answer: ``msgs`` (its records, decoded) cut by ``segments`` (``[(startOffset,
+    reviveQid, retry, count)]``, one per queue popped, in record order), each segment's views
+    sharing one checkpoint tuple.  With ``tags_set`` (a TAG subscription), a message whose
+    ``matches(tags)`` is false goes to the second list (a tag hash collision: the caller acks
+    it).  Returns ``(views, dropped)``."""
+    cdef list views = [], dropped = []
+    cdef Py_ssize_t i = 0, k, n
+    cdef tuple ck
+    for so, rq, retry, count in segments:
+        n = count
+        ck = (so, pop_time, invisible_time, rq, retry)
+        if not tags_set:
+            for k in range(i, i + n):
+                views.append(_view(msgs[k], topic, ck, broker_name))
+        else:
+            for k in range(i, i + n):
+                m = msgs[k]
+                (views if matches(m.tags) else dropped).append(_view(m, topic, ck, broker_name))
+        i += n
+    return views, dropped
+
+
+def ack_groups(views):
+    """The BatchAcks of ``views`` (MessageViews, any order): ``{(topic, ck, queueId): [view, ...]}``
+    in first-seen order, each list in the order given (what a BATCH_ACK_MESSAGE body is built
+    from: :func:`rmq.client.simple_consumer.batch_ack_frame`)."""
+    cdef dict by_ck = {}
+    cdef object last = None
+    cdef list vs = None
+    cdef MessageView v
+    for o in views:
+        v = <MessageView?>o
+        if v._ck is not last:            # a receive's views of one checkpoint share its tuple
+            key = (v.topic, v._ck, v.message.queue_id)
+            vs = by_ck.get(key)
+            if vs is None:
+                vs = by_ck[key] = []
+            last = v._ck
+        vs.append(v)
+    return by_ck
+
+
+def ack_bits(list vs, long long start_offset):
+    """``[queue offset - start_offset]`` of views ``vs`` (a BatchAck's ``b``)."""
+    cdef MessageView v
+    return [(<MessageView>v).message.queue_offset - start_offset for v in vs]

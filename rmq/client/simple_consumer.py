@@ -27,6 +27,7 @@ from concurrent.futures import Future
 from typing import Iterable, Mapping, Optional, Sequence, Union
 
 from rmq._core import commitlog as _cl
+from rmq._core.consume import MessageView, ack_bits, ack_groups, pop_views
 from rmq.client.calls import blocking, drive
 from rmq.client.futures import SendFuture
 from rmq.client.consumer_api import (ConsumerAPI, SubscriptionData, consumer_data, default_client_id,
@@ -53,82 +54,6 @@ ACK_FLUSH_TIMEOUT_S = 10.0              # shutdown() waits this long for the ack
 HEARTBEAT_INTERVAL_S = 30.0             # heartbeatBrokerInterval
 CONSUME_TYPE_POP = "CONSUME_POP"        # ConsumeType.CONSUME_POP
 RETRY_FLAG_NORMAL = "0"
-
-
-class MessageView:
-    """A received message (RocketMQ 5's MessageView): the stored message plus its receipt handle.
-
-    ``topic`` is the topic subscribed to (also for a redelivery stored in the group's POP retry
-    topic); ``delivery_attempt`` is 1 for a first delivery (``reconsume_times + 1``).
-    """
-    __slots__ = ("message", "topic", "_ck", "_handle", "broker_name")
-
-    def __init__(self, message, topic: str, ck: tuple, broker_name: str):
-        self.message = message                # rmq._core.commitlog.MessageExt
-        self.topic = topic
-        self._ck = ck                         # (startOffset, popTime, invisibleTime, reviveQid, retry)
-        self._handle: Optional[str] = None
-        self.broker_name = broker_name
-
-    @property
-    def receipt_handle(self) -> str:
-        """RocketMQ's extraInfo of the message: ``"startOffset popTime invisibleTime reviveQid retry
-        brokerName queueId queueOffset"`` (ExtraInfoUtil); what ack / change_invisible_duration send."""
-        h = self._handle
-        if h is None:
-            so, pt, it, rq, retry = self._ck
-            m = self.message
-            h = self._handle = f"{so} {pt} {it} {rq} {retry} {self.broker_name} {m.queue_id} {m.queue_offset}"
-        return h
-
-    @property
-    def message_id(self) -> str:
-        return self.message.msg_id
-
-    @property
-    def body(self) -> bytes:
-        return self.message.body
-
-    @property
-    def properties(self) -> dict:
-        return self.message.properties
-
-    @property
-    def tag(self) -> Optional[str]:
-        return self.message.tags
-
-    @property
-    def keys(self) -> list:
-        return self.message.keys
-
-    @property
-    def queue_id(self) -> int:
-        return self.message.queue_id
-
-    @property
-    def queue_offset(self) -> int:
-        return self.message.queue_offset
-
-    @property
-    def born_timestamp(self) -> int:
-        return self.message.born_timestamp
-
-    @property
-    def store_timestamp(self) -> int:
-        return self.message.store_timestamp
-
-    @property
-    def delivery_attempt(self) -> int:
-        return self.message.reconsume_times + 1
-
-    @property
-    def invisible_until_ms(self) -> int:
-        """When the broker redelivers the message unless it is acked (epoch ms)."""
-        return self._ck[1] + self._ck[2]
-
-    def __repr__(self) -> str:
-        return (f"MessageView(topic={self.topic!r}, message_id={self.message_id!r}, "
-                f"delivery_attempt={self.delivery_attempt}, receipt_handle={self.receipt_handle!r})")
 
 
 class AckError(MQClientError):
@@ -208,18 +133,8 @@ def parse_pop_response(resp: Frame, sub: SubscriptionData, addr: str = "") -> tu
     if sum(s[3] for s in segments) != len(msgs):
         raise MQClientError(f"pop from {addr}: {len(msgs)} records for {sum(s[3] for s in segments)} checkpointed")
     post_process_messages(msgs, None)
-    topic = sub.topic
-    views, dropped = [], []
-    i = 0
-    for so, rq, retry, n in segments:
-        ck = (so, pt, it, rq, retry)
-        if not sub.tags_set:        # "*": every record (its properties stay unparsed until asked for)
-            views += [MessageView(m, topic, ck, bn) for m in msgs[i:i + n]]
-        else:
-            for m in msgs[i:i + n]:
-                (views if sub.matches(m.tags) else dropped).append(MessageView(m, topic, ck, bn))
-        i += n
-    return views, dropped
+    # "*": every record (its properties stay unparsed until asked for); a TAG subscription re-checks
+    return pop_views(msgs, segments, sub.topic, pt, it, bn, sub.tags_set, sub.matches)
 
 
 def ack_frame(group: str, view: MessageView) -> Frame:
@@ -233,22 +148,12 @@ def batch_ack_frame(group: str, broker_name: str, views: Sequence[MessageView]) 
     RocketMQ's BatchAckMessageRequestBody (one BatchAck per checkpoint, see
     :meth:`rmq.actors.pop.PopService.on_batch_ack`); ``index[i]`` is ``(startOffset, views)`` of
     BatchAck ``i``, the views in the order of its bits (:func:`batch_ack_failures` reads it)."""
-    by_ck: dict = {}
-    last = vs = None
-    for v in views:
-        ck = v._ck
-        if ck is not last:            # a receive's views of one checkpoint share its tuple
-            key = (v.topic, ck, v.message.queue_id)
-            vs = by_ck.get(key)
-            if vs is None:
-                vs = by_ck[key] = []
-            last = ck
-        vs.append(v)
+    by_ck = ack_groups(views)
     acks = []
     for (topic, ck, qid), vs in by_ck.items():
         so, pt, it, rq, retry = ck
         acks.append({"c": group, "t": topic, "r": retry, "so": so, "q": qid, "rq": rq, "pt": pt, "it": it,
-                     "b": [v.message.queue_offset - so for v in vs]})
+                     "b": ack_bits(vs, so)})
     return Frame(RequestCode.BATCH_ACK_MESSAGE, fields={"consumerGroup": group},
                  bodies=[pack_body({"brokerName": broker_name, "acks": acks})]), \
         [(key[1][0], vs) for key, vs in by_ck.items()]
