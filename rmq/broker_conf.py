@@ -225,6 +225,8 @@ def append_announce_interval_ms(s: Mapping[str, Any]) -> int:
     pulls at a queue's tail are answered from the appends themselves (wakePullOnAppendEnable), so
     the interval does not delay them.  SYNC_FLUSH, SYNC_MASTER and allAckInSyncStateSet announce
     every append at once (a send waits for the flush or the replica that the announcement starts).
+    Appends of the POP revive log alone are not announced before the next append or the 200 ms
+    tick (:meth:`rmq.actors.broker.BrokerActor.note_quiet_append`), except with 0.
 
     Raises
     ------
