@@ -83,10 +83,14 @@ PULL_BATCH_SIZE = 32                            # RocketMQ's pullBatchSize: the 
 # PushConsumer spent more on pulls than on messages (100 B: 32 -> 256 took it 110k -> 290k msgs/s,
 # PullConsumer.poll 240k -> 1.4M at 256, 1.75M at 512; 512 -> 1024, 400,000 x 100 B alternated:
 # poll 1.38-1.73M -> 1.82-2.26M, poll_arrow 1.30-1.45M -> 1.78-1.95M; the PushConsumer, 4 rounds
-# of 300,000: 256 374-415k, 512 409-602k, 1024 512-624k msgs/s; 512 keeps two pages under
-# PULL_THRESHOLD_FOR_QUEUE).  The broker caps a pull at maxTransferCountOnMessageInMemory (rmq:
-# 1024) and maxTransferBytesOnMessageInMemory (256 KiB).
-PUSH_PULL_BATCH_SIZE = 512
+# of 300,000: 256 374-415k, 512 409-602k, 1024 512-624k msgs/s).  The PushConsumer asked 512
+# until stop 48 (two pages under PULL_THRESHOLD_FOR_QUEUE); 1024 against 512, 300,000 x 100 B, 3
+# rounds, alternated four times: the client process 0.83-1.20 against 1.07-1.30 us of CPU a
+# message, 776k-1.23M against 687k-1.10M msgs/s.  With 1024 a page alone passes the threshold, so
+# the next pull waits for the listeners to take its first messages (ProcessQueue.notify_when_below):
+# one page held and one in flight per queue.  The broker caps a pull at
+# maxTransferCountOnMessageInMemory (rmq: 1024) and maxTransferBytesOnMessageInMemory (256 KiB).
+PUSH_PULL_BATCH_SIZE = 1024
 POLL_PULL_BATCH_SIZE = 1024
 PULL_THRESHOLD_FOR_QUEUE = 1000                 # messages cached per queue before pulls pause
 PULL_THRESHOLD_SIZE_FOR_QUEUE_MB = 100          # MiB cached per queue before pulls pause
@@ -1116,7 +1120,7 @@ class PushConsumer(PushConsumerCalls):
         ``consume_thread_min`` for a listener that spends its time in C code that releases the
         GIL.  An orderly listener has ``consume_thread_max`` threads from the start.
     pull_batch_size : int
-        Messages asked per pull (``PUSH_PULL_BATCH_SIZE``, 512; RocketMQ's pullBatchSize is 32,
+        Messages asked per pull (``PUSH_PULL_BATCH_SIZE``, 1024; RocketMQ's pullBatchSize is 32,
         see the constant for why rmq asks more).
     consume_message_batch_max_size : int
         Messages per listener call (1).
@@ -1516,7 +1520,7 @@ class PushConsumer(PushConsumerCalls):
         side has brought its process queue down to ``pull_threshold_for_queue``
         (:meth:`ProcessQueue.notify_when_below`), or after ``delay_ms`` (RocketMQ's fixed
         PULL_TIME_DELAY_MS_WHEN_FLOW_CONTROL), whichever comes first.  RocketMQ only waits the
-        50 ms; with rmq's 512-message pulls two pulls fill the 1,000-message threshold, the
+        50 ms; with rmq's 1,024-message pulls one page passes the 1,000-message threshold, the
         listener made room within about a millisecond and then had nothing to do for the rest
         of the 50 ms (the PushConsumer's rate fell by about a quarter in the runs where it
         happened, bench/results/client.md, stop 44)."""

@@ -1181,7 +1181,7 @@ def test_consumer_pull_batch_defaults_and_the_brokers_cap():
     default of pull()), validated 1..1024; the broker caps a pull at 1024 in-memory messages."""
     from rmq.client import consumer as C
     from rmq.store.config import MessageStoreConfig
-    assert (C.PUSH_PULL_BATCH_SIZE, C.POLL_PULL_BATCH_SIZE, C.PULL_BATCH_SIZE) == (512, 1024, 32)
+    assert (C.PUSH_PULL_BATCH_SIZE, C.POLL_PULL_BATCH_SIZE, C.PULL_BATCH_SIZE) == (1024, 1024, 32)
     assert MessageStoreConfig().max_transfer_count_on_message_in_memory == 1024
     assert MessageStoreConfig().max_transfer_bytes_on_message_in_memory == 256 * 1024
     for bad in (0, 1025):
@@ -1189,7 +1189,7 @@ def test_consumer_pull_batch_defaults_and_the_brokers_cap():
             PushConsumer("127.0.0.1:1", "g", pull_batch_size=bad)
         with pytest.raises(MQClientError, match="pull_batch_size must be in"):
             PullConsumer("127.0.0.1:1", "g", pull_batch_size=bad)
-    assert PushConsumer("127.0.0.1:1", "g").pull_batch_size == 512 == C.PUSH_PULL_BATCH_SIZE
+    assert PushConsumer("127.0.0.1:1", "g").pull_batch_size == 1024 == C.PUSH_PULL_BATCH_SIZE
     assert PullConsumer("127.0.0.1:1", "g").pull_batch_size == 1024 == C.POLL_PULL_BATCH_SIZE
 
 
