@@ -205,6 +205,12 @@ class AsyncPullConsumer(PullConsumerCalls):
 
     async def poll(self, timeout_ms: int = 1000) -> list:
         """Messages from the assigned queues, awaiting up to ``timeout_ms`` (long polling)."""
+        new = [mq for mq in self._assigned if mq not in self._positions]
+        if len(new) > 1 and not self._closed:     # the start positions of new queues, all at once
+            for r in await asyncio.gather(*(adrive(self._initial_position_call(mq), self._invoke) for mq in new),
+                                          return_exceptions=True):
+                if isinstance(r, BaseException):
+                    raise r
         await adrive(self._before_poll_call(), self._invoke)
         if not self._assigned:
             await asyncio.sleep(timeout_ms / 1000.0)

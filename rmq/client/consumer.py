@@ -909,12 +909,20 @@ class PullConsumer(PullConsumerCalls):
     def _poll(self, timeout_ms: int, decode: Callable) -> list:
         """poll()'s loop; ``decode(resp, subscription, addr, mq) -> (next offset, items)``."""
         api = self._started()
+        if self._assigned and self._mux is None:
+            self._mux = RequestMux(auth=api.auth)
+        new = [mq for mq in self._assigned if mq not in self._positions]
+        if len(new) > 1 and not self._closed and not self._mux.pending:
+            # the start positions of newly assigned queues, asked for all at once (each is one or
+            # two round trips: the committed offset, then the queue's min / max / timestamp's)
+            for r in self._mux.run_calls([self._initial_position_call(mq) for mq in new], self.timeout_ms,
+                                         api._answered):
+                if isinstance(r, Exception):
+                    raise r
         drive(self._before_poll_call(), self._invoke)
         if not self._assigned:
             time.sleep(timeout_ms / 1000.0)
             return []
-        if self._mux is None:
-            self._mux = RequestMux(auth=api.auth)
         deadline = time.monotonic() + timeout_ms / 1000.0
         out: list = []
         error: Optional[Exception] = None

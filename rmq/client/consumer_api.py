@@ -931,6 +931,9 @@ def decode_answer(parts: list, addr: str, on_request: Optional[Callable[[Frame, 
     return None
 
 
+_RUN_CALLS = object()      # RequestMux.run_calls' tokens: (_RUN_CALLS, index of the call)
+
+
 class RequestMux:
     """Many outstanding requests over DEALER sockets (one per address), answered in any order.
 
@@ -996,6 +999,53 @@ class RequestMux:
 
     def cancel(self, opaque: int) -> None:
         self.pending.pop(opaque, None)
+
+    def run_calls(self, calls: list, timeout_ms: int,
+                  answered: Optional[Callable[[str, object], None]] = None) -> list:
+        """Drive ``calls`` (:mod:`rmq.client.calls` generators) at once: each call's next request
+        goes out as soon as it yields it, so n calls of k requests each take about k round trips
+        instead of n x k (a PullConsumer's start positions: two per queue).  ``timeout_ms`` is a
+        request's when the call gives none; ``answered(addr, Frame or exception)`` sees every
+        outcome (the client's address bookkeeping).  The mux must have nothing else in flight
+        (what this reads is its own).  Returns each call's result, or the exception it let out,
+        in the order of ``calls``."""
+        out: list = [None] * len(calls)
+        live = 0
+
+        def step(i: int, advance, value) -> None:
+            nonlocal live
+            while True:
+                try:
+                    addr, frame, t = advance(value)
+                except StopIteration as stop:
+                    out[i] = stop.value
+                    return
+                except Exception as e:  # noqa: BLE001 - the call's own failure is its result
+                    out[i] = e
+                    return
+                try:
+                    self.send(addr, frame, t or timeout_ms, (_RUN_CALLS, i))
+                except (RemotingError, ProtocolError) as e:
+                    err = e if isinstance(e, RemotingError) else RemotingError(
+                        f"cannot encode the request to {addr}: {e}")
+                    advance, value = calls[i].throw, err       # handed to the call, as drive() does
+                    continue
+                live += 1
+                return
+
+        for i, call in enumerate(calls):
+            step(i, call.send, None)
+        while live:
+            done, _ = self.poll(100)
+            for token, resp, addr in done:
+                if type(token) is not tuple or token[0] is not _RUN_CALLS:
+                    continue
+                live -= 1
+                if answered is not None:
+                    answered(addr, resp)
+                call = calls[token[1]]
+                step(token[1], call.throw if isinstance(resp, Exception) else call.send, resp)
+        return out
 
     def register_fd(self, fd: int) -> None:
         self.poller.register(fd, zmq.POLLIN)

@@ -1286,3 +1286,75 @@ def test_a_long_run_commits_its_offset_before_it_ends(cluster, aio):
         assert 0 < seen_at_last[0] < 20, seen_at_last          # committed during the run, before its end
 
     asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_request_mux_runs_calls_at_once_and_keeps_each_calls_outcome(cluster):
+    """RequestMux.run_calls (the PullConsumer's start positions): every call's first request is
+    out before any answer is read; results come back in the calls' order; a call that fails
+    (here: its broker refuses, then an address nobody listens on) has its exception as its result
+    and the others finish; ``answered`` sees every outcome."""
+    from rmq.client.consumer_api import RequestMux
+    from rmq.errors import RemotingError
+
+    log = []
+
+    def call(name, code):
+        log.append(("send", name))
+        first = yield cluster.broker_addr, Frame(code), None
+        log.append(("answer", name))
+        second = yield cluster.broker_addr, Frame(RequestCode.GET_BROKER_RUNTIME_INFO), None
+        return name, first.code, second.code
+
+    def failing():
+        try:
+            yield "127.0.0.1:1", Frame(RequestCode.GET_BROKER_RUNTIME_INFO), 300
+        except RemotingError as e:
+            raise MQClientError(f"no answer: {e}") from e
+
+    seen = []
+    mux = RequestMux()
+    try:
+        out = mux.run_calls([call("a", RequestCode.GET_BROKER_RUNTIME_INFO), failing(), call("b", 99999)], 5000,
+                            lambda addr, outcome: seen.append((addr, type(outcome).__name__)))
+    finally:
+        mux.close()
+    assert log.index(("send", "b")) < log.index(("answer", "a")), log       # both out before an answer
+    assert out[0] == ("a", ResponseCode.SUCCESS, ResponseCode.SUCCESS)
+    assert out[2] == ("b", ResponseCode.REQUEST_CODE_NOT_SUPPORTED, ResponseCode.SUCCESS)
+    assert isinstance(out[1], MQClientError) and "no answer" in str(out[1])
+    assert len(seen) == 5 and ("127.0.0.1:1", "RemotingTimeoutError") in seen
+
+
+def test_poll_asks_the_start_positions_of_all_new_queues_at_once(cluster):
+    """A PullConsumer's first poll of 8 new queues (CONSUME_FROM_FIRST_OFFSET: the committed
+    offset, then the min offset, per queue) gets every queue's position and reads from it."""
+    with RemotingClient() as c:
+        r = c.invoke(cluster.broker, Frame(RequestCode.UPDATE_AND_CREATE_TOPIC, fields={
+            "topic": "StartPos", "readQueueNums": 8, "writeQueueNums": 8}))
+        assert r.code == ResponseCode.SUCCESS
+        for q in range(8):
+            for i in range(3):
+                assert send(c, cluster.broker_addr, "StartPos", b"%d-%d" % (q, i), queue_id=q).code == ResponseCode.SUCCESS
+    with PullConsumer(cluster.namesrv_addr, "start-pos", consume_from_where="CONSUME_FROM_FIRST_OFFSET") as pc:
+        mqs = pc.fetch_subscribe_message_queues("StartPos")
+        pc.assign(mqs)
+        got = []
+        deadline = time.monotonic() + 30
+        while len(got) < 24 and time.monotonic() < deadline:
+            got += pc.poll(500)
+        assert sorted(m.body for m in got) == sorted(b"%d-%d" % (q, i) for q in range(8) for i in range(3))
+        assert {mq: pc.position(mq) for mq in mqs} == {mq: 3 for mq in mqs}
+
+    from rmq.aio.consumer import AsyncPullConsumer
+
+    async def aio():
+        async with AsyncPullConsumer(cluster.namesrv_addr, "start-pos-aio",
+                                     consume_from_where="CONSUME_FROM_FIRST_OFFSET") as ac:
+            ac.assign(await ac.fetch_subscribe_message_queues("StartPos"))
+            out = []
+            end = time.monotonic() + 30
+            while len(out) < 24 and time.monotonic() < end:
+                out += await ac.poll(500)
+            return out
+    got = asyncio.run(aio())
+    assert sorted(m.body for m in got) == sorted(b"%d-%d" % (q, i) for q in range(8) for i in range(3))
