@@ -1452,7 +1452,6 @@ class PushConsumer(PushConsumerCalls):
                         if self.process_queue_table.get(mq) is pq:
                             del self.process_queue_table[mq]
                     changed = True
-        new_requests = []
         for mq in sorted(mq_set):
             with self._pq_lock:
                 if mq in self.process_queue_table:
@@ -1478,11 +1477,12 @@ class PushConsumer(PushConsumerCalls):
             self.offset_store.update_offset(mq, next_offset, increase_only=False)
             with self._pq_lock:
                 self.process_queue_table[mq] = pq
-            new_requests.append(PullRequest(self.group, mq, pq, next_offset, previously_locked=True))
+            pr = PullRequest(self.group, mq, pq, next_offset, previously_locked=True)
+            # its first pull goes now, while the next queues' start offsets are asked for (each one
+            # or two round trips: 8 new queues kept the first pull ~16 round trips back)
+            self._pull.call_soon(lambda pr=pr: self._pull_message(pr))
             changed = True
             log.info("%s: %s takes %s from offset %d", self.group, self.client_id, mq, next_offset)
-        for pr in new_requests:
-            self._pull.call_soon(lambda pr=pr: self._pull_message(pr))
         return changed
 
     def _remove_unnecessary_message_queue(self, mq: MessageQueue, pq: ProcessQueue) -> bool:
