@@ -421,9 +421,9 @@ class BrokerActor(Actor):
         not make one of their own: reput dispatches them with the next announcement, at the
         latest the APPEND_REANNOUNCE_MS tick.  Under appendAnnounceIntervalMs=0, SYNC_FLUSH or
         SYNC_MASTER (:meth:`announce_at_once`) they are announced as any append.  Spares reput a
-        round, and the broker its DISPATCH_ANNOUNCE, per POP and per ack: on this VM a lone
-        receive + ack_batch cycle of the sync SimpleConsumer took 395 / 342 us before, 311 / 272 us
-        with the revive log announced only by the tick (bench/results/client.md, stop 48)."""
+        round, and the broker its DISPATCH_ANNOUNCE, per POP and per ack: on this VM the sync
+        SimpleConsumer's receive / ack_batch p50 went from 416-441 / 368-386 us to 321-384 / 290-341
+        us (bench/results/client.md, stop 48)."""
         if wrote_offset == self.last_announced or wrote_offset == self.quiet_end:
             self.quiet_end = wrote_offset + wrote_bytes
 
