@@ -1311,13 +1311,23 @@ def test_request_mux_runs_calls_at_once_and_keeps_each_calls_outcome(cluster):
         except RemotingError as e:
             raise MQClientError(f"no answer: {e}") from e
 
+    def unencodable():
+        from rmq import protocol as P
+        try:
+            yield cluster.broker_addr, Frame(RequestCode.GET_BROKER_RUNTIME_INFO,
+                                             fields={"k": "v" * (P.MAX_HEADER_SIZE + 1)}), None
+        except RemotingError as e:          # not sent: handed to the call, as drive() does
+            return f"refused: {e}"
+
     seen = []
     mux = RequestMux()
     try:
-        out = mux.run_calls([call("a", RequestCode.GET_BROKER_RUNTIME_INFO), failing(), call("b", 99999)], 5000,
+        out = mux.run_calls([call("a", RequestCode.GET_BROKER_RUNTIME_INFO), failing(), call("b", 99999),
+                             unencodable()], 5000,
                             lambda addr, outcome: seen.append((addr, type(outcome).__name__)))
     finally:
         mux.close()
+    assert out[3].startswith("refused: cannot encode the request") and not mux.pending
     assert log.index(("send", "b")) < log.index(("answer", "a")), log       # both out before an answer
     assert out[0] == ("a", ResponseCode.SUCCESS, ResponseCode.SUCCESS)
     assert out[2] == ("b", ResponseCode.REQUEST_CODE_NOT_SUPPORTED, ResponseCode.SUCCESS)
