@@ -182,6 +182,7 @@ class Actor:
         self.poll_returned_at = time.monotonic()   # when the current batch of messages was read
         self.request_received_at = self.poll_returned_at   # monotonic s the message being handled was read
         self.last_of_turn = True        # the message being handled is the last one read from its socket this turn
+        self._turn_end: Optional[list] = None   # at_turn_end's callables while a turn's batch is handled
         self._drain_limits: dict[zmq.Socket, int] = {}      # socket -> messages read per round (DRAIN_PER_POLL)
         self._shed: dict = {}                               # socket -> (seconds, shed function): shed_late
         self.security: Optional[S.ServerSecurity] = None
@@ -308,6 +309,20 @@ class Actor:
     def handle(self, code: int, fn: Handler) -> None:
         """Register ``fn`` for requests with ``code``."""
         self._request_handlers[int(code)] = fn
+
+    def at_turn_end(self, fn: Callable[[], None]) -> bool:
+        """Run ``fn()`` once the requests read from a socket in this turn are all handled, before
+        their replies are written (:class:`_Outbox`); replies ``fn`` sends go out with them.  A
+        group commit: the POP service appends the revive records of a turn's POPs and acks as one
+        batch per revive queue there.  Returns False, and registers nothing, when no such batch is
+        being handled (a lone request, a timer, ``RMQ_DEFER_REPLIES=0``): the caller does its work
+        now.  Each ``fn`` registered once per turn is run once, in registration order; one that
+        raises is logged and the others still run."""
+        ends = self._turn_end
+        if ends is None:
+            return False
+        ends.append(fn)
+        return True
 
     def add_timer(self, interval_ms: float, fn: Callable[[], None], first_ms: Optional[float] = None,
                   repeat: bool = True) -> None:
@@ -514,6 +529,7 @@ class Actor:
             shed = self._shed.get(sock)
             last = len(batch) - 1
             outbox = _OUTBOX.parts = [] if DEFER_REPLIES and last > 0 else None
+            self._turn_end = [] if outbox is not None else None
             try:
                 if shed is None:
                     for i, (parts, self.request_received_at) in enumerate(batch):
@@ -528,6 +544,12 @@ class Actor:
                         self.last_of_turn = i == last
                         handler(parts)
             finally:
+                ends, self._turn_end = self._turn_end, None
+                for fn in ends or ():
+                    try:
+                        fn()
+                    except Exception:  # noqa: BLE001 - as a handler's: logged, the turn's replies still go
+                        self.log.exception("end of turn %s failed", getattr(fn, "__name__", fn))
                 if outbox is not None:
                     _OUTBOX.parts = None
                     for reply, code, parts in outbox:

@@ -20,6 +20,15 @@ offsets are the larger of the persisted consumer offsets and the ends of those C
 un-acked message is never lost and an acked one is never delivered again; a message revived
 just before a crash may be revived once more (its retry copy written twice).
 
+Group commit: the POPs and acks the broker reads from a socket in one turn (``Actor.at_turn_end``)
+write their records as one append per revive queue when the turn's requests are all handled,
+before any of their replies is written: a turn's checkpoints all go to one revive queue, and
+each ack to its checkpoint's.  The in-memory table changes at once (an ack made in the turn
+is not in flight for the next request); if an append fails, the changes of the requests whose
+records it held are undone (checkpoints dropped, pop offsets put back, acked messages in flight
+again) and those requests get SYSTEM_ERROR, as when their own append failed.  A lone request,
+a held POP served by a timer and CHANGE_MESSAGE_INVISIBLETIME append at once.
+
 Records (bodies JSON with RocketMQ's field names, ``store/pop/PopCheckPoint.java``,
 ``AckMsg.java``, ``BatchAckMsg.java``; tags ``ck`` / ``ack`` / ``bAck``):
 
@@ -69,6 +78,9 @@ REVIVE_SCAN_MS = 100                              # how often expired CKs are lo
 RECOVER_BATCH = 32                                # revive-queue records read per step at start
 MAX_POP_HOLDS = 10_000                            # held POPs per broker (POLLING_FULL past it)
 MAX_BATCH_ACK = 1024                              # receipt handles per BATCH_ACK_MESSAGE
+REVIVE_APPEND_MAX_RECORDS = 32                    # revive records per append of a turn's group commit (a
+                                                  # CK is ~400 B: an append stays far below the smallest
+                                                  # CommitLog file a test uses, 64 KiB)
 MAX_RECONSUME_TIMES_DEFAULT = 16                  # SubscriptionGroupConfig.retryMaxTimes
 PROPERTY_FIRST_POP_TIME = "1ST_POP_TIME"          # MessageConst.PROPERTY_FIRST_POP_TIME
 PROPERTY_POP_CK = "POP_CK"
@@ -134,6 +146,32 @@ class CheckPoint:
         self.deadline = key[4] + invisible_time
 
 
+_IN_TURN = object()        # _pop's answer when the turn's group commit replies
+
+
+class ReviveTurn:
+    """The revive-log records of one turn's POPs and acks, appended at the turn's end (module
+    docstring, "Group commit").  ``records``: revive qid -> [(tag, body)]; ``cks``: (CheckPoint,
+    index in its queue's records) of the turn's new checkpoints, whose revive offsets are known
+    after the append; ``entries``: (reply, response, [(revive qid, undo callable)], on_ok
+    callable or None) of each request the turn answers."""
+    __slots__ = ("ck_rq", "records", "cks", "entries")
+
+    def __init__(self, ck_rq: int):
+        self.ck_rq = ck_rq
+        self.records: dict[int, list] = {}
+        self.cks: list = []
+        self.entries: list = []
+
+    def add(self, rq: int, tag: str, body: dict) -> int:
+        """Queue one record for revive queue ``rq``; its index among that queue's records."""
+        recs = self.records.get(rq)
+        if recs is None:
+            recs = self.records[rq] = []
+        recs.append((tag, body))
+        return len(recs) - 1
+
+
 class PopRequest:
     __slots__ = ("frame", "reply", "deadline")
 
@@ -158,7 +196,11 @@ class PopService:
         self.n_holds = 0
         self.ready = False                                 # the in-flight table is rebuilt
         self._recover_target = -1
-        self.stats = {"popped": 0, "acked": 0, "revived": 0, "dlq": 0, "checkpoints": 0}
+        self._turn: Optional[ReviveTurn] = None            # this turn's group commit (at_turn_end)
+        # GET_BROKER_RUNTIME_INFO's popStats (with inFlight): messages popped / acked / revived / sent
+        # to the DLQ, checkpoints written, revive-log appends and the records they held
+        self.stats = {"popped": 0, "acked": 0, "revived": 0, "dlq": 0, "checkpoints": 0, "reviveAppends": 0,
+                      "reviveRecords": 0}
 
     # -- start / recovery ---------------------------------------------------------------------
     def start(self) -> None:
@@ -253,8 +295,57 @@ class PopService:
         if not res.ok:
             log.error("revive log append failed: %s %s", res.status, res.remark)
             return None
+        self.stats["reviveAppends"] += 1
+        self.stats["reviveRecords"] += len(records)
         self.b.note_quiet_append(res.append.wrote_offset, res.append.wrote_bytes)
         return res
+
+    def _revive_turn(self) -> Optional[ReviveTurn]:
+        """This turn's group commit (started on first use), or None when the broker is not handling
+        a batch of requests (the caller appends at once)."""
+        turn = self._turn
+        if turn is None and self.b.at_turn_end(self._end_turn):
+            turn = self._turn = ReviveTurn(next(self._rq) % self.revive_queue_num)
+        return turn
+
+    def _end_turn(self) -> None:
+        """Append the turn's records (one append per revive queue, REVIVE_APPEND_MAX_RECORDS at
+        most each), then answer its requests: those whose records were all written get their
+        response, the others are undone (latest first) and get SYSTEM_ERROR."""
+        turn, self._turn = self._turn, None
+        if turn is None:
+            return
+        base: dict[int, int] = {}
+        failed: set = set()
+        for rq, recs in turn.records.items():
+            for i in range(0, len(recs), REVIVE_APPEND_MAX_RECORDS):
+                try:
+                    put = self._put_revive(rq, recs[i:i + REVIVE_APPEND_MAX_RECORDS])
+                except Exception:  # noqa: BLE001 - the turn's requests must still be answered
+                    log.exception("revive log append failed")
+                    put = None
+                if put is None:
+                    failed.add(rq)
+                    break
+                if i == 0:
+                    base[rq] = put.queue_offset
+        for ck, idx in turn.cks:
+            first = base.get(ck.revive_qid)
+            if first is not None:
+                ck.revive_offset = first + idx      # chunks of one queue's records are back to back
+        if failed:
+            for _, _, parts, _ in reversed(turn.entries):
+                for rq, undo in reversed(parts):
+                    if rq in failed:
+                        undo()
+        for reply, resp, parts, on_ok in turn.entries:
+            reply.held = False
+            if failed and any(rq in failed for rq, _ in parts):
+                reply.error(ResponseCode.SYSTEM_ERROR, "cannot write to the revive log")
+                continue
+            if on_ok is not None:
+                on_ok()
+            reply.send(resp)
 
     def _ck_body(self, key: tuple, invisible_time: int, offsets: list, end: Optional[int]) -> dict:
         group, topic, qid, so, pt = key
@@ -273,11 +364,12 @@ class PopService:
         body["aol"] = list(offsets)
         return BATCH_ACK_TAG, body
 
-    def _add_ck(self, key: tuple, invisible_time: int, rq: int, revive_offset: int, offsets: list) -> None:
+    def _add_ck(self, key: tuple, invisible_time: int, rq: int, revive_offset: int, offsets: list) -> CheckPoint:
         ck = CheckPoint(key, invisible_time, rq, revive_offset, offsets)
         self.cks[key] = ck
         heapq.heappush(self._heap, (ck.deadline, next(self._seq), key))
         self.stats["checkpoints"] += 1
+        return ck
 
     # -- request checks -----------------------------------------------------------------------
     def _check_group_topic(self, frame: Frame, need_write: bool = False):
@@ -325,7 +417,9 @@ class PopService:
             return frame.response(ResponseCode.SYSTEM_ERROR, str(e))
         if isinstance(checked, Frame):
             return checked
-        resp = self._pop(frame, checked)
+        resp = self._pop(frame, checked, reply)
+        if resp is _IN_TURN:
+            return None
         if resp is not None:
             return resp
         poll_ms = min(field_int(frame, "pollTime", 0, lo=0), self.b.suspend_max_ms)
@@ -379,8 +473,9 @@ class PopService:
         com.commit_offset(group, topic, qid, off)
         return off
 
-    def _pop(self, frame: Frame, checked: tuple) -> Optional[Frame]:
-        """Pop what there is now; the response, or None when nothing was found."""
+    def _pop(self, frame: Frame, checked: tuple, reply: Reply):
+        """Pop what there is now; the response, None when nothing was found, or _IN_TURN when the
+        turn's group commit answers ``reply`` (module docstring)."""
         group, gcfg, topic, cfg, queue_id, max_nums, invisible, tags, sql_filter, init_min = checked
         b = self.b
         store = b.store
@@ -395,6 +490,9 @@ class PopService:
             queues = rq_list + queues if next(self._pop_counter) % 5 == 0 else queues + rq_list
         now = int(time.time() * 1000)
         parts, ck_info, left = [], [], max_nums
+        turn = self._revive_turn()
+        popped: list = []                # (ck key, pop offset before) of a group-committed pop
+        com = store.consumer_offset_manager
         for t, retry, q in queues:
             if left <= 0:
                 break
@@ -413,29 +511,57 @@ class PopService:
                 offsets = list(range(offset, res.next_begin_offset))
             else:
                 offsets = [m.queue_offset for m in _cl.decode_records(res.records, False)]
-            rq = next(self._rq) % self.revive_queue_num
             key = (group, t, q, offset, now)
-            put = self._put_revive(rq, [(CK_TAG, self._ck_body(key, invisible, offsets, res.next_begin_offset))])
-            if put is None:       # nothing handed out without its checkpoint
-                break
-            self._add_ck(key, invisible, rq, put.queue_offset, offsets)
-            store.consumer_offset_manager.commit_offset(group, t, q, res.next_begin_offset)
+            body = self._ck_body(key, invisible, offsets, res.next_begin_offset)
+            if turn is not None:
+                rq = turn.ck_rq
+                idx = turn.add(rq, CK_TAG, body)
+                # the queue's next offset stands in until the append: never above the record's
+                turn.cks.append((self._add_ck(key, invisible, rq, store.topic_queue_table.get(
+                    (self.revive_topic, rq), 0), offsets), idx))
+                popped.append(key)
+            else:
+                rq = next(self._rq) % self.revive_queue_num
+                put = self._put_revive(rq, [(CK_TAG, body)])
+                if put is None:       # nothing handed out without its checkpoint
+                    if not parts:
+                        return frame.response(ResponseCode.SYSTEM_ERROR,
+                                              "cannot write the checkpoint to the revive log")
+                    break
+                self._add_ck(key, invisible, rq, put.queue_offset, offsets)
+            com.commit_offset(group, t, q, res.next_begin_offset)
             parts.append(res.records)
             ck_info.append([offset, retry, q, rq, len(offsets)])
             left -= len(offsets)
         if not parts:
             return None
         n = max_nums - left
-        self.stats["popped"] += n
         size = sum(len(p) for p in parts)
+        resp = frame.response(ResponseCode.SUCCESS, fields={
+            "popTime": now, "invisibleTime": invisible, "brokerName": b.broker_name, "ckInfo": ck_info},
+            bodies=[parts[0] if len(parts) == 1 else b"".join(parts)])
+        if turn is None:
+            self._count_pop(topic, group, n, size, now)
+            return resp
+
+        def undo():               # the pop never happened: its checkpoints go, its offsets go back
+            for key in reversed(popped):
+                self.cks.pop(key, None)
+                self.stats["checkpoints"] -= 1
+                com.commit_offset(key[0], key[1], key[2], key[3])
+
+        turn.entries.append((reply, resp, [(turn.ck_rq, undo)],
+                             lambda: self._count_pop(topic, group, n, size, now)))
+        return _IN_TURN
+
+    def _count_pop(self, topic: str, group: str, n: int, size: int, now: int) -> None:
+        b = self.b
+        self.stats["popped"] += n
         b.stats["getMessageTotal"] += n
         b.stats["getBytesTotal"] += size
         b.broker_stats.get.add(f"{topic}@{group}", n, size, now)
         if b.metrics is not None:
             b.metrics.on_get(topic, group, n, size)
-        return frame.response(ResponseCode.SUCCESS, fields={
-            "popTime": now, "invisibleTime": invisible, "brokerName": b.broker_name, "ckInfo": ck_info},
-            bodies=[parts[0] if len(parts) == 1 else b"".join(parts)])
 
     def _rotated(self, n: int) -> list:
         start = random.randrange(n)
@@ -451,14 +577,15 @@ class PopService:
             for pr in self.holds.pop(topic):
                 try:
                     checked = self._check_pop(pr.frame)
-                    resp = checked if isinstance(checked, Frame) else self._pop(pr.frame, checked)
+                    resp = checked if isinstance(checked, Frame) else self._pop(pr.frame, checked, pr.reply)
                 except ProtocolError as e:
                     resp = pr.frame.response(ResponseCode.SYSTEM_ERROR, str(e))
                 if resp is None:
                     keep.append(pr)
                 else:
                     self.n_holds -= 1
-                    pr.reply.send(resp)
+                    if resp is not _IN_TURN:
+                        pr.reply.send(resp)
             if keep:
                 self.holds.setdefault(topic, []).extend(keep)
 
@@ -518,6 +645,13 @@ class PopService:
             return frame.response(ResponseCode.NO_MESSAGE,
                                   f"message {topic}/{key[2]}@{qo} is not in flight: already acked, or its "
                                   f"invisible time passed and it was revived")
+        turn = self._revive_turn()
+        if turn is not None:
+            turn.add(ck.revive_qid, *self._ack_body(key, [qo]))
+            self._acked(ck, (qo,))
+            turn.entries.append((reply, frame.response(), [(ck.revive_qid, lambda: self._unacked(ck, (qo,)))],
+                                 None))
+            return None
         if self._put_revive(ck.revive_qid, [self._ack_body(key, [qo])]) is None:
             return frame.response(ResponseCode.SYSTEM_ERROR, "cannot write the ack to the revive log")
         self._acked(ck, (qo,))
@@ -528,6 +662,13 @@ class PopService:
         self.stats["acked"] += len(offsets)
         if not ck.pending:
             del self.cks[ck.key]
+
+    def _unacked(self, ck: CheckPoint, offsets) -> None:
+        """Undo :meth:`_acked` (the ack's record was not written): the messages are in flight again
+        (the checkpoint's heap entry is still there: no timer ran within the turn)."""
+        ck.pending.update(offsets)
+        self.stats["acked"] -= len(offsets)
+        self.cks.setdefault(ck.key, ck)
 
     def on_batch_ack(self, frame: Frame, reply: Reply) -> Frame:
         """BATCH_ACK_MESSAGE (200151): field consumerGroup; body RocketMQ's
@@ -586,6 +727,19 @@ class PopService:
         for key, offs in by_ck.items():
             if offs:
                 by_rq.setdefault(self.cks[key].revive_qid, []).append((key, offs))
+        turn = self._revive_turn()
+        if turn is not None:
+            undos = []
+            for rq, items in by_rq.items():
+                done = []
+                for k, offs in items:
+                    turn.add(rq, *self._ack_body(k, offs))
+                    ck = self.cks[k]
+                    self._acked(ck, offs)
+                    done.append((ck, offs))
+                undos.append((rq, lambda done=done: [self._unacked(ck, offs) for ck, offs in done]))
+            turn.entries.append((reply, frame.response(fields={"failed": failed}), undos, None))
+            return None
         for rq, items in by_rq.items():
             if self._put_revive(rq, [self._ack_body(k, offs) for k, offs in items]) is None:
                 return frame.response(ResponseCode.SYSTEM_ERROR, "cannot write the acks to the revive log")
@@ -713,6 +867,10 @@ class PopService:
             if off is None:
                 off = store.get_max_offset_in_queue(self.revive_topic, rq)
             com.commit_offset(REVIVE_GROUP, self.revive_topic, rq, off)
+
+    def runtime_stats(self) -> dict:
+        """:attr:`stats` and ``inFlight`` (messages popped and not acked), for GET_BROKER_RUNTIME_INFO."""
+        return {**self.stats, "inFlight": sum(len(ck.pending) for ck in self.cks.values())}
 
     def inflight(self, group: Optional[str] = None) -> dict:
         """``{(group, topic, queueId): messages in flight}`` (consumerProgress of POP groups)."""

@@ -233,7 +233,10 @@ class AdminBrokerProcessor(RequestProcessor):
                 # replication counters of the ha actor: bytes pushed / applied, handshakes, link
                 # resets, and sends ZeroMQ refused (ROUTER_MANDATORY: counted, never silent)
                 "haStats": {k: int(b.ha_state.get(k, 0) or 0)
-                            for k in ("pushedBytes", "appliedBytes", "handshakes", "resets", "dropped")}}
+                            for k in ("pushedBytes", "appliedBytes", "handshakes", "resets", "dropped")},
+                # POP (rmq.actors.pop): messages popped / acked / revived / to the DLQ, checkpoints,
+                # revive-log appends and their records (a turn's group commit), messages in flight
+                "popStats": b.pop.runtime_stats() if b.pop is not None else {}}
 
     def on_runtime_info(self, frame: Frame, reply: Reply) -> Frame:
         return frame.response(bodies=[pack_body({"table": self.runtime_info()})])
