@@ -11,7 +11,7 @@ physical offset, queue offset, store timestamp, body CRC and whole-record
 cimport cython
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from libc.stdint cimport int16_t, int32_t, int64_t, uint16_t, uint32_t
-from libc.string cimport memcmp, memcpy
+from libc.string cimport memchr, memcmp, memcpy
 
 from array import array
 
@@ -186,13 +186,14 @@ cdef int find_property(const unsigned char* props, int32_t props_len,
     """Find ``name`` in a properties string (SPEC.md §1.6); 1 if found.
 
     Segments are split on \\x02; a segment ``name \\x01 value`` matches.  The
-    value position is relative to ``props``.
+    value position is relative to ``props``.  The separators are found with ``memchr`` (a
+    byte-by-byte loop was a third of the reput actor's time under keyed sends).
     """
-    cdef int32_t start = 0, end, i
+    cdef int32_t start = 0, end
+    cdef const unsigned char* sep
     while start < props_len:
-        end = start
-        while end < props_len and props[end] != PROPERTY_SEPARATOR:
-            end += 1
+        sep = <const unsigned char*>memchr(props + start, PROPERTY_SEPARATOR, props_len - start)
+        end = props_len if sep == NULL else <int32_t>(sep - props)
         if (end - start > name_len and props[start + name_len] == NAME_VALUE_SEPARATOR
                 and memcmp(props + start, name, name_len) == 0):
             value_pos[0] = start + name_len + 1
@@ -756,10 +757,10 @@ cdef object _property_value(bytes raw, bytes name):
     cdef const unsigned char* p = <const unsigned char*>PyBytes_AS_STRING(raw)
     cdef const char* nm = PyBytes_AS_STRING(name)
     cdef Py_ssize_t n = len(raw), nl = len(name), start = 0, end, pos = -1, vlen = 0
+    cdef const unsigned char* sep
     while start < n:
-        end = start
-        while end < n and p[end] != PROPERTY_SEPARATOR:
-            end += 1
+        sep = <const unsigned char*>memchr(p + start, PROPERTY_SEPARATOR, n - start)
+        end = n if sep == NULL else sep - p
         if end - start > nl + 1 and p[start + nl] == NAME_VALUE_SEPARATOR and memcmp(p + start, nm, nl) == 0:
             pos = start + nl + 1
             vlen = end - pos
