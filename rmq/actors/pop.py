@@ -491,7 +491,7 @@ class PopService:
         now = int(time.time() * 1000)
         parts, ck_info, left = [], [], max_nums
         turn = self._revive_turn()
-        popped: list = []                # (ck key, pop offset before) of a group-committed pop
+        popped: list = []                # the ck keys of a group-committed pop (undone if its append fails)
         com = store.consumer_offset_manager
         for t, retry, q in queues:
             if left <= 0:
