@@ -31,6 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from rmq import Message, Producer, PushConsumer, SimpleConsumer  # noqa: E402
 from rmq.client.consumer import ConsumeConcurrentlyStatus  # noqa: E402
+from rmq.bench.e2e import BENCH_INDEX_CONF  # noqa: E402
 from tests.integration.cluster import Cluster  # noqa: E402
 from tests.integration.test_consumer import create_topic, wait_dispatched  # noqa: E402
 
@@ -136,7 +137,7 @@ def push_rate(c: Cluster, topic: str, n: int) -> float:
 
 def main() -> None:
     with tempfile.TemporaryDirectory(prefix="rmq-bench-pop-") as tmp, \
-            Cluster(f"{tmp}/store", conf={"mapedFileSizeCommitLog": str(256 << 20)}) as c:
+            Cluster(f"{tmp}/store", conf={"mapedFileSizeCommitLog": str(256 << 20), **BENCH_INDEX_CONF}) as c:
         create_topic(c, "BP", QUEUES)
         produce(c, "BP", N)
         pop = pop_rate(c, "BP", "bench-pop", N, True)

@@ -39,6 +39,7 @@ import time
 import pytest
 
 from rmq import Message, Producer, SendStatus
+from rmq.bench.e2e import BENCH_INDEX_CONF
 from tests.integration.cluster import Cluster
 
 BASE_MESSAGES = int(os.environ.get("RMQ_BENCH_PRODUCER_MESSAGES", "50000"))
@@ -84,7 +85,7 @@ def _producer_summary(request):
 def cluster():
     d = tempfile.mkdtemp(prefix="rmq-bench-producer-", dir=os.environ.get("RMQ_BENCH_DIR") or None)
     c = Cluster(os.path.join(d, "store"), conf={"mappedFileSizeCommitLog": str(64 * 1024 * 1024),
-                                                "mappedFileSizeConsumeQueue": str(20 * 300_000)})
+                                                "mappedFileSizeConsumeQueue": str(20 * 300_000), **BENCH_INDEX_CONF})
     yield c
     c.close()
 

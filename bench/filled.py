@@ -16,6 +16,7 @@ import time
 from typing import Callable, Optional
 
 from rmq._core import commitlog as cl
+from rmq.bench.e2e import BENCH_INDEX_CONF
 from rmq.client.consumer_api import ConsumerAPI
 from rmq.client.remoting import RemotingClient
 from rmq.protocol import Frame, RequestCode, ResponseCode
@@ -43,7 +44,8 @@ class FilledCluster:
         self.dir = tempfile.mkdtemp(prefix=prefix, dir=os.environ.get("RMQ_BENCH_DIR") or None)
         self.cluster = Cluster(os.path.join(self.dir, "store"), conf={
             "mappedFileSizeCommitLog": str(256 << 20), "mappedFileSizeConsumeQueue": str(300_000 * 20),
-            "maxTransferCountOnMessageInMemory": "1024", "maxTransferBytesOnMessageInMemory": str(4 << 20)})
+            "maxTransferCountOnMessageInMemory": "1024", "maxTransferBytesOnMessageInMemory": str(4 << 20),
+            **BENCH_INDEX_CONF})
         self.namesrv = self.cluster.namesrv_addr
         self.n = n_messages
         self.topic = topic

@@ -243,3 +243,17 @@ def test_bench_client_file_size_counts_every_round():
     from rmq.bench.client import ROWS, SEND_ASYNC, auto_file_size
     assert auto_file_size(200_000, (100,), rows=(SEND_ASYNC,), rounds=3) == 512 << 20   # 5 writers x 200k x ~300 B
     assert auto_file_size(200_000, (100,), rows=ROWS, rounds=1) == auto_file_size(200_000, (100,), rows=ROWS)
+
+
+def test_bench_clusters_use_rocketmqs_index_file_sizes():
+    """The benchmarks' broker groups keep RocketMQ's IndexFile sizes (MessageStoreConfig's
+    defaults), not rmq.testing.Cluster's tiny ones, whose rolls every 4,000 keyed messages cost
+    the reput actor a third of its time."""
+    from rmq.bench.e2e import BENCH_INDEX_CONF, Params, cluster_conf
+    from rmq.store.config import MessageStoreConfig
+
+    d = MessageStoreConfig()
+    assert BENCH_INDEX_CONF == {"maxHashSlotNum": str(d.max_hash_slot_num), "maxIndexNum": str(d.max_index_num)}
+    assert d.max_hash_slot_num == 5_000_000 and d.max_index_num == 20_000_000      # RocketMQ's
+    for flush in ("ASYNC_FLUSH", "SYNC_FLUSH"):
+        assert cluster_conf(Params(), flush).items() >= BENCH_INDEX_CONF.items()

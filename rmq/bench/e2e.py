@@ -63,6 +63,7 @@ import zmq
 from rmq import protocol as P
 from rmq._core import commitlog as _cl
 from rmq.protocol import Frame, RequestCode, ResponseCode
+from rmq.store.config import MessageStoreConfig
 
 # -- parameters --------------------------------------------------------------------------------
 MB = 1e6
@@ -914,11 +915,20 @@ def measure_ceilings(p: Params, log=print) -> dict:
     return out
 
 
+# RocketMQ's IndexFile sizes (MessageStoreConfig maxHashSlotNum / maxIndexNum; a 400 MiB file),
+# not rmq.testing.Cluster's 1,000 / 4,000: with those, the reput actor rolled to a new IndexFile,
+# flushing the full one and the checkpoint, every 4,000 messages (a third of its time in a
+# send_batch row, competing with the client and the broker for the 2 cores)
+BENCH_INDEX_CONF = {"maxHashSlotNum": str(MessageStoreConfig.max_hash_slot_num),
+                    "maxIndexNum": str(MessageStoreConfig.max_index_num)}
+
+
 def cluster_conf(p: Params, flush: str) -> dict:
     return {"flushDiskType": flush, "mappedFileSizeCommitLog": str(p.file_size), "warmMapedFileEnable": "true",
             "maxTransferCountOnMessageInMemory": str(p.batch),
             "maxTransferBytesOnMessageInMemory": str(64 << 20),
-            "mappedFileSizeConsumeQueue": str(300_000 * 20)}       # RocketMQ's default, not the tests' 1000
+            "mappedFileSizeConsumeQueue": str(300_000 * 20),       # RocketMQ's default, not the tests' 1000
+            **BENCH_INDEX_CONF}
 
 
 def topic_of(rnd: int) -> str:

@@ -527,9 +527,10 @@ def run(rates=RATES, sizes=SIZES, consumers=CONSUMERS, peers=PEERS, seconds: flo
         skipped["redis"] = redis_missing()
     cluster = tmp = None
     if namesrv is None and consumers:
+        from rmq.bench.e2e import BENCH_INDEX_CONF
         from rmq.testing import Cluster
         tmp = tempfile.mkdtemp(prefix="rmq-bench-latency-", dir=store_dir)
-        cluster = Cluster(os.path.join(tmp, "store"))
+        cluster = Cluster(os.path.join(tmp, "store"), conf=BENCH_INDEX_CONF)
         namesrv = cluster.namesrv_addr
     try:
         for size in sizes:
@@ -730,10 +731,11 @@ def run_single(sizes=SIZES, flushes=SINGLE_FLUSHES, peers=PEERS, seconds: float 
 def _single_cluster(namesrv: Optional[str], size: int, seconds: float, flush: str, store_dir=None) -> dict:
     if namesrv is not None:
         return single_rmq(namesrv, size, seconds, flush)
+    from rmq.bench.e2e import BENCH_INDEX_CONF
     from rmq.testing import Cluster
     tmp = tempfile.mkdtemp(prefix="rmq-bench-single-", dir=store_dir)
     try:
-        with Cluster(os.path.join(tmp, "store"), conf={"flushDiskType": flush}) as cluster:
+        with Cluster(os.path.join(tmp, "store"), conf={"flushDiskType": flush, **BENCH_INDEX_CONF}) as cluster:
             return single_rmq(cluster.namesrv_addr, size, seconds, flush)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
