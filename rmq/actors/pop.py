@@ -516,9 +516,9 @@ class PopService:
             if turn is not None:
                 rq = turn.ck_rq
                 idx = turn.add(rq, CK_TAG, body)
-                # the queue's next offset stands in until the append: never above the record's
-                turn.cks.append((self._add_ck(key, invisible, rq, store.topic_queue_table.get(
-                    (self.revive_topic, rq), 0), offsets), idx))
+                # the revive queue's dispatched end stands in until the append: never above the record's
+                turn.cks.append((self._add_ck(key, invisible, rq, store.get_max_offset_in_queue(
+                    self.revive_topic, rq), offsets), idx))
                 popped.append(key)
             else:
                 rq = next(self._rq) % self.revive_queue_num
