@@ -22,7 +22,7 @@ slow path.
 """
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t
 from libc.stdlib cimport free, malloc
-from libc.string cimport memcmp, memcpy, memset
+from libc.string cimport memchr, memcmp, memcpy, memset
 
 import numpy as np
 
@@ -240,6 +240,7 @@ cdef dict _fill(const unsigned char** ptrs, int64_t* lens, Py_ssize_t npages, in
     cdef RecordView rv
     cdef const unsigned char* p
     cdef const unsigned char* props
+    cdef const unsigned char* hit
     cdef int32_t stp, sh, plen, start, end, sep, klen, vlen, j, e, ne
     cdef int32_t tags_pos, tags_len, keys_pos, keys_len, uniq_pos, uniq_len
     cdef bint bad
@@ -286,12 +287,11 @@ cdef dict _fill(const unsigned char** ptrs, int64_t* lens, Py_ssize_t npages, in
                     ne = 0
                     start = 0
                     while start < plen:
-                        end = start
-                        sep = -1
-                        while end < plen and props[end] != PROPERTY_SEPARATOR:
-                            if sep < 0 and props[end] == NAME_VALUE_SEPARATOR:
-                                sep = end
-                            end += 1
+                        # the segment's end and its first name-value separator, by memchr
+                        hit = <const unsigned char*>memchr(props + start, PROPERTY_SEPARATOR, plen - start)
+                        end = plen if hit == NULL else <int32_t>(hit - props)
+                        hit = <const unsigned char*>memchr(props + start, NAME_VALUE_SEPARATOR, end - start)
+                        sep = -1 if hit == NULL else <int32_t>(hit - props)
                         if sep > start and sep < end - 1:
                             klen = sep - start
                             vlen = end - sep - 1
