@@ -247,8 +247,8 @@ def test_bench_client_file_size_counts_every_round():
 
 def test_bench_clusters_use_rocketmqs_index_file_sizes():
     """The benchmarks' broker groups keep RocketMQ's IndexFile sizes (MessageStoreConfig's
-    defaults), not rmq.testing.Cluster's tiny ones, whose rolls every 4,000 keyed messages cost
-    the reput actor a third of its time."""
+    defaults), not rmq.testing.Cluster's tiny ones, whose rolls every 4,000 keyed messages took
+    57 % of the reput actor's py-spy samples in a send_batch row."""
     from rmq.bench.e2e import BENCH_INDEX_CONF, Params, cluster_conf
     from rmq.store.config import MessageStoreConfig
 

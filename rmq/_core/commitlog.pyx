@@ -186,8 +186,9 @@ cdef int find_property(const unsigned char* props, int32_t props_len,
     """Find ``name`` in a properties string (SPEC.md §1.6); 1 if found.
 
     Segments are split on \\x02; a segment ``name \\x01 value`` matches.  The
-    value position is relative to ``props``.  The separators are found with ``memchr`` (a
-    byte-by-byte loop was a third of the reput actor's time under keyed sends).
+    value position is relative to ``props``.  The separators are found with ``memchr``: the reput
+    scan, four look-ups a record, 150 -> 79 ns a record with five properties against a
+    byte-by-byte loop.
     """
     cdef int32_t start = 0, end
     cdef const unsigned char* sep

@@ -316,7 +316,7 @@ class Actor:
         group commit: the POP service appends the revive records of a turn's POPs and acks as one
         batch per revive queue there.  Returns False, and registers nothing, when no such batch is
         being handled (a lone request, a timer, ``RMQ_DEFER_REPLIES=0``): the caller does its work
-        now.  Each ``fn`` registered once per turn is run once, in registration order; one that
+        now.  The callables run in the order registered, each once per registration; one that
         raises is logged and the others still run."""
         ends = self._turn_end
         if ends is None:

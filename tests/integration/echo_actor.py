@@ -18,6 +18,8 @@ class EchoActor(Actor):
         self.handle(RequestCode.HEART_BEAT, lambda f, r: f.response(fields=f.fields, bodies=list(f.bodies)))
         self.handle(RequestCode.QUERY_MESSAGE, self.boom)
         self.handle(RequestCode.PULL_MESSAGE, self.deferred)
+        self.handle(RequestCode.QUERY_CONSUMER_OFFSET, self.at_end)
+        self.turn_replies = []
         # what Actor.run set up for malloc (None: nothing called tune_malloc)
         self.handle(RequestCode.GET_BROKER_RUNTIME_INFO,
                     lambda f, r: f.response(fields={"malloc": malloc_tuning.applied()}))
@@ -27,6 +29,24 @@ class EchoActor(Actor):
 
     def boom(self, frame, reply):
         raise RuntimeError("handler exploded")
+
+    def at_end(self, frame, reply):
+        """Answered by a callable run at the end of its turn (Actor.at_turn_end), "alone" when it is
+        not part of one; field ``boom``: a callable that raises is registered first."""
+        if frame.fields.get("boom"):
+            self.at_turn_end(self.explode)
+        if not self.turn_replies and not self.at_turn_end(self.answer_turn):
+            return frame.response(remark="alone")
+        self.turn_replies.append((frame, reply))
+        return None
+
+    def answer_turn(self):
+        replies, self.turn_replies = self.turn_replies, []
+        for frame, reply in replies:
+            reply.send(frame.response(remark="turn end", fields={"n": len(replies)}))
+
+    def explode(self):
+        raise RuntimeError("turn end exploded")
 
     def deferred(self, frame, reply):
         self.parked.append(reply)          # answered by the timer

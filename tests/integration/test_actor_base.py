@@ -1,4 +1,5 @@
 """The actor base as a real process: requests, errors, deferred replies, clean stop."""
+import collections
 import os
 import platform
 
@@ -89,3 +90,38 @@ def test_an_actor_tunes_malloc_when_it_starts_unless_told_not_to(actors, tmp_pat
     with RemotingClient() as c:
         r = c.invoke(a.endpoint, Frame(RequestCode.GET_BROKER_RUNTIME_INFO))
     assert r.fields["malloc"] == expected
+
+
+@pytest.mark.parametrize("defer", ["1", "0"])
+def test_at_turn_end_runs_after_the_turns_requests_and_before_their_replies(actors, tmp_path, defer):
+    """Actor.at_turn_end (the POP service's group commit): requests of a burst are answered by
+    callables run once their turn's requests are handled, each turn's answered together; one that
+    raises is logged and the others still run.  Without a turn (RMQ_DEFER_REPLIES=0) the caller is
+    told so and answers at once."""
+    a = actors("-m", "tests.integration.echo_actor", str(tmp_path), env={"RMQ_DEFER_REPLIES": defer})
+    n = 200
+    with RemotingClient() as c:
+        assert c.invoke(a.endpoint, Frame(RequestCode.HEART_BEAT)).code == ResponseCode.SUCCESS   # connected
+        for i in range(n):
+            c.send_raw(a.endpoint, P.encode(Frame(RequestCode.QUERY_CONSUMER_OFFSET, opaque=i + 1,
+                                                  fields={"boom": i % 7 == 0})))
+        got = {}
+        while len(got) < n:
+            r = c.recv_raw(a.endpoint, timeout_ms=10_000)
+            assert r is not None, f"{len(got)} of {n} answers"
+            got[r.opaque] = r
+    assert sorted(got) == list(range(1, n + 1))
+    assert all(r.code == ResponseCode.SUCCESS for r in got.values())
+    remarks = [r.remark for r in got.values()]
+    if defer == "0":
+        assert set(remarks) == {"alone"}
+        return
+    assert set(remarks) <= {"alone", "turn end"}
+    turns = [r for r in got.values() if r.remark == "turn end"]
+    assert turns and max(r.fields["n"] for r in turns) > 1, "no burst was handled as one turn"
+    sizes = collections.Counter(r.fields["n"] for r in turns)
+    assert all(count % size == 0 for size, count in sizes.items()), sizes   # each turn answered whole
+    assert a.terminate() == 0
+    with open(os.path.join(tmp_path, "logs", "echo.log")) as f:
+        log = f.read()
+    assert "end of turn" in log and "turn end exploded" in log
