@@ -314,3 +314,19 @@ def test_utf8_check_agrees_with_pythons_decoder(props):
     except UnicodeDecodeError:
         valid = False
     assert decode_columns([rec])["bad_utf8"] == (0 if valid else 1)
+
+
+@pytest.mark.parametrize("piece", [b"\xc3\xa9", b"\xe2\x82\xac", b"\xf0\x9f\x98\x80", b"\xc3", b"\xed\xa0\x80",
+                                   b"\xc0\xaf", b"\xff", b"\x80", b"\xe0\x80\xaf"])
+def test_utf8_check_finds_a_non_ascii_byte_at_every_place_of_an_8_byte_word(piece):
+    """The ASCII skip reads 8 bytes at a time: a multi-byte sequence (valid or not) at each of the
+    16 places of two words after a run of ASCII is seen, as ``bytes.decode`` sees it."""
+    for at in range(17):
+        props = b"a" * at + piece + b"b" * (17 - at)
+        rec = golden_record(b"b", b"T", props, 0, 0, 0, 0, 1, 2, prop_crc=False)
+        try:
+            props.decode("utf-8")
+            valid = True
+        except UnicodeDecodeError:
+            valid = False
+        assert decode_columns([rec])["bad_utf8"] == (0 if valid else 1), (at, piece)
