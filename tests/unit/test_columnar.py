@@ -307,13 +307,18 @@ _UTF8_PIECES = st.sampled_from([b"a", b"abcdefgh", b"0123456789ABCDEF", b"\xc3\x
 def test_utf8_check_agrees_with_pythons_decoder(props):
     """decode_columns' UTF-8 check (ASCII runs skipped 8 bytes at a time) says what
     ``bytes.decode("utf-8")`` says, for properties of any length and alignment."""
+    assert_utf8_check_agrees(props)
+
+
+def assert_utf8_check_agrees(props: bytes) -> None:
+    """decode_columns flags a record with ``props`` as bad UTF-8 exactly when Python's decoder refuses them."""
     rec = golden_record(b"b", b"T", props, 0, 0, 0, 0, 1, 2, prop_crc=False)
     try:
         props.decode("utf-8")
         valid = True
     except UnicodeDecodeError:
         valid = False
-    assert decode_columns([rec])["bad_utf8"] == (0 if valid else 1)
+    assert decode_columns([rec])["bad_utf8"] == (0 if valid else 1), props
 
 
 @pytest.mark.parametrize("piece", [b"\xc3\xa9", b"\xe2\x82\xac", b"\xf0\x9f\x98\x80", b"\xc3", b"\xed\xa0\x80",
@@ -322,11 +327,4 @@ def test_utf8_check_finds_a_non_ascii_byte_at_every_place_of_an_8_byte_word(piec
     """The ASCII skip reads 8 bytes at a time: a multi-byte sequence (valid or not) at each of the
     16 places of two words after a run of ASCII is seen, as ``bytes.decode`` sees it."""
     for at in range(17):
-        props = b"a" * at + piece + b"b" * (17 - at)
-        rec = golden_record(b"b", b"T", props, 0, 0, 0, 0, 1, 2, prop_crc=False)
-        try:
-            props.decode("utf-8")
-            valid = True
-        except UnicodeDecodeError:
-            valid = False
-        assert decode_columns([rec])["bad_utf8"] == (0 if valid else 1), (at, piece)
+        assert_utf8_check_agrees(b"a" * at + piece + b"b" * (17 - at))
