@@ -1335,6 +1335,50 @@ def test_request_mux_runs_calls_at_once_and_keeps_each_calls_outcome(cluster):
     assert len(seen) == 5 and ("127.0.0.1:1", "RemotingTimeoutError") in seen
 
 
+def test_poll_raises_a_start_position_it_cannot_read_and_serves_the_next_assignment(cluster):
+    """The parallel start positions of a first poll: one that fails (queues of a broker the route
+    does not have) is raised by poll(), no request is left behind, no position is made up, and the
+    queues assigned next are read from their start (threads and rmq.aio)."""
+    with RemotingClient() as c:
+        r = c.invoke(cluster.broker, Frame(RequestCode.UPDATE_AND_CREATE_TOPIC, fields={
+            "topic": "StartPosBad", "readQueueNums": 2, "writeQueueNums": 2}))
+        assert r.code == ResponseCode.SUCCESS
+        for q in range(2):
+            assert send(c, cluster.broker_addr, "StartPosBad", b"m%d" % q, queue_id=q).code == ResponseCode.SUCCESS
+    gone = [MessageQueue("StartPosBad", "broker-gone", q) for q in range(2)]
+    want = [b"m0", b"m1"]
+    with PullConsumer(cluster.namesrv_addr, "start-pos-bad", consume_from_where="CONSUME_FROM_FIRST_OFFSET") as pc:
+        pc.assign(gone)
+        with pytest.raises(MQClientError, match="broker-gone"):
+            pc.poll(500)
+        assert not pc._mux.pending
+        with pytest.raises(MQClientError):
+            pc.position(gone[0])                  # none was stored: asked again, it fails again
+        mqs = pc.fetch_subscribe_message_queues("StartPosBad")
+        pc.assign(mqs)
+        got = []
+        deadline = time.monotonic() + 30
+        while len(got) < 2 and time.monotonic() < deadline:
+            got += pc.poll(500)
+        assert sorted(m.body for m in got) == want
+
+    from rmq.aio.consumer import AsyncPullConsumer
+
+    async def aio():
+        async with AsyncPullConsumer(cluster.namesrv_addr, "start-pos-bad-aio",
+                                     consume_from_where="CONSUME_FROM_FIRST_OFFSET") as ac:
+            ac.assign(gone)
+            with pytest.raises(MQClientError, match="broker-gone"):
+                await ac.poll(500)
+            ac.assign(await ac.fetch_subscribe_message_queues("StartPosBad"))
+            out = []
+            end = time.monotonic() + 30
+            while len(out) < 2 and time.monotonic() < end:
+                out += await ac.poll(500)
+            return out
+    assert sorted(m.body for m in asyncio.run(aio())) == want
+
+
 def test_poll_asks_the_start_positions_of_all_new_queues_at_once(cluster):
     """A PullConsumer's first poll of 8 new queues (CONSUME_FROM_FIRST_OFFSET: the committed
     offset, then the min offset, per queue) gets every queue's position and reads from it."""
