@@ -78,9 +78,9 @@ REVIVE_SCAN_MS = 100                              # how often expired CKs are lo
 RECOVER_BATCH = 32                                # revive-queue records read per step at start
 MAX_POP_HOLDS = 10_000                            # held POPs per broker (POLLING_FULL past it)
 MAX_BATCH_ACK = 1024                              # receipt handles per BATCH_ACK_MESSAGE
-REVIVE_APPEND_MAX_RECORDS = 32                    # revive records per append of a turn's group commit (a
-                                                  # CK is ~400 B: an append stays far below the smallest
-                                                  # CommitLog file a test uses, 64 KiB)
+REVIVE_APPEND_MAX_RECORDS = 32                    # revive records per append (a CK is ~400 B: an append
+                                                  # stays far below the smallest CommitLog file a test
+                                                  # uses, 64 KiB)
 MAX_RECONSUME_TIMES_DEFAULT = 16                  # SubscriptionGroupConfig.retryMaxTimes
 PROPERTY_FIRST_POP_TIME = "1ST_POP_TIME"          # MessageConst.PROPERTY_FIRST_POP_TIME
 PROPERTY_POP_CK = "POP_CK"
@@ -286,19 +286,27 @@ class PopService:
             self.cks[key] = CheckPoint(key, it, rq, revive_offset, offsets)
 
     # -- records ------------------------------------------------------------------------------
-    def _put_revive(self, rq: int, records: list) -> Optional[object]:
-        """Append ``records`` ([(tag, body dict)]) to revive queue ``rq`` as one batch; the
-        PutMessageResult, or None when the store refused (logged)."""
-        batch = _cl.encode_batch([(orjson.dumps(body), _REVIVE_PROPERTIES[tag], 0) for tag, body in records])
-        res = self.b.store.put_encoded(self.revive_topic, rq, batch, None, 0, int(time.time() * 1000), None, 0,
-                                       len(records))
-        if not res.ok:
-            log.error("revive log append failed: %s %s", res.status, res.remark)
-            return None
-        self.stats["reviveAppends"] += 1
-        self.stats["reviveRecords"] += len(records)
-        self.b.note_quiet_append(res.append.wrote_offset, res.append.wrote_bytes)
-        return res
+    def _put_revive(self, rq: int, records: list) -> Optional[int]:
+        """Append ``records`` ([(tag, body dict)]) to revive queue ``rq``, back to back, in batches
+        of at most REVIVE_APPEND_MAX_RECORDS; the queue offset of the first record, or None when
+        the store refused one of the batches (logged; the batches before it stay written: a
+        checkpoint or ack written for a request answered SYSTEM_ERROR is at most a redelivery
+        after a restart, or an ack the client is told failed)."""
+        first = None
+        for i in range(0, len(records), REVIVE_APPEND_MAX_RECORDS):
+            part = records[i:i + REVIVE_APPEND_MAX_RECORDS]
+            batch = _cl.encode_batch([(orjson.dumps(body), _REVIVE_PROPERTIES[tag], 0) for tag, body in part])
+            res = self.b.store.put_encoded(self.revive_topic, rq, batch, None, 0, int(time.time() * 1000), None, 0,
+                                           len(part))
+            if not res.ok:
+                log.error("revive log append failed: %s %s", res.status, res.remark)
+                return None
+            self.stats["reviveAppends"] += 1
+            self.stats["reviveRecords"] += len(part)
+            self.b.note_quiet_append(res.append.wrote_offset, res.append.wrote_bytes)
+            if first is None:
+                first = res.queue_offset
+        return first
 
     def _revive_turn(self) -> Optional[ReviveTurn]:
         """This turn's group commit (started on first use), or None when the broker is not handling
@@ -309,30 +317,28 @@ class PopService:
         return turn
 
     def _end_turn(self) -> None:
-        """Append the turn's records (one append per revive queue, REVIVE_APPEND_MAX_RECORDS at
-        most each), then answer its requests: those whose records were all written get their
-        response, the others are undone (latest first) and get SYSTEM_ERROR."""
+        """Append the turn's records (per revive queue, :meth:`_put_revive`), then answer its
+        requests: those whose records were all written get their response, the others are undone
+        (latest first) and get SYSTEM_ERROR."""
         turn, self._turn = self._turn, None
         if turn is None:
             return
         base: dict[int, int] = {}
         failed: set = set()
         for rq, recs in turn.records.items():
-            for i in range(0, len(recs), REVIVE_APPEND_MAX_RECORDS):
-                try:
-                    put = self._put_revive(rq, recs[i:i + REVIVE_APPEND_MAX_RECORDS])
-                except Exception:  # noqa: BLE001 - the turn's requests must still be answered
-                    log.exception("revive log append failed")
-                    put = None
-                if put is None:
-                    failed.add(rq)
-                    break
-                if i == 0:
-                    base[rq] = put.queue_offset
+            try:
+                first = self._put_revive(rq, recs)
+            except Exception:  # noqa: BLE001 - the turn's requests must still be answered
+                log.exception("revive log append failed")
+                first = None
+            if first is None:
+                failed.add(rq)
+            else:
+                base[rq] = first
         for ck, idx in turn.cks:
             first = base.get(ck.revive_qid)
             if first is not None:
-                ck.revive_offset = first + idx      # chunks of one queue's records are back to back
+                ck.revive_offset = first + idx      # a queue's records are written back to back
         if failed:
             for _, _, parts, _ in reversed(turn.entries):
                 for rq, undo in reversed(parts):
@@ -528,7 +534,7 @@ class PopService:
                         return frame.response(ResponseCode.SYSTEM_ERROR,
                                               "cannot write the checkpoint to the revive log")
                     break
-                self._add_ck(key, invisible, rq, put.queue_offset, offsets)
+                self._add_ck(key, invisible, rq, put, offsets)
             com.commit_offset(group, t, q, res.next_begin_offset)
             parts.append(res.records)
             ck_info.append([offset, retry, q, rq, len(offsets)])
@@ -776,7 +782,7 @@ class PopService:
                                                self._ack_body(key, [qo])])
         if put is None:
             return frame.response(ResponseCode.SYSTEM_ERROR, "cannot write the checkpoint to the revive log")
-        self._add_ck(new_key, invisible, ck.revive_qid, put.queue_offset, [qo])
+        self._add_ck(new_key, invisible, ck.revive_qid, put, [qo])
         self._acked(ck, (qo,))
         self.stats["acked"] -= 1
         retry = RETRY_FLAG_NORMAL if key[1] == topic else RETRY_FLAG_RETRY

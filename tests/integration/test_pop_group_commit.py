@@ -6,6 +6,7 @@ Requests go pipelined from one raw client (a burst, sent before any answer is re
 broker reads several in a turn.  A failed append is made the way the store refuses writes in
 production: the cleaner's CLEAN_ANNOUNCE with ``diskFull`` (sent here on the broker's internal
 socket, as the cleaner actor sends it), which makes every put SERVICE_NOT_AVAILABLE."""
+import collections
 import time
 
 import pytest
@@ -14,7 +15,7 @@ import zmq
 from rmq import PullConsumer
 from rmq import protocol as P
 from rmq.actors.broker_endpoints import internal_endpoint
-from rmq.actors.pop import REVIVE_QUEUE_NUM, revive_topic
+from rmq.actors.pop import REVIVE_APPEND_MAX_RECORDS, REVIVE_QUEUE_NUM, parse_extra_info, revive_topic
 from rmq.client.consumer import MessageQueue
 from rmq.client.consumer_api import SubscriptionData
 from rmq.client.remoting import RemotingClient
@@ -189,3 +190,34 @@ def test_a_failed_group_commit_undoes_its_pops_and_acks(cluster):
             assert st["inFlight"] == 0 and st["acked"] - acked0 == n, st
     finally:
         cleaner.close()
+
+
+def test_a_revive_append_holds_at_most_revive_append_max_records(cluster):
+    """REVIVE_APPEND_MAX_RECORDS: one BATCH_ACK of 300 checkpoints, each made by a POP of its own
+    (one at a time: revive queues in rotation), writes its ack records to each revive queue in
+    appends of at most REVIVE_APPEND_MAX_RECORDS, and acks every message."""
+    n = 300
+    with RemotingClient() as c:
+        create_topic(cluster, "GcMax", 1)
+        for i in range(n):
+            assert send(c, cluster.broker_addr, "GcMax", b"x%03d" % i).code == ResponseCode.SUCCESS
+        sub = SubscriptionData.build("GcMax", "*")
+        views = []
+        deadline = time.monotonic() + WAIT_MS / 1000
+        while len(views) < n:
+            assert time.monotonic() < deadline, f"{len(views)} of {n} popped"
+            f = pop_frames("gc-max", "GcMax", 1)[0]
+            f.fields["maxMsgNums"] = 1
+            got, _ = parse_pop_response(c.invoke(cluster.broker_addr, f, WAIT_MS), sub, cluster.broker_addr)
+            views += got
+        per_rq = collections.Counter(parse_extra_info(v.receipt_handle)[3] for v in views)
+        assert max(per_rq.values()) > REVIVE_APPEND_MAX_RECORDS, per_rq     # the limit is reached
+        before = pop_stats(cluster, c)
+        frame, _ = batch_ack_frame("gc-max", "broker-a", views)
+        r = c.invoke(cluster.broker_addr, frame, WAIT_MS)
+        assert r.code == ResponseCode.SUCCESS and r.fields.get("failed") == [], (r.code, r.remark, r.fields)
+        after = pop_stats(cluster, c)
+        assert after["reviveRecords"] - before["reviveRecords"] == n
+        assert after["reviveAppends"] - before["reviveAppends"] == sum(
+            -(-k // REVIVE_APPEND_MAX_RECORDS) for k in per_rq.values()), per_rq
+        assert after["inFlight"] == 0
