@@ -383,4 +383,4 @@ def ack_groups(views):
 def ack_bits(list vs, long long start_offset):
     """``[queue offset - start_offset]`` of views ``vs`` (a BatchAck's ``b``)."""
     cdef MessageView v
-    return [(<MessageView>v).message.queue_offset - start_offset for v in vs]
+    return [v.message.queue_offset - start_offset for v in vs]

@@ -419,8 +419,8 @@ class BrokerActor(Actor):
         revive log's checkpoints and acks (the POP service keeps them in memory; only a restart
         reads them back).  While nothing else was appended since the last announcement, they do
         not make one of their own: reput dispatches them with the next announcement, at the
-        latest the APPEND_REANNOUNCE_MS tick.  Under appendAnnounceIntervalMs=0, SYNC_FLUSH or
-        SYNC_MASTER (:meth:`announce_at_once`) they are announced as any append.  Spares reput a
+        latest the APPEND_REANNOUNCE_MS tick.  Under appendAnnounceIntervalMs=0, SYNC_FLUSH,
+        SYNC_MASTER or controller mode (:meth:`announce_at_once`) they are announced as any append.  Spares reput a
         round, and the broker its DISPATCH_ANNOUNCE, per POP and per ack: on this VM the sync
         SimpleConsumer's receive / ack_batch p50 went from 416-441 / 368-386 us to 321-384 / 290-341
         us (bench/results/client.md, stop 48)."""

@@ -1335,6 +1335,24 @@ def test_request_mux_runs_calls_at_once_and_keeps_each_calls_outcome(cluster):
     assert len(seen) == 5 and ("127.0.0.1:1", "RemotingTimeoutError") in seen
 
 
+def poll_until(pc, n: int, timeout_s: float = 30.0) -> list:
+    """PullConsumer.poll(500) until ``n`` messages came or ``timeout_s`` passed; the messages."""
+    got: list = []
+    deadline = time.monotonic() + timeout_s
+    while len(got) < n and time.monotonic() < deadline:
+        got += pc.poll(500)
+    return got
+
+
+async def apoll_until(ac, n: int, timeout_s: float = 30.0) -> list:
+    """:func:`poll_until` for an rmq.aio PullConsumer."""
+    got: list = []
+    deadline = time.monotonic() + timeout_s
+    while len(got) < n and time.monotonic() < deadline:
+        got += await ac.poll(500)
+    return got
+
+
 def test_poll_raises_a_start_position_it_cannot_read_and_serves_the_next_assignment(cluster):
     """The parallel start positions of a first poll: one that fails (queues of a broker the route
     does not have) is raised by poll(), no request is left behind, no position is made up, and the
@@ -1356,11 +1374,7 @@ def test_poll_raises_a_start_position_it_cannot_read_and_serves_the_next_assignm
             pc.position(gone[0])                  # none was stored: asked again, it fails again
         mqs = pc.fetch_subscribe_message_queues("StartPosBad")
         pc.assign(mqs)
-        got = []
-        deadline = time.monotonic() + 30
-        while len(got) < 2 and time.monotonic() < deadline:
-            got += pc.poll(500)
-        assert sorted(m.body for m in got) == want
+        assert sorted(m.body for m in poll_until(pc, 2)) == want
 
     from rmq.aio.consumer import AsyncPullConsumer
 
@@ -1371,11 +1385,7 @@ def test_poll_raises_a_start_position_it_cannot_read_and_serves_the_next_assignm
             with pytest.raises(MQClientError, match="broker-gone"):
                 await ac.poll(500)
             ac.assign(await ac.fetch_subscribe_message_queues("StartPosBad"))
-            out = []
-            end = time.monotonic() + 30
-            while len(out) < 2 and time.monotonic() < end:
-                out += await ac.poll(500)
-            return out
+            return await apoll_until(ac, 2)
     assert sorted(m.body for m in asyncio.run(aio())) == want
 
 
@@ -1392,10 +1402,7 @@ def test_poll_asks_the_start_positions_of_all_new_queues_at_once(cluster):
     with PullConsumer(cluster.namesrv_addr, "start-pos", consume_from_where="CONSUME_FROM_FIRST_OFFSET") as pc:
         mqs = pc.fetch_subscribe_message_queues("StartPos")
         pc.assign(mqs)
-        got = []
-        deadline = time.monotonic() + 30
-        while len(got) < 24 and time.monotonic() < deadline:
-            got += pc.poll(500)
+        got = poll_until(pc, 24)
         assert sorted(m.body for m in got) == sorted(b"%d-%d" % (q, i) for q in range(8) for i in range(3))
         assert {mq: pc.position(mq) for mq in mqs} == {mq: 3 for mq in mqs}
 
@@ -1405,10 +1412,6 @@ def test_poll_asks_the_start_positions_of_all_new_queues_at_once(cluster):
         async with AsyncPullConsumer(cluster.namesrv_addr, "start-pos-aio",
                                      consume_from_where="CONSUME_FROM_FIRST_OFFSET") as ac:
             ac.assign(await ac.fetch_subscribe_message_queues("StartPos"))
-            out = []
-            end = time.monotonic() + 30
-            while len(out) < 24 and time.monotonic() < end:
-                out += await ac.poll(500)
-            return out
+            return await apoll_until(ac, 24)
     got = asyncio.run(aio())
     assert sorted(m.body for m in got) == sorted(b"%d-%d" % (q, i) for q in range(8) for i in range(3))
