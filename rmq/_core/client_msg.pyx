@@ -51,6 +51,8 @@ cdef extern from "Python.h":
     void PyObject_GC_UnTrack(void* o)
     int PyObject_GC_IsTracked(object o)
     int PyObject_IS_GC(object o)
+    bint PyUnicode_IS_COMPACT_ASCII(object o)
+    Py_ssize_t PyUnicode_GET_LENGTH(object o)
 
 cdef extern from "time.h" nogil:
     ctypedef long time_t
@@ -844,6 +846,32 @@ cpdef list split_uniq_ids(bytes uniq):
         s = PyUnicode_New(_UNIQ_LEN, 127)
         memcpy(PyUnicode_DATA(s), u + i * _UNIQ_LEN, _UNIQ_LEN)
         out.append(s)
+    return out
+
+
+cpdef str join_uniq_ids(list preps):
+    """The UNIQ_KEYs of ``preps`` (PreparedMessages) comma-joined, in order: a user batch's
+    ``SendResult.msg_id`` (RocketMQ's batch msgId), copied in C into one str (``",".join`` of a
+    list of the ids costs a list and a reference per message)."""
+    cdef Py_ssize_t n = len(preps), i, total = 0, k
+    cdef PreparedMessage p
+    if n == 0:
+        return ""
+    for i in range(n):
+        p = preps[i]
+        if p.uniq_id is None or not PyUnicode_IS_COMPACT_ASCII(p.uniq_id):   # not a str, or not ASCII
+            return ",".join([(<PreparedMessage>q).uniq_id for q in preps])
+        total += PyUnicode_GET_LENGTH(p.uniq_id)
+    cdef str out = PyUnicode_New(total + n - 1, 127)
+    cdef char* w = <char*>PyUnicode_DATA(out)
+    for i in range(n):
+        p = preps[i]
+        if i:
+            w[0] = 44       # ','
+            w += 1
+        k = PyUnicode_GET_LENGTH(p.uniq_id)
+        memcpy(w, PyUnicode_DATA(p.uniq_id), k)
+        w += k
     return out
 
 

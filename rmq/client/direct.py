@@ -9,7 +9,7 @@ socket, with the two kinds of sends interleaved on one cluster.  :class:`DirectS
 caller thread its own :class:`rmq.client.remoting.RemotingClient` (a DEALER per broker, IMMEDIATE,
 a HEART_BEAT as each connection's first frame, a disconnect monitor), so ``send()`` is one
 request / response on the caller's socket, and so is ``send_batch()`` (one SEND_BATCH_MESSAGE;
-its result built from the answer as one SendResult, :func:`batch_result`).
+its result built from the answer as one SendResult, :func:`rmq.client.producer_request.user_batch_result`).
 
 What stays with the I/O thread: route look-ups and refreshes (the direct path is taken only
 when the topic's route is known and not provisional), asynchronous and one-way sends, the
@@ -33,8 +33,8 @@ import zmq
 from rmq import latency_trace as _lt
 from rmq import security
 from rmq.client.message import MessageQueue, SendResult
-from rmq.client.producer_request import (apply_selector, batch_send_result, heartbeat_request, parse_send_response,
-                                         send_request, send_response_fields)
+from rmq.client.producer_request import (apply_selector, heartbeat_request, parse_send_response, send_request,
+                                         user_batch_result)
 from rmq.client.remoting import RemotingClient
 from rmq.client.route import route_suspect
 from rmq.client.send_attempts import SendAttempts
@@ -172,7 +172,7 @@ class DirectSender:
                 try:
                     resp = self._client().invoke(addr, frame, (att.deadline - att.sent_at) * 1000.0,
                                                  opts.connect_timeout_ms)
-                    result = batch_result(resp, topic, mq.broker_name, addr, preps) if batch else \
+                    result = user_batch_result(resp, topic, mq.broker_name, addr, preps) if batch else \
                         parse_send_response(resp, topic, mq.broker_name, addr, preps)[0]
                 except ProtocolError as e:
                     raise MQClientError(f"cannot encode the send request: {e.remark}",
@@ -237,17 +237,4 @@ class DirectSender:
         self.ctx.destroy(linger=0)
 
 
-def batch_result(resp: Frame, topic: str, broker_name: str, broker_addr: str, preps: list) -> SendResult:
-    """The one SendResult of a user batch's answer: ids comma-joined, the first queue offset (no
-    result object per message).
-
-    Raises
-    ------
-    MQBrokerError
-        The broker answered an error code.
-    """
-    status, mq, base, offset_ids = send_response_fields(resp, topic, broker_name, broker_addr, len(preps))
-    return batch_send_result(status, mq, base, preps, offset_ids)
-
-
-__all__ = ["DirectSender", "CLOSE_WAIT_S", "batch_result", "close_monitored"]
+__all__ = ["DirectSender", "CLOSE_WAIT_S", "close_monitored"]

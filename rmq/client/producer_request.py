@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 
 from rmq import protocol as P
 from rmq._core.client_msg import (MessagePreparer, PreparedMessage, RowsPart, all_wait, batch_body, complete_send_batch,
-                                  encode_rows)
+                                  encode_rows, join_uniq_ids)
 from rmq._core.client_msg import many_parts as _many_parts
 from rmq._core.commitlog import tags_string_to_tags_code
 from rmq.client.message import PROPERTY_SHARDING_KEY, Message, MessageQueue, SendResult, SendStatus
@@ -392,6 +392,16 @@ def send_response_fields(resp: Frame, topic: str, broker_name: str, broker_addr:
     MQBrokerError
         The broker answered an error code (``response_code``, ``broker_addr`` set).
     """
+    status, mq, base, joined = _send_response_head(resp, topic, broker_name, broker_addr)
+    offset_ids = joined.split(",")
+    if len(offset_ids) != n:
+        offset_ids = [offset_ids[0] if n == 1 else ""] * n
+    return status, mq, base, offset_ids
+
+
+def _send_response_head(resp: Frame, topic: str, broker_name: str, broker_addr: str) -> tuple:
+    """(status, MessageQueue, base queue offset, the answer's msgId: its messages' offset msg ids
+    comma-joined) of a send answer (see :func:`send_response_fields`)."""
     status = SEND_STATUS_BY_CODE.get(resp.code)
     if status is None:
         raise MQBrokerError(f"{resp.remark or 'error'} (broker {broker_name} at {broker_addr}, topic {topic})",
@@ -402,10 +412,28 @@ def send_response_fields(resp: Frame, topic: str, broker_name: str, broker_addr:
     if not isinstance(queue_id, int) or not isinstance(base, int):
         raise MQBrokerError(f"malformed send response from {broker_addr}: queueId={queue_id!r} "
                             f"queueOffset={base!r}", int(ResponseCode.SYSTEM_ERROR), broker_addr)
-    offset_ids = send_response_msg_id(f, resp.bodies).split(",")
-    if len(offset_ids) != n:
-        offset_ids = [offset_ids[0] if n == 1 else ""] * n
-    return status, MessageQueue(topic, broker_name, queue_id), base, offset_ids
+    return status, MessageQueue(topic, broker_name, queue_id), base, send_response_msg_id(f, resp.bodies)
+
+
+def user_batch_result(resp: Frame, topic: str, broker_name: str, broker_addr: str,
+                      preps: Sequence[PreparedMessage]) -> SendResult:
+    """The one SendResult of a user batch's answer (``send_batch``), as :func:`batch_send_result`
+    gives it, without an object per message: the answer's comma-joined offset msg ids are kept as
+    they came when there is one per message (else as :func:`send_response_fields` pads them), the
+    UNIQ_KEYs joined in C (``join_uniq_ids``).
+
+    Raises
+    ------
+    MQBrokerError
+        As :func:`send_response_fields`.
+    """
+    status, mq, base, joined = _send_response_head(resp, topic, broker_name, broker_addr)
+    n = len(preps)
+    if n == 1:
+        return SendResult(status, preps[0].uniq_id, mq, base, joined.split(",", 1)[0])
+    if joined.count(",") != n - 1:
+        joined = "," * (n - 1)
+    return SendResult(status, join_uniq_ids(preps if type(preps) is list else list(preps)), mq, base, joined)
 
 
 def parse_send_response(resp: Frame, topic: str, broker_name: str, broker_addr: str,
