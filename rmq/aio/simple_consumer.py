@@ -82,45 +82,54 @@ class SimpleConsumer(SimpleConsumerCalls):
         tasks to the same broker made while one is in flight go with it as one BATCH_ACK_MESSAGE."""
         if not isinstance(message_view, MessageView):
             raise MQClientError(f"expected a MessageView, got {type(message_view).__name__}")
-        await self._lane_ack([message_view], True)
+        self._started()
+        w = AckWaiter(asyncio.get_running_loop().create_future(), True)
+        self._enqueue(message_view.broker_name, [message_view], w)
+        _, exc = await w.fut                    # a refusal comes as NO_MESSAGE's error (single)
+        if exc is not None:
+            raise exc
 
     async def ack_batch(self, message_views: Sequence[MessageView]) -> None:
         """Acknowledge many messages (as :meth:`rmq.SimpleConsumer.ack_batch`: AckError names the
         ones no longer in flight; MQBrokerError, RemotingError).  Acks of other tasks to the
         same broker made while one is in flight are sent with it as one request."""
         views = list(message_views)
-        failed = await self._lane_ack(views, False)
+        failed = await self._lane_ack(views)
         if failed:
             raise AckError(f"{len(failed)} of {len(views)} acks refused: no longer in flight "
                            f"(their invisible time passed)", failed)
 
-    async def _lane_ack(self, views: list, single: bool) -> list:
+    async def _lane_ack(self, views: list) -> list:
         """The views the brokers refused: ``views`` queued on their brokers' lanes (at most
-        MAX_BATCH_ACK per entry), a lane's pump started when idle, every entry awaited; the first
-        failure raised."""
+        MAX_BATCH_ACK per entry, :meth:`_enqueue`), every entry awaited; the first failure raised."""
         self._started()
         failed: list = []
         loop = asyncio.get_running_loop()
         waiters = []
         for name, group_views in group_by_broker(views).items():
-            lane = self._lanes.get(name)
-            if lane is None:
-                lane = self._lanes[name] = AckLane(name, ACK_REQUESTS_IN_FLIGHT)
             for i in range(0, len(group_views), MAX_BATCH_ACK):
-                w = AckWaiter(loop.create_future(), single)
-                lane.add(group_views[i:i + MAX_BATCH_ACK], w)
+                w = AckWaiter(loop.create_future(), False)
+                self._enqueue(name, group_views[i:i + MAX_BATCH_ACK], w)
                 waiters.append(w)
-            if lane.sending < lane.limit:
-                lane.sending += 1
-                pump = loop.create_task(self._pump(lane))
-                self._pumps.add(pump)
-                pump.add_done_callback(functools.partial(self._pump_done, lane))
         for w in waiters:
             refused, exc = await w.fut
             if exc is not None:
                 raise exc
             failed += refused
         return failed
+
+    def _enqueue(self, broker_name: str, views: list, w: AckWaiter) -> None:
+        """Queue ``views`` (1..MAX_BATCH_ACK of ``broker_name``'s) for ``w`` on the broker's lane,
+        and start one of its pumps if fewer than its limit are at work."""
+        lane = self._lanes.get(broker_name)
+        if lane is None:
+            lane = self._lanes[broker_name] = AckLane(broker_name, ACK_REQUESTS_IN_FLIGHT)
+        lane.add(views, w)
+        if lane.sending < lane.limit:
+            lane.sending += 1
+            pump = asyncio.get_running_loop().create_task(self._pump(lane))
+            self._pumps.add(pump)
+            pump.add_done_callback(functools.partial(self._pump_done, lane))
 
     async def _pump(self, lane: AckLane) -> None:
         """One of ``lane``'s senders (at most ``lane.limit``): its requests one after the other
