@@ -15,6 +15,13 @@ consumer of the group), up to the group's ``retryMaxTimes`` (16), then moved to
 
 The frame builders, the response parser and the calls (:class:`SimpleConsumerCalls`) here are
 shared with :mod:`rmq.aio`'s SimpleConsumer; only the waiting differs (:mod:`rmq.client.calls`).
+
+Threads and state: :class:`SimpleConsumer` runs its calls in the caller's thread (one thread at a
+time per consumer): the subscriptions (``_subs``) and the route cache of its
+:class:`rmq.client.consumer_api.ConsumerAPI`.  ``ack_async`` starts one ack thread
+(:class:`_AckSender`), which owns the acks waiting to be sent: an :class:`AckLane` per broker,
+under its condition.  :class:`AckLane` itself does no I/O and takes no lock (its driver's: the ack
+thread, or rmq.aio's event loop).
 """
 from __future__ import annotations
 
