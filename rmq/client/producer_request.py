@@ -393,10 +393,16 @@ def send_response_fields(resp: Frame, topic: str, broker_name: str, broker_addr:
         The broker answered an error code (``response_code``, ``broker_addr`` set).
     """
     status, mq, base, joined = _send_response_head(resp, topic, broker_name, broker_addr)
+    return status, mq, base, _offset_ids(joined, n)
+
+
+def _offset_ids(joined: str, n: int) -> list:
+    """The ``n`` offset msg ids of an answer's comma-joined msgId: an answer with another count
+    gives its first id to a single message, and "" to each of several."""
     offset_ids = joined.split(",")
     if len(offset_ids) != n:
         offset_ids = [offset_ids[0] if n == 1 else ""] * n
-    return status, mq, base, offset_ids
+    return offset_ids
 
 
 def _send_response_head(resp: Frame, topic: str, broker_name: str, broker_addr: str) -> tuple:
@@ -418,9 +424,9 @@ def _send_response_head(resp: Frame, topic: str, broker_name: str, broker_addr: 
 def user_batch_result(resp: Frame, topic: str, broker_name: str, broker_addr: str,
                       preps: Sequence[PreparedMessage]) -> SendResult:
     """The one SendResult of a user batch's answer (``send_batch``), as :func:`batch_send_result`
-    gives it, without an object per message: the answer's comma-joined offset msg ids are kept as
-    they came when there is one per message (else as :func:`send_response_fields` pads them), the
-    UNIQ_KEYs joined in C (``join_uniq_ids``).
+    gives it, without a string per message: the answer's comma-joined offset msg ids are kept as
+    they came when there is one per message (any other answer goes the general way), the UNIQ_KEYs
+    joined in C (``join_uniq_ids``).
 
     Raises
     ------
@@ -429,11 +435,9 @@ def user_batch_result(resp: Frame, topic: str, broker_name: str, broker_addr: st
     """
     status, mq, base, joined = _send_response_head(resp, topic, broker_name, broker_addr)
     n = len(preps)
-    if n == 1:
-        return SendResult(status, preps[0].uniq_id, mq, base, joined.split(",", 1)[0])
-    if joined.count(",") != n - 1:
-        joined = "," * (n - 1)
-    return SendResult(status, join_uniq_ids(preps if type(preps) is list else list(preps)), mq, base, joined)
+    if n > 1 and joined.count(",") == n - 1:          # one offset msg id per message, as sent
+        return SendResult(status, join_uniq_ids(preps if type(preps) is list else list(preps)), mq, base, joined)
+    return batch_send_result(status, mq, base, preps, _offset_ids(joined, n))
 
 
 def parse_send_response(resp: Frame, topic: str, broker_name: str, broker_addr: str,
