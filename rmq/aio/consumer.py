@@ -37,7 +37,7 @@ import enum
 import inspect
 import logging
 import time
-from typing import Callable, Iterable, Optional, Union
+from typing import TYPE_CHECKING, Callable, Iterable, Optional, Union
 
 from rmq import latency_trace as _lt
 from rmq._core.consume import ConsumeRun
@@ -51,7 +51,7 @@ from rmq.client.consumer import (BROKER_SUSPEND_MAX_TIME_MS, CONSUME_THREAD_MAX,
                                  SUSPEND_CURRENT_QUEUE_TIME_MS, CONSUME_CONCURRENTLY_MAX_SPAN,
                                  ConsumeConcurrentlyContext, ConsumeConcurrentlyStatus, ConsumeFromWhere,
                                  ConsumeOrderlyContext, ConsumeOrderlyStatus, MessageModel, _concurrent_status,
-                                 PullConsumerCalls, PushConsumerCalls)
+                                 PullConsumerCalls, PushConsumerCalls, arrow_modules, pages_batch)
 from rmq.aio.remoting import AsyncRemoting
 from rmq.client.calls import adrive, awaitable
 from rmq.client.consumer_api import (CONSUMER_TIMEOUT_MS_WHEN_SUSPEND, ConsumerCalls, SubscriptionData,
@@ -66,6 +66,9 @@ from rmq.common.mix_all import retry_topic
 from rmq.filter import MessageSelector
 from rmq.errors import MQBrokerError, MQClientError, RemotingError
 from rmq.protocol import Frame, RequestCode
+
+if TYPE_CHECKING:
+    import pyarrow
 
 log = logging.getLogger("rmq.aio.consumer")
 
@@ -204,7 +207,28 @@ class AsyncPullConsumer(PullConsumerCalls):
         return resp, addr
 
     async def poll(self, timeout_ms: int = 1000) -> list:
-        """Messages from the assigned queues, awaiting up to ``timeout_ms`` (long polling)."""
+        """Messages from the assigned queues, awaiting up to ``timeout_ms`` (long polling); as
+        :meth:`rmq.client.consumer.PullConsumer.poll`."""
+        return await self._poll(timeout_ms, self._decode_messages)
+
+    async def poll_arrow(self, timeout_ms: int = 1000, include_properties: bool = False) -> "pyarrow.RecordBatch":
+        """As :meth:`poll`, as one ``pyarrow.RecordBatch``; the rows, schema and errors of
+        :meth:`rmq.client.consumer.PullConsumer.poll_arrow` (decoded column-wise in C, on the
+        event loop's thread).  Zero rows when nothing arrived in time.
+
+        Raises
+        ------
+        MQClientError
+            pyarrow is not installed (``pip install 'rmq[spark]'``; nothing is polled), or as :meth:`poll`.
+        MQBrokerError
+            As :meth:`poll`.
+        """
+        modules = arrow_modules()
+        return pages_batch(await self._poll(timeout_ms, self._raw_page), include_properties, modules)
+
+    async def _poll(self, timeout_ms: int, decode: Callable) -> list:
+        """poll()'s loop; each answer goes through :meth:`PullConsumerCalls._take_answer` with
+        ``decode`` (the thread consumer's rules)."""
         new = [mq for mq in self._assigned if mq not in self._positions]
         if len(new) > 1 and not self._closed:     # the start positions of new queues, all at once
             for r in await asyncio.gather(*(adrive(self._initial_position_call(mq), self._invoke) for mq in new),
@@ -228,27 +252,19 @@ class AsyncPullConsumer(PullConsumerCalls):
                                          return_when=asyncio.FIRST_COMPLETED)
             for task in done:
                 mq = tasks[task]
-                entry = self._inflight.pop(mq)
-                if self._positions.get(mq) != entry[1]:
-                    continue
+                entry = self._inflight.get(mq)
+                if entry is None or entry[0] is not task:
+                    continue                      # superseded (seek, re-assign) while awaited
+                del self._inflight[mq]
                 try:
                     resp, addr = task.result()
-                    res = parse_pull_response(resp, self._subs.get(mq.topic), addr)
-                except RemotingError as e:
-                    bad = getattr(e, "broker_addr", "")
-                    if bad and self._other_addr(mq, bad):
-                        log.warning("pull of %s from %s failed (%s); reading from another broker of %s",
-                                    mq, bad, e, mq.broker_name)
-                        continue                          # asked again at once, elsewhere
+                except MQClientError as e:        # RemotingError carries where it went
+                    resp, addr = e, getattr(e, "broker_addr", "")
+                items, e = self._take_answer(mq, entry[1], resp, addr, decode, failed)
+                if e is not None:
                     error = e
-                    failed.add(mq)
-                    continue
-                except MQClientError as e:
-                    error = e
-                    failed.add(mq)
-                    continue
-                self._positions[mq] = res.next_begin_offset
-                out.extend(res.msg_found_list)
+                elif items:
+                    out.extend(items)
             if out:
                 # prefetch (Kafka's fetcher): every queue's next page is on its way while the
                 # caller handles these; positions move only when a page is returned

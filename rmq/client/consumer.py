@@ -517,6 +517,51 @@ def _is_coroutine_fn(fn) -> bool:
 # ==================================================================================================
 # PullConsumer
 # ==================================================================================================
+def arrow_modules() -> tuple:
+    """``(pyarrow, rmq.arrow)`` for ``poll_arrow``, imported before anything is polled (a missing
+    pyarrow must not move a position).
+
+    Raises
+    ------
+    MQClientError
+        pyarrow is not installed (``pip install 'rmq[spark]'``).
+    """
+    try:
+        import pyarrow as pa
+
+        from rmq import arrow as A
+    except ImportError as e:
+        raise MQClientError(f"poll_arrow needs pyarrow (pip install 'rmq[spark]'): {e}") from None
+    return pa, A
+
+
+def pages_batch(pages: list, include_properties: bool, modules: tuple) -> "pyarrow.RecordBatch":
+    """One ``pyarrow.RecordBatch`` of the raw pages a poll returned (``[(mq, page, subscription)]``,
+    :meth:`PullConsumerCalls._raw_page`), the rows of ``rmq.arrow.arrow_schema(include_properties)``
+    in page order: the pages of one broker and tag re-check are decoded in one call (C, no Python
+    object per message); zero rows when there are none."""
+    pa, A = modules
+    schema = A.arrow_schema(include_properties)
+    groups: dict = {}                   # (broker, tag re-check) -> ([page], [mq]): one decode each
+    for mq, page, sub in pages:
+        tags = None if sub is None or sub.is_all else frozenset(sub.tags_set)
+        g = groups.setdefault((mq.broker_name, tags), ([], []))
+        g[0].append(page)
+        g[1].append(mq)
+    batches = []
+    for (_, tags), (group_pages, mqs) in groups.items():
+        b = A.pages_to_batch(group_pages, None, schema, include_properties, tags=None if tags is None else set(tags),
+                             mqs=mqs)
+        if b.num_rows:
+            batches.append(b)
+    if not batches:
+        return pa.RecordBatch.from_pylist([], schema=schema)
+    if len(batches) == 1:
+        return batches[0]
+    return pa.Table.from_batches(batches, schema=schema).combine_chunks().to_batches()[0]
+
+
+
 class PullConsumerCalls:
     """What a pull consumer does apart from :meth:`poll`, without I/O: its options, assignment,
     positions and commits, and the calls (:mod:`rmq.client.calls`) of single pulls, offset
@@ -610,6 +655,54 @@ class PullConsumerCalls:
 
     def _commit_due(self) -> bool:
         return self.auto_commit and (time.monotonic() - self._last_commit) * 1000 >= self.auto_commit_interval_ms
+
+    # -- poll's rules, for both drivers (no I/O) --------------------------------------------------
+    def _take_answer(self, mq: MessageQueue, off: int, resp, addr: str, decode: Callable, failed: set) -> tuple:
+        """What one pull answer of a poll gives, for the thread and asyncio drivers alike:
+        ``(items, error)``.  ``off``: the position the pull was made from; ``resp``: the Frame,
+        or the exception the pull ended with; ``addr``: where it went ("" when unknown);
+        ``decode(resp, subscription, addr, mq) -> (next offset, items)`` (:meth:`_decode_messages`
+        or :meth:`_raw_page`).
+
+        - The queue was seeked (or re-assigned) meanwhile: nothing, the answer is stale.
+        - A transport failure where the queue's next pull would go to another address (a slave,
+          the master having stopped answering): nothing and no error; the next round asks there.
+        - Any other failure, or an answer that does not decode: no items, the error, and ``mq``
+          joins ``failed`` (not asked again in this poll).
+        - Otherwise the position moves to the answer's next begin offset (positions move only
+          when a page is returned to the caller) and its items come back.
+        """
+        if self._positions.get(mq) != off:
+            return (), None
+        if isinstance(resp, Exception):
+            if isinstance(resp, RemotingError) and addr and self._other_addr(mq, addr):
+                log.warning("pull of %s from %s failed (%s); reading from another broker of %s",
+                            mq, addr, resp, mq.broker_name)
+                return (), None
+            failed.add(mq)
+            return (), resp
+        try:
+            next_offset, items = decode(resp, self._subs.get(mq.topic), addr, mq)
+        except MQClientError as e:
+            failed.add(mq)
+            return (), e
+        self._positions[mq] = next_offset
+        return items, None
+
+    @staticmethod
+    def _decode_messages(resp, sub, addr: str, mq: MessageQueue) -> tuple:
+        """(next begin offset, [MessageExt]) of a pull answer."""
+        res = parse_pull_response(resp, sub, addr)
+        return res.next_begin_offset, res.msg_found_list
+
+    @staticmethod
+    def _raw_page(resp, sub, addr: str, mq: MessageQueue) -> tuple:
+        """(next begin offset, [(mq, raw record page, subscription)]) of a pull answer: the
+        records left undecoded for ``poll_arrow``."""
+        res = parse_pull_response(resp, sub, addr, decode=False)
+        page = resp.bodies[0] if res.pull_status is PullStatus.FOUND and resp.bodies else None
+        return res.next_begin_offset, ([(mq, page, sub)] if page else [])
+
 
     # -- calls -------------------------------------------------------------------------------------
     def _fetch_subscribe_message_queues(self, topic: str):
@@ -867,44 +960,8 @@ class PullConsumer(PullConsumerCalls):
         MQBrokerError
             As :meth:`poll`.
         """
-        try:
-            import pyarrow as pa
-
-            from rmq import arrow as A
-        except ImportError as e:
-            raise MQClientError(f"poll_arrow needs pyarrow (pip install 'rmq[spark]'): {e}") from None
-        schema = A.arrow_schema(include_properties)
-        groups: dict = {}                   # (broker, tag re-check) -> ([page], [mq]): one decode each
-        for mq, page, sub in self._poll(timeout_ms, self._raw_page):
-            tags = None if sub is None or sub.is_all else frozenset(sub.tags_set)
-            g = groups.setdefault((mq.broker_name, tags), ([], []))
-            g[0].append(page)
-            g[1].append(mq)
-        batches = []
-        for (_, tags), (pages, mqs) in groups.items():
-            b = A.pages_to_batch(pages, None, schema, include_properties, tags=None if tags is None else set(tags),
-                                 mqs=mqs)
-            if b.num_rows:
-                batches.append(b)
-        if not batches:
-            return pa.RecordBatch.from_pylist([], schema=schema)
-        if len(batches) == 1:
-            return batches[0]
-        return pa.Table.from_batches(batches, schema=schema).combine_chunks().to_batches()[0]
-
-    @staticmethod
-    def _decode_messages(resp, sub, addr: str, mq: MessageQueue) -> tuple:
-        """(next begin offset, [MessageExt]) of a pull answer."""
-        res = parse_pull_response(resp, sub, addr)
-        return res.next_begin_offset, res.msg_found_list
-
-    @staticmethod
-    def _raw_page(resp, sub, addr: str, mq: MessageQueue) -> tuple:
-        """(next begin offset, [(mq, raw record page, subscription)]) of a pull answer: the
-        records left undecoded for :meth:`poll_arrow`."""
-        res = parse_pull_response(resp, sub, addr, decode=False)
-        page = resp.bodies[0] if res.pull_status is PullStatus.FOUND and resp.bodies else None
-        return res.next_begin_offset, ([(mq, page, sub)] if page else [])
+        modules = arrow_modules()
+        return pages_batch(self._poll(timeout_ms, self._raw_page), include_properties, modules)
 
     def _poll(self, timeout_ms: int, decode: Callable) -> list:
         """poll()'s loop; ``decode(resp, subscription, addr, mq) -> (next offset, items)``."""
@@ -938,24 +995,10 @@ class PullConsumer(PullConsumerCalls):
                 if self._inflight.get(mq) is not token:
                     continue                                   # superseded (seek, re-assign)
                 del self._inflight[mq]
-                if self._positions.get(mq) != off:
-                    continue                                   # seeked meanwhile
-                if isinstance(resp, Exception):
-                    if isinstance(resp, RemotingError) and self._other_addr(mq, addr):
-                        log.warning("pull of %s from %s failed (%s); reading from another broker of %s",
-                                    mq, addr, resp, mq.broker_name)
-                        continue                               # asked again at once, elsewhere
-                    error = resp
-                    failed.add(mq)
-                    continue
-                try:
-                    next_offset, items = decode(resp, self._subs.get(mq.topic), addr, mq)
-                except MQClientError as e:
+                items, e = self._take_answer(mq, off, resp, addr, decode, failed)
+                if e is not None:
                     error = e
-                    failed.add(mq)
-                    continue
-                self._positions[mq] = next_offset
-                if items:
+                elif items:
                     out.extend(items)
             if out:
                 if not done:

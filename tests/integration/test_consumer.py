@@ -1236,6 +1236,62 @@ def test_poll_arrow_gives_polls_messages_as_columns(cluster):
     assert len(tagged) == 101 and {r["tags"] for r in tagged} == {"a"}
 
 
+def test_the_asyncio_poll_arrow_gives_the_thread_consumers_rows(cluster):
+    """rmq.aio's AsyncPullConsumer.poll_arrow: the rows of PullConsumer.poll_arrow (every column,
+    properties when asked, a compressed body inflated), positions that move with what it returns
+    (a seek reads again), a tag subscription re-checked, zero rows with the schema when nothing
+    arrives."""
+    from rmq import Message, Producer
+    from rmq.aio.consumer import AsyncPullConsumer
+    from rmq.arrow import arrow_schema
+    create_topic(cluster, "T", 4)
+    with Producer(cluster.namesrv_addr, group="pa") as p:
+        sent = [p.send(Message("T", b"b%d" % i, tags="a" if i % 2 else "b", keys=[f"k{i}"],
+                               properties={"n": str(i)})) for i in range(150)]
+        sent.append(p.send(Message("T", b"z" * 8000, tags="a")))          # compressed on the wire
+    key = lambda r: (r["queue_id"], r["queue_offset"])   # noqa: E731
+
+    with PullConsumer(cluster.namesrv_addr, "pa-thread", consume_from_where="CONSUME_FROM_FIRST_OFFSET") as c:
+        c.assign(c.fetch_subscribe_message_queues("T"))
+        want = []
+        end = time.monotonic() + 30
+        while len(want) < len(sent) and time.monotonic() < end:
+            want.extend(c.poll_arrow(500, include_properties=True).to_pylist())
+    assert len(want) == len(sent)
+
+    async def drain(c, n, **kw):
+        got = []
+        end = time.monotonic() + 30
+        while len(got) < n and time.monotonic() < end:
+            b = await c.poll_arrow(500, **kw)
+            assert b.schema == arrow_schema(kw.get("include_properties", False))
+            got.extend(b.to_pylist())
+        return got
+
+    async def main():
+        async with AsyncPullConsumer(cluster.namesrv_addr, "pa-aio",
+                                     consume_from_where="CONSUME_FROM_FIRST_OFFSET") as c:
+            mqs = await c.fetch_subscribe_message_queues("T")
+            c.assign(mqs)
+            rows = await drain(c, len(sent), include_properties=True)
+            empty = await c.poll_arrow(100)
+            c.seek(mqs[0], 0)                                                  # read again from the start
+            again = await drain(c, sum(1 for r in rows if r["queue_id"] == mqs[0].queue_id))
+        async with AsyncPullConsumer(cluster.namesrv_addr, "pa-aio-tags",
+                                     consume_from_where="CONSUME_FROM_FIRST_OFFSET") as c:
+            c.assign(await c.fetch_subscribe_message_queues("T"), "a")
+            tagged = await drain(c, 76)
+        return rows, empty, again, mqs[0].queue_id, tagged
+
+    rows, empty, again, q0, tagged = asyncio.run(asyncio.wait_for(main(), 60))
+    assert sorted(rows, key=key) == sorted(want, key=key)
+    assert {r["msg_id"] for r in rows} == {s.msg_id for s in sent}
+    assert {r["body"] for r in rows if r["msg_id"] == sent[-1].msg_id} == {b"z" * 8000}
+    assert empty.num_rows == 0 and empty.schema == arrow_schema(False)
+    assert sorted(map(key, again)) == sorted(key(r) for r in rows if r["queue_id"] == q0)
+    assert len(tagged) == 76 and {r["tags"] for r in tagged} == {"a"}
+
+
 @pytest.mark.parametrize("aio", [False, True], ids=["thread", "asyncio"])
 def test_a_long_run_commits_its_offset_before_it_ends(cluster, aio):
     """A worker (a consume task in rmq.aio) going through a pull's requests alone commits what

@@ -366,6 +366,54 @@ def test_a_failed_pull_is_asked_again_elsewhere_only_when_the_group_has_another_
     assert _pull_core(ConsumerCalls(NS))._other_addr(MQ, MASTER) is False    # no route cached: no request made
 
 
+def test_a_poll_answer_moves_the_position_only_when_its_page_is_taken():
+    """PullConsumerCalls._take_answer, the rule both poll drivers (threads, asyncio) apply to
+    each pull answer: a stale answer, a failure retried at the group's other address, a failure,
+    an answer that does not decode, and a page."""
+    from rmq.client.consumer_api import TopicRoute
+
+    def core(addrs):
+        pc = _pull_core(ConsumerCalls(NS))
+        pc.api._routes["orders"] = TopicRoute.from_wire("orders", {
+            "queueDatas": [{"brokerName": "broker-a", "readQueueNums": 4, "writeQueueNums": 4, "perm": 6}],
+            "brokerDatas": [{"brokerName": "broker-a", "cluster": "c", "brokerAddrs": addrs}]})
+        pc.assign([MQ])
+        pc._positions[MQ] = 10
+        return pc
+
+    page = Frame(ResponseCode.SUCCESS)
+    decoded = []
+
+    def decode(resp, sub, addr, mq):
+        decoded.append((resp, sub.topic, addr, mq))
+        return 13, ["m10", "m11", "m12"]
+
+    def refuse(resp, sub, addr, mq):
+        raise MQClientError("malformed page")
+
+    pc, failed = core({"0": MASTER}), set()
+    assert pc._take_answer(MQ, 9, page, MASTER, decode, failed) == ((), None)       # seeked since: stale
+    assert (pc._positions[MQ], failed, decoded) == (10, set(), [])
+    assert pc._take_answer(MQ, 10, page, MASTER, decode, failed) == (["m10", "m11", "m12"], None)
+    assert (pc._positions[MQ], failed, decoded) == (13, set(), [(page, "orders", MASTER, MQ)])
+
+    items, err = pc._take_answer(MQ, 13, page, MASTER, refuse, failed)
+    assert (items, str(err), pc._positions[MQ], failed) == ((), "malformed page", 13, {MQ})
+
+    down = RemotingTimeoutError("no response from the master in time")
+    pc, failed = core({"0": MASTER}), set()                 # no other address: the poll's error
+    assert pc._take_answer(MQ, 10, down, MASTER, decode, failed) == ((), down)
+    assert (pc._positions[MQ], failed) == (10, {MQ})
+    pc, failed = core({"0": MASTER, "1": SLAVE}), set()
+    pc.api.pull_from.mark_unreachable(MASTER)
+    assert pc._take_answer(MQ, 10, down, MASTER, decode, failed) == ((), None)       # asked again at the slave
+    assert (pc._positions[MQ], failed) == (10, set())
+    assert pc._take_answer(MQ, 10, down, "", decode, failed) == ((), down)           # where it went unknown
+    assert failed == {MQ}
+    refused = MQBrokerError("TOPIC_NOT_EXIST", ResponseCode.TOPIC_NOT_EXIST, MASTER)
+    assert pc._take_answer(MQ, 10, refused, MASTER, decode, set()) == ((), refused)  # a refusal is not retried
+
+
 def test_a_malformed_route_is_refused_with_the_field_named():
     from rmq.client.consumer_api import TopicRoute
     with pytest.raises(MQClientError, match="readQueueNums"):
