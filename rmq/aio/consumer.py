@@ -8,6 +8,7 @@ Same behaviour and names as :mod:`rmq.client.consumer` (SPEC.md §12, §13, §15
         c.assign(mqs)
         async for msg in c:            # long polling over every assigned queue
             ...
+        batch = await c.poll_arrow()   # or a pyarrow.RecordBatch per poll (rmq[spark])
 
     c = AsyncPushConsumer("127.0.0.1:9876", "cg")
     c.subscribe("flights", "tagA || tagB")

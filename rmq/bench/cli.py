@@ -355,8 +355,8 @@ def latency_cmd(rates, sizes, consumers, peers, duration, namesrv, store_dir, js
                    "round with the spread (this VM's run-to-run noise is 20-30 %%).")
 def client_cmd(messages, sizes, redis, raw, namesrv, file_size, store_dir, json_path, rounds) -> None:
     """The public client API with its defaults, one Python thread (issue 17): Producer.send_async,
-    Producer.send_batch of 1000, PushConsumer, PullConsumer.poll, rmq.aio's producer and push
-    consumer, both producers' ordered send_async (8 sharding keys), send_async_many (lists of 1000)
+    Producer.send_batch of 1000, PushConsumer, PullConsumer.poll and poll_arrow, rmq.aio's producer,
+    push consumer and pull consumer, both producers' ordered send_async (8 sharding keys), send_async_many (lists of 1000)
     and send_async_columns (the same lists as columns), msgs/s and MB/s per body size, each against
     its target (MET / MISSED) and beside Redis and the raw bench client measured in the same run.
     Exit code 1 when a row failed."""

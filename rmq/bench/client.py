@@ -27,6 +27,8 @@ what is already there):
     ``await p.flush()``; none may fail.  Timed: first call -> every future's callback run.
 ``rmq.aio PushConsumer``
     as ``PushConsumer``, with a coroutine listener on an event loop.
+``rmq.aio PullConsumer.poll`` / ``rmq.aio PullConsumer.poll_arrow``
+    as ``PullConsumer.poll`` / ``poll_arrow``, awaited on an event loop.
 ``Producer.send_async_many x1000`` / ``rmq.aio Producer.send_async_many x1000``
     lists of 1000 ``Message`` built in the loop, each handed over with one
     ``send_async_many(msgs, callback)`` (one future per list, its callback counting the list's
@@ -76,6 +78,8 @@ POLL = "PullConsumer.poll"
 POLL_ARROW = "PullConsumer.poll_arrow"
 AIO_SEND = "rmq.aio Producer.send_async"
 AIO_PUSH = "rmq.aio PushConsumer"
+AIO_POLL = "rmq.aio PullConsumer.poll"
+AIO_POLL_ARROW = "rmq.aio PullConsumer.poll_arrow"
 SEND_ORDERED = "Producer.send_async sharding_key"
 AIO_SEND_ORDERED = "rmq.aio Producer.send_async sharding_key"
 SEND_MANY = f"Producer.send_async_many x{BATCH}"
@@ -83,15 +87,16 @@ AIO_SEND_MANY = f"rmq.aio Producer.send_async_many x{BATCH}"
 SEND_COLUMNS = f"Producer.send_async_columns x{BATCH}"
 AIO_SEND_COLUMNS = f"rmq.aio Producer.send_async_columns x{BATCH}"
 ORDERED_KEYS = 8                   # the ordered rows' sharding keys (message i: key i % 8)
-ROWS = (SEND_ASYNC, SEND_BATCH, PUSH, POLL, POLL_ARROW, AIO_SEND, AIO_PUSH, SEND_ORDERED, AIO_SEND_ORDERED,
-        SEND_MANY, AIO_SEND_MANY, SEND_COLUMNS, AIO_SEND_COLUMNS)
+ROWS = (SEND_ASYNC, SEND_BATCH, PUSH, POLL, POLL_ARROW, AIO_SEND, AIO_PUSH, AIO_POLL, AIO_POLL_ARROW, SEND_ORDERED,
+        AIO_SEND_ORDERED, SEND_MANY, AIO_SEND_MANY, SEND_COLUMNS, AIO_SEND_COLUMNS)
 KIND = {SEND_COLUMNS: "produce", AIO_SEND_COLUMNS: "produce", SEND_ASYNC: "produce", SEND_BATCH: "produce", AIO_SEND: "produce", SEND_ORDERED: "produce",
         AIO_SEND_ORDERED: "produce", SEND_MANY: "produce", AIO_SEND_MANY: "produce",
-        PUSH: "consume", POLL: "consume", POLL_ARROW: "consume", AIO_PUSH: "consume"}
+        PUSH: "consume", POLL: "consume", POLL_ARROW: "consume", AIO_PUSH: "consume", AIO_POLL: "consume",
+        AIO_POLL_ARROW: "consume"}
 TOPIC_OF = {SEND_ASYNC: "send_async", SEND_BATCH: "send_batch", AIO_SEND: "aio_send",   # produce rows' topics
             SEND_ORDERED: "send_ordered", AIO_SEND_ORDERED: "aio_send_ordered", SEND_MANY: "send_many",
             AIO_SEND_MANY: "aio_send_many", SEND_COLUMNS: "send_columns", AIO_SEND_COLUMNS: "aio_send_columns"}
-AIO_OF = {AIO_SEND: SEND_ASYNC, AIO_PUSH: PUSH,      # aio row -> the thread-based row it is held to
+AIO_OF = {AIO_SEND: SEND_ASYNC, AIO_PUSH: PUSH, AIO_POLL: POLL, AIO_POLL_ARROW: POLL_ARROW,  # aio row -> its thread row
           AIO_SEND_ORDERED: SEND_ORDERED, AIO_SEND_MANY: SEND_MANY, AIO_SEND_COLUMNS: SEND_COLUMNS}
 # row -> (the row of the same run it is held to, the share of that row's figure it must reach)
 HELD_TO = {**{row: (base, AIO_RATIO) for row, base in AIO_OF.items()}, SEND_ORDERED: (SEND_ASYNC, ORDERED_RATIO)}
@@ -483,6 +488,35 @@ def aio_send_many(namesrv: str, topic: str, size: int, n: int, columns: bool = F
     return asyncio.run(go())
 
 
+def aio_poll(namesrv: str, topic: str, size: int, n: int, arrow: bool = False) -> dict:
+    import asyncio
+
+    from rmq.aio import PullConsumer
+    if arrow:
+        import rmq.arrow  # noqa: F401 - as poll(): pyarrow's import is not part of the rate
+
+    async def go() -> dict:
+        async with PullConsumer(namesrv, _group("aio-poll-arrow" if arrow else "aio-poll", size),
+                                consume_from_where="CONSUME_FROM_FIRST_OFFSET") as c:
+            c.assign(await c.fetch_subscribe_message_queues(topic))
+            got, first = 0, None
+            t0 = time.perf_counter()
+            since = time.monotonic()
+            while got < n:
+                k = (await c.poll_arrow()).num_rows if arrow else len(await c.poll())
+                if k:
+                    if first is None:
+                        first = time.perf_counter()
+                    got += k
+                    since = time.monotonic()
+                elif time.monotonic() - since > STALL_S:
+                    raise TimeoutError(f"polled {got:,} of {n:,}, nothing new for {STALL_S:.0f} s")
+            el = time.perf_counter() - t0
+        return {"msgs": got, "seconds": el, "first_msg_s": round(first - t0, 4)}
+
+    return asyncio.run(go())
+
+
 def aio_push(namesrv: str, topic: str, size: int, n: int) -> dict:
     import asyncio
 
@@ -535,6 +569,7 @@ def aio_push(namesrv: str, topic: str, size: int, n: int) -> dict:
 
 RUNNERS = {SEND_ASYNC: send_async, SEND_BATCH: send_batch, PUSH: push, POLL: poll,
            POLL_ARROW: functools.partial(poll, arrow=True), AIO_SEND: aio_send, AIO_PUSH: aio_push,
+           AIO_POLL: aio_poll, AIO_POLL_ARROW: functools.partial(aio_poll, arrow=True),
            SEND_ORDERED: functools.partial(send_async, ordered=True),
            AIO_SEND_ORDERED: functools.partial(aio_send, ordered=True), SEND_MANY: send_many,
            AIO_SEND_MANY: aio_send_many, SEND_COLUMNS: functools.partial(send_many, columns=True),

@@ -567,7 +567,9 @@ class PullConsumerCalls:
     positions and commits, and the calls (:mod:`rmq.client.calls`) of single pulls, offset
     queries, seeks and commits, composed with :class:`rmq.client.consumer_api.ConsumerCalls`.
     :class:`PullConsumer` drives them blocking, :class:`rmq.aio.consumer.AsyncPullConsumer`
-    awaiting; each keeps its own ``poll`` (a RequestMux, or tasks).
+    awaiting.  Each drives its own ``poll`` loop (a RequestMux, or tasks) and takes every pull
+    answer through :meth:`_take_answer` (with :meth:`_decode_messages` for ``poll``,
+    :meth:`_raw_page` and :func:`pages_batch` for ``poll_arrow``).
 
     State: ``_assigned`` (the queues :meth:`assign` gave), ``_subs`` (topic -> SubscriptionData),
     ``_positions`` (mq -> next offset poll returns), ``_committed`` (mq -> offset stored on the
