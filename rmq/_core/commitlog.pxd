@@ -43,3 +43,24 @@ cdef int check_record(const unsigned char* p, int64_t avail, int crc_mode,
 cdef int find_property(const unsigned char* props, int32_t props_len,
                        const char* name, int32_t name_len,
                        int32_t* value_pos, int32_t* value_len) noexcept nogil
+
+
+cdef class MessageExt:
+    # One stored message (commitlog.pyx); the fields, for C access from the other modules.
+    cdef public str topic
+    cdef public object body                 # bytes (None when not read)
+    cdef public int flag
+    cdef dict _properties                   # parsed on first use
+    cdef bytes _props_raw                   # the stored properties string
+    cdef public int queue_id
+    cdef public long long queue_offset      # entries
+    cdef public long long commitlog_offset  # physical offset, bytes
+    cdef public int store_size              # TOTALSIZE, bytes
+    cdef public int body_crc
+    cdef public int sys_flag
+    cdef public long long born_timestamp    # ms
+    cdef public bytes born_host             # ip + port (8 or 20 bytes)
+    cdef public long long store_timestamp   # ms
+    cdef public bytes store_host
+    cdef public int reconsume_times
+    cdef public long long prepared_transaction_offset

@@ -681,24 +681,8 @@ def decode_message_id(str msg_id):
 # -- decoding -------------------------------------------------------------------------------
 @cython.no_gc          # what it holds (str, bytes, a dict of str) never refers back to it: pulled
 cdef class MessageExt:   # messages are not for the cyclic GC to scan (its collections ran in poll())
-    """One stored message, decoded from its CommitLog record (RocketMQ ``MessageExt``)."""
-    cdef public str topic
-    cdef public object body                 # bytes (None when not read)
-    cdef public int flag
-    cdef dict _properties                   # parsed on first use
-    cdef bytes _props_raw                   # the stored properties string
-    cdef public int queue_id
-    cdef public long long queue_offset      # entries
-    cdef public long long commitlog_offset  # physical offset, bytes
-    cdef public int store_size              # TOTALSIZE, bytes
-    cdef public int body_crc
-    cdef public int sys_flag
-    cdef public long long born_timestamp    # ms
-    cdef public bytes born_host             # ip + port (8 or 20 bytes)
-    cdef public long long store_timestamp   # ms
-    cdef public bytes store_host
-    cdef public int reconsume_times
-    cdef public long long prepared_transaction_offset
+    """One stored message, decoded from its CommitLog record (RocketMQ ``MessageExt``).  Its
+    fields are declared in ``commitlog.pxd`` (other modules of rmq._core read them as C fields)."""
 
     @property
     def properties(self):

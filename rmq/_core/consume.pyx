@@ -14,6 +14,8 @@ This module imports no client, store or actor module.
 cimport cython
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
+from rmq._core.commitlog cimport MessageExt
+
 ACK_INDEX_ALL = 2 ** 31 - 1      # ConsumeConcurrentlyContext.ackIndex = Integer.MAX_VALUE
 RUN_COMMIT_INTERVAL_S = 0.05     # a run's consumed messages are committed at least this often
 
@@ -204,20 +206,28 @@ def needs_post_processing(list msgs, long compressed_flag, retry_topic):
 def tree_put(tree, list msgs):
     """ProcessQueue.put_message's loop: each of ``msgs`` not in ``tree`` (queue offset ->
     message, a mapping kept in arrival order) is added.  Returns ``(added, body bytes added, the
-    highest offset added or -1)``."""
+    highest offset added or -1)``.  A MessageExt's fields are read as C fields (any other object
+    with ``queue_offset`` and ``body`` goes through getattr)."""
     cdef Py_ssize_t added = 0, size = 0
     cdef long long hi = -1, off
     cdef object m, k, body
+    cdef MessageExt x
     for m in msgs:
-        k = m.queue_offset
+        if type(m) is MessageExt:
+            x = <MessageExt>m
+            off = x.queue_offset
+            k = off
+            body = x.body
+        else:
+            k = m.queue_offset
+            off = k
+            body = m.body
         if k in tree:
             continue
         tree[k] = m
         added += 1
-        body = m.body
         if body is not None:
             size += len(body)
-        off = k
         if off > hi:
             hi = off
     return added, size, hi
@@ -230,10 +240,10 @@ def tree_remove(tree, list msgs):
     cdef object m, old, body
     pop = tree.pop
     for m in msgs:
-        old = pop(m.queue_offset, None)
+        old = pop((<MessageExt>m).queue_offset if type(m) is MessageExt else m.queue_offset, None)
         if old is not None:
             removed += 1
-            body = old.body
+            body = (<MessageExt>old).body if type(old) is MessageExt else old.body
             if body is not None:
                 size += len(body)
     return removed, size
