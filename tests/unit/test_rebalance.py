@@ -256,6 +256,38 @@ def test_process_queue_orderly_take_commit_and_put_back():
     assert pq.put_message([FakeMsg(6)]) is False        # one is already running
 
 
+def test_process_queue_reads_message_ext_fields_in_c_and_turns_ordered_on_first_orderly_use():
+    """The same bookkeeping with rmq._core.commitlog.MessageExt (whose fields tree_put /
+    tree_remove read as C fields) and other objects mixed in; the plain in-flight map becomes an
+    OrderedDict at the first orderly operation, keeping its order."""
+    from collections import OrderedDict
+
+    from rmq._core.commitlog import MessageExt
+
+    def ext(off, body=b"xy"):
+        m = MessageExt()
+        m.queue_offset, m.body = off, body
+        return m
+
+    pq = ProcessQueue()
+    msgs = [ext(i) for i in range(100, 110)] + [FakeMsg(110, b"abc"), ext(111, None)]
+    assert pq.put_message(msgs) is True
+    assert (pq.msg_count, pq.msg_size, pq.queue_offset_max, pq.max_span()) == (12, 23, 111, 11)
+    assert type(pq.msg_tree_map) is dict
+    assert pq.put_message([ext(105), ext(112)]) is False                  # 105 is held already
+    assert (pq.msg_count, pq.msg_size, pq.first_offset()) == (13, 25, 100)
+    assert pq.remove_message(msgs[1:4] + [FakeMsg(999)]) == 100           # 100 still in flight
+    assert pq.remove_message(msgs[:1]) == 104 and pq.msg_size == 25 - 8
+    batch = pq.take_messages(3)                                         # orderly from here on
+    assert type(pq.msg_tree_map) is OrderedDict
+    assert [m.queue_offset for m in batch] == [104, 105, 106]
+    pq.make_message_to_consume_again(batch[1:])
+    assert [m.queue_offset for m in pq.take_messages(4)] == [105, 106, 107, 108]
+    pq.put_message([ext(113)])
+    assert [m.queue_offset for m in pq.take_messages(10)] == [109, 110, 111, 112, 113]
+    assert pq.commit() == 114 and pq.msg_count == 0 and pq.msg_size == 0
+
+
 # -- offset stores ------------------------------------------------------------------------------------
 def test_remote_offset_store_reads_broker_and_persists_changes():
     stored = {}
