@@ -400,6 +400,30 @@ def push(namesrv: str, topic: str, size: int, n: int) -> dict:
     return {"msgs": cnt.got, "seconds": el, "first_msg_s": round(cnt.first - t0, 4)}
 
 
+class _Polled:
+    """What the poll rows count: rows until ``n``, the first one's time, and the stall rule
+    (TimeoutError after STALL_S without a row).  The clock starts when it is made."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.got, self.first = n, 0, None
+        self.t0 = time.perf_counter()
+        self.since = time.monotonic()
+
+    def add(self, k: int) -> None:
+        """One poll returned ``k`` rows."""
+        if k:
+            if self.first is None:
+                self.first = time.perf_counter()
+            self.got += k
+            self.since = time.monotonic()
+        elif time.monotonic() - self.since > STALL_S:
+            raise TimeoutError(f"polled {self.got:,} of {self.n:,}, nothing new for {STALL_S:.0f} s")
+
+    def result(self) -> dict:
+        return {"msgs": self.got, "seconds": time.perf_counter() - self.t0,
+                "first_msg_s": round(self.first - self.t0, 4)}
+
+
 def poll(namesrv: str, topic: str, size: int, n: int, arrow: bool = False) -> dict:
     from rmq import PullConsumer
     if arrow:
@@ -407,20 +431,11 @@ def poll(namesrv: str, topic: str, size: int, n: int, arrow: bool = False) -> di
     with PullConsumer(namesrv, _group("poll-arrow" if arrow else "poll", size),
                       consume_from_where="CONSUME_FROM_FIRST_OFFSET") as c:
         c.assign(c.fetch_subscribe_message_queues(topic))
-        got, first = 0, None
-        t0 = time.perf_counter()
-        since = time.monotonic()
-        while got < n:
-            k = c.poll_arrow().num_rows if arrow else len(c.poll())
-            if k:
-                if first is None:
-                    first = time.perf_counter()
-                got += k
-                since = time.monotonic()
-            elif time.monotonic() - since > STALL_S:
-                raise TimeoutError(f"polled {got:,} of {n:,}, nothing new for {STALL_S:.0f} s")
-        el = time.perf_counter() - t0
-    return {"msgs": got, "seconds": el, "first_msg_s": round(first - t0, 4)}
+        polled = _Polled(n)
+        while polled.got < n:
+            polled.add(c.poll_arrow().num_rows if arrow else len(c.poll()))
+        res = polled.result()            # timed before the close (its commit)
+    return res
 
 
 def aio_send(namesrv: str, topic: str, size: int, n: int, ordered: bool = False) -> dict:
@@ -499,20 +514,11 @@ def aio_poll(namesrv: str, topic: str, size: int, n: int, arrow: bool = False) -
         async with PullConsumer(namesrv, _group("aio-poll-arrow" if arrow else "aio-poll", size),
                                 consume_from_where="CONSUME_FROM_FIRST_OFFSET") as c:
             c.assign(await c.fetch_subscribe_message_queues(topic))
-            got, first = 0, None
-            t0 = time.perf_counter()
-            since = time.monotonic()
-            while got < n:
-                k = (await c.poll_arrow()).num_rows if arrow else len(await c.poll())
-                if k:
-                    if first is None:
-                        first = time.perf_counter()
-                    got += k
-                    since = time.monotonic()
-                elif time.monotonic() - since > STALL_S:
-                    raise TimeoutError(f"polled {got:,} of {n:,}, nothing new for {STALL_S:.0f} s")
-            el = time.perf_counter() - t0
-        return {"msgs": got, "seconds": el, "first_msg_s": round(first - t0, 4)}
+            polled = _Polled(n)
+            while polled.got < n:
+                polled.add((await c.poll_arrow()).num_rows if arrow else len(await c.poll()))
+            res = polled.result()        # timed before the close (its commit)
+        return res
 
     return asyncio.run(go())
 
