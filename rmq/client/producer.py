@@ -60,8 +60,8 @@ Threads and sockets
 
 Failure behaviour
     A request that times out, meets a closed connection or gets a retryable
-    broker code (TOPIC_NOT_EXIST, SERVICE_NOT_AVAILABLE, SYSTEM_ERROR,
-    NO_PERMISSION, ...) is retried on a queue of another broker while attempts
+    broker code (TOPIC_NOT_EXIST, SERVICE_NOT_AVAILABLE, SYSTEM_ERROR, SYSTEM_BUSY,
+    NO_PERMISSION, ...: RocketMQ 5's set) is retried on a queue of another broker while attempts
     and time remain; then the send fails with the last error's type
     (:class:`MQBrokerError`, :class:`RemotingTimeoutError`,
     :class:`RemotingError`) and a message naming the attempts, the time spent

@@ -60,9 +60,13 @@ MANY_REQUEST_SIZE = 256 * 1024             # bytes; send_async_many / send_async
 # PROPERTY_TRANSACTION_PREPARED: from rmq._core.client_msg (which does the per-message work)
 NO_BUYER_ID = 204                          # RocketMQ ResponseCode values not in rmq.protocol
 NOT_IN_CURRENT_UNIT = 205
+# DefaultMQProducer.retryResponseCodes of RocketMQ 5 (4.9's set, SPEC.md's, plus SYSTEM_BUSY; GO_AWAY is
+# a code rmq's broker never sends).  SYSTEM_BUSY is what the broker answers a send it shed unstored
+# (waited > waitTimeMillsInSendQueue, or refused at once): retrying it stores nothing twice, and a
+# broker stalled a few hundred ms (disk pressure) no longer fails the sends queued meanwhile.
 RETRY_RESPONSE_CODES = frozenset({
     int(ResponseCode.TOPIC_NOT_EXIST), int(ResponseCode.SERVICE_NOT_AVAILABLE), int(ResponseCode.SYSTEM_ERROR),
-    int(ResponseCode.NO_PERMISSION), NO_BUYER_ID, NOT_IN_CURRENT_UNIT})
+    int(ResponseCode.SYSTEM_BUSY), int(ResponseCode.NO_PERMISSION), NO_BUYER_ID, NOT_IN_CURRENT_UNIT})
 SEND_STATUS_BY_CODE = {
     int(ResponseCode.SUCCESS): SendStatus.SEND_OK,
     int(ResponseCode.FLUSH_DISK_TIMEOUT): SendStatus.FLUSH_DISK_TIMEOUT,

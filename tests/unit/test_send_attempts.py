@@ -59,6 +59,20 @@ def test_a_code_that_is_not_retryable_ends_the_send_as_it_is():
     assert att.failed(refused, 100.1, fault, OPTS) is refused
 
 
+def test_a_send_the_broker_shed_as_busy_is_retried_on_the_other_broker():
+    """SYSTEM_BUSY ([TIMEOUT_CLEAN_QUEUE] / [REJECTREQUEST]: the send was not stored) is in
+    RocketMQ 5's retryResponseCodes: the next attempt goes to the other broker."""
+    from rmq.client.producer_request import RETRY_RESPONSE_CODES
+    assert ResponseCode.SYSTEM_BUSY in RETRY_RESPONSE_CODES and ResponseCode.SYSTEM_BUSY in OPTS.retry_response_codes
+    cache, fault = _world()
+    att = SendAttempts("T", 1, None, 3, 100.0, 103.0)
+    mq, _ = att.target(100.0, cache, fault)
+    busy = MQBrokerError("[TIMEOUT_CLEAN_QUEUE]broker busy, start flow control for a while, period in queue: 232ms",
+                         ResponseCode.SYSTEM_BUSY, "127.0.0.1:1")
+    assert att.failed(busy, 100.3, fault, OPTS) is None
+    assert att.target(100.3, cache, fault)[0].broker_name != mq.broker_name
+
+
 def test_a_fixed_queue_gets_one_attempt_and_its_failure_as_it_is():
     cache, fault = _world()
     fixed = MessageQueue("T", "b", 1)
