@@ -370,8 +370,9 @@ def pack_body(obj) -> bytes:
     return msgpack.packb(obj, use_bin_type=True)
 
 
-def unpack_body(frame: Frame, index: int = 0) -> object:
-    """Body part ``index`` of ``frame`` as msgpack, with bounded unpacking.
+def unpack_body(frame: Frame, index: int = 0, max_bin_len: int = 0) -> object:
+    """Body part ``index`` of ``frame`` as msgpack, with bounded unpacking (BODY_UNPACK_LIMITS; bin
+    values up to ``max_bin_len`` bytes, none by default).
 
     Raises
     ------
@@ -380,8 +381,9 @@ def unpack_body(frame: Frame, index: int = 0) -> object:
     """
     if len(frame.bodies) <= index:
         raise ProtocolError(f"missing body part {index}", opaque=frame.opaque)
+    limits = BODY_UNPACK_LIMITS if not max_bin_len else {**BODY_UNPACK_LIMITS, "max_bin_len": max_bin_len}
     try:
-        return msgpack.unpackb(bytes(frame.bodies[index]), raw=False, strict_map_key=True, **BODY_UNPACK_LIMITS)
+        return msgpack.unpackb(bytes(frame.bodies[index]), raw=False, strict_map_key=True, **limits)
     except (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, msgpack.OutOfData,
             ValueError, TypeError, UnicodeDecodeError) as e:
         raise ProtocolError(f"body part {index} is not valid msgpack: {type(e).__name__}: {e}",

@@ -390,7 +390,43 @@ def ack_groups(views):
     return by_ck
 
 
+ACK_BITSET_MAX_BYTES = 1024     # rmq.actors.pop.MAX_ACK_BITSET_BYTES: the broker's limit on a BatchAck's "b"
+
+
 def ack_bits(list vs, long long start_offset):
-    """``[queue offset - start_offset]`` of views ``vs`` (a BatchAck's ``b``)."""
-    cdef MessageView v
-    return [v.message.queue_offset - start_offset for v in vs]
+    """A BatchAck's ``b``: RocketMQ's BitSet of views ``vs``'s queue offset - ``start_offset``, as
+    ``BitSet.toByteArray()`` gives it (bit i of byte i // 8 little-endian; no trailing zero byte).
+
+    Raises
+    ------
+    ValueError
+        A view before ``start_offset``, or one ACK_BITSET_MAX_BYTES * 8 or more past it.
+    """
+    cdef long long d, top = -1
+    cdef Py_ssize_t i, n = len(vs)
+    cdef bytearray out
+    cdef unsigned char* p
+    for i in range(n):
+        d = _view_offset(vs[i]) - start_offset
+        if d < 0 or d >= ACK_BITSET_MAX_BYTES * 8:
+            raise ValueError(f"queue offset {start_offset + d} is outside the BatchAck of start offset "
+                             f"{start_offset} (bits 0..{ACK_BITSET_MAX_BYTES * 8 - 1})")
+        if d > top:
+            top = d
+    if top < 0:
+        return b""
+    out = bytearray(top // 8 + 1)
+    p = out
+    for i in range(n):
+        d = _view_offset(vs[i]) - start_offset
+        p[d >> 3] |= <unsigned char>(1 << (d & 7))
+    return bytes(out)
+
+
+cdef inline long long _view_offset(object o) except? -1:
+    """A MessageView's queue offset: a MessageExt's C field, else the attribute."""
+    cdef MessageView v = <MessageView?>o
+    m = v.message
+    if type(m) is MessageExt:
+        return (<MessageExt>m).queue_offset
+    return m.queue_offset

@@ -78,6 +78,9 @@ REVIVE_SCAN_MS = 100                              # how often expired CKs are lo
 RECOVER_BATCH = 32                                # revive-queue records read per step at start
 MAX_POP_HOLDS = 10_000                            # held POPs per broker (POLLING_FULL past it)
 MAX_BATCH_ACK = 1024                              # receipt handles per BATCH_ACK_MESSAGE
+MAX_ACK_BITSET_BYTES = 1024                       # a BatchAck's "b" as bytes: bits of queue offset -
+                                                  # startOffset up to 8,191 (a POP reads at most 800
+                                                  # ConsumeQueue units past its startOffset)
 REVIVE_APPEND_MAX_RECORDS = 32                    # revive records per append (a CK is ~400 B: an append
                                                   # stays far below the smallest CommitLog file a test
                                                   # uses, 64 KiB)
@@ -95,6 +98,34 @@ _REVIVE_PROPERTIES = {tag: _cl.encode_properties({"TAGS": tag, "WAIT": "false"})
 def _offsets_ok(values) -> bool:
     """Every value an int (not a bool) >= 0 (checked in C: the types, then the minimum)."""
     return not values or (set(map(type, values)) == {int} and min(values) >= 0)
+
+
+def offsets_mask(offsets, start: int) -> int:
+    """The bitmask of queue ``offsets`` (each >= ``start``; a ``range`` with step 1 in one step):
+    bit ``o - start`` set for each."""
+    if type(offsets) is range and offsets.step == 1:
+        return ((1 << len(offsets)) - 1) << (offsets.start - start) if offsets else 0
+    m = 0
+    for o in offsets:
+        m |= 1 << (o - start)
+    return m
+
+
+def mask_offsets(mask: int, start: int) -> list:
+    """The queue offsets of ``mask``'s bits (:func:`offsets_mask`), ascending."""
+    if not mask & (mask + 1):                         # bits 0..n-1: a checkpoint's messages, all of them
+        return list(range(start, start + mask.bit_length()))
+    out = []
+    while mask:
+        low = mask & -mask
+        out.append(start + low.bit_length() - 1)
+        mask ^= low
+    return out
+
+
+def mask_bits(mask: int) -> list:
+    """The indexes of ``mask``'s set bits, ascending."""
+    return mask_offsets(mask, 0)
 
 
 def revive_topic(cluster_name: str) -> str:
@@ -134,7 +165,9 @@ def parse_extra_info(text: str) -> tuple:
 
 
 class CheckPoint:
-    """A POP in flight: the queue offsets it handed out and which of them are not acked yet."""
+    """A POP in flight: the queue offsets it handed out and which of them are not acked yet.
+    ``pending``: a bitmask, bit ``queue offset - startOffset`` set while that message is in
+    flight (RocketMQ's BatchAck carries the acked ones as such a BitSet)."""
     __slots__ = ("key", "invisible_time", "revive_qid", "revive_offset", "pending", "deadline")
 
     def __init__(self, key: tuple, invisible_time: int, revive_qid: int, revive_offset: int, offsets):
@@ -142,8 +175,12 @@ class CheckPoint:
         self.invisible_time = invisible_time
         self.revive_qid = revive_qid
         self.revive_offset = revive_offset
-        self.pending = set(offsets)
+        self.pending = offsets_mask(offsets, key[3])
         self.deadline = key[4] + invisible_time
+
+    def in_flight(self, queue_offset: int) -> bool:
+        d = queue_offset - self.key[3]
+        return d >= 0 and bool(self.pending >> d & 1)
 
 
 _IN_TURN = object()        # _pop's answer when the turn's group commit replies
@@ -257,8 +294,10 @@ class PopService:
             key = (body.get("c"), body.get("t"), body.get("q"), body.get("so"), body.get("pt"))
             ck = self.cks.get(key)
             if ck is not None:
+                so = ck.key[3]
                 for o in (body["aol"] if "aol" in body else (body.get("ao"),)):
-                    ck.pending.discard(o)
+                    if type(o) is int and 0 <= o - so < 1 << 20:
+                        ck.pending &= ~(1 << (o - so))
                 if not ck.pending:
                     del self.cks[key]
         self._heap = [(ck.deadline, next(self._seq), k) for k, ck in self.cks.items()]
@@ -274,6 +313,8 @@ class PopService:
             group, topic, qid = str(body["c"]), str(body["t"]), int(body["q"])
             so, pt, it = int(body["so"]), int(body["pt"]), int(body["it"])
             offsets = [so + int(d) for d in body.get("d", ())]
+            if offsets and not 0 <= min(offsets) - so <= max(offsets) - so < 1 << 20:
+                raise ValueError
         except (KeyError, TypeError, ValueError):
             log.error("revive record %s/%d@%d is not a checkpoint: skipped", self.revive_topic, rq, revive_offset)
             return
@@ -514,7 +555,7 @@ class PopService:
                     store.consumer_offset_manager.commit_offset(group, t, q, res.next_begin_offset)
                 continue
             if res.next_begin_offset - offset == res.message_count:    # nothing skipped: dense offsets
-                offsets = list(range(offset, res.next_begin_offset))
+                offsets = range(offset, res.next_begin_offset)
             else:
                 offsets = [m.queue_offset for m in _cl.decode_records(res.records, False)]
             key = (group, t, q, offset, now)
@@ -647,46 +688,51 @@ class PopService:
         except ValueError as e:
             return frame.response(ResponseCode.SYSTEM_ERROR, str(e))
         ck = self.cks.get(key)
-        if ck is None or qo not in ck.pending:
+        if ck is None or not ck.in_flight(qo):
             return frame.response(ResponseCode.NO_MESSAGE,
                                   f"message {topic}/{key[2]}@{qo} is not in flight: already acked, or its "
                                   f"invisible time passed and it was revived")
+        bit = 1 << (qo - key[3])
         turn = self._revive_turn()
         if turn is not None:
             turn.add(ck.revive_qid, *self._ack_body(key, [qo]))
-            self._acked(ck, (qo,))
-            turn.entries.append((reply, frame.response(), [(ck.revive_qid, lambda: self._unacked(ck, (qo,)))],
+            self._acked(ck, bit)
+            turn.entries.append((reply, frame.response(), [(ck.revive_qid, lambda: self._unacked(ck, bit))],
                                  None))
             return None
         if self._put_revive(ck.revive_qid, [self._ack_body(key, [qo])]) is None:
             return frame.response(ResponseCode.SYSTEM_ERROR, "cannot write the ack to the revive log")
-        self._acked(ck, (qo,))
+        self._acked(ck, bit)
         return frame.response()
 
-    def _acked(self, ck: CheckPoint, offsets) -> None:
-        ck.pending.difference_update(offsets)
-        self.stats["acked"] += len(offsets)
+    def _acked(self, ck: CheckPoint, mask: int) -> None:
+        """The messages of ``mask`` (bits of ``ck.pending``, all in flight) are acked."""
+        ck.pending &= ~mask
+        self.stats["acked"] += mask.bit_count()
         if not ck.pending:
             del self.cks[ck.key]
 
-    def _unacked(self, ck: CheckPoint, offsets) -> None:
+    def _unacked(self, ck: CheckPoint, mask: int) -> None:
         """Undo :meth:`_acked` (the ack's record was not written): the messages are in flight again
         (the checkpoint's heap entry is still there: no timer ran within the turn)."""
-        ck.pending.update(offsets)
-        self.stats["acked"] -= len(offsets)
+        ck.pending |= mask
+        self.stats["acked"] -= mask.bit_count()
         self.cks.setdefault(ck.key, ck)
 
     def on_batch_ack(self, frame: Frame, reply: Reply) -> Frame:
         """BATCH_ACK_MESSAGE (200151): field consumerGroup; body RocketMQ's
         BatchAckMessageRequestBody, ``{"brokerName", "acks": [BatchAck]}``, each BatchAck the messages
         of one checkpoint: ``{"c": group, "t": topic, "r": retry ("0"/"1"), "so": startOffset,
-        "q": queueId, "rq": reviveQueueId, "pt": popTime, "it": invisibleTime, "b": [queue offset -
-        startOffset, ...]}`` (RocketMQ's ``b`` is a BitSet; here the list of its set bits).  At most
+        "q": queueId, "rq": reviveQueueId, "pt": popTime, "it": invisibleTime, "b": BitSet}``.
+        ``b`` is RocketMQ's BitSet of queue offset - startOffset as ``BitSet.toByteArray()`` gives
+        it (little-endian bytes, at most MAX_ACK_BITSET_BYTES), or the list of its set bits (what
+        rmq clients before stop 51 sent; a bit listed twice counts as a repeat).  At most
         MAX_BATCH_ACK messages.  Answer: SUCCESS with ``failed``, ``[[ack index, bit], ...]`` of the
-        messages no longer in flight (see :meth:`on_ack`); one ack record per checkpoint, one append
-        per revive queue."""
+        messages no longer in flight (see :meth:`on_ack`) or repeated in the request; one ack record
+        per checkpoint, one append per revive queue."""
         try:
-            body = unpack_body(frame) if frame.bodies else None
+            # a BitSet longer than the limit unpacks (and is refused below, by name)
+            body = unpack_body(frame, max_bin_len=MAX_ACK_BITSET_BYTES * 2) if frame.bodies else None
         except ProtocolError as e:
             return frame.response(ResponseCode.SYSTEM_ERROR, str(e))
         acks = body.get("acks") if isinstance(body, dict) else None
@@ -694,17 +740,35 @@ class PopService:
             return frame.response(ResponseCode.SYSTEM_ERROR, "body must be {'brokerName', 'acks': [BatchAck, ...]}")
         group = field_str(frame, "consumerGroup")
         failed, by_ck, checked, total = [], {}, {}, 0
+        limit = MAX_ACK_BITSET_BYTES * 8
         for i, a in enumerate(acks):
             try:
                 topic, retry, so, qid, pt = a["t"], a["r"], a["so"], a["q"], a["pt"]
                 bits = a["b"]
                 if a.get("c", group) != group or not isinstance(topic, str) or retry not in (
-                        RETRY_FLAG_NORMAL, RETRY_FLAG_RETRY) or type(bits) is not list or not _offsets_ok(
-                        (so, qid, pt)) or not _offsets_ok(bits):
+                        RETRY_FLAG_NORMAL, RETRY_FLAG_RETRY) or not _offsets_ok((so, qid, pt)):
+                    raise ValueError
+                extra = ()                    # bits failed whatever the checkpoint: repeats, past the limit
+                if type(bits) is bytes:
+                    if len(bits) > MAX_ACK_BITSET_BYTES:
+                        return frame.response(ResponseCode.SYSTEM_ERROR, f"ack {i}: a BitSet of {len(bits)} bytes "
+                                                                         f"(at most {MAX_ACK_BITSET_BYTES})")
+                    mask = int.from_bytes(bits, "little")
+                    n = mask.bit_count()
+                elif type(bits) is list and _offsets_ok(bits):
+                    mask, extra = 0, []
+                    for d in bits:
+                        b = 1 << d if d < limit else 0
+                        if not b or mask & b:
+                            extra.append(d)
+                        else:
+                            mask |= b
+                    n = len(bits)
+                else:
                     raise ValueError
             except (KeyError, TypeError, ValueError):
                 return frame.response(ResponseCode.SYSTEM_ERROR, f"ack {i}: not a BatchAck of group {group}")
-            total += len(bits)
+            total += n
             if total > MAX_BATCH_ACK:
                 return frame.response(ResponseCode.SYSTEM_ERROR, f"more than {MAX_BATCH_ACK} messages in one batch ack")
             if topic not in checked:
@@ -715,42 +779,38 @@ class PopService:
             key = (group, topic if retry == RETRY_FLAG_NORMAL else pop_retry_topic(topic, group), qid, so, pt)
             ck = self.cks.get(key)
             if ck is None:
-                failed += [[i, d] for d in bits]
-                continue
-            mine = by_ck.setdefault(key, [])
-            offs = [so + d for d in bits]
-            taken = set(offs)
-            if len(taken) == len(offs) and taken <= ck.pending and (not mine or taken.isdisjoint(mine)):
-                mine += offs                  # the common case: a checkpoint's messages, each once
-                continue
-            for d in bits:                    # repeats, or some no longer in flight: one by one
-                qo = so + d
-                if qo not in ck.pending or qo in mine:
-                    failed.append([i, d])
-                else:
-                    mine.append(qo)
+                bad = mask
+            else:
+                mine = by_ck.get(key, 0)
+                ok = mask & ck.pending & ~mine  # in flight, and not already acked by this request
+                by_ck[key] = mine | ok
+                bad = mask & ~ok
+            if bad:
+                failed += [[i, d] for d in mask_bits(bad)]
+            if extra:
+                failed += [[i, d] for d in extra]
         by_rq: dict[int, list] = {}
-        for key, offs in by_ck.items():
-            if offs:
-                by_rq.setdefault(self.cks[key].revive_qid, []).append((key, offs))
+        for key, m in by_ck.items():
+            if m:
+                by_rq.setdefault(self.cks[key].revive_qid, []).append((key, m))
         turn = self._revive_turn()
         if turn is not None:
             undos = []
             for rq, items in by_rq.items():
                 done = []
-                for k, offs in items:
-                    turn.add(rq, *self._ack_body(k, offs))
+                for k, m in items:
+                    turn.add(rq, *self._ack_body(k, mask_offsets(m, k[3])))
                     ck = self.cks[k]
-                    self._acked(ck, offs)
-                    done.append((ck, offs))
-                undos.append((rq, lambda done=done: [self._unacked(ck, offs) for ck, offs in done]))
+                    self._acked(ck, m)
+                    done.append((ck, m))
+                undos.append((rq, lambda done=done: [self._unacked(ck, m) for ck, m in done]))
             turn.entries.append((reply, frame.response(fields={"failed": failed}), undos, None))
             return None
         for rq, items in by_rq.items():
-            if self._put_revive(rq, [self._ack_body(k, offs) for k, offs in items]) is None:
+            if self._put_revive(rq, [self._ack_body(k, mask_offsets(m, k[3])) for k, m in items]) is None:
                 return frame.response(ResponseCode.SYSTEM_ERROR, "cannot write the acks to the revive log")
-            for k, offs in items:
-                self._acked(self.cks[k], offs)
+            for k, m in items:
+                self._acked(self.cks[k], m)
         return frame.response(fields={"failed": failed})
 
     def on_change_invisible_time(self, frame: Frame, reply: Reply) -> Frame:
@@ -771,7 +831,7 @@ class PopService:
             return frame.response(ResponseCode.SYSTEM_ERROR, f"invisibleTime {invisible} ms out of range "
                                                              f"[{MIN_INVISIBLE_TIME_MS}, {MAX_INVISIBLE_TIME_MS}]")
         ck = self.cks.get(key)
-        if ck is None or qo not in ck.pending:
+        if ck is None or not ck.in_flight(qo):
             return frame.response(ResponseCode.NO_MESSAGE,
                                   f"message {topic}/{key[2]}@{qo} is not in flight: already acked, or its "
                                   f"invisible time passed and it was revived")
@@ -783,7 +843,7 @@ class PopService:
         if put is None:
             return frame.response(ResponseCode.SYSTEM_ERROR, "cannot write the checkpoint to the revive log")
         self._add_ck(new_key, invisible, ck.revive_qid, put, [qo])
-        self._acked(ck, (qo,))
+        self._acked(ck, 1 << (qo - key[3]))
         self.stats["acked"] -= 1
         retry = RETRY_FLAG_NORMAL if key[1] == topic else RETRY_FLAG_RETRY
         return frame.response(fields={
@@ -819,7 +879,7 @@ class PopService:
         gcfg = b.group_config(group) or {}
         max_times = int(gcfg.get("retryMaxTimes", MAX_RECONSUME_TIMES_DEFAULT))
         retry_topic = topic if is_retry_topic(topic) else pop_retry_topic(topic, group)
-        offsets = sorted(ck.pending)
+        offsets = mask_offsets(ck.pending, ck.key[3])
         n = 0
         for o in offsets:
             res = store.get_messages(REVIVE_GROUP, topic, qid, o, 1)
@@ -854,7 +914,7 @@ class PopService:
                 self.stats["revived"] += 1
         if self._put_revive(ck.revive_qid, [self._ack_body(ck.key, offsets)]) is None:
             return None
-        ck.pending.clear()
+        ck.pending = 0
         self.cks.pop(ck.key, None)
         return n
 
@@ -876,17 +936,17 @@ class PopService:
 
     def runtime_stats(self) -> dict:
         """:attr:`stats` and ``inFlight`` (messages popped and not acked), for GET_BROKER_RUNTIME_INFO."""
-        return {**self.stats, "inFlight": sum(len(ck.pending) for ck in self.cks.values())}
+        return {**self.stats, "inFlight": sum(ck.pending.bit_count() for ck in self.cks.values())}
 
     def inflight(self, group: Optional[str] = None) -> dict:
         """``{(group, topic, queueId): messages in flight}`` (consumerProgress of POP groups)."""
         out: dict = {}
         for (g, t, q, _, _), ck in self.cks.items():
             if group is None or g == group:
-                out[(g, t, q)] = out.get((g, t, q), 0) + len(ck.pending)
+                out[(g, t, q)] = out.get((g, t, q), 0) + ck.pending.bit_count()
         return out
 
 
 __all__ = ["PopService", "revive_topic", "pop_retry_topic", "build_extra_info", "parse_extra_info",
            "REVIVE_GROUP", "REVIVE_QUEUE_NUM", "POP_MAX_MSG_NUMS", "MIN_INVISIBLE_TIME_MS", "MAX_INVISIBLE_TIME_MS",
-           "MAX_BATCH_ACK", "MAX_POP_HOLDS"]
+           "MAX_BATCH_ACK", "MAX_ACK_BITSET_BYTES", "MAX_POP_HOLDS", "offsets_mask", "mask_offsets"]

@@ -152,9 +152,10 @@ def ack_frame(group: str, view: MessageView) -> Frame:
 
 def batch_ack_frame(group: str, broker_name: str, views: Sequence[MessageView]) -> tuple:
     """``(frame, index)``: one BATCH_ACK_MESSAGE of ``views`` (all of ``broker_name``), its body
-    RocketMQ's BatchAckMessageRequestBody (one BatchAck per checkpoint, see
+    RocketMQ's BatchAckMessageRequestBody (one BatchAck per checkpoint, its ``b`` RocketMQ's BitSet
+    of the views' queue offset - startOffset as ``BitSet.toByteArray()`` bytes, see
     :meth:`rmq.actors.pop.PopService.on_batch_ack`); ``index[i]`` is ``(startOffset, views)`` of
-    BatchAck ``i``, the views in the order of its bits (:func:`batch_ack_failures` reads it)."""
+    BatchAck ``i`` (:func:`batch_ack_failures` reads it).  A view given twice has one bit."""
     by_ck = ack_groups(views)
     acks = []
     for (topic, ck, qid), vs in by_ck.items():

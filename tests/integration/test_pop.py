@@ -9,7 +9,7 @@ import msgpack
 import pytest
 
 from rmq import Message, MessageSelector, Producer, PullConsumer, SimpleConsumer
-from rmq.actors.pop import MAX_BATCH_ACK, POP_MAX_MSG_NUMS, pop_retry_topic, revive_topic
+from rmq.actors.pop import MAX_ACK_BITSET_BYTES, MAX_BATCH_ACK, POP_MAX_MSG_NUMS, pop_retry_topic, revive_topic
 from rmq.client.admin import Admin
 from rmq.client.consumer import ConsumeConcurrentlyStatus, MessageQueue
 from rmq.client.remoting import RemotingClient
@@ -54,6 +54,11 @@ async def areceive(sc, want, invisible=60.0, timeout_s=30.0):
     while len(got) < want and time.monotonic() < deadline:
         got += await sc.receive(POP_MAX_MSG_NUMS, invisible)
     return got
+
+
+def bits(batch_ack: dict) -> int:
+    """How many messages a BatchAck acks: the set bits of its ``b`` (RocketMQ's BitSet, as bytes)."""
+    return int.from_bytes(batch_ack["b"], "little").bit_count()
 
 
 def drain(sc, want, invisible=30.0, ack=True, timeout_s=30.0):
@@ -448,7 +453,7 @@ def test_aio_acks_of_concurrent_tasks_merge(cluster):
             assert outcomes[0] is None and outcomes[2] is None and outcomes[3] is None
             assert isinstance(outcomes[1], AckError) and outcomes[1].failed == stale
             assert len(sent) == 2, "four calls made together go as one request"
-            assert sum(len(a["b"]) for a in sent[1]) == 100
+            assert sum(bits(a) for a in sent[1]) == 100
             outcomes = await asyncio.gather(sc.ack_batch(parts[3]), sc.ack_batch([bogus]), sc.ack_batch(parts[4]),
                                             return_exceptions=True)
             assert outcomes[0] is None and outcomes[2] is None
@@ -461,7 +466,7 @@ def test_aio_acks_of_concurrent_tasks_merge(cluster):
             outcomes = await asyncio.gather(*(sc.ack(v) for v in ones), return_exceptions=True)
             assert isinstance(outcomes[0], MQBrokerError) and outcomes[0].response_code == ResponseCode.NO_MESSAGE
             assert outcomes[1:] == [None] * 39
-            assert len(singles) == 1 and len(sent) == 7 and sum(len(a["b"]) for a in sent[6]) == 40
+            assert len(singles) == 1 and len(sent) == 7 and sum(bits(a) for a in sent[6]) == 40
             with pytest.raises(MQBrokerError) as e:
                 await sc.ack(ones[1])
             assert e.value.response_code == ResponseCode.NO_MESSAGE and len(singles) == 2
@@ -576,7 +581,7 @@ def test_aio_ack_batch_over_max_batch_ack_and_two_senders(cluster, monkeypatch):
     class Counting(AioSimpleConsumer):
         async def _invoke(self, addr, frame, timeout_ms):
             if frame.code == RequestCode.BATCH_ACK_MESSAGE:
-                sizes.append(sum(len(a["b"]) for a in msgpack.unpackb(frame.bodies[0])["acks"]))
+                sizes.append(sum(bits(a) for a in msgpack.unpackb(frame.bodies[0])["acks"]))
             return await super()._invoke(addr, frame, timeout_ms)
 
     async def main():
@@ -595,6 +600,46 @@ def test_aio_ack_batch_over_max_batch_ack_and_two_senders(cluster, monkeypatch):
             assert not await sc.receive(32, 60), "every message acked once"
 
     asyncio.run(main())
+
+
+def test_a_batch_ack_as_rocketmqs_bitset_acks_exactly_its_bits(cluster):
+    """BATCH_ACK_MESSAGE with ``b`` as RocketMQ's BitSet (``BitSet.toByteArray()``: little-endian
+    bytes, what rmq's clients send): its set bits are acked once; a bit set in two BatchAcks of one
+    request, one acked before and one past the checkpoint are in ``failed``; a list and a BitSet mix
+    in one request; a BitSet longer than MAX_ACK_BITSET_BYTES is refused and changes nothing."""
+    from rmq._core.consume import ACK_BITSET_MAX_BYTES
+    assert ACK_BITSET_MAX_BYTES == MAX_ACK_BITSET_BYTES
+    create_topic(cluster, "PBS", 1)
+    produce(cluster, "PBS", 12, 1)
+    sc = simple(cluster, "pop-gbs", {"PBS": "*"})
+    try:
+        views = drain(sc, 12, ack=False)
+        assert len(views) == 12 and len({v._ck for v in views}) == 1
+        so, pt, it, rq, retry = views[0]._ck
+        assert [v.message.queue_offset - so for v in views] == list(range(12))
+        base = {"c": "pop-gbs", "t": "PBS", "r": retry, "so": so, "q": 0, "rq": rq, "pt": pt, "it": it}
+
+        def bitset(*ds):
+            m = sum(1 << d for d in set(ds))
+            return m.to_bytes((m.bit_length() + 7) // 8, "little")
+
+        def batch_ack(*bs):
+            with RemotingClient() as rc:
+                r = rc.invoke(cluster.broker, Frame(RequestCode.BATCH_ACK_MESSAGE, fields={"consumerGroup": "pop-gbs"},
+                                                    bodies=[msgpack.packb({"brokerName": "broker-a", "acks": [
+                                                        {**base, "b": b} for b in bs]})]))
+            return r.code, sorted(map(tuple, r.fields.get("failed", ()))), r.remark
+
+        sc.ack(views[4])                                                   # acked before
+        assert batch_ack(bitset(0, 1, 4, 40), bitset(1, 2)) == (ResponseCode.SUCCESS, [(0, 4), (0, 40), (1, 1)], "")
+        code, _, remark = batch_ack(bitset(3), b"\x01" * (MAX_ACK_BITSET_BYTES + 1))
+        assert code == ResponseCode.SYSTEM_ERROR and "at most" in remark
+        assert batch_ack(bitset(3, 5), [6, 6, 7], bitset(0)) == (ResponseCode.SUCCESS, [(1, 6), (2, 0)], "")
+        assert batch_ack(bitset(*range(12))) == (ResponseCode.SUCCESS, [(0, d) for d in (0, 1, 2, 3, 4, 5, 6, 7)], "")
+        assert batch_ack(b"") == (ResponseCode.SUCCESS, [], "")                # an empty BitSet acks nothing
+        assert sc.receive(32, 30) == []                                    # all 12 acked once: none comes back
+    finally:
+        sc.shutdown()
 
 
 def test_a_batch_ack_with_repeats_and_acked_messages_refuses_exactly_those(cluster):
