@@ -26,3 +26,17 @@ def test_extra_info_round_trip(so, pt, it, rq, retry, bn, qid, qo):
 def test_malformed_handles_are_refused(bad):
     with pytest.raises(ValueError):
         parse_extra_info(bad)
+
+
+def test_a_checkpoints_offsets_and_its_bitmask_convert_both_ways():
+    """rmq.actors.pop's bitmask of a checkpoint's messages (bit = queue offset - startOffset, as
+    RocketMQ's BatchAck BitSet): a dense range in one step, sparse offsets, and back, ascending."""
+    from rmq.actors.pop import CheckPoint, mask_offsets, offsets_mask
+    assert offsets_mask(range(100, 132), 100) == (1 << 32) - 1 == offsets_mask(list(range(100, 132)), 100)
+    assert offsets_mask(range(103, 105), 100) == 0b11000 and offsets_mask(range(5, 5), 5) == 0
+    assert offsets_mask([100, 107, 102], 100) == 0b10000101
+    assert mask_offsets(0b10000101, 100) == [100, 102, 107] and mask_offsets((1 << 32) - 1, 7) == list(range(7, 39))
+    assert mask_offsets(0, 100) == []
+    ck = CheckPoint(("g", "T", 0, 100, 1), 30_000, 0, 0, [100, 102, 107])
+    assert [ck.in_flight(o) for o in (99, 100, 101, 102, 107, 108, 10**9)] == [False, True, False, True, True,
+                                                                                False, False]
