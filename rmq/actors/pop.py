@@ -81,6 +81,8 @@ MAX_BATCH_ACK = 1024                              # receipt handles per BATCH_AC
 MAX_ACK_BITSET_BYTES = 1024                       # a BatchAck's "b" as bytes: bits of queue offset -
                                                   # startOffset up to 8,191 (a POP reads at most 800
                                                   # ConsumeQueue units past its startOffset)
+CK_SPAN_MAX = MAX_ACK_BITSET_BYTES * 8            # a checkpoint's offsets lie in [startOffset, + this): a
+                                                  # revive record past it is not one of ours (skipped)
 REVIVE_APPEND_MAX_RECORDS = 32                    # revive records per append (a CK is ~400 B: an append
                                                   # stays far below the smallest CommitLog file a test
                                                   # uses, 64 KiB)
@@ -179,6 +181,7 @@ class CheckPoint:
         self.deadline = key[4] + invisible_time
 
     def in_flight(self, queue_offset: int) -> bool:
+        """Whether the message at ``queue_offset`` is one of this POP's and not acked yet."""
         d = queue_offset - self.key[3]
         return d >= 0 and bool(self.pending >> d & 1)
 
@@ -296,7 +299,7 @@ class PopService:
             if ck is not None:
                 so = ck.key[3]
                 for o in (body["aol"] if "aol" in body else (body.get("ao"),)):
-                    if type(o) is int and 0 <= o - so < 1 << 20:
+                    if type(o) is int and 0 <= o - so < CK_SPAN_MAX:
                         ck.pending &= ~(1 << (o - so))
                 if not ck.pending:
                     del self.cks[key]
@@ -313,7 +316,7 @@ class PopService:
             group, topic, qid = str(body["c"]), str(body["t"]), int(body["q"])
             so, pt, it = int(body["so"]), int(body["pt"]), int(body["it"])
             offsets = [so + int(d) for d in body.get("d", ())]
-            if offsets and not 0 <= min(offsets) - so <= max(offsets) - so < 1 << 20:
+            if offsets and not 0 <= min(offsets) - so <= max(offsets) - so < CK_SPAN_MAX:
                 raise ValueError
         except (KeyError, TypeError, ValueError):
             log.error("revive record %s/%d@%d is not a checkpoint: skipped", self.revive_topic, rq, revive_offset)

@@ -319,10 +319,13 @@ def test_long_polling_receive_wakes_on_arrival(cluster):
 
 def _write_non_json_revive_records(c, store_path) -> None:
     """With the group down: a record whose body is not JSON appended to every revive queue,
-    after the real checkpoints and acks."""
+    after the real checkpoints and acks, and a checkpoint whose offsets reach CK_SPAN_MAX past
+    its startOffset (not one a broker writes)."""
+    import orjson
+
     from rmq._core import commitlog as _cl
     from rmq.actors.broker import store_config_from_settings
-    from rmq.actors.pop import CK_TAG, REVIVE_QUEUE_NUM
+    from rmq.actors.pop import CK_SPAN_MAX, CK_TAG, REVIVE_QUEUE_NUM
     from rmq.broker_conf import actor_settings
     from rmq.store.message_store import MessageStore
     settings = actor_settings(c.conf_path, {"storePathRootDir": str(store_path)}, "broker")
@@ -330,9 +333,11 @@ def _write_non_json_revive_records(c, store_path) -> None:
     try:
         props = _cl.encode_properties({"TAGS": CK_TAG, "WAIT": "false"})
         for rq in range(REVIVE_QUEUE_NUM):
-            batch = _cl.encode_batch([(b"\x00 not a checkpoint {", props, 0)])
+            wide = orjson.dumps({"so": 5, "pt": 1, "it": 60_000, "n": 2, "q": 0, "t": "PR", "c": "pop-gr",
+                                 "d": [0, CK_SPAN_MAX], "bn": "broker-a"})
+            batch = _cl.encode_batch([(b"\x00 not a checkpoint {", props, 0), (wide, props, 0)])
             assert store.put_encoded(revive_topic("TestCluster"), rq, batch, None, 0, int(time.time() * 1000),
-                                     None, 0, 1).ok
+                                     None, 0, 2).ok
         store.commitlog.flush(0)
     finally:
         store.shutdown()
@@ -365,7 +370,7 @@ def test_in_flight_messages_survive_a_broker_restart(tmp_path, restart):
             assert pc.max_offset(MessageQueue(revive_topic("TestCluster"), "broker-a", 0)) >= 0
         if restart != "kill":
             logs = "".join(f.read_text(errors="replace") for f in (tmp_path / "store").rglob("*.log"))
-            assert "is not JSON: skipped" in logs
+            assert "is not JSON: skipped" in logs and "is not a checkpoint: skipped" in logs
     finally:
         c.close()
 
