@@ -1292,6 +1292,32 @@ def test_the_asyncio_poll_arrow_gives_the_thread_consumers_rows(cluster):
     assert len(tagged) == 76 and {r["tags"] for r in tagged} == {"a"}
 
 
+def test_an_asyncio_poll_survives_a_seek_made_while_it_waits(cluster):
+    """AsyncPullConsumer: a seek from another task while poll() awaits a long-polling pull drops
+    that pull (its answer is stale); the same poll asks again from the new position and returns
+    what is there."""
+    from rmq.aio.consumer import AsyncPullConsumer
+    create_topic(cluster, "SK", 1)
+    send_many(cluster, "SK", [(b"old-%d" % i, 0) for i in range(3)])
+    wait_dispatched(cluster, "SK", 1, 3)
+
+    async def main():
+        async with AsyncPullConsumer(cluster.namesrv_addr, "seek-aio") as c:
+            mqs = await c.fetch_subscribe_message_queues("SK")
+            c.assign(mqs)
+            c.seek(mqs[0], 3)                                                # the end: nothing to read
+            polling = asyncio.ensure_future(c.poll(20_000))
+            end = time.monotonic() + 15
+            while mqs[0] not in c._inflight and time.monotonic() < end:   # its long poll is out
+                await asyncio.sleep(0.01)
+            assert mqs[0] in c._inflight and not polling.done()
+            c.seek(mqs[0], 1)
+            got = await asyncio.wait_for(polling, 15)
+            return [m.body for m in got]
+
+    assert asyncio.run(main()) == [b"old-1", b"old-2"]
+
+
 @pytest.mark.parametrize("aio", [False, True], ids=["thread", "asyncio"])
 def test_a_long_run_commits_its_offset_before_it_ends(cluster, aio):
     """A worker (a consume task in rmq.aio) going through a pull's requests alone commits what

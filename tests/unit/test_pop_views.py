@@ -46,3 +46,20 @@ def test_ack_groups_by_checkpoint_and_queue_in_first_seen_order():
     assert groups[("T", a[0]._ck, 0)] == [a[1], a[0]] and ack_bits(groups[("T", a[0]._ck, 0)], 10) == b"\x03"   # BitSet.toByteArray()
     twin = MessageView(a[0].message, "T", tuple(a[0]._ck), "bk")       # an equal checkpoint, another tuple
     assert list(ack_groups([a[0], twin])) == [("T", a[0]._ck, 0)]
+
+
+def test_ack_bits_is_rocketmqs_bitset_and_refuses_a_view_outside_its_checkpoint():
+    """ack_bits: BitSet.toByteArray() (bit i in byte i // 8, little-endian, no trailing zero byte);
+    a view before the start offset, or ACK_BITSET_MAX_BYTES * 8 or more past it, is a ValueError."""
+    import pytest
+
+    from rmq._core.consume import ACK_BITSET_MAX_BYTES
+    vs, _ = pop_views([msg(0, 100 + i) for i in range(10)], [(100, 0, "0", 10)], "T", 1, 1000, "bk")
+    assert ack_bits([vs[0], vs[9]], 100) == b"\x01\x02" and ack_bits([vs[9], vs[9]], 100) == b"\x00\x02"
+    assert ack_bits([], 100) == b"" and ack_bits(vs[:8], 100) == b"\xff"
+    with pytest.raises(ValueError, match="outside the BatchAck"):
+        ack_bits([vs[0]], 101)
+    far, _ = pop_views([msg(0, 100 + ACK_BITSET_MAX_BYTES * 8)], [(100, 0, "0", 1)], "T", 1, 1000, "bk")
+    with pytest.raises(ValueError, match="outside the BatchAck"):
+        ack_bits(far, 100)
+    assert len(ack_bits(far, 101)) == ACK_BITSET_MAX_BYTES
