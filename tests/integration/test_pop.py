@@ -639,6 +639,8 @@ def test_a_batch_ack_as_rocketmqs_bitset_acks_exactly_its_bits(cluster):
         assert batch_ack(bitset(0, 1, 4, 40), bitset(1, 2)) == (ResponseCode.SUCCESS, [(0, 4), (0, 40), (1, 1)], "")
         code, _, remark = batch_ack(bitset(3), b"\x01" * (MAX_ACK_BITSET_BYTES + 1))
         assert code == ResponseCode.SYSTEM_ERROR and "at most" in remark
+        code, _, remark = batch_ack(bitset(3), b"\x01" * (MAX_ACK_BITSET_BYTES * 2 + 1))   # past the body's bin limit
+        assert code == ResponseCode.SYSTEM_ERROR and "not valid msgpack" in remark
         assert batch_ack(bitset(3, 5), [6, 6, 7], bitset(0)) == (ResponseCode.SUCCESS, [(1, 6), (2, 0)], "")
         assert batch_ack(bitset(*range(12))) == (ResponseCode.SUCCESS, [(0, d) for d in (0, 1, 2, 3, 4, 5, 6, 7)], "")
         assert batch_ack(b"") == (ResponseCode.SUCCESS, [], "")                # an empty BitSet acks nothing
