@@ -1247,24 +1247,65 @@ def complete_send_batch(list futures, result_type, status, list preps, mq, Py_ss
 _OPEN_KEY_TYPES = (str, int, bytes)
 
 
+@cython.final
+cdef class _OpenPart:
+    """A part of :func:`many_parts` being filled: its messages are the run ``start ..
+    start + count`` of the call until one joins out of order (``positions`` then lists them)."""
+    cdef list preps
+    cdef object key
+    cdef Py_ssize_t nbytes, start, count
+    cdef list positions
+
+    cdef inline void add(self, Py_ssize_t i, PreparedMessage p) except *:
+        if self.positions is not None:
+            self.positions.append(i)
+        elif i != self.start + self.count:          # a message of another part came between
+            self.positions = list(range(self.start, self.start + self.count))
+            self.positions.append(i)
+        self.count += 1
+        self.preps.append(p)
+        self.nbytes += p.size
+
+    cdef list out(self):
+        return [self.positions if self.positions is not None else list(range(self.start, self.start + self.count)),
+                self.preps, self.key, self.nbytes]
+
+
+cdef inline _OpenPart _open_part(Py_ssize_t i, PreparedMessage p, object key):
+    cdef _OpenPart part = _OpenPart.__new__(_OpenPart)
+    part.preps = [p]
+    part.key = key
+    part.nbytes = p.size
+    part.start = i
+    part.count = 1
+    return part
+
+
 def many_parts(list preps, list keys, Py_ssize_t batch_size, part_key):
     """Split one ``send_async_many`` call into hand-overs: ``[[positions, preps, sharding key or
     None, bytes]]`` in the order each was opened.  Batchable messages of one topic and key share
     a part up to ``batch_size`` bytes (0: batching off, one message per part); every other
     message is a part of its own, and a later message of its key opens a new part (it may not
     overtake it).  Keys group as themselves when of an open-batch type (str, int, bytes: equal
-    only when their queue hash is), else by ``part_key(topic, key)``."""
-    cdef list parts = []
+    only when their queue hash is), else by ``part_key(topic, key)``.
+
+    Per message: no tuple, no int object and no dict look-up while the messages come in runs of
+    one topic and key (the common call: one topic, no keys); a part's positions are made once,
+    at the end."""
+    cdef list parts = []                 # _OpenPart or a finished [positions, preps, key, bytes]
     cdef dict open_ = {}
     cdef Py_ssize_t i, n = len(preps)
     cdef PreparedMessage p
-    cdef list part
-    cdef object key, gk, topic
+    cdef _OpenPart part, last = None     # ``last``: the part of the previous message's group
+    cdef object key, gk, topic, msg, last_gk = None
     for i in range(n):
         p = preps[i]
         key = keys[i] if keys is not None else None
-        topic = p.msg.topic
-        if key is None or type(key) in _OPEN_KEY_TYPES:
+        msg = p.msg
+        topic = (<Message>msg).topic if type(msg) is Message else msg.topic
+        if key is None:
+            gk = topic if keys is None else (topic, None)
+        elif type(key) in _OPEN_KEY_TYPES:
             gk = (topic, key)
         else:
             gk = part_key(topic, key)
@@ -1272,13 +1313,20 @@ def many_parts(list preps, list keys, Py_ssize_t batch_size, part_key):
             parts.append([[i], [p], key, p.size])
             if key is not None:
                 open_.pop(gk, None)
+                last = None
             continue
-        part = open_.get(gk)
-        if part is None or <Py_ssize_t>part[3] + p.size > batch_size:
-            part = [[], [], key, 0]
+        if last is not None and (gk is last_gk or gk == last_gk):
+            part = last
+        else:
+            part = open_.get(gk)
+        if part is None or part.nbytes + p.size > batch_size:
+            part = _open_part(i, p, key)
             open_[gk] = part
             parts.append(part)
-        (<list>part[0]).append(i)
-        (<list>part[1]).append(p)
-        part[3] = <Py_ssize_t>part[3] + p.size
+        else:
+            part.add(i, p)
+        last, last_gk = part, gk
+    for i in range(len(parts)):
+        if type(parts[i]) is _OpenPart:
+            parts[i] = (<_OpenPart>parts[i]).out()
     return parts

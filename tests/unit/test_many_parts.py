@@ -34,6 +34,14 @@ def test_topics_and_keys_get_parts_of_their_own_and_a_key_keeps_its_order():
     assert got == {("T", "a"): [0, 2, 5], ("T", "b"): [1, 4], ("T", None): [3], ("U", "a"): [6]}
 
 
+def test_interleaved_topics_without_keys_keep_each_topics_positions_in_order():
+    # runs of one topic, then a topic's part taking a message after another topic's came between
+    ps = preps([b"a", b"b"]) + preps([b"u"], topic="U") + preps([b"c"]) + preps([b"v", b"w"], topic="U")
+    parts = many_parts(ps, None, 16384)
+    assert [(part[0].msg.topic, pos) for pos, part, _, _ in parts] == [("T", [0, 1, 3]), ("U", [2, 4, 5])]
+    assert all(type(pos) is list for pos, *_ in parts)
+
+
 def test_a_key_after_an_unbatchable_message_of_that_key_opens_a_new_part():
     ps = preps([b"a", b"z" * 5000, b"c"])
     parts = many_parts(ps, ["k", "k", "k"], 16384)
