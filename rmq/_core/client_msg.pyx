@@ -1330,3 +1330,73 @@ def many_parts(list preps, list keys, Py_ssize_t batch_size, part_key):
         if type(parts[i]) is _OpenPart:
             parts[i] = (<_OpenPart>parts[i]).out()
     return parts
+
+
+# -- send_async's common case -------------------------------------------------------------------
+@cython.final
+cdef class CallerAppend:
+    """``Producer.send_async``'s common case in one C call (Kafka's RecordAccumulator.append, in
+    the caller's thread): prepare the message, make its future, and append both to the open
+    caller-side batch of its topic (or topic and sharding key) under the producer's lock.
+
+    The rules are those of ``Producer._append_async`` (rmq.client.producer), which stays the
+    path for everything else: this call only takes the case where a batch is open and has room
+    for the message, the producer is open, and ``max_pending_messages`` has room.  The lock is
+    the sender's ``lock`` (its ``acquire`` / ``release``), so the I/O thread's sealing of a batch
+    and its count of unanswered messages see the same states as with the Python path.
+
+    State read: ``closed`` (the producer sets it, under the lock, when it closes); the sender's
+    ``running``, ``pending`` (written: + 1), ``open`` and ``batch_size``; the open batch's
+    ``preps``, ``futures`` and ``nbytes`` (written).
+    """
+    cdef MessagePreparer preparer
+    cdef object sender, future_type, acquire, release
+    cdef Py_ssize_t max_pending
+    cdef public bint closed
+
+    def __init__(self, sender, MessagePreparer preparer, future_type, Py_ssize_t max_pending):
+        self.sender = sender
+        self.preparer = preparer
+        self.future_type = future_type
+        self.acquire = sender.lock.acquire
+        self.release = sender.lock.release
+        self.max_pending = max_pending
+
+    def send(self, msg, callback, sharding_key=None):
+        """The future of ``msg``, appended to its open batch; or ``(prepared message, future)``
+        when the common case does not apply and the caller's Python path must take them (its
+        future is None for a message that cannot join a batch: compressed, delayed, ...).
+
+        Raises
+        ------
+        error_type
+            ``MessagePreparer.prepare``'s: nothing was queued.
+        """
+        cdef PreparedMessage prep = self.preparer.prepare(msg)
+        if not prep.batchable:
+            return prep, None
+        fut = self.future_type(callback)
+        cdef object topic = (<Message>prep.msg).topic if type(prep.msg) is Message else prep.msg.topic
+        cdef object key = topic if sharding_key is None else (topic, sharding_key)
+        cdef object s = self.sender
+        cdef Py_ssize_t pending, nbytes
+        cdef bint done = False
+        self.acquire()
+        try:
+            if not self.closed and s.running:
+                pending = s.pending
+                if pending < self.max_pending:
+                    p = s.open.get(key)
+                    if p is not None:
+                        nbytes = p.nbytes
+                        if nbytes + prep.size <= <Py_ssize_t>s.batch_size:
+                            (<list>p.preps).append(prep)
+                            (<list>p.futures).append(fut)
+                            p.nbytes = nbytes + prep.size
+                            s.pending = pending + 1
+                            done = True
+        finally:
+            self.release()
+        if done:
+            return fut
+        return prep, fut

@@ -86,7 +86,7 @@ from rmq import latency_trace as _lt
 from rmq import security
 from rmq.client import trace as _trace
 from rmq._core.client_msg import (BATCH_ELEMENT_OVERHEAD, COMPRESSED_FLAG, COMPRESSION_ZLIB_TYPE,  # noqa: F401 (re-exported)
-                                  PROPERTY_TRANSACTION_PREPARED, TRANSACTION_PREPARED_TYPE, MessagePreparer,
+                                  CallerAppend, PROPERTY_TRANSACTION_PREPARED, TRANSACTION_PREPARED_TYPE, MessagePreparer,
                                   PreparedMessage, RowsPart, batch_body, complete_send_batch, encode_rows)
 from rmq.client.direct import DirectSender
 from rmq.client.futures import ColumnsFuture, ManyFuture, SendFuture
@@ -217,6 +217,9 @@ class Producer:
         if self._sender.fatal is not None:
             raise MQClientError(f"producer I/O thread failed to start: {self._sender.fatal}") from self._sender.fatal
         sender = self._sender
+        # send_async's common case in one C call (falls back to _append_async / _enqueue)
+        self._caller = CallerAppend(sender, self._preparer, SendFuture, o.max_pending_messages)
+        self._caller_send = self._caller.send
         self._direct = DirectSender(group, self.client_id, self.options, sender.route_cache, sender.fault,
                                     sender.client_auth,
                                     refresh_route=lambda topic, exc: sender.call(
@@ -366,16 +369,22 @@ class Producer:
             in the pending buffer after ``send_msg_timeout_ms``.
         """
         if selector is None and queue is None and timeout_ms is None and self._plain and not _lt.ENABLED:
-            if sharding_key is None:                    # the common case, with the fewest steps
-                prep = self._prepare(msg)
-                if prep.batchable:
-                    return self._append_async(prep, callback, None)
+            if sharding_key is None:                    # the common case, with the fewest steps: in C
+                r = self._caller_send(msg, callback)
+                if type(r) is not tuple:
+                    return r
+                prep, fut = r
+                if fut is not None:
+                    return self._append_async(prep, callback, None, fut)
                 return self._enqueue([prep], ASYNC, None, None, None, None, callback=callback)
             if type(sharding_key) in OPEN_KEY_TYPES:
                 sel, arg = selector_for(None, None, sharding_key, msg)
-                prep = self._prepare(msg)
-                if prep.batchable:
-                    return self._append_async(prep, callback, sharding_key)
+                r = self._caller_send(msg, callback, sharding_key)
+                if type(r) is not tuple:
+                    return r
+                prep, fut = r
+                if fut is not None:
+                    return self._append_async(prep, callback, sharding_key, fut)
                 return self._enqueue([prep], ASYNC, None, sel, arg, None, callback=callback)
         sel, arg = selector_for(selector, arg, sharding_key, msg)
         prep = self._prepare(msg)
@@ -384,7 +393,7 @@ class Producer:
         return self._enqueue([prep], ASYNC, timeout_ms, sel, arg, queue, callback=callback)
 
     def _append_async(self, prep: PreparedMessage, callback: Optional[Callable[[Future], Any]],
-                      sharding_key: Any = None) -> Future:
+                      sharding_key: Any = None, fut: Optional[SendFuture] = None) -> Future:
         """send_async's common case (batching on, no selector, queue, timeout or trace): the
         message joins the caller-side batch of its topic, or of its topic and sharding key
         (Kafka's RecordAccumulator.append, done in the caller's thread); the I/O thread takes the
@@ -392,7 +401,8 @@ class Producer:
         order the batches were opened.  A batch is opened (and the I/O thread woken) when there
         is none open or the open one would pass ``batch_size``."""
         s = self._sender
-        fut = SendFuture(callback)
+        if fut is None:
+            fut = SendFuture(callback)
         topic = prep.msg.topic
         key = topic if sharding_key is None else (topic, sharding_key)
         opened = None
@@ -758,6 +768,7 @@ class Producer:
             if self._closed:
                 return
             self._closed = True
+            self._caller.closed = True
             s.record_failures = True
         try:
             self.flush(timeout)

@@ -1,0 +1,99 @@
+"""send_async's common case in C (rmq._core.client_msg.CallerAppend), on a Sender that is not
+started: its state (``running``, ``pending``, ``open``, ``batch_size``) set as the I/O thread would
+have it.  The call either appends to the open batch or hands everything back untouched."""
+import pytest
+
+from rmq import Message
+from rmq._core.client_msg import CallerAppend, PreparedMessage
+from rmq.client.futures import SendFuture
+from rmq.client.message_accumulator import ASYNC, Pending
+from rmq.client.producer_request import ProducerOptions, message_preparer
+from rmq.client.sender import Sender
+from rmq.errors import MQClientError
+
+MAX_PENDING = 3
+
+
+@pytest.fixture
+def sender():
+    s = Sender(["127.0.0.1:9876"], "pg", "client", ProducerOptions())
+    s.running = True
+    return s
+
+
+def caller(s):
+    return CallerAppend(s, message_preparer(ProducerOptions()), SendFuture, MAX_PENDING)
+
+
+def open_batch(s, key):
+    p = Pending([], None, ASYNC, 0.0, 1.0)
+    p.futures = []
+    p.open_key = key
+    s.open[key] = p
+    return p
+
+
+def test_a_message_joins_its_topics_open_batch(sender):
+    batch = open_batch(sender, "T")
+    seen = []
+    fut = caller(sender).send(Message("T", b"x" * 100), seen.append)
+    assert type(fut) is SendFuture and not fut.done()
+    assert batch.futures == [fut] and len(batch.preps) == 1
+    assert batch.nbytes == batch.preps[0].size and sender.pending == 1
+    fut.set_result("done")
+    assert seen == [fut]                        # the callback is the future's
+
+
+def test_a_sharding_keys_message_joins_the_batch_of_its_topic_and_key(sender):
+    keyed = open_batch(sender, ("T", "k"))
+    plain = open_batch(sender, "T")
+    caller(sender).send(Message("T", b"x"), None, "k")
+    assert len(keyed.preps) == 1 and not plain.preps
+
+
+@pytest.mark.parametrize("why", ["no batch", "batch full", "pending at max", "closed", "not running"])
+def test_outside_the_common_case_everything_is_handed_back_untouched(sender, why):
+    c = caller(sender)
+    batch = open_batch(sender, "T")
+    if why == "no batch":
+        sender.open.clear()
+    elif why == "batch full":
+        batch.nbytes = sender.batch_size - 10
+    elif why == "pending at max":
+        sender.pending = MAX_PENDING
+    elif why == "closed":
+        c.closed = True
+    else:
+        sender.running = False
+    before = (sender.pending, list(batch.preps), batch.nbytes)
+    r = c.send(Message("T", b"x" * 100), None)
+    assert type(r) is tuple and type(r[0]) is PreparedMessage and type(r[1]) is SendFuture
+    assert r[0].uniq_id                         # prepared once: the Python path takes this one
+    assert (sender.pending, list(batch.preps), batch.nbytes) == before
+
+
+def test_a_message_that_cannot_join_a_batch_comes_back_without_a_future(sender):
+    batch = open_batch(sender, "T")
+    prep, fut = caller(sender).send(Message("T", b"z" * 5000), None)      # compressed: not batchable
+    assert fut is None and not prep.batchable and not batch.preps and sender.pending == 0
+
+
+def test_a_bad_message_raises_and_changes_nothing(sender):
+    batch = open_batch(sender, "T")
+    with pytest.raises(MQClientError):
+        caller(sender).send(Message("T", b""), None)                       # an empty body
+    with pytest.raises(MQClientError):
+        caller(sender).send(Message("bad topic!", b"x"), None)
+    assert not batch.preps and sender.pending == 0
+
+
+def test_the_lock_is_free_after_every_outcome(sender):
+    c = caller(sender)
+    open_batch(sender, "T")
+    c.send(Message("T", b"x"), None)
+    sender.open.clear()
+    c.send(Message("T", b"x"), None)
+    with pytest.raises(MQClientError):
+        c.send(Message("T", b""), None)
+    assert sender.lock.acquire(blocking=False)
+    sender.lock.release()
