@@ -416,6 +416,8 @@ def test_close_delivers_queued_batches(cluster, rc):
     assert p.closed and all(f.done() and f.result().status is SendStatus.SEND_OK for f in futs)
     with pytest.raises(MQClientError, match="closed"):
         p.send(Message("Closing", b"late"))
+    with pytest.raises(MQClientError, match="closed"):   # send_async's C path refuses it too
+        p.send_async(Message("Closing", b"late"))
     p.close()                                             # idempotent
     assert len(pull_topic(rc, cluster, "Closing", 8, 701)) == 701
 
