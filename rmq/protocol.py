@@ -27,6 +27,7 @@ from typing import Any, Optional, Sequence, Union
 
 import msgpack
 
+from rmq._core import wire as _wire
 from rmq.errors import RmqError
 
 PROTOCOL_MAGIC = b"RMQ1"           # frame 0: protocol name + version 1
@@ -42,6 +43,8 @@ UNPACK_LIMITS = dict(max_buffer_size=MAX_HEADER_SIZE, max_str_len=MAX_HEADER_SIZ
                      max_ext_len=0)
 # msgpack.unpackb takes the same limits but the buffer's (decode checks the header's size itself)
 _UNPACKB_LIMITS = {k: v for k, v in UNPACK_LIMITS.items() if k != "max_buffer_size"}
+_wire.set_limits(UNPACK_LIMITS["max_str_len"], UNPACK_LIMITS["max_bin_len"], UNPACK_LIMITS["max_array_len"],
+                 UNPACK_LIMITS["max_map_len"])
 # encode's msgpack Packer, one per thread (a Packer is not thread-safe): msgpack.packb builds a new
 # one per call, 1.07 against 0.66 us for a POP_MESSAGE header on this VM (timeit)
 _PACKERS = threading.local()
@@ -245,6 +248,26 @@ def encode(frame: Frame) -> list:
     ProtocolError
         The header or the whole message would exceed the limits.
     """
+    remark = frame.remark
+    # the common case in C (rmq._core.wire: msgpack's bytes); anything else takes msgpack's Packer
+    header = _wire.encode_header(frame.code, frame.opaque, frame.flag,
+                                 remark if type(remark) is not str or len(remark) <= MAX_REMARK_LENGTH
+                                 else remark[:MAX_REMARK_LENGTH], frame.fields)
+    if header is None:
+        header = _pack_header(frame)
+    if len(header) > MAX_HEADER_SIZE:
+        _PACKERS.packer = msgpack.Packer(use_bin_type=True)   # its buffer grew past the limit: not kept
+        raise ProtocolError(f"header of {len(header)} bytes exceeds {MAX_HEADER_SIZE}", ResponseCode.SYSTEM_ERROR)
+    if len(frame.bodies) > MAX_BODY_PARTS:
+        raise ProtocolError(f"{len(frame.bodies)} body parts exceed {MAX_BODY_PARTS}")
+    total = len(header) + sum(map(len, frame.bodies))
+    if total > MAX_MESSAGE_SIZE:
+        raise ProtocolError(f"message of {total} bytes exceeds {MAX_MESSAGE_SIZE}")
+    return [PROTOCOL_MAGIC, header, *frame.bodies]
+
+
+def _pack_header(frame: Frame) -> bytes:
+    """encode's header through msgpack's Packer (what rmq._core.wire does not write)."""
     try:
         packer = _PACKERS.packer
     except AttributeError:
@@ -255,15 +278,7 @@ def encode(frame: Frame) -> list:
     except BaseException:
         packer.reset()                # nothing of a failed header is left for the next one
         raise
-    if len(header) > MAX_HEADER_SIZE:
-        _PACKERS.packer = msgpack.Packer(use_bin_type=True)   # its buffer grew past the limit: not kept
-        raise ProtocolError(f"header of {len(header)} bytes exceeds {MAX_HEADER_SIZE}", ResponseCode.SYSTEM_ERROR)
-    if len(frame.bodies) > MAX_BODY_PARTS:
-        raise ProtocolError(f"{len(frame.bodies)} body parts exceed {MAX_BODY_PARTS}")
-    total = len(header) + sum(map(len, frame.bodies))
-    if total > MAX_MESSAGE_SIZE:
-        raise ProtocolError(f"message of {total} bytes exceeds {MAX_MESSAGE_SIZE}")
-    return [PROTOCOL_MAGIC, header, *frame.bodies]
+    return header
 
 
 def decode(parts: Sequence) -> Frame:
@@ -278,6 +293,12 @@ def decode(parts: Sequence) -> Frame:
         too many parts, malformed msgpack or header fields (SYSTEM_ERROR).
         ``opaque`` is filled in when the header could be read.
     """
+    n = len(parts)
+    if 2 <= n <= MAX_BODY_PARTS + 2 and _wire.magic_is(parts[0], PROTOCOL_MAGIC):
+        # the common case in C (rmq._core.wire); anything it does not take gets the checks below
+        h = _wire.decode_header(parts[1], MAX_HEADER_SIZE, MAX_FIELDS)
+        if h is not None:
+            return Frame(h[0], h[1], h[2], h[3], h[4], [_buffer(p) for p in parts[2:]] if n > 2 else [])
     if len(parts) < 2:
         raise ProtocolError(f"truncated message: {len(parts)} part(s), need the magic and a header")
     if len(parts) - 2 > MAX_BODY_PARTS:

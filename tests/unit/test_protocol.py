@@ -121,3 +121,61 @@ def test_decode_arbitrary_header_bytes(header):
     except ProtocolError:
         return
     assert isinstance(f.code, int) and isinstance(f.fields, dict)
+
+
+# -- the C codec of the common case (rmq._core.wire) against msgpack ------------------------------
+from rmq._core import wire  # noqa: E402
+
+VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2 ** 63), 2 ** 64 - 1) | st.floats(allow_nan=False)
+    | st.text(max_size=300) | st.binary(max_size=300),
+    lambda inner: st.lists(inner, max_size=20) | st.dictionaries(st.text(max_size=20), inner, max_size=20),
+    max_leaves=40)
+FIELDS = st.dictionaries(st.text(max_size=30), VALUES, max_size=30)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(-(2 ** 31), 2 ** 31 - 1), st.integers(0, 2 ** 63 - 1), st.integers(0, 3), st.text(max_size=50),
+       FIELDS)
+def test_the_c_header_codec_writes_and_reads_what_msgpack_does(code, opaque, flag, remark, fields):
+    want = msgpack.Packer(use_bin_type=True).pack(
+        {"code": code, "opaque": opaque, "flag": flag, "remark": remark, "fields": fields})
+    assert wire.encode_header(code, opaque, flag, remark, fields) == want           # byte for byte
+    got = wire.decode_header(want, P.MAX_HEADER_SIZE, P.MAX_FIELDS)
+    ref = msgpack.unpackb(want, raw=False, strict_map_key=True, **P._UNPACKB_LIMITS)
+    assert got == (code, opaque, flag, remark, ref["fields"])
+    assert repr(got[4]) == repr(ref["fields"])                                    # same types, same order
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=200) | st.builds(lambda h, cut: h[:cut],
+                                            st.builds(lambda f: msgpack.packb({"code": 1, "fields": f}), FIELDS),
+                                            st.integers(0, 400)))
+def test_decoding_arbitrary_bytes_gives_msgpacks_frame_or_its_error(raw):
+    """Whatever the C decoder takes, it reads as msgpack does; what it refuses, decode() answers
+    with msgpack's path (a ProtocolError, never another exception)."""
+    try:
+        f = P.decode([P.PROTOCOL_MAGIC, raw])
+    except ProtocolError:
+        f = None
+    c = wire.decode_header(raw, P.MAX_HEADER_SIZE, P.MAX_FIELDS)
+    if c is not None:
+        assert f is not None and (f.code, f.opaque, f.flag, f.remark, f.fields) == c
+        ref = msgpack.unpackb(raw, raw=False, strict_map_key=True, **P._UNPACKB_LIMITS)
+        assert ref.get("fields", {}) == c[4]
+
+
+def test_what_the_c_codec_does_not_take_goes_to_msgpacks_path():
+    assert wire.encode_header(1, 2, 0, "", {"o": object()}) is None              # msgpack's TypeError then
+    assert wire.encode_header(1, 2 ** 64, 0, "", {}) is None                      # past uint64
+    assert wire.encode_header(1, 2, 0, "", {"s": "\ud800"}) is None               # not UTF-8 encodable
+    for raw in (msgpack.packb({"code": 1, "fields": None}), msgpack.packb({"code": True}),
+                msgpack.packb({1: 2}), msgpack.packb({"code": 1}) + b"\x00", b"\x91" * 5000,
+                msgpack.packb({"code": 1, "fields": {"e": msgpack.ExtType(1, b"x")}}),
+                msgpack.packb({"code": 1, "fields": {"a": list(range(5000))}})):
+        assert wire.decode_header(raw, P.MAX_HEADER_SIZE, P.MAX_FIELDS) is None
+    import zmq
+    f = P.decode([zmq.Frame(P.PROTOCOL_MAGIC), zmq.Frame(msgpack.packb({"code": 3, "opaque": 2})), zmq.Frame(b"b")])
+    assert (f.code, f.opaque, bytes(f.bodies[0])) == (3, 2, b"b")               # zmq.Frames read in place
+    g = P.decode(P.encode(Frame(RequestCode.SEND_MESSAGE, 1, remark="r" * (P.MAX_REMARK_LENGTH + 10))))
+    assert g.remark == "r" * P.MAX_REMARK_LENGTH and g.code == RequestCode.SEND_MESSAGE
