@@ -29,10 +29,10 @@ from cpython.float cimport PyFloat_AS_DOUBLE, PyFloat_FromDouble
 from cpython.list cimport PyList_New, PyList_SET_ITEM
 from cpython.long cimport PyLong_FromLongLong, PyLong_FromUnsignedLongLong
 from cpython.object cimport PyObject
-from cpython.ref cimport Py_INCREF
+from cpython.ref cimport Py_INCREF, Py_XDECREF
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
-from libc.string cimport memcpy
+from libc.string cimport memcmp, memcpy
 
 cdef extern from "Python.h":
     const char* PyUnicode_AsUTF8AndSize(object o, Py_ssize_t* size) except NULL
@@ -42,6 +42,16 @@ cdef extern from "Python.h":
 
 cdef enum:
     MAX_DEPTH = 32                   # nesting a header never needs (deeper: the msgpack path)
+    STR_CACHE_SLOTS = 512            # decoded short strs kept (direct-mapped by an FNV-1a hash)
+    STR_CACHE_MAX_LEN = 32           # bytes of the longest str kept
+
+cdef struct _Cached:
+    PyObject* s                      # a str (a reference held), or NULL
+    Py_ssize_t n
+    char data[STR_CACHE_MAX_LEN]
+
+# the decoder's str cache: read and written with the GIL held (decode_header never releases it)
+cdef _Cached _str_cache[STR_CACHE_SLOTS]
 
 
 cdef class _Limits:
@@ -95,10 +105,27 @@ cdef class _Reader:
         if k > _limits.max_str:
             raise _NotCommon()
         cdef const uint8_t* at = self.take(k)
+        cdef uint32_t h
+        cdef Py_ssize_t j
+        cdef _Cached* c = NULL
+        if k <= STR_CACHE_MAX_LEN:       # names, groups, topics: the same few strs frame after frame
+            h = 2166136261u
+            for j in range(k):
+                h = (h ^ at[j]) * 16777619u
+            c = &_str_cache[h & (STR_CACHE_SLOTS - 1)]
+            if c.s != NULL and c.n == k and memcmp(c.data, at, k) == 0:
+                return <object>c.s
         try:
-            return PyUnicode_DecodeUTF8(<const char*>at, k, NULL)
+            v = PyUnicode_DecodeUTF8(<const char*>at, k, NULL)
         except UnicodeDecodeError:
             raise _NotCommon() from None
+        if c != NULL:
+            Py_XDECREF(c.s)
+            Py_INCREF(v)
+            c.s = <PyObject*>v
+            c.n = k
+            memcpy(c.data, at, k)
+        return v
 
     cdef object bin_(self, Py_ssize_t k):
         if k > _limits.max_bin:

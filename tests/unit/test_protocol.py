@@ -179,3 +179,14 @@ def test_what_the_c_codec_does_not_take_goes_to_msgpacks_path():
     assert (f.code, f.opaque, bytes(f.bodies[0])) == (3, 2, b"b")               # zmq.Frames read in place
     g = P.decode(P.encode(Frame(RequestCode.SEND_MESSAGE, 1, remark="r" * (P.MAX_REMARK_LENGTH + 10))))
     assert g.remark == "r" * P.MAX_REMARK_LENGTH and g.code == RequestCode.SEND_MESSAGE
+
+
+def test_the_decoders_str_cache_never_answers_another_str():
+    """Short strs are kept by the C decoder (a direct-mapped cache): thousands of distinct ones,
+    colliding in its slots, each read back as itself, twice."""
+    names = [f"k{i}" for i in range(3000)] + ["é" * 16, "x" * 32, "x" * 33, ""]
+    for _ in range(2):
+        for i in range(0, len(names), 100):
+            fields = {n: n for n in names[i:i + 100]}
+            raw = msgpack.packb({"code": 1, "fields": fields})
+            assert wire.decode_header(raw, P.MAX_HEADER_SIZE, P.MAX_FIELDS)[4] == fields
