@@ -149,6 +149,23 @@ cdef str _new_uniq_id():
     return s
 
 
+cdef bytes _UNIQ_PROPS_PREFIX = (PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX + "\x01").encode()
+
+
+cdef bytes _uniq_only_props(str uniq):
+    """The encoded properties of a message whose only property is its UNIQ_KEY ``uniq`` (ASCII:
+    the ids this module makes): ``UNIQ_KEY \x01 uniq \x02``, as encode_properties gives them."""
+    cdef Py_ssize_t k = len(_UNIQ_PROPS_PREFIX), n = PyUnicode_GET_LENGTH(uniq)
+    if not PyUnicode_IS_COMPACT_ASCII(uniq):
+        return encode_properties({_UNIQ: uniq})
+    cdef bytes out = PyBytes_FromStringAndSize(NULL, k + n + 1)
+    cdef char* o = PyBytes_AS_STRING(out)
+    memcpy(o, PyBytes_AS_STRING(_UNIQ_PROPS_PREFIX), k)
+    memcpy(o + k, PyUnicode_DATA(uniq), n)
+    o[k + n] = 2
+    return out
+
+
 def create_uniq_id():
     """A new ``UNIQ_KEY``: 32 uppercase hex digits (RocketMQ ``MessageClientIDSetter``)."""
     return _new_uniq_id()
@@ -309,7 +326,13 @@ cdef class Message:
 
     cdef public object topic
     cdef public object body
-    cdef public dict properties
+    # the properties dict is made on first need: a message given none (the usual case) has
+    # ``_lazy`` set and no dict, and ``prepare`` gives it its UNIQ_KEY in ``_uniq`` (its properties
+    # are then {UNIQ_KEY: _uniq}); reading ``properties`` makes the dict, which is then the only
+    # place they live.  ``_props`` is None with ``_lazy``, or when the user set None.
+    cdef dict _props
+    cdef bint _lazy
+    cdef str _uniq
     cdef public object flag
 
     def __init__(self, topic, body, tags=None, keys=None, properties=None, delay_time_level=0, flag=0,
@@ -320,12 +343,19 @@ cdef class Message:
             body = bytes(body)
         self.topic = topic
         self.body = body
+        self.flag = flag
+        self._uniq = None
+        if not (properties or tags or keys or delay_time_level or not wait_store_msg_ok
+                or deliver_time_ms is not None or delay_time_ms is not None):
+            self._props = None           # no property: no dict (see above)
+            self._lazy = True
+            return
+        self._lazy = False
         cdef dict props = {}
         if properties:
             for k, v in properties.items():
                 props[k if type(k) is str else str(k)] = v if type(v) is str else str(v)
-        self.properties = props
-        self.flag = flag
+        self._props = props
         if tags:                         # as the tags / keys setters, without the descriptor calls
             props[_TAGS] = tags
         if keys:
@@ -338,6 +368,29 @@ cdef class Message:
             self.deliver_time_ms = deliver_time_ms
         if delay_time_ms is not None:
             self.delay_time_ms = delay_time_ms
+
+    @property
+    def properties(self):
+        """The message's properties, a dict (str -> str): user properties, and tags, keys, delay
+        level, timers and UNIQ_KEY under RocketMQ's names.  The same dict on every read."""
+        if self._lazy:
+            return self._materialize()
+        return self._props
+
+    @properties.setter
+    def properties(self, value):
+        self._props = value              # a dict, or None (prepare then refuses the message)
+        self._lazy = False
+        self._uniq = None
+
+    cdef dict _materialize(self):
+        cdef dict d = {}
+        if self._uniq is not None:
+            d[_UNIQ] = self._uniq
+        self._props = d
+        self._lazy = False
+        self._uniq = None
+        return d
 
     @property
     def tags(self):
@@ -541,7 +594,9 @@ cdef class MessagePreparer:
         """
         self.check(msg)
         cdef bint typed = isinstance(msg, Message)
-        cdef object props_obj = (<Message>msg).properties if typed else msg.properties
+        if typed and (<Message>msg)._lazy:
+            return self._prepare_plain(<Message>msg)
+        cdef object props_obj = (<Message>msg)._props if typed else msg.properties
         if type(props_obj) is not dict:
             raise self.error_type(f"message properties must be a dict, got {type(props_obj).__name__}",
                                   self.illegal_code)
@@ -578,6 +633,30 @@ cdef class MessagePreparer:
             if added:                    # a refused message is left as it was given
                 del props[_UNIQ]
             raise
+
+    cdef PreparedMessage _prepare_plain(self, Message msg):
+        """:meth:`prepare` of a message without properties (no dict made): its only property is
+        the UNIQ_KEY (kept if it has one), set on it once the rest cannot fail."""
+        cdef str uniq = msg._uniq
+        if uniq is None:
+            uniq = _new_uniq_id()
+        b = msg.body
+        cdef bytes body = b if type(b) is bytes else bytes(b)
+        cdef int sys_flag = 0
+        if len(body) >= self.compress_over:
+            body = zlib.compress(body, self.compress_level)
+            sys_flag = COMPRESSED_FLAG | COMPRESSION_ZLIB_TYPE
+        cdef PreparedMessage p = PreparedMessage.__new__(PreparedMessage)
+        p.msg = msg
+        p.body = body
+        p.sys_flag = sys_flag
+        p.uniq_id = uniq
+        p.wait = True
+        p.batchable = sys_flag == 0
+        p.props = _uniq_only_props(uniq)
+        p.size = len(body) + len(p.props) + BATCH_FIXED_LENGTH
+        msg._uniq = uniq
+        return p
 
     cdef PreparedMessage _prepared(self, msg, bytes body, int sys_flag, str uniq, bint wait, bint batchable,
                                    dict props):
@@ -647,6 +726,7 @@ cdef class MessagePreparer:
             raise self.error_type("send_batch needs at least one message", self.illegal_code)
         cdef list out = []
         cdef list added = []
+        cdef list added_plain = []
         cdef Py_ssize_t total = 0, i
         cdef PreparedMessage p
         cdef object props_obj, uniq, b, mt, w
@@ -659,8 +739,31 @@ cdef class MessagePreparer:
                 self.check(m)
                 if isinstance(m, Message):       # its fields read in C
                     mt = (<Message>m).topic
-                    props_obj = (<Message>m).properties
                     b = (<Message>m).body
+                    if (<Message>m)._lazy:       # no property but perhaps its UNIQ_KEY: no dict made
+                        if mt != topic:
+                            raise self.error_type(f"the topic of the messages in one batch should be the same: "
+                                                  f"{topic!r} and {mt!r}", self.illegal_code)
+                        if i == 0 and topic.startswith("%RETRY%"):
+                            raise self.error_type("Retry Group is not supported for batching", self.illegal_code)
+                        uniq = (<Message>m)._uniq
+                        if uniq is None:
+                            uniq = _new_uniq_id()
+                            (<Message>m)._uniq = uniq
+                            added_plain.append(m)
+                        p = PreparedMessage.__new__(PreparedMessage)
+                        p.msg = m
+                        p.body = b if type(b) is bytes else bytes(b)
+                        p.sys_flag = 0
+                        p.uniq_id = uniq
+                        p.wait = True
+                        p.batchable = True
+                        p.props = _uniq_only_props(uniq)
+                        p.size = len(p.body) + len(p.props) + BATCH_FIXED_LENGTH
+                        total += p.size
+                        out.append(p)
+                        continue
+                    props_obj = (<Message>m)._props
                 else:
                     mt, props_obj, b = m.topic, m.properties, m.body
                 if mt != topic:
@@ -697,6 +800,8 @@ cdef class MessagePreparer:
         except BaseException:
             for props in added:          # a refused batch is left as it was given
                 props.pop(_UNIQ, None)
+            for m in added_plain:
+                (<Message>m)._uniq = None
             raise
         return out
 

@@ -312,3 +312,43 @@ def test_complete_send_batch_gives_each_future_its_result_once():
     assert not any(gc.is_tracked(r) for r in out) and all(gc.is_tracked(f) for f in futs)
     with pytest.raises(InvalidStateError):
         cm.finish_future(futs[0], None, None)
+
+
+# -- a message without properties has no dict until one is read ----------------------------------
+def test_a_message_without_properties_gets_its_uniq_key_without_a_dict_and_shows_it_when_read():
+    prepare = message_preparer(ProducerOptions()).prepare
+    m = Message("T", b"x")
+    p = prepare(m)
+    assert p.props == cm.encode_properties({"UNIQ_KEY": p.uniq_id})        # the same bytes as the dict path
+    assert p.size == len(b"x") + len(p.props) + cm.BATCH_ELEMENT_OVERHEAD and p.wait and p.batchable
+    assert prepare(m).uniq_id == p.uniq_id                                  # kept, as a set UNIQ_KEY is
+    props = m.properties
+    assert props == {"UNIQ_KEY": p.uniq_id} and m.properties is props       # one dict, made on first read
+    m.put_user_property("a", "1")
+    q = prepare(m)                                                          # the dict path from now on
+    assert q.uniq_id == p.uniq_id and m.properties == {"UNIQ_KEY": p.uniq_id, "a": "1"}
+    assert Message("T", b"y").properties == {}
+
+
+def test_a_plain_messages_large_body_is_compressed_and_its_properties_set_later_are_sent():
+    prepare = message_preparer(ProducerOptions()).prepare
+    m = Message("T", b"z" * 5000)
+    p = prepare(m)
+    assert not p.batchable and p.sys_flag & cm.COMPRESSED_FLAG and zlib.decompress(p.body) == b"z" * 5000
+    fresh = Message("T", b"x")
+    fresh.tags = "t"                                                        # set after construction
+    assert b"TAGS\x01t\x02" in prepare(fresh).props
+    replaced = Message("T", b"x")
+    replaced.properties = {"k": "v"}
+    assert prepare(replaced).props.startswith(b"k\x01v\x02")
+
+
+def test_a_refused_batch_leaves_plain_messages_without_a_uniq_key():
+    plain = [Message("T", b"a"), Message("T", b"b")]
+    with pytest.raises(MQClientError, match="should be the same"):
+        prepare_batch(plain + [Message("Other", b"c")], ProducerOptions())
+    with pytest.raises(MQClientError, match="batch size over"):
+        prepare_batch(plain + [Message("T", b"x" * 1000)] * 5000, ProducerOptions(max_message_size=4000))
+    assert all(m.properties == {} for m in plain)
+    preps = prepare_batch(plain, ProducerOptions())
+    assert [m.properties for m in plain] == [{"UNIQ_KEY": p.uniq_id} for p in preps]
