@@ -646,22 +646,15 @@ cdef class MessagePreparer:
         if len(body) >= self.compress_over:
             body = zlib.compress(body, self.compress_level)
             sys_flag = COMPRESSED_FLAG | COMPRESSION_ZLIB_TYPE
-        cdef PreparedMessage p = PreparedMessage.__new__(PreparedMessage)
-        p.msg = msg
-        p.body = body
-        p.sys_flag = sys_flag
-        p.uniq_id = uniq
-        p.wait = True
-        p.batchable = sys_flag == 0
-        p.props = _uniq_only_props(uniq)
-        p.size = len(body) + len(p.props) + BATCH_FIXED_LENGTH
+        cdef PreparedMessage p = self._prepared(msg, body, sys_flag, uniq, True, sys_flag == 0, None)
         msg._uniq = uniq
         return p
 
     cdef PreparedMessage _prepared(self, msg, bytes body, int sys_flag, str uniq, bint wait, bint batchable,
                                    dict props):
-        """A PreparedMessage with the encoded properties and the batch size; a separator in a
-        property is ``error_type`` (MESSAGE_ILLEGAL)."""
+        """A PreparedMessage with the encoded properties (``props`` None: the UNIQ_KEY alone, a
+        message without a properties dict) and the batch size; a separator in a property is
+        ``error_type`` (MESSAGE_ILLEGAL)."""
         cdef PreparedMessage p = PreparedMessage.__new__(PreparedMessage)
         p.msg = msg
         p.body = body
@@ -669,10 +662,13 @@ cdef class MessagePreparer:
         p.uniq_id = uniq
         p.wait = wait
         p.batchable = batchable
-        try:
-            p.props = encode_properties(props)
-        except MessageIllegalError as e:
-            raise self.error_type(str(e), self.illegal_code) from None
+        if props is None:
+            p.props = _uniq_only_props(uniq)
+        else:
+            try:
+                p.props = encode_properties(props)
+            except MessageIllegalError as e:
+                raise self.error_type(str(e), self.illegal_code) from None
         p.size = len(body) + len(p.props) + BATCH_FIXED_LENGTH
         return p
 
@@ -751,15 +747,7 @@ cdef class MessagePreparer:
                             uniq = _new_uniq_id()
                             (<Message>m)._uniq = uniq
                             added_plain.append(m)
-                        p = PreparedMessage.__new__(PreparedMessage)
-                        p.msg = m
-                        p.body = b if type(b) is bytes else bytes(b)
-                        p.sys_flag = 0
-                        p.uniq_id = uniq
-                        p.wait = True
-                        p.batchable = True
-                        p.props = _uniq_only_props(uniq)
-                        p.size = len(p.body) + len(p.props) + BATCH_FIXED_LENGTH
+                        p = self._prepared(m, b if type(b) is bytes else bytes(b), 0, uniq, True, True, None)
                         total += p.size
                         out.append(p)
                         continue
