@@ -1482,9 +1482,11 @@ cdef class CallerAppend:
                     p = s.open.get(key)
                     if p is not None:
                         nbytes = p.nbytes
-                        if nbytes + prep.size <= <Py_ssize_t>s.batch_size:
-                            (<list>p.preps).append(prep)
-                            (<list>p.futures).append(fut)
+                        preps, futs = p.preps, p.futures
+                        if nbytes + prep.size <= <Py_ssize_t>s.batch_size and type(preps) is list \
+                                and type(futs) is list:
+                            (<list>preps).append(prep)
+                            (<list>futs).append(fut)
                             p.nbytes = nbytes + prep.size
                             s.pending = pending + 1
                             done = True
