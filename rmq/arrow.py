@@ -14,6 +14,7 @@ Write: a ``pyarrow.RecordBatch`` of the DataFrame -> Python columns for the prod
 """
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Optional, Sequence
 
@@ -56,8 +57,10 @@ def source_schema_ddl(include_properties: bool = True) -> str:
     return ", ".join(f"{n} {t}" for n, t, _ in _COLUMNS if include_properties or n != "properties")
 
 
+@functools.lru_cache(maxsize=2)
 def arrow_schema(include_properties: bool = True) -> pa.Schema:
-    """The Arrow schema matching :func:`source_schema_ddl` as Spark converts it."""
+    """The Arrow schema matching :func:`source_schema_ddl` as Spark converts it (made once per
+    ``include_properties``: a schema is immutable, and every poll_arrow batch asks for it)."""
     return pa.schema([pa.field(n, a, nullable=True) for n, _, a in _COLUMNS
                       if include_properties or n != "properties"])
 

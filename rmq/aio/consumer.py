@@ -245,12 +245,20 @@ class AsyncPullConsumer(PullConsumerCalls):
         out: list = []
         error: Optional[Exception] = None
         failed: set = set()
+        taken: set = set()                  # queues this call has a page of
         while True:
             left_ms = int((deadline - loop.time()) * 1000)
             self._send_pulls(loop, min(max(left_ms, 0), BROKER_SUSPEND_MAX_TIME_MS), failed)
-            tasks = {t: mq for mq, (t, _) in self._inflight.items()}
-            done, _ = await asyncio.wait(tasks, timeout=max(0.0, left_ms / 1000.0),
-                                         return_when=asyncio.FIRST_COMPLETED)
+            tasks = {t: mq for mq, (t, _) in self._inflight.items() if mq not in taken}
+            if out:                             # one more turn of the loop: the answers read meanwhile
+                await asyncio.sleep(0)
+                done = {t for t in tasks if t.done()}
+            elif tasks:
+                done, _ = await asyncio.wait(tasks, timeout=max(0.0, left_ms / 1000.0),
+                                             return_when=asyncio.FIRST_COMPLETED)
+            else:                               # every queue failed in this call (checked below)
+                done = set()
+            took = False
             for task in done:
                 mq = tasks[task]
                 entry = self._inflight.get(mq)
@@ -266,10 +274,15 @@ class AsyncPullConsumer(PullConsumerCalls):
                     error = e
                 elif items:
                     out.extend(items)
+                    taken.add(mq)
+                    took = True
             if out:
-                # prefetch (Kafka's fetcher): every queue's next page is on its way while the
-                # caller handles these; positions move only when a page is returned
+                # prefetch (Kafka's fetcher): the next page of each queue answered is asked for at
+                # once (the thread consumer's rule), and what else was read in one more turn of the
+                # loop joins this call's batch; positions move only when a page is returned
                 self._send_pulls(loop, BROKER_SUSPEND_MAX_TIME_MS, failed)
+                if took:
+                    continue
                 return out
             if loop.time() >= deadline or len(failed) == len(self._assigned):
                 if error is not None:

@@ -874,6 +874,9 @@ class PullConsumer(PullConsumerCalls):
         super().__init__(*args, **kwargs)
         self._seq = itertools.count()
         self._mux: Optional[RequestMux] = None
+        # answers that came during a poll for a queue that poll already had a page of: the next
+        # poll takes them first (the pull was sent early, :meth:`_poll`)
+        self._held: list = []
 
     # -- lifecycle --------------------------------------------------------------------------
     def start(self) -> "PullConsumer":
@@ -986,13 +989,22 @@ class PullConsumer(PullConsumerCalls):
         out: list = []
         error: Optional[Exception] = None
         failed: set = set()                 # queues that failed in this call: not asked again
+        taken: set = set()                  # queues this call has a page of
+        held, self._held = self._held, []
         while True:
             left_ms = int((deadline - time.monotonic()) * 1000)
             if not out:
                 error = self._send_pulls(api, min(max(left_ms, 0), BROKER_SUSPEND_MAX_TIME_MS), failed) or error
-            done, _ = self._mux.poll(0 if out else max(0, min(left_ms, 100)))
+            if held:                        # answers the last call held back come first
+                done, held = held, []
+            else:
+                done, _ = self._mux.poll(0 if out else max(0, min(left_ms, 100)))
+            took = False
             for token, resp, addr in done:
                 mq, off = token[0], token[1]
+                if mq in taken:             # its next page, asked early: for the next call
+                    self._held.append((token, resp, addr))
+                    continue
                 api.on_pull_response(mq, resp, addr)           # suggestWhichBrokerId / failed address
                 if self._inflight.get(mq) is not token:
                     continue                                   # superseded (seek, re-assign)
@@ -1002,13 +1014,16 @@ class PullConsumer(PullConsumerCalls):
                     error = e
                 elif items:
                     out.extend(items)
+                    taken.add(mq)
+                    took = True
             if out:
-                if not done:
-                    # prefetch (Kafka's fetcher): the next page of every queue is on its way while
-                    # the caller handles these; positions move only when a page is returned
-                    self._send_pulls(api, BROKER_SUSPEND_MAX_TIME_MS, failed)
-                    return out
-                continue            # drain what else is ready, without waiting
+                # prefetch (Kafka's fetcher): the next page of each queue answered is asked for at
+                # once, so the broker reads it while this call drains the other answers and the
+                # caller handles these; positions move only when a page is returned
+                self._send_pulls(api, BROKER_SUSPEND_MAX_TIME_MS, failed)
+                if took:
+                    continue        # drain what else is ready, without waiting
+                return out
             if time.monotonic() >= deadline or len(failed) == len(self._assigned):
                 if error is not None:
                     raise error
