@@ -261,6 +261,57 @@ def test_poll_prefetches_the_next_page_and_seek_or_reassign_discards_it(cluster,
             asyncio.run(scenario(c, value))
 
 
+@pytest.mark.parametrize("aio", [False, True], ids=["thread", "aio"])
+def test_poll_pages_stay_contiguous_per_queue_through_early_prefetches_and_seeks(cluster, aio):
+    """A queue's next page is asked for as soon as its answer is taken, and an answer that comes
+    back within the same poll waits for the next one: whatever the timing, every queue's messages
+    come in offset order without a gap or a repeat, and a seek is obeyed at once (a page fetched
+    or held before it is never returned)."""
+    import random
+
+    from rmq.aio.consumer import AsyncPullConsumer
+    queues, per_queue = 4, 300
+    create_topic(cluster, "PFC", queues)
+    send_many(cluster, "PFC", [(b"%d-%d" % (q, i), q) for i in range(per_queue) for q in range(queues)])
+    wait_dispatched(cluster, "PFC", queues, queues * per_queue)
+    rnd = random.Random(7)
+
+    async def scenario(c, call):
+        mqs = sorted(await call(c.fetch_subscribe_message_queues("PFC")), key=lambda mq: mq.queue_id)
+        c.assign(mqs)
+        want = {mq.queue_id: 0 for mq in mqs}
+        seeks = 0
+        for _ in range(400):
+            if all(v >= per_queue for v in want.values()):
+                break
+            for m in await call(c.poll(5000)):
+                assert m.queue_offset == want[m.queue_id], (m.queue_id, m.queue_offset, want)
+                assert m.body == b"%d-%d" % (m.queue_id, m.queue_offset)
+                want[m.queue_id] += 1
+            if rnd.random() < 0.2:                   # back to an earlier offset of one queue
+                mq = rnd.choice(mqs)
+                to = rnd.randrange(0, max(1, want[mq.queue_id]))
+                c.seek(mq, to)
+                want[mq.queue_id] = to
+                seeks += 1
+        assert all(v >= per_queue for v in want.values()) and seeks
+
+    if aio:
+        async def run():
+            async with AsyncPullConsumer(cluster.namesrv_addr, group="pfc-aio", pull_batch_size=16,
+                                         consume_from_where="CONSUME_FROM_FIRST_OFFSET") as c:
+                async def call(x):
+                    return await x if asyncio.iscoroutine(x) else x
+                await scenario(c, call)
+        asyncio.run(asyncio.wait_for(run(), 120))
+    else:
+        async def value(x):
+            return x
+        with PullConsumer(cluster.namesrv_addr, group="pfc", pull_batch_size=16,
+                          consume_from_where="CONSUME_FROM_FIRST_OFFSET") as c:
+            asyncio.run(scenario(c, value))
+
+
 # -- PushConsumer, clustering ------------------------------------------------------------------------
 def test_three_push_consumers_share_all_queues_without_gaps_or_duplicates(cluster):
     create_topic(cluster, "T", 8)
