@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 
 HA_TRUNCATE_FILE = "ha_truncate"      # <root>/ha_truncate: decimal offset to cut the CommitLog at on open
 KNOWN_SYS_FLAG_BITS = 0x7FF          # MessageSysFlag bits 0..10 (SPEC.md §1.5)
-MIN_CQ_UNITS_PER_READ = 16000 // 20  # RocketMQ reads max(16000 B, maxMsgNums*20) of CQ per getMessage
+MIN_CQ_UNITS_PER_READ = 16000 // 20  # RocketMQ reads max(16000 B, maxMsgNums*20) of CQ per getMessage (rmq: when filtering)
 
 
 def _total_physical_memory() -> int:
@@ -744,7 +744,10 @@ class MessageStore:
         if queue_offset > max_off:
             nxt = min_off if min_off == 0 else max_off
             return GetMessageResult(GetMessageStatus.OFFSET_OVERFLOW_BADLY, nxt, min_off, max_off)
-        raw = cq.read_raw(queue_offset, max(MIN_CQ_UNITS_PER_READ, max_msgs))
+        codes = tag_codes(tags)
+        # a filter may skip entries: read RocketMQ's window; without one, the entries it can take
+        raw = cq.read_raw(queue_offset, max_msgs if codes is None and sql_filter is None
+                          else max(MIN_CQ_UNITS_PER_READ, max_msgs))
         if not raw:
             return GetMessageResult(GetMessageStatus.OFFSET_FOUND_NULL, cq.roll_next_file(queue_offset),
                                     min_off, max_off)
@@ -754,7 +757,7 @@ class MessageStore:
         max_bytes = cfg.max_transfer_bytes_on_message_in_disk if in_disk else cfg.max_transfer_bytes_on_message_in_memory
         max_count = cfg.max_transfer_count_on_message_in_disk if in_disk else cfg.max_transfer_count_on_message_in_memory
         records, count, scanned, outcome, detail = _cl.gather_records(
-            clog.mapped_file_queue.files, clog.file_size, raw, tag_codes(tags), min(max_msgs, max_count),
+            clog.mapped_file_queue.files, clog.file_size, raw, codes, min(max_msgs, max_count),
             max_bytes, min_phy, max_phy, cfg.check_crc_on_read, cfg.require_prop_crc, sql_filter)
         if outcome == _cl.GATHER_CORRUPT and count == 0:
             mf = clog.mapped_file_queue.find_mapped_file_by_offset(detail)
