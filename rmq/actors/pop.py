@@ -44,6 +44,7 @@ the group's POP retry topic.
 """
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import logging
@@ -135,10 +136,18 @@ def revive_topic(cluster_name: str) -> str:
     return REVIVE_TOPIC_PREFIX + cluster_name
 
 
+@functools.lru_cache(maxsize=4096)
 def pop_retry_topic(topic: str, group: str) -> str:
     """``%RETRY%<group>_<topic>``: where a POP group's revived messages of ``topic`` go
-    (KeyBuilder.buildPopRetryTopicV1)."""
+    (KeyBuilder.buildPopRetryTopicV1).  Remembered: every POP asks for it."""
     return f"{RETRY_GROUP_TOPIC_PREFIX}{group}_{topic}"
+
+
+@functools.lru_cache(maxsize=POP_MAX_MSG_NUMS + 1)
+def _dense_deltas(n: int) -> tuple:
+    """A checkpoint's ``d`` for ``n`` messages at consecutive offsets: 0 .. n - 1 (a tuple, written
+    as an array: the body is never changed once built)."""
+    return tuple(range(n))
 
 
 def build_extra_info(start_offset: int, pop_time: int, invisible_time: int, revive_qid: int, retry: str,
@@ -400,7 +409,8 @@ class PopService:
     def _ck_body(self, key: tuple, invisible_time: int, offsets: list, end: Optional[int]) -> dict:
         group, topic, qid, so, pt = key
         body = {"so": so, "pt": pt, "it": invisible_time, "n": len(offsets), "q": qid, "t": topic, "c": group,
-                "d": [o - so for o in offsets], "bn": self.b.broker_name}
+                "d": _dense_deltas(len(offsets)) if type(offsets) is range and offsets.start == so
+                else [o - so for o in offsets], "bn": self.b.broker_name}
         if end is not None:
             body["e"] = end
         return body
