@@ -255,8 +255,9 @@ def encode(frame: Frame) -> list:
                                  else remark[:MAX_REMARK_LENGTH], frame.fields)
     if header is None:
         header = _pack_header(frame)
+        if len(header) > MAX_HEADER_SIZE:
+            _PACKERS.packer = msgpack.Packer(use_bin_type=True)   # its buffer grew past the limit: not kept
     if len(header) > MAX_HEADER_SIZE:
-        _PACKERS.packer = msgpack.Packer(use_bin_type=True)   # its buffer grew past the limit: not kept
         raise ProtocolError(f"header of {len(header)} bytes exceeds {MAX_HEADER_SIZE}", ResponseCode.SYSTEM_ERROR)
     if len(frame.bodies) > MAX_BODY_PARTS:
         raise ProtocolError(f"{len(frame.bodies)} body parts exceed {MAX_BODY_PARTS}")
@@ -299,10 +300,10 @@ def decode(parts: Sequence) -> Frame:
         h = _wire.decode_header(parts[1], MAX_HEADER_SIZE, MAX_FIELDS)
         if h is not None:
             return Frame(h[0], h[1], h[2], h[3], h[4], [_buffer(p) for p in parts[2:]] if n > 2 else [])
-    if len(parts) < 2:
-        raise ProtocolError(f"truncated message: {len(parts)} part(s), need the magic and a header")
-    if len(parts) - 2 > MAX_BODY_PARTS:
-        raise ProtocolError(f"{len(parts) - 2} body parts exceed {MAX_BODY_PARTS}")
+    if n < 2:
+        raise ProtocolError(f"truncated message: {n} part(s), need the magic and a header")
+    if n - 2 > MAX_BODY_PARTS:
+        raise ProtocolError(f"{n - 2} body parts exceed {MAX_BODY_PARTS}")
     magic = _bytes(parts[0])
     if magic != PROTOCOL_MAGIC:
         raise ProtocolError(f"unknown protocol {magic[:16]!r}, expected {PROTOCOL_MAGIC!r}",
