@@ -220,7 +220,6 @@ def test_poll_prefetches_the_next_page_and_seek_or_reassign_discards_it(cluster,
     """poll() leaves the next page of each queue in flight (Kafka's fetcher prefetch) without
     moving the position past what it returned; a seek or a new assignment after it reads from
     the new position with the new subscription, never from the prefetched page."""
-    from rmq.aio.consumer import AsyncPullConsumer
     create_topic(cluster, "PF", 1)
     send_many(cluster, "PF", [(b"a%d" % i, 0) for i in range(0, 40, 2)], tags="a")
     send_many(cluster, "PF", [(b"b%d" % i, 0) for i in range(1, 40, 2)], tags="b")
@@ -244,21 +243,28 @@ def test_poll_prefetches_the_next_page_and_seek_or_reassign_discards_it(cluster,
         assert got and all(m.tags == "b" for m in got) and got[0].queue_offset >= 13
         assert bodies(got) == [b"b%d" % i for i in range(1, 40, 2)][:len(got)]  # a-tagged 13..19 skipped
 
-    async def value(x):
-        return x
+    run_poll_scenario(cluster, aio, "pf", 10, scenario, 60)
+
+
+def run_poll_scenario(cluster, aio: bool, group: str, batch: int, scenario, timeout_s: float) -> None:
+    """``scenario(consumer, call)`` on a PullConsumer (``aio``: an AsyncPullConsumer, group
+    ``group + "-aio"``) of ``group`` reading from the first offset, ``batch`` messages a pull;
+    ``call(x)`` awaits what the asyncio consumer returns and passes the thread one's through."""
+    from rmq.aio.consumer import AsyncPullConsumer
+
+    async def call(x):
+        return await x if asyncio.iscoroutine(x) else x
 
     if aio:
         async def run():
-            async with AsyncPullConsumer(cluster.namesrv_addr, group="pf-aio", pull_batch_size=10,
+            async with AsyncPullConsumer(cluster.namesrv_addr, group=f"{group}-aio", pull_batch_size=batch,
                                          consume_from_where="CONSUME_FROM_FIRST_OFFSET") as c:
-                async def call(x):
-                    return await x if asyncio.iscoroutine(x) else x
                 await scenario(c, call)
-        asyncio.run(asyncio.wait_for(run(), 60))
+        asyncio.run(asyncio.wait_for(run(), timeout_s))
     else:
-        with PullConsumer(cluster.namesrv_addr, group="pf", pull_batch_size=10,
+        with PullConsumer(cluster.namesrv_addr, group=group, pull_batch_size=batch,
                           consume_from_where="CONSUME_FROM_FIRST_OFFSET") as c:
-            asyncio.run(scenario(c, value))
+            asyncio.run(scenario(c, call))
 
 
 @pytest.mark.parametrize("aio", [False, True], ids=["thread", "aio"])
@@ -269,7 +275,6 @@ def test_poll_pages_stay_contiguous_per_queue_through_early_prefetches_and_seeks
     or held before it is never returned)."""
     import random
 
-    from rmq.aio.consumer import AsyncPullConsumer
     queues, per_queue = 4, 300
     create_topic(cluster, "PFC", queues)
     send_many(cluster, "PFC", [(b"%d-%d" % (q, i), q) for i in range(per_queue) for q in range(queues)])
@@ -296,20 +301,7 @@ def test_poll_pages_stay_contiguous_per_queue_through_early_prefetches_and_seeks
                 seeks += 1
         assert all(v >= per_queue for v in want.values()) and seeks
 
-    if aio:
-        async def run():
-            async with AsyncPullConsumer(cluster.namesrv_addr, group="pfc-aio", pull_batch_size=16,
-                                         consume_from_where="CONSUME_FROM_FIRST_OFFSET") as c:
-                async def call(x):
-                    return await x if asyncio.iscoroutine(x) else x
-                await scenario(c, call)
-        asyncio.run(asyncio.wait_for(run(), 120))
-    else:
-        async def value(x):
-            return x
-        with PullConsumer(cluster.namesrv_addr, group="pfc", pull_batch_size=16,
-                          consume_from_where="CONSUME_FROM_FIRST_OFFSET") as c:
-            asyncio.run(scenario(c, value))
+    run_poll_scenario(cluster, aio, "pfc", 16, scenario, 120)
 
 
 # -- PushConsumer, clustering ------------------------------------------------------------------------
