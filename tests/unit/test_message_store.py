@@ -66,6 +66,31 @@ def test_no_matched_message_advances_offset(open_store):
     assert res.status is GetMessageStatus.NO_MATCHED_MESSAGE and res.next_begin_offset == 8
 
 
+def test_a_filtered_pull_looks_past_rocketmqs_window_and_an_unfiltered_one_reads_what_it_takes(open_store):
+    """A tag filter reads MIN_CQ_UNITS_PER_READ entries (RocketMQ's 16,000 bytes), so a match
+    behind many others is found in one call; without a filter a pull reads only the entries it
+    can return (a POP of 32 copied 800 before)."""
+    from rmq.store.message_store import MIN_CQ_UNITS_PER_READ
+    s = open_store()                      # SMALL: a ConsumeQueue file of 64 entries caps the window
+    per_file = s.config.mapped_file_size_consume_queue // 20
+    assert 40 < per_file < MIN_CQ_UNITS_PER_READ
+    for i in range(per_file + 10):
+        assert s.put_message("W", b"m%d" % i, 0, tags="hit" if i in (38, 39) else "miss").status \
+            is PutMessageStatus.PUT_OK
+    s.dispatch()
+    res = s.get_messages("g", "W", 0, 0, 4, tags="hit")
+    assert res.status is GetMessageStatus.FOUND and [m.body for m in res.messages()] == [b"m38", b"m39"]
+    assert res.next_begin_offset == per_file                              # the window, to its file's end
+    cq = s.consume_queue_table[("W", 0)]
+    asked = []
+    read_raw = cq.read_raw
+    cq.read_raw = lambda off, n: asked.append(n) or read_raw(off, n)       # how many entries each pull reads
+    res = s.get_messages("g", "W", 0, 10, 4)
+    assert [m.queue_offset for m in res.messages()] == [10, 11, 12, 13] and res.next_begin_offset == 14
+    s.get_messages("g", "W", 0, 0, 4, tags="hit")
+    assert asked == [4, MIN_CQ_UNITS_PER_READ]
+
+
 def test_get_statuses(open_store):
     s = open_store()
     assert s.get_messages("g", "Nope", 0, 0, 1).status is GetMessageStatus.NO_MATCHED_LOGIC_QUEUE

@@ -190,3 +190,19 @@ def test_the_decoders_str_cache_never_answers_another_str():
             fields = {n: n for n in names[i:i + 100]}
             raw = msgpack.packb({"code": 1, "fields": fields})
             assert wire.decode_header(raw, P.MAX_HEADER_SIZE, P.MAX_FIELDS)[4] == fields
+
+
+def test_a_header_nested_deeper_than_the_c_decoder_goes_takes_msgpacks_path():
+    """rmq._core.wire reads at most MAX_DEPTH (32) levels; a deeper header is msgpack's to read,
+    with the same Frame as a result (and msgpack's own limits)."""
+    deep = 0
+    for _ in range(40):
+        deep = [deep]
+    raw = msgpack.packb({"code": 1, "opaque": 2, "fields": {"d": deep}})
+    assert wire.decode_header(raw, P.MAX_HEADER_SIZE, P.MAX_FIELDS) is None
+    f = P.decode([P.PROTOCOL_MAGIC, raw])
+    assert (f.code, f.opaque, f.fields) == (1, 2, {"d": deep})
+    shallow = msgpack.packb({"code": 1, "fields": {"d": [[[0]]]}})
+    assert wire.decode_header(shallow, P.MAX_HEADER_SIZE, P.MAX_FIELDS) == (1, 0, 0, "", {"d": [[[0]]]})
+    assert wire.encode_header(1, 2, 0, "", {"d": deep}) is None                     # msgpack packs it
+    assert P.decode(P.encode(Frame(1, 2, fields={"d": deep}))).fields == {"d": deep}
