@@ -124,16 +124,32 @@ class Heartbeats(threading.Thread):
         self.join(10)
 
 
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (what bind(0) and connect() are given)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port_pairs(n):
-    """``n`` ports P with P and P + 1 (its Raft port) free on loopback."""
+    """``n`` ports P with P and P + 1 (its Raft port) free on loopback, picked at random below the
+    kernel's ephemeral range: a controller binds them seconds later on a loaded machine, and a
+    port of that range could meanwhile be given to a parallel test's connection (CI: "cannot bind
+    the Raft port")."""
+    import random
+    rnd = random.SystemRandom()
+    hi = max(_ephemeral_low() - 2, 12000)
     out, held = [], []
     try:
         while len(out) < n:
-            a = socket.socket()
-            a.bind(("127.0.0.1", 0))
-            p = a.getsockname()[1]
-            b = socket.socket()
+            p = rnd.randrange(10000, hi)
+            if p in out or p + 1 in out or p - 1 in out:
+                continue
+            a, b = socket.socket(), socket.socket()
             try:
+                a.bind(("127.0.0.1", p))
                 b.bind(("127.0.0.1", p + 1))
             except OSError:
                 a.close()
