@@ -153,11 +153,10 @@ cdef bytes _UNIQ_PROPS_PREFIX = (PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX + "\x01"
 
 
 cdef bytes _uniq_only_props(str uniq):
-    """The encoded properties of a message whose only property is its UNIQ_KEY ``uniq`` (ASCII:
-    the ids this module makes): ``UNIQ_KEY \x01 uniq \x02``, as encode_properties gives them."""
+    """The encoded properties of a message whose only property is its UNIQ_KEY ``uniq`` (one of
+    the ASCII ids :func:`_new_uniq_id` makes: a lazy Message's ``_uniq`` is set nowhere else):
+    ``UNIQ_KEY \x01 uniq \x02``, as encode_properties gives them."""
     cdef Py_ssize_t k = len(_UNIQ_PROPS_PREFIX), n = PyUnicode_GET_LENGTH(uniq)
-    if not PyUnicode_IS_COMPACT_ASCII(uniq):
-        return encode_properties({_UNIQ: uniq})
     cdef bytes out = PyBytes_FromStringAndSize(NULL, k + n + 1)
     cdef char* o = PyBytes_AS_STRING(out)
     memcpy(o, PyBytes_AS_STRING(_UNIQ_PROPS_PREFIX), k)
@@ -727,42 +726,29 @@ cdef class MessagePreparer:
         cdef PreparedMessage p
         cdef object props_obj, uniq, b, mt, w
         cdef dict props
-        cdef bint wait
+        cdef bint wait, lazy
         topic = ms[0].topic if isinstance(ms[0], self.message_type) else None
         try:
             for i in range(len(ms)):
                 m = ms[i]
                 self.check(m)
+                lazy = False
                 if isinstance(m, Message):       # its fields read in C
                     mt = (<Message>m).topic
                     b = (<Message>m).body
-                    if (<Message>m)._lazy:       # no property but perhaps its UNIQ_KEY: no dict made
-                        if mt != topic:
-                            raise self.error_type(f"the topic of the messages in one batch should be the same: "
-                                                  f"{topic!r} and {mt!r}", self.illegal_code)
-                        if i == 0 and topic.startswith("%RETRY%"):
-                            raise self.error_type("Retry Group is not supported for batching", self.illegal_code)
-                        uniq = (<Message>m)._uniq
-                        if uniq is None:
-                            uniq = _new_uniq_id()
-                            (<Message>m)._uniq = uniq
-                            added_plain.append(m)
-                        p = self._prepared(m, b if type(b) is bytes else bytes(b), 0, uniq, True, True, None)
-                        total += p.size
-                        out.append(p)
-                        continue
+                    lazy = (<Message>m)._lazy    # no property but perhaps its UNIQ_KEY: no dict made
                     props_obj = (<Message>m)._props
                 else:
                     mt, props_obj, b = m.topic, m.properties, m.body
                 if mt != topic:
                     raise self.error_type(f"the topic of the messages in one batch should be the same: "
                                           f"{topic!r} and {mt!r}", self.illegal_code)
-                if type(props_obj) is not dict:
+                if not lazy and type(props_obj) is not dict:
                     raise self.error_type(f"message properties must be a dict, got {type(props_obj).__name__}",
                                           self.illegal_code)
                 props = props_obj
                 wait = True
-                uniq = None
+                uniq = (<Message>m)._uniq if lazy else None
                 if props:                        # none set (the usual case): nothing to look for
                     if PROPERTY_DELAY_TIME_LEVEL in props:
                         raise self.error_type("TimeDelayLevel is not supported for batching", self.illegal_code)
@@ -777,8 +763,12 @@ cdef class MessagePreparer:
                     raise self.error_type("Retry Group is not supported for batching", self.illegal_code)
                 if not uniq:
                     uniq = _new_uniq_id()
-                    PyDict_SetItem(props, _UNIQ, uniq)
-                    added.append(props)
+                    if lazy:
+                        (<Message>m)._uniq = uniq
+                        added_plain.append(m)
+                    else:
+                        PyDict_SetItem(props, _UNIQ, uniq)
+                        added.append(props)
                 p = self._prepared(m, b if type(b) is bytes else bytes(b), 0, uniq, wait, True, props)
                 total += p.size
                 out.append(p)

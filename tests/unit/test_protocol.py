@@ -172,7 +172,8 @@ def test_what_the_c_codec_does_not_take_goes_to_msgpacks_path():
     for raw in (msgpack.packb({"code": 1, "fields": None}), msgpack.packb({"code": True}),
                 msgpack.packb({1: 2}), msgpack.packb({"code": 1}) + b"\x00", b"\x91" * 5000,
                 msgpack.packb({"code": 1, "fields": {"e": msgpack.ExtType(1, b"x")}}),
-                msgpack.packb({"code": 1, "fields": {"a": list(range(5000))}})):
+                msgpack.packb({"code": 1, "fields": {"a": list(range(5000))}}),               # max_array_len
+                msgpack.packb({"code": 1, "fields": {"m": {str(i): i for i in range(300)}}})):  # max_map_len
         assert wire.decode_header(raw, P.MAX_HEADER_SIZE, P.MAX_FIELDS) is None
     import zmq
     f = P.decode([zmq.Frame(P.PROTOCOL_MAGIC), zmq.Frame(msgpack.packb({"code": 3, "opaque": 2})), zmq.Frame(b"b")])
