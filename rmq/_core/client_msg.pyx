@@ -24,6 +24,7 @@ cimport cython
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.dict cimport PyDict_Contains, PyDict_GetItem, PyDict_Next, PyDict_SetItem
 from cpython.object cimport PyObject
+from cpython.ref cimport Py_DECREF, Py_INCREF, Py_XDECREF
 from cpython.unicode cimport PyUnicode_CheckExact
 from libc.stdint cimport int16_t, int32_t, int64_t, uint8_t, uint32_t
 from libc.string cimport memchr, memcpy
@@ -53,6 +54,21 @@ cdef extern from "Python.h":
     int PyObject_IS_GC(object o)
     bint PyUnicode_IS_COMPACT_ASCII(object o)
     Py_ssize_t PyUnicode_GET_LENGTH(object o)
+
+cdef extern from "structmember.h":
+    ctypedef struct PyMemberDef:
+        int type
+        Py_ssize_t offset
+        int flags
+    int T_OBJECT_EX
+    int READONLY
+
+cdef extern from "Python.h":
+    ctypedef struct PyMemberDescrObject:
+        PyMemberDef* d_member
+    ctypedef PyObject* (*_allocfunc)(void* cls, Py_ssize_t nitems)
+    ctypedef struct _TypeObject "PyTypeObject":
+        _allocfunc tp_alloc
 
 cdef extern from "time.h" nogil:
     ctypedef long time_t
@@ -1188,6 +1204,131 @@ from concurrent.futures._base import FINISHED as _FINISHED, LOGGER as _LOGGER
 
 cdef object _future_set_result = _Future.set_result
 cdef object _future_set_exception = _Future.set_exception
+from concurrent.futures._base import RUNNING as _RUNNING
+from types import MemberDescriptorType as _MemberDescriptorType
+
+
+# -- objects made field by field ---------------------------------------------------------------
+# A SendFuture per send_async message and a SendResult per answered message: made through their
+# classes, each costs a type call, an __init__ frame (or a setattr per field: a descriptor look-up
+# each), and its completion an attribute look-up per slot read or written.  Both classes keep
+# every field in a ``__slots__`` slot (an object pointer at a fixed offset in the instance,
+# CPython's T_OBJECT_EX member), so for exactly these classes C allocates the instance as
+# ``object.__new__`` would (the type's tp_alloc) and reads and writes the slots at their offsets,
+# read once from the class's member descriptors.  A class whose fields are not all such slots, or
+# that has a ``__new__`` of its own, goes through its own Python path (a :class:`_Layout` is
+# None).  The C paths do what the Python ones do, field for field:
+# ``tests/unit/test_slot_layouts.py``.
+@cython.final
+cdef class _Layout:
+    """Where each named field of ``cls`` lives in its instances (byte offsets of its slots)."""
+    cdef object cls
+    cdef Py_ssize_t n
+    cdef Py_ssize_t off[8]
+
+
+cdef _Layout _layout_of(cls, tuple names):
+    """The layout of ``names`` (at most 8) in instances of ``cls``, or None when one of them is
+    not a writable object slot defined by ``cls`` itself, or ``cls`` makes its instances with a
+    ``__new__`` other than ``object``'s."""
+    cdef _Layout lay
+    cdef PyMemberDef* m
+    cdef Py_ssize_t i
+    if not isinstance(cls, type) or cls.__new__ is not object.__new__ or len(names) > 8:
+        return None
+    lay = _Layout.__new__(_Layout)
+    lay.cls = cls
+    lay.n = len(names)
+    for i in range(lay.n):
+        d = cls.__dict__.get(names[i])
+        if type(d) is not _MemberDescriptorType:
+            return None
+        m = (<PyMemberDescrObject*><PyObject*>d).d_member
+        if m.type != T_OBJECT_EX or m.flags & READONLY:
+            return None
+        lay.off[i] = m.offset
+    return lay
+
+
+cdef inline object _alloc(_Layout lay):
+    """A new instance of ``lay.cls`` with every slot unset, as ``object.__new__(cls)`` makes it
+    (tracked by the cyclic GC when the type is a GC type)."""
+    cdef PyObject* o = (<_TypeObject*><PyObject*>lay.cls).tp_alloc(<void*><PyObject*>lay.cls, 0)
+    if o == NULL:
+        raise MemoryError()
+    r = <object>o          # a new reference of ours: the cast took one more
+    Py_DECREF(r)
+    return r
+
+
+cdef inline void _put(object obj, Py_ssize_t off, object v):
+    cdef PyObject** slot = <PyObject**>((<char*><PyObject*>obj) + off)
+    cdef PyObject* old = slot[0]
+    Py_INCREF(v)
+    slot[0] = <PyObject*>v
+    Py_XDECREF(old)
+
+
+cdef inline object _get(object obj, Py_ssize_t off):
+    """A slot's value; AttributeError for an unset one, as the member descriptor would."""
+    cdef PyObject* v = (<PyObject**>((<char*><PyObject*>obj) + off))[0]
+    if v == NULL:
+        raise AttributeError(f"slot at offset {off} of {type(obj).__name__} is not set")
+    return <object>v
+
+
+# SendFuture: the slots rmq.client.futures.SendFuture declares, in this order
+cdef tuple _FUTURE_SLOTS = ("_state", "_result", "_exception", "_cb", "_cond", "_w", "_cbs")
+DEF F_STATE = 0
+DEF F_RESULT = 1
+DEF F_EXCEPTION = 2
+DEF F_CB = 3
+DEF F_COND = 4
+DEF F_W = 5
+DEF F_CBS = 6
+cdef object _future_cls = None           # the class _future_lay is for (one-entry cache)
+cdef _Layout _future_lay = None
+
+# SendResult (a slots dataclass): its fields, in declaration order
+cdef tuple _RESULT_FIELDS = ("status", "msg_id", "message_queue", "queue_offset", "offset_msg_id", "region_id")
+cdef object _result_cls = None
+cdef _Layout _result_lay = None
+
+
+cdef inline _Layout _future_layout(cls):
+    global _future_cls, _future_lay
+    if cls is not _future_cls:
+        _future_lay = _layout_of(cls, _FUTURE_SLOTS)
+        _future_cls = cls
+    return _future_lay
+
+
+cdef inline _Layout _result_layout(cls):
+    global _result_cls, _result_lay
+    if cls is not _result_cls:
+        _result_lay = _layout_of(cls, _RESULT_FIELDS)
+        _result_cls = cls
+    return _result_lay
+
+
+cpdef new_send_future(cls, callback):
+    """``cls(callback)`` for :class:`rmq.client.futures.SendFuture`, made in C: RUNNING, no
+    result, exception, condition, waiters or callback list, ``callback`` its one done-callback,
+    out of the cyclic GC (what ``SendFuture.__init__`` does).  Any other class is called."""
+    cdef _Layout lay = _future_layout(cls)
+    if lay is None:
+        return cls(callback)
+    f = _alloc(lay)
+    _put(f, lay.off[F_STATE], _RUNNING)
+    _put(f, lay.off[F_RESULT], None)
+    _put(f, lay.off[F_EXCEPTION], None)
+    _put(f, lay.off[F_CB], callback)
+    _put(f, lay.off[F_COND], None)
+    _put(f, lay.off[F_W], None)
+    _put(f, lay.off[F_CBS], None)
+    if PyObject_GC_IsTracked(f):
+        PyObject_GC_UnTrack(<void*>f)
+    return f
 
 
 cpdef track_done(obj):
@@ -1247,6 +1388,10 @@ cpdef finish_future(fut, result, exc):
     # 3.11 (rmq.client.futures' docstring)
     track_done(fut)                      # pending futures are untracked (untrack_pending): a done one
                                          # may join cycles (a callback holding it), collectable again
+    cdef _Layout lay = _future_layout(type(fut))
+    if lay is not None and _get(fut, lay.off[F_COND]) is None:
+        _finish_slots(fut, lay, result, exc)
+        return
     if fut._cond is not None:            # someone may wait on it: the standard path
         if exc is None:
             _future_set_result(fut, result)
@@ -1284,6 +1429,42 @@ cpdef finish_future(fut, result, exc):
             _LOGGER.exception("exception calling callback for %r", fut)
 
 
+cdef void _finish_slots(fut, _Layout lay, result, exc) except *:
+    """finish_future's steps on a SendFuture's slots (no condition when called): the same steps
+    in the same order, each slot read or written at its offset instead of through its
+    descriptor.  The GIL is held from the first to the last (nothing here runs Python code
+    before the callbacks), as between the bytecodes of the attribute path."""
+    if _get(fut, lay.off[F_STATE]) == _FINISHED:
+        raise _InvalidStateError(f"{fut!r} is already finished")
+    _put(fut, lay.off[F_RESULT], result)
+    _put(fut, lay.off[F_EXCEPTION], exc)
+    _put(fut, lay.off[F_STATE], _FINISHED)            # (1)
+    cond = _get(fut, lay.off[F_COND])                 # (2)
+    if cond is not None:
+        with cond:
+            for w in fut._waiters:
+                if exc is None:
+                    w.add_result(fut)
+                else:
+                    w.add_exception(fut)
+            cond.notify_all()
+    cbs = _get(fut, lay.off[F_CBS])                   # (3)
+    if cbs is None:
+        fn = _get(fut, lay.off[F_CB])
+        if fn is not None:
+            _put(fut, lay.off[F_CB], None)
+            try:
+                fn(fut)
+            except Exception:
+                _LOGGER.exception("exception calling callback for %r", fut)
+        return
+    for fn in cbs:
+        try:
+            fn(fut)
+        except Exception:
+            _LOGGER.exception("exception calling callback for %r", fut)
+
+
 def complete_send_batch(list futures, result_type, status, list preps, mq, Py_ssize_t base, list offset_ids):
     """Message ``i`` of a caller-side batch gets a ``result_type`` (the SendResult dataclass,
     its fields set one by one as its ``__init__`` would: it has no ``__post_init__``) of queue
@@ -1298,20 +1479,32 @@ def complete_send_batch(list futures, result_type, status, list preps, mq, Py_ss
     region = getattr(result_type, "region_id", "DefaultRegion")
     if not isinstance(region, str):      # a slots dataclass: the default is its field's, not a class attribute
         region = result_type.__dataclass_fields__["region_id"].default
+    cdef _Layout lay = _result_layout(result_type)      # its slots written at their offsets
     for i in range(n):
         p = preps[i]
-        r = new(result_type)
+        if lay is not None:
+            r = _alloc(lay)
+        else:
+            r = new(result_type)
         # a result holds an enum, strs, ints and the request's MessageQueue: never in a cycle, so
         # it stays out of the cyclic GC (one per message: 0.3 us a message of collections in
         # rmq.aio's send_async otherwise, bench/results/client.md stop 46)
         if PyObject_GC_IsTracked(r):
             PyObject_GC_UnTrack(<void*>r)
-        r.status = status
-        r.msg_id = p.uniq_id
-        r.message_queue = mq
-        r.queue_offset = base + i
-        r.offset_msg_id = offset_ids[i]
-        r.region_id = region
+        if lay is not None:
+            _put(r, lay.off[0], status)
+            _put(r, lay.off[1], p.uniq_id)
+            _put(r, lay.off[2], mq)
+            _put(r, lay.off[3], base + i)
+            _put(r, lay.off[4], offset_ids[i])
+            _put(r, lay.off[5], region)
+        else:
+            r.status = status
+            r.msg_id = p.uniq_id
+            r.message_queue = mq
+            r.queue_offset = base + i
+            r.offset_msg_id = offset_ids[i]
+            r.region_id = region
         out.append(r)
         if futures is not None:
             f = futures[i]
@@ -1458,7 +1651,7 @@ cdef class CallerAppend:
         cdef PreparedMessage prep = self.preparer.prepare(msg)
         if not prep.batchable:
             return prep, None
-        fut = self.future_type(callback)
+        fut = new_send_future(self.future_type, callback)
         cdef object topic = (<Message>prep.msg).topic if type(prep.msg) is Message else prep.msg.topic
         cdef object key = topic if sharding_key is None else (topic, sharding_key)
         cdef object s = self.sender
