@@ -1623,10 +1623,18 @@ cdef class CallerAppend:
 
     State read: ``closed`` (the producer sets it, under the lock, when it closes); the sender's
     ``running``, ``pending`` (written: + 1), ``open`` and ``batch_size``; the open batch's
-    ``preps``, ``futures`` and ``nbytes`` (written).
+    ``preps``, ``futures`` and ``nbytes`` (written).  The sender's plain attributes are read and
+    written in its instance dict (``sender.__dict__``, taken when this is made: before the
+    sender's thread starts, so no other thread makes that dict at the same time, see
+    rmq.client.futures), a batch's through its slots (:class:`_Layout`); a sender without such
+    an attribute in its dict, or a batch of a class without such slots, takes the Python path.
     """
     cdef MessagePreparer preparer
     cdef object sender, future_type, acquire, release
+    cdef dict state                     # the sender's instance dict
+    cdef dict open_                     # the sender's open batches (its ``open``, never replaced)
+    cdef object pending_cls             # the class pending_lay is for (one-entry cache)
+    cdef _Layout pending_lay            # where a batch keeps preps, futures and nbytes
     cdef Py_ssize_t max_pending
     cdef public bint closed
 
@@ -1636,6 +1644,8 @@ cdef class CallerAppend:
         self.future_type = future_type
         self.acquire = sender.lock.acquire
         self.release = sender.lock.release
+        self.state = sender.__dict__
+        self.open_ = sender.open
         self.max_pending = max_pending
 
     def send(self, msg, callback, sharding_key=None):
@@ -1654,24 +1664,34 @@ cdef class CallerAppend:
         fut = new_send_future(self.future_type, callback)
         cdef object topic = (<Message>prep.msg).topic if type(prep.msg) is Message else prep.msg.topic
         cdef object key = topic if sharding_key is None else (topic, sharding_key)
-        cdef object s = self.sender
+        cdef dict s = self.state
+        cdef _Layout lay
         cdef Py_ssize_t pending, nbytes
         cdef bint done = False
         self.acquire()
         try:
-            if not self.closed and s.running:
-                pending = s.pending
+            running, pend, limit = s.get("running"), s.get("pending"), s.get("batch_size")
+            if not self.closed and running is True and pend is not None and limit is not None:
+                pending = pend
                 if pending < self.max_pending:
-                    p = s.open.get(key)
+                    p = self.open_.get(key)
                     if p is not None:
-                        nbytes = p.nbytes
-                        preps, futs = p.preps, p.futures
-                        if nbytes + prep.size <= <Py_ssize_t>s.batch_size and type(preps) is list \
-                                and type(futs) is list:
+                        if type(p) is not self.pending_cls:
+                            self.pending_lay = _layout_of(type(p), ("preps", "futures", "nbytes"))
+                            self.pending_cls = type(p)
+                        lay = self.pending_lay
+                        if lay is not None:
+                            preps, futs, nbytes = _get(p, lay.off[0]), _get(p, lay.off[1]), _get(p, lay.off[2])
+                        else:
+                            preps, futs, nbytes = p.preps, p.futures, p.nbytes
+                        if nbytes + prep.size <= <Py_ssize_t>limit and type(preps) is list and type(futs) is list:
                             (<list>preps).append(prep)
                             (<list>futs).append(fut)
-                            p.nbytes = nbytes + prep.size
-                            s.pending = pending + 1
+                            if lay is not None:
+                                _put(p, lay.off[2], nbytes + prep.size)
+                            else:
+                                p.nbytes = nbytes + prep.size
+                            s["pending"] = pending + 1
                             done = True
         finally:
             self.release()

@@ -212,14 +212,15 @@ class Producer:
         tune_malloc()                               # batch requests: rmq.common.malloc_tuning
         self._sender = Sender(self.namesrv_addrs, group, self.client_id, self.options)
         self._sender.client_auth = security.client_auth(auth)   # CURVE keys; None: environment / plain
+        # send_async's common case in one C call (falls back to _append_async / _enqueue); made
+        # before the I/O thread starts (it takes the sender's instance dict: CallerAppend)
+        self._caller = CallerAppend(self._sender, self._preparer, SendFuture, o.max_pending_messages)
+        self._caller_send = self._caller.send
         self._sender.start()
         self._sender.started_evt.wait()
         if self._sender.fatal is not None:
             raise MQClientError(f"producer I/O thread failed to start: {self._sender.fatal}") from self._sender.fatal
         sender = self._sender
-        # send_async's common case in one C call (falls back to _append_async / _enqueue)
-        self._caller = CallerAppend(sender, self._preparer, SendFuture, o.max_pending_messages)
-        self._caller_send = self._caller.send
         self._direct = DirectSender(group, self.client_id, self.options, sender.route_cache, sender.fault,
                                     sender.client_auth,
                                     refresh_route=lambda topic, exc: sender.call(

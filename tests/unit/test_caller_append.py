@@ -97,3 +97,36 @@ def test_the_lock_is_free_after_every_outcome(sender):
         c.send(Message("T", b""), None)
     assert sender.lock.acquire(blocking=False)
     sender.lock.release()
+
+
+def test_a_batch_class_without_slots_takes_the_attribute_path(sender):
+    class PlainBatch:                               # no __slots__: fields in an instance dict
+        def __init__(self):
+            self.preps, self.futures, self.nbytes = [], [], 0
+
+    sender.open["T"] = plain = PlainBatch()
+    c = caller(sender)
+    f1 = c.send(Message("T", b"x" * 10), None)
+    slotted = open_batch(sender, "U")               # and back to the slots of Pending
+    f2 = c.send(Message("U", b"y" * 20), None)
+    assert plain.futures == [f1] and plain.nbytes == plain.preps[0].size
+    assert slotted.futures == [f2] and slotted.nbytes == slotted.preps[0].size and sender.pending == 2
+
+
+def test_a_sender_state_that_is_not_in_its_instance_dict_hands_everything_back(sender):
+    class Wrapped(Sender):
+        @property
+        def running(self):                          # a descriptor, not an instance attribute
+            return True
+
+        @running.setter
+        def running(self, v):
+            pass
+
+    s = Wrapped(["127.0.0.1:9876"], "pg", "client", ProducerOptions())
+    batch = open_batch(s, "T")
+    prep, fut = caller(s).send(Message("T", b"x"), None)
+    assert type(prep) is PreparedMessage and type(fut) is SendFuture
+    assert not batch.preps and not batch.futures and s.pending == 0
+    assert s.lock.acquire(blocking=False)
+    s.lock.release()
