@@ -1339,13 +1339,17 @@ cpdef track_done(obj):
 
 
 def pending_callback(fut, callback, ctx):
-    """``(fut, callback, ctx)``, the tuple and ``ctx`` (a ``contextvars.Context``) untracked
-    like ``fut`` (:func:`untrack_pending`): an asyncio send_async's callback entry, held by its
-    producer until the request ends (:func:`track_done` the future and the context before the
-    callback runs)."""
+    """``(fut, callback, ctx)``, the tuple untracked like ``fut`` (:func:`untrack_pending`): an
+    asyncio send_async's callback entry, held by its producer until the request ends
+    (:func:`track_done` the future before the callback runs).
+
+    ``ctx`` (a ``contextvars.Context``) stays tracked: CPython 3.11 frees a Context assuming the
+    cyclic GC tracks it (``context_tp_dealloc`` untracks it with the unchecked internal macro),
+    so one freed untracked crashed the interpreter -- an aio producer dropped with send_async
+    messages still queued (never closed) took its entries' contexts with it
+    (``tests/unit/test_aio_append.py``, the abandoned producer).  The tuple, the future
+    (asyncio's and SendFuture's deallocs untrack with the checked call) may be freed untracked."""
     t = (fut, callback, ctx)
-    if PyObject_GC_IsTracked(ctx):
-        PyObject_GC_UnTrack(<void*>ctx)
     PyObject_GC_UnTrack(<void*>t)
     return t
 
@@ -1698,3 +1702,95 @@ cdef class CallerAppend:
         if done:
             return fut
         return prep, fut
+
+
+cdef extern from "Python.h":
+    object PyContext_CopyCurrent()
+
+
+@cython.final
+cdef class AioAppend:
+    """``rmq.aio.Producer.send_async``'s common case in one C call: prepare the message, make its
+    asyncio future (out of the cyclic GC while pending, as the Python path does) and add both to
+    its topic's open batch, with the callback's entry (:func:`pending_callback`, in a copy of the
+    caller's context); a batch that reaches ``batch_size`` is sealed (out of the open batches, onto
+    the ready queue).
+
+    The rules are those of ``Producer._append`` (rmq.aio.producer), which stays the path for
+    everything else: this call only takes a batchable message whose topic has an open batch with
+    room for it, while ``max_pending_messages`` has room.  Otherwise it returns the prepared
+    message and has changed nothing; the caller's Python path goes on from there.  Runs on the
+    producer's event loop thread only (the producer is not thread-safe).
+
+    State read: the producer's ``_pending`` (written: + 1), ``_max_pending`` and ``_batch_size``
+    in its instance dict, its ``_accs`` (open batches by ``(topic, None)``) and ``_ready``; the
+    open batch's ``preps``, ``futures``, ``callbacks`` and ``nbytes`` (written) through its slots.
+    """
+    cdef MessagePreparer preparer
+    cdef dict state                     # the producer's instance dict
+    cdef dict accs                      # its open batches (``_accs``, never replaced)
+    cdef object ready_append            # its ``_ready.append``
+    cdef object future_type, loop
+    cdef object batch_cls               # the class batch_lay is for (one-entry cache)
+    cdef _Layout batch_lay
+
+    def __init__(self, producer, MessagePreparer preparer, future_type, loop):
+        self.preparer = preparer
+        self.state = producer.__dict__
+        self.accs = producer._accs
+        self.ready_append = producer._ready.append
+        self.future_type = future_type
+        self.loop = loop
+
+    def send(self, msg, callback):
+        """The future of ``msg`` (appended to its topic's open batch), or its PreparedMessage when
+        the common case does not apply (nothing else done).
+
+        Raises
+        ------
+        error_type
+            ``MessagePreparer.prepare``'s: nothing was queued.
+        """
+        cdef PreparedMessage prep = self.preparer.prepare(msg)
+        if not prep.batchable:
+            return prep
+        cdef dict s = self.state
+        pend, most, limit = s.get("_pending"), s.get("_max_pending"), s.get("_batch_size")
+        if type(pend) is not int or type(most) is not int or type(limit) is not int or not limit:
+            return prep
+        if pend >= most and pend > 0:
+            return prep                      # the caller awaits room first
+        topic = (<Message>prep.msg).topic if type(prep.msg) is Message else prep.msg.topic
+        key = (topic, None)
+        b = self.accs.get(key)
+        if b is None:
+            return prep
+        if type(b) is not self.batch_cls:
+            self.batch_lay = _layout_of(type(b), ("preps", "futures", "callbacks", "nbytes"))
+            self.batch_cls = type(b)
+        cdef _Layout lay = self.batch_lay
+        if lay is None:
+            return prep
+        preps, futs, nb = _get(b, lay.off[0]), _get(b, lay.off[1]), _get(b, lay.off[3])
+        if type(preps) is not list or type(futs) is not list or type(nb) is not int:
+            return prep
+        cdef Py_ssize_t nbytes = <Py_ssize_t>nb + prep.size
+        if nbytes > <Py_ssize_t>limit:
+            return prep                      # the Python path seals it and opens the next
+        fut = self.future_type(loop=self.loop)
+        if PyObject_GC_IsTracked(fut):
+            PyObject_GC_UnTrack(<void*>fut)
+        s["_pending"] = pend + 1
+        (<list>preps).append(prep)
+        (<list>futs).append(fut)
+        if callback is not None:
+            cbs = _get(b, lay.off[2])
+            if cbs is None:
+                cbs = []
+                _put(b, lay.off[2], cbs)
+            cbs.append(pending_callback(fut, callback, PyContext_CopyCurrent()))
+        _put(b, lay.off[3], nbytes)
+        if nbytes >= <Py_ssize_t>limit:
+            del self.accs[key]
+            self.ready_append(b)
+        return fut

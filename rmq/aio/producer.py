@@ -50,14 +50,16 @@ Sockets
     thread-safe.
 
 Memory
-    A pending ``send_async`` future and its callback entry (future, callback, context) are
-    held by the producer and kept out of CPython's cyclic GC until the request ends: a stream of
-    sends made them faster than they completed, and the collections walked every one in flight
+    A pending ``send_async`` future and its callback entry's tuple (future, callback, context)
+    are held by the producer and kept out of CPython's cyclic GC until the request ends: a stream
+    of sends made them faster than they completed, and the collections walked every one in flight
     (1.7 µs a message of GC, a quarter of the call; bench/results/client.md stop 46).  A future
     is tracked again before its outcome is set, or, when every message of its request has a
-    callback, just before its callback runs (the entries hold it until then), and a context
-    before its callback runs (:mod:`rmq._core.client_msg`: ``untrack_pending``,
-    ``pending_callback``, ``track_done``): a done future in a cycle is collected as any other.
+    callback, just before its callback runs (the entries hold it until then)
+    (:mod:`rmq._core.client_msg`: ``untrack_pending``, ``pending_callback``, ``track_done``): a
+    done future in a cycle is collected as any other.  The context stays tracked: CPython frees
+    a Context assuming it is (``pending_callback``), and a producer dropped unclosed with queued
+    callbacks crashed the interpreter when it untracked them (stop 53).
 
 Failure behaviour
     As the sync producer: retries on another broker for timeouts, unreachable
@@ -89,7 +91,7 @@ from rmq.client.producer_request import (ProducerOptions, RowsPart, Selector, Sh
                                          send_request, split_by_size)
 from rmq.common.malloc_tuning import tune_malloc
 from rmq.common.topic_validator import check_group
-from rmq._core.client_msg import pending_callback as _pending_callback, set_results as _set_results, \
+from rmq._core.client_msg import AioAppend, pending_callback as _pending_callback, set_results as _set_results, \
     track_done as _track, untrack_pending as _untrack
 from rmq.client.calls import adrive
 from rmq.client.publish_routes import PROVISIONAL_POLL_MS, PublishRoutes, no_route_error
@@ -110,7 +112,7 @@ def _run_callbacks(loop: asyncio.AbstractEventLoop, callbacks: list) -> None:
     given in; an exception goes to the loop's exception handler (as a done-callback's would)."""
     for fut, cb, ctx in callbacks:
         _track(fut)                     # untracked while pending (_pending_callback), and until now
-        _track(ctx)                     # when every message of its request has a callback (_complete)
+                                        # when every message of its request has a callback (_complete)
         try:
             ctx.run(cb, fut)
         except (SystemExit, KeyboardInterrupt):
@@ -331,6 +333,7 @@ class Producer:
         if self._started:
             return self
         self._loop = asyncio.get_running_loop()
+        self._append_c = AioAppend(self, self._preparer, _Future, self._loop).send
         tune_malloc()                               # batch requests: rmq.common.malloc_tuning
         self._ctx = zmq.Context()
         security.register_context(self._ctx, self._auth)
@@ -507,7 +510,11 @@ class Producer:
                 self._check_with(prep, timeout_ms, queue)      # nothing waits for room that is refused anyway
                 await self._wait_for_room(1)
             return self._send_async_with(prep, callback, timeout_ms, selector, arg, queue)
-        prep = self._prepare(msg)
+        prep = self._append_c(msg, callback)      # the common case in C (AioAppend): its future
+        if type(prep) is _Future:
+            if self._inflight < self._max_in_flight:
+                self._pump((msg.topic, None))
+            return prep
         if self._pending >= self._max_pending and self._pending > 0:
             await self._wait_for_room(1)
         fut = _Future(loop=self._loop)
