@@ -1230,11 +1230,13 @@ cdef class _Layout:
 cdef _Layout _layout_of(cls, tuple names):
     """The layout of ``names`` (at most 8) in instances of ``cls``, or None when one of them is
     not a writable object slot defined by ``cls`` itself, or ``cls`` makes its instances with a
-    ``__new__`` other than ``object``'s."""
+    ``__new__`` other than ``object``'s, or reads or writes attributes through methods of its
+    own (``__getattribute__``, ``__setattr__``: the slot path would go round them)."""
     cdef _Layout lay
     cdef PyMemberDef* m
     cdef Py_ssize_t i
-    if not isinstance(cls, type) or cls.__new__ is not object.__new__ or len(names) > 8:
+    if not isinstance(cls, type) or cls.__new__ is not object.__new__ or len(names) > 8 \
+            or cls.__setattr__ is not object.__setattr__ or cls.__getattribute__ is not object.__getattribute__:
         return None
     lay = _Layout.__new__(_Layout)
     lay.cls = cls

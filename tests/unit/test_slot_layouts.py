@@ -158,8 +158,18 @@ def test_a_result_type_that_is_not_all_slots_goes_through_setattr():
             obj.region_id = "from __new__"
             return obj
 
+    class Audited(SendResult):                         # writes go through a __setattr__ of its own
+        __slots__ = ("writes",)
+
+        def __setattr__(self, name, value):
+            object.__setattr__(self, name, value)
+            if name != "writes":
+                object.__setattr__(self, "writes", getattr(self, "writes", 0) + 1)
+
     ps = preps(2)
     mq = MessageQueue("T", "b", 1)
+    audited = complete_send_batch(None, Audited, SendStatus.SEND_OK, ps, mq, 5, ["x", "y"])
+    assert [r.writes for r in audited] == [6, 6]       # every field through it, as setattr does
     for cls in (Plain, WithNew):
         out = complete_send_batch(None, cls, SendStatus.SEND_OK, ps, mq, 5, ["x", "y"])
         assert [type(r) for r in out] == [cls, cls]
