@@ -1709,6 +1709,60 @@ cdef class CallerAppend:
 cdef extern from "Python.h":
     object PyContext_CopyCurrent()
 
+cdef extern from *:
+    """
+    /* the head of CPython's PyContext (Include/internal/pycore_context.h, 3.11 and 3.12):
+       ctx_vars is the immutable HAMT of the context's variables; probed at import */
+    typedef struct { PyObject_HEAD void *ctx_prev; PyObject *ctx_vars; } rmq_context_head;
+    static inline PyObject *rmq_context_vars(PyObject *ctx) { return ((rmq_context_head *)ctx)->ctx_vars; }
+    """
+    PyObject* rmq_context_vars(object ctx)
+
+
+def _probe_context_layout():
+    """Whether :func:`rmq_context_vars` reads a Context's variables here: two copies of one
+    context share the HAMT it points at, a set makes another, and it is a ``hamt``."""
+    import contextvars
+    var = contextvars.ContextVar("rmq_probe")
+
+    def probe():
+        a, b = PyContext_CopyCurrent(), PyContext_CopyCurrent()
+        va = rmq_context_vars(a)
+        if va == NULL or va != rmq_context_vars(b) or type(<object>va).__name__ != "hamt":
+            return False
+        var.set(1)
+        c = PyContext_CopyCurrent()
+        return rmq_context_vars(c) != va and type(<object>rmq_context_vars(c)).__name__ == "hamt"
+
+    try:
+        return bool(contextvars.Context().run(probe))
+    except Exception:  # noqa: BLE001 - any surprise: no sharing
+        return False
+
+
+cdef bint _SNAPSHOTS = _probe_context_layout()
+cdef object _snapshot = None             # the last snapshot handed out (any thread: see below)
+
+
+cpdef snapshot_context():
+    """A ``contextvars.Context`` holding what the caller's context holds now, to run a
+    send_async callback in later (as ``add_done_callback`` copies it): the one handed out last
+    when the variables are the same object (contexts keep them in an immutable map, so the same
+    map is the same contents), else a new copy.  A stream of send_async calls from one context
+    shares one snapshot instead of keeping a copy per message in flight (each a tracked object
+    the cyclic GC walks: 0.25-0.6 us a message of collections, stop 53).  The snapshot is never
+    entered: run each callback in ``snapshot.copy()`` (``rmq.aio.producer._run_callbacks``), so
+    what one callback sets is not seen by the next, as with a copy each.  Shared across threads:
+    a snapshot with the same map holds the same values whichever thread made it.  Without the
+    context layout this was built for (``_probe_context_layout``), a copy every call."""
+    global _snapshot
+    cur = PyContext_CopyCurrent()
+    snap = _snapshot
+    if _SNAPSHOTS and snap is not None and rmq_context_vars(cur) == rmq_context_vars(snap):
+        return snap
+    _snapshot = cur
+    return cur
+
 
 @cython.final
 cdef class AioAppend:
@@ -1790,7 +1844,7 @@ cdef class AioAppend:
             if cbs is None:
                 cbs = []
                 _put(b, lay.off[2], cbs)
-            cbs.append(pending_callback(fut, callback, PyContext_CopyCurrent()))
+            cbs.append(pending_callback(fut, callback, snapshot_context()))
         _put(b, lay.off[3], nbytes)
         if nbytes >= <Py_ssize_t>limit:
             del self.accs[key]

@@ -92,6 +92,7 @@ from rmq.client.producer_request import (ProducerOptions, RowsPart, Selector, Sh
 from rmq.common.malloc_tuning import tune_malloc
 from rmq.common.topic_validator import check_group
 from rmq._core.client_msg import AioAppend, pending_callback as _pending_callback, set_results as _set_results, \
+    snapshot_context as _snapshot_context, \
     track_done as _track, untrack_pending as _untrack
 from rmq.client.calls import adrive
 from rmq.client.publish_routes import PROVISIONAL_POLL_MS, PublishRoutes, no_route_error
@@ -114,7 +115,7 @@ def _run_callbacks(loop: asyncio.AbstractEventLoop, callbacks: list) -> None:
         _track(fut)                     # untracked while pending (_pending_callback), and until now
                                         # when every message of its request has a callback (_complete)
         try:
-            ctx.run(cb, fut)
+            ctx.copy().run(cb, fut)     # a snapshot shared by many (snapshot_context): a copy each
         except (SystemExit, KeyboardInterrupt):
             raise
         except BaseException as e:  # noqa: BLE001 - a callback's bug is reported, the others still run
@@ -702,7 +703,7 @@ class Producer:
         if callback is not None:
             if b.callbacks is None:
                 b.callbacks = []
-            b.callbacks.append(_pending_callback(fut, callback, _copy_context()))
+            b.callbacks.append(_pending_callback(fut, callback, _snapshot_context()))
         b.nbytes += size
         if b.nbytes >= self._batch_size:
             del self._accs[key]
@@ -797,7 +798,7 @@ class Producer:
         b.futures.append(fut)
         b.nbytes = prep.size
         if callback is not None:
-            b.callbacks = [_pending_callback(fut, callback, _copy_context())]
+            b.callbacks = [_pending_callback(fut, callback, _snapshot_context())]
         self._ready.append(b)
 
     async def flush(self, timeout: Optional[float] = None) -> int:

@@ -108,3 +108,39 @@ def test_an_aio_producer_dropped_unclosed_with_queued_callbacks_does_not_crash_t
         """)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "exited" in out.stdout, (out.returncode, out.stderr[-2000:])
+
+
+def test_callbacks_of_one_context_share_a_snapshot_and_each_runs_in_a_copy_of_it(setup):
+    """snapshot_context: one Context per stream of calls from an unchanged context (not a
+    tracked copy per message in flight); _run_callbacks runs each callback in a copy, so what
+    one callback sets is not what the next sees, as with asyncio's copy per add_done_callback."""
+    from rmq._core.client_msg import snapshot_context
+    from rmq.aio.producer import _run_callbacks
+
+    p, c = setup
+    b = p._open_batch(("T", None), None, None)
+    seen = []
+
+    def record(tag, set_to=None):
+        def cb(f):
+            seen.append((tag, VAR.get()))
+            if set_to is not None:
+                VAR.set(set_to)
+        return cb
+
+    VAR.set("a")
+    c.send(Message("T", b"1"), record(1, set_to="set by callback 1"))       # C
+    c.send(Message("T", b"2"), record(2))
+    p._alone(p._preparer.prepare(Message("T", b"3")), asyncio.Future(loop=p._loop), record(3), None, None, None,
+             None)                                       # the Python path: b sealed, a request of its own
+    alone = p._ready[-1]
+    assert list(p._ready) == [b, alone]
+    snap = b.callbacks[0][2]
+    assert b.callbacks[1][2] is snap and alone.callbacks[0][2] is snap and snapshot_context() is snap
+    VAR.set("b")
+    after = snapshot_context()
+    assert after is not snap and after[VAR] == "b"
+    _run_callbacks(p._loop, b.callbacks + alone.callbacks)
+    assert seen == [(1, "a"), (2, "a"), (3, "a")]        # callback 1's set stayed in its own copy
+    assert VAR.get() == "b"                              # nothing ran in the caller's context
+    assert snap.run(VAR.get) == "a"                      # the snapshot was never entered or changed
