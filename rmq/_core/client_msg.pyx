@@ -1808,31 +1808,38 @@ cdef class AioAppend:
             ``MessagePreparer.prepare``'s: nothing was queued.
         """
         cdef PreparedMessage prep = self.preparer.prepare(msg)
+        fut = self.add(prep, callback, None)
+        return prep if fut is None else fut
+
+    cpdef add(self, PreparedMessage prep, callback, queue):
+        """The future of the prepared ``prep`` appended to the open batch of its topic and
+        ``queue`` (an ordered queue, or None), or None when there is none with room for it, the
+        message cannot be batched, or ``max_pending_messages`` is reached (nothing done)."""
         if not prep.batchable:
-            return prep
+            return None
         cdef dict s = self.state
         pend, most, limit = s.get("_pending"), s.get("_max_pending"), s.get("_batch_size")
         if type(pend) is not int or type(most) is not int or type(limit) is not int or not limit:
-            return prep
+            return None
         if pend >= most and pend > 0:
-            return prep                      # the caller awaits room first
+            return None                      # the caller awaits room first
         topic = (<Message>prep.msg).topic if type(prep.msg) is Message else prep.msg.topic
-        key = (topic, None)
+        key = (topic, queue)
         b = self.accs.get(key)
         if b is None:
-            return prep
+            return None
         if type(b) is not self.batch_cls:
             self.batch_lay = _layout_of(type(b), ("preps", "futures", "callbacks", "nbytes"))
             self.batch_cls = type(b)
         cdef _Layout lay = self.batch_lay
         if lay is None:
-            return prep
+            return None
         preps, futs, nb = _get(b, lay.off[0]), _get(b, lay.off[1]), _get(b, lay.off[3])
         if type(preps) is not list or type(futs) is not list or type(nb) is not int:
-            return prep
+            return None
         cdef Py_ssize_t nbytes = <Py_ssize_t>nb + prep.size
         if nbytes > <Py_ssize_t>limit:
-            return prep                      # the Python path seals it and opens the next
+            return None                      # the Python path seals it and opens the next
         fut = self.future_type(loop=self.loop)
         if PyObject_GC_IsTracked(fut):
             PyObject_GC_UnTrack(<void*>fut)

@@ -334,7 +334,8 @@ class Producer:
         if self._started:
             return self
         self._loop = asyncio.get_running_loop()
-        self._append_c = AioAppend(self, self._preparer, _Future, self._loop).send
+        appender = AioAppend(self, self._preparer, _Future, self._loop)
+        self._append_c, self._add_c = appender.send, appender.add
         tune_malloc()                               # batch requests: rmq.common.malloc_tuning
         self._ctx = zmq.Context()
         security.register_context(self._ctx, self._auth)
@@ -724,9 +725,6 @@ class Producer:
         made: not a coroutine (one frame less per message)."""
         self._check_with(prep, timeout_ms, queue)
         topic = prep.msg.topic
-        fut = _Future(loop=self._loop)
-        _untrack(fut)
-        self._pending += 1
         if selector is not None:
             info = self.route_cache.publish_info(topic)
             if info is not None and info.ok:           # the queue now: it joins that queue's batch
@@ -736,6 +734,15 @@ class Producer:
                     selector = None
                 except MQClientError:
                     pass                               # a request of its own: its future gets the error
+        if selector is None and timeout_ms is None:
+            fut = self._add_c(prep, callback, queue)  # its queue's open batch with room, in C (AioAppend)
+            if fut is not None:
+                if self._inflight < self._max_in_flight:
+                    self._pump((topic, queue))
+                return fut
+        fut = _Future(loop=self._loop)
+        _untrack(fut)
+        self._pending += 1
         if selector is None and prep.batchable and self._batch_size:
             self._append(prep, fut, callback, timeout_ms, queue)
         else:

@@ -144,3 +144,17 @@ def test_callbacks_of_one_context_share_a_snapshot_and_each_runs_in_a_copy_of_it
     assert seen == [(1, "a"), (2, "a"), (3, "a")]        # callback 1's set stayed in its own copy
     assert VAR.get() == "b"                              # nothing ran in the caller's context
     assert snap.run(VAR.get) == "a"                      # the snapshot was never entered or changed
+
+
+def test_add_puts_a_prepared_message_into_its_ordered_queues_open_batch(setup):
+    from rmq.client.message import MessageQueue
+
+    p, c = setup
+    mq = MessageQueue("T", "broker-a", 3)
+    ordered = p._open_batch(("T", mq), None, None)
+    plain = p._open_batch(("T", None), None, None)
+    prep = p._preparer.prepare(Message("T", b"k"))
+    fut = c.add(prep, None, mq)
+    assert ordered.futures == [fut] and ordered.preps == [prep] and not plain.preps and p._pending == 1
+    other = MessageQueue("T", "broker-a", 4)               # no open batch for that queue: nothing done
+    assert c.add(p._preparer.prepare(Message("T", b"k")), None, other) is None and p._pending == 1
