@@ -1789,6 +1789,8 @@ cdef class AioAppend:
     cdef object future_type, loop
     cdef object batch_cls               # the class batch_lay is for (one-entry cache)
     cdef _Layout batch_lay
+    cdef object publish_info, pump      # the producer's route_cache.publish_info and _pump
+    cdef dict shard_queues              # its ShardQueues' map: (topic, key type, key) -> (info, queue)
 
     def __init__(self, producer, MessagePreparer preparer, future_type, loop):
         self.preparer = preparer
@@ -1797,6 +1799,42 @@ cdef class AioAppend:
         self.ready_append = producer._ready.append
         self.future_type = future_type
         self.loop = loop
+        self.publish_info = producer.route_cache.publish_info
+        self.pump = producer._pump
+        self.shard_queues = producer._shards._queues
+
+    def send_keyed(self, msg, callback, key):
+        """send_async with a sharding ``key`` of an open-batch type (str, int, bytes): the key set
+        as the message's SHARDING_KEY property (``selector_for``), the message prepared, and, when
+        its topic's route and the key's queue under it are known (``ShardQueues``' map, the route
+        the same object) and that queue has an open batch with room, its future added there
+        (:meth:`add`) and the queue's batches pumped while ``max_in_flight`` has room (the Python
+        path's ``_pump((topic, queue))``).  Otherwise the PreparedMessage, nothing else done (its
+        property set, as the Python path sets it too).
+
+        Raises
+        ------
+        error_type
+            ``MessagePreparer.prepare``'s: nothing was queued.
+        """
+        if isinstance(msg, Message):
+            msg.properties[PROPERTY_SHARDING_KEY] = str(key)
+        cdef PreparedMessage prep = self.preparer.prepare(msg)
+        topic = (<Message>prep.msg).topic if type(prep.msg) is Message else prep.msg.topic
+        info = self.publish_info(topic)
+        if info is None or not info.ok:
+            return prep
+        hit = self.shard_queues.get((topic, type(key), key))
+        if hit is None or type(hit) is not tuple or (<tuple>hit)[0] is not info:
+            return prep
+        mq = (<tuple>hit)[1]
+        fut = self.add(prep, callback, mq)
+        if fut is None:
+            return prep
+        inflight, most = self.state.get("_inflight"), self.state.get("_max_in_flight")
+        if type(inflight) is int and type(most) is int and inflight < most:
+            self.pump((topic, mq))
+        return fut
 
     def send(self, msg, callback):
         """The future of ``msg`` (appended to its topic's open batch), or its PreparedMessage when

@@ -83,7 +83,8 @@ from rmq.client.message import Message, MessageQueue, SendResult
 from rmq.aio.remoting import AsyncRemoting
 from rmq.client.send_attempts import SendAttempts
 from rmq.client.message_accumulator import QueueTurns
-from rmq.client.producer_request import (ProducerOptions, RowsPart, Selector, ShardQueues, apply_selector,
+from rmq.client.producer_request import (OPEN_KEY_TYPES, ProducerOptions, RowsPart, Selector, ShardQueues,
+                                         apply_selector,
                                          batch_body_of, client_id, encode_columns, heartbeat_request,
                                          many_keys, many_parts, many_request_size, merge_results, message_preparer,
                                          parse_send_response, prepare_batch, prepare_many, queued_failures_error,
@@ -335,7 +336,7 @@ class Producer:
             return self
         self._loop = asyncio.get_running_loop()
         appender = AioAppend(self, self._preparer, _Future, self._loop)
-        self._append_c, self._add_c = appender.send, appender.add
+        self._append_c, self._add_c, self._keyed_c = appender.send, appender.add, appender.send_keyed
         tune_malloc()                               # batch requests: rmq.common.malloc_tuning
         self._ctx = zmq.Context()
         security.register_context(self._ctx, self._auth)
@@ -505,6 +506,13 @@ class Producer:
         if self._closed or not self._started:
             await self._ensure_started()
         if selector is not None or sharding_key is not None or queue is not None or timeout_ms is not None:
+            if type(sharding_key) in OPEN_KEY_TYPES and selector is None and queue is None and timeout_ms is None:
+                prep = self._keyed_c(msg, callback, sharding_key)  # its queue known and open: in C (AioAppend)
+                if type(prep) is _Future:
+                    return prep
+                if self._pending >= self._max_pending and self._pending > 0:
+                    await self._wait_for_room(1)
+                return self._send_async_with(prep, callback, None, select_by_hash, sharding_key, None)
             if selector is not None or sharding_key is not None:
                 selector, arg = selector_for(selector, arg, sharding_key, msg)
             prep = self._prepare(msg)

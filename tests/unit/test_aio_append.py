@@ -158,3 +158,39 @@ def test_add_puts_a_prepared_message_into_its_ordered_queues_open_batch(setup):
     assert ordered.futures == [fut] and ordered.preps == [prep] and not plain.preps and p._pending == 1
     other = MessageQueue("T", "broker-a", 4)               # no open batch for that queue: nothing done
     assert c.add(p._preparer.prepare(Message("T", b"k")), None, other) is None and p._pending == 1
+
+
+def test_send_keyed_adds_to_its_keys_queue_while_the_route_and_the_keys_queue_are_known():
+    from rmq.client.message import MessageQueue
+    from rmq.common.message_const import PROPERTY_SHARDING_KEY
+
+    class Info:
+        ok = True
+
+    loop = asyncio.new_event_loop()
+    try:
+        p = Producer("127.0.0.1:9876")
+        p._loop = loop
+        info, pumped = Info(), []
+        p.route_cache.publish_info = lambda topic: info if topic == "T" else None
+        p._pump = pumped.append
+        mq = MessageQueue("T", "broker-a", 2)
+        p._shards._queues[("T", str, "k1")] = (info, mq)
+        c = AioAppend(p, p._preparer, asyncio.Future, loop)
+        b = p._open_batch(("T", mq), None, None)
+        m = Message("T", b"x")
+        fut = c.send_keyed(m, None, "k1")
+        assert type(fut) is asyncio.Future and b.futures == [fut] and p._pending == 1
+        assert m.properties[PROPERTY_SHARDING_KEY] == "k1" and pumped == [("T", mq)]
+        # not known (another key, another route object, a topic without a route): the prepared
+        # message back, its property set, nothing added
+        p._shards._queues[("T", str, "k3")] = (Info(), mq)
+        for topic, key in (("T", "k2"), ("T", "k3"), ("U", "k1")):
+            other = Message(topic, b"y")
+            out = c.send_keyed(other, None, key)
+            assert type(out) is PreparedMessage and other.properties[PROPERTY_SHARDING_KEY] == key
+        p._inflight = p._max_in_flight                    # no room in flight: added, not pumped
+        assert type(c.send_keyed(Message("T", b"z"), None, "k1")) is asyncio.Future
+        assert len(b.futures) == 2 and pumped == [("T", mq)] and p._pending == 2
+    finally:
+        loop.close()
