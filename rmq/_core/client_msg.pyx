@@ -1718,24 +1718,38 @@ cdef extern from *:
     """
     PyObject* rmq_context_vars(object ctx)
 
+cdef extern from "Python.h":
+    ctypedef struct _ThreadState "PyThreadState":
+        PyObject* context               # the thread's current Context (NULL before the first)
+    _ThreadState* PyThreadState_Get()
+    object PyContext_Copy(object ctx)
+    int PyContext_Enter(object ctx) except -1
+    int PyContext_Exit(object ctx) except -1
+
 
 def _probe_context_layout():
     """Whether :func:`rmq_context_vars` reads a Context's variables here: two copies of one
-    context share the HAMT it points at, a set makes another, and it is a ``hamt``."""
+    context share the HAMT it points at, a set makes another, it is a ``hamt``, and the thread
+    state's ``context`` is the context being run."""
     import contextvars
     var = contextvars.ContextVar("rmq_probe")
+    ctx = contextvars.Context()
 
     def probe():
+        if PyThreadState_Get().context != <PyObject*>ctx:
+            return False
         a, b = PyContext_CopyCurrent(), PyContext_CopyCurrent()
         va = rmq_context_vars(a)
-        if va == NULL or va != rmq_context_vars(b) or type(<object>va).__name__ != "hamt":
+        if va == NULL or va != rmq_context_vars(b) or va != rmq_context_vars(ctx) \
+                or type(<object>va).__name__ != "hamt":
             return False
         var.set(1)
         c = PyContext_CopyCurrent()
-        return rmq_context_vars(c) != va and type(<object>rmq_context_vars(c)).__name__ == "hamt"
+        return rmq_context_vars(c) != va and rmq_context_vars(ctx) == rmq_context_vars(c) \
+            and type(<object>rmq_context_vars(c)).__name__ == "hamt"
 
     try:
-        return bool(contextvars.Context().run(probe))
+        return bool(ctx.run(probe))
     except Exception:  # noqa: BLE001 - any surprise: no sharing
         return False
 
@@ -1756,12 +1770,34 @@ cpdef snapshot_context():
     a snapshot with the same map holds the same values whichever thread made it.  Without the
     context layout this was built for (``_probe_context_layout``), a copy every call."""
     global _snapshot
-    cur = PyContext_CopyCurrent()
+    cdef PyObject* cur = PyThreadState_Get().context
     snap = _snapshot
-    if _SNAPSHOTS and snap is not None and rmq_context_vars(cur) == rmq_context_vars(snap):
-        return snap
-    _snapshot = cur
-    return cur
+    if _SNAPSHOTS and cur != NULL and snap is not None and rmq_context_vars(<object>cur) == rmq_context_vars(snap):
+        return snap                      # (read in place: no copy made and dropped per call)
+    copy = PyContext_CopyCurrent()
+    _snapshot = copy
+    return copy
+
+
+def run_callbacks(loop, list callbacks):
+    """rmq.aio send_async's callbacks of one request, in order: each ``(future, callback,
+    snapshot)`` entry's future tracked by the cyclic GC again (:func:`untrack_pending`), then
+    ``callback(future)`` run in a copy of the snapshot (:func:`snapshot_context`: what one
+    callback sets stays its own).  An exception goes to ``loop.call_exception_handler`` as a
+    done-callback's would, and the others still run; SystemExit and KeyboardInterrupt propagate."""
+    for fut, cb, ctx in callbacks:
+        track_done(fut)
+        run_in = PyContext_Copy(ctx)
+        PyContext_Enter(run_in)
+        try:
+            cb(fut)
+        except (SystemExit, KeyboardInterrupt):
+            raise
+        except BaseException as e:  # noqa: BLE001 - a callback's bug is reported, the others still run
+            loop.call_exception_handler({"message": f"Exception in send_async callback {cb!r}", "exception": e,
+                                         "future": fut})
+        finally:
+            PyContext_Exit(run_in)
 
 
 @cython.final

@@ -93,7 +93,7 @@ from rmq.client.producer_request import (OPEN_KEY_TYPES, ProducerOptions, RowsPa
 from rmq.common.malloc_tuning import tune_malloc
 from rmq.common.topic_validator import check_group
 from rmq._core.client_msg import AioAppend, pending_callback as _pending_callback, set_results as _set_results, \
-    snapshot_context as _snapshot_context, \
+    run_callbacks as _c_run_callbacks, snapshot_context as _snapshot_context, \
     track_done as _track, untrack_pending as _untrack
 from rmq.client.calls import adrive
 from rmq.client.publish_routes import PROVISIONAL_POLL_MS, PublishRoutes, no_route_error
@@ -109,19 +109,7 @@ _Future = asyncio.Future
 _copy_context = contextvars.copy_context
 
 
-def _run_callbacks(loop: asyncio.AbstractEventLoop, callbacks: list) -> None:
-    """The send_async callbacks of a request's messages, in order, each in the context it was
-    given in; an exception goes to the loop's exception handler (as a done-callback's would)."""
-    for fut, cb, ctx in callbacks:
-        _track(fut)                     # untracked while pending (_pending_callback), and until now
-                                        # when every message of its request has a callback (_complete)
-        try:
-            ctx.copy().run(cb, fut)     # a snapshot shared by many (snapshot_context): a copy each
-        except (SystemExit, KeyboardInterrupt):
-            raise
-        except BaseException as e:  # noqa: BLE001 - a callback's bug is reported, the others still run
-            loop.call_exception_handler({"message": f"Exception in send_async callback {cb!r}", "exception": e,
-                                         "future": fut})
+_run_callbacks = _c_run_callbacks     # in C: each callback in a copy of its snapshot, errors to the loop
 
 
 class _Many:

@@ -194,3 +194,39 @@ def test_send_keyed_adds_to_its_keys_queue_while_the_route_and_the_keys_queue_ar
         assert len(b.futures) == 2 and pumped == [("T", mq)] and p._pending == 2
     finally:
         loop.close()
+
+
+def test_run_callbacks_reports_a_raising_callback_to_the_loop_and_runs_the_others():
+    from rmq._core.client_msg import pending_callback, run_callbacks, snapshot_context
+
+    loop = asyncio.new_event_loop()
+    try:
+        reported, seen = [], []
+        loop.set_exception_handler(lambda lp, ctx: reported.append(ctx))
+        futs = [asyncio.Future(loop=loop) for _ in range(3)]
+        VAR.set("sent")
+        snap = snapshot_context()
+
+        def bad(f):
+            VAR.set("changed")
+            raise ValueError("boom")
+
+        entries = [pending_callback(futs[0], bad, snap),
+                   pending_callback(futs[1], lambda f: seen.append(VAR.get()), snap),
+                   pending_callback(futs[2], lambda f: seen.append(f), snap)]
+        VAR.set("later")
+        run_callbacks(loop, entries)
+        assert seen == ["sent", futs[2]] and VAR.get() == "later"
+        (rep,) = reported
+        assert isinstance(rep["exception"], ValueError) and rep["future"] is futs[0]
+        assert "Exception in send_async callback" in rep["message"]
+        assert all(gc.is_tracked(f) for f in futs)
+
+        def interrupt(f):
+            raise KeyboardInterrupt
+
+        with pytest.raises(KeyboardInterrupt):
+            run_callbacks(loop, [pending_callback(asyncio.Future(loop=loop), interrupt, snap)])
+        assert VAR.get() == "later"                      # the context was left on the way out
+    finally:
+        loop.close()
