@@ -1659,11 +1659,17 @@ cdef class CallerAppend:
         when the common case does not apply and the caller's Python path must take them (its
         future is None for a message that cannot join a batch: compressed, delayed, ...).
 
+        A ``sharding_key`` is first set as the message's SHARDING_KEY property (``str`` of it),
+        as ``selector_for`` does on the Python path.
+
         Raises
         ------
         error_type
             ``MessagePreparer.prepare``'s: nothing was queued.
         """
+        if sharding_key is not None and isinstance(msg, Message):
+            (<Message>msg).properties[PROPERTY_SHARDING_KEY] = \
+                sharding_key if type(sharding_key) is str else str(sharding_key)
         cdef PreparedMessage prep = self.preparer.prepare(msg)
         if not prep.batchable:
             return prep, None

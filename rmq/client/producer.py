@@ -379,14 +379,13 @@ class Producer:
                     return self._append_async(prep, callback, None, fut)
                 return self._enqueue([prep], ASYNC, None, None, None, None, callback=callback)
             if type(sharding_key) in OPEN_KEY_TYPES:
-                sel, arg = selector_for(None, None, sharding_key, msg)
-                r = self._caller_send(msg, callback, sharding_key)
+                r = self._caller_send(msg, callback, sharding_key)    # sets the SHARDING_KEY property too
                 if type(r) is not tuple:
                     return r
                 prep, fut = r
                 if fut is not None:
                     return self._append_async(prep, callback, sharding_key, fut)
-                return self._enqueue([prep], ASYNC, None, sel, arg, None, callback=callback)
+                return self._enqueue([prep], ASYNC, None, select_by_hash, sharding_key, None, callback=callback)
         sel, arg = selector_for(selector, arg, sharding_key, msg)
         prep = self._prepare(msg)
         if self._trace is not None:

@@ -47,8 +47,14 @@ def test_a_message_joins_its_topics_open_batch(sender):
 def test_a_sharding_keys_message_joins_the_batch_of_its_topic_and_key(sender):
     keyed = open_batch(sender, ("T", "k"))
     plain = open_batch(sender, "T")
-    caller(sender).send(Message("T", b"x"), None, "k")
+    m = Message("T", b"x")
+    caller(sender).send(m, None, "k")
     assert len(keyed.preps) == 1 and not plain.preps
+    assert m.properties["__SHARDINGKEY"] == "k" and b"__SHARDINGKEY\x01k\x02" in keyed.preps[0].props
+    n = Message("T", b"y")
+    open_batch(sender, ("T", 7))
+    caller(sender).send(n, None, 7)                     # a key that is not a str: its str
+    assert n.properties["__SHARDINGKEY"] == "7"
 
 
 @pytest.mark.parametrize("why", ["no batch", "batch full", "pending at max", "closed", "not running"])
