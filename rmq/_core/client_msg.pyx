@@ -1667,9 +1667,13 @@ cdef class CallerAppend:
         error_type
             ``MessagePreparer.prepare``'s: nothing was queued.
         """
+        cdef object props
         if sharding_key is not None and isinstance(msg, Message):
-            (<Message>msg).properties[PROPERTY_SHARDING_KEY] = \
-                sharding_key if type(sharding_key) is str else str(sharding_key)
+            props = (<Message>msg)._materialize() if (<Message>msg)._lazy else (<Message>msg)._props
+            if type(props) is not dict:          # None set by the user: prepare refuses it
+                props = msg.properties
+            if props is not None:
+                props[PROPERTY_SHARDING_KEY] = sharding_key if type(sharding_key) is str else str(sharding_key)
         cdef PreparedMessage prep = self.preparer.prepare(msg)
         if not prep.batchable:
             return prep, None
