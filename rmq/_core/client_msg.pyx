@@ -1390,26 +1390,24 @@ cpdef finish_future(fut, result, exc):
     concurrent.futures.InvalidStateError
         The future is already finished.
     """
-    # attributes only, never fut.__dict__: materialising it races the caller's thread on CPython
-    # 3.11 (rmq.client.futures' docstring)
+    # attributes (or, for SendFuture itself, its slots at their offsets: :class:`_Layout`), never
+    # fut.__dict__: materialising it races the caller's thread on CPython 3.11 (rmq.client.futures'
+    # docstring).  The GIL is held from (1) to the callbacks: no Python code runs in between.
     track_done(fut)                      # pending futures are untracked (untrack_pending): a done one
                                          # may join cycles (a callback holding it), collectable again
     cdef _Layout lay = _future_layout(type(fut))
-    if lay is not None and _get(fut, lay.off[F_COND]) is None:
-        _finish_slots(fut, lay, result, exc)
-        return
-    if fut._cond is not None:            # someone may wait on it: the standard path
+    if _fget(fut, lay, F_COND, "_cond") is not None:    # someone may wait on it: the standard path
         if exc is None:
             _future_set_result(fut, result)
         else:
             _future_set_exception(fut, exc)
         return
-    if fut._state == _FINISHED:
+    if _fget(fut, lay, F_STATE, "_state") == _FINISHED:
         raise _InvalidStateError(f"{fut!r} is already finished")
-    fut._result = result
-    fut._exception = exc
-    fut._state = _FINISHED               # (1) published before (2) looks for a condition
-    cond = fut._cond                     # (2) a waiter / late callback appeared meanwhile
+    _fset(fut, lay, F_RESULT, "_result", result)
+    _fset(fut, lay, F_EXCEPTION, "_exception", exc)
+    _fset(fut, lay, F_STATE, "_state", _FINISHED)       # (1) published before (2) looks for a condition
+    cond = _fget(fut, lay, F_COND, "_cond")             # (2) a waiter / late callback appeared meanwhile
     if cond is not None:
         with cond:
             for w in fut._waiters:
@@ -1418,11 +1416,11 @@ cpdef finish_future(fut, result, exc):
                 else:
                     w.add_exception(fut)
             cond.notify_all()
-    cbs = fut._cbs                       # (3) after (2); the list exists only when asked for
+    cbs = _fget(fut, lay, F_CBS, "_cbs")                # (3) after (2); the list exists only when asked for
     if cbs is None:
-        fn = fut._cb
+        fn = _fget(fut, lay, F_CB, "_cb")
         if fn is not None:
-            fut._cb = None
+            _fset(fut, lay, F_CB, "_cb", None)
             try:
                 fn(fut)
             except Exception:
@@ -1435,40 +1433,17 @@ cpdef finish_future(fut, result, exc):
             _LOGGER.exception("exception calling callback for %r", fut)
 
 
-cdef void _finish_slots(fut, _Layout lay, result, exc) except *:
-    """finish_future's steps on a SendFuture's slots (no condition when called): the same steps
-    in the same order, each slot read or written at its offset instead of through its
-    descriptor.  The GIL is held from the first to the last (nothing here runs Python code
-    before the callbacks), as between the bytecodes of the attribute path."""
-    if _get(fut, lay.off[F_STATE]) == _FINISHED:
-        raise _InvalidStateError(f"{fut!r} is already finished")
-    _put(fut, lay.off[F_RESULT], result)
-    _put(fut, lay.off[F_EXCEPTION], exc)
-    _put(fut, lay.off[F_STATE], _FINISHED)            # (1)
-    cond = _get(fut, lay.off[F_COND])                 # (2)
-    if cond is not None:
-        with cond:
-            for w in fut._waiters:
-                if exc is None:
-                    w.add_result(fut)
-                else:
-                    w.add_exception(fut)
-            cond.notify_all()
-    cbs = _get(fut, lay.off[F_CBS])                   # (3)
-    if cbs is None:
-        fn = _get(fut, lay.off[F_CB])
-        if fn is not None:
-            _put(fut, lay.off[F_CB], None)
-            try:
-                fn(fut)
-            except Exception:
-                _LOGGER.exception("exception calling callback for %r", fut)
-        return
-    for fn in cbs:
-        try:
-            fn(fut)
-        except Exception:
-            _LOGGER.exception("exception calling callback for %r", fut)
+cdef inline object _fget(fut, _Layout lay, int i, str name):
+    """A future's field: its slot at its offset with a layout, else the attribute."""
+    return _get(fut, lay.off[i]) if lay is not None else getattr(fut, name)
+
+
+cdef inline int _fset(fut, _Layout lay, int i, str name, value) except -1:
+    if lay is not None:
+        _put(fut, lay.off[i], value)
+    else:
+        setattr(fut, name, value)
+    return 0
 
 
 def complete_send_batch(list futures, result_type, status, list preps, mq, Py_ssize_t base, list offset_ids):
