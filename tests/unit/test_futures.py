@@ -6,6 +6,7 @@ from concurrent.futures import (FIRST_COMPLETED, Future, InvalidStateError, Time
 
 import pytest
 
+from rmq._core.client_msg import new_send_future
 from rmq.client.futures import ManyFuture, SendFuture
 from rmq.errors import SendManyError
 
@@ -78,15 +79,16 @@ def test_a_raising_callback_does_not_stop_the_others(caplog):
     assert "exception calling callback" in caplog.text
 
 
+@pytest.mark.parametrize("make", [SendFuture, lambda: new_send_future(SendFuture, None)], ids=["class", "C"])
 @pytest.mark.parametrize("waiter", ["result", "wait", "as_completed", "callback"])
-def test_completion_racing_a_waiter_in_another_thread_never_loses_a_wakeup(waiter):
+def test_completion_racing_a_waiter_in_another_thread_never_loses_a_wakeup(waiter, make):
     """The lock-free completion against every way of waiting, many times (a lost wake-up
     would hang result() until its timeout and fail the assertion).  Neither thread makes the
     future's ``__dict__``: on CPython 3.11 two threads materialising it at once can each make
     one, sharing one values array that the first to go frees under the other (the segfaults
     of a later GC that stop 45 traced; rmq.client.futures' docstring)."""
     for i in range(2000):
-        f = SendFuture()
+        f = make()              # made by its class, or in C through its slots (new_send_future)
         got = []
         done = threading.Event()
 
