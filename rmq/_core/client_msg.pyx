@@ -1288,36 +1288,50 @@ DEF F_CB = 3
 DEF F_COND = 4
 DEF F_W = 5
 DEF F_CBS = 6
-cdef object _future_cls = None           # the class _future_lay is for (one-entry cache)
-cdef _Layout _future_lay = None
+DEF LAYOUTS_MAX = 64                     # classes a _Layouts remembers (past it: worked out each time)
 
+
+@cython.final
+cdef class _Layouts:
+    """The layout of ``names`` in instances of each class asked about (:func:`_layout_of`, None
+    included), worked out once per class; the last class asked about is answered first (one
+    class per call site in practice: SendFuture, SendResult, Pending, rmq.aio's _Batch)."""
+    cdef tuple names
+    cdef object last_cls
+    cdef _Layout last
+    cdef dict by_cls
+
+    def __init__(self, tuple names):
+        self.names = names
+        self.by_cls = {}
+
+    cdef inline _Layout of(self, cls):
+        if cls is self.last_cls:
+            return self.last
+        cdef _Layout lay
+        if cls in self.by_cls:
+            lay = self.by_cls[cls]
+        else:
+            lay = _layout_of(cls, self.names)
+            if len(self.by_cls) < LAYOUTS_MAX:
+                self.by_cls[cls] = lay
+        self.last_cls, self.last = cls, lay
+        return lay
+
+
+cdef _Layouts _FUTURE_LAYOUTS = _Layouts(_FUTURE_SLOTS)
 # SendResult (a slots dataclass): its fields, in declaration order
-cdef tuple _RESULT_FIELDS = ("status", "msg_id", "message_queue", "queue_offset", "offset_msg_id", "region_id")
-cdef object _result_cls = None
-cdef _Layout _result_lay = None
-
-
-cdef inline _Layout _future_layout(cls):
-    global _future_cls, _future_lay
-    if cls is not _future_cls:
-        _future_lay = _layout_of(cls, _FUTURE_SLOTS)
-        _future_cls = cls
-    return _future_lay
-
-
-cdef inline _Layout _result_layout(cls):
-    global _result_cls, _result_lay
-    if cls is not _result_cls:
-        _result_lay = _layout_of(cls, _RESULT_FIELDS)
-        _result_cls = cls
-    return _result_lay
+cdef _Layouts _RESULT_LAYOUTS = _Layouts(("status", "msg_id", "message_queue", "queue_offset", "offset_msg_id",
+                                          "region_id"))
+cdef _Layouts _PENDING_LAYOUTS = _Layouts(("preps", "futures", "nbytes"))        # a caller-side batch
+cdef _Layouts _AIO_BATCH_LAYOUTS = _Layouts(("preps", "futures", "callbacks", "nbytes"))   # rmq.aio's _Batch
 
 
 cpdef new_send_future(cls, callback):
     """``cls(callback)`` for :class:`rmq.client.futures.SendFuture`, made in C: RUNNING, no
     result, exception, condition, waiters or callback list, ``callback`` its one done-callback,
     out of the cyclic GC (what ``SendFuture.__init__`` does).  Any other class is called."""
-    cdef _Layout lay = _future_layout(cls)
+    cdef _Layout lay = _FUTURE_LAYOUTS.of(cls)
     if lay is None:
         return cls(callback)
     f = _alloc(lay)
@@ -1395,7 +1409,7 @@ cpdef finish_future(fut, result, exc):
     # docstring).  The GIL is held from (1) to the callbacks: no Python code runs in between.
     track_done(fut)                      # pending futures are untracked (untrack_pending): a done one
                                          # may join cycles (a callback holding it), collectable again
-    cdef _Layout lay = _future_layout(type(fut))
+    cdef _Layout lay = _FUTURE_LAYOUTS.of(type(fut))
     if _fget(fut, lay, F_COND, "_cond") is not None:    # someone may wait on it: the standard path
         if exc is None:
             _future_set_result(fut, result)
@@ -1460,7 +1474,7 @@ def complete_send_batch(list futures, result_type, status, list preps, mq, Py_ss
     region = getattr(result_type, "region_id", "DefaultRegion")
     if not isinstance(region, str):      # a slots dataclass: the default is its field's, not a class attribute
         region = result_type.__dataclass_fields__["region_id"].default
-    cdef _Layout lay = _result_layout(result_type)      # its slots written at their offsets
+    cdef _Layout lay = _RESULT_LAYOUTS.of(result_type)      # its slots written at their offsets
     for i in range(n):
         p = preps[i]
         if lay is not None:
@@ -1614,8 +1628,6 @@ cdef class CallerAppend:
     cdef object sender, future_type, acquire, release
     cdef dict state                     # the sender's instance dict
     cdef dict open_                     # the sender's open batches (its ``open``, never replaced)
-    cdef object pending_cls             # the class pending_lay is for (one-entry cache)
-    cdef _Layout pending_lay            # where a batch keeps preps, futures and nbytes
     cdef Py_ssize_t max_pending
     cdef public bint closed
 
@@ -1667,10 +1679,7 @@ cdef class CallerAppend:
                 if pending < self.max_pending:
                     p = self.open_.get(key)
                     if p is not None:
-                        if type(p) is not self.pending_cls:
-                            self.pending_lay = _layout_of(type(p), ("preps", "futures", "nbytes"))
-                            self.pending_cls = type(p)
-                        lay = self.pending_lay
+                        lay = _PENDING_LAYOUTS.of(type(p))
                         if lay is not None:
                             preps, futs, nbytes = _get(p, lay.off[0]), _get(p, lay.off[1]), _get(p, lay.off[2])
                         else:
@@ -1764,6 +1773,17 @@ cpdef snapshot_context():
     return copy
 
 
+def _use_snapshots(bint on):
+    """Tests: turn snapshot sharing on or off (off: a copy every call, what a CPython whose
+    Context layout fails the probe gets); returns the previous setting.  Turning it on where the
+    probe failed is refused (ValueError)."""
+    global _SNAPSHOTS, _snapshot
+    if on and not _probe_context_layout():
+        raise ValueError("this CPython's Context layout failed the probe: snapshots cannot be shared")
+    prev, _SNAPSHOTS, _snapshot = _SNAPSHOTS, on, None
+    return prev
+
+
 def run_callbacks(loop, list callbacks):
     """rmq.aio send_async's callbacks of one request, in order: each ``(future, callback,
     snapshot)`` entry's future tracked by the cyclic GC again (:func:`untrack_pending`), then
@@ -1808,8 +1828,6 @@ cdef class AioAppend:
     cdef dict accs                      # its open batches (``_accs``, never replaced)
     cdef object ready_append            # its ``_ready.append``
     cdef object future_type, loop
-    cdef object batch_cls               # the class batch_lay is for (one-entry cache)
-    cdef _Layout batch_lay
     cdef object publish_info, pump      # the producer's route_cache.publish_info and _pump
     cdef dict shard_queues              # its ShardQueues' map: (topic, key type, key) -> (info, queue)
 
@@ -1887,10 +1905,7 @@ cdef class AioAppend:
         b = self.accs.get(key)
         if b is None:
             return None
-        if type(b) is not self.batch_cls:
-            self.batch_lay = _layout_of(type(b), ("preps", "futures", "callbacks", "nbytes"))
-            self.batch_cls = type(b)
-        cdef _Layout lay = self.batch_lay
+        cdef _Layout lay = _AIO_BATCH_LAYOUTS.of(type(b))
         if lay is None:
             return None
         preps, futs, nb = _get(b, lay.off[0]), _get(b, lay.off[1]), _get(b, lay.off[3])

@@ -230,3 +230,43 @@ def test_run_callbacks_reports_a_raising_callback_to_the_loop_and_runs_the_other
         assert VAR.get() == "later"                      # the context was left on the way out
     finally:
         loop.close()
+
+
+def test_the_context_layout_probe_holds_on_this_cpython_and_without_it_every_call_copies():
+    """The snapshot sharing reads CPython's Context struct (probed at import); a CPython where the
+    probe fails copies the context every call.  Both ways, a callback sees the values of its call."""
+    from rmq._core.client_msg import _probe_context_layout, _use_snapshots, snapshot_context
+
+    assert _probe_context_layout()                       # a new CPython layout shows up here
+    prev = _use_snapshots(False)
+    try:
+        VAR.set("one")
+        a, b = snapshot_context(), snapshot_context()
+        VAR.set("two")
+        c = snapshot_context()
+        assert a is not b and a[VAR] == b[VAR] == "one" and c[VAR] == "two"
+    finally:
+        _use_snapshots(prev)
+    VAR.set("three")
+    d, e = snapshot_context(), snapshot_context()
+    assert d is e and d[VAR] == "three"
+
+
+def test_a_layout_is_worked_out_per_class_so_alternating_classes_both_keep_theirs():
+    """rmq._core.client_msg._Layouts: one layout per class asked about, not one remembered class
+    (a SendFuture and another future completing in turn each keep their path)."""
+    from rmq._core.client_msg import finish_future, new_send_future
+    from rmq.client.futures import SendFuture
+
+    class Sub(SendFuture):                                # its slots are SendFuture's: no layout of its own
+        __slots__ = ()
+
+    seen = []
+    for i in range(4):
+        c = new_send_future(SendFuture, seen.append)     # the slot path
+        p = new_send_future(Sub, seen.append)            # the class's __init__, then the attribute path
+        assert type(p) is Sub
+        finish_future(c, i, None)
+        finish_future(p, -i, None)
+        assert c.result() == i and p.result() == -i
+    assert len(seen) == 8
