@@ -35,7 +35,7 @@ from typing import Callable, Optional
 
 import zmq
 
-from rmq.zmqio import recv_parts, send_parts
+from rmq.zmqio import recv_waiting, send_parts
 
 from rmq import protocol as P
 from rmq import security as S
@@ -270,11 +270,13 @@ class Actor:
         return s
 
     def add_socket(self, sock: zmq.Socket, handler: Callable[[list], None], drain_max: int = DRAIN_PER_POLL) -> None:
-        """Poll ``sock``; ``handler(parts)`` gets each multipart message (zmq.Frame parts).
+        """Poll ``sock``; ``handler(parts)`` gets each multipart message (:func:`rmq.zmqio.recv_parts`'s
+        parts: the first a ``zmq.Frame`` or ``rmq._core.zmqc.Part``, with the connection's metadata).
 
-        Each poll round reads up to ``drain_max`` messages from ``sock`` first, each stamped with
-        the monotonic time it was read, then hands them to ``handler`` in order; while one is
-        handled, :attr:`request_received_at` is its stamp.  A large ``drain_max`` moves a
+        Each poll round reads up to ``drain_max`` messages from ``sock`` first (one
+        :func:`rmq.zmqio.recv_waiting`), stamped with the monotonic time the read began, then
+        hands them to ``handler`` in order; while they are handled, :attr:`request_received_at`
+        is that stamp.  A large ``drain_max`` moves a
         backlog out of ZeroMQ's buffers, where its age cannot be seen, into this loop, where a
         handler can refuse what waited too long (the broker's send queue: RocketMQ's
         sendThreadPoolQueueCapacity and [TIMEOUT_CLEAN_QUEUE]).
@@ -358,7 +360,7 @@ class Actor:
             reply.observer = self.rpc_observer
         policy = self._sock_policy.get(sock) if self._sock_policy else None
         if policy is not None and (policy == "curve" or frame.code in S.RESTRICTED_CODES):
-            denied = self._denied(policy, frame.code, rest[0])
+            denied = self._denied(policy, frame.code, parts[0])   # any part has the connection's metadata
             if denied:
                 self.log.warning("request code %s refused: %s", frame.code, denied)
                 reply.error(ResponseCode.NO_PERMISSION, denied)
@@ -518,27 +520,23 @@ class Actor:
             handler = self._socket_handlers.get(sock)
             if handler is None:
                 continue
-            # read what is queued (bounded so timers are not starved), each stamped, then handle it
-            batch = []
+            # read what is queued (bounded so timers are not starved), stamped when the read began
             monotonic = time.monotonic
-            for _ in range(self._drain_limits.get(sock, DRAIN_PER_POLL)):
-                try:
-                    batch.append((recv_parts(sock), monotonic()))
-                except zmq.Again:
-                    break
+            self.request_received_at = read_at = monotonic()
+            batch = recv_waiting(sock, self._drain_limits.get(sock, DRAIN_PER_POLL))
             shed = self._shed.get(sock)
             last = len(batch) - 1
             outbox = _OUTBOX.parts = [] if DEFER_REPLIES and last > 0 else None
             self._turn_end = [] if outbox is not None else None
             try:
                 if shed is None:
-                    for i, (parts, self.request_received_at) in enumerate(batch):
+                    for i, parts in enumerate(batch):
                         self.last_of_turn = i == last
                         handler(parts)
                 else:
                     after_s, shed_fn = shed
-                    for i, (parts, self.request_received_at) in enumerate(batch):
-                        waited = monotonic() - self.request_received_at
+                    for i, parts in enumerate(batch):
+                        waited = monotonic() - read_at
                         if waited > after_s and shed_fn(sock, parts, waited * 1000.0):
                             continue
                         self.last_of_turn = i == last

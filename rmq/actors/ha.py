@@ -242,7 +242,7 @@ class HAActor(FollowerActor):
             return
         policy = self._sock_policy.get(self.server) if self._sock_policy else None
         if policy is not None:           # rmq.security: with CURVE on only the cluster node key replicates
-            denied = self._denied(policy, f.code, parts[1])
+            denied = self._denied(policy, f.code, parts[0])
             if denied:
                 self.log.warning("replication request %s refused: %s", f.code, denied)
                 if f.code == RequestCode.HA_HANDSHAKE:

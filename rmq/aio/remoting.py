@@ -50,7 +50,7 @@ from rmq.client.consumer_api import decode_answer
 from rmq.client.remoting import DEFAULT_TIMEOUT_MS, RECONNECT_WAIT_MS
 from rmq.errors import MQClientError, RemotingConnectionClosedError, RemotingError, RemotingTimeoutError
 from rmq.protocol import Frame
-from rmq.zmqio import recv_parts, send_parts
+from rmq.zmqio import recv_waiting, send_parts
 
 log = logging.getLogger("rmq.aio.remoting")
 
@@ -180,11 +180,7 @@ class AsyncRemoting:
             return
         inflight, addr, on_request = ch.inflight, ch.addr, self.on_request
         try:
-            for _ in range(DRAIN_LIMIT):
-                try:
-                    parts = recv_parts(sock)
-                except zmq.Again:
-                    break
+            for parts in recv_waiting(sock, DRAIN_LIMIT):
                 resp = decode_answer(parts, addr, on_request)   # None: undecodable, or a broker's request
                 if resp is not None:
                     fut = inflight.pop(resp.opaque, None)

@@ -68,7 +68,7 @@ from rmq.common.route import TopicRouteData, find_broker_address_in_subscribe
 from rmq.errors import MQBrokerError, MQClientError, RemotingConnectionClosedError, RemotingError, RemotingTimeoutError
 from rmq.filter import ExpressionType, MessageSelector, sql92
 from rmq.protocol import Frame, ProtocolError, RequestCode, ResponseCode, pack_body, unpack_body
-from rmq.zmqio import recv_parts, send_parts
+from rmq.zmqio import recv_waiting, send_parts
 
 log = logging.getLogger("rmq.client.consumer")
 
@@ -1089,11 +1089,7 @@ class RequestMux:
         return done, fds
 
     def _drain(self, sock: zmq.Socket, addr: str, done: list) -> None:
-        for _ in range(1024):
-            try:
-                parts = recv_parts(sock)
-            except zmq.Again:
-                break
+        for parts in recv_waiting(sock, 1024):
             resp = decode_answer(parts, addr, self.on_request)
             if resp is None:
                 continue

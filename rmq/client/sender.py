@@ -40,7 +40,7 @@ from rmq.client.publish_routes import PROVISIONAL_POLL_MS, PublishRoutes, no_rou
 from rmq.client.route import MQFaultStrategy, RouteCache, TopicPublishInfo, namesrv_attempt_s
 from rmq.errors import MQBrokerError, MQClientError, RemotingConnectionClosedError, RemotingError, RemotingTimeoutError
 from rmq.protocol import Frame, ProtocolError, RequestCode, ResponseCode
-from rmq.zmqio import recv_parts, send_parts
+from rmq.zmqio import recv_waiting, send_parts
 
 log = logging.getLogger("rmq.producer")
 
@@ -561,11 +561,7 @@ class Sender(threading.Thread):
             self._flush_parked(conn)
 
     def _drain_broker(self, conn: Conn, limit: int = 4096) -> None:
-        for _ in range(limit):
-            try:
-                parts = recv_parts(conn.sock)
-            except zmq.Again:
-                return
+        for parts in recv_waiting(conn.sock, limit):
             try:
                 resp = P.decode(parts)
             except ProtocolError as e:

@@ -1,10 +1,27 @@
-"""rmq.zmqio: multipart send / receive through pyzmq's Cython backend, and protocol.peek_header."""
+"""rmq.zmqio: multipart send / receive, straight through libzmq (rmq._core.zmqc) and through
+pyzmq's Cython backend (the fallback), and protocol.peek_header."""
+import os
+import subprocess
+import sys
+
 import pytest
 import zmq
 
 from rmq import protocol as P
+from rmq import zmqio
+from rmq._core import zmqc
 from rmq.protocol import Frame, RequestCode
-from rmq.zmqio import ZERO_COPY_MIN_BYTES, recv_parts, send_parts
+from rmq.zmqio import ZERO_COPY_MIN_BYTES
+
+IMPLS = {
+    "direct": (zmqc.send_parts, zmqc.recv_parts, zmqc.recv_waiting),
+    "pyzmq": (zmqio.send_parts_pyzmq, zmqio.recv_parts_pyzmq, zmqio.recv_waiting_pyzmq),
+}
+
+
+@pytest.fixture(params=sorted(IMPLS))
+def impl(request):
+    return IMPLS[request.param]
 
 
 @pytest.fixture
@@ -19,30 +36,111 @@ def pair():
     ctx.term()
 
 
-def test_parts_round_trip_small_copied_and_large_zero_copy(pair):
+def test_direct_path_in_use_with_pyzmq_wheels():
+    """pyzmq's wheels (what the project installs) carry a libzmq 4 that zmqc finds."""
+    assert zmqc.available()
+    assert zmqio.DIRECT and zmqio.send_parts is zmqc.send_parts and zmqio.recv_waiting is zmqc.recv_waiting
+    assert zmqc.ZERO_COPY_MIN_BYTES == ZERO_COPY_MIN_BYTES
+
+
+def test_direct_path_can_be_turned_off():
+    out = subprocess.run([sys.executable, "-c", "from rmq import zmqio; print(zmqio.DIRECT, zmqio.recv_parts.__name__)"],
+                         env={**os.environ, "RMQ_ZMQ_DIRECT": "0"}, capture_output=True, text=True, timeout=60)
+    assert out.stdout.split() == ["False", "recv_parts_pyzmq"], out.stderr
+
+
+def test_parts_round_trip_small_copied_and_large_zero_copy(pair, impl):
+    send_parts, recv_parts, _ = impl
     a, b = pair
     big = bytearray(b"z" * ZERO_COPY_MIN_BYTES)               # at the threshold: zero-copy
     parts = [b"RMQ1", b"h" * (ZERO_COPY_MIN_BYTES - 1), memoryview(big), b""]
     send_parts(a, parts)
     got = recv_parts(b, 0)
-    assert [g.bytes for g in got] == [bytes(p) for p in parts]
-    assert not got[-1].more and all(g.more for g in got[:-1])
+    assert [bytes(g) for g in got] == [bytes(p) for p in parts]
+    assert [len(g) for g in got] == [len(p) for p in parts]
+    assert [bytes(P._buffer(g)) for g in got] == [bytes(p) for p in parts]     # what decode reads
     send_parts(a, [b"one"])                                    # a single part
-    assert [g.bytes for g in recv_parts(b, 0)] == [b"one"]
-    f = recv_parts                                             # frames sent back as they came
+    assert [bytes(g) for g in recv_parts(b, 0)] == [b"one"]
     send_parts(a, [b"x", b"y"])
-    send_parts(b, f(b, 0))
-    assert [g.bytes for g in recv_parts(a, 0)] == [b"x", b"y"]
+    send_parts(b, recv_parts(b, 0))                            # parts sent back as they came
+    assert [bytes(g) for g in recv_parts(a, 0)] == [b"x", b"y"]
 
 
-def test_nothing_waiting_or_queue_full_raises_again(pair):
+def test_direct_parts_types_and_metadata():
+    """First part and large parts stay in their libzmq message (a Part, as zmq.Frame: .bytes,
+    .buffer, get() of the connection's metadata); the others are bytes."""
+    ctx = zmq.Context()
+    r, d = ctx.socket(zmq.ROUTER), ctx.socket(zmq.DEALER)
+    try:
+        port = r.bind_to_random_port("tcp://127.0.0.1")
+        d.connect(f"tcp://127.0.0.1:{port}")
+        zmqc.send_parts(d, [b"RMQ1", b"h" * 10, b"b" * ZERO_COPY_MIN_BYTES], 0)
+        got = zmqc.recv_parts(r, 0)
+        assert [type(p).__name__ for p in got] == ["Part", "bytes", "bytes", "Part"]
+        identity, magic, header, body = got
+        assert identity.get("Peer-Address") == "127.0.0.1"       # what rmq.security reads
+        with pytest.raises(zmq.ZMQError):
+            identity.get("User-Id")                                # no ZAP on this connection
+        assert magic == b"RMQ1" and header == b"h" * 10
+        assert identity == identity.bytes and bytes(identity.buffer) == identity.bytes and len(identity) == 5
+        assert len(body) == ZERO_COPY_MIN_BYTES and body.bytes == b"b" * ZERO_COPY_MIN_BYTES
+        assert hash(identity) == hash(identity.bytes)
+        zmqc.send_parts(r, [identity, b"back"], 0)                 # an identity routes the answer
+        assert zmqc.recv_parts(d, 0)[0].bytes == b"back"
+    finally:
+        r.close(0)
+        d.close(0)
+        ctx.term()
+
+
+def test_nothing_waiting_or_queue_full_raises_again(pair, impl):
+    send_parts, recv_parts, recv_waiting = impl
     a, b = pair
     with pytest.raises(zmq.Again):
         recv_parts(b)
+    assert recv_waiting(b, 10) == []
     a.setsockopt(zmq.SNDHWM, 1)
     with pytest.raises(zmq.Again):
         for _ in range(100_000):
             send_parts(a, [b"x" * 10])
+
+
+def test_recv_waiting_takes_at_most_limit_in_order(pair, impl):
+    send_parts, recv_parts, recv_waiting = impl
+    a, b = pair
+    for i in range(5):
+        send_parts(a, [b"m", str(i).encode()])
+    first = recv_waiting(b, 3)
+    rest = recv_waiting(b, 10)
+    assert [bytes(m[1]) for m in first] == [b"0", b"1", b"2"]
+    assert [bytes(m[1]) for m in rest] == [b"3", b"4"]
+    assert recv_waiting(b, 10) == []
+
+
+def test_closed_socket_raises_enotsock(impl):
+    send_parts, recv_parts, recv_waiting = impl
+    ctx = zmq.Context()
+    s = ctx.socket(zmq.DEALER)
+    s.close(0)
+    try:
+        for call in (lambda: send_parts(s, [b"x"]), lambda: recv_parts(s), lambda: recv_waiting(s, 1)):
+            with pytest.raises(zmq.ZMQError) as e:
+                call()
+            assert e.value.errno == zmq.ENOTSOCK
+    finally:
+        ctx.term()
+
+
+def test_blocking_receive_releases_the_gil(pair):
+    """A blocking receive (flags 0) waits without holding the GIL: another thread sends to it."""
+    import threading
+    a, b = pair
+    t = threading.Thread(target=lambda: zmqc.send_parts(a, [b"late"]))
+    timer = threading.Timer(0.05, t.start)
+    timer.start()
+    assert zmqc.recv_parts(b, 0)[0].bytes == b"late"
+    timer.join()
+    t.join()
 
 
 def test_peek_header_reads_code_opaque_flag_only():
