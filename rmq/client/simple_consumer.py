@@ -34,7 +34,7 @@ from concurrent.futures import Future
 from typing import Iterable, Mapping, Optional, Sequence, Union
 
 from rmq._core import commitlog as _cl
-from rmq._core.consume import MessageView, ack_bits, ack_groups, pop_views
+from rmq._core.consume import _NOT_VIEWS, MessageView, ack_bits, ack_groups, group_by_broker, lane_take, pop_views
 from rmq.client.calls import blocking, drive
 from rmq.client.futures import SendFuture
 from rmq.client.consumer_api import (ConsumerAPI, SubscriptionData, consumer_data, default_client_id,
@@ -249,6 +249,9 @@ class AckLane:
         ``live(waiter)`` (a cancelled caller) are dropped unsent; an entry that repeats a view
         already taken waits for the next request (one bit per view a request).  The frame is
         :func:`ack_request_call`'s to build (none for an entry that goes alone)."""
+        entries = lane_take(self.waiting, MAX_BATCH_ACK, live)       # in C for MessageViews
+        if entries is not _NOT_VIEWS:
+            return entries
         entries, n, seen = [], 0, set()
         waiting = self.waiting
         while waiting:
@@ -357,13 +360,6 @@ def pop_targets(routes: Iterable, subs: Mapping[str, SubscriptionData]) -> list:
             addr = route.master_addr(qd.broker_name)
             if addr and qd.readable and qd.read_queue_nums > 0:
                 out.append((sub, qd.broker_name, addr))
-    return out
-
-
-def group_by_broker(views: Sequence[MessageView]) -> dict:
-    out: dict = {}
-    for v in views:
-        out.setdefault(v.broker_name, []).append(v)
     return out
 
 

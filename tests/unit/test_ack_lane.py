@@ -5,7 +5,8 @@ from types import SimpleNamespace
 import msgpack
 import pytest
 
-from rmq.client.simple_consumer import MAX_BATCH_ACK, AckLane, MessageView, batch_ack_failures, batch_ack_frame
+from rmq.client.simple_consumer import (MAX_BATCH_ACK, AckLane, MessageView, batch_ack_failures, batch_ack_frame,
+                                        group_by_broker)
 from rmq.protocol import Frame, ResponseCode
 
 
@@ -75,6 +76,55 @@ def test_a_view_acked_twice_goes_in_the_next_request():
     one = lane.take()
     two = lane.take()
     assert [w for _, w in one] == ["first"] and [w for _, w in two] == ["again", "other"]
+
+
+def test_a_view_twice_in_a_later_entry_waits_and_every_take_starts_afresh():
+    """An entry that repeats one of its own views goes alone (as its first entry it is taken
+    whole); a view taken by one request can be taken by the next (the marks of a take are its
+    own)."""
+    lane = AckLane("broker-a")
+    a, b = views(2, so=0), views(3, so=10)
+    lane.add(a, "A")
+    lane.add(b + b[:1], "B-dup")
+    lane.add(views(1, so=20), "C")
+    assert [w for _, w in lane.take()] == ["A"]
+    assert [w for _, w in lane.take()] == ["B-dup", "C"]     # first of its request: taken whole
+    for w in ("again", "and again"):                          # the same views, in later requests
+        lane.add(a, w)
+        assert [x for _, x in lane.take()] == [w]
+
+
+class _Look:
+    """Not a MessageView: what an ack of a wrong object puts on a lane."""
+
+    def __init__(self, name):
+        self.broker_name = name
+
+
+def test_entries_of_other_objects_follow_the_same_rule():
+    """The C loop takes lists of MessageViews; anything else (a tuple, other objects) gets the
+    generic rule, with the same outcome and nothing taken twice."""
+    lane = AckLane("broker-a")
+    x, y = _Look("broker-a"), _Look("broker-a")
+    a = views(2)
+    lane.add(a, "views")
+    lane.add([x, y], "looks")
+    lane.add((a[0],), "tuple-again")
+    entries = lane.take()
+    assert [w for _, w in entries] == ["views", "looks"]
+    assert [w for _, w in lane.take()] == ["tuple-again"] and not lane.waiting
+
+
+def test_group_by_broker_keeps_first_seen_order():
+    a = views(2)
+    b = [MessageView(v.message, "T", v._ck, "broker-b") for v in views(2, so=9)]
+    look = _Look("broker-a")
+    out = group_by_broker([a[0], b[0], a[1], look, b[1]])
+    assert list(out) == ["broker-a", "broker-b"]
+    assert out["broker-a"] == [a[0], a[1], look] and out["broker-b"] == [b[0], b[1]]
+    assert group_by_broker([]) == {}
+    with pytest.raises(AttributeError):
+        group_by_broker([object()])
 
 
 def test_failed_views_go_back_to_their_own_caller():
