@@ -94,12 +94,34 @@ def recv_waiting_pyzmq(sock: zmq.Socket, limit: int) -> list:
     return out
 
 
+def closed_pyzmq(sock: zmq.Socket) -> bool:
+    """Whether ``sock`` is closed (``zmq.Socket.closed``)."""
+    return sock.closed
+
+
+def events_pyzmq(sock: zmq.Socket) -> int:
+    """``sock``'s ZMQ_EVENTS bits (POLLIN | POLLOUT).
+
+    Raises
+    ------
+    zmq.ZMQError
+        The socket is closed or refused.
+    """
+    return sock.getsockopt(_EVENTS)
+
+
+_EVENTS = int(zmq.EVENTS)
+
 DIRECT = _zmqc is not None and _zmqc.available() and os.environ.get("RMQ_ZMQ_DIRECT", "1") != "0"
 if DIRECT:
     send_parts = _zmqc.send_parts
     recv_parts = _zmqc.recv_parts
     recv_waiting = _zmqc.recv_waiting
+    closed = _zmqc.closed
+    events = _zmqc.events
 else:
     send_parts = send_parts_pyzmq
     recv_parts = recv_parts_pyzmq
     recv_waiting = recv_waiting_pyzmq
+    closed = closed_pyzmq
+    events = events_pyzmq

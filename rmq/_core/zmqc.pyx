@@ -17,7 +17,9 @@ Here one call sends or receives a whole multipart message:
   ``.bytes``, ``.buffer``) with ``get(property)`` for its connection's metadata (``Peer-Address``,
   ``User-Id``: what rmq.security reads), as ``zmq.Frame`` offers;
 * :func:`recv_waiting` drains up to ``limit`` messages and returns ``[]`` when none is queued,
-  without an exception.
+  without an exception;
+* :func:`events` reads ZMQ_EVENTS and :func:`closed` the closed flag without pyzmq's method
+  call and its ``getsockopt`` probe.
 
 libzmq's functions are found at import in the library pyzmq's backend already loaded (dlsym
 through its handle), so this module links against nothing and uses the very libzmq pyzmq
@@ -61,6 +63,7 @@ ctypedef int (*f_msg_close)(zmq_msg_t *) noexcept nogil
 ctypedef int (*f_msg_move)(zmq_msg_t *, zmq_msg_t *) noexcept nogil
 ctypedef const char *(*f_msg_gets)(const zmq_msg_t *, const char *) noexcept nogil
 ctypedef int (*f_send)(void *, const void *, size_t, int) noexcept nogil
+ctypedef int (*f_getsockopt)(void *, int, void *, size_t *) noexcept nogil
 ctypedef int (*f_errno)() noexcept nogil
 ctypedef void (*f_version)(int *, int *, int *) noexcept nogil
 
@@ -73,11 +76,13 @@ cdef f_msg_close _msg_close = NULL
 cdef f_msg_move _msg_move = NULL
 cdef f_msg_gets _msg_gets = NULL
 cdef f_send _send = NULL
+cdef f_getsockopt _getsockopt = NULL
 cdef f_errno _errno = NULL
 cdef bint _ready = False
 
 cdef int NOBLOCK = int(zmq.NOBLOCK)
 cdef int SNDMORE = int(zmq.SNDMORE)
+cdef int ZMQ_EVENTS = int(zmq.EVENTS)
 cdef Py_ssize_t _ZC_MIN = ZERO_COPY_MIN_BYTES
 
 _Again = zmq.Again
@@ -91,6 +96,7 @@ cdef void *_sym(void *h, const char *name):
 
 cdef bint _load():
     global _msg_init, _msg_recv, _msg_data, _msg_size, _msg_more, _msg_close, _msg_move, _msg_gets, _send, _errno
+    global _getsockopt
     import zmq.backend.cython._zmq as backend
     path = backend.__file__.encode()
     cdef void *h = dlopen(path, RTLD_NOW | RTLD_NOLOAD)
@@ -106,9 +112,11 @@ cdef bint _load():
     _msg_move = <f_msg_move>_sym(h, "zmq_msg_move")
     _msg_gets = <f_msg_gets>_sym(h, "zmq_msg_gets")
     _send = <f_send>_sym(h, "zmq_send")
+    _getsockopt = <f_getsockopt>_sym(h, "zmq_getsockopt")
     _errno = <f_errno>_sym(h, "zmq_errno")
     if (version == NULL or _msg_init == NULL or _msg_recv == NULL or _msg_data == NULL or _msg_size == NULL
-            or _msg_more == NULL or _msg_close == NULL or _msg_move == NULL or _msg_gets == NULL or _send == NULL or _errno == NULL):
+            or _msg_more == NULL or _msg_close == NULL or _msg_move == NULL or _msg_gets == NULL or _send == NULL
+            or _errno == NULL or _getsockopt == NULL):
         return False
     cdef int major = 0, minor = 0, patch = 0
     version(&major, &minor, &patch)
@@ -128,12 +136,35 @@ def available():
 
 
 cdef inline void *_handle(sock) except NULL:
-    cdef uintptr_t h = 0
-    if not sock._closed:
-        h = <uintptr_t>sock.underlying
+    cdef uintptr_t h = <uintptr_t>sock.underlying      # pyzmq sets it to NULL when it closes the socket
     if h == 0:
         raise _ZMQError(ENOTSOCK)
     return <void *>h
+
+
+def closed(sock):
+    """Whether pyzmq closed ``sock`` (its handle is gone): the flag ``zmq.Socket.closed`` reads
+    before its ``getsockopt`` probe, without the probe."""
+    return sock.underlying == 0
+
+
+def events(sock):
+    """``sock``'s ZMQ_EVENTS (POLLIN | POLLOUT bits), as ``sock.getsockopt(zmq.EVENTS)``.
+
+    Raises
+    ------
+    zmq.ZMQError
+        The socket is closed (ENOTSOCK) or libzmq refused.
+    """
+    cdef void *h = _handle(sock)
+    cdef int ev = 0
+    cdef size_t size = sizeof(int)
+    while _getsockopt(h, ZMQ_EVENTS, &ev, &size) < 0:
+        err = _errno()
+        if err != EINTR:
+            _raise(err)
+        PyErr_CheckSignals()
+    return ev
 
 
 cdef int _raise(int err) except -1:

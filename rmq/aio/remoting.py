@@ -50,7 +50,7 @@ from rmq.client.consumer_api import decode_answer
 from rmq.client.remoting import DEFAULT_TIMEOUT_MS, RECONNECT_WAIT_MS
 from rmq.errors import MQClientError, RemotingConnectionClosedError, RemotingError, RemotingTimeoutError
 from rmq.protocol import Frame
-from rmq.zmqio import recv_waiting, send_parts
+from rmq.zmqio import closed, events, recv_waiting, send_parts
 
 log = logging.getLogger("rmq.aio.remoting")
 
@@ -176,7 +176,7 @@ class AsyncRemoting:
         read every response there (up to DRAIN_LIMIT), write what is parked."""
         ch.drain_scheduled = False
         sock = ch.sock
-        if sock.closed:
+        if closed(sock):
             return
         inflight, addr, on_request = ch.inflight, ch.addr, self.on_request
         try:
@@ -188,7 +188,7 @@ class AsyncRemoting:
                         fut.set_result(resp)
             if ch.parked:
                 self._flush_parked(ch)
-            elif sock.getsockopt(_EVENTS) & _POLLIN:         # DRAIN_LIMIT reached, or arrived meanwhile
+            elif events(sock) & _POLLIN:         # DRAIN_LIMIT reached, or arrived meanwhile
                 self._schedule_drain(ch)
         except zmq.ZMQError as e:
             if not self._closed:
@@ -234,7 +234,7 @@ class AsyncRemoting:
         except zmq.ZMQError as e:
             raise RemotingError(f"cannot send to {ch.addr}: {e}") from None
         # the write may have taken the fd's edge for responses that arrived meanwhile
-        if not ch.drain_scheduled and sock.getsockopt(_EVENTS) & _POLLIN:
+        if not ch.drain_scheduled and events(sock) & _POLLIN:
             self._schedule_drain(ch)
         return True
 
@@ -245,7 +245,7 @@ class AsyncRemoting:
     def _flush_parked(self, ch: _Channel) -> None:
         """Write what is parked on ``ch``, in order, while the socket takes it."""
         parked, sock = ch.parked, ch.sock
-        if sock.closed:
+        if closed(sock):
             return
         now = self._loop.time()
         for _ in range(4):
@@ -267,10 +267,10 @@ class AsyncRemoting:
                 if sent is not None:
                     sent.set_result(None)
             # reading the events takes the fd's edge: act on what they say now
-            events = sock.getsockopt(_EVENTS)
-            if events & _POLLIN:
+            ev = events(sock)
+            if ev & _POLLIN:
                 self._schedule_drain(ch)
-            if not (parked and events & _POLLOUT):
+            if not (parked and ev & _POLLOUT):
                 return
         self._loop.call_later(TIMER_SLACK_S, self._flush_parked, ch)    # writable, yet refusing: retry soon
 

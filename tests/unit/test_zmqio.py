@@ -157,3 +157,24 @@ def test_peek_header_reads_code_opaque_flag_only():
     for magic, header, words in bad:
         with pytest.raises(P.ProtocolError, match=words):
             P.peek_header(magic, header)
+
+
+@pytest.mark.parametrize("impl", ["direct", "pyzmq"])
+def test_closed_and_events(pair, impl):
+    closed, events = ((zmqc.closed, zmqc.events) if impl == "direct"
+                      else (zmqio.closed_pyzmq, zmqio.events_pyzmq))
+    a, b = pair
+    assert not closed(b)
+    assert events(b) & zmq.POLLIN == 0 and events(b) & zmq.POLLOUT
+    zmqc.send_parts(a, [b"x"])
+    assert events(b) & zmq.POLLIN
+    assert events(b) == b.getsockopt(zmq.EVENTS)
+    ctx = zmq.Context()
+    s = ctx.socket(zmq.DEALER)
+    s.close(0)
+    try:
+        assert closed(s)
+        with pytest.raises(zmq.ZMQError):
+            events(s)
+    finally:
+        ctx.term()
