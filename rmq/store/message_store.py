@@ -228,6 +228,7 @@ class MessageStore:
         self._lock_fd = self._take_lock()
         self._shutdown = False
         self.disk_full = False          # set by the cleaner's disk check (RunningFlags DISK_FULL)
+        self._cq_min_corrected_to = 0   # CommitLog min offset the ConsumeQueues' min offsets last followed
         self.flush_error = ""           # a CommitLog msync failed in the flush actor: no writes until restart
         self.dispatched_store_timestamp = 0   # ms, store time of the last record dispatched
         self.sync_flush_inline = True         # SYNC_FLUSH puts msync before returning (embedded use)
@@ -899,11 +900,21 @@ class MessageStore:
 
     def drop_deleted_commit_log_files(self, min_offset: int) -> int:
         """Unmap leading CommitLog files the cleaner (another process) deleted and move every
-        ConsumeQueue's min offset to ``min_offset`` (bytes) when one went; returns files dropped."""
+        ConsumeQueue's min offset to the CommitLog's min offset (bytes: ``min_offset``, the
+        cleaner's announcement, or further when more files went since it was sent); returns
+        files dropped.
+
+        The ConsumeQueues are corrected whenever that min offset passed the one they were last
+        corrected to, not only when this call dropped a file: an announcement handled after the
+        cleaner deleted more files drops them all, and the next one finds none to drop (the
+        ConsumeQueues then kept a min offset in deleted files: pulls from it got
+        PULL_RETRY_IMMEDIATELY forever instead of the first stored message)."""
         n = self.commitlog.mapped_file_queue.drop_missing_head()
-        if n:
+        target = max(min_offset, self.commitlog.get_min_offset())
+        if n or target > self._cq_min_corrected_to:
             for cq in self.consume_queue_table.values():
-                cq.correct_min_offset(min_offset)
+                cq.correct_min_offset(target)
+            self._cq_min_corrected_to = target
         return n
 
     min_offset = get_min_offset_in_queue

@@ -329,3 +329,33 @@ def test_store_timestamp_from_skips_a_files_end_padding(open_store):
     assert clog.store_timestamp_from(blank) == clog.pickup_store_timestamp(first_of_next.wrote_offset) > 0
     assert clog.store_timestamp_from(results[3].wrote_offset) == clog.pickup_store_timestamp(results[3].wrote_offset)
     assert clog.store_timestamp_from(clog.get_max_offset()) == -1    # nothing there yet
+
+
+def test_consume_queue_min_follows_commitlog_files_deleted_after_the_cleaners_announcement(open_store):
+    """The cleaner (another process) deletes CommitLog files and announces its min offset; the
+    broker's store may handle an announcement after more files went.  The ConsumeQueues' min
+    offsets follow the CommitLog's min offset then, and on the next announcement (which finds
+    no file to drop), so a pull from a queue's min offset finds a stored message.  (One
+    ConsumeQueue file, as in a broker: reput deletes ConsumeQueue files wholly below the min.)"""
+    s = open_store(mapped_file_size_consume_queue=20 * 1024)
+    put_many(s, n=400, queues=1, body=lambda i: b"x" * 200)
+    assert s.dispatch() == 400
+    files = s.commitlog.mapped_file_queue.files
+    assert len(files) >= 5
+    first_announced = files[1].file_from_offset        # the cleaner deleted file 0 and said so ...
+    for mf in files[:3]:                                # ... then deleted files 1 and 2 as well
+        os.remove(mf.file_name)
+    assert s.drop_deleted_commit_log_files(first_announced) == 3
+    lo = s.get_min_offset_in_queue("TopicA", 0)
+    res = s.get_messages("g", "TopicA", 0, lo, 1)
+    assert res.status is GetMessageStatus.FOUND, res.status
+    assert res.messages()[0].commitlog_offset >= s.commitlog.get_min_offset()
+    # the stale announcement again, and the one for file 2: nothing to drop, nothing moves back
+    assert s.drop_deleted_commit_log_files(first_announced) == 0
+    assert s.get_min_offset_in_queue("TopicA", 0) == lo
+    os.remove(s.commitlog.mapped_file_queue.files[0].file_name)   # one more file goes ...
+    s.commitlog.mapped_file_queue.drop_missing_head()             # ... and is dropped by another path
+    assert s.drop_deleted_commit_log_files(s.commitlog.get_min_offset()) == 0
+    lo2 = s.get_min_offset_in_queue("TopicA", 0)
+    assert lo2 > lo
+    assert s.get_messages("g", "TopicA", 0, lo2, 1).status is GetMessageStatus.FOUND
