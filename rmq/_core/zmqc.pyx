@@ -37,7 +37,7 @@ from libc.stdint cimport uint64_t, uintptr_t
 
 import zmq
 
-ZERO_COPY_MIN_BYTES = 64 * 1024     # received parts this large stay in libzmq's message (Part)
+ZERO_COPY_MIN_BYTES = 64 * 1024     # parts this large: received, kept in their message (Part); sent, zero-copy
 
 cdef extern from "<dlfcn.h>" nogil:
     void *dlopen(const char *filename, int flag)
