@@ -392,20 +392,22 @@ def ack_groups(views):
 
 
 def group_by_broker(views):
-    """``{broker_name: [view, ...]}`` of ``views`` (MessageViews, or objects with a
-    ``broker_name``), names in first-seen order, each list in the order given; one C loop that
-    looks a name up only when it changes (a receive's views share their broker's name).
+    """``{broker_name: [view, ...]}`` of ``views`` (MessageViews), names in first-seen order, each
+    list in the order given; one C loop that looks a name up only when it changes (a receive's
+    views share their broker's name).
 
     Raises
     ------
-    AttributeError
-        An item without ``broker_name``.
+    TypeError
+        An item is not a MessageView (nothing of an ack is sent then).
     """
     cdef dict out = {}
     cdef list last = None
     cdef object name, last_name = None
     for o in views:
-        name = (<MessageView>o).broker_name if type(o) is MessageView else o.broker_name
+        if type(o) is not MessageView:
+            raise TypeError(f"expected a MessageView, got {type(o).__name__}")
+        name = (<MessageView>o).broker_name
         if last is None or (name is not last_name and name != last_name):
             last = out.get(name)
             if last is None:
@@ -416,65 +418,74 @@ def group_by_broker(views):
 
 
 cdef long long _take_seq = 0
-_NOT_VIEWS = object()
 
 
-cdef int _mark_new(list vs, long long stamp, bint first) except -1:
-    """Stamp the views of ``vs`` taken by lane_take ``stamp``: 1; 0 (and none stamped) when one
-    of them is already (another entry's view, or twice in ``vs``) and ``first`` is false; -1
-    is never returned but for an exception; 2 when an item is not a MessageView."""
+cdef bint _mark_new(list vs, long long stamp, bint first) except -1:
+    """Stamp the views of ``vs`` as taken by lane_take ``stamp``: True; False (and none
+    stamped) when, ``first`` being false, one of them is taken already (another entry's view, or
+    one twice in ``vs``).
+
+    Raises
+    ------
+    TypeError
+        An item is not a MessageView (none stamped).
+    """
     cdef Py_ssize_t i, j, n = len(vs)
     cdef object o
     for i in range(n):
         o = vs[i]
         if type(o) is not MessageView:
-            return 2
+            raise TypeError(f"an ack lane holds MessageViews, got {type(o).__name__}")
         if not first and (<MessageView>o)._taken == stamp:
-            return 0
+            return False
     for i in range(n):
         o = vs[i]
         if not first and (<MessageView>o)._taken == stamp:      # twice in vs: undo this entry's stamps
             for j in range(i):
                 (<MessageView>vs[j])._taken = 0
-            return 0
+            return False
         (<MessageView>o)._taken = stamp
-    return 1
+    return True
 
 
 def lane_take(waiting, Py_ssize_t max_views, live):
-    """:meth:`rmq.client.simple_consumer.AckLane.take`'s loop in C: the entries (``(views,
-    waiter)``, taken off the deque ``waiting`` in order) of the next request, up to
+    """:meth:`rmq.client.simple_consumer.AckLane.take`: the entries (``(views, waiter)``, ``views``
+    a list of MessageViews, taken off the deque ``waiting`` in order) of the next request, up to
     ``max_views`` views (at least one entry), None when none waits; an entry whose waiter fails
     ``live(waiter)`` is dropped; an entry that repeats a view already taken (or one twice) waits
-    for the next request.  A view is recognised as taken by a stamp of this call, so the check
-    costs no set of ids.  Returns ``_NOT_VIEWS`` (and has taken nothing) when an entry's views
-    are not a list of MessageViews: the caller's generic rule then applies."""
+    for the next request.  A view is known as taken by a stamp of this call, so the check costs
+    no set of ids.
+
+    Raises
+    ------
+    TypeError
+        An entry's views are not a list of MessageViews; the entries this call had taken are
+        put back first, so the deque is as it was but for dropped dead waiters.
+    """
     global _take_seq
     _take_seq += 1
     cdef long long stamp = _take_seq
     cdef list entries = []
     cdef Py_ssize_t n = 0, k
-    cdef int r
     cdef list vs
     while waiting:
         entry = waiting[0]
         if live is not None and not live(entry[1]):
             waiting.popleft()
             continue
-        if type(entry[0]) is not list:
-            r = 2
-        else:
+        try:
+            if type(entry[0]) is not list:
+                raise TypeError(f"an ack lane entry holds a list of MessageViews, got {type(entry[0]).__name__}")
             vs = <list>entry[0]
             k = len(vs)
             if entries and n + k > max_views:
                 break
-            r = _mark_new(vs, stamp, not entries)
-        if r == 2:
+            if not _mark_new(vs, stamp, not entries):
+                break
+        except TypeError:
             for e in reversed(entries):
                 waiting.appendleft(e)
-            return _NOT_VIEWS
-        if r == 0:
-            break
+            raise
         waiting.popleft()
         entries.append(entry)
         n += k

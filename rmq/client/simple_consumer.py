@@ -34,7 +34,7 @@ from concurrent.futures import Future
 from typing import Iterable, Mapping, Optional, Sequence, Union
 
 from rmq._core import commitlog as _cl
-from rmq._core.consume import _NOT_VIEWS, MessageView, ack_bits, ack_groups, group_by_broker, lane_take, pop_views
+from rmq._core.consume import MessageView, ack_bits, ack_groups, group_by_broker, lane_take, pop_views
 from rmq.client.calls import blocking, drive
 from rmq.client.futures import SendFuture
 from rmq.client.consumer_api import (ConsumerAPI, SubscriptionData, consumer_data, default_client_id,
@@ -232,13 +232,18 @@ class AckLane:
         self.limit = limit
 
     def add(self, views: list, waiter) -> None:
-        """Queue ``views`` (1..MAX_BATCH_ACK of this broker's) for the caller ``waiter``.
+        """Queue ``views`` (a list of 1..MAX_BATCH_ACK of this broker's MessageViews) for the
+        caller ``waiter``.
 
         Raises
         ------
+        TypeError
+            ``views`` is not a list (its items are checked by :meth:`take`).
         ValueError
             No views, or more than MAX_BATCH_ACK.
         """
+        if type(views) is not list:
+            raise TypeError(f"an ack lane entry holds a list of MessageViews, got {type(views).__name__}")
         if not 1 <= len(views) <= MAX_BATCH_ACK:
             raise ValueError(f"an ack lane entry holds 1..{MAX_BATCH_ACK} views, got {len(views)}")
         self.waiting.append((views, waiter))
@@ -248,25 +253,15 @@ class AckLane:
         MAX_BATCH_ACK views (at least one), or None when none waits.  Entries whose waiter fails
         ``live(waiter)`` (a cancelled caller) are dropped unsent; an entry that repeats a view
         already taken waits for the next request (one bit per view a request).  The frame is
-        :func:`ack_request_call`'s to build (none for an entry that goes alone)."""
-        entries = lane_take(self.waiting, MAX_BATCH_ACK, live)       # in C for MessageViews
-        if entries is not _NOT_VIEWS:
-            return entries
-        entries, n, seen = [], 0, set()
-        waiting = self.waiting
-        while waiting:
-            vs, w = waiting[0]
-            if live is not None and not live(w):
-                waiting.popleft()
-                continue
-            ids = set(map(id, vs))
-            if entries and (n + len(vs) > MAX_BATCH_ACK or len(ids) < len(vs) or not ids.isdisjoint(seen)):
-                break
-            waiting.popleft()
-            entries.append((vs, w))
-            n += len(vs)
-            seen |= ids
-        return entries or None
+        :func:`ack_request_call`'s to build (none for an entry that goes alone).
+
+        Raises
+        ------
+        TypeError
+            An entry holds something else than MessageViews (:func:`rmq._core.consume.lane_take`:
+            the waiting entries stay as they were).
+        """
+        return lane_take(self.waiting, MAX_BATCH_ACK, live)          # the loop, in C
 
     @staticmethod
     def outcomes(entries: list, failed: list) -> list:

@@ -94,37 +94,32 @@ def test_a_view_twice_in_a_later_entry_waits_and_every_take_starts_afresh():
         assert [x for _, x in lane.take()] == [w]
 
 
-class _Look:
-    """Not a MessageView: what an ack of a wrong object puts on a lane."""
-
-    def __init__(self, name):
-        self.broker_name = name
-
-
-def test_entries_of_other_objects_follow_the_same_rule():
-    """The C loop takes lists of MessageViews; anything else (a tuple, other objects) gets the
-    generic rule, with the same outcome and nothing taken twice."""
+def test_anything_but_a_list_of_message_views_is_refused_and_changes_nothing():
+    """An ack of something else fails at once with a clear error (in rmq.aio's ack_batch before
+    anything is queued, so no other task's ack shares its request); the lane's own check leaves
+    what waits as it was."""
+    with pytest.raises(TypeError, match="expected a MessageView, got object"):
+        group_by_broker([*views(2), object()])
     lane = AckLane("broker-a")
-    x, y = _Look("broker-a"), _Look("broker-a")
-    a = views(2)
-    lane.add(a, "views")
-    lane.add([x, y], "looks")
-    lane.add((a[0],), "tuple-again")
-    entries = lane.take()
-    assert [w for _, w in entries] == ["views", "looks"]
-    assert [w for _, w in lane.take()] == ["tuple-again"] and not lane.waiting
+    with pytest.raises(TypeError, match="list of MessageViews, got tuple"):
+        lane.add(tuple(views(1)), "tuple")
+    a, b = views(2), views(1, so=40)
+    lane.add(a, "A")
+    lane.add([*b, "not a view"], "bad")
+    with pytest.raises(TypeError, match="holds MessageViews, got str"):
+        lane.take()
+    assert [w for _, w in lane.waiting] == ["A", "bad"]
+    lane.waiting.pop()
+    assert [w for _, w in lane.take()] == ["A"]
 
 
 def test_group_by_broker_keeps_first_seen_order():
     a = views(2)
     b = [MessageView(v.message, "T", v._ck, "broker-b") for v in views(2, so=9)]
-    look = _Look("broker-a")
-    out = group_by_broker([a[0], b[0], a[1], look, b[1]])
+    out = group_by_broker([a[0], b[0], a[1], b[1]])
     assert list(out) == ["broker-a", "broker-b"]
-    assert out["broker-a"] == [a[0], a[1], look] and out["broker-b"] == [b[0], b[1]]
+    assert out["broker-a"] == [a[0], a[1]] and out["broker-b"] == [b[0], b[1]]
     assert group_by_broker([]) == {}
-    with pytest.raises(AttributeError):
-        group_by_broker([object()])
 
 
 def test_failed_views_go_back_to_their_own_caller():
