@@ -331,6 +331,38 @@ def test_admin_commands_need_admin_key(secure, keys):
         rc.close()
 
 
+def test_replication_listener_needs_the_node_key(tmp_path, keys):
+    """With CURVE on, the master's HA listener reads the key from the request's connection (the
+    first part's metadata): a client key's handshake is answered NO_PERMISSION; an admin key's
+    is taken (node codes are the node and admin keys', rmq.actors.actor.Actor._denied), so the
+    refusal is the key's, not the listener's."""
+    import socket
+    with socket.socket() as probe:                      # a free port for the HA listener
+        probe.bind(("127.0.0.1", 0))
+        ha_port = probe.getsockname()[1]
+    c = Cluster(tmp_path / "ha", conf={**_auth_conf(keys), "brokerRole": "ASYNC_MASTER", "haListenPort": str(ha_port)},
+                with_ha=True)
+    try:
+        handshake = {"maxOffset": 0, "minOffset": 0, "epochs": [], "brokerAddr": "127.0.0.1:1", "brokerId": 1}
+        for who, code in (("client", ResponseCode.NO_PERMISSION), ("admin", ResponseCode.SUCCESS)):
+            rc = _client(keys, who)
+            try:
+                deadline = time.monotonic() + 30          # the HA actor binds after the broker starts
+                while True:
+                    try:
+                        r = _invoke(rc, f"127.0.0.1:{ha_port}", RequestCode.HA_HANDSHAKE, handshake)
+                        break
+                    except Exception:  # noqa: BLE001 - not listening yet
+                        if time.monotonic() > deadline:
+                            raise
+                assert r.code == code, (who, r)
+                assert code == ResponseCode.SUCCESS or "node key" in r.remark, r.remark
+            finally:
+                rc.close()
+    finally:
+        c.close()
+
+
 def test_clients_with_auth_parameter(secure, keys):
     from rmq.client.admin import Admin
     from rmq.client.message import Message
