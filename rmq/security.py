@@ -383,14 +383,20 @@ def request_role(part) -> Optional[str]:
 
 
 def peer_is_loopback(part) -> bool:
-    """Whether a received zmq.Frame came from a loopback (or unknown: ipc/inproc) peer."""
+    """Whether a message part received on a tcp listener (a ``zmq.Frame`` or an
+    ``rmq._core.zmqc.Part``) came from a loopback peer, by its ``Peer-Address`` metadata.
+
+    Fails closed: a part without the connection's metadata (``bytes``, or a part libzmq has no
+    ``Peer-Address`` for) is not known to be local, so False. Only tcp listeners are checked
+    (``Actor._denied``); ipc and inproc sockets are never asked.
+    """
     get = getattr(part, "get", None)
     if get is None:
-        return True            # bytes in tests: no transport at all
+        return False
     try:
         addr = get("Peer-Address")
-    except Exception:  # noqa: BLE001
-        return True            # ipc / inproc carry no peer address
+    except Exception:  # noqa: BLE001 - zmq.ZMQError / OSError: no metadata on this part
+        return False
     return is_loopback_host(addr)
 
 

@@ -93,6 +93,35 @@ def test_direct_parts_types_and_metadata():
         ctx.term()
 
 
+def test_security_reads_the_first_part_and_fails_closed(impl):
+    """rmq.security's checks on a tcp listener: a loopback peer's first part is loopback and has
+    no ZAP User-Id; a part without the connection's metadata (bytes, or an inproc part with no
+    Peer-Address) is not taken for a loopback peer, and has no role."""
+    from rmq import security as S
+    send_parts, recv_parts, _ = impl
+    ctx = zmq.Context()
+    r, d = ctx.socket(zmq.ROUTER), ctx.socket(zmq.DEALER)
+    a, b = ctx.socket(zmq.PAIR), ctx.socket(zmq.PAIR)
+    try:
+        port = r.bind_to_random_port("tcp://127.0.0.1")
+        d.connect(f"tcp://127.0.0.1:{port}")
+        send_parts(d, [b"RMQ1", b"h"])
+        first = recv_parts(r, 0)[0]
+        assert S.peer_is_loopback(first) is True
+        assert S.request_role(first) is None
+        a.bind("inproc://sec")
+        b.connect("inproc://sec")
+        send_parts(a, [b"x"])
+        inproc_part = recv_parts(b, 0)[0]
+        assert S.peer_is_loopback(inproc_part) is False
+        assert S.peer_is_loopback(b"127.0.0.1") is False
+        assert S.request_role(b"key") is None
+    finally:
+        for s in (r, d, a, b):
+            s.close(0)
+        ctx.term()
+
+
 def test_nothing_waiting_or_queue_full_raises_again(pair, impl):
     send_parts, recv_parts, recv_waiting = impl
     a, b = pair
