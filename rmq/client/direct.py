@@ -32,6 +32,7 @@ import zmq
 
 from rmq import latency_trace as _lt
 from rmq import security
+from rmq._core.client_msg import UserBatch
 from rmq.client.message import MessageQueue, SendResult
 from rmq.client.producer_request import (apply_selector, heartbeat_request, parse_send_response, send_request,
                                          user_batch_result)
@@ -119,9 +120,10 @@ class DirectSender:
         """
         return self._send([prep], False, timeout_ms, selector, arg, queue)
 
-    def send_batch(self, preps: list, timeout_ms: Optional[int], queue: Optional[MessageQueue]) -> SendResult:
-        """Send a user batch (``Producer.send_batch``: ``preps`` of one topic, checked by
-        ``prepare_batch``) as one SEND_BATCH_MESSAGE and wait, with :meth:`send`'s retry rules.
+    def send_batch(self, preps, timeout_ms: Optional[int], queue: Optional[MessageQueue]) -> SendResult:
+        """Send a user batch (``Producer.send_batch``: a :class:`rmq._core.client_msg.UserBatch`
+        from ``encode_user_batch``, or ``preps`` of one topic from ``prepare_batch``) as one
+        SEND_BATCH_MESSAGE and wait, with :meth:`send`'s retry rules.
         Returns the batch's one SendResult: ``msg_id`` / ``offset_msg_id`` comma-joined, the
         first message's queue offset (as the I/O thread's path gives it).  A batch the broker
         refuses as too large is refused whole (MQBrokerError, MESSAGE_ILLEGAL): a user batch is
@@ -134,15 +136,16 @@ class DirectSender:
         """
         return self._send(preps, True, timeout_ms, None, None, queue)
 
-    def _send(self, preps: list, batch: bool, timeout_ms: Optional[int], selector, arg: Any,
+    def _send(self, preps, batch: bool, timeout_ms: Optional[int], selector, arg: Any,
               queue: Optional[MessageQueue]) -> SendResult:
         opts = self.opts
         budget_ms = timeout_ms if timeout_ms is not None else opts.send_msg_timeout_ms
         if budget_ms <= 0:
             raise MQClientError(f"timeout_ms must be positive, got {budget_ms}")
-        prep = preps[0]
+        user_batch = type(preps) is UserBatch           # a user batch encoded whole (no PreparedMessage)
+        prep = None if user_batch else preps[0]
         n = len(preps)
-        topic = prep.msg.topic
+        topic = preps.topic if user_batch else prep.msg.topic
         started = time.monotonic()
         with self._lock:
             if self._closed:
@@ -168,7 +171,7 @@ class DirectSender:
                 frame = send_request(preps, mq.queue_id, self.group, batch, False, None,
                                      opts.default_topic_queue_nums)
                 if _lt.ENABLED:
-                    _lt.event("p_write", prep.uniq_id, time.monotonic_ns())
+                    _lt.event("p_write", preps.first_uniq_id if user_batch else prep.uniq_id, time.monotonic_ns())
                 try:
                     resp = self._client().invoke(addr, frame, (att.deadline - att.sent_at) * 1000.0,
                                                  opts.connect_timeout_ms)

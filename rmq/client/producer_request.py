@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Optional, Sequence
 
 from rmq import protocol as P
-from rmq._core.client_msg import (MessagePreparer, PreparedMessage, RowsPart, all_wait, batch_body, complete_send_batch,
-                                  encode_rows, join_uniq_ids)
+from rmq._core.client_msg import (MessagePreparer, PreparedMessage, RowsPart, UserBatch, all_wait, batch_body,
+                                  complete_send_batch, encode_rows, join_uniq_ids)
 from rmq._core.client_msg import many_parts as _many_parts
 from rmq._core.commitlog import tags_string_to_tags_code
 from rmq.client.message import PROPERTY_SHARDING_KEY, Message, MessageQueue, SendResult, SendStatus
@@ -178,6 +178,19 @@ def prepare_batch(msgs: Iterable[Message], opts: ProducerOptions) -> list:
     MQClientError
     """
     return message_preparer(opts).prepare_batch(msgs)
+
+
+def encode_user_batch(msgs: Iterable[Message], opts: ProducerOptions) -> UserBatch:
+    """:func:`prepare_batch`'s checks, and the batch's SEND_BATCH_MESSAGE body and comma-joined
+    UNIQ_KEYs made in one pass, without an object per message (``Producer.send_batch``'s
+    direct path; ``rmq._core.client_msg.MessagePreparer.encode_user_batch``).
+
+    Raises
+    ------
+    MQClientError
+        As :func:`prepare_batch`, or a message's properties over 32,767 bytes encoded.
+    """
+    return message_preparer(opts).encode_user_batch(msgs)
 
 
 # -- queue selectors (ordered messages) ----------------------------------------------------------------
@@ -362,7 +375,13 @@ def send_request(preps: Sequence[PreparedMessage], queue_id: int, group: str, ba
                  default_topic_queue_nums: int = DEFAULT_TOPIC_QUEUE_NUMS) -> Frame:
     """SEND_MESSAGE (one message) or SEND_BATCH_MESSAGE (``batch``) for ``preps``, to ``queue_id``
     (-1: the broker picks).  ``batch_body`` reuses an earlier :func:`encode_batch` of the same messages.
-    ``preps`` may be a send_async_columns :class:`RowsPart`: its SEND_BATCH_MESSAGE, body encoded."""
+    ``preps`` may be a send_async_columns :class:`RowsPart` or a user batch's :class:`UserBatch`:
+    its SEND_BATCH_MESSAGE, body encoded."""
+    if type(preps) is UserBatch:
+        h = SendMessageRequestHeader(group, preps.topic, queue_id, default_topic=CREATE_TOPIC_KEY,
+                                     default_topic_queue_nums=default_topic_queue_nums, wait_store_msg_ok=preps.wait)
+        return Frame(RequestCode.SEND_BATCH_MESSAGE, flag=P.FLAG_ONEWAY if oneway else 0, fields=h.to_fields(),
+                     bodies=[preps.body])
     if type(preps) is RowsPart:
         h = SendMessageRequestHeader(group, preps.topic, queue_id, default_topic=CREATE_TOPIC_KEY,
                                      default_topic_queue_nums=default_topic_queue_nums, wait_store_msg_ok=True)
@@ -425,12 +444,12 @@ def _send_response_head(resp: Frame, topic: str, broker_name: str, broker_addr: 
     return status, MessageQueue(topic, broker_name, queue_id), base, send_response_msg_id(f, resp.bodies)
 
 
-def user_batch_result(resp: Frame, topic: str, broker_name: str, broker_addr: str,
-                      preps: Sequence[PreparedMessage]) -> SendResult:
-    """The one SendResult of a user batch's answer (``send_batch``), as :func:`batch_send_result`
-    gives it, without a string per message: the answer's comma-joined offset msg ids are kept as
-    they came when there is one per message (any other answer goes the general way), the UNIQ_KEYs
-    joined in C (``join_uniq_ids``).
+def user_batch_result(resp: Frame, topic: str, broker_name: str, broker_addr: str, preps) -> SendResult:
+    """The one SendResult of a user batch's answer (``send_batch``; ``preps`` its PreparedMessages
+    or its :class:`UserBatch`), as :func:`batch_send_result` gives it, without a string per
+    message: the answer's comma-joined offset msg ids are kept as they came when there is one per
+    message (any other answer goes the general way), the UNIQ_KEYs joined in C (``join_uniq_ids``,
+    or the UserBatch's own).
 
     Raises
     ------
@@ -439,6 +458,10 @@ def user_batch_result(resp: Frame, topic: str, broker_name: str, broker_addr: st
     """
     status, mq, base, joined = _send_response_head(resp, topic, broker_name, broker_addr)
     n = len(preps)
+    if type(preps) is UserBatch:                      # its UNIQ_KEYs joined already
+        if joined.count(",") != n - 1:
+            joined = ",".join(_offset_ids(joined, n))
+        return SendResult(status, preps.uniq_ids, mq, base, joined)
     if n > 1 and joined.count(",") == n - 1:          # one offset msg id per message, as sent
         return SendResult(status, join_uniq_ids(preps if type(preps) is list else list(preps)), mq, base, joined)
     return batch_send_result(status, mq, base, preps, _offset_ids(joined, n))
