@@ -84,12 +84,12 @@ from rmq.aio.remoting import AsyncRemoting
 from rmq.client.send_attempts import SendAttempts
 from rmq.client.message_accumulator import QueueTurns
 from rmq.client.producer_request import (OPEN_KEY_TYPES, ProducerOptions, RowsPart, Selector, ShardQueues,
-                                         apply_selector,
-                                         batch_body_of, client_id, encode_columns, heartbeat_request,
-                                         many_keys, many_parts, many_request_size, merge_results, message_preparer,
-                                         parse_send_response, prepare_batch, prepare_many, queued_failures_error,
+                                         UserBatch, apply_selector,
+                                         batch_body_of, client_id, encode_columns, encode_user_batch, heartbeat_request,
+                                         many_keys, many_parts, many_request_size, message_preparer,
+                                         parse_send_response, prepare_many, queued_failures_error,
                                          refused_batch_limit, row_messages, select_by_hash, selector_for,
-                                         send_request, split_by_size)
+                                         send_request, split_by_size, user_batch_result)
 from rmq.common.malloc_tuning import tune_malloc
 from rmq.common.topic_validator import check_group
 from rmq._core.client_msg import AioAppend, pending_callback as _pending_callback, set_results as _set_results, \
@@ -441,14 +441,12 @@ class Producer:
     async def send_batch(self, msgs: Iterable[Message], *, timeout_ms: Optional[int] = None,
                          queue: Optional[MessageQueue] = None) -> SendResult:
         """One SEND_BATCH_MESSAGE of messages of one topic; as :meth:`rmq.Producer.send_batch`."""
-        preps = prepare_batch(msgs, self.options)
+        batch = encode_user_batch(msgs, self.options)    # the body and ids in one pass, as the thread producer's
         t0 = time.monotonic()
-        results = await self._send(preps, True, timeout_ms, None, None, queue, oneway=False)
+        result = await self._send(batch, True, timeout_ms, None, None, queue, oneway=False)
         if self._trace is not None:
-            cost = int((time.monotonic() - t0) * 1000)
-            for p, r in zip(preps, results):
-                self._trace.append_pub(p.msg, r, cost, self.client_id)
-        return merge_results(results)
+            self._trace.append_pub_batch(batch.msgs, result, int((time.monotonic() - t0) * 1000), self.client_id)
+        return result
 
     async def send_oneway(self, msg: Message, *, selector: Optional[Selector] = None, arg: Any = None,
                           sharding_key: Any = None, queue: Optional[MessageQueue] = None) -> None:
@@ -858,17 +856,20 @@ class Producer:
             raise no_route_error(topic)
         return list(self.route_cache.publish_info(topic).message_queue_list)
 
-    async def _send(self, preps: list, batch: bool, timeout_ms: Optional[int], selector, arg,
-                    queue: Optional[MessageQueue], oneway: bool) -> list:
-        """RocketMQ ``sendDefaultImpl`` / ``sendSelectImpl``: attempts within the time budget."""
+    async def _send(self, preps, batch: bool, timeout_ms: Optional[int], selector, arg,
+                    queue: Optional[MessageQueue], oneway: bool):
+        """RocketMQ ``sendDefaultImpl`` / ``sendSelectImpl``: attempts within the time budget.
+        ``preps``: PreparedMessages (one result each), or a user batch's :class:`UserBatch` (its
+        one SendResult)."""
         if self._closed or not self._started:
             await self._ensure_started()
-        if queue is not None and (not isinstance(queue, MessageQueue) or queue.topic != preps[0].msg.topic):
-            raise MQClientError(f"queue must be a MessageQueue of topic {preps[0].msg.topic}, got {queue!r}")
+        user_batch = type(preps) is UserBatch
+        topic = preps.topic if user_batch else preps[0].msg.topic
+        if queue is not None and (not isinstance(queue, MessageQueue) or queue.topic != topic):
+            raise MQClientError(f"queue must be a MessageQueue of topic {topic}, got {queue!r}")
         budget_ms = timeout_ms if timeout_ms is not None else self.options.send_msg_timeout_ms
         if budget_ms <= 0:
             raise MQClientError(f"timeout_ms must be positive, got {budget_ms}")
-        topic = preps[0].msg.topic
         begin = self._loop.time()
         deadline = begin + budget_ms / 1000.0
         info = self.route_cache.publish_info(topic)
@@ -878,7 +879,7 @@ class Producer:
         if fixed is None and selector is not None:
             fixed = apply_selector(selector, info, preps[0].msg, arg)
         max_attempts = 1 if (fixed is not None or oneway) else 1 + self.options.retry_times_when_send_failed
-        body = batch_body_of(preps) if batch else None
+        body = (preps.body if user_batch else batch_body_of(preps)) if batch else None
         return await self._attempts(preps, batch, body, topic, info, fixed, max_attempts, begin, deadline, None,
                                     oneway)
 
@@ -912,7 +913,9 @@ class Producer:
                     limit = refused_batch_limit(resp, len(body) if body is not None else preps.nbytes, len(preps))
                     if limit:
                         raise _BatchTooLarge(limit)
-                results = parse_send_response(resp, topic, mq.broker_name, addr, preps)   # a RowsPart: one record
+                # a RowsPart: one record; a UserBatch: its one SendResult
+                results = user_batch_result(resp, topic, mq.broker_name, addr, preps) if type(preps) is UserBatch \
+                    else parse_send_response(resp, topic, mq.broker_name, addr, preps)
             except (MQBrokerError, RemotingError) as e:
                 self._refresh_suspect(topic, e)
                 final = att.failed(e, loop_time(), self.fault_strategy, self.options)

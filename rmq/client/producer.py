@@ -73,7 +73,6 @@ Failure behaviour
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 import time
@@ -236,15 +235,7 @@ class Producer:
 
     # -- message trace ---------------------------------------------------------------------------
     def _trace_sent(self, msgs: list, result: SendResult, t0: float, ordered: bool = False) -> None:
-        cost = int((time.monotonic() - t0) * 1000)
-        if len(msgs) == 1:
-            self._trace.append_pub(msgs[0], result, cost, self.client_id, ordered)
-            return
-        ids, offs = result.msg_id.split(","), result.offset_msg_id.split(",")
-        for i, m in enumerate(msgs):
-            one = dataclasses.replace(result, msg_id=ids[i] if i < len(ids) else "",
-                                      offset_msg_id=offs[i] if i < len(offs) else "")
-            self._trace.append_pub(m, one, cost, self.client_id, ordered)
+        self._trace.append_pub_batch(msgs, result, int((time.monotonic() - t0) * 1000), self.client_id, ordered)
 
     def _traced_callback(self, callback: Optional[Callable[[Future], Any]], msgs: list, ordered: bool = False):
         """The done-callback of a traced send_async: the Pub record(s), then the user's callback.

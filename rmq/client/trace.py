@@ -22,6 +22,7 @@ drained by one thread that packs records into trace messages of at most
 from __future__ import annotations
 
 import collections
+import dataclasses
 import enum
 import logging
 import threading
@@ -251,6 +252,19 @@ class TraceDispatcher:
     def append_pub(self, msg, result, cost_ms: int, client_host: str, ordered: bool = False) -> bool:
         """Queue the Pub record of one sent message (built on the dispatcher's thread)."""
         return self._put((msg, result, cost_ms, client_host, ordered, int(time.time() * 1000)))
+
+    def append_pub_batch(self, msgs: list, result, cost_ms: int, client_host: str, ordered: bool = False) -> None:
+        """Queue a Pub record per message of ``msgs``, sent together with one ``result`` (a user
+        batch's, or a message's alone): each record gets its message's ids out of the result's
+        comma-joined ``msg_id`` / ``offset_msg_id``."""
+        if len(msgs) == 1:
+            self.append_pub(msgs[0], result, cost_ms, client_host, ordered)
+            return
+        ids, offs = result.msg_id.split(","), result.offset_msg_id.split(",")
+        for i, m in enumerate(msgs):
+            one = dataclasses.replace(result, msg_id=ids[i] if i < len(ids) else "",
+                                      offset_msg_id=offs[i] if i < len(offs) else "")
+            self.append_pub(m, one, cost_ms, client_host, ordered)
 
     def _take(self) -> list:
         if not self._items:
