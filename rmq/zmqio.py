@@ -125,3 +125,30 @@ else:
     recv_waiting = recv_waiting_pyzmq
     closed = closed_pyzmq
     events = events_pyzmq
+
+
+MONITOR_DRAIN = 64                   # monitor event messages read per recv_waiting call
+
+
+def monitor_events(monitor: zmq.Socket) -> list:
+    """Every event waiting on a socket monitor's PAIR socket (``Socket.get_monitor_socket``), oldest
+    first, as ``zmq.Event`` values; none waiting is an empty list, not a ``zmq.Again`` (a client
+    looks at its connections' monitors before each request: the exception cost more than the
+    rest of the look).  A malformed event message is skipped.
+
+    Raises
+    ------
+    zmq.ZMQError
+        The monitor socket is closed.
+    """
+    from zmq.utils.monitor import parse_monitor_message
+    out: list = []
+    while True:
+        batch = recv_waiting(monitor, MONITOR_DRAIN)
+        for msg in batch:
+            try:
+                out.append(parse_monitor_message([bytes(p) for p in msg])["event"])
+            except Exception:  # noqa: BLE001 - a malformed monitor frame: skipped
+                continue
+        if len(batch) < MONITOR_DRAIN:
+            return out

@@ -42,7 +42,6 @@ import logging
 from typing import Callable, Optional
 
 import zmq
-from zmq.utils.monitor import parse_monitor_message
 
 from rmq import protocol as P
 from rmq import security
@@ -50,7 +49,7 @@ from rmq.client.consumer_api import decode_answer
 from rmq.client.remoting import DEFAULT_TIMEOUT_MS, RECONNECT_WAIT_MS
 from rmq.errors import MQClientError, RemotingConnectionClosedError, RemotingError, RemotingTimeoutError
 from rmq.protocol import Frame
-from rmq.zmqio import closed, events, recv_waiting, send_parts
+from rmq.zmqio import closed, events, monitor_events, recv_waiting, send_parts
 
 log = logging.getLogger("rmq.aio.remoting")
 
@@ -59,8 +58,7 @@ DRAIN_LIMIT = 1024               # responses read per readiness callback before 
 TIMER_SLACK_S = 0.005            # after a response timeout fires, the next check is at least this later
 _MONITOR_EVENTS = zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED
 # plain ints: pyzmq's enum flags cost Python-level operator calls on every use
-_NOBLOCK = int(zmq.NOBLOCK)
-_EVENTS, _POLLIN, _POLLOUT = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.POLLOUT)
+_POLLIN, _POLLOUT = int(zmq.POLLIN), int(zmq.POLLOUT)
 
 
 class _Channel:
@@ -196,20 +194,11 @@ class AsyncRemoting:
                 self._unwatch(ch)
 
     def _watch(self, ch: _Channel) -> None:
-        mon = ch.monitor
-        while True:
-            try:
-                if not mon.getsockopt(_EVENTS) & _POLLIN:
-                    return
-                msg = mon.recv_multipart(_NOBLOCK)
-            except zmq.Again:
-                continue
-            except zmq.ZMQError:
-                return
-            try:
-                event = parse_monitor_message(msg)["event"]
-            except Exception:  # noqa: BLE001 - a malformed monitor frame: ignore it
-                continue
+        try:
+            evs = monitor_events(ch.monitor)
+        except zmq.ZMQError:
+            return
+        for event in evs:
             if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self._down.discard(ch.addr)
             elif event == zmq.EVENT_DISCONNECTED:

@@ -52,7 +52,6 @@ from rmq._core.consume import needs_post_processing
 from rmq.client.message import (PROPERTY_MAX_RECONSUME_TIMES, PROPERTY_RECONSUME_TIME, PROPERTY_RETRY_TOPIC,
                                 MessageQueue, PullResult, PullStatus)
 import zmq
-from zmq.utils.monitor import parse_monitor_message
 
 from rmq import latency_trace as _lt
 from rmq import protocol as P
@@ -68,7 +67,7 @@ from rmq.common.route import TopicRouteData, find_broker_address_in_subscribe
 from rmq.errors import MQBrokerError, MQClientError, RemotingConnectionClosedError, RemotingError, RemotingTimeoutError
 from rmq.filter import ExpressionType, MessageSelector, sql92
 from rmq.protocol import Frame, ProtocolError, RequestCode, ResponseCode, pack_body, unpack_body
-from rmq.zmqio import recv_waiting, send_parts
+from rmq.zmqio import monitor_events, recv_waiting, send_parts
 
 log = logging.getLogger("rmq.client.consumer")
 
@@ -1103,19 +1102,12 @@ class RequestMux:
         last event was a disconnection, True when it was a handshake, None when there was none."""
         state = None
         dropped = False
-        while True:
-            try:
-                msg = monitor.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return dropped, state
-            try:
-                event = parse_monitor_message(msg)["event"]
-            except Exception:  # noqa: BLE001 - a malformed monitor frame: ignore it
-                continue
+        for event in monitor_events(monitor):
             if event == zmq.EVENT_DISCONNECTED:
                 state, dropped = False, True
             elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 state = True
+        return dropped, state
 
     def close(self) -> None:
         for addr, s in self._sockets.items():

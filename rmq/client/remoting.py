@@ -19,13 +19,12 @@ import time
 from typing import Callable, Optional
 
 import zmq
-from zmq.utils.monitor import parse_monitor_message
 
 from rmq import protocol as P
 from rmq import security
 from rmq.errors import RemotingConnectionClosedError, RemotingError, RemotingTimeoutError
 from rmq.protocol import Frame, ProtocolError
-from rmq.zmqio import recv_parts, send_parts
+from rmq.zmqio import monitor_events, recv_parts, send_parts
 
 DEFAULT_TIMEOUT_MS = 3000
 RECONNECT_WAIT_MS = 3_000      # a request to an address whose connection dropped waits this long for it to come back
@@ -175,21 +174,14 @@ class RemotingClient:
     def _dropped(self, ch: _Channel, addr: str) -> bool:
         """Read the monitor's events: True when the connection dropped."""
         gone = False
-        while True:
-            try:
-                msg = ch.monitor.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return gone
-            try:
-                event = parse_monitor_message(msg)["event"]
-            except Exception:  # noqa: BLE001 - a malformed monitor frame
-                continue
+        for event in monitor_events(ch.monitor):
             if event == zmq.EVENT_DISCONNECTED:
                 gone = True
                 ch.need_first = True
                 self._down.add(addr)
             elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self._down.discard(addr)
+        return gone
 
     def invoke_oneway(self, addr: str, frame: Frame) -> None:
         frame.flag |= P.FLAG_ONEWAY

@@ -22,7 +22,6 @@ from concurrent.futures import Future
 from typing import Any, Callable, Optional
 
 import zmq
-from zmq.utils.monitor import parse_monitor_message
 
 from rmq import latency_trace as _lt
 from rmq import protocol as P
@@ -40,7 +39,7 @@ from rmq.client.publish_routes import PROVISIONAL_POLL_MS, PublishRoutes, no_rou
 from rmq.client.route import MQFaultStrategy, RouteCache, TopicPublishInfo, namesrv_attempt_s
 from rmq.errors import MQBrokerError, MQClientError, RemotingConnectionClosedError, RemotingError, RemotingTimeoutError
 from rmq.protocol import Frame, ProtocolError, RequestCode, ResponseCode
-from rmq.zmqio import recv_waiting, send_parts
+from rmq.zmqio import monitor_events, recv_waiting, send_parts
 
 log = logging.getLogger("rmq.producer")
 
@@ -664,15 +663,7 @@ class Sender(threading.Thread):
 
     def _on_monitor(self, conn: Conn) -> None:
         disconnected = connected = False
-        while True:
-            try:
-                msg = conn.monitor.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                break
-            try:
-                event = parse_monitor_message(msg)["event"]
-            except Exception:  # noqa: BLE001 - malformed monitor frame: ignore
-                continue
+        for event in monitor_events(conn.monitor):
             if event == zmq.EVENT_DISCONNECTED:
                 disconnected, connected = True, False
             elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:

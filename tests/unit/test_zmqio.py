@@ -122,6 +122,43 @@ def test_security_reads_the_first_part_and_fails_closed(impl):
         ctx.term()
 
 
+def test_monitor_events_drain_without_again_and_skip_bad_messages(impl, monkeypatch):
+    """zmqio.monitor_events: a connection's handshake and drop as zmq.Event values, oldest first;
+    nothing waiting is [] (no zmq.Again); a malformed event message is skipped."""
+    import time
+    monkeypatch.setattr(zmqio, "recv_waiting", impl[2])
+    ctx = zmq.Context()
+    r, d = ctx.socket(zmq.ROUTER), ctx.socket(zmq.DEALER)
+    mon = d.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED)
+    a, b = ctx.socket(zmq.PAIR), ctx.socket(zmq.PAIR)
+    try:
+        assert zmqio.monitor_events(mon) == []
+        port = r.bind_to_random_port("tcp://127.0.0.1")
+        d.connect(f"tcp://127.0.0.1:{port}")
+        seen: list = []
+        deadline = time.monotonic() + 10
+        while zmq.EVENT_HANDSHAKE_SUCCEEDED not in seen and time.monotonic() < deadline:
+            mon.poll(100)
+            seen += zmqio.monitor_events(mon)
+        assert seen == [zmq.EVENT_HANDSHAKE_SUCCEEDED]
+        r.close(0)
+        while zmq.EVENT_DISCONNECTED not in seen and time.monotonic() < deadline:
+            mon.poll(100)
+            seen += zmqio.monitor_events(mon)
+        assert seen == [zmq.EVENT_HANDSHAKE_SUCCEEDED, zmq.EVENT_DISCONNECTED]
+        a.bind("inproc://mon")
+        b.connect("inproc://mon")
+        a.send_multipart([b"bad"])
+        a.send_multipart([b"\x02\x00\x00\x00\x00\x00", b"tcp://x"])   # "=hi": event 2, CONNECT_DELAYED
+        assert b.poll(5000)
+        assert zmqio.monitor_events(b) == [zmq.EVENT_CONNECT_DELAYED]
+    finally:
+        d.disable_monitor()
+        for s in (r, d, mon, a, b):
+            s.close(0)
+        ctx.term()
+
+
 def test_nothing_waiting_or_queue_full_raises_again(pair, impl):
     send_parts, recv_parts, recv_waiting = impl
     a, b = pair
