@@ -84,10 +84,10 @@ from rmq.aio.remoting import AsyncRemoting
 from rmq.client.send_attempts import SendAttempts
 from rmq.client.message_accumulator import QueueTurns
 from rmq.client.producer_request import (OPEN_KEY_TYPES, ProducerOptions, RowsPart, Selector, ShardQueues,
-                                         UserBatch, apply_selector,
-                                         batch_body_of, client_id, encode_columns, encode_user_batch, heartbeat_request,
-                                         many_keys, many_parts, many_request_size, message_preparer,
-                                         parse_send_response, prepare_many, queued_failures_error,
+                                         UserBatch, apply_selector, batch_body_of, client_id, encode_columns,
+                                         encode_user_batch, heartbeat_request, many_keys, many_parts,
+                                         many_request_size, message_preparer, parse_send_response, prepare_many,
+                                         queued_failures_error,
                                          refused_batch_limit, row_messages, select_by_hash, selector_for,
                                          send_request, split_by_size, user_batch_result)
 from rmq.common.malloc_tuning import tune_malloc

@@ -97,10 +97,10 @@ from rmq.client.producer_request import (  # noqa: F401 (re-exported: what this 
     MAX_PENDING_MESSAGES, OPEN_KEY_TYPES, POLL_NAME_SERVER_INTERVAL_MS, RETRY_RESPONSE_CODES,
     RETRY_TIMES_WHEN_SEND_ASYNC_FAILED, RETRY_TIMES_WHEN_SEND_FAILED, SEND_MSG_TIMEOUT_MS, SEND_STATUS_BY_CODE,
     ProducerOptions, Selector, ShardQueues, apply_selector, batch_body_of, client_id, column_list, encode_columns,
-    encode_user_batch, heartbeat_request, java_hash, many_keys, many_parts, many_request_size, merge_results, message_preparer,
-    parse_send_response, prepare_batch, prepare_many, prepare_message, queued_failures_error, refused_batch_limit,
-    row_messages, select_by_hash, select_by_random, selector_for, send_request, send_response_fields, split_by_size,
-    uniq_ids_of)
+    encode_user_batch, heartbeat_request, java_hash, many_keys, many_parts, many_request_size, merge_results,
+    message_preparer, parse_send_response, prepare_batch, prepare_many, prepare_message, queued_failures_error,
+    refused_batch_limit, row_messages, select_by_hash, select_by_random, selector_for, send_request,
+    send_response_fields, split_by_size, uniq_ids_of)
 from rmq.client.route import MQFaultStrategy, RouteCache, split_namesrv_addr
 from rmq.client.send_attempts import final_error, is_retryable
 from rmq.client.sender import Sender
