@@ -713,6 +713,13 @@ def test_direct_send_to_a_killed_broker_fails_clearly_after_retries(tmp_path):
             text = str(ei.value)
             assert "broker-a" in text and "Send [" in text, text
             assert p._direct.stats["failed_messages"] == 1 and p._direct.stats["retries"] >= 1
+            # a user batch on the same path (encoded once: every attempt sends the same body)
+            retries = p._direct.stats["retries"]
+            batch = [Message("DoomedDirect", b"lost-%d" % i) for i in range(3)]
+            with pytest.raises(RemotingError, match=r"Send \["):
+                p.send_batch(batch)
+            assert p._direct.stats["failed_messages"] == 4 and p._direct.stats["retries"] > retries
+            assert len({m.properties["UNIQ_KEY"] for m in batch}) == 3      # ids given once, kept
     finally:
         c.close()
 
