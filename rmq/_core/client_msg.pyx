@@ -32,9 +32,7 @@ from libc.string cimport memchr, memcpy
 from rmq._core.hton cimport load_be32, store_be16, store_be32
 from rmq._core.layout cimport COMPRESSED_FLAG as _COMPRESSED, COMPRESSION_ZLIB_TYPE as _ZLIB, \
     TRANSACTION_PREPARED_TYPE as _PREPARED
-from rmq._core.layout cimport BATCH_BODY_LENGTH_OFFSET, BATCH_BODY_OFFSET, BATCH_FIXED_LENGTH, \
-    BATCH_FLAG_OFFSET, BATCH_MAGIC_CODE_OFFSET, BATCH_BODY_CRC_OFFSET, BATCH_TOTAL_SIZE_OFFSET, \
-    PROPERTIES_MAX_LENGTH
+from rmq._core.layout cimport BATCH_FIXED_LENGTH, BATCH_TOTAL_SIZE_OFFSET, PROPERTIES_MAX_LENGTH, put_batch_element
 
 import calendar
 import os
@@ -884,7 +882,7 @@ cdef class MessagePreparer:
             (``message i of n: properties are ...``).  A refused batch is left as given.
         """
         cdef _BatchScan s = self._scan_batch(msgs)
-        cdef Py_ssize_t n = len(s.ms), i, blen, plen, rec, k = PyBytes_GET_SIZE(_UNIQ_PROPS_PREFIX)
+        cdef Py_ssize_t n = len(s.ms), i, blen, plen, k = PyBytes_GET_SIZE(_UNIQ_PROPS_PREFIX)
         cdef Py_ssize_t ids_len = n - 1, ulen
         cdef object pb, u
         cdef bint ascii = True             # every UNIQ_KEY ASCII (a user may set any str): joined in C
@@ -905,6 +903,7 @@ cdef class MessagePreparer:
         cdef str ids = PyUnicode_New(ids_len, 127) if ascii else ",".join(s.uniqs)
         cdef char* w = <char*>PyUnicode_DATA(ids)
         cdef const char* prefix = PyBytes_AS_STRING(_UNIQ_PROPS_PREFIX)
+        cdef unsigned char* pp
         cdef object m, b
         for i in range(n):
             m = s.ms[i]
@@ -914,21 +913,16 @@ cdef class MessagePreparer:
             ulen = PyUnicode_GET_LENGTH(u)
             blen = PyBytes_GET_SIZE(b)
             plen = k + ulen + 1 if pb is None else PyBytes_GET_SIZE(pb)
-            rec = BATCH_FIXED_LENGTH + blen + plen
-            store_be32(o + BATCH_TOTAL_SIZE_OFFSET, <int32_t>rec)
-            store_be32(o + BATCH_MAGIC_CODE_OFFSET, 0)
-            store_be32(o + BATCH_BODY_CRC_OFFSET, 0)
-            store_be32(o + BATCH_FLAG_OFFSET, <int32_t>((<Message>m).flag if isinstance(m, Message) else m.flag))
-            store_be32(o + BATCH_BODY_LENGTH_OFFSET, <int32_t>blen)
-            memcpy(o + BATCH_BODY_OFFSET, PyBytes_AS_STRING(b), blen)
-            store_be16(o + BATCH_BODY_OFFSET + blen, <int16_t>plen)
+            pp = put_batch_element(o, BATCH_FIXED_LENGTH + blen + plen,
+                                   <int32_t>((<Message>m).flag if isinstance(m, Message) else m.flag),
+                                   PyBytes_AS_STRING(b), blen, plen)
             if pb is None:
-                memcpy(o + BATCH_BODY_OFFSET + blen + 2, prefix, k)
-                memcpy(o + BATCH_BODY_OFFSET + blen + 2 + k, PyUnicode_DATA(u), ulen)
-                o[BATCH_BODY_OFFSET + blen + 2 + k + ulen] = 2
+                memcpy(pp, prefix, k)
+                memcpy(pp + k, PyUnicode_DATA(u), ulen)
+                pp[k + ulen] = 2
             else:
-                memcpy(o + BATCH_BODY_OFFSET + blen + 2, PyBytes_AS_STRING(pb), plen)
-            o += rec
+                memcpy(pp, PyBytes_AS_STRING(pb), plen)
+            o = pp + plen
             if ascii:
                 if i:
                     w[0] = 44       # ','
@@ -1019,16 +1013,10 @@ def batch_body(list preps):
     for p in preps:
         blen = PyBytes_GET_SIZE(p.body)
         plen = PyBytes_GET_SIZE(p.props)
-        n = BATCH_FIXED_LENGTH + blen + plen
-        store_be32(o + BATCH_TOTAL_SIZE_OFFSET, <int32_t>n)
-        store_be32(o + BATCH_MAGIC_CODE_OFFSET, 0)
-        store_be32(o + BATCH_BODY_CRC_OFFSET, 0)
-        store_be32(o + BATCH_FLAG_OFFSET, <int32_t>p.msg.flag)
-        store_be32(o + BATCH_BODY_LENGTH_OFFSET, <int32_t>blen)
-        memcpy(o + BATCH_BODY_OFFSET, PyBytes_AS_STRING(p.body), blen)
-        store_be16(o + BATCH_BODY_OFFSET + blen, <int16_t>plen)
-        memcpy(o + BATCH_BODY_OFFSET + blen + 2, PyBytes_AS_STRING(p.props), plen)
-        o += n
+        o = put_batch_element(o, BATCH_FIXED_LENGTH + blen + plen, <int32_t>p.msg.flag, PyBytes_AS_STRING(p.body),
+                              blen, plen)
+        memcpy(o, PyBytes_AS_STRING(p.props), plen)
+        o += plen
     return out
 
 
@@ -1316,15 +1304,7 @@ def encode_rows(MessagePreparer preparer, str topic, list bodies, list tags, lis
             size = sizes[i]
             b = bs[i]
             blen = PyBytes_GET_SIZE(b)
-            store_be32(o + BATCH_TOTAL_SIZE_OFFSET, <int32_t>size)
-            store_be32(o + BATCH_MAGIC_CODE_OFFSET, 0)
-            store_be32(o + BATCH_BODY_CRC_OFFSET, 0)
-            store_be32(o + BATCH_FLAG_OFFSET, 0)
-            store_be32(o + BATCH_BODY_LENGTH_OFFSET, <int32_t>blen)
-            memcpy(o + BATCH_BODY_OFFSET, PyBytes_AS_STRING(b), blen)
-            plen = size - BATCH_FIXED_LENGTH - blen
-            store_be16(o + BATCH_BODY_OFFSET + blen, <int16_t>plen)
-            o += BATCH_BODY_OFFSET + blen + 2
+            o = put_batch_element(o, size, 0, PyBytes_AS_STRING(b), blen, size - BATCH_FIXED_LENGTH - blen)
             up = ups[i]
             if up is not None:
                 ul = PyBytes_GET_SIZE(up)

@@ -260,18 +260,11 @@ def encode_batch(messages):
     for body, props, flag in messages:
         bv = body
         pv = props
-        n = BATCH_FIXED_LENGTH + bv.shape[0] + pv.shape[0]
-        store_be32(p + BATCH_TOTAL_SIZE_OFFSET, <int32_t>n)
-        store_be32(p + BATCH_MAGIC_CODE_OFFSET, 0)
-        store_be32(p + BATCH_BODY_CRC_OFFSET, 0)
-        store_be32(p + BATCH_FLAG_OFFSET, <int32_t>flag)
-        store_be32(p + BATCH_BODY_LENGTH_OFFSET, <int32_t>bv.shape[0])
-        if bv.shape[0]:
-            memcpy(p + BATCH_BODY_OFFSET, &bv[0], bv.shape[0])
-        store_be16(p + BATCH_BODY_OFFSET + bv.shape[0], <int16_t>pv.shape[0])
+        p = put_batch_element(p, BATCH_FIXED_LENGTH + bv.shape[0] + pv.shape[0], <int32_t>flag,
+                              &bv[0] if bv.shape[0] else NULL, bv.shape[0], pv.shape[0])
         if pv.shape[0]:
-            memcpy(p + BATCH_BODY_OFFSET + bv.shape[0] + 2, &pv[0], pv.shape[0])
-        p += n
+            memcpy(p, &pv[0], pv.shape[0])
+        p += pv.shape[0]
     return out
 
 

@@ -18,6 +18,11 @@
 # stored; the __CRC32# property (SPEC.md §1.7) covers the whole record but its
 # own 20 reserved bytes.  Recovery stops at the first record whose magic,
 # lengths or CRC do not check, and truncates there (SPEC.md §5.2).
+from libc.stdint cimport int16_t, int32_t
+from libc.string cimport memcpy
+
+from rmq._core.hton cimport store_be16, store_be32
+
 cpdef enum:
     MSG_TOTAL_SIZE_OFFSET = 0
     MSG_MAGIC_CODE_OFFSET = MSG_TOTAL_SIZE_OFFSET + 4
@@ -83,6 +88,22 @@ cpdef enum:
     BATCH_BODY_LENGTH_OFFSET = 16
     BATCH_BODY_OFFSET = 20
     BATCH_FIXED_LENGTH = 4 + 4 + 4 + 4 + 4 + 2    # == 22
+
+
+cdef inline unsigned char* put_batch_element(unsigned char* o, Py_ssize_t total, int32_t flag, const void* body,
+                                             Py_ssize_t body_len, Py_ssize_t props_len) noexcept nogil:
+    """One batch element's TOTALSIZE (``total`` = BATCH_FIXED_LENGTH + ``body_len`` +
+    ``props_len``), MAGICCODE and BODYCRC (0), FLAG, BODYLEN, BODY and PROPERTIESLEN, at ``o``;
+    returns where its PROPERTIES go.  Every writer of a batch body goes through here."""
+    store_be32(o + BATCH_TOTAL_SIZE_OFFSET, <int32_t>total)
+    store_be32(o + BATCH_MAGIC_CODE_OFFSET, 0)
+    store_be32(o + BATCH_BODY_CRC_OFFSET, 0)
+    store_be32(o + BATCH_FLAG_OFFSET, flag)
+    store_be32(o + BATCH_BODY_LENGTH_OFFSET, <int32_t>body_len)
+    if body_len:
+        memcpy(o + BATCH_BODY_OFFSET, body, <size_t>body_len)
+    store_be16(o + BATCH_BODY_OFFSET + body_len, <int16_t>props_len)
+    return o + BATCH_BODY_OFFSET + body_len + 2
 
 # Limits (SPEC.md §1.9)
 cpdef enum:
