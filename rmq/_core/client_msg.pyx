@@ -172,6 +172,13 @@ cdef str _new_uniq_id():
     return s
 
 
+# A user batch's new ids share one clock read per this many: an id is (time field in ms, a 16-bit
+# counter), so ids 65,536 apart must not share a time field; 65,536 ids take well over a ms to make.
+cdef enum:
+    _IDS_PER_CLOCK_READ = 4096
+UNIQ_IDS_PER_CLOCK_READ = _IDS_PER_CLOCK_READ
+
+
 cdef str _new_uniq_id_at(uint32_t ms):
     """:func:`_new_uniq_id` with the time field read once for many (a user batch's messages: the
     counter keeps them apart)."""
@@ -759,7 +766,7 @@ cdef class MessagePreparer:
         s.added_plain = []
         s.wait = True
         cdef uint32_t now_ms = 0
-        cdef bint have_ms = False
+        cdef Py_ssize_t made = 0         # new ids so far: the clock is read again every UNIQ_IDS_PER_CLOCK_READ
         cdef Py_ssize_t total = 0, i, k = PyBytes_GET_SIZE(_UNIQ_PROPS_PREFIX)
         cdef object props_obj, uniq, b, mt, w, pb
         cdef dict props
@@ -799,9 +806,9 @@ cdef class MessagePreparer:
                 if i == 0 and topic.startswith("%RETRY%"):   # every message has the first's topic
                     raise self.error_type("Retry Group is not supported for batching", self.illegal_code)
                 if not uniq:
-                    if not have_ms:
+                    if made % _IDS_PER_CLOCK_READ == 0:
                         now_ms = _uniq_ms()
-                        have_ms = True
+                    made += 1
                     uniq = _new_uniq_id_at(now_ms)
                     if lazy:
                         (<Message>m)._uniq = uniq
@@ -935,7 +942,6 @@ cdef class MessagePreparer:
         ub.msgs = s.ms
         ub.topic = s.topic
         ub.wait = s.wait
-        ub.count = n
         return ub
 
 
@@ -965,10 +971,9 @@ cdef class UserBatch:
     cdef readonly list msgs
     cdef readonly str topic
     cdef readonly bint wait
-    cdef readonly Py_ssize_t count
 
     def __len__(self):
-        return self.count
+        return len(self.msgs)
 
     @property
     def first_uniq_id(self):
@@ -977,7 +982,7 @@ cdef class UserBatch:
         return self.uniq_ids if i < 0 else self.uniq_ids[:i]
 
     def __repr__(self):
-        return f"UserBatch(topic={self.topic!r}, messages={self.count}, bytes={len(self.body)})"
+        return f"UserBatch(topic={self.topic!r}, messages={len(self.msgs)}, bytes={len(self.body)})"
 
 
 # -- batch bodies (SPEC.md §1.11) ------------------------------------------------------------------

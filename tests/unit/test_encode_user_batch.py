@@ -129,3 +129,17 @@ def test_the_request_and_the_result():
     fields, bodies = send_response_msg_id_parts("A,B")
     resp = Frame(ResponseCode.SUCCESS, fields=dict(fields, queueId=0, queueOffset=1), bodies=bodies)
     assert user_batch_result(resp, "T", "b", "a", one).offset_msg_id == "A"
+
+
+def test_ids_of_a_batch_larger_than_the_id_counter_are_unique():
+    """An id is a time field (ms) and a 16-bit counter: a batch of more than 65,536 messages
+    (possible with max_message_size up to the wire's limit) reads the clock again every
+    UNIQ_IDS_PER_CLOCK_READ new ids, so no two of its ids are equal."""
+    from rmq._core.client_msg import UNIQ_IDS_PER_CLOCK_READ
+    assert 0 < UNIQ_IDS_PER_CLOCK_READ <= 65536 // 8
+    opts = ProducerOptions(max_message_size=15 * 1024 * 1024)
+    msgs = [Message("T", b"x") for _ in range(70_000)]
+    ids = encode_user_batch(msgs, opts).uniq_ids.split(",")
+    assert len(ids) == 70_000 and len(set(ids)) == 70_000
+    more = [Message("T", b"y") for _ in range(70_000)]
+    assert len({p.uniq_id for p in prepare_batch(more, opts)}) == 70_000
