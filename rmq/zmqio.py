@@ -28,6 +28,7 @@ from typing import Sequence
 
 import zmq
 from zmq.backend import Socket as _BackendSocket
+from zmq.utils.monitor import parse_monitor_message
 
 try:
     from rmq._core import zmqc as _zmqc
@@ -141,7 +142,6 @@ def monitor_events(monitor: zmq.Socket) -> list:
     zmq.ZMQError
         The monitor socket is closed.
     """
-    from zmq.utils.monitor import parse_monitor_message
     out: list = []
     while True:
         batch = recv_waiting(monitor, MONITOR_DRAIN)
