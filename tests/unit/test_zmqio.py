@@ -49,6 +49,25 @@ def test_direct_path_can_be_turned_off():
     assert out.stdout.split() == ["False", "recv_parts_pyzmq"], out.stderr
 
 
+def test_no_libzmq_found_falls_back_to_pyzmq():
+    """When zmqc cannot find libzmq through pyzmq's backend (here: the backend module's file is
+    not a loaded library), it says so and rmq.zmqio takes pyzmq's path, which still works."""
+    code = """
+import sys, types, zmq, zmq.backend.cython as zc
+fake = types.ModuleType("zmq.backend.cython._zmq"); fake.__file__ = "/nonexistent/_zmq.so"
+real = zc._zmq; zc._zmq = sys.modules["zmq.backend.cython._zmq"] = fake
+from rmq._core import zmqc
+zc._zmq = sys.modules["zmq.backend.cython._zmq"] = real
+from rmq import zmqio
+ctx = zmq.Context(); a, b = ctx.socket(zmq.PAIR), ctx.socket(zmq.PAIR)
+a.bind("inproc://x"); b.connect("inproc://x")
+zmqio.send_parts(a, [b"p", b"q"])
+print(zmqc.available(), zmqio.DIRECT, zmqio.recv_parts.__name__, [bytes(p) for p in zmqio.recv_parts(b, 0)])
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.split() == ["False", "False", "recv_parts_pyzmq", "[b'p',", "b'q']"], out.stderr
+
+
 def test_parts_round_trip_small_copied_and_large_zero_copy(pair, impl):
     send_parts, recv_parts, _ = impl
     a, b = pair
