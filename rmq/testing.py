@@ -170,10 +170,17 @@ class Cluster:
         return codes
 
     def kill_group(self) -> None:
+        """SIGKILL the group (not the nameserver); the sockets the broker leaves go with their
+        private directory (:func:`rmq.actors.broker_endpoints.release_ipc_dir`)."""
+        from rmq.actors.broker_endpoints import release_ipc_dir
+        killed = False
         for name in self.GROUP:
             p = self.procs.pop(name, None)
             if p is not None:
                 p.kill()
+                killed = True
+        if killed:
+            release_ipc_dir(self.store_path)
 
     def close(self) -> None:
         self.kill_group()

@@ -51,7 +51,8 @@ from zmq.utils.monitor import parse_monitor_message
 from rmq import metrics as M
 from rmq import protocol as P
 from rmq.actors.broker_endpoints import (ANNOUNCE_APPEND, ANNOUNCE_DURABLE, ANNOUNCE_TICK,  # noqa: F401
-                                         announce_endpoint, internal_endpoint, store_config_from_settings)
+                                         announce_endpoint, internal_endpoint, release_ipc_dir,
+                                         store_config_from_settings)
 from rmq.actors.actor import Actor, Reply
 from rmq.actors.controller_client import ControllerClient
 from rmq.actors.pop import REVIVE_SCAN_MS, PopService
@@ -359,6 +360,14 @@ class BrokerActor(Actor):
         self.metrics = M.BrokerMetrics(self.metrics_settings, self.cluster_name, self.broker_name, self.ctx,
                                        self._metric_gauges)
         self.serve_metrics(self.metrics, self.client_sock, "metricsPromExporterPort")
+
+    def run(self) -> None:
+        """The actor's loop; then the private ipc directory of a deep store path goes (its sockets
+        were closed with the context: :func:`rmq.actors.broker_endpoints.release_ipc_dir`)."""
+        try:
+            super().run()
+        finally:
+            release_ipc_dir(self.store_path)
 
     def on_stop(self) -> None:
         if self.metrics is not None:

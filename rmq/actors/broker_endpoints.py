@@ -8,6 +8,7 @@ import hashlib
 import os
 import stat
 import tempfile
+from typing import Optional
 
 from rmq.store.config import MessageStoreConfig
 
@@ -18,6 +19,13 @@ ANNOUNCE_DURABLE = b"D"   # PUB topic: appends the broker already made durable i
 
 
 MAX_IPC_PATH = 100        # bytes; a Unix socket path must fit sockaddr_un.sun_path (108 on Linux)
+
+
+def _private_dir(root: str) -> Optional[str]:
+    """``<tmp>/rmq-<uid>-<16 hex of sha256(root)>`` when ``root``'s own socket paths are too long, else None."""
+    if len(os.path.join(root, "broker-pub.ipc").encode()) <= MAX_IPC_PATH:
+        return None
+    return os.path.join(tempfile.gettempdir(), f"rmq-{os.getuid()}-{hashlib.sha256(root.encode()).hexdigest()[:16]}")
 
 
 def ipc_dir(store_path: str) -> str:
@@ -33,10 +41,9 @@ def ipc_dir(store_path: str) -> str:
         could listen on it), or cannot be created.
     """
     root = os.path.abspath(store_path)
-    if len(os.path.join(root, "broker-pub.ipc").encode()) <= MAX_IPC_PATH:
+    d = _private_dir(root)
+    if d is None:
         return root
-    digest = hashlib.sha256(root.encode()).hexdigest()[:16]
-    d = os.path.join(tempfile.gettempdir(), f"rmq-{os.getuid()}-{digest}")
     try:
         os.mkdir(d, 0o700)
     except FileExistsError:
@@ -48,6 +55,27 @@ def ipc_dir(store_path: str) -> str:
     if stat.S_IMODE(st.st_mode) & 0o077:
         os.chmod(d, 0o700)
     return d
+
+
+def release_ipc_dir(store_path: str) -> None:
+    """Remove the private directory :func:`ipc_dir` made for ``store_path``, with the broker's two
+    socket files in it (libzmq leaves a bound ipc socket's file behind when it closes, and a
+    killed broker leaves them too).  For the broker after its sockets are closed, or for whoever
+    knows the broker is dead (a test harness after SIGKILL).  Nothing happens for a store that
+    keeps its sockets in itself, for a directory that holds anything else, or for one that is not
+    there; it never raises."""
+    d = _private_dir(os.path.abspath(store_path))
+    if d is None:
+        return
+    for name in ("broker.ipc", "broker-pub.ipc"):
+        try:
+            os.unlink(os.path.join(d, name))
+        except OSError:
+            pass
+    try:
+        os.rmdir(d)
+    except OSError:
+        pass
 
 
 def internal_endpoint(store_path: str) -> str:
@@ -69,4 +97,5 @@ def store_config_from_settings(settings: dict) -> MessageStoreConfig:
 
 
 __all__ = ["ANNOUNCE_APPEND", "ANNOUNCE_DURABLE", "ANNOUNCE_TICK", "MAX_IPC_PATH", "announce_endpoint",
-           "internal_endpoint", "ipc_dir", "store_config_from_settings"]
+           "internal_endpoint", "ipc_dir", "release_ipc_dir",
+           "store_config_from_settings"]

@@ -340,3 +340,8 @@ def test_a_store_path_too_deep_for_ipc_sockets_still_serves(tmp_path):
         assert [m.body for m in msgs] == [b"d%d" % i for i in range(10)]
         d = ipc_dir(str(store))
         assert d != str(store) and {"broker.ipc", "broker-pub.ipc"} <= set(os.listdir(d))
+        assert c.stop_group()["broker"] == 0
+        assert not os.path.exists(d)       # a broker that stops removes it (no litter in /tmp)
+        c.start_group()                    # and one that starts again makes it again
+        assert wait_for(lambda: pull_all(rc, c.broker, "DeepT", 0)[0])
+    assert not os.path.exists(d)           # a killed group's sockets go with it (rmq.testing.Cluster)
