@@ -37,7 +37,15 @@ Client-side batching (:meth:`Producer.send_async`)
     soon as the message is accepted: without suspending while fewer than
     ``max_pending_messages`` messages are unanswered, else after awaiting room
     (the thread producer blocks there), up to ``send_msg_timeout_ms``, then
-    :class:`MQClientError` ("producer buffer full ...").  :meth:`Producer.flush`
+    :class:`MQClientError` ("producer buffer full ...").  An ordered ``send_async``
+    also lets the loop run once (``asyncio.sleep(0)``) when ``ORDERED_YIELD_MS`` have
+    passed since it last did: an ordered queue's next batch goes only once the answer
+    to its last one is read, and a caller's loop that never suspends would hold every
+    queue's next batch until ``max_pending_messages`` is reached (the broker then
+    idles while the caller fills the room, and the caller while the broker works:
+    about 0.8x the rate, bench/results/client.md stop 56).  Unordered batches are not
+    held that way (``max_in_flight`` requests out), and a yield there costs rate: in
+    the same run, yielding every millisecond made their requests 4x smaller.  :meth:`Producer.flush`
     ships what is queued and awaits every answer; :meth:`Producer.close` flushes.
 
 Sockets
@@ -106,6 +114,9 @@ log = logging.getLogger("rmq.aio.producer")
 
 _SEND_BATCH = int(RequestCode.SEND_BATCH_MESSAGE)
 _Future = asyncio.Future
+_monotonic = time.monotonic
+
+ORDERED_YIELD_MS = 1.0      # an ordered send_async lets the loop run after this long without (module docstring)
 _copy_context = contextvars.copy_context
 
 
@@ -301,6 +312,7 @@ class Producer:
         self._reqs: set = set()             # _Batch on the wire (a task each)
         self._inflight = 0                  # len(_reqs): requests out, held to max_in_flight
         self._pending = 0                   # messages accepted and not yet answered
+        self._ordered_yield_at = 0.0        # time.monotonic(): an ordered send_async yields after this
         self._low_water = max(o.max_pending_messages * 3 // 4, 1)   # waiters for room wake at or below
         self._room_waiters: list = []       # futures of send_async calls waiting for room
         self._idle_waiters: list = []       # futures of flush calls waiting for pending == 0
@@ -481,7 +493,9 @@ class Producer:
 
         Back-pressure: the call returns without suspending while fewer than
         ``max_pending_messages`` messages are unanswered; at the limit it awaits room (until
-        3/4 of the limit), at most ``send_msg_timeout_ms``.
+        3/4 of the limit), at most ``send_msg_timeout_ms``.  An ordered call (selector, sharding
+        key, queue) also suspends once when ``ORDERED_YIELD_MS`` (1 ms) have passed since one
+        last did, so that its queues' answers are read (module docstring).
 
         Raises
         ------
@@ -493,19 +507,25 @@ class Producer:
             await self._ensure_started()
         if selector is not None or sharding_key is not None or queue is not None or timeout_ms is not None:
             if type(sharding_key) in OPEN_KEY_TYPES and selector is None and queue is None and timeout_ms is None:
-                prep = self._keyed_c(msg, callback, sharding_key)  # its queue known and open: in C (AioAppend)
-                if type(prep) is _Future:
-                    return prep
+                fut = self._keyed_c(msg, callback, sharding_key)   # its queue known and open: in C (AioAppend)
+                if type(fut) is not _Future:
+                    if self._pending >= self._max_pending and self._pending > 0:
+                        await self._wait_for_room(1)
+                    fut = self._send_async_with(fut, callback, None, select_by_hash, sharding_key, None)
+            else:
+                if selector is not None or sharding_key is not None:
+                    selector, arg = selector_for(selector, arg, sharding_key, msg)
+                prep = self._prepare(msg)
                 if self._pending >= self._max_pending and self._pending > 0:
+                    self._check_with(prep, timeout_ms, queue)      # nothing waits for room that is refused anyway
                     await self._wait_for_room(1)
-                return self._send_async_with(prep, callback, None, select_by_hash, sharding_key, None)
-            if selector is not None or sharding_key is not None:
-                selector, arg = selector_for(selector, arg, sharding_key, msg)
-            prep = self._prepare(msg)
-            if self._pending >= self._max_pending and self._pending > 0:
-                self._check_with(prep, timeout_ms, queue)      # nothing waits for room that is refused anyway
-                await self._wait_for_room(1)
-            return self._send_async_with(prep, callback, timeout_ms, selector, arg, queue)
+                fut = self._send_async_with(prep, callback, timeout_ms, selector, arg, queue)
+            if selector is not None or sharding_key is not None or queue is not None:
+                now = _monotonic()
+                if now >= self._ordered_yield_at:          # an ordered send: the loop reads answers now and then
+                    self._ordered_yield_at = now + ORDERED_YIELD_MS / 1000.0
+                    await asyncio.sleep(0)
+            return fut
         prep = self._append_c(msg, callback)      # the common case in C (AioAppend): its future
         if type(prep) is _Future:
             if self._inflight < self._max_in_flight:
@@ -1324,4 +1344,4 @@ class Producer:
 
 AsyncProducer = Producer       # the name ECOSYSTEM.md's sketch uses
 
-__all__ = ["Producer", "AsyncProducer"]
+__all__ = ["ORDERED_YIELD_MS", "Producer", "AsyncProducer"]

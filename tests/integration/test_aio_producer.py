@@ -326,6 +326,58 @@ def test_ordered_send_async_with_a_failing_selector_fails_its_future_only(cluste
     assert run(main()).status is SendStatus.SEND_OK
 
 
+def test_a_loop_of_ordered_send_async_that_never_suspends_still_gets_answers(cluster, rc):
+    """A caller that sends ordered messages in a loop that never awaits anything else, with room
+    for all of them (no back-pressure wait): send_async lets the event loop run every
+    ORDERED_YIELD_MS, so answers are read and each queue's next batch goes while the caller is
+    still in its loop (without it, nothing at all would go before the loop ends).  Every key's
+    messages are stored in order, in one queue."""
+    from rmq.aio.producer import ORDERED_YIELD_MS
+    assert ORDERED_YIELD_MS > 0
+    create_topic(rc, cluster, "AioOrderedLoop", 4)
+    keys = [f"k{i}" for i in range(4)]
+    cap = 300_000
+
+    async def main():
+        done = [0]
+        ticks = [0]
+
+        def cb(fut):
+            done[0] += 1
+
+        async def ticker():
+            while True:
+                await asyncio.sleep(0)
+                ticks[0] += 1
+
+        async with Producer(cluster.namesrv_addr, group="pg", max_pending_messages=cap + 1) as p:
+            await asyncio.wait_for(_until_route(p, "AioOrderedLoop", 4), WAIT_S)
+            t = asyncio.ensure_future(ticker())
+            await asyncio.sleep(0)
+            sent, ticks[0] = 0, 0
+            while done[0] == 0 and sent < cap:      # the caller's loop: only send_async
+                await p.send_async(Message("AioOrderedLoop", b"%s:%d" % (keys[sent % 4].encode(), sent)),
+                                   callback=cb, sharding_key=keys[sent % 4])
+                sent += 1
+            in_loop = done[0], ticks[0]
+            t.cancel()
+            assert await p.flush(WAIT_S) == 0
+            return sent, in_loop, done[0]
+
+    sent, (done_in_loop, ticks_in_loop), done = run(main())
+    assert done_in_loop > 0 and ticks_in_loop > 0 and sent < cap, (sent, done_in_loop, ticks_in_loop)
+    assert done == sent
+    msgs = pull_topic(rc, cluster, "AioOrderedLoop", 4, sent)
+    by_key: dict = {}
+    for m in sorted(msgs, key=lambda m: (m.queue_id, m.queue_offset)):
+        key, i = m.body.split(b":")
+        by_key.setdefault(key, []).append((m.queue_id, int(i)))
+    assert sum(len(v) for v in by_key.values()) == sent
+    for key, got in by_key.items():
+        assert len({q for q, _ in got}) == 1, key                 # one queue a key
+        assert [i for _, i in got] == sorted(i for _, i in got), key   # in the order sent
+
+
 def test_a_nameserver_that_does_not_answer_is_failed_over_within_the_send_budget(cluster, rc):
     """The first NameServer of the list never answers (ZeroMQ queues the request and says
     nothing): it is waited for its share of the budget only, so the next one answers and the
