@@ -263,3 +263,100 @@ def test_closed_and_events(pair, impl):
             events(s)
     finally:
         ctx.term()
+
+
+def _until_sleeping(native_id: int, deadline_s: float = 10.0) -> None:
+    """Until thread ``native_id`` of this process sleeps in the kernel (state S: blocked in its
+    call), or has ended (the caller's checks say why)."""
+    import time
+    end = time.monotonic() + deadline_s
+    while True:
+        try:
+            with open(f"/proc/self/task/{native_id}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "S":
+                    return
+        except FileNotFoundError:
+            return
+        assert time.monotonic() < end, "the thread never blocked"
+        time.sleep(0.005)
+
+
+@pytest.mark.parametrize("op", ["recv", "send"])
+def test_a_blocking_call_interrupted_by_a_signal_is_retried(op):
+    """Signals delivered to a thread blocked in zmqc's receive or send (EINTR from libzmq: Python's
+    handlers are installed without SA_RESTART) do not end the call: it checks the signals and
+    waits again, and then returns what arrives (the send, what it was given once a peer came)."""
+    import signal
+    import threading
+    import time
+    ctx = zmq.Context()
+    hits = []
+    old = signal.signal(signal.SIGUSR1, lambda *a: hits.append(1))
+    a, b = ctx.socket(zmq.PUSH), ctx.socket(zmq.PULL)
+    try:
+        got, errors = [], []
+
+        def blocked():
+            try:
+                if op == "recv":
+                    got.append(zmqc.recv_parts(b, 0)[0].bytes)
+                else:
+                    got.append(zmqc.send_parts(a, [b"waited"], 0))    # no peer yet: PUSH blocks
+            except BaseException as e:  # noqa: BLE001 - the test's outcome
+                errors.append(e)
+
+        a.bind("inproc://eintr")                      # a socket is used by one thread at a time:
+        if op == "recv":                              # only the other one connects later
+            b.connect("inproc://eintr")
+        t = threading.Thread(target=blocked)
+        t.start()
+        _until_sleeping(t.native_id)
+        for i in range(3):
+            signal.pthread_kill(t.ident, signal.SIGUSR1)
+            end = time.monotonic() + 10
+            while len(hits) <= i and time.monotonic() < end:
+                time.sleep(0.005)                     # the handler runs in this (the main) thread
+            _until_sleeping(t.native_id)              # and the call waits again
+        assert len(hits) == 3 and t.is_alive() and not got and not errors, (hits, got, errors)
+        if op == "recv":
+            zmqc.send_parts(a, [b"late"], 0)
+        else:
+            b.connect("inproc://eintr")               # a peer: the send goes
+        t.join(10)
+        assert not t.is_alive() and not errors, errors
+        if op == "recv":
+            assert got == [b"late"]
+        else:
+            assert zmqc.recv_parts(b, 0)[0].bytes == b"waited"
+    finally:
+        signal.signal(signal.SIGUSR1, old)
+        a.close(0)
+        b.close(0)
+        ctx.term()
+
+
+def test_a_signal_handler_that_raises_ends_a_blocking_receive_with_its_exception():
+    """In the main thread, a handler's exception (KeyboardInterrupt, a timeout) ends zmqc's
+    blocking receive with that exception, not a ZMQError, and the socket still works."""
+    import signal
+    ctx = zmq.Context()
+    a, b = ctx.socket(zmq.PUSH), ctx.socket(zmq.PULL)
+    b.bind("inproc://eintr-raise")
+    a.connect("inproc://eintr-raise")
+
+    def alarm(*_):
+        raise TimeoutError("alarm")
+
+    old = signal.signal(signal.SIGALRM, alarm)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.05)
+        with pytest.raises(TimeoutError, match="alarm"):
+            zmqc.recv_parts(b, 0)
+        zmqc.send_parts(a, [b"after"], 0)
+        assert zmqc.recv_parts(b, 0)[0].bytes == b"after"
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+        a.close(0)
+        b.close(0)
+        ctx.term()
