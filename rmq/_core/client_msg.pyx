@@ -1801,8 +1801,11 @@ cdef class CallerAppend:
     cdef dict open_                     # the sender's open batches (its ``open``, never replaced)
     cdef Py_ssize_t max_pending
     cdef public bint closed
+    cdef object producer_ref            # weakref.ref to the Producer (send_async's other cases)
+    cdef dict switches                  # rmq.latency_trace's module dict: its ENABLED
 
-    def __init__(self, sender, MessagePreparer preparer, future_type, Py_ssize_t max_pending):
+    def __init__(self, sender, MessagePreparer preparer, future_type, Py_ssize_t max_pending,
+                 producer_ref=None, dict switches=None):
         self.sender = sender
         self.preparer = preparer
         self.future_type = future_type
@@ -1811,6 +1814,39 @@ cdef class CallerAppend:
         self.state = sender.__dict__
         self.open_ = sender.open
         self.max_pending = max_pending
+        self.producer_ref = producer_ref
+        self.switches = switches if switches is not None else {}
+
+    def send_async(self, msg, callback=None, *, timeout_ms=None, selector=None, arg=None, sharding_key=None,
+                   queue=None):
+        """``Producer.send_async`` with the Python frame of its common case left out: a producer
+        without message trace, with batching on, binds this as its instance's ``send_async``
+        (rmq.client.producer).  The common case (no selector, queue or timeout; no sharding key,
+        or one of an open-batch type: str, int, bytes; latency tracing off) is :meth:`send`, its
+        fallbacks ``Producer._send_async_rest``; every other call is the class's
+        ``Producer.send_async``, whose docstring this follows (same arguments, results, errors).
+
+        Raises
+        ------
+        MQClientError
+            As ``Producer.send_async``; "producer ... is closed" once the producer is gone.
+        """
+        cdef object producer
+        if selector is None and queue is None and timeout_ms is None and self.switches.get("ENABLED") is not True \
+                and (sharding_key is None or type(sharding_key) is str or type(sharding_key) is int
+                     or type(sharding_key) is bytes):
+            r = self.send(msg, callback, sharding_key)
+            if type(r) is not tuple:
+                return r
+            producer = self.producer_ref() if self.producer_ref is not None else None
+            if producer is None:
+                raise MQClientError("producer is closed")
+            return producer._send_async_rest(r, callback, sharding_key)
+        producer = self.producer_ref() if self.producer_ref is not None else None
+        if producer is None:
+            raise MQClientError("producer is closed")
+        return type(producer).send_async(producer, msg, callback, timeout_ms=timeout_ms, selector=selector, arg=arg,
+                                         sharding_key=sharding_key, queue=queue)
 
     def send(self, msg, callback, sharding_key=None):
         """The future of ``msg``, appended to its open batch; or ``(prepared message, future)``
