@@ -203,6 +203,38 @@ cdef bytes _uniq_only_props(str uniq):
     return out
 
 
+cdef str _SHARD = PROPERTY_SHARDING_KEY
+cdef bytes _SHARD_PROPS_PREFIX = (PROPERTY_SHARDING_KEY + "\x01").encode()
+
+
+cdef bytes _shard_uniq_props(str shard, str uniq):
+    """The encoded properties of a lazy message sent with a sharding key: ``SHARDING_KEY \x01
+    shard \x02 UNIQ_KEY \x01 uniq \x02``, what encode_properties gives for the dict the message
+    shows ({SHARDING_KEY: shard, UNIQ_KEY: uniq}: :meth:`Message._materialize`).
+
+    Raises
+    ------
+    MessageIllegalError
+        ``shard`` holds a \x01 or \x02 separator (as encode_properties).
+    """
+    cdef Py_ssize_t sl
+    cdef const char* sp = PyUnicode_AsUTF8AndSize(shard, &sl)
+    if _has_separator(sp, sl):
+        raise MessageIllegalError(f"property {PROPERTY_SHARDING_KEY!r} contains a \\x01 or \\x02 separator")
+    cdef Py_ssize_t a = PyBytes_GET_SIZE(_SHARD_PROPS_PREFIX), k = PyBytes_GET_SIZE(_UNIQ_PROPS_PREFIX)
+    cdef Py_ssize_t n = PyUnicode_GET_LENGTH(uniq)
+    cdef bytes out = PyBytes_FromStringAndSize(NULL, a + sl + 1 + k + n + 1)
+    cdef char* o = PyBytes_AS_STRING(out)
+    memcpy(o, PyBytes_AS_STRING(_SHARD_PROPS_PREFIX), a)
+    memcpy(o + a, sp, sl)
+    o[a + sl] = 2
+    o += a + sl + 1
+    memcpy(o, PyBytes_AS_STRING(_UNIQ_PROPS_PREFIX), k)
+    memcpy(o + k, PyUnicode_DATA(uniq), n)
+    o[k + n] = 2
+    return out
+
+
 def create_uniq_id():
     """A new ``UNIQ_KEY``: 32 uppercase hex digits (RocketMQ ``MessageClientIDSetter``)."""
     return _new_uniq_id()
@@ -370,6 +402,9 @@ cdef class Message:
     cdef dict _props
     cdef bint _lazy
     cdef str _uniq
+    # a lazy message's SHARDING_KEY, set by an ordered send (set_sharding_key): its properties are
+    # then {SHARDING_KEY: _shard, UNIQ_KEY: _uniq} without a dict made either; None otherwise
+    cdef str _shard
     cdef public object flag
 
     def __init__(self, topic, body, tags=None, keys=None, properties=None, delay_time_level=0, flag=0,
@@ -382,6 +417,7 @@ cdef class Message:
         self.body = body
         self.flag = flag
         self._uniq = None
+        self._shard = None
         if not (properties or tags or keys or delay_time_level or not wait_store_msg_ok
                 or deliver_time_ms is not None or delay_time_ms is not None):
             self._props = None           # no property: no dict (see above)
@@ -419,14 +455,18 @@ cdef class Message:
         self._props = value              # a dict, or None (prepare then refuses the message)
         self._lazy = False
         self._uniq = None
+        self._shard = None
 
     cdef dict _materialize(self):
         cdef dict d = {}
+        if self._shard is not None:      # in the order the dict path set them (sharding key first)
+            d[_SHARD] = self._shard
         if self._uniq is not None:
             d[_UNIQ] = self._uniq
         self._props = d
         self._lazy = False
         self._uniq = None
+        self._shard = None
         return d
 
     @property
@@ -546,6 +586,17 @@ cdef class PreparedMessage:   # message fewer for the cyclic GC, whose collectio
 
 cdef class _BatchScan
 cdef class UserBatch
+
+
+cpdef void set_sharding_key(Message msg, key) except *:
+    """Set ``msg``'s SHARDING_KEY property to ``str(key)``, as ``selector_for`` does, without
+    making a properties dict for a message that has none (its ``_shard``; the dict shows it once
+    made).  A message whose properties the user set to None is left so (prepare refuses it)."""
+    cdef str k = key if type(key) is str else str(key)
+    if msg._lazy:
+        msg._shard = k
+    elif msg._props is not None:
+        msg._props[_SHARD] = k
 
 
 cdef class MessagePreparer:
@@ -687,15 +738,21 @@ cdef class MessagePreparer:
         if len(body) >= self.compress_over:
             body = zlib.compress(body, self.compress_level)
             sys_flag = COMPRESSED_FLAG | COMPRESSION_ZLIB_TYPE
-        cdef PreparedMessage p = self._prepared(msg, body, sys_flag, uniq, True, sys_flag == 0, None)
+        cdef bytes plain = None
+        if msg._shard is not None:
+            try:
+                plain = _shard_uniq_props(msg._shard, uniq)
+            except MessageIllegalError as e:
+                raise self.error_type(str(e), self.illegal_code) from None
+        cdef PreparedMessage p = self._prepared(msg, body, sys_flag, uniq, True, sys_flag == 0, None, plain)
         msg._uniq = uniq
         return p
 
     cdef PreparedMessage _prepared(self, msg, bytes body, int sys_flag, str uniq, bint wait, bint batchable,
-                                   dict props):
-        """A PreparedMessage with the encoded properties (``props`` None: the UNIQ_KEY alone, a
-        message without a properties dict) and the batch size; a separator in a property is
-        ``error_type`` (MESSAGE_ILLEGAL)."""
+                                   dict props, bytes plain=None):
+        """A PreparedMessage with the encoded properties (``props`` None: a message without a
+        properties dict, ``plain`` its encoded properties, else the UNIQ_KEY alone) and the batch
+        size; a separator in a property is ``error_type`` (MESSAGE_ILLEGAL)."""
         cdef PreparedMessage p = PreparedMessage.__new__(PreparedMessage)
         p.msg = msg
         p.body = body
@@ -704,7 +761,7 @@ cdef class MessagePreparer:
         p.wait = wait
         p.batchable = batchable
         if props is None:
-            p.props = _uniq_only_props(uniq)
+            p.props = _uniq_only_props(uniq) if plain is None else plain
         else:
             try:
                 p.props = encode_properties(props)
@@ -781,6 +838,9 @@ cdef class MessagePreparer:
                     mt = (<Message>m).topic
                     b = (<Message>m).body
                     lazy = (<Message>m)._lazy    # no property but perhaps its UNIQ_KEY: no dict made
+                    if lazy and (<Message>m)._shard is not None:
+                        (<Message>m)._materialize()   # sent with a sharding key before: its dict now
+                        lazy = False
                     props_obj = (<Message>m)._props
                 else:
                     mt, props_obj, b = m.topic, m.properties, m.body
@@ -1861,13 +1921,8 @@ cdef class CallerAppend:
         error_type
             ``MessagePreparer.prepare``'s: nothing was queued.
         """
-        cdef object props
         if sharding_key is not None and isinstance(msg, Message):
-            props = (<Message>msg)._materialize() if (<Message>msg)._lazy else (<Message>msg)._props
-            if type(props) is not dict:          # None set by the user: prepare refuses it
-                props = msg.properties
-            if props is not None:
-                props[PROPERTY_SHARDING_KEY] = sharding_key if type(sharding_key) is str else str(sharding_key)
+            set_sharding_key(<Message>msg, sharding_key)
         cdef PreparedMessage prep = self.preparer.prepare(msg)
         if not prep.batchable:
             return prep, None
@@ -2064,7 +2119,7 @@ cdef class AioAppend:
             ``MessagePreparer.prepare``'s: nothing was queued.
         """
         if isinstance(msg, Message):
-            msg.properties[PROPERTY_SHARDING_KEY] = str(key)
+            set_sharding_key(<Message>msg, key)
         cdef PreparedMessage prep = self.preparer.prepare(msg)
         topic = (<Message>prep.msg).topic if type(prep.msg) is Message else prep.msg.topic
         info = self.publish_info(topic)
