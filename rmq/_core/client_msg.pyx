@@ -791,7 +791,10 @@ cdef class MessagePreparer:
                 if keys is not None:
                     k = keys[i]
                     if k is not None:
-                        m.properties[key_property] = k if type(k) is str else str(k)
+                        if key_property == _SHARD and type(m) is Message:
+                            set_sharding_key(<Message>m, k)      # no dict made for a message without one
+                        else:
+                            m.properties[key_property] = k if type(k) is str else str(k)
                 out.append(self.prepare(m))
         except Exception as e:
             if keys is not None:
