@@ -247,9 +247,11 @@ def test_live_nameserver_keeps_routes_across_wall_jumps(tmp_path):
 
 @pytest.mark.integration
 def test_live_cleaner_deletes_nothing_after_73h_jump(tmp_path):
+    # waitTimeMillsInSendQueue: the raw sends below are never retried; under load a scheduling gap of
+    # the broker could age one past the default 200 ms and get it SYSTEM_BUSY [TIMEOUT_CLEAN_QUEUE]
     conf = {"mappedFileSizeCommitLog": str(64 * 1024), "fileReservedTime": str(RESERVED_H),
             "deleteWhen": ";".join(f"{h:02d}" for h in range(24)), "cleanResourceInterval": "100",
-            "cleanResourceInitialDelay": "0"}
+            "cleanResourceInitialDelay": "0", "waitTimeMillsInSendQueue": "600000"}
     c = Cluster(tmp_path / "store", conf=conf, with_namesrv=False)
     cleaner = None
     try:

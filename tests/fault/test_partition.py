@@ -48,7 +48,11 @@ def runtime(c, addr, timeout_ms=5000):
 
 def test_partition_between_sync_master_and_slave(netns, tmp_path):
     rnd = random.Random(int(os.environ.get("RMQ_FAULT_SEED", "6006")))
-    master = Cluster(tmp_path / "master", conf={**HA_CONF, "brokerRole": "SYNC_MASTER", "brokerIP1": MASTER_IP},
+    # waitTimeMillsInSendQueue: the master's answers are checked to be SUCCESS or a replication
+    # failure only; under load a scheduling gap of the master could age a send past the default
+    # 200 ms and get it SYSTEM_BUSY [TIMEOUT_CLEAN_QUEUE] (flow control, not what is tested here)
+    master = Cluster(tmp_path / "master", conf={**HA_CONF, "brokerRole": "SYNC_MASTER", "brokerIP1": MASTER_IP,
+                                                "waitTimeMillsInSendQueue": "600000"},
                      with_ha=True, namesrv_args=("--listen-addr", MASTER_IP))
     slave = None
     try:

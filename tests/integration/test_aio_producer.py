@@ -207,10 +207,11 @@ def test_send_async_awaits_room_at_max_pending_messages_then_fails_clearly(clust
     broker = cluster.pids()["broker"]
 
     async def main():
-        async with Producer(cluster.namesrv_addr, group="pg", max_pending_messages=50,
-                            send_msg_timeout_ms=400) as p:
+        # the broker running: 500 sends through a buffer of 50, the caller paced by it.  The default
+        # send_msg_timeout_ms (the wait for room and for each answer): a broker that stalls for a
+        # few hundred ms on a loaded machine must not fail this part
+        async with Producer(cluster.namesrv_addr, group="pg", max_pending_messages=50) as p:
             await p.send(Message("AioPending50", b"warm-up"))
-            # the broker running: 500 sends through a buffer of 50, the caller paced by it
             top = 0
             futs = []
             for i in range(500):
@@ -219,6 +220,11 @@ def test_send_async_awaits_room_at_max_pending_messages_then_fails_clearly(clust
             assert top == 50 and await p.flush(WAIT_S) == 0
             assert all(f.result().status is SendStatus.SEND_OK for f in futs)
 
+        # the broker stopped: a short send_msg_timeout_ms, the time measured below; the requests
+        # with no reason to measure it (the warm-up, the send after the stop) get WAIT_S each
+        async with Producer(cluster.namesrv_addr, group="pg", max_pending_messages=50,
+                            send_msg_timeout_ms=400) as p:
+            await p.send(Message("AioPending50", b"warm-up"), timeout_ms=int(WAIT_S * 1000))
             os.kill(broker, signal.SIGSTOP)
             try:
                 await asyncio.wait_for(_until(lambda: _proc_state(broker) == "T"), WAIT_S)
@@ -246,7 +252,8 @@ def test_send_async_awaits_room_at_max_pending_messages_then_fails_clearly(clust
             assert all(f.done() for f in futs)
             ok = [f.result() for f in futs if f.exception() is None]
             assert len({(r.queue_id, r.queue_offset) for r in ok}) == len(ok)
-            r = await asyncio.wait_for(await p.send_async(Message("AioPending50", b"room again")), WAIT_S)
+            r = await asyncio.wait_for(await p.send_async(Message("AioPending50", b"room again"),
+                                                          timeout_ms=int(WAIT_S * 1000)), WAIT_S)
             assert r.status is SendStatus.SEND_OK
 
     run(main())

@@ -108,13 +108,22 @@ def test_eight_consumers_share_one_queue_each_message_acked_once(cluster):
 def test_unacked_messages_go_to_another_consumer_after_the_invisible_time(cluster):
     create_topic(cluster, "P2", 2)
     bodies = produce(cluster, "P2", 40, 2)
+    invisible = MIN_INVISIBLE_DURATION_S * 2
     with simple(cluster, "pop-g2", {"P2": "*"}) as a, simple(cluster, "pop-g2", {"P2": "*"}) as b:
-        first = drain(a, 40, invisible=MIN_INVISIBLE_DURATION_S * 2, ack=False)
+        popped_at = time.monotonic()                  # before the POPs: their invisible time ends later
+        first = drain(a, 40, invisible=invisible, ack=False)
         assert sorted(v.body for v in first) == sorted(bodies)
         assert {v.delivery_attempt for v in first} == {1}
-        assert b.receive(32, 30) == [], "invisible to the group until the invisible time passes"
+        early = b.receive(32, 30)
+        # invisible to the group until the invisible time passes: checked when this receive (its
+        # long poll included) ended within it; after a scheduling gap (a loaded machine) the
+        # messages may be back already, legitimately: they are then part of the redelivery below
+        if time.monotonic() - popped_at < invisible:
+            assert early == [], "invisible to the group until the invisible time passes"
+        if early:
+            b.ack_batch(early)
         t0 = time.monotonic()
-        again = drain(b, 40, ack=True)
+        again = early + drain(b, 40 - len(early), ack=True)
         assert sorted(v.body for v in again) == sorted(bodies), "every un-acked message redelivered"
         assert time.monotonic() - t0 < 20
         assert {v.delivery_attempt for v in again} == {2}
@@ -135,7 +144,10 @@ def test_change_invisible_duration_and_spent_handles(cluster):
     create_topic(cluster, "P3", 1)
     produce(cluster, "P3", 3, 1)
     with simple(cluster, "pop-g3", {"P3": "*"}) as sc:
-        views = drain(sc, 3, invisible=1.0, ack=False)
+        # 3 s invisible: the admin query, the change and the ack below are done well before then,
+        # even after a scheduling gap of a loaded machine (or views[0] / views[1] would be revived
+        # first); views[2], left alone, comes back after it
+        views = drain(sc, 3, invisible=3.0, ack=False)
         assert len(views) == 3
         with Admin(cluster.namesrv_addr) as adm:      # consumerProgress of a POP group: 3 in flight
             row = adm.consumer_progress("pop-g3", "P3").queues[0]
@@ -145,7 +157,7 @@ def test_change_invisible_duration_and_spent_handles(cluster):
         assert views[0].receipt_handle != old
         assert views[0].invisible_until_ms > time.time() * 1000 + 20_000
         sc.ack(views[1])
-        # views[2] comes back after 1 s; views[0] (30 s now) and views[1] (acked) do not
+        # views[2] comes back after its 3 s; views[0] (30 s now) and views[1] (acked) do not
         back = drain(sc, 1, invisible=30, ack=False, timeout_s=15)
         assert [v.body for v in back] == [views[2].body]
         assert sc.receive(32, 30) == []
@@ -407,7 +419,7 @@ def test_aio_simple_consumer(cluster):
         async with AioSimpleConsumer(cluster.namesrv_addr, "pop-ga", {"PA": "*"}, await_duration_s=2) as sc:
             views = []
             while not views:
-                views = await sc.receive(1, 1)
+                views = await sc.receive(1, 10)       # long enough to change it whatever the load
             await sc.change_invisible_duration(views[0], 2)
             again = []
             while not again:
@@ -497,8 +509,12 @@ def test_ack_async_merges_and_shutdown_sends_what_was_asked(cluster):
                 requests.append(frame.code)
             return super()._invoke(addr, frame, timeout_ms)
 
+    # the acks below are sent well within the invisible time, even after a scheduling gap of a loaded
+    # machine (a message revived before its ack would make that ack fail)
+    invisible = 5.0
+    popped_at = time.monotonic()                  # before the POPs: their invisible time ends later
     with Counting(cluster.namesrv_addr, "pop-gaa", {"PAA": "*"}, await_duration_s=0.3, init_mode="MIN") as sc:
-        got = drain(sc, 128, invisible=3, ack=False)
+        got = drain(sc, 128, invisible=invisible, ack=False)
         assert sorted(v.body for v in got) == sorted(bodies)
         futs = [sc.ack_async(v) for v in got[:96]]
         assert [f.result(30) for f in futs] == [None] * 96
@@ -512,7 +528,8 @@ def test_ack_async_merges_and_shutdown_sends_what_was_asked(cluster):
         last = [sc.ack_async(v) for v in got[96:]]          # shutdown (leaving the block) sends these
     assert all(f.done() and f.exception() is None for f in last)
     with simple(cluster, "pop-gaa", {"PAA": "*"}) as sc:
-        deadline = time.monotonic() + 5                   # past the 3 s invisible time: nothing comes back
+        # until 2 s past the invisible time (revive scans every 0.1 s): nothing comes back
+        deadline = popped_at + invisible + 2
         while time.monotonic() < deadline:
             assert sc.receive(32, 30) == []
 
