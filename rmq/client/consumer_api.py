@@ -77,6 +77,8 @@ SYS_FLAG_COMPRESSED = 0x1
 COMPRESSION_TYPE_MASK = 0x700
 ADDR_ISOLATION_MS = 30_000                        # a broker address that failed a request is avoided this long
 ROUTE_REFRESH_INTERVAL_MS = 30_000                # pollNameServerInterval of the blocking pull paths
+UNREGISTER_TIMEOUT_MS = 3_000                     # UNREGISTER_CLIENT at shutdown (RocketMQ's mqClientApiTimeout):
+                                                  # one not answered leaves the member until channelExpiredTimeout
 
 __all__ = ["TopicRoute", "SubscriptionData", "ConsumerCalls", "ConsumerAPI", "RequestMux", "retry_topic", "dlq_topic", "build_pull_frame",
            "parse_pull_response", "post_process_messages", "default_client_id", "PullFromWhichNode",
@@ -782,9 +784,9 @@ class ConsumerCalls:
                 None), addr, "heartbeat")
 
     def _unregister(self, addr: str, client_id: str, group: str):
-        """UNREGISTER_CLIENT of ``client_id`` from ``group`` at ``addr`` (1 s timeout)."""
+        """UNREGISTER_CLIENT of ``client_id`` from ``group`` at ``addr`` (``UNREGISTER_TIMEOUT_MS``)."""
         _check((yield addr, Frame(RequestCode.UNREGISTER_CLIENT, fields={
-            "clientID": client_id, "consumerGroup": group}), 1000), addr, "unregister")
+            "clientID": client_id, "consumerGroup": group}), UNREGISTER_TIMEOUT_MS), addr, "unregister")
 
     def _consumer_id_list(self, addr: str, group: str):
         """Client ids of ``group`` known to the broker at ``addr`` ([] when none)."""
