@@ -2086,7 +2086,9 @@ cdef class AioAppend:
 
     State read: the producer's ``_pending`` (written: + 1), ``_max_pending`` and ``_batch_size``
     in its instance dict, its ``_accs`` (open batches by ``(topic, None)``) and ``_ready``; the
-    open batch's ``preps``, ``futures``, ``callbacks`` and ``nbytes`` (written) through its slots.
+    open batch's ``preps``, ``futures``, ``callbacks`` and ``nbytes`` (written) through its slots;
+    for a keyed send, its ``_queue_turns``' map (a queue whose turn is taken is not pumped: its
+    batch fills until the answer, whose end pumps it, as ``Producer._pump`` would decide).
     """
     cdef MessagePreparer preparer
     cdef dict state                     # the producer's instance dict
@@ -2095,6 +2097,9 @@ cdef class AioAppend:
     cdef object future_type, loop
     cdef object publish_info, pump      # the producer's route_cache.publish_info and _pump
     cdef dict shard_queues              # its ShardQueues' map: (topic, key type, key) -> (info, queue)
+    cdef dict turns                     # its QueueTurns' map: MessageQueue -> [requests out, held deque]
+    cdef Py_ssize_t turn_limit          # QueueTurns.limit (max_in_flight_per_queue)
+    cdef object ready                   # its ``_ready`` deque (sealed batches)
 
     def __init__(self, producer, MessagePreparer preparer, future_type, loop):
         self.preparer = preparer
@@ -2106,6 +2111,10 @@ cdef class AioAppend:
         self.publish_info = producer.route_cache.publish_info
         self.pump = producer._pump
         self.shard_queues = producer._shards._queues
+        turns = producer._queue_turns
+        self.turns = turns._turns
+        self.turn_limit = turns.limit
+        self.ready = producer._ready
 
     def send_keyed(self, msg, callback, key):
         """send_async with a sharding ``key`` of an open-batch type (str, int, bytes): the key set
@@ -2135,6 +2144,11 @@ cdef class AioAppend:
         fut = self.add(prep, callback, mq)
         if fut is None:
             return prep
+        if not self.ready:                   # nothing sealed: is its queue's batch free to go?
+            t = self.turns.get(mq)
+            if t is not None and type(t) is list and len(<list>t) == 2 and type((<list>t)[0]) is int \
+                    and ((<list>t)[0] >= self.turn_limit or (<list>t)[1]):
+                return fut                   # it fills until its queue's answer (that end pumps it)
         inflight, most = self.state.get("_inflight"), self.state.get("_max_in_flight")
         if type(inflight) is int and type(most) is int and inflight < most:
             self.pump((topic, mq))
