@@ -59,7 +59,10 @@ Timers
     every broker set whose master sent no heartbeat within that broker's
     heartbeatTimeoutMillis (DEFAULT_HEARTBEAT_TIMEOUT_MS when it does not say), or that
     has no master while some replica is eligible, gets an election (replicated).  A
-    controller that started less than one heartbeat timeout ago declares nobody dead.
+    controller that started less than one heartbeat timeout ago declares nobody dead, nor
+    does one whose scan comes more than OWN_STALL_MS (1 s) after its interval (the process
+    did not run meanwhile: stopped, starved, a paused VM; the heartbeats sent in that time
+    are still unread in its socket): it counts one heartbeat timeout again from then.
     PENDING_CHECK_INTERVAL_MS (100 ms): replicated requests not applied within
     REPLICATION_TIMEOUT_MS are answered CONTROLLER_NOT_LEADER.
 
@@ -104,10 +107,11 @@ from rmq.controller.state import (EPOCH_MAX, NO_MASTER, OFFSET_MAX, OFFSET_MIN, 
 from rmq.protocol import Frame, ProtocolError, RequestCode, ResponseCode, pack_body, unpack_body
 
 __all__ = ["ControllerActor", "main", "resolve_peers", "parse_peers", "DEFAULT_LISTEN_PORT",
-           "SCAN_NOT_ACTIVE_BROKER_INTERVAL_MS", "REPLICATION_TIMEOUT_MS"]
+           "SCAN_NOT_ACTIVE_BROKER_INTERVAL_MS", "OWN_STALL_MS", "REPLICATION_TIMEOUT_MS"]
 
 DEFAULT_LISTEN_PORT = 9878                   # RocketMQ's quick-start controller address (127.0.0.1:9878)
 SCAN_NOT_ACTIVE_BROKER_INTERVAL_MS = 1000    # leader's liveness scan (RocketMQ scanNotActiveBrokerInterval)
+OWN_STALL_MS = 1000          # a scan this much later than its interval: the controller did not run meanwhile
 REPLICATION_TIMEOUT_MS = 3000                # a replicated request not applied by then: CONTROLLER_NOT_LEADER
 PENDING_CHECK_INTERVAL_MS = 100              # how often those deadlines are checked
 ONE_NODE_LEADER_WAIT_MS = 10000              # a one-node group elects itself (Raft timeout 0.4-1.4 s) before "ready"
@@ -232,6 +236,7 @@ class ControllerActor(Actor):
         self.raft_password = raft_password
         self.clock = clock
         self.heartbeats = BrokerHeartbeatManager(clock)
+        self._last_scan_at: Optional[float] = None     # monotonic s of the last liveness scan (OWN_STALL_MS)
         self.raft: Optional[RaftNode] = None
         self.endpoint = ""
         self.failed = ""                               # why the controller stopped itself (exit 1)
@@ -393,6 +398,13 @@ class ControllerActor(Actor):
     # -- timers -------------------------------------------------------------------------------------
     def scan_not_active_broker(self) -> None:
         """Leader only: elect where the master is dead or missing (see Timers)."""
+        now = self.clock.monotonic()
+        last, self._last_scan_at = self._last_scan_at, now
+        if last is not None and (now - last) * 1000.0 > self.scan_interval_ms + OWN_STALL_MS:
+            self.heartbeats.restart_count(now)
+            self.log.warning("this controller did not run for %.0f ms (its scan every %d ms came late): nobody is "
+                             "declared dead before a heartbeat timeout from now", (now - last) * 1000.0,
+                             self.scan_interval_ms)
         if self.raft.load_error or not self.raft.alive():
             self.failed = self.raft.load_error or "the Raft thread stopped (see the pysyncobj errors above)"
             self.log.critical("stopping: %s", self.failed)

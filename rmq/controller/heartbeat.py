@@ -9,7 +9,11 @@ before proposing it, so the replicated state machine never reads a clock.
 
 A table only knows what it has seen since ``since`` (the process start): a broker with
 no heartbeat yet is not alive, but nobody may be *declared dead* before the table has
-counted for one heartbeat timeout (:meth:`BrokerHeartbeatManager.covers`).
+counted for one heartbeat timeout (:meth:`BrokerHeartbeatManager.covers`).  The same holds
+after the controller itself did not run for a while (a stopped or starved process, a paused
+VM): the heartbeats sent meanwhile wait unread in its socket, so silence it measured across
+that gap says nothing of the brokers; it counts again from when it ran again
+(:meth:`BrokerHeartbeatManager.restart_count`).
 
 Concurrency: actor thread only.
 """
@@ -76,6 +80,13 @@ class BrokerHeartbeatManager:
             return False
         now = self.clock.monotonic() if now is None else now
         return (now - info.last_update) * 1000.0 <= info.heartbeat_timeout_ms
+
+    def restart_count(self, now: Optional[float] = None) -> None:
+        """Count from ``now`` (monotonic s) again, as a table just made: nobody is declared dead
+        before one heartbeat timeout from then (:meth:`covers`).  The heartbeats kept stay: a
+        broker heard within its timeout is still alive, and an election's candidates still come
+        from them."""
+        self.since = self.clock.monotonic() if now is None else now
 
     def covers(self, timeout_ms: int, now: Optional[float] = None) -> bool:
         """Whether the table has counted for ``timeout_ms`` already: only then may a silent broker be

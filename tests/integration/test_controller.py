@@ -355,3 +355,41 @@ def test_one_controller_keeps_its_state_over_restarts(actors, tmp_path):
             r = call(c, ep, R.CONTROLLER_GET_SYNC_STATE_DATA, bodies=bodies)
             assert [x["brokerId"] for x in msgpack.unpackb(bytes(r.bodies[0]))["broker-a"]["replicas"]] == [1, 2, 3]
     assert ctl.terminate() == 0
+
+
+def test_a_controller_that_did_not_run_declares_nobody_dead_before_a_timeout(actors, tmp_path):
+    """A controller stopped (SIGSTOP: a starved process, a paused VM) for twice the heartbeat
+    timeout while the master was also silent cannot tell one from the other: its scan, late by more
+    than OWN_STALL_MS, counts a heartbeat timeout again from when it runs, so a master heard again
+    at once stays master at its epoch.  One that really stays silent is replaced a timeout later."""
+    import signal
+    from rmq.controller.actor import OWN_STALL_MS
+    assert 2 * HB_TIMEOUT_MS > int(SCAN_MS) + OWN_STALL_MS
+    ctl = controller(actors, tmp_path)
+    ep = ctl.endpoint
+    with RemotingClient() as c:
+        register(c, ep, A1)
+        register(c, ep, A2)
+        with Heartbeats([ep]) as hb:
+            hb.add(1, A1)
+            hb.add(2, A2)
+            wait_for(lambda: master_is(c, ep, 1, 1), "the first master")
+            wait_for(lambda: alive(c, ep, 2), "2's first heartbeat")
+            r = call(c, ep, R.CONTROLLER_ALTER_SYNC_STATE_SET, {       # 2 in sync: a candidate
+                "brokerName": "broker-a", "masterBrokerId": 1, "masterEpoch": 1, "syncStateSetEpoch": 1,
+                "syncStateSet": [1, 2]})
+            assert r.code == RC.SUCCESS, r.remark
+            for _ in range(2):
+                hb.on.discard(1)                        # the master silent while the controller is stopped
+                os.kill(ctl.proc.pid, signal.SIGSTOP)
+                try:
+                    time.sleep(2 * HB_TIMEOUT_MS / 1000)
+                    hb.on.add(1)                        # heard again as soon as the controller runs
+                finally:
+                    os.kill(ctl.proc.pid, signal.SIGCONT)
+                wait_for(lambda: alive(c, ep, 1), "1's heartbeat after the stall")
+                time.sleep(HB_TIMEOUT_MS / 1000)
+                assert master_is(c, ep, 1, 1), replica_info(c, ep)
+            hb.on.discard(1)                            # now silent with the controller running: replaced
+            wait_for(lambda: master_is(c, ep, 2, 2), "the failover to 2")
+    assert ctl.terminate() == 0

@@ -330,6 +330,12 @@ def test_heartbeat_liveness_and_candidates():
     assert hb.alive_candidates("b", {1: A1, 2: A3}) == []
     clock.t += DEFAULT_HEARTBEAT_TIMEOUT_MS / 1000.0
     assert hb.covers(DEFAULT_HEARTBEAT_TIMEOUT_MS)
+    # after the controller's own stall it counts a timeout again; what it heard stays
+    hb.on_heartbeat("C", "b", A2, 2, 1, 80, 80)
+    hb.restart_count()
+    assert not hb.covers(1) and hb.is_alive("b", 2)
+    clock.t += 1.0
+    assert hb.covers(1000) and not hb.covers(DEFAULT_HEARTBEAT_TIMEOUT_MS)
 
 
 # -- peers ---------------------------------------------------------------------------------------------
