@@ -164,7 +164,7 @@ def test_controller_mode_over_curve(tmp_path, keys):
     """A controller run with the brokers' auth properties (``rmq controller -c``, as ``rmq start
     --controller`` runs it) serves CURVE only: its broker is elected over it (node key), an admin
     key reads its metadata, a null or unknown key is never answered."""
-    from tests.integration.test_controller_failover import Controller, controlled_conf
+    from tests.integration.test_controller_failover import STEADY_TIMEOUT_MS, Controller, controlled_conf
 
     conf_path = tmp_path / "controller.conf"
     conf_path.write_text("".join(f"{k}={v}\n" for k, v in _auth_conf(keys).items()))
@@ -173,7 +173,9 @@ def test_controller_mode_over_curve(tmp_path, keys):
     c = None
     rc, admin = _client(keys, "client"), _client(keys, "admin")
     try:
-        c = Cluster(store, conf={**controlled_conf(ctl), **_auth_conf(keys)},
+        # one election, the first: a heartbeat timeout no stall reaches (with controlled_conf's 2 s, a
+        # broker stalled that long is declared dead, the set left without a master, the broker demoted)
+        c = Cluster(store, conf={**controlled_conf(ctl, STEADY_TIMEOUT_MS), **_auth_conf(keys)},
                     namesrv_args=("-c", os.path.join(str(store), "broker.conf")), with_ha=True)
         deadline = time.monotonic() + 60
         while True:
