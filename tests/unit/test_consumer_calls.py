@@ -446,3 +446,20 @@ def test_the_name_server_that_answered_is_asked_first_and_each_gets_a_share_of_t
         call = core._fetch_route("orders")
         assert next(call)[0] == second
         call.close()
+
+
+def test_unregister_waits_the_named_timeout_and_a_refusal_raises():
+    """UNREGISTER_CLIENT waits UNREGISTER_TIMEOUT_MS (RocketMQ's mqClientApiTimeout, 3 s): one that
+    times out leaves the member registered until the broker's channelExpiredTimeout."""
+    from rmq.client.consumer_api import UNREGISTER_TIMEOUT_MS
+    assert UNREGISTER_TIMEOUT_MS == 3000
+    call = ConsumerCalls(NS)._unregister(MASTER, "cid@1", "g")
+    addr, frame, timeout_ms = next(call)
+    assert (addr, frame.code, timeout_ms) == (MASTER, RequestCode.UNREGISTER_CLIENT, UNREGISTER_TIMEOUT_MS)
+    assert frame.fields == {"clientID": "cid@1", "consumerGroup": "g"}
+    with pytest.raises(StopIteration):
+        call.send(Frame(ResponseCode.SUCCESS))
+    refused = ConsumerCalls(NS)._unregister(MASTER, "cid@1", "g")
+    next(refused)
+    with pytest.raises((MQBrokerError, MQClientError)):
+        refused.send(Frame(ResponseCode.SYSTEM_ERROR, remark="no"))
