@@ -194,12 +194,8 @@ cdef bytes _uniq_only_props(str uniq):
     """The encoded properties of a message whose only property is its UNIQ_KEY ``uniq`` (one of
     the ASCII ids :func:`_new_uniq_id` makes: a lazy Message's ``_uniq`` is set nowhere else):
     ``UNIQ_KEY \x01 uniq \x02``, as encode_properties gives them."""
-    cdef Py_ssize_t k = len(_UNIQ_PROPS_PREFIX), n = PyUnicode_GET_LENGTH(uniq)
-    cdef bytes out = PyBytes_FromStringAndSize(NULL, k + n + 1)
-    cdef char* o = PyBytes_AS_STRING(out)
-    memcpy(o, PyBytes_AS_STRING(_UNIQ_PROPS_PREFIX), k)
-    memcpy(o + k, PyUnicode_DATA(uniq), n)
-    o[k + n] = 2
+    cdef bytes out = PyBytes_FromStringAndSize(NULL, PyBytes_GET_SIZE(_UNIQ_PROPS_PREFIX) + PyUnicode_GET_LENGTH(uniq) + 1)
+    _put_property(<unsigned char*>PyBytes_AS_STRING(out), _UNIQ_PROPS_PREFIX, uniq)
     return out
 
 
@@ -224,14 +220,8 @@ cdef bytes _shard_uniq_props(str shard, str uniq):
     cdef Py_ssize_t a = PyBytes_GET_SIZE(_SHARD_PROPS_PREFIX), k = PyBytes_GET_SIZE(_UNIQ_PROPS_PREFIX)
     cdef Py_ssize_t n = PyUnicode_GET_LENGTH(uniq)
     cdef bytes out = PyBytes_FromStringAndSize(NULL, a + sl + 1 + k + n + 1)
-    cdef char* o = PyBytes_AS_STRING(out)
-    memcpy(o, PyBytes_AS_STRING(_SHARD_PROPS_PREFIX), a)
-    memcpy(o + a, sp, sl)
-    o[a + sl] = 2
-    o += a + sl + 1
-    memcpy(o, PyBytes_AS_STRING(_UNIQ_PROPS_PREFIX), k)
-    memcpy(o + k, PyUnicode_DATA(uniq), n)
-    o[k + n] = 2
+    cdef unsigned char* o = <unsigned char*>PyBytes_AS_STRING(out)
+    _put_property(_put_property(o, _SHARD_PROPS_PREFIX, shard), _UNIQ_PROPS_PREFIX, uniq)
     return out
 
 
@@ -972,7 +962,6 @@ cdef class MessagePreparer:
         cdef unsigned char* o = <unsigned char*>PyBytes_AS_STRING(out)
         cdef str ids = PyUnicode_New(ids_len, 127) if ascii else ",".join(s.uniqs)
         cdef char* w = <char*>PyUnicode_DATA(ids)
-        cdef const char* prefix = PyBytes_AS_STRING(_UNIQ_PROPS_PREFIX)
         cdef unsigned char* pp
         cdef object m, b
         for i in range(n):
@@ -987,9 +976,7 @@ cdef class MessagePreparer:
                                    <int32_t>((<Message>m).flag if isinstance(m, Message) else m.flag),
                                    PyBytes_AS_STRING(b), blen, plen)
             if pb is None:
-                memcpy(pp, prefix, k)
-                memcpy(pp + k, PyUnicode_DATA(u), ulen)
-                pp[k + ulen] = 2
+                _put_property(pp, _UNIQ_PROPS_PREFIX, u)
             else:
                 memcpy(pp, PyBytes_AS_STRING(pb), plen)
             o = pp + plen
@@ -1901,15 +1888,17 @@ cdef class CallerAppend:
             r = self.send(msg, callback, sharding_key)
             if type(r) is not tuple:
                 return r
-            producer = self.producer_ref() if self.producer_ref is not None else None
-            if producer is None:
-                raise MQClientError("producer is closed")
-            return producer._send_async_rest(r, callback, sharding_key)
+            return self._producer()._send_async_rest(r, callback, sharding_key)
+        producer = self._producer()
+        return type(producer).send_async(producer, msg, callback, timeout_ms=timeout_ms, selector=selector, arg=arg,
+                                         sharding_key=sharding_key, queue=queue)
+
+    cdef object _producer(self):
+        """The Producer (held weakly: its finalizer closes it when dropped), or MQClientError."""
         producer = self.producer_ref() if self.producer_ref is not None else None
         if producer is None:
             raise MQClientError("producer is closed")
-        return type(producer).send_async(producer, msg, callback, timeout_ms=timeout_ms, selector=selector, arg=arg,
-                                         sharding_key=sharding_key, queue=queue)
+        return producer
 
     def send(self, msg, callback, sharding_key=None):
         """The future of ``msg``, appended to its open batch; or ``(prepared message, future)``
@@ -2144,7 +2133,7 @@ cdef class AioAppend:
         fut = self.add(prep, callback, mq)
         if fut is None:
             return prep
-        if not self.ready:                   # nothing sealed: is its queue's batch free to go?
+        if not self.ready:                   # nothing sealed: is its queue's batch free to go? (QueueTurns.busy)
             t = self.turns.get(mq)
             if t is not None and type(t) is list and len(<list>t) == 2 and type((<list>t)[0]) is int \
                     and ((<list>t)[0] >= self.turn_limit or (<list>t)[1]):

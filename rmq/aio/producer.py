@@ -43,7 +43,7 @@ Client-side batching (:meth:`Producer.send_async`)
     to its last one is read, and a caller's loop that never suspends would hold every
     queue's next batch until ``max_pending_messages`` is reached (the broker then
     idles while the caller fills the room, and the caller while the broker works:
-    about 0.8x the rate, bench/results/client.md stop 56).  Unordered batches are not
+    0.75x the rate, bench/results/client.md stop 56).  Unordered batches are not
     held that way (``max_in_flight`` requests out), and a yield there costs rate: in
     the same run, yielding every millisecond made their requests 4x smaller.  :meth:`Producer.flush`
     ships what is queued and awaits every answer; :meth:`Producer.close` flushes.

@@ -50,7 +50,9 @@ class QueueTurns:
         return bool(self._turns)
 
     def busy(self, queue) -> bool:
-        """Whether a request for ``queue`` would be held now (its batch may keep filling)."""
+        """Whether a request for ``queue`` would be held now (its batch may keep filling).  The same
+        rule is read in C by ``rmq._core.client_msg.AioAppend.send_keyed`` (from ``_turns`` and
+        ``limit``): change both together."""
         t = self._turns.get(queue)
         return t is not None and (t[0] >= self.limit or bool(t[1]))
 
