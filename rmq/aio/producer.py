@@ -30,6 +30,8 @@ Client-side batching (:meth:`Producer.send_async`)
     is known join their queue's batch, and each such queue has one request out
     at a time (Kafka's ``max.in.flight.requests.per.connection=1`` rule for
     ordered partitions, as the thread producer): its next batch fills meanwhile,
+    the batches held behind the request out go as one request when its answer
+    comes (up to ``many_request_size``, 256 KiB with the default ``batch_size``),
     and an ordered ``send`` to a queue with batches unanswered goes after them.
     Messages that cannot share a batch (delay / timer, compressed body, an
     ordered one before its topic's route is known) are one request each, in turn
@@ -305,8 +307,8 @@ class Producer:
         self._accs: dict = {}               # (topic, ordered MessageQueue or None) -> _Batch being filled
         self._shards = ShardQueues()        # sharding key -> queue, under the current route
         # ordered batches: max_in_flight_per_queue requests out per queue, the next ones held
-        # (the held ones joined up to batch_size when a turn passes, as the thread producer's)
-        self._queue_turns = QueueTurns(o.max_in_flight_per_queue, o.batch_size, _mergeable, _batch_bytes,
+        # (the held ones joined up to many_request_size when a turn passes, as the thread producer's)
+        self._queue_turns = QueueTurns(o.max_in_flight_per_queue, many_request_size(o), _mergeable, _batch_bytes,
                                        _combine)
         self._ready: collections.deque = collections.deque()   # _Batch sealed, waiting for room
         self._reqs: set = set()             # _Batch on the wire (a task each)

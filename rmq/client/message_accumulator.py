@@ -28,7 +28,8 @@ class QueueTurns:
     """Ordered sends' rule, for the thread and asyncio producers: at most ``limit`` requests out per
     queue (``max_in_flight_per_queue``, Kafka's ``max.in.flight.requests.per.connection``), the
     next ones held in order; when a turn passes, the held requests behind the next one that may
-    share its SEND_BATCH_MESSAGE are joined to it, up to ``cap`` bytes (``batch_size``).
+    share its SEND_BATCH_MESSAGE are joined to it, up to ``cap`` bytes (the producers pass
+    :func:`rmq.client.producer_request.many_request_size`: 256 KiB with the default ``batch_size``).
 
     No I/O: the producer calls :meth:`take` before it sends an ordered request and :meth:`end`
     when one has its outcome.  Everything that moves a turn is here: a request's ``queue_turn``

@@ -271,7 +271,8 @@ def encode_columns(preparer: MessagePreparer, topic: str, bodies: Any, tags: Any
 
 
 def many_request_size(opts: ProducerOptions, columns: bool = False, limit: int = 0) -> int:
-    """The bytes of one send_async_many (or, ``columns``, send_async_columns) request, within
+    """The bytes of one send_async_many (or, ``columns``, send_async_columns) request, and of one
+    request joined from an ordered queue's held batches (``rmq.client.message_accumulator.QueueTurns.cap``), within
     ``limit`` (bytes; 0: none): the largest batch a broker that refused one takes (the producer's
     learned limit, :func:`refused_batch_limit`).
 

@@ -33,8 +33,8 @@ from rmq.client.message import SendResult
 from rmq.client.message_accumulator import (ASYNC, ONEWAY, Accumulator, Pending, QueueTurns, Request, mergeable,
                                             pending_bytes, request_bytes, split_pending)
 from rmq.client.producer_request import (ProducerOptions, apply_selector, batch_body_of, batch_send_result,
-                                         heartbeat_request, refused_batch_limit, send_request, send_response_fields,
-                                         uniq_ids_of)
+                                         heartbeat_request, many_request_size, refused_batch_limit, send_request,
+                                         send_response_fields, uniq_ids_of)
 from rmq.client.publish_routes import PROVISIONAL_POLL_MS, PublishRoutes, no_route_error
 from rmq.client.route import MQFaultStrategy, RouteCache, TopicPublishInfo, namesrv_attempt_s
 from rmq.errors import MQBrokerError, MQClientError, RemotingConnectionClosedError, RemotingError, RemotingTimeoutError
@@ -128,12 +128,12 @@ class Sender(threading.Thread):
         self._ready: collections.deque = collections.deque()
         self._accs: dict = {}             # (topic, fixed MessageQueue or None) -> Accumulator
         # ordered sends (a fixed queue): max_in_flight_per_queue requests out per queue, the next held
-        # (the held ones joined up to batch_size when a turn passes: request_bytes, Request)
+        # (the held ones joined when a turn passes, up to many_request_size: request_bytes, Request)
         # bytes of a batch: the option, lowered to the largest batch a broker takes once one refused
         # a batch as too large (_split); callers read it under ``lock``
         self.batch_size = opts.batch_size
         self.batch_limit = 0              # the lowest such size a broker answered with (bytes; 0: none)
-        self._queue_turns = QueueTurns(opts.max_in_flight_per_queue, opts.batch_size, mergeable, request_bytes,
+        self._queue_turns = QueueTurns(opts.max_in_flight_per_queue, many_request_size(opts), mergeable, request_bytes,
                                        lambda first, joined: Request(
                                            [it for r in (first, *joined) for it in r.items], first.fixed, opts))
         self._opaque = itertools.count(1)
@@ -453,8 +453,9 @@ class Sender(threading.Thread):
 
     def _end_turn(self, req: Request) -> None:
         """``req`` (an ordered send) has its outcome: the next request held for its queue goes next,
-        with the small batches held behind it (QueueTurns joins them up to ``batch_size``: the
-        user's bound; a batch must also fit in one of the broker's CommitLog files)."""
+        with the batches held behind it (QueueTurns joins them up to ``many_request_size``: 256 KiB
+        with the default ``batch_size``, else the user's ``batch_size``; lowered to what a broker
+        takes once one refused a batch as too large)."""
         nxt = self._queue_turns.end(req.fixed, req)
         if nxt is not None:
             self._ready.appendleft(nxt)
