@@ -484,6 +484,7 @@ def run_redis(rate: float, size: int, seconds: float, store_dir=None) -> dict:
     body = bytes((i * 131 + 7) & 0xFF for i in range(size))
     n = max(1, int(rate * seconds))
     ack = Histogram()
+    acked_at: dict = {}                 # t0 -> when XADD's reply (Redis' SEND_OK) was read
     c = _Consumer("redis", str(srv.port), key)
     try:
         r = srv.client
@@ -492,7 +493,8 @@ def run_redis(rate: float, size: int, seconds: float, store_dir=None) -> dict:
         def send(i):
             t0 = _now()
             r.xadd(key, {"b": body, T0_PROP: str(t0)})
-            ack.record(_now() - t0)
+            acked_at[t0] = now = _now()
+            ack.record(now - t0)
         _, achieved = _pace(n, rate, send)
         c.wait_count(n)
         rep = c.finish()
@@ -501,7 +503,9 @@ def run_redis(rate: float, size: int, seconds: float, store_dir=None) -> dict:
         raise
     finally:
         srv.close()
-    return _row(PATH_NAMES["redis"], rate, size, n, achieved, rep, ack)
+    row = _row(PATH_NAMES["redis"], rate, size, n, achieved, rep, ack)
+    row["after_ack"] = after_ack(rep.get("delivered", ()), acked_at)    # as the rmq rows: comparable
+    return row
 
 
 def run(rates=RATES, sizes=SIZES, consumers=CONSUMERS, peers=PEERS, seconds: float = DURATION_S,
