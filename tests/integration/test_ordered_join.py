@@ -5,7 +5,9 @@ at once and smaller requests only cost round trips (bench/results/client.md, sto
 send_async 1.2x at 100 B, 1.6x at 1 KiB).  Both producers, the order kept.
 
 The queue's turn is held by SIGSTOPping the broker while the messages are handed over (the first
-request is out, unanswered); the batches sealed meanwhile are held and joined after SIGCONT."""
+request is out, unanswered); the batches sealed meanwhile are held and joined after SIGCONT.
+Against a broker whose CommitLog files hold less than a join, the join is split on refusal, in
+order, and the cap lowered to what that broker takes."""
 import asyncio
 import os
 import signal
@@ -16,7 +18,7 @@ from rmq import Message, Producer
 from rmq.aio import Producer as AioProducer
 from rmq.client.producer_request import DEFAULT_BATCH_SIZE, MANY_REQUEST_SIZE, ProducerOptions, many_request_size
 from tests.integration.cluster import Cluster
-from tests.integration.test_producer import create_topic, pull_topic, wait_route
+from tests.integration.test_producer import _proc_state, create_topic, pull_topic, wait_route
 from tests.integration.test_broker import wait_for
 
 pytestmark = pytest.mark.integration
@@ -34,11 +36,6 @@ def cluster(tmp_path_factory):
                 conf={"waitTimeMillsInSendQueue": "600000", "mappedFileSizeCommitLog": str(4 << 20)})
     yield c
     c.close()
-
-
-def _proc_state(pid: int) -> str:
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().rsplit(")", 1)[1].split()[0]
 
 
 def test_the_join_cap_is_the_bulk_request_size_unless_the_user_set_batch_size():
@@ -76,7 +73,13 @@ class _Stopped:
         os.kill(self.pid, signal.SIGCONT)
 
 
-def _send_thread(cluster, topic, bodies):
+def _sent(before: dict, after: dict, held0: int, held1: int, cap: int) -> dict:
+    """What a run did: requests and split_requests sent, requests held for order, the join cap."""
+    return {"requests": after["requests"] - before["requests"], "held": held1 - held0,
+            "splits": after["split_requests"] - before["split_requests"], "cap": cap}
+
+
+def _send_thread(cluster, topic, bodies) -> dict:
     with Producer(cluster.namesrv_addr, group="pg-join", send_msg_timeout_ms=int(WAIT_S * 1000)) as p:
         wait_route(p, topic, 1)
         p.send(Message(topic, b"warm-up"))
@@ -86,11 +89,10 @@ def _send_thread(cluster, topic, bodies):
         p.flush()
         assert [f.result(WAIT_S).queue_offset for f in futs] == list(range(1, N + 1))
         after = p.stats
-        return (after["requests"] - before["requests"], after["held_for_order"] - before["held_for_order"],
-                p._sender._queue_turns.cap)
+        return _sent(before, after, before["held_for_order"], after["held_for_order"], p._sender._queue_turns.cap)
 
 
-async def _send_aio(cluster, topic, bodies):
+async def _send_aio(cluster, topic, bodies) -> dict:
     async with AioProducer(cluster.namesrv_addr, group="pg-join-aio", send_msg_timeout_ms=int(WAIT_S * 1000)) as p:
         await p.fetch_publish_message_queues(topic)
         await p.send(Message(topic, b"warm-up"))
@@ -100,22 +102,47 @@ async def _send_aio(cluster, topic, bodies):
         await p.flush()
         rs = [await asyncio.wait_for(f, WAIT_S) for f in futs]
         assert [r.queue_offset for r in rs] == list(range(1, N + 1))
-        return p.stats["requests"] - before["requests"], p._queue_turns.held - held0, p._queue_turns.cap
+        return _sent(before, p.stats, held0, p._queue_turns.held, p._queue_turns.cap)
+
+
+def _send(client, cluster, topic) -> dict:
+    if client == "thread":
+        return _send_thread(cluster, topic, _bodies())
+    return asyncio.run(asyncio.wait_for(_send_aio(cluster, topic, _bodies()), 2 * WAIT_S))
 
 
 @pytest.mark.parametrize("client", ["thread", "aio"])
 def test_held_ordered_batches_go_as_requests_larger_than_batch_size(cluster, rc, client):
     topic = f"OrderedJoin{client}"
     create_topic(rc, cluster, topic, 1)
-    bodies = _bodies()
-    if client == "thread":
-        requests, held, cap = _send_thread(cluster, topic, bodies)
-    else:
-        requests, held, cap = asyncio.run(asyncio.wait_for(_send_aio(cluster, topic, bodies), 2 * WAIT_S))
-    assert cap == MANY_REQUEST_SIZE
-    assert held > 0                       # batches waited behind the request out
+    sent = _send(client, cluster, topic)
+    assert sent["cap"] == MANY_REQUEST_SIZE and sent["splits"] == 0
+    assert sent["held"] > 0               # batches waited behind the request out
     total = N * BODY
     # the lone first request, then what was held joined into requests of up to 256 KiB; joined up
     # to 64 KiB (before), they were at least total / 64 KiB = 9 requests
-    assert requests <= 2 + total // MANY_REQUEST_SIZE + 1 < total // DEFAULT_BATCH_SIZE, requests
+    assert sent["requests"] <= 2 + total // MANY_REQUEST_SIZE + 1 < total // DEFAULT_BATCH_SIZE, sent
     _check_stored_in_order(rc, cluster, topic)
+
+
+@pytest.fixture(scope="module")
+def small_files(tmp_path_factory):
+    # 128 KiB CommitLog files: a sealed 64 KiB batch fits one, a 256 KiB join does not
+    c = Cluster(tmp_path_factory.mktemp("ordered-join-small") / "store",
+                conf={"waitTimeMillsInSendQueue": "600000", "mappedFileSizeCommitLog": str(128 << 10)})
+    yield c
+    c.close()
+
+
+@pytest.mark.parametrize("client", ["thread", "aio"])
+def test_a_join_the_broker_refuses_as_too_large_is_split_in_order_and_the_cap_lowered(small_files, rc, client):
+    """The joins of the test above, against a broker whose CommitLog file holds less than 256 KiB:
+    the first joined request is refused (MESSAGE_ILLEGAL with the largest batch it takes), goes
+    again in parts that keep its queue's turn, and later joins keep to that size.  Every message
+    stored once, in order."""
+    topic = f"OrderedJoinSmall{client}"
+    create_topic(rc, small_files, topic, 1)
+    sent = _send(client, small_files, topic)
+    assert sent["splits"] >= 1 and sent["held"] > 0, sent
+    assert sent["cap"] < 128 << 10, sent
+    _check_stored_in_order(rc, small_files, topic)
