@@ -414,7 +414,8 @@ class PushConsumerCalls:
         if commit_offset > 0:
             self._commit_carried(mq)
         return build_pull_frame(self.group, mq, next_offset, self.pull_batch_size, sub,
-                                commit_offset if commit_offset > 0 else -1, BROKER_SUSPEND_MAX_TIME_MS)
+                                commit_offset if commit_offset > 0 else -1, BROKER_SUSPEND_MAX_TIME_MS,
+                                self.api.pull_epoch(mq))
 
     def _commit_carried(self, mq: MessageQueue) -> None:
         """A pull carries ``mq``'s offset (commitOffset): the broker may apply it after a later
@@ -645,6 +646,7 @@ class PullConsumerCalls:
             raise MQClientError(f"offset < 0: {offset}")
         self._positions[mq] = int(offset)
         self._forget(mq)
+        self._client().pull_epochs.pop(mq, None)    # the caller's position: no epoch to check it against
 
     def _other_addr(self, mq: MessageQueue, failed_addr: str) -> bool:
         """True when the next pull of ``mq`` would go to another address than ``failed_addr``
@@ -1037,7 +1039,8 @@ class PullConsumer(PullConsumerCalls):
             if mq in self._inflight or mq in failed:
                 continue
             off = self._positions[mq]
-            frame = build_pull_frame(self.group, mq, off, self.pull_batch_size, self._subs[mq.topic], -1, suspend_ms)
+            frame = build_pull_frame(self.group, mq, off, self.pull_batch_size, self._subs[mq.topic], -1, suspend_ms,
+                                     api.pull_epoch(mq))
             token = (mq, off, next(self._seq))
             addr = ""
             try:

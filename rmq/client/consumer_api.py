@@ -338,9 +338,10 @@ class SubscriptionData:
 # -- frames ----------------------------------------------------------------------------------------
 def build_pull_frame(group: str, mq: MessageQueue, offset: int, max_nums: int,
                      sub_string: "Union[str, SubscriptionData]" = SUB_ALL,
-                     commit_offset: int = -1, suspend_ms: int = 0) -> Frame:
+                     commit_offset: int = -1, suspend_ms: int = 0, last_epoch: int = 0) -> Frame:
     """PULL_MESSAGE with the SUBSCRIPTION flag (the expression travels with every pull),
-    SUSPEND when ``suspend_ms`` > 0 and COMMIT_OFFSET when ``commit_offset`` >= 0.
+    SUSPEND when ``suspend_ms`` > 0 and COMMIT_OFFSET when ``commit_offset`` >= 0; ``last_epoch``:
+    :meth:`ConsumerAPI.pull_epoch` of ``mq`` (0: none known).
 
     ``sub_string``: a tag expression, or the :class:`SubscriptionData` (its expressionType goes
     along, as PullMessageRequestHeader.expressionType)."""
@@ -351,7 +352,7 @@ def build_pull_frame(group: str, mq: MessageQueue, offset: int, max_nums: int,
     flag = build_sys_flag(commit_offset=commit_offset >= 0, suspend=suspend_ms > 0, subscription=True)
     return Frame(RequestCode.PULL_MESSAGE, fields=PullMessageRequestHeader(
         group, mq.topic, mq.queue_id, offset, max_nums, flag, commit_offset, suspend_ms, sub_string or SUB_ALL,
-        expression_type=expression_type).to_fields())
+        expression_type=expression_type, last_epoch=last_epoch).to_fields())
 
 
 def _decompress(body: bytes, sys_flag: int) -> bytes:
@@ -521,6 +522,7 @@ class ConsumerCalls:
         self.route_refresh_interval_ms = ROUTE_REFRESH_INTERVAL_MS
         self._refresh_tried: dict = {}            # topic -> time.monotonic() of the last refresh attempt
         self._route_doubt: set = set()            # topics whose last pull failed on a broker (route_suspect)
+        self.pull_epochs: dict = {}               # MessageQueue -> brokerEpoch of its last pull answer
 
     def _answered(self, addr: str, outcome: object) -> None:
         """Bookkeeping of one request to ``addr``: an answer clears an avoided address, a
@@ -550,10 +552,21 @@ class ConsumerCalls:
         route in doubt (:func:`rmq.client.route.route_suspect`) makes :meth:`_refresh_route_if_stale`
         refetch ``mq.topic``'s route every ROUTE_REFRESH_ON_FAILURE_MS until a pull of it is
         answered again."""
+        if isinstance(outcome, Frame):
+            epoch = outcome.fields.get("brokerEpoch")
+            if epoch is not None:
+                self.pull_epochs[mq] = epoch
         if route_suspect(outcome):
             self._route_doubt.add(mq.topic)
         elif self._route_doubt and isinstance(outcome, Frame):
             self._route_doubt.discard(mq.topic)
+
+    def pull_epoch(self, mq: MessageQueue) -> int:
+        """The HA epoch (``brokerEpoch``) of the last pull answer of ``mq``, 0 when none: a pull
+        sends it as ``lastEpoch``, and a broker whose log left that epoch behind moves a position
+        read in the lost part of it back (PULL_OFFSET_MOVED) instead of letting the consumer skip
+        the messages stored there since (``PullMessageProcessor.past_epoch_end``)."""
+        return self.pull_epochs.get(mq, 0)
 
     def on_pull_response(self, mq: MessageQueue, resp: object, addr: str) -> None:
         """Record a pull's outcome (a Frame or an exception from a RequestMux) for the next choice

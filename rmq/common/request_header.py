@@ -28,7 +28,10 @@ class PullMessageRequestHeader:
     """PULL_MESSAGE (11).  ``sys_flag``: :mod:`rmq.common.pull_sys_flag`; ``commit_offset``
     counts only with PULL_FLAG_COMMIT_OFFSET, ``suspend_timeout_millis`` only with
     PULL_FLAG_SUSPEND (ms the broker may hold the pull); ``subscription`` / ``expression_type``:
-    a tag expression (``TAG``) or a ``SQL92`` one."""
+    a tag expression (``TAG``) or a ``SQL92`` one.  ``last_epoch`` (rmq, on the wire only when
+    > 0): the ``brokerEpoch`` of the pull answer that gave the consumer ``queue_offset``, which a
+    broker whose log left that HA epoch behind answers PULL_OFFSET_MOVED (see
+    ``PullMessageProcessor.past_epoch_end``)."""
     consumer_group: str
     topic: str
     queue_id: int
@@ -40,14 +43,18 @@ class PullMessageRequestHeader:
     subscription: str = SUB_ALL
     sub_version: int = 0
     expression_type: str = TAG
+    last_epoch: int = 0
 
     def to_fields(self) -> dict:
-        return {"consumerGroup": self.consumer_group, "topic": self.topic, "queueId": int(self.queue_id),
-                "queueOffset": int(self.queue_offset), "maxMsgNums": int(self.max_msg_nums),
-                "sysFlag": int(self.sys_flag), "commitOffset": int(self.commit_offset),
-                "suspendTimeoutMillis": int(self.suspend_timeout_millis),
-                "subscription": self.subscription or SUB_ALL, "subVersion": int(self.sub_version),
-                "expressionType": self.expression_type or TAG}
+        fields = {"consumerGroup": self.consumer_group, "topic": self.topic, "queueId": int(self.queue_id),
+                  "queueOffset": int(self.queue_offset), "maxMsgNums": int(self.max_msg_nums),
+                  "sysFlag": int(self.sys_flag), "commitOffset": int(self.commit_offset),
+                  "suspendTimeoutMillis": int(self.suspend_timeout_millis),
+                  "subscription": self.subscription or SUB_ALL, "subVersion": int(self.sub_version),
+                  "expressionType": self.expression_type or TAG}
+        if self.last_epoch > 0:
+            fields["lastEpoch"] = int(self.last_epoch)
+        return fields
 
 
 @dataclass(slots=True)

@@ -414,6 +414,20 @@ class ConsumeQueue:
         """End (``offset + size``, CommitLog bytes) of the last entry written; -1 if none."""
         return self.max_physic_offset
 
+    def offset_of_physical_offset(self, physical_offset: int) -> int:
+        """Queue offset (entries) of the first entry whose CommitLog offset is ``>= physical_offset``
+        (bytes), or :meth:`get_max_offset_in_queue` when every entry points below it: how many of
+        this queue's messages were stored before that CommitLog byte.  Binary search per file (the
+        entries are in CommitLog order); used to find where an HA epoch ends in a queue."""
+        for mf in self.mapped_file_queue.files:
+            end = mf.wrote_position
+            if end <= 0:
+                continue
+            pos = lower_bound_physical_offset(mf, 0, end, physical_offset)
+            if pos < end:
+                return max((mf.file_from_offset + pos) // CQ_STORE_UNIT_SIZE, self.get_min_offset_in_queue())
+        return self.get_max_offset_in_queue()
+
     def roll_next_file(self, queue_offset: int) -> int:
         """First queue offset (entries) of the file after the one holding ``queue_offset``."""
         per_file = self.entries_per_file

@@ -195,6 +195,15 @@ class EpochFile:
             self.persist()
         return dropped
 
+    def start_offset_after(self, epoch: int) -> int:
+        """Start offset (bytes) of the first epoch newer than ``epoch``: where this log stops
+        holding what a reader of ``epoch`` may have seen (Kafka's OffsetsForLeaderEpoch end
+        offset); -1 when no newer epoch is in the file."""
+        for e in self.entries:
+            if e.epoch > epoch:
+                return e.start_offset
+        return -1
+
     def end_offset_of(self, epoch: int, max_offset: int) -> int:
         """End (bytes, exclusive) of ``epoch``: the next epoch's start offset, or
         ``max_offset`` for the last epoch; -1 when ``epoch`` is not in the file."""

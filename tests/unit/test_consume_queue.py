@@ -445,6 +445,24 @@ def test_correct_min_offset(tmp_path):
     assert cq.get_min_offset_in_queue() == 8
 
 
+def test_offset_of_physical_offset(tmp_path):
+    """The queue offset of the first entry at or after a CommitLog byte, across files (where an
+    HA epoch that starts at that byte begins in this queue)."""
+    cq = make_cq(tmp_path)
+    assert cq.offset_of_physical_offset(0) == 0                     # empty: the end, 0
+    fill(cq, 20)                                                    # entry i at phy i * MSG_SIZE
+    assert cq.offset_of_physical_offset(0) == 0
+    assert cq.offset_of_physical_offset(1) == 1
+    assert cq.offset_of_physical_offset(7 * MSG_SIZE) == 7          # the last entry of file 0
+    assert cq.offset_of_physical_offset(7 * MSG_SIZE + 1) == 8      # the first of file 1
+    assert cq.offset_of_physical_offset(19 * MSG_SIZE) == 19
+    assert cq.offset_of_physical_offset(19 * MSG_SIZE + 1) == 20    # past every entry: the end
+    assert cq.offset_of_physical_offset(10**12) == 20
+    cq.correct_min_offset(9 * MSG_SIZE)                             # file 0 no longer needed: min 8
+    assert cq.get_min_offset_in_queue() == 8
+    assert cq.offset_of_physical_offset(0) == 8                     # never below the first readable one
+
+
 def test_delete_expired_file(tmp_path):
     cq = make_cq(tmp_path)
     fill(cq, 20)

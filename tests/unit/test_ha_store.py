@@ -471,6 +471,9 @@ def test_epoch_file_round_trip_and_format(tmp_path):
     assert again.last_epoch() == 5 and again.last_entry() == EpochEntry(5, 4096)
     assert again.end_offset_of(1, 9999) == 4096 and again.end_offset_of(5, 9999) == 9999
     assert again.end_offset_of(3, 9999) == -1
+    # where a reader of an epoch stops finding what it read: the next newer epoch's start
+    assert again.start_offset_after(1) == 4096 and again.start_offset_after(3) == 4096
+    assert again.start_offset_after(0) == 0 and again.start_offset_after(5) == -1
     with pytest.raises(ValueError):
         again.append(5, 5000)
     with pytest.raises(ValueError):

@@ -183,6 +183,9 @@ class PullMessageProcessor(RequestProcessor):
         sql_filter = self.subscription_filter(frame, group, frame.fields.get("expressionType"), subscription)
         if isinstance(sql_filter, Frame):
             return sql_filter
+        moved = self.past_epoch_end(frame, group, topic, queue_id, offset)
+        if moved is not None:
+            return moved
         res = store.get_messages(group, topic, queue_id, offset, max_nums,
                                  None if sql_filter is not None else subscription, sql_filter=sql_filter)
         code = GET_STATUS_TO_CODE.get(res.status)
@@ -214,6 +217,9 @@ class PullMessageProcessor(RequestProcessor):
                 else int(gcfg.get("brokerId", 0))
         fields = {"nextBeginOffset": next_begin, "minOffset": res.min_offset,
                   "maxOffset": res.max_offset, "suggestWhichBrokerId": suggest}
+        epoch = b.epochs.last_epoch()
+        if epoch > 0:
+            fields["brokerEpoch"] = epoch
         if code == ResponseCode.SUCCESS:
             if _lt.ENABLED:
                 _lt.event("pull", topic, queue_id, offset, res.next_begin_offset,
@@ -227,6 +233,46 @@ class PullMessageProcessor(RequestProcessor):
                 frame, reply, offset, time.monotonic() + suspend_ms / 1000.0, b.request_received_at))
             return None
         return frame.response(code, fields=fields)
+
+    def past_epoch_end(self, frame: Frame, group: str, topic: str, queue_id: int, offset: int) -> Optional[Frame]:
+        """PULL_OFFSET_MOVED when the consumer's position was read in an HA epoch this broker's log
+        left behind (rmq; Kafka's consumer position validation, KIP-320), else None.
+
+        A consumer sends ``lastEpoch``: the ``brokerEpoch`` of the answer that gave it its position.
+        When an ASYNC_MASTER died with messages its replica never got, the consumers may have read
+        them; the replica, promoted, writes its own messages at those queue offsets, and a consumer
+        pulling on from its position would skip as many of them.  Here the log holds an epoch newer
+        than ``lastEpoch``, starting at CommitLog byte S: the consumer saw at most the entries
+        stored before S, so a position past the queue offset of S is moved back to it (the
+        consumer reads every message of the newer epochs).  Undecided (None) until reput has
+        dispatched past S.  With ``allAckInSyncStateSet=true`` consumers never read what a
+        failover can lose, and this never moves anybody."""
+        last = frame.fields.get("lastEpoch")
+        if last is None:
+            return None
+        b = self.b
+        try:
+            last = int(last)
+        except (TypeError, ValueError):
+            return frame.response(ResponseCode.SYSTEM_ERROR, f"header field 'lastEpoch' must be an int, got {last!r}")
+        epochs = b.epochs
+        if last <= 0 or last >= epochs.last_epoch():
+            return None
+        start = epochs.start_offset_after(last)
+        if start < 0 or b.dispatched_offset < start:
+            return None
+        store = b.store
+        cq = store.find_consume_queue(topic, queue_id, create=False)
+        end = cq.offset_of_physical_offset(start) if cq is not None else 0
+        if offset <= end:
+            return None
+        self.log.warning("pull of %s:%d by %s from queue offset %d, read in epoch %d: this log's epoch %d "
+                         "starts at queue offset %d (messages lost in a failover): moved back there",
+                         topic, queue_id, group, offset, last, epochs.last_epoch(), end)
+        return frame.response(ResponseCode.PULL_OFFSET_MOVED, fields={
+            "nextBeginOffset": end, "minOffset": store.get_min_offset_in_queue(topic, queue_id),
+            "maxOffset": store.get_max_offset_in_queue(topic, queue_id), "suggestWhichBrokerId": 0,
+            "brokerEpoch": epochs.last_epoch()})
 
     def _count_get(self, topic: str, group: str, queue_id: int, count: int, size: int, next_offset: int) -> None:
         b = self.b
@@ -338,7 +384,10 @@ class PullMessageProcessor(RequestProcessor):
             _lt.event("pull", topic, queue_id, offset, offset + count,
                       int((arrived or b.request_received_at) * 1e9), time.monotonic_ns(), arrived is not None)
         store = b.store
-        return frame.response(ResponseCode.SUCCESS, fields={
-            "nextBeginOffset": offset + count, "minOffset": store.get_min_offset_in_queue(topic, queue_id),
-            "maxOffset": store.get_current_queue_offset(topic, queue_id) or offset + count,
-            "suggestWhichBrokerId": suggest}, bodies=[records])
+        fields = {"nextBeginOffset": offset + count, "minOffset": store.get_min_offset_in_queue(topic, queue_id),
+                  "maxOffset": store.get_current_queue_offset(topic, queue_id) or offset + count,
+                  "suggestWhichBrokerId": suggest}
+        epoch = b.epochs.last_epoch()
+        if epoch > 0:
+            fields["brokerEpoch"] = epoch
+        return frame.response(ResponseCode.SUCCESS, fields=fields, bodies=[records])
