@@ -157,17 +157,25 @@ def send_until_ok(send_one, what, deadline_s=60.0):
         time.sleep(0.05)
 
 
+def replicated_pair(c, ctl, brokers, n: int) -> tuple:
+    """``(master, replica)`` of a two-broker set once topic T (4 queues) holds ``n`` messages
+    ("before..."), the replica has them all and the SyncStateSet holds both (the replica can be
+    elected)."""
+    master = the_master(c, brokers)
+    replica = next(b for b in brokers if b is not master)
+    wait_for(lambda: role(c, replica) == "SLAVE" and runtime(c, master.broker_addr)["haSlaves"], 60)
+    create_topic(c, master.broker_addr, "T")
+    fill(c, master.broker_addr, "T", n, prefix=b"before")
+    wait_replicated(c, master, replica)
+    # the master reports its SyncStateSet: both replicas
+    wait_for(lambda: len(sync_state(ctl).get("syncStateSet") or []) == 2, 30)
+    return master, replica
+
+
 def test_master_elected_then_replaced_automatically_and_rejoins(setup):
     ctl, brokers = setup(timeout_ms=FAILOVER_TIMEOUT_MS)
     with RemotingClient() as c:
-        master = the_master(c, brokers)
-        replica = next(b for b in brokers if b is not master)
-        wait_for(lambda: role(c, replica) == "SLAVE" and runtime(c, master.broker_addr)["haSlaves"], 60)
-        create_topic(c, master.broker_addr, "T")
-        fill(c, master.broker_addr, "T", 100, prefix=b"before")
-        wait_replicated(c, master, replica)
-        # the master reports its SyncStateSet: both replicas
-        wait_for(lambda: len(sync_state(ctl).get("syncStateSet") or []) == 2, 30)
+        master, replica = replicated_pair(c, ctl, brokers, 100)
         first = sync_state(ctl)
         assert first["masterEpoch"] >= 1 and first["masterAddress"] == master.broker_addr
 
@@ -564,13 +572,7 @@ def test_messages_sent_after_an_unclean_failover_reach_consumers_that_read_the_l
     PushConsumers and to ``PullConsumer.poll``."""
     ctl, brokers = setup(timeout_ms=FAILOVER_TIMEOUT_MS)
     with RemotingClient() as c:
-        master = the_master(c, brokers)
-        replica = next(b for b in brokers if b is not master)
-        wait_for(lambda: role(c, replica) == "SLAVE" and runtime(c, master.broker_addr)["haSlaves"], 60)
-        create_topic(c, master.broker_addr, "T")
-        fill(c, master.broker_addr, "T", 8, prefix=b"before")      # queue offsets 0 and 1 of each queue
-        wait_replicated(c, master, replica)
-        wait_for(lambda: len(sync_state(ctl).get("syncStateSet") or []) == 2, 30)
+        master, replica = replicated_pair(c, ctl, brokers, 8)     # queue offsets 0 and 1 of each queue
         old_epoch = runtime(c, master.broker_addr)["haEpoch"]
 
         got = {"push": set(), "aio": set(), "poll": set()}
