@@ -22,6 +22,7 @@ client, store or actor module: the topic check and the error type are handed to
 """
 cimport cython
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.mem cimport PyMem_Calloc, PyMem_Free, PyMem_Malloc
 from cpython.dict cimport PyDict_Contains, PyDict_GetItem, PyDict_Next, PyDict_SetItem
 from cpython.object cimport PyObject
 from cpython.ref cimport Py_DECREF, Py_INCREF, Py_XDECREF
@@ -1235,22 +1236,86 @@ def encode_rows(MessagePreparer preparer, str topic, list bodies, list tags, lis
         \x02 separator; encoded properties over 32767 bytes.
     """
     preparer.check_topic_once(topic)
-    cdef Py_ssize_t n = len(bodies), i = 0, j, m, blen, plen, size, tl, kl, sl, ul, total
+    # the columns as given: Python code this call runs (a key's __str__, __hash__ or __eq__, a
+    # finalizer) may change the caller's lists, and they are read without bounds checks
+    bodies = bodies[:]
+    tags = None if tags is None else tags[:]
+    keys = None if keys is None else keys[:]
+    properties = None if properties is None else properties[:]
+    sharding_keys = None if sharding_keys is None else sharding_keys[:]
+    cdef Py_ssize_t n = len(bodies)
+    if n == 0:
+        return []
+    for col in (tags, keys, properties, sharding_keys):
+        if col is not None and len(<list>col) != n:
+            raise ValueError(f"a column has {len(<list>col)} items for {n} bodies")
+    cdef _Row* rows = <_Row*>PyMem_Calloc(n, sizeof(_Row))
+    cdef _Part* groups = <_Part*>PyMem_Malloc(n * sizeof(_Part))
+    if rows == NULL or groups == NULL:
+        PyMem_Free(rows)
+        PyMem_Free(groups)
+        raise MemoryError()
+    try:
+        ng = _rows_pass(preparer, topic, bodies, tags, keys, properties, sharding_keys, key_property,
+                        batch_size, part_key, rows, groups, n)
+        return _rows_parts(topic, key_property, rows, groups, <Py_ssize_t>ng[0], <list>ng[1])
+    finally:
+        _release_rows(rows, n)
+        PyMem_Free(rows)
+        PyMem_Free(groups)
+
+
+cdef struct _Row:
+    # one row of encode_rows; every object pointer is a reference the row holds (pass 2 reads
+    # their buffers, and Python code run in between, a GC finalizer say, could drop the columns')
+    PyObject* body          # bytes
+    PyObject* props         # the encoded user properties (bytes), or NULL
+    PyObject* tag           # str, or NULL
+    PyObject* keys          # str, list or tuple, or NULL
+    PyObject* shard         # str, or NULL
+    Py_ssize_t kl           # bytes of the KEYS value
+    Py_ssize_t size         # the batch element's bytes
+    Py_ssize_t next         # the next row of its part; -1: the last
+
+
+cdef struct _Part:
+    Py_ssize_t head, tail, count, nbytes
+    bint contiguous
+
+
+cdef void _release_rows(_Row* rows, Py_ssize_t n) noexcept:
+    cdef Py_ssize_t i
+    for i in range(n):
+        Py_XDECREF(rows[i].body)
+        Py_XDECREF(rows[i].props)
+        Py_XDECREF(rows[i].tag)
+        Py_XDECREF(rows[i].keys)
+        Py_XDECREF(rows[i].shard)
+
+
+cdef inline PyObject* _hold(object o) noexcept:
+    Py_INCREF(o)
+    return <PyObject*>o
+
+
+cdef tuple _rows_pass(MessagePreparer preparer, str topic, list bodies, list tags, list keys, list properties,
+                      list sharding_keys, str key_property, Py_ssize_t batch_size, part_key, _Row* rows,
+                      _Part* groups, Py_ssize_t n):
+    """encode_rows' first pass: every row checked and sized into ``rows``, and grouped into parts
+    (``groups``, each a chain of rows through ``_Row.next``); returns ``(parts, [their keys])``."""
+    cdef Py_ssize_t i = 0, blen, plen, tl, sl, ng = 0, gi, last_g = -1, size
     cdef Py_ssize_t klen_prefix = len(key_property) + 1
-    cdef bytes key_prefix = (key_property + "\x01").encode()
-    cdef list bs = [None] * n            # bytes bodies
-    cdef list ups = [None] * n           # encoded user properties (bytes) or None
-    cdef list ts = [None] * n            # tag str or None
-    cdef list ks = [None] * n            # KEYS str or None
-    cdef list ss = [None] * n            # sharding key str or None
-    cdef list sizes = [0] * n
-    cdef list groups = []                # [key, [row indices], nbytes] in the order opened
-    cdef dict open_ = {}
-    cdef list g
-    cdef object b, up, t, k, sk, gk, name
-    cdef const char* p
+    cdef Py_ssize_t tags_prefix = PyBytes_GET_SIZE(_TAGS_PREFIX), keys_prefix = PyBytes_GET_SIZE(_KEYS_PREFIX)
+    cdef Py_ssize_t base = _UNIQ_LEN + PyBytes_GET_SIZE(_UNIQ_PREFIX) + 1
+    cdef list gkeys = []                 # each part's sharding key
+    cdef dict open_ = {}                 # grouping key -> the part rows of that key join
+    cdef object b, up, t, k, sk, gk, last_gk = None, name, v
+    cdef _Row* r
+    cdef _Part* g
     try:
         for i in range(n):
+            r = &rows[i]
+            r.next = -1
             b = bodies[i]
             if type(b) is not bytes:
                 if not isinstance(b, (bytes, bytearray, memoryview)):
@@ -1263,22 +1328,22 @@ def encode_rows(MessagePreparer preparer, str topic, list bodies, list tags, lis
             if blen > preparer.max_message_size:
                 raise preparer.error_type(f"the message body size over max value, MAX: {preparer.max_message_size} "
                                           f"(body is {blen} bytes; topic {topic})", preparer.illegal_code)
-            bs[i] = b
-            plen = _UNIQ_LEN + PyBytes_GET_SIZE(_UNIQ_PREFIX) + 1
+            r.body = _hold(b)
+            plen = base
             if properties is not None:
                 up = properties[i]
                 if up:
                     if not isinstance(up, dict):
                         raise preparer.error_type(f"message properties must be a dict, got {type(up).__name__}",
                                                   preparer.illegal_code)
-                    for name in up:
+                    for name in <dict>up:
                         if name in _COLUMNS_REFUSED or name == key_property:
                             raise preparer.error_type(
                                 f"property {name!r} is set by the producer (tags / keys / sharding_keys "
                                 f"columns), or needs send_async (delay, timer, wait, transaction)",
                                 preparer.illegal_code)
                     up = encode_properties(up)
-                    ups[i] = up
+                    r.props = _hold(up)
                     plen += PyBytes_GET_SIZE(up)
             if tags is not None:
                 t = tags[i]
@@ -1286,103 +1351,140 @@ def encode_rows(MessagePreparer preparer, str topic, list bodies, list tags, lis
                     if type(t) is not str:
                         raise preparer.error_type(f"a tag must be a str, got {type(t).__name__}", preparer.illegal_code)
                     _utf8(t, &tl, "tag")
-                    ts[i] = t
-                    plen += PyBytes_GET_SIZE(_TAGS_PREFIX) + tl + 1
+                    r.tag = _hold(t)
+                    plen += tags_prefix + tl + 1
             if keys is not None:
                 k = keys[i]
                 if k:
                     if type(k) is str:
-                        _utf8(k, &kl, "keys")
+                        _utf8(k, &r.kl, "keys")
                     elif type(k) is list or type(k) is tuple:
-                        kl = len(<tuple>k) - 1 if type(k) is tuple else len(<list>k) - 1   # the separators
-                        for name in k:
+                        k = tuple(k)             # pass 2 writes what was sized here
+                        r.kl = len(<tuple>k) - 1                       # the separators
+                        for name in <tuple>k:
                             if type(name) is not str:
                                 raise preparer.error_type(f"a key must be a str, got {type(name).__name__}",
                                                           preparer.illegal_code)
                             _utf8(name, &tl, "key")
-                            kl += tl
+                            r.kl += tl
                     else:
                         raise preparer.error_type(f"keys must be a str or a list of str, got {type(k).__name__}",
                                                   preparer.illegal_code)
-                    ks[i] = k
-                    plen += PyBytes_GET_SIZE(_KEYS_PREFIX) + kl + 1
+                    r.keys = _hold(k)
+                    plen += keys_prefix + r.kl + 1
             sk = None
             if sharding_keys is not None:
                 sk = sharding_keys[i]
                 if sk is not None:
                     k = sk if type(sk) is str else str(sk)
                     _utf8(k, &sl, "sharding key")
-                    ss[i] = k
+                    r.shard = _hold(k)
                     plen += klen_prefix + sl + 1
             if plen > PROPERTIES_MAX_LENGTH:
                 raise preparer.error_type(f"properties are {plen} bytes, over the {PROPERTIES_MAX_LENGTH}-byte limit",
                                           preparer.illegal_code)
             size = BATCH_FIXED_LENGTH + blen + plen
-            sizes[i] = size
+            r.size = size
             gk = sk if (sk is None or type(sk) in _ROW_KEY_TYPES) else part_key(topic, sk)
-            g = open_.get(gk)
-            if g is not None and <Py_ssize_t>g[2] + size > batch_size:
-                g = None
-            if g is None:
-                g = [sk, [], 0]
-                open_[gk] = g
-                groups.append(g)
-            (<list>g[1]).append(i)
-            g[2] = <Py_ssize_t>g[2] + size
+            # the part of the row before, when the key is the same (one dict lookup less a row)
+            if last_g >= 0 and (gk is last_gk or (type(gk) is str and type(last_gk) is str and
+                                                  <str>gk == <str>last_gk)):
+                gi = last_g
+            else:
+                v = open_.get(gk)
+                gi = -1 if v is None else <Py_ssize_t>v
+            if gi >= 0 and groups[gi].nbytes + size > batch_size:
+                gi = -1
+            if gi < 0:
+                gi = ng
+                ng += 1
+                g = &groups[gi]
+                g.head = g.tail = i
+                g.count = 1
+                g.nbytes = size
+                g.contiguous = True
+                open_[gk] = gi
+                gkeys.append(sk)
+            else:
+                g = &groups[gi]
+                rows[g.tail].next = i
+                if g.tail != i - 1:
+                    g.contiguous = False
+                g.tail = i
+                g.count += 1
+                g.nbytes += size
+            last_gk = gk
+            last_g = gi
     except MessageIllegalError as e:
         raise preparer.error_type(f"message {i} of {n}: {e}", preparer.illegal_code) from None
     except Exception as e:
         if isinstance(e, preparer.error_type):
             raise preparer.error_type(f"message {i} of {n}: {e.remark}", e.response_code) from e
         raise
-    cdef list parts = []
+    return ng, gkeys
+
+
+cdef list _rows_parts(str topic, str key_property, _Row* rows, _Part* groups, Py_ssize_t ng, list gkeys):
+    """encode_rows' second pass: each part's batch body and UNIQ_KEYs, written from ``rows``."""
+    cdef bytes key_prefix = (key_property + "\x01").encode()
+    cdef Py_ssize_t gi, i, j, m, total, blen, ul = PyBytes_GET_SIZE(_UNIQ_PREFIX), made = 0, props
+    cdef uint32_t ms = 0
+    cdef list parts = [], positions
     cdef RowsPart part
-    cdef list rows
+    cdef _Row* r
+    cdef _Part* g
     cdef unsigned char* o
     cdef char* u
-    for g in groups:
-        rows = g[1]
-        m = len(rows)
-        total = g[2]
+    for gi in range(ng):
+        g = &groups[gi]
+        m = g.count
+        total = g.nbytes
         part = RowsPart.__new__(RowsPart)
         part.topic = topic
-        part.key = g[0]
-        part.positions = range(rows[0], rows[0] + m) if rows[m - 1] - rows[0] == m - 1 else rows
+        part.key = gkeys[gi]
+        if g.contiguous:
+            part.positions = range(g.head, g.head + m)
+        else:
+            positions = [None] * m
+            i = g.head
+            for j in range(m):
+                positions[j] = i
+                i = rows[i].next
+            part.positions = positions
         part.n = m
         part.nbytes = total
         part.body = PyBytes_FromStringAndSize(NULL, total)
         part.uniq = PyBytes_FromStringAndSize(NULL, m * _UNIQ_LEN)
         o = <unsigned char*>PyBytes_AS_STRING(part.body)
         u = PyBytes_AS_STRING(part.uniq)
+        i = g.head
         for j in range(m):
-            i = rows[j]
-            size = sizes[i]
-            b = bs[i]
-            blen = PyBytes_GET_SIZE(b)
-            o = put_batch_element(o, size, 0, PyBytes_AS_STRING(b), blen, size - BATCH_FIXED_LENGTH - blen)
-            up = ups[i]
-            if up is not None:
-                ul = PyBytes_GET_SIZE(up)
-                memcpy(o, PyBytes_AS_STRING(up), ul)
-                o += ul
-            t = ts[i]
-            if t is not None:
-                o = _put_property(o, _TAGS_PREFIX, t)
-            k = ks[i]
-            if k is not None:
-                if type(k) is str:
-                    o = _put_property(o, _KEYS_PREFIX, k)
+            r = &rows[i]
+            blen = PyBytes_GET_SIZE(<object>r.body)
+            o = put_batch_element(o, r.size, 0, PyBytes_AS_STRING(<object>r.body), blen,
+                                  r.size - BATCH_FIXED_LENGTH - blen)
+            if r.props != NULL:
+                props = PyBytes_GET_SIZE(<object>r.props)
+                memcpy(o, PyBytes_AS_STRING(<object>r.props), props)
+                o += props
+            if r.tag != NULL:
+                o = _put_property(o, _TAGS_PREFIX, <str>r.tag)
+            if r.keys != NULL:
+                if type(<object>r.keys) is str:
+                    o = _put_property(o, _KEYS_PREFIX, <str>r.keys)
                 else:
-                    o = _put_keys(o, k)
-            k = ss[i]
-            if k is not None:
-                o = _put_property(o, key_prefix, k)
-            ul = PyBytes_GET_SIZE(_UNIQ_PREFIX)
+                    o = _put_keys(o, <object>r.keys)
+            if r.shard != NULL:
+                o = _put_property(o, key_prefix, <str>r.shard)
             memcpy(o, PyBytes_AS_STRING(_UNIQ_PREFIX), ul)
-            _write_uniq_id(<char*>o + ul)
+            if made % _IDS_PER_CLOCK_READ == 0:     # one clock read for many ids (the counter tells them apart)
+                ms = _uniq_ms()
+            made += 1
+            _write_uniq_id_at(<char*>o + ul, ms)
             memcpy(u + j * _UNIQ_LEN, o + ul, _UNIQ_LEN)
             o[ul + _UNIQ_LEN] = 2
             o += ul + _UNIQ_LEN + 1
+            i = r.next
         if o != <unsigned char*>PyBytes_AS_STRING(part.body) + total:     # the sizes of pass 1 are the bytes written
             raise AssertionError(f"encode_rows wrote {<Py_ssize_t>(o - <unsigned char*>PyBytes_AS_STRING(part.body))} "
                                  f"bytes of {total}")

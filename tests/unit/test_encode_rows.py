@@ -92,6 +92,43 @@ def test_non_str_property_values_and_sharding_keys_are_sent_as_their_str():
     assert part.key == 42          # the queue is picked by the key itself (java_hash(42)), as send_async_many's
 
 
+def test_columns_changed_by_python_code_run_during_the_call_do_not_change_what_is_written():
+    """The encoder reads the rows' buffers twice (sizes, then bytes); a sharding key's ``__str__``
+    runs Python code in between.  Here it empties every column and collects garbage: the rows are
+    written as they were when the call read them (it holds its own references), and the ids stay
+    unique."""
+    import gc
+    bodies, tags, keys, props = [b"b%d" % i * 50 for i in range(6)], ["t%d" % i for i in range(6)], \
+        [["k", "x%d" % i] for i in range(6)], [{"p": "v%d" % i} for i in range(6)]
+    want = reference("T", list(bodies), list(tags), [list(k) for k in keys], [dict(x) for x in props],
+                     [str(i % 2) for i in range(6)], 16384)
+
+    class Shard:
+        def __init__(self, i):
+            self.i = i
+
+        def __str__(self):
+            if self.i == 3:
+                for col in (bodies, tags, props):
+                    col.clear()
+                for k in keys[:4]:
+                    k.append("late")             # the keys lists of the rows sized so far grow
+                keys.clear()
+                gc.collect()
+            return str(self.i % 2)
+
+        def __hash__(self):
+            return hash(self.i % 2)
+
+        def __eq__(self, other):
+            return isinstance(other, Shard) and other.i % 2 == self.i % 2
+    n, parts = columns("T", bodies, tags, keys, props, sharding_keys=[Shard(i) for i in range(6)])
+    assert n == 6 and [list(p.positions) for p in parts] == [pos for pos, _, _ in want]
+    assert [without_uniq(p.body) for p in parts] == [without_uniq(body) for _, body, _ in want]
+    ids = [u for p in parts for u in p.uniq_ids()]
+    assert len(set(ids)) == 6
+
+
 def test_a_large_body_is_sent_as_given_not_compressed():
     body = b"ab" * 5000                        # over compress_msg_body_over_howmuch (4 KiB)
     _, [part] = columns("T", [body])
