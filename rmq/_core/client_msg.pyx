@@ -771,9 +771,12 @@ cdef class MessagePreparer:
             For the first invalid message, its remark prefixed ``message i of n: ``; the key
             properties set so far are taken back.
         """
+        msgs = msgs[:]      # as given: a message's own Python code could change the caller's list (no bounds checks here)
         cdef Py_ssize_t i = 0, j, n = len(msgs)
         cdef list out = []
         cdef object m, k
+        if keys is not None and len(keys) != n:
+            raise ValueError(f"{len(keys)} keys for {n} messages")
         try:
             for i in range(n):
                 m = msgs[i]
@@ -803,7 +806,7 @@ cdef class MessagePreparer:
         building it needs: each message's body, UNIQ_KEY and encoded properties (None: the UNIQ_KEY
         alone), their total size in a batch body.  The UNIQ_KEYs it gives are set on the messages;
         on any error they are taken back before it raises."""
-        cdef list ms = msgs if type(msgs) is list else list(msgs)
+        cdef list ms = list(msgs)       # a copy even of a list: read without bounds checks, as given
         if not ms:
             raise self.error_type("send_batch needs at least one message", self.illegal_code)
         cdef Py_ssize_t n = len(ms)
