@@ -28,14 +28,18 @@ N = 600                                   # 1 KiB messages: ~10 batches of 64 Ki
 BODY = 1024
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    # requests wait in a stopped broker's queue: no SYSTEM_BUSY [TIMEOUT_CLEAN_QUEUE] for them;
-    # 4 MiB CommitLog files take a joined batch whole
-    c = Cluster(tmp_path_factory.mktemp("ordered-join") / "store",
-                conf={"waitTimeMillsInSendQueue": "600000", "mappedFileSizeCommitLog": str(4 << 20)})
+def _held_cluster(tmp_path_factory, name: str, file_size: int):
+    """A broker whose requests wait in a stopped broker's queue without SYSTEM_BUSY
+    [TIMEOUT_CLEAN_QUEUE], with CommitLog files of ``file_size`` bytes."""
+    c = Cluster(tmp_path_factory.mktemp(name) / "store",
+                conf={"waitTimeMillsInSendQueue": "600000", "mappedFileSizeCommitLog": str(file_size)})
     yield c
     c.close()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    yield from _held_cluster(tmp_path_factory, "ordered-join", 4 << 20)     # 4 MiB files take a join whole
 
 
 def test_the_join_cap_is_the_bulk_request_size_unless_the_user_set_batch_size():
@@ -128,10 +132,7 @@ def test_held_ordered_batches_go_as_requests_larger_than_batch_size(cluster, rc,
 @pytest.fixture(scope="module")
 def small_files(tmp_path_factory):
     # 128 KiB CommitLog files: a sealed 64 KiB batch fits one, a 256 KiB join does not
-    c = Cluster(tmp_path_factory.mktemp("ordered-join-small") / "store",
-                conf={"waitTimeMillsInSendQueue": "600000", "mappedFileSizeCommitLog": str(128 << 10)})
-    yield c
-    c.close()
+    yield from _held_cluster(tmp_path_factory, "ordered-join-small", 128 << 10)
 
 
 @pytest.mark.parametrize("client", ["thread", "aio"])
