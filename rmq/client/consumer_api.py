@@ -554,7 +554,7 @@ class ConsumerCalls:
         answered again."""
         if isinstance(outcome, Frame):
             epoch = outcome.fields.get("brokerEpoch")
-            if epoch is not None:
+            if type(epoch) is int:
                 self.pull_epochs[mq] = epoch
         if route_suspect(outcome):
             self._route_doubt.add(mq.topic)

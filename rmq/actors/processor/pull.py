@@ -215,11 +215,8 @@ class PullMessageProcessor(RequestProcessor):
         if b.slave_read_enable:
             suggest = int(gcfg.get("whichBrokerWhenConsumeSlowly", 1)) if res.suggest_pulling_from_slave \
                 else int(gcfg.get("brokerId", 0))
-        fields = {"nextBeginOffset": next_begin, "minOffset": res.min_offset,
-                  "maxOffset": res.max_offset, "suggestWhichBrokerId": suggest}
-        epoch = b.epochs.last_epoch()
-        if epoch > 0:
-            fields["brokerEpoch"] = epoch
+        fields = self.with_epoch({"nextBeginOffset": next_begin, "minOffset": res.min_offset,
+                                  "maxOffset": res.max_offset, "suggestWhichBrokerId": suggest})
         if code == ResponseCode.SUCCESS:
             if _lt.ENABLED:
                 _lt.event("pull", topic, queue_id, offset, res.next_begin_offset,
@@ -269,10 +266,17 @@ class PullMessageProcessor(RequestProcessor):
         self.log.warning("pull of %s:%d by %s from queue offset %d, read in epoch %d: this log's epoch %d "
                          "starts at queue offset %d (messages lost in a failover): moved back there",
                          topic, queue_id, group, offset, last, epochs.last_epoch(), end)
-        return frame.response(ResponseCode.PULL_OFFSET_MOVED, fields={
+        return frame.response(ResponseCode.PULL_OFFSET_MOVED, fields=self.with_epoch({
             "nextBeginOffset": end, "minOffset": store.get_min_offset_in_queue(topic, queue_id),
-            "maxOffset": store.get_max_offset_in_queue(topic, queue_id), "suggestWhichBrokerId": 0,
-            "brokerEpoch": epochs.last_epoch()})
+            "maxOffset": store.get_max_offset_in_queue(topic, queue_id), "suggestWhichBrokerId": 0}))
+
+    def with_epoch(self, fields: dict) -> dict:
+        """A pull answer's header ``fields`` with ``brokerEpoch``: the newest HA epoch of this
+        broker's log (none before a first epoch), which the consumer sends back as ``lastEpoch``."""
+        epoch = self.b.epochs.last_epoch()
+        if epoch > 0:
+            fields["brokerEpoch"] = epoch
+        return fields
 
     def _count_get(self, topic: str, group: str, queue_id: int, count: int, size: int, next_offset: int) -> None:
         b = self.b
@@ -384,10 +388,7 @@ class PullMessageProcessor(RequestProcessor):
             _lt.event("pull", topic, queue_id, offset, offset + count,
                       int((arrived or b.request_received_at) * 1e9), time.monotonic_ns(), arrived is not None)
         store = b.store
-        fields = {"nextBeginOffset": offset + count, "minOffset": store.get_min_offset_in_queue(topic, queue_id),
-                  "maxOffset": store.get_current_queue_offset(topic, queue_id) or offset + count,
-                  "suggestWhichBrokerId": suggest}
-        epoch = b.epochs.last_epoch()
-        if epoch > 0:
-            fields["brokerEpoch"] = epoch
-        return frame.response(ResponseCode.SUCCESS, fields=fields, bodies=[records])
+        return frame.response(ResponseCode.SUCCESS, fields=self.with_epoch({
+            "nextBeginOffset": offset + count, "minOffset": store.get_min_offset_in_queue(topic, queue_id),
+            "maxOffset": store.get_current_queue_offset(topic, queue_id) or offset + count,
+            "suggestWhichBrokerId": suggest}), bodies=[records])
