@@ -13,7 +13,7 @@ import os
 import shutil
 import threading
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from rmq._core.mapped_file import fsync_dir, fsync_file
 from rmq.common.perm import PERM_INHERIT, PERM_PRIORITY, PERM_READ, PERM_WRITE   # noqa: F401 (re-exported: PermName)
@@ -336,6 +336,27 @@ class ConsumerOffsetManager(ConfigManager):
     def query_offset(self, group: str, topic: str, queue_id: int) -> int:
         """The committed offset, or -1 when the group never committed one."""
         return self.offset_table.get(f"{topic}{self.TOPIC_GROUP_SEPARATOR}{group}", {}).get(queue_id, -1)
+
+    def clamp_to_queue_ends(self, max_offset: Callable[[str, int], int]) -> list:
+        """Lower every committed offset past its queue's end, ``max_offset(topic, queue_id)``
+        (entries), to that end; returns ``[(topic@group, queue_id, old, new)]`` of those lowered.
+
+        A slave promoted after an unclean failover: offsets the old master committed for messages
+        it never replicated would make the group skip as many of the messages stored at those
+        queue offsets from now on (rmq; see ``PullMessageProcessor.past_epoch_end`` for the
+        consumers' in-memory positions)."""
+        lowered = []
+        with self._lock:
+            for key, table in self.offset_table.items():
+                topic = key.split(self.TOPIC_GROUP_SEPARATOR, 1)[0]
+                for queue_id, offset in table.items():
+                    end = max_offset(topic, queue_id)
+                    if offset > end:
+                        table[queue_id] = end
+                        lowered.append((key, queue_id, offset, end))
+            if lowered:
+                self.data_version.next_version()
+        return lowered
 
     def encode(self) -> dict:
         return {"offsetTable": {k: {str(q): o for q, o in v.items()} for k, v in self.offset_table.items()},

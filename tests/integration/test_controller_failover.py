@@ -561,6 +561,12 @@ def _pull_frame(offset: int, last_epoch: int) -> Frame:
         "expressionType": "TAG", "lastEpoch": last_epoch})
 
 
+def _committed(c, addr: str) -> int:
+    r = c.invoke(addr, Frame(RequestCode.QUERY_CONSUMER_OFFSET, fields={
+        "consumerGroup": "fo-committed-cg", "topic": "T", "queueId": LOST_QUEUE}))
+    return r.fields.get("offset", -1) if r.code == ResponseCode.SUCCESS else -1
+
+
 def test_messages_sent_after_an_unclean_failover_reach_consumers_that_read_the_lost_tail(setup):
     """An ASYNC_MASTER acknowledges and serves a message before its replica has it.  When it dies
     then, the consumers may already have read messages the promoted replica never got; the replica
@@ -569,7 +575,8 @@ def test_messages_sent_after_an_unclean_failover_reach_consumers_that_read_the_l
     epoch its position was read in (``lastEpoch``), and a broker whose log left that epoch behind moves
     a position past the epoch's end back to it (PULL_OFFSET_MOVED; Kafka's KIP-320 position
     validation): every message sent after the failover is delivered, to the thread and asyncio
-    PushConsumers and to ``PullConsumer.poll``."""
+    PushConsumers and to ``PullConsumer.poll``.  A committed offset past the promoted log's end
+    (copied by SlaveSynchronize) is lowered to it at the promotion."""
     ctl, brokers = setup(timeout_ms=FAILOVER_TIMEOUT_MS)
     with RemotingClient() as c:
         master, replica = replicated_pair(c, ctl, brokers, 8)     # queue offsets 0 and 1 of each queue
@@ -636,9 +643,16 @@ def test_messages_sent_after_an_unclean_failover_reach_consumers_that_read_the_l
             r = p.send(Message("T", b"lost"), queue=mq)
             assert r.queue_offset == 2
             wait_for(lambda: everyone_has(b"lost"), 60)
+            # a group's committed offset past it, which SlaveSynchronize (every 10 s) copies to the replica
+            r = c.invoke(master.broker_addr, Frame(RequestCode.UPDATE_CONSUMER_OFFSET, fields={
+                "consumerGroup": "fo-committed-cg", "topic": "T", "queueId": LOST_QUEUE, "commitOffset": 3}))
+            assert r.code == ResponseCode.SUCCESS, r.remark
+            wait_for(lambda: _committed(c, replica.broker_addr) == 3, 30)
             master.kill_group()                       # kill -9 (the stopped HA actor too)
             wait_for(lambda: role(c, replica) == "ASYNC_MASTER", 60)
             assert runtime(c, replica.broker_addr)["haEpoch"] > old_epoch
+            # promotion lowered it to this log's end of the queue: the group reads on from there
+            assert _committed(c, replica.broker_addr) == 2
 
             after = []
             for i in range(3):

@@ -81,6 +81,24 @@ def test_persist_after_persist_soon_leaves_the_newest_table(tmp_path):
     w.close()
 
 
+def test_clamp_to_queue_ends_lowers_only_offsets_past_their_queue_end(tmp_path):
+    """A promoted slave's committed offsets past its queues' ends (the old master's unreplicated
+    tail) are lowered to the ends; the others, and the data version when none moved, are kept."""
+    m = ConsumerOffsetManager(str(tmp_path))
+    m.commit_offset("g", "T", 0, 5)
+    m.commit_offset("g", "T", 1, 9)
+    m.commit_offset("g", "%RETRY%g", 0, 4)
+    m.commit_offset("h", "Gone", 0, 7)
+    ends = {("T", 0): 5, ("T", 1): 6, ("%RETRY%g", 0): 2}
+    lowered = m.clamp_to_queue_ends(lambda topic, q: ends.get((topic, q), 0))
+    assert sorted(lowered) == [("%RETRY%g@g", 0, 4, 2), ("Gone@h", 0, 7, 0), ("T@g", 1, 9, 6)]
+    assert [m.query_offset("g", "T", 0), m.query_offset("g", "T", 1), m.query_offset("g", "%RETRY%g", 0),
+            m.query_offset("h", "Gone", 0)] == [5, 6, 2, 0]
+    version = m.data_version.to_json()
+    assert m.clamp_to_queue_ends(lambda topic, q: ends.get((topic, q), 0)) == []
+    assert m.data_version.to_json() == version
+
+
 def test_without_a_writer_persist_soon_writes_at_once(tmp_path):
     m = TopicConfigManager(str(tmp_path))
     m.topic_config_table["T"] = m.new_topic_config("T")

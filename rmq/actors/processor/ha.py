@@ -243,6 +243,7 @@ class HAProcessor(RequestProcessor):
                               json.dumps({"brokerRole": role, "brokerId": 0, "epoch": epoch, "startOffset": end}))
         b.store.recover_topic_queue_table()
         self._adopt_unsynced_topics()
+        self._clamp_unreplicated_offsets()
         b.role = role
         b.pop.start()                         # POP checkpoints in flight, from the replicated revive log
         b.tx.start()                          # pending transactions, from the replicated half / op queues
@@ -270,6 +271,21 @@ class HAProcessor(RequestProcessor):
                 tcm.update_topic_config(tcm.new_topic_config(topic, n, n, PERM_READ | PERM_WRITE))
                 self.log.warning("promotion: topic %s had messages but no synced config: created with %d queues",
                                  topic, n)
+
+    def _clamp_unreplicated_offsets(self) -> None:
+        """Committed offsets (copied by SlaveSynchronize) past a queue's end here point at messages
+        the old master stored and never replicated: lowered to the end, or the group would skip as
+        many of the messages this broker stores there from now on."""
+        b = self.b
+        com = b.store.consumer_offset_manager
+        lowered = com.clamp_to_queue_ends(b.store.get_max_offset_in_queue)
+        if lowered:
+            com.persist()
+            for key, queue_id, old, new in lowered[:20]:
+                self.log.warning("promotion: offset of %s queue %d was %d, past this log's end: now %d "
+                                 "(messages lost in a failover)", key, queue_id, old, new)
+            if len(lowered) > 20:
+                self.log.warning("promotion: %d more committed offsets lowered the same way", len(lowered) - 20)
 
     # -- SlaveSynchronize ---------------------------------------------------------------------------------
     def sync_from_master(self) -> None:

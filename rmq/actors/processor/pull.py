@@ -260,7 +260,9 @@ class PullMessageProcessor(RequestProcessor):
             return None
         store = b.store
         cq = store.find_consume_queue(topic, queue_id, create=False)
-        end = cq.offset_of_physical_offset(start) if cq is not None else 0
+        if cq is None:                  # nothing stored here: the normal answer moves the position
+            return None
+        end = cq.offset_of_physical_offset(start)
         if offset <= end:
             return None
         self.log.warning("pull of %s:%d by %s from queue offset %d, read in epoch %d: this log's epoch %d "
