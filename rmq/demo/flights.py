@@ -71,8 +71,8 @@ The embedded cluster's broker runs with larger pulls (4096 messages / 8 MiB),
 the producer hands the rows over with ``send_async_columns`` (``PRODUCE_SLICE`` rows per call,
 one future and one record per request each) in requests of up to 1 MiB, two in flight, each for
 another queue (see ``MAX_IN_FLIGHT``).  On a 2-core machine the full run takes about 40 s; the
-producer sends 280-320k msgs/s from one Python thread while Spark starts beside it (about 230k
-with a CPU hog beside both as well, as CI runs it).
+producer sends 250-420k msgs/s from one Python thread while Spark starts beside it, the JVM's start
+on the same cores deciding where (stop 58's CI run with a CPU hog beside both: 297,584).
 """
 from __future__ import annotations
 
