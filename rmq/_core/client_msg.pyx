@@ -1274,7 +1274,7 @@ cdef struct _Row:
     PyObject* body          # bytes
     PyObject* props         # the encoded user properties (bytes), or NULL
     PyObject* tag           # str, or NULL
-    PyObject* keys          # str, list or tuple, or NULL
+    PyObject* keys          # str, or a tuple (a list of keys, copied when sized), or NULL
     PyObject* shard         # str, or NULL
     Py_ssize_t kl           # bytes of the KEYS value
     Py_ssize_t size         # the batch element's bytes
