@@ -1259,9 +1259,9 @@ def encode_rows(MessagePreparer preparer, str topic, list bodies, list tags, lis
         PyMem_Free(groups)
         raise MemoryError()
     try:
-        ng = _rows_pass(preparer, topic, bodies, tags, keys, properties, sharding_keys, key_property,
-                        batch_size, part_key, rows, groups, n)
-        return _rows_parts(topic, key_property, rows, groups, <Py_ssize_t>ng[0], <list>ng[1])
+        gkeys = _rows_pass(preparer, topic, bodies, tags, keys, properties, sharding_keys, key_property,
+                           batch_size, part_key, rows, groups, n)
+        return _rows_parts(topic, key_property, rows, groups, gkeys)
     finally:
         _release_rows(rows, n)
         PyMem_Free(rows)
@@ -1282,8 +1282,7 @@ cdef struct _Row:
 
 
 cdef struct _Part:
-    Py_ssize_t head, tail, count, nbytes
-    bint contiguous
+    Py_ssize_t head, tail, count, nbytes      # rows head..tail (a chain), in increasing order
 
 
 cdef void _release_rows(_Row* rows, Py_ssize_t n) noexcept:
@@ -1301,11 +1300,11 @@ cdef inline PyObject* _hold(object o) noexcept:
     return <PyObject*>o
 
 
-cdef tuple _rows_pass(MessagePreparer preparer, str topic, list bodies, list tags, list keys, list properties,
+cdef list _rows_pass(MessagePreparer preparer, str topic, list bodies, list tags, list keys, list properties,
                       list sharding_keys, str key_property, Py_ssize_t batch_size, part_key, _Row* rows,
                       _Part* groups, Py_ssize_t n):
     """encode_rows' first pass: every row checked and sized into ``rows``, and grouped into parts
-    (``groups``, each a chain of rows through ``_Row.next``); returns ``(parts, [their keys])``."""
+    (``groups``, each a chain of rows through ``_Row.next``); returns each part's sharding key."""
     cdef Py_ssize_t i = 0, blen, plen, tl, sl, ng = 0, gi, last_g = -1, size
     cdef Py_ssize_t klen_prefix = len(key_property) + 1
     cdef Py_ssize_t tags_prefix = PyBytes_GET_SIZE(_TAGS_PREFIX), keys_prefix = PyBytes_GET_SIZE(_KEYS_PREFIX)
@@ -1405,14 +1404,11 @@ cdef tuple _rows_pass(MessagePreparer preparer, str topic, list bodies, list tag
                 g.head = g.tail = i
                 g.count = 1
                 g.nbytes = size
-                g.contiguous = True
                 open_[gk] = gi
                 gkeys.append(sk)
             else:
                 g = &groups[gi]
                 rows[g.tail].next = i
-                if g.tail != i - 1:
-                    g.contiguous = False
                 g.tail = i
                 g.count += 1
                 g.nbytes += size
@@ -1424,13 +1420,14 @@ cdef tuple _rows_pass(MessagePreparer preparer, str topic, list bodies, list tag
         if isinstance(e, preparer.error_type):
             raise preparer.error_type(f"message {i} of {n}: {e.remark}", e.response_code) from e
         raise
-    return ng, gkeys
+    return gkeys
 
 
-cdef list _rows_parts(str topic, str key_property, _Row* rows, _Part* groups, Py_ssize_t ng, list gkeys):
+cdef list _rows_parts(str topic, str key_property, _Row* rows, _Part* groups, list gkeys):
     """encode_rows' second pass: each part's batch body and UNIQ_KEYs, written from ``rows``."""
     cdef bytes key_prefix = (key_property + "\x01").encode()
     cdef Py_ssize_t gi, i, j, m, total, blen, ul = PyBytes_GET_SIZE(_UNIQ_PREFIX), made = 0, props
+    cdef Py_ssize_t ng = len(gkeys)
     cdef uint32_t ms = 0
     cdef list parts = [], positions
     cdef RowsPart part
@@ -1445,7 +1442,7 @@ cdef list _rows_parts(str topic, str key_property, _Row* rows, _Part* groups, Py
         part = RowsPart.__new__(RowsPart)
         part.topic = topic
         part.key = gkeys[gi]
-        if g.contiguous:
+        if g.tail - g.head == m - 1:           # rows in increasing order: consecutive ones
             part.positions = range(g.head, g.head + m)
         else:
             positions = [None] * m
