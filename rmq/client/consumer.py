@@ -646,7 +646,7 @@ class PullConsumerCalls:
             raise MQClientError(f"offset < 0: {offset}")
         self._positions[mq] = int(offset)
         self._forget(mq)
-        self._client().pull_epochs.pop(mq, None)    # the caller's position: no epoch to check it against
+        self._client().forget_pull_epoch(mq)
 
     def _other_addr(self, mq: MessageQueue, failed_addr: str) -> bool:
         """True when the next pull of ``mq`` would go to another address than ``failed_addr``

@@ -568,6 +568,10 @@ class ConsumerCalls:
         the messages stored there since (``PullMessageProcessor.past_epoch_end``)."""
         return self.pull_epochs.get(mq, 0)
 
+    def forget_pull_epoch(self, mq: MessageQueue) -> None:
+        """``mq``'s position is the caller's (a seek): its next pulls carry no ``lastEpoch``."""
+        self.pull_epochs.pop(mq, None)
+
     def on_pull_response(self, mq: MessageQueue, resp: object, addr: str) -> None:
         """Record a pull's outcome (a Frame or an exception from a RequestMux) for the next choice
         (``suggestWhichBrokerId``, a failed address) and for the route's doubt (:meth:`note_pull_outcome`)."""

@@ -330,6 +330,29 @@ def test_pull_frame_carries_the_commit_offset_to_a_master_only_and_refuses_an_un
         m._pull_frame(MessageQueue("gone", "broker-a", 0), 0, 0)
 
 
+def test_a_pull_carries_the_epoch_of_the_last_answer_of_its_queue_and_a_seek_forgets_it():
+    """Every pull answer's ``brokerEpoch`` (an int) is kept per queue and sent back as ``lastEpoch``
+    with the queue's next pull (none before an answer had one); a seek makes the position the
+    caller's: no epoch goes with it (PullMessageProcessor.past_epoch_end)."""
+    client = ConsumerCalls(NS)
+    m = _member(client)
+    m.pull_batch_size = 32
+    assert "lastEpoch" not in m._pull_frame(MQ, 10, 0).fields
+    client.note_pull_outcome(MQ, Frame(ResponseCode.PULL_NOT_FOUND, fields={"brokerEpoch": 3}))
+    assert m._pull_frame(MQ, 10, 0).fields["lastEpoch"] == 3
+    assert "lastEpoch" not in m._pull_frame(MessageQueue("orders", "broker-a", 0), 0, 0).fields
+    for other in (Frame(ResponseCode.SUCCESS, fields={"brokerEpoch": "x"}), Frame(ResponseCode.TOPIC_NOT_EXIST),
+                  RemotingError("gone")):
+        client.note_pull_outcome(MQ, other)          # not an epoch: the last one stays
+    assert client.pull_epoch(MQ) == 3
+    client.note_pull_outcome(MQ, Frame(ResponseCode.SUCCESS, fields={"brokerEpoch": 4}))
+    assert m._pull_frame(MQ, 10, 0).fields["lastEpoch"] == 4
+    pc = _pull_core(client)
+    pc.assign([MQ])
+    pc.seek(MQ, 5)
+    assert client.pull_epoch(MQ) == 0 and "lastEpoch" not in m._pull_frame(MQ, 5, 0).fields
+
+
 def test_a_pull_that_carries_the_offset_makes_the_next_persist_send_it_again():
     """The broker applies a pull's commitOffset when it reads the pull, possibly after a later
     persist of a higher offset: the offset store forgets what it last persisted for the queue."""

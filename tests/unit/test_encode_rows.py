@@ -129,6 +129,18 @@ def test_columns_changed_by_python_code_run_during_the_call_do_not_change_what_i
     assert len(set(ids)) == 6
 
 
+def test_the_c_entries_refuse_columns_of_other_lengths_than_the_rows():
+    """encode_rows / prepare_many called directly (encode_columns and many_keys check lengths
+    first, with MQClientError): a column or key list of another length is a ValueError, nothing
+    read past its end."""
+    from rmq._core.client_msg import encode_rows
+    from rmq.client.producer_request import PROPERTY_SHARDING_KEY, _part_key
+    with pytest.raises(ValueError, match="a column has 1 items for 2 bodies"):
+        encode_rows(PREP, "T", [b"a", b"b"], ["t"], None, None, None, PROPERTY_SHARDING_KEY, 1024, _part_key)
+    with pytest.raises(ValueError, match="1 keys for 2 messages"):
+        PREP.prepare_many([Message("T", b"a"), Message("T", b"b")], ["k"], PROPERTY_SHARDING_KEY)
+
+
 def test_a_large_body_is_sent_as_given_not_compressed():
     body = b"ab" * 5000                        # over compress_msg_body_over_howmuch (4 KiB)
     _, [part] = columns("T", [body])
