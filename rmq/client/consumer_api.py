@@ -789,9 +789,14 @@ class ConsumerCalls:
 
     def _update_consumer_offset(self, group: str, mq: MessageQueue, offset: int):
         """Store ``offset`` on the master, else (master gone or avoided) on a slave (kept there
-        locally; RocketMQ does the same)."""
-        addr, resp = yield from self._invoke_read(mq, Frame(RequestCode.UPDATE_CONSUMER_OFFSET, fields={
-            "consumerGroup": group, "topic": mq.topic, "queueId": mq.queue_id, "commitOffset": int(offset)}))
+        locally; RocketMQ does the same).  Sends ``lastEpoch`` (:meth:`pull_epoch`) when a pull of
+        ``mq`` has answered: a broker whose log lost the tail the offset was read in stores the
+        offset where its newer epochs begin (``ConsumerManageProcessor.on_update_consumer_offset``)."""
+        fields = {"consumerGroup": group, "topic": mq.topic, "queueId": mq.queue_id, "commitOffset": int(offset)}
+        epoch = self.pull_epochs.get(mq, 0)
+        if epoch > 0:                       # the broker lowers an offset read in a tail it lost
+            fields["lastEpoch"] = epoch
+        addr, resp = yield from self._invoke_read(mq, Frame(RequestCode.UPDATE_CONSUMER_OFFSET, fields=fields))
         _check(resp, addr, f"update offset of {mq}")
 
     # -- group membership -----------------------------------------------------------------------

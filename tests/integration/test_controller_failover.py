@@ -561,9 +561,9 @@ def _pull_frame(offset: int, last_epoch: int) -> Frame:
         "expressionType": "TAG", "lastEpoch": last_epoch})
 
 
-def _committed(c, addr: str) -> int:
+def _committed(c, addr: str, group: str = "fo-committed-cg") -> int:
     r = c.invoke(addr, Frame(RequestCode.QUERY_CONSUMER_OFFSET, fields={
-        "consumerGroup": "fo-committed-cg", "topic": "T", "queueId": LOST_QUEUE}))
+        "consumerGroup": group, "topic": "T", "queueId": LOST_QUEUE}))
     return r.fields.get("offset", -1) if r.code == ResponseCode.SUCCESS else -1
 
 
@@ -615,6 +615,11 @@ def test_messages_sent_after_an_unclean_failover_reach_consumers_that_read_the_l
         lc = PullConsumer(master.namesrv_addr, "fo-poll-cg", consume_from_where="CONSUME_FROM_FIRST_OFFSET")
         lc.start()
         lc.assign(lc.fetch_subscribe_message_queues("T"))
+        # reads the lost queue up to the lost message, then commits its position to the new master
+        # before any pull there (its auto-commit off: the commit comes when the test says)
+        late = PullConsumer(master.namesrv_addr, "fo-late-cg", consume_from_where="CONSUME_FROM_FIRST_OFFSET",
+                            auto_commit=False)
+        late.start()
         stop = threading.Event()
 
         def poller():
@@ -643,6 +648,10 @@ def test_messages_sent_after_an_unclean_failover_reach_consumers_that_read_the_l
             r = p.send(Message("T", b"lost"), queue=mq)
             assert r.queue_offset == 2
             wait_for(lambda: everyone_has(b"lost"), 60)
+            late.assign([mq])
+            late_got = []
+            wait_for(lambda: late_got.extend(bytes(m.body) for m in late.poll(200)) or b"lost" in late_got, 60)
+            assert len(late_got) == 3 and late_got[-1] == b"lost"      # queue offsets 0-2: position 3
             # a group's committed offset past it, which SlaveSynchronize (every 10 s) copies to the replica
             r = c.invoke(master.broker_addr, Frame(RequestCode.UPDATE_CONSUMER_OFFSET, fields={
                 "consumerGroup": "fo-committed-cg", "topic": "T", "queueId": LOST_QUEUE, "commitOffset": 3}))
@@ -653,6 +662,17 @@ def test_messages_sent_after_an_unclean_failover_reach_consumers_that_read_the_l
             assert runtime(c, replica.broker_addr)["haEpoch"] > old_epoch
             # promotion lowered it to this log's end of the queue: the group reads on from there
             assert _committed(c, replica.broker_addr) == 2
+            # the consumer that read "lost" commits its position 3 there before any pull: the commit
+            # carries the epoch it was read in, and the broker stores 2, where the next consumer of
+            # the group to take the queue over reads on from (it has no epoch to send)
+            def committed_once():
+                try:
+                    late.commit_sync()
+                    return True
+                except MQClientError:       # the dead master's address, until the route moves on
+                    return False
+            wait_for(committed_once, 60)
+            assert _committed(c, replica.broker_addr, "fo-late-cg") == 2
 
             after = []
             for i in range(3):
@@ -667,6 +687,7 @@ def test_messages_sent_after_an_unclean_failover_reach_consumers_that_read_the_l
             p.close()
             pc.shutdown()
             lc.shutdown()
+            late.shutdown()
             on_loop(ac.shutdown())
             loop.call_soon_threadsafe(loop.stop)
             loop_thread.join(10)
@@ -685,3 +706,17 @@ def test_messages_sent_after_an_unclean_failover_reach_consumers_that_read_the_l
         assert r.code == ResponseCode.SUCCESS and r.fields["nextBeginOffset"] == 5
         r = c.invoke(replica.broker_addr, _pull_frame(4, "x"))
         assert r.code == ResponseCode.SYSTEM_ERROR and "lastEpoch" in r.remark
+        # and the same for a commit: an offset read in the old epoch past the new log's start of the
+        # queue is stored as that start; without an epoch (an admin's reset) or with the current one,
+        # as it is; a bad epoch stores nothing
+        for epoch, offset, stored in ((old_epoch, 4, 2), (None, 4, 4), (new_epoch, 5, 5), (old_epoch, 1, 1)):
+            fields = {"consumerGroup": "probe-cg", "topic": "T", "queueId": LOST_QUEUE, "commitOffset": offset}
+            if epoch is not None:
+                fields["lastEpoch"] = epoch
+            r = c.invoke(replica.broker_addr, Frame(RequestCode.UPDATE_CONSUMER_OFFSET, fields=fields))
+            assert r.code == ResponseCode.SUCCESS, r.remark
+            assert _committed(c, replica.broker_addr, "probe-cg") == stored
+        r = c.invoke(replica.broker_addr, Frame(RequestCode.UPDATE_CONSUMER_OFFSET, fields={
+            "consumerGroup": "probe-cg", "topic": "T", "queueId": LOST_QUEUE, "commitOffset": 4, "lastEpoch": "x"}))
+        assert r.code == ResponseCode.SYSTEM_ERROR and "lastEpoch" in r.remark
+        assert _committed(c, replica.broker_addr, "probe-cg") == 1

@@ -353,6 +353,28 @@ def test_a_pull_carries_the_epoch_of_the_last_answer_of_its_queue_and_a_seek_for
     assert client.pull_epoch(MQ) == 0 and "lastEpoch" not in m._pull_frame(MQ, 5, 0).fields
 
 
+def test_a_commit_carries_the_epoch_of_the_last_pull_answer_of_its_queue():
+    """UPDATE_CONSUMER_OFFSET sends ``lastEpoch`` (the queue's :meth:`pull_epoch`) once a pull of
+    the queue has answered with one, and nothing before: the broker stores an offset read in a
+    tail its log lost where its newer epochs begin (ConsumerManageProcessor)."""
+    other = MessageQueue("orders", "broker-a", 0)
+
+    def commit(core):
+        core.note_pull_outcome(MQ, Frame(ResponseCode.SUCCESS, fields={"brokerEpoch": 6}))
+
+        def calls():
+            yield from core._update_consumer_offset("cg", MQ, 10)
+            yield from core._update_consumer_offset("cg", other, 4)
+        return calls()
+
+    _, asked, _ = _run(commit, [
+        (NS, RequestCode.GET_ROUTEINFO_BY_TOPIC, _route({"0": MASTER})),
+        (MASTER, RequestCode.UPDATE_CONSUMER_OFFSET, Frame(ResponseCode.SUCCESS)),
+        (MASTER, RequestCode.UPDATE_CONSUMER_OFFSET, Frame(ResponseCode.SUCCESS))])
+    assert asked[1][2] == {"consumerGroup": "cg", "topic": "orders", "queueId": 3, "commitOffset": 10, "lastEpoch": 6}
+    assert asked[2][2] == {"consumerGroup": "cg", "topic": "orders", "queueId": 0, "commitOffset": 4}
+
+
 def test_a_pull_that_carries_the_offset_makes_the_next_persist_send_it_again():
     """The broker applies a pull's commitOffset when it reads the pull, possibly after a later
     persist of a higher offset: the offset store forgets what it last persisted for the queue."""

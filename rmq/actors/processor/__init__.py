@@ -33,7 +33,7 @@ registered in the same table.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 if TYPE_CHECKING:  # pragma: no cover
     from rmq.actors.broker import BrokerActor
@@ -50,3 +50,25 @@ class RequestProcessor:
     @property
     def log(self):
         return self.b.log
+
+    def lost_tail_start(self, topic: str, queue_id: int, last_epoch: int) -> Optional[int]:
+        """The queue offset where the HA epochs after ``last_epoch`` begin in this broker's log, or
+        None when there is nothing to check (rmq; Kafka's offset validation, KIP-320).
+
+        ``last_epoch``: the ``brokerEpoch`` of the pull answer that gave a consumer its position
+        (sent back as ``lastEpoch``).  When the log holds a newer epoch, starting at CommitLog byte
+        S, the consumer saw at most the entries stored before S: a position (or a commit) past the
+        returned queue offset was read in a tail that a failover lost, and the messages stored at
+        those queue offsets since are others.  None when ``last_epoch`` is 0 or current, when
+        reput has not dispatched past S yet (undecided) or the queue has no ConsumeQueue here."""
+        b = self.b
+        epochs = b.epochs
+        if last_epoch <= 0 or last_epoch >= epochs.last_epoch():
+            return None
+        start = epochs.start_offset_after(last_epoch)
+        if start < 0 or b.dispatched_offset < start:
+            return None
+        cq = b.store.find_consume_queue(topic, queue_id, create=False)
+        if cq is None:
+            return None
+        return cq.offset_of_physical_offset(start)

@@ -252,19 +252,10 @@ class PullMessageProcessor(RequestProcessor):
             last = int(last)
         except (TypeError, ValueError):
             return frame.response(ResponseCode.SYSTEM_ERROR, f"header field 'lastEpoch' must be an int, got {last!r}")
-        epochs = b.epochs
-        if last <= 0 or last >= epochs.last_epoch():
+        end = self.lost_tail_start(topic, queue_id, last)
+        if end is None or offset <= end:
             return None
-        start = epochs.start_offset_after(last)
-        if start < 0 or b.dispatched_offset < start:
-            return None
-        store = b.store
-        cq = store.find_consume_queue(topic, queue_id, create=False)
-        if cq is None:                  # nothing stored here: the normal answer moves the position
-            return None
-        end = cq.offset_of_physical_offset(start)
-        if offset <= end:
-            return None
+        store, epochs = b.store, b.epochs
         self.log.warning("pull of %s:%d by %s from queue offset %d, read in epoch %d: this log's epoch %d "
                          "starts at queue offset %d (messages lost in a failover): moved back there",
                          topic, queue_id, group, offset, last, epochs.last_epoch(), end)
