@@ -714,10 +714,12 @@ class ConsumerCalls:
     # -- pulls and offsets ------------------------------------------------------------------------
     def _pull(self, group: str, mq: MessageQueue, offset: int, max_nums: int, sub: Optional[SubscriptionData] = None,
               suspend_ms: int = 0, timeout_ms: Optional[int] = None, commit_offset: int = -1,
-              group_retry_topic: Optional[str] = None):
+              group_retry_topic: Optional[str] = None, last_epoch: int = 0):
         """One PULL_MESSAGE to the broker :meth:`_pull_broker_addr` picks (the route is refreshed
         when older than ``route_refresh_interval_ms``); the response's ``suggestWhichBrokerId``
-        picks the broker of the next pull of ``mq``.  A :class:`PullResult`.
+        picks the broker of the next pull of ``mq``.  A :class:`PullResult`.  ``last_epoch``: the
+        HA epoch ``offset`` was read in (0: none), as :meth:`pull_epoch` (an offset read in a tail
+        the broker's log lost answers OFFSET_ILLEGAL, its next begin offset where that tail began).
 
         Raises
         ------
@@ -731,7 +733,7 @@ class ConsumerCalls:
         if bid != MASTER_ID:
             commit_offset = -1                  # a slave does not take commits in pulls (RocketMQ)
         frame = build_pull_frame(group, mq, offset, max_nums, sub if sub else SUB_ALL, commit_offset,
-                                 suspend_ms)
+                                 suspend_ms, last_epoch)
         if timeout_ms is None:
             timeout_ms = suspend_ms + self.timeout_ms if suspend_ms else self.timeout_ms
         try:

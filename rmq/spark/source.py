@@ -67,7 +67,11 @@ class RmqDataSource(DataSource):
         ``endingTimestamp`` is batch only.
     failOnDataLoss : bool, default true
         Offsets below a queue's min offset (files cleaned) fail the query; with
-        false they are skipped with a warning.
+        false they are skipped with a warning.  Streaming: so does a batch whose start
+        was read in a tail that an unclean failover lost (its broker's HA epoch moved
+        on; an ASYNC_MASTER's unreplicated messages); with false the batch reads from
+        where that tail began, i.e. the messages stored at those offsets since.  The
+        epochs are kept in memory: a restarted query's first batch is not checked.
     pullTimeoutMs : int, default 10000 (ms per pull request, 3 attempts)
     pullBatchSize : int, default 1024 (messages per pull, 1..4096; the broker caps it
         with maxTransferCountOnMessageInMemory / maxTransferBytesOnMessageInMemory)
@@ -323,9 +327,16 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._view: Optional[ClusterView] = None
         self._target: Optional[dict] = None       # AvailableNow: offsets snapshot at the start
         self._latest: Optional[dict] = None       # last latest offsets seen (reportLatestOffset)
+        # HA epochs (broker name -> epoch) of the offsets the next batch starts from, and of the
+        # latest offsets (the batch's end): :meth:`partitions` checks a start read in an epoch
+        # its broker has left.  In memory: a restarted query's first batch is not checked
+        self._start_epochs: Optional[dict] = None
+        self._latest_epochs: Optional[dict] = None
+        self._target_epochs: Optional[dict] = None
 
     def __getstate__(self) -> dict:
-        return {"opts": self.opts, "_view": None, "_target": None, "_latest": None}
+        return {"opts": self.opts, "_view": None, "_target": None, "_latest": None, "_start_epochs": None,
+                "_latest_epochs": None, "_target_epochs": None}
 
     @property
     def view(self) -> ClusterView:
@@ -344,6 +355,7 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def initialOffset(self) -> dict:
         o = self.opts
         mqs, table = self._fetch()
+        self._start_epochs = dict(self.view.broker_epochs)
         out = {}
         for mq in mqs:
             lo, hi = table[mq]
@@ -357,9 +369,14 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def prepareForTriggerAvailableNow(self) -> None:
         self._target = self._latest_now()
+        self._target_epochs = dict(self.view.broker_epochs)
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
-        latest = self._target if self._target is not None else self._latest_now()
+        if self._target is not None:
+            latest, self._latest_epochs = self._target, self._target_epochs
+        else:
+            latest = self._latest_now()
+            self._latest_epochs = dict(self.view.broker_epochs)
         self._latest = latest
         gone = sorted(set(start) - set(latest))
         if gone:
@@ -373,6 +390,7 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def partitions(self, start: dict, end: dict) -> list:
         ranges = []
+        moved = self._after_failover(start, end)
         for k in sorted(end):
             e = int(end[k])
             s = int(start.get(k, 0))
@@ -380,10 +398,35 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 data_loss(self.opts, f"{k}: the queue's offset went back from {s} to {e} (queue truncated or "
                                      f"recreated)")
                 continue
+            if k in moved:
+                data_loss(self.opts, f"{k}: queue offsets [{moved[k]}, {s}) were read before a failover that "
+                                     f"lost them (an ASYNC_MASTER's unreplicated tail); the messages stored "
+                                     f"there since are others")
+                s = moved[k]            # failOnDataLoss=false: the messages stored there since are read
             if e > s:
                 ranges.append((queue_of(k), s, e))
         ranges = split_ranges(ranges, self.opts.min_partitions, self.opts.max_records_per_partition)
         return [QueueRange(mq.topic, mq.broker_name, mq.queue_id, s, e) for mq, s, e in ranges]
+
+    def _after_failover(self, start: dict, end: dict) -> dict:
+        """``{key: queue offset}`` of the queues whose ``start`` was read in a tail a failover lost
+        (their broker's HA epoch moved on since ``start`` was seen: :meth:`ClusterView.lost_tail_start`
+        asks), where that tail began; the epochs of ``end`` become those of the next start.
+        Empty when the epochs are unknown (a restarted query's first batch, brokers without HA)."""
+        before, after = self._start_epochs, self._latest_epochs
+        self._start_epochs, self._latest_epochs = after, None
+        if not before or not after:
+            return {}
+        moved = {}
+        for k in sorted(end):
+            s = int(start.get(k, 0))
+            mq = queue_of(k)
+            old = before.get(mq.broker_name, 0)
+            if s > 0 and 0 < old < after.get(mq.broker_name, 0):
+                tail = self.view.lost_tail_start(mq, s, old)
+                if tail is not None:
+                    moved[k] = tail
+        return moved
 
     def read(self, partition: InputPartition) -> Iterator:
         return read_partition(self.opts, partition)

@@ -101,6 +101,7 @@ class ClusterView:
     def __init__(self, opts: SourceOptions):
         self.opts = opts
         self.api = ConsumerAPI(opts.name_server, opts.pull_timeout_ms)
+        self.broker_epochs: dict = {}      # broker name -> HA epoch of its last offset table (0: none)
 
     def close(self) -> None:
         self.api.close()
@@ -169,7 +170,8 @@ class ClusterView:
 
     # -- offsets ---------------------------------------------------------------------------------
     def offset_table(self, mqs: list) -> dict:
-        """``{mq: (min_offset, max_offset)}``, one GET_TOPIC_STATS_INFO per (broker, topic).
+        """``{mq: (min_offset, max_offset)}``, one GET_TOPIC_STATS_INFO per (broker, topic);
+        :attr:`broker_epochs` gets each broker's HA epoch of those offsets (``brokerEpoch``).
 
         Raises
         ------
@@ -189,11 +191,36 @@ class ClusterView:
                 body = unpack_body(resp)
             except (RemotingError, MQClientError) as e:
                 raise RmqSourceError(f"offsets of topic {topic!r} on broker {broker!r}: {e}") from None
+            epoch = resp.fields.get("brokerEpoch", 0)
+            self.broker_epochs[broker] = epoch if type(epoch) is int else 0
             table = {int(r["queueId"]): (int(r["minOffset"]), int(r["maxOffset"]))
                      for r in (body.get("offsetTable") or []) if isinstance(r, dict)}
             for mq in qs:
                 out[mq] = table.get(mq.queue_id, (0, 0))
         return out
+
+    def lost_tail_start(self, mq: MessageQueue, offset: int, epoch: int) -> Optional[int]:
+        """Where the tail of ``mq`` that a failover lost began, when ``offset`` (read in HA epoch
+        ``epoch``) lies in it; None when it does not (or the broker cannot tell).
+
+        One pull of a message at ``offset`` with ``lastEpoch``: a broker whose log left ``epoch``
+        behind answers OFFSET_ILLEGAL with the queue offset where its newer epochs begin
+        (``PullMessageProcessor.past_epoch_end``).  The messages stored from there on since the
+        failover are others than the ones read there before.
+
+        Raises
+        ------
+        RmqSourceError
+            The broker did not answer or refused the pull.
+        """
+        try:
+            res = self.api.pull(self.opts.consumer_group, mq, offset, 1, timeout_ms=self.opts.pull_timeout_ms,
+                                last_epoch=epoch)
+        except (RemotingError, MQClientError) as e:
+            raise RmqSourceError(f"position {offset} of {key_of(mq)} after a failover: {e}") from None
+        if res.pull_status is PullStatus.OFFSET_ILLEGAL and res.next_begin_offset < offset:
+            return res.next_begin_offset
+        return None
 
     def offset_by_time(self, mq: MessageQueue, ts_ms: int, lo: int, hi: int) -> int:
         """First queue offset whose store time is >= ``ts_ms`` (``hi`` when there is none).

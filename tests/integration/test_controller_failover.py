@@ -25,6 +25,10 @@ from rmq.client.remoting import RemotingClient
 from rmq.errors import MQClientError
 from rmq.launch import child_env, python_argv
 from rmq.protocol import Frame, RequestCode, ResponseCode
+from rmq.spark.options import SourceOptions
+from rmq.spark.source import RmqStreamReader
+from rmq.spark.wire import RmqDataLossError, RmqSourceError
+from pyspark.sql.streaming.datasource import ReadAllAvailable
 from tests.integration.cluster import Cluster
 from tests.integration.test_broker import pull_all, send, wait_for
 from tests.integration.test_ha import (HA_CONF, create_topic, fill, refused_unstored, runtime, send_retrying,
@@ -554,6 +558,14 @@ def test_a_parked_sync_send_is_not_acknowledged_once_the_master_lease_ran_out(se
 LOST_QUEUE = 1          # the queue whose tail the failover loses
 
 
+def readers_bodies(reader, ranges) -> list:
+    """The bodies of the LOST_QUEUE range of ``ranges``, read as the Spark source's executors read."""
+    from rmq.spark.source import QueueRange
+    (q, s, e), = [r for r in ranges if r[0] == LOST_QUEUE]
+    batches = list(reader.read(QueueRange("T", "broker-a", q, s, e)))
+    return [bytes(b) for batch in batches for b in batch.column("body").to_pylist()]
+
+
 def _pull_frame(offset: int, last_epoch: int) -> Frame:
     return Frame(RequestCode.PULL_MESSAGE, fields={
         "consumerGroup": "probe-cg", "topic": "T", "queueId": LOST_QUEUE, "queueOffset": offset, "maxMsgNums": 32,
@@ -620,6 +632,12 @@ def test_messages_sent_after_an_unclean_failover_reach_consumers_that_read_the_l
         late = PullConsumer(master.namesrv_addr, "fo-late-cg", consume_from_where="CONSUME_FROM_FIRST_OFFSET",
                             auto_commit=False)
         late.start()
+        # the Spark source's planner (no JVM needed: its driver-side reader), one that fails on data
+        # loss (the default) and one that goes on; their first batch starts at the beginning
+        readers = {fail: RmqStreamReader(SourceOptions.parse({
+            "nameServer": master.namesrv_addr, "topic": "T", "startingOffsets": "earliest",
+            "failOnDataLoss": str(fail).lower()})) for fail in (True, False)}
+        starts = {fail: r.initialOffset() for fail, r in readers.items()}
         stop = threading.Event()
 
         def poller():
@@ -652,6 +670,12 @@ def test_messages_sent_after_an_unclean_failover_reach_consumers_that_read_the_l
             late_got = []
             wait_for(lambda: late_got.extend(bytes(m.body) for m in late.poll(200)) or b"lost" in late_got, 60)
             assert len(late_got) == 3 and late_got[-1] == b"lost"      # queue offsets 0-2: position 3
+            lost_key = f"T/broker-a/{LOST_QUEUE}"
+            for fail, r in readers.items():            # a batch that reads "lost": the next starts past it
+                end = r.latestOffset(starts[fail], ReadAllAvailable())
+                assert end[lost_key] == 3
+                assert (LOST_QUEUE, 0, 3) in [(q.queue_id, q.start, q.end) for q in r.partitions(starts[fail], end)]
+                starts[fail] = end
             # a group's committed offset past it, which SlaveSynchronize (every 10 s) copies to the replica
             r = c.invoke(master.broker_addr, Frame(RequestCode.UPDATE_CONSUMER_OFFSET, fields={
                 "consumerGroup": "fo-committed-cg", "topic": "T", "queueId": LOST_QUEUE, "commitOffset": 3}))
@@ -681,6 +705,27 @@ def test_messages_sent_after_an_unclean_failover_reach_consumers_that_read_the_l
                 after.append(body)
             # the first of them took queue offset 2, which the consumers had read "lost" at
             wait_for(lambda: everyone_has(*after), 60)
+
+            # the Spark source's next batch: its start was read in the old epoch, past where the new
+            # log's queue begins its epoch: data loss, and (failOnDataLoss=false) queue offsets
+            # [2, 5) read, the three messages sent after the failover
+            def latest(r):
+                try:
+                    return r.latestOffset(starts[r.opts.fail_on_data_loss], ReadAllAvailable())
+                except RmqSourceError:      # the dead master's route, until it is refreshed
+                    return None
+            def next_end(r):
+                end = latest(r)
+                return end if end and end.get(lost_key) == 5 else None
+            for fail, r in readers.items():
+                end = wait_for(lambda: next_end(r), 60)
+                if fail:
+                    with pytest.raises(RmqDataLossError, match=r"\[2, 3\) were read before a failover"):
+                        r.partitions(starts[fail], end)
+                else:
+                    ranges = [(q.queue_id, q.start, q.end) for q in r.partitions(starts[fail], end)]
+                    assert (LOST_QUEUE, 2, 5) in ranges
+                    assert [b for b in readers_bodies(r, ranges)] == after
         finally:
             stop.set()
             poll_thread.join(10)
@@ -688,6 +733,8 @@ def test_messages_sent_after_an_unclean_failover_reach_consumers_that_read_the_l
             pc.shutdown()
             lc.shutdown()
             late.shutdown()
+            for r in readers.values():
+                r.stop()
             on_loop(ac.shutdown())
             loop.call_soon_threadsafe(loop.stop)
             loop_thread.join(10)

@@ -136,7 +136,9 @@ class AdminBrokerProcessor(RequestProcessor):
             return frame.response(ResponseCode.TOPIC_NOT_EXIST, f"topic[{topic}] not exist")
         table = [{"queueId": q, "minOffset": store.get_min_offset_in_queue(topic, q),
                   "maxOffset": store.get_max_offset_in_queue(topic, q)} for q in range(cfg["readQueueNums"])]
-        return frame.response(bodies=[pack_body({"offsetTable": table})])
+        epoch = self.b.epochs.last_epoch()      # rmq: the HA epoch these offsets belong to (the Spark
+        fields = {"brokerEpoch": epoch} if epoch > 0 else None     # source checks its positions by it)
+        return frame.response(fields=fields, bodies=[pack_body({"offsetTable": table})])
 
     # -- broker config ------------------------------------------------------------------------------
     def on_get_broker_config(self, frame: Frame, reply: Reply) -> Frame:
