@@ -40,7 +40,6 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -48,6 +47,7 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from rmq._core import commitlog as cl  # noqa: E402
+from rmq.bench.floor import record_pages  # noqa: E402
 from rmq.launch import use_safe_path_for_children  # noqa: E402
 from filled import FilledCluster  # noqa: E402
 
@@ -176,32 +176,6 @@ def sink_only(write=print) -> dict:
 
 
 # -- micro-benchmark: Arrow batch building, no broker, no Spark ---------------------------------------------
-def make_pages(n: int, body_size: int, per_page: int = 1024) -> list:
-    """``n`` records of ``body_size`` bytes with TAGS + UNIQ_KEY (as the broker serves them, with
-    ``__CRC32#``), cut into pull pages of ``per_page`` records."""
-    from array import array
-
-    from rmq._core.mapped_file import MappedFile
-    d = tempfile.mkdtemp(prefix="rmq-bench-arrow-")
-    host = bytes([127, 0, 0, 1, 0, 0, 0x2A, 0x9F])
-    pages = []
-    mf = MappedFile(os.path.join(d, "00000000000000000000"), (n // per_page + 1) * per_page * (body_size + 200) + 4096)
-    try:
-        body = b"x" * body_size
-        for start in range(0, n, per_page):
-            k = min(per_page, n - start)
-            batch = cl.encode_batch([(body, cl.encode_properties({"TAGS": "t", "UNIQ_KEY": "%032X" % (start + i)}), 0)
-                                     for i in range(k)])
-            pos = mf.wrote_position
-            res = cl.append_batch(mf, batch, TOPIC.encode(), 0, start, 0, 1700000000000, host, host, 1700000000001,
-                                  b"", True, 0, 0, 4 << 20, array("q", [0] * k))
-            pages.append(mf.read(pos, res[2]))
-    finally:
-        mf.close()
-        shutil.rmtree(d, ignore_errors=True)
-    return pages
-
-
 def arrow_micro(sizes=(100, 1024), n: int = None, batch_rows: int = 16384, rounds: int = ROUNDS, write=print) -> dict:
     """Rows/s of building the source's RecordBatches from pull pages: the old path
     (``decode_records`` + ``post_process_messages`` + ``messages_to_batch``) against
@@ -217,7 +191,7 @@ def arrow_micro(sizes=(100, 1024), n: int = None, batch_rows: int = 16384, round
     per_batch = max(1, batch_rows // 1024)
     results = {}
     for size in sizes:
-        pages = make_pages(n, size)
+        pages = record_pages(n, size, TOPIC)
         groups = [pages[i:i + per_batch] for i in range(0, len(pages), per_batch)]
         for props in (True, False):
             schema = arrow_schema(props)

@@ -184,7 +184,12 @@ def test_bench_client_smoke(tmp_path):
     assert "redis" in refs or "not installed" in rep["skipped"].get("redis", ""), (refs, rep["skipped"])
     assert refs["raw"]["produce"]["msgs_per_s"] > 0 and refs["raw"]["consume"]["msgs_per_s"] > 0, refs
     assert rows["Producer.send_async"]["x_raw"] > 0 and rows["PushConsumer"]["x_raw"] > 0
+    # this machine's Python floor of the one-call-per-message rows, measured in the same run
+    assert refs["floor"]["produce"]["msgs_per_s"] > 0 and refs["floor"]["consume"]["msgs_per_s"] > 0, refs
+    assert rows["Producer.send_async"]["x_floor"] > 0 and rows["PushConsumer"]["x_floor"] > 0
+    assert "x_floor" not in rows["Producer.send_batch x1000"]
     assert "rmq bench client" in p.stdout and ("MISSED" in p.stdout or "MET" in p.stdout)
+    assert "Python floor of send_async" in p.stdout and "× floor" in p.stdout
 
 
 def test_bench_client_sizes_its_commitlog_file_for_the_rows_that_write_within_its_limits():

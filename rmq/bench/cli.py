@@ -342,6 +342,9 @@ def latency_cmd(rates, sizes, consumers, peers, duration, namesrv, store_dir, js
                    "is installed.")
 @click.option("--raw/--no-raw", default=True, show_default=True,
               help="Measure the raw bench client (rmq bench produce / consume's workers) on the same cluster.")
+@click.option("--floor/--no-floor", default=True, show_default=True,
+              help="Measure this machine's Python floor of send_async's and PushConsumer's per-message calls "
+                   "with no I/O (rmq.bench.floor), and hold those rows to it.")
 @click.option("--namesrv", default=None, help="Use this cluster (default: an embedded one on free ports).")
 @click.option("--file-size", type=click.IntRange(1 << 20), default=None,
               help="mappedFileSizeCommitLog of the embedded cluster (default: about what the run writes, "
@@ -353,19 +356,19 @@ def latency_cmd(rates, sizes, consumers, peers, duration, namesrv, store_dir, js
 @click.option("--rounds", type=click.IntRange(1), default=1, show_default=True,
               help="Run every row this many times, the rounds interleaved, and report each row's median "
                    "round with the spread (this VM's run-to-run noise is 20-30 %%).")
-def client_cmd(messages, sizes, redis, raw, namesrv, file_size, store_dir, json_path, rounds) -> None:
+def client_cmd(messages, sizes, redis, raw, floor, namesrv, file_size, store_dir, json_path, rounds) -> None:
     """The public client API with its defaults, one Python thread (issue 17): Producer.send_async,
     Producer.send_batch of 1000, PushConsumer, PullConsumer.poll and poll_arrow, rmq.aio's producer,
     push consumer and pull consumer, both producers' ordered send_async (8 sharding keys), send_async_many (lists of 1000)
     and send_async_columns (the same lists as columns), msgs/s and MB/s per body size, each against
-    its target (MET / MISSED) and beside Redis and the raw bench client measured in the same run.
-    Exit code 1 when a row failed."""
+    its target (MET / MISSED) and beside Redis, the raw bench client and this machine's Python floor
+    of those calls (no I/O), measured in the same run.  Exit code 1 when a row failed."""
     import json
 
     from rmq.bench import client as CB
     log = functools.partial(console.print, highlight=False, markup=False)
     report = CB.run(messages=messages, sizes=sizes, namesrv=namesrv, store_dir=store_dir, file_size=file_size,
-                    redis=redis, raw=raw, log=log, rounds=rounds)
+                    redis=redis, raw=raw, log=log, rounds=rounds, floor=floor)
     CB.print_table(report, console)
     if json_path:
         with open(json_path, "w") as f:

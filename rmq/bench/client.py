@@ -110,7 +110,13 @@ TARGETS = {(SEND_ASYNC, 100): 1_000_000, (SEND_ASYNC, 1024): 500_000, (SEND_BATC
 REDIS_TARGETS = {(SEND_BATCH, 100): 8.0, (SEND_BATCH, 1024): 5.0}
 REF_NAMES = {("redis", "produce"): f"Redis XADD pipeline x{BATCH}", ("redis", "consume"): f"Redis XREAD COUNT {BATCH}",
              ("raw", "produce"): f"raw client SEND_BATCH x{BATCH}, 4 in flight",
-             ("raw", "consume"): f"raw client PULL x{BATCH}, 1 per queue"}
+             ("raw", "consume"): f"raw client PULL x{BATCH}, 1 per queue",
+             ("floor", "produce"): "Python floor of send_async, no I/O",
+             ("floor", "consume"): "Python floor of PushConsumer, no I/O"}
+REFS = ("redis", "raw", "floor")
+# rows held to the Python floor of their per-message calls (rmq.bench.floor): one Message, future
+# and callback per message; one listener call per message
+FLOOR_ROWS = frozenset((SEND_ASYNC, AIO_SEND, SEND_ORDERED, AIO_SEND_ORDERED, PUSH, AIO_PUSH))
 
 
 def n_for(messages: int, size: int) -> int:
@@ -596,6 +602,18 @@ def redis_refs(size: int, store_dir=None, seconds: float = REDIS_SECONDS) -> dic
     return {r["kind"]: r for r in rows if r.get("kind") in ("produce", "consume")}
 
 
+def floor_refs(size: int, n: int) -> dict:
+    """{"produce": row, "consume": row}: :func:`rmq.bench.floor.send_async_floor` and
+    :func:`rmq.bench.floor.push_floor` (this machine's Python floor of those rows' per-message
+    calls, no I/O; best of FLOOR_ROUNDS)."""
+    from rmq.bench.floor import push_floor, send_async_floor
+    out = {}
+    for kind, fn in (("produce", send_async_floor), ("consume", push_floor)):
+        r = fn(size, n)
+        out[kind] = {**r, "mb_per_s": r["msgs_per_s"] * size / MB}
+    return out
+
+
 def raw_refs(namesrv: str, size: int, n: int, store_dir=None, log=print) -> dict:
     """{"produce": row, "consume": row}: ``rmq bench produce`` / ``consume``'s scenarios (the raw
     worker processes of :mod:`rmq.bench.workers`) against this cluster, ``n`` messages each."""
@@ -645,7 +663,9 @@ def judge(row: dict, rows: list, refs: dict) -> None:
     """Ratios to the references of the row's size, and the target (in place)."""
     size, kind = row["size"], row["kind"]
     ref = refs.get(size) or {}
-    for who in ("redis", "raw"):
+    for who in REFS:
+        if who == "floor" and row["path"] not in FLOOR_ROWS:
+            continue
         r = (ref.get(who) or {}).get(kind)
         if r and r.get("msgs_per_s") and not row["error"]:
             row[f"{who}_msgs_per_s"] = r["msgs_per_s"]
@@ -689,12 +709,13 @@ def auto_file_size(messages: int, sizes, rows=ROWS, rounds: int = 1) -> int:
 
 
 def run(messages: int = MESSAGES, sizes=SIZES, rows=ROWS, namesrv: Optional[str] = None, store_dir=None,
-        file_size: Optional[int] = None, redis: bool = True, raw: bool = True, log=print, rounds: int = 1) -> dict:
+        file_size: Optional[int] = None, redis: bool = True, raw: bool = True, log=print, rounds: int = 1,
+        floor: bool = True) -> dict:
     """Every row of ``rows`` per body size on one embedded cluster (or ``namesrv``'s), with the
-    references.  With ``rounds`` > 1 every row runs that many times, the rounds interleaved (all
+    references (``floor``: :mod:`rmq.bench.floor`'s, in this process, before the cluster's rows).  With ``rounds`` > 1 every row runs that many times, the rounds interleaved (all
     rows once, then all again: a slow minute of the machine is spread over every row), and the
     row reports its median round (:func:`median_round`).  Returns ``{"rows": [...], "refs": {size:
-    {"redis"|"raw": {kind: row}}}, "skipped": {what: why}, ...}``; a row with ``error`` failed
+    {"redis"|"raw"|"floor": {kind: row}}}, "skipped": {what: why}, ...}``; a row with ``error`` failed
     (the run goes on).
 
     Raises
@@ -717,6 +738,8 @@ def run(messages: int = MESSAGES, sizes=SIZES, rows=ROWS, namesrv: Optional[str]
         report["skipped"]["redis"] = "not asked for"
     if not raw:
         report["skipped"]["raw"] = "not asked for"
+    if not floor:
+        report["skipped"]["floor"] = "not asked for"
     cluster = tmp = None
     pids: dict = {}
     if namesrv is None:
@@ -743,6 +766,14 @@ def run(messages: int = MESSAGES, sizes=SIZES, rows=ROWS, namesrv: Optional[str]
                 except Exception as e:  # noqa: BLE001 - a reference that fails is reported, never estimated
                     report["skipped"][f"raw {size} B"] = f"failed: {type(e).__name__}: {e}"
                     log(f"  ref raw bench client {size} B failed: {type(e).__name__}: {e}")
+            if floor:
+                try:
+                    refs["floor"] = floor_refs(size, n)
+                    for kind, r in refs["floor"].items():
+                        log(f"  ref {REF_NAMES[('floor', kind)]:<40} {size:>5} B {r['msgs_per_s']:>12,.0f} msgs/s")
+                except Exception as e:  # noqa: BLE001 - a reference that fails is reported, never estimated
+                    report["skipped"][f"floor {size} B"] = f"failed: {type(e).__name__}: {e}"
+                    log(f"  ref Python floor {size} B failed: {type(e).__name__}: {e}")
             if "redis" not in report["skipped"]:
                 try:
                     refs["redis"] = {k: {"msgs": r["msgs"], "seconds": r["seconds"], "msgs_per_s": r["msgs_per_s"],
@@ -809,8 +840,7 @@ def _f(v, fmt="{:,.0f}") -> str:
 def _line(row: dict) -> str:
     if row["error"]:
         return f"  {row['path']:<44} {row['size']:>5} B  ERROR {row['error']}"
-    x = "".join(f"  {v:.2f}x {k}" for k, v in (("redis", row.get("x_redis")), ("raw", row.get("x_raw")))
-                if v is not None)
+    x = "".join(f"  {v:.2f}x {k}" for k in REFS if (v := row.get(f"x_{k}")) is not None)
     spread = row.get("spread")
     med = f"  median of {len(row['rounds'])}, {spread[0]:,.0f} .. {spread[1]:,.0f}" if spread else ""
     return (f"  {row['path']:<44} {row['size']:>5} B {row['msgs_per_s']:>12,.0f} msgs/s {row['mb_per_s']:>8,.1f} MB/s"
@@ -823,7 +853,7 @@ def print_table(report: dict, console) -> None:
                     "bench client)", title_justify="left")
     rounds = report.get("rounds", 1)
     cols = ["row", "body", "msgs", "msgs/s", "MB/s", "target (issue 17)", "status", "× Redis", "× raw client",
-            "CPU % client / broker"]
+            "× floor", "CPU % client / broker"]
     if rounds > 1:
         cols.insert(4, f"min .. max of {rounds}")
     for col in cols:
@@ -837,19 +867,19 @@ def print_table(report: dict, console) -> None:
             xr = _f(r.get("x_redis"), "{:.2f}×")
             cells = [r["path"], f"{size} B", _f(r["msgs"]), _f(r["msgs_per_s"]) if not r["error"] else "-",
                      _f(r["mb_per_s"], "{:,.1f}") if not r["error"] else "-", r["target"] or "-", status,
-                     xr, _f(r.get("x_raw"), "{:.2f}×"),
+                     xr, _f(r.get("x_raw"), "{:.2f}×"), _f(r.get("x_floor"), "{:.2f}×"),
                      f"{_f(cpu.get('client'))} / {_f(cpu.get('broker'))}" if cpu else "-"]
             if rounds > 1:
                 spread = r.get("spread")
                 cells.insert(4, f"{_f(spread[0])} .. {_f(spread[1])}" if spread else "-")
             t.add_row(*cells)
         refs = report["refs"].get(size) or report["refs"].get(str(size)) or {}
-        for who in ("redis", "raw"):
+        for who in REFS:
             for kind in ("produce", "consume"):
                 r = (refs.get(who) or {}).get(kind)
                 if r:
                     cells = [f"[dim]ref: {REF_NAMES[(who, kind)]}[/]", f"{size} B", _f(r["msgs"]),
-                             _f(r["msgs_per_s"]), _f(r["mb_per_s"], "{:,.1f}"), "-", "-", "-", "-", "-"]
+                             _f(r["msgs_per_s"]), _f(r["mb_per_s"], "{:,.1f}"), "-", "-", "-", "-", "-", "-"]
                     if rounds > 1:
                         cells.insert(4, "-")
                     t.add_row(*cells)
@@ -862,7 +892,9 @@ def print_table(report: dict, console) -> None:
     console.print(f"load average {report['loadavg_before'][0]:.2f} -> {report['loadavg_after'][0]:.2f}; wall "
                   f"{report['wall_seconds']:.0f} s on {report['cpus']} CPUs; {report['cluster']}. MB = 10^6 B of "
                   "bodies. × Redis: produce rows / XADD pipeline x1000, consume rows / XREAD COUNT 1000; × raw "
-                  "client: / the raw bench workers' produce or consume figure.", highlight=False)
+                  "client: / the raw bench workers' produce or consume figure; × floor: send_async and "
+                  "PushConsumer rows / this machine's Python floor of their per-message calls with no I/O "
+                  "(rmq.bench.floor: a figure above it cannot be reached here).", highlight=False)
 
 
 def failed(report: Optional[dict]) -> list:
