@@ -25,7 +25,9 @@ as RocketMQ's decoder does), :data:`MAX_IN_FLIGHT_PER_CONNECTION` requests handl
 connection (the reader waits), :data:`CHANNEL_MAX_IDLE_S` without a complete frame closes the
 connection (``serverChannelMaxIdleTimeSeconds``), :data:`MAX_CONNECTIONS` connections (fewer when the
 open-file limit, raised to its hard limit at start, minus :data:`FD_RESERVE` is lower: the extra
-connections are closed at once and counted in ``stats["refusedConnections"]``).
+connections are closed at once and counted in ``stats["refusedConnections"]``), and the HA epochs
+of :data:`MAX_PULL_POSITIONS_PER_CONNECTION` queues' last pull answers per connection (what the
+proxy sends as ``lastEpoch`` for the clients, :meth:`ProxyServer.on_pull`).
 """
 from __future__ import annotations
 
@@ -59,6 +61,7 @@ REMOTING_LISTEN_PORT = 8080              # ProxyConfig.remotingListenPort
 PROXY_BROKER_NAME = "rmq-proxy"          # the one broker group clients see (module docstring)
 PROXY_CLUSTER_NAME = "rmq-proxy-cluster"
 MAX_IN_FLIGHT_PER_CONNECTION = 1024      # requests of one connection handled at once
+MAX_PULL_POSITIONS_PER_CONNECTION = 4096  # queues a connection's pull answers are remembered for (HA epochs)
 CHANNEL_MAX_IDLE_S = 120.0               # NettyServerConfig.serverChannelMaxIdleTimeSeconds
 IDLE_SWEEP_S = 5.0                       # how often idle connections are looked for
 MAX_CONNECTIONS = 20_000
@@ -466,16 +469,32 @@ class ProxyServer:
         return cmd.response(resp.code, resp.remark or None, out)
 
     async def on_pull(self, cmd: RemotingCommand, born_host: str) -> RemotingCommand:
-        """PULL_MESSAGE (11): long polling held by the real broker; the stored records pass through."""
+        """PULL_MESSAGE (11): long polling held by the real broker; the stored records pass through.
+
+        RocketMQ's clients send no HA epoch with a pull (rmq's ``lastEpoch``), so the proxy sends it
+        for them: a pull from the queue offset this connection's last answer of that queue gave
+        (its ``nextBeginOffset``) carries that answer's ``brokerEpoch``.  After an unclean
+        failover the broker then moves a position read in the lost tail back to where the new
+        epoch begins (PULL_OFFSET_MOVED), as it does for rmq's consumers, instead of letting the
+        client skip the messages stored there since.  A position the client took from elsewhere
+        (a committed offset, a reset) carries none."""
         f = cmd.ext_fields
         lay, (group, qid) = await self._locate(cmd, _field(cmd, "topic"))
         suspend = _int(f, "suspendTimeoutMillis", 0)
+        offset = _int(f, "queueOffset", 0)
+        conn = self._conn_by_host.get(born_host)
+        key = (f.get("consumerGroup", ""), group.broker_name, lay.topic, qid)
+        last = conn.pull_positions.get(key) if conn is not None else None
         fields = PullMessageRequestHeader(
-            f.get("consumerGroup", ""), lay.topic, qid, _int(f, "queueOffset", 0), _int(f, "maxMsgNums", 32),
+            key[0], lay.topic, qid, offset, _int(f, "maxMsgNums", 32),
             _int(f, "sysFlag", 0), _int(f, "commitOffset", 0), suspend, f.get("subscription") or SUB_ALL,
-            _int(f, "subVersion", 0), f.get("expressionType") or TAG).to_fields()
+            _int(f, "subVersion", 0), f.get("expressionType") or TAG,
+            last_epoch=last[0] if last is not None and last[1] == offset else 0).to_fields()
         resp = await self._invoke(group.addr, Frame(RequestCode.PULL_MESSAGE, fields=fields),
                                   suspend + FORWARD_TIMEOUT_MS)
+        epoch, nxt = resp.fields.get("brokerEpoch"), resp.fields.get("nextBeginOffset")
+        if conn is not None and type(epoch) is int and type(nxt) is int:
+            remember_pull(conn.pull_positions, key, epoch, nxt)
         out = {k: resp.fields[k] for k in ("nextBeginOffset", "minOffset", "maxOffset") if k in resp.fields}
         out["suggestWhichBrokerId"] = 0
         return cmd.response(resp.code, resp.remark or None, out, bytes(resp.bodies[0]) if resp.bodies else b"")
@@ -494,6 +513,15 @@ class ProxyServer:
         fields = {"topic": lay.topic, "queueId": qid}
         for name in self.QUEUE_FIELDS[cmd.code]:
             fields[name] = _int(cmd.ext_fields, name, 0) if name in self.INT_FIELDS else cmd.ext_fields.get(name, "")
+        if cmd.code == RequestCode.UPDATE_CONSUMER_OFFSET:
+            # a commit within what this connection's last pull answer of the queue gave carries
+            # that answer's HA epoch, as rmq's consumers send it (on_pull): the broker stores an
+            # offset read in a tail a failover lost where the new epoch begins
+            conn = self._conn_by_host.get(born_host)
+            last = conn.pull_positions.get((fields["consumerGroup"], group.broker_name, lay.topic, qid)) \
+                if conn is not None else None
+            if last is not None and fields["commitOffset"] <= last[1]:
+                fields["lastEpoch"] = last[0]
         resp = await self._invoke(group.addr, Frame(cmd.code, fields=fields))
         return cmd.response(resp.code, resp.remark or None, dict(resp.fields))
 
@@ -604,6 +632,17 @@ class ProxyServer:
                                           None, ext, body, serialize_type=conn.serialize_type)))
         self.stats["checksRelayed"] += 1
 
+def remember_pull(positions: dict, key: tuple, epoch: int, next_offset: int) -> None:
+    """``positions[key] = (epoch, next_offset)``: a connection's last pull answer of a queue
+    (``key``: group, broker name, topic, queue id).  At MAX_PULL_POSITIONS_PER_CONNECTION queues the
+    one answered longest ago is forgotten (its next pull then carries no epoch)."""
+    if key in positions:
+        del positions[key]                 # re-inserted last: the dict keeps answer order
+    elif len(positions) >= MAX_PULL_POSITIONS_PER_CONNECTION:
+        del positions[next(iter(positions))]
+    positions[key] = (epoch, next_offset)
+
+
 class _Connection(asyncio.Protocol):
     """One remoting client connection: frames cut from the byte stream as they arrive, each request
     handled in a task of its own (a held pull does not stop the sends behind it), answers written
@@ -625,6 +664,7 @@ class _Connection(asyncio.Protocol):
         self.paused_writing = False
         self.closed = False
         self.serialize_type = SERIALIZE_JSON   # the header type of the client's heartbeats
+        self.pull_positions: dict = {}         # remember_pull: (group, broker, topic, queue id) -> (epoch, next)
 
     # asyncio.Protocol
     def connection_made(self, transport) -> None:

@@ -5,6 +5,7 @@ moves the master back (the replaced master fences itself and restarts as a repli
 off from every controller stops acknowledging writes before the controllers could elect another; and
 consumers that read messages an unclean failover lost still get every message sent after it."""
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -24,12 +25,14 @@ from rmq.client.consumer import PullConsumer
 from rmq.client.remoting import RemotingClient
 from rmq.errors import MQClientError
 from rmq.launch import child_env, python_argv
+from rmq._core import commitlog as cl
 from rmq.protocol import Frame, RequestCode, ResponseCode
 from rmq.spark.options import SourceOptions
 from rmq.spark.source import RmqStreamReader
 from rmq.spark.wire import RmqDataLossError, RmqSourceError
 from pyspark.sql.streaming.datasource import ReadAllAvailable
 from tests.integration.cluster import Cluster
+from tests.integration.proxy_helpers import connect, request, running_proxy
 from tests.integration.test_broker import pull_all, send, wait_for
 from tests.integration.test_ha import (HA_CONF, create_topic, fill, refused_unstored, runtime, send_retrying,
                                        wait_replicated)
@@ -558,6 +561,14 @@ def test_a_parked_sync_send_is_not_acknowledged_once_the_master_lease_ran_out(se
 LOST_QUEUE = 1          # the queue whose tail the failover loses
 
 
+def _proxy_pull(sock, offset: int):
+    """PULL_MESSAGE of LOST_QUEUE at ``offset`` as a RocketMQ client sends it through the proxy."""
+    return request(sock, RequestCode.PULL_MESSAGE, {
+        "consumerGroup": "fo-proxy-cg", "topic": "T", "queueId": LOST_QUEUE, "queueOffset": offset, "maxMsgNums": 32,
+        "sysFlag": 0, "commitOffset": 0, "suspendTimeoutMillis": 0, "subscription": "*", "subVersion": 0,
+        "expressionType": "TAG"})
+
+
 def readers_bodies(reader, ranges) -> list:
     """The bodies of the LOST_QUEUE range of ``ranges``, read as the Spark source's executors read."""
     from rmq.spark.source import QueueRange
@@ -638,6 +649,11 @@ def test_messages_sent_after_an_unclean_failover_reach_consumers_that_read_the_l
             "nameServer": master.namesrv_addr, "topic": "T", "startingOffsets": "earliest",
             "failOnDataLoss": str(fail).lower()})) for fail in (True, False)}
         starts = {fail: r.initialOffset() for fail, r in readers.items()}
+        # a RocketMQ client through the remoting proxy, in raw remoting frames on one connection
+        proxy = contextlib.ExitStack()
+        ps_addr = proxy.enter_context(running_proxy(master.namesrv_addr))
+        ps = proxy.enter_context(connect(ps_addr))
+        passed = False
         stop = threading.Event()
 
         def poller():
@@ -670,6 +686,9 @@ def test_messages_sent_after_an_unclean_failover_reach_consumers_that_read_the_l
             late_got = []
             wait_for(lambda: late_got.extend(bytes(m.body) for m in late.poll(200)) or b"lost" in late_got, 60)
             assert len(late_got) == 3 and late_got[-1] == b"lost"      # queue offsets 0-2: position 3
+            r = _proxy_pull(ps, 2)
+            assert r.code == ResponseCode.SUCCESS and r.ext_fields["nextBeginOffset"] == "3", r
+            assert [bytes(m.body) for m in cl.decode_records(r.body)] == [b"lost"]
             lost_key = f"T/broker-a/{LOST_QUEUE}"
             for fail, r in readers.items():            # a batch that reads "lost": the next starts past it
                 end = r.latestOffset(starts[fail], ReadAllAvailable())
@@ -697,6 +716,12 @@ def test_messages_sent_after_an_unclean_failover_reach_consumers_that_read_the_l
                     return False
             wait_for(committed_once, 60)
             assert _committed(c, replica.broker_addr, "fo-late-cg") == 2
+            # the same through the proxy: the RocketMQ client's commit of its position 3 goes with the
+            # epoch of the connection's last answer of the queue, and is stored as 2
+            wait_for(lambda: request(ps, RequestCode.UPDATE_CONSUMER_OFFSET, {
+                "consumerGroup": "fo-proxy-cg", "topic": "T", "queueId": LOST_QUEUE, "commitOffset": 3,
+            }).code == ResponseCode.SUCCESS, 60)
+            assert _committed(c, replica.broker_addr, "fo-proxy-cg") == 2
 
             after = []
             for i in range(3):
@@ -726,6 +751,7 @@ def test_messages_sent_after_an_unclean_failover_reach_consumers_that_read_the_l
                     ranges = [(q.queue_id, q.start, q.end) for q in r.partitions(starts[fail], end)]
                     assert (LOST_QUEUE, 2, 5) in ranges
                     assert [b for b in readers_bodies(r, ranges)] == after
+            passed = True
         finally:
             stop.set()
             poll_thread.join(10)
@@ -735,10 +761,25 @@ def test_messages_sent_after_an_unclean_failover_reach_consumers_that_read_the_l
             late.shutdown()
             for r in readers.values():
                 r.stop()
+            if not passed:
+                proxy.close()
             on_loop(ac.shutdown())
             loop.call_soon_threadsafe(loop.stop)
             loop_thread.join(10)
             loop.close()
+
+        # the RocketMQ client's next pull, from position 3 on the same connection: moved back to 2,
+        # where the message sent after the failover is; a connection that never read the queue
+        # sends no epoch and is served from 3 (the proxy knows only what its own answers gave)
+        r = wait_for(lambda: (lambda a: a if a.code == ResponseCode.PULL_OFFSET_MOVED else None)(_proxy_pull(ps, 3)),
+                     60)
+        assert r.ext_fields["nextBeginOffset"] == "2" and "brokerEpoch" not in r.ext_fields, r
+        r = _proxy_pull(ps, 2)
+        assert r.code == ResponseCode.SUCCESS and [bytes(m.body) for m in cl.decode_records(r.body)] == after
+        with connect(ps_addr) as other:
+            r = _proxy_pull(other, 3)
+            assert r.code == ResponseCode.SUCCESS and [bytes(m.body) for m in cl.decode_records(r.body)] == after[1:]
+        proxy.close()
 
         # the broker's rule, by hand: a position read in the old epoch past what the new log kept
         # moves back to where the new epoch starts in the queue; one within it, or read in the
