@@ -196,7 +196,7 @@ class AsyncPullConsumer(PullConsumerCalls):
         api = self._api()
         _, addr = await api.pull_broker_addr(mq)          # suggested broker / master / a slave
         frame = build_pull_frame(self.group, mq, offset, self.pull_batch_size, self._subs[mq.topic], -1,
-                                 suspend, api.pull_epoch(mq))
+                                 suspend, api.pull_epoch(mq, offset))
         try:
             resp = await api.invoke(addr, frame, suspend + self.timeout_ms)
         except RemotingError as e:

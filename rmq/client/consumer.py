@@ -415,7 +415,7 @@ class PushConsumerCalls:
             self._commit_carried(mq)
         return build_pull_frame(self.group, mq, next_offset, self.pull_batch_size, sub,
                                 commit_offset if commit_offset > 0 else -1, BROKER_SUSPEND_MAX_TIME_MS,
-                                self.api.pull_epoch(mq))
+                                self.api.pull_epoch(mq, next_offset))
 
     def _commit_carried(self, mq: MessageQueue) -> None:
         """A pull carries ``mq``'s offset (commitOffset): the broker may apply it after a later
@@ -1040,7 +1040,7 @@ class PullConsumer(PullConsumerCalls):
                 continue
             off = self._positions[mq]
             frame = build_pull_frame(self.group, mq, off, self.pull_batch_size, self._subs[mq.topic], -1, suspend_ms,
-                                     api.pull_epoch(mq))
+                                     api.pull_epoch(mq, off))
             token = (mq, off, next(self._seq))
             addr = ""
             try:

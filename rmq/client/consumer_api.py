@@ -341,7 +341,7 @@ def build_pull_frame(group: str, mq: MessageQueue, offset: int, max_nums: int,
                      commit_offset: int = -1, suspend_ms: int = 0, last_epoch: int = 0) -> Frame:
     """PULL_MESSAGE with the SUBSCRIPTION flag (the expression travels with every pull),
     SUSPEND when ``suspend_ms`` > 0 and COMMIT_OFFSET when ``commit_offset`` >= 0; ``last_epoch``:
-    :meth:`ConsumerAPI.pull_epoch` of ``mq`` (0: none known).
+    :meth:`ConsumerAPI.pull_epoch` of ``mq`` at ``offset`` (0: none known).
 
     ``sub_string``: a tag expression, or the :class:`SubscriptionData` (its expressionType goes
     along, as PullMessageRequestHeader.expressionType)."""
@@ -522,7 +522,7 @@ class ConsumerCalls:
         self.route_refresh_interval_ms = ROUTE_REFRESH_INTERVAL_MS
         self._refresh_tried: dict = {}            # topic -> time.monotonic() of the last refresh attempt
         self._route_doubt: set = set()            # topics whose last pull failed on a broker (route_suspect)
-        self.pull_epochs: dict = {}               # MessageQueue -> brokerEpoch of its last pull answer
+        self.pull_epochs: dict = {}               # MessageQueue -> (brokerEpoch, nextBeginOffset) of its last pull answer
 
     def _answered(self, addr: str, outcome: object) -> None:
         """Bookkeeping of one request to ``addr``: an answer clears an avoided address, a
@@ -553,20 +553,24 @@ class ConsumerCalls:
         refetch ``mq.topic``'s route every ROUTE_REFRESH_ON_FAILURE_MS until a pull of it is
         answered again."""
         if isinstance(outcome, Frame):
-            epoch = outcome.fields.get("brokerEpoch")
-            if type(epoch) is int:
-                self.pull_epochs[mq] = epoch
+            epoch, nxt = outcome.fields.get("brokerEpoch"), outcome.fields.get("nextBeginOffset")
+            if type(epoch) is int and type(nxt) is int:
+                self.pull_epochs[mq] = (epoch, nxt)
         if route_suspect(outcome):
             self._route_doubt.add(mq.topic)
         elif self._route_doubt and isinstance(outcome, Frame):
             self._route_doubt.discard(mq.topic)
 
-    def pull_epoch(self, mq: MessageQueue) -> int:
-        """The HA epoch (``brokerEpoch``) of the last pull answer of ``mq``, 0 when none: a pull
-        sends it as ``lastEpoch``, and a broker whose log left that epoch behind moves a position
-        read in the lost part of it back (PULL_OFFSET_MOVED) instead of letting the consumer skip
-        the messages stored there since (``PullMessageProcessor.past_epoch_end``)."""
-        return self.pull_epochs.get(mq, 0)
+    def pull_epoch(self, mq: MessageQueue, offset: int) -> int:
+        """The HA epoch (``brokerEpoch``) of the last pull answer of ``mq`` when ``offset`` is the
+        position that answer gave (its ``nextBeginOffset``), else 0: a pull from there sends it as
+        ``lastEpoch``, and a broker whose log left that epoch behind moves a position read in the
+        lost part of it back (PULL_OFFSET_MOVED) instead of letting the consumer skip the messages
+        stored there since (``PullMessageProcessor.past_epoch_end``).  A position from anywhere
+        else (a committed offset loaded when a rebalance brings the queue back, a seek) is not the
+        answer's: an old epoch sent with it would move it back for nothing."""
+        last = self.pull_epochs.get(mq)
+        return last[0] if last is not None and last[1] == offset else 0
 
     def forget_pull_epoch(self, mq: MessageQueue) -> None:
         """``mq``'s position is the caller's (a seek): its next pulls carry no ``lastEpoch``."""
@@ -791,13 +795,14 @@ class ConsumerCalls:
 
     def _update_consumer_offset(self, group: str, mq: MessageQueue, offset: int):
         """Store ``offset`` on the master, else (master gone or avoided) on a slave (kept there
-        locally; RocketMQ does the same).  Sends ``lastEpoch`` (:meth:`pull_epoch`) when a pull of
-        ``mq`` has answered: a broker whose log lost the tail the offset was read in stores the
-        offset where its newer epochs begin (``ConsumerManageProcessor.on_update_consumer_offset``)."""
+        locally; RocketMQ does the same).  Sends ``lastEpoch`` when ``offset`` is within what the
+        last pull answer of ``mq`` gave (its ``brokerEpoch``; :meth:`pull_epoch`): a broker whose
+        log lost the tail the offset was read in stores the offset where its newer epochs begin
+        (``ConsumerManageProcessor.on_update_consumer_offset``)."""
         fields = {"consumerGroup": group, "topic": mq.topic, "queueId": mq.queue_id, "commitOffset": int(offset)}
-        epoch = self.pull_epochs.get(mq, 0)
-        if epoch > 0:                       # the broker lowers an offset read in a tail it lost
-            fields["lastEpoch"] = epoch
+        last = self.pull_epochs.get(mq)
+        if last is not None and int(offset) <= last[1]:    # read within what that answer gave: the
+            fields["lastEpoch"] = last[0]                  # broker lowers an offset read in a lost tail
         addr, resp = yield from self._invoke_read(mq, Frame(RequestCode.UPDATE_CONSUMER_OFFSET, fields=fields))
         _check(resp, addr, f"update offset of {mq}")
 

@@ -330,49 +330,57 @@ def test_pull_frame_carries_the_commit_offset_to_a_master_only_and_refuses_an_un
         m._pull_frame(MessageQueue("gone", "broker-a", 0), 0, 0)
 
 
-def test_a_pull_carries_the_epoch_of_the_last_answer_of_its_queue_and_a_seek_forgets_it():
-    """Every pull answer's ``brokerEpoch`` (an int) is kept per queue and sent back as ``lastEpoch``
-    with the queue's next pull (none before an answer had one); a seek makes the position the
-    caller's: no epoch goes with it (PullMessageProcessor.past_epoch_end)."""
+def test_a_pull_from_the_position_an_answer_gave_carries_its_epoch_and_a_seek_forgets_it():
+    """Every pull answer's ``brokerEpoch`` (an int) is kept per queue with the position it gave
+    (``nextBeginOffset``) and sent back as ``lastEpoch`` with the queue's pull from that position;
+    none before an answer had one, and none from any other position (a committed offset loaded
+    when a rebalance brings the queue back: an old epoch would move it back for nothing).  A seek
+    makes the position the caller's (PullMessageProcessor.past_epoch_end)."""
     client = ConsumerCalls(NS)
     m = _member(client)
     m.pull_batch_size = 32
     assert "lastEpoch" not in m._pull_frame(MQ, 10, 0).fields
-    client.note_pull_outcome(MQ, Frame(ResponseCode.PULL_NOT_FOUND, fields={"brokerEpoch": 3}))
+    client.note_pull_outcome(MQ, Frame(ResponseCode.PULL_NOT_FOUND, fields={"brokerEpoch": 3, "nextBeginOffset": 10}))
     assert m._pull_frame(MQ, 10, 0).fields["lastEpoch"] == 3
-    assert "lastEpoch" not in m._pull_frame(MessageQueue("orders", "broker-a", 0), 0, 0).fields
-    for other in (Frame(ResponseCode.SUCCESS, fields={"brokerEpoch": "x"}), Frame(ResponseCode.TOPIC_NOT_EXIST),
+    assert "lastEpoch" not in m._pull_frame(MQ, 11, 0).fields and "lastEpoch" not in m._pull_frame(MQ, 9, 0).fields
+    assert "lastEpoch" not in m._pull_frame(MessageQueue("orders", "broker-a", 0), 10, 0).fields
+    for other in (Frame(ResponseCode.SUCCESS, fields={"brokerEpoch": "x", "nextBeginOffset": 12}),
+                  Frame(ResponseCode.SUCCESS, fields={"brokerEpoch": 4}), Frame(ResponseCode.TOPIC_NOT_EXIST),
                   RemotingError("gone")):
-        client.note_pull_outcome(MQ, other)          # not an epoch: the last one stays
-    assert client.pull_epoch(MQ) == 3
-    client.note_pull_outcome(MQ, Frame(ResponseCode.SUCCESS, fields={"brokerEpoch": 4}))
-    assert m._pull_frame(MQ, 10, 0).fields["lastEpoch"] == 4
+        client.note_pull_outcome(MQ, other)          # not an epoch and a position: the last one stays
+    assert client.pull_epoch(MQ, 10) == 3
+    client.note_pull_outcome(MQ, Frame(ResponseCode.SUCCESS, fields={"brokerEpoch": 4, "nextBeginOffset": 42}))
+    assert m._pull_frame(MQ, 42, 0).fields["lastEpoch"] == 4 and "lastEpoch" not in m._pull_frame(MQ, 10, 0).fields
     pc = _pull_core(client)
     pc.assign([MQ])
-    pc.seek(MQ, 5)
-    assert client.pull_epoch(MQ) == 0 and "lastEpoch" not in m._pull_frame(MQ, 5, 0).fields
+    pc.seek(MQ, 42)
+    assert client.pull_epoch(MQ, 42) == 0 and "lastEpoch" not in m._pull_frame(MQ, 42, 0).fields
 
 
-def test_a_commit_carries_the_epoch_of_the_last_pull_answer_of_its_queue():
-    """UPDATE_CONSUMER_OFFSET sends ``lastEpoch`` (the queue's :meth:`pull_epoch`) once a pull of
-    the queue has answered with one, and nothing before: the broker stores an offset read in a
-    tail its log lost where its newer epochs begin (ConsumerManageProcessor)."""
+def test_a_commit_within_what_the_last_pull_answer_gave_carries_its_epoch():
+    """UPDATE_CONSUMER_OFFSET sends ``lastEpoch`` (the queue's last pull answer's) when the offset
+    is within the position that answer gave, and nothing otherwise or before any answer: the
+    broker stores an offset read in a tail its log lost where its newer epochs begin
+    (ConsumerManageProcessor)."""
     other = MessageQueue("orders", "broker-a", 0)
 
     def commit(core):
-        core.note_pull_outcome(MQ, Frame(ResponseCode.SUCCESS, fields={"brokerEpoch": 6}))
+        core.note_pull_outcome(MQ, Frame(ResponseCode.SUCCESS, fields={"brokerEpoch": 6, "nextBeginOffset": 10}))
 
         def calls():
             yield from core._update_consumer_offset("cg", MQ, 10)
+            yield from core._update_consumer_offset("cg", MQ, 11)      # past that position: not from it
             yield from core._update_consumer_offset("cg", other, 4)
         return calls()
 
     _, asked, _ = _run(commit, [
         (NS, RequestCode.GET_ROUTEINFO_BY_TOPIC, _route({"0": MASTER})),
         (MASTER, RequestCode.UPDATE_CONSUMER_OFFSET, Frame(ResponseCode.SUCCESS)),
+        (MASTER, RequestCode.UPDATE_CONSUMER_OFFSET, Frame(ResponseCode.SUCCESS)),
         (MASTER, RequestCode.UPDATE_CONSUMER_OFFSET, Frame(ResponseCode.SUCCESS))])
     assert asked[1][2] == {"consumerGroup": "cg", "topic": "orders", "queueId": 3, "commitOffset": 10, "lastEpoch": 6}
-    assert asked[2][2] == {"consumerGroup": "cg", "topic": "orders", "queueId": 0, "commitOffset": 4}
+    assert asked[2][2] == {"consumerGroup": "cg", "topic": "orders", "queueId": 3, "commitOffset": 11}
+    assert asked[3][2] == {"consumerGroup": "cg", "topic": "orders", "queueId": 0, "commitOffset": 4}
 
 
 def test_a_pull_that_carries_the_offset_makes_the_next_persist_send_it_again():
