@@ -712,7 +712,8 @@ def run(messages: int = MESSAGES, sizes=SIZES, rows=ROWS, namesrv: Optional[str]
         file_size: Optional[int] = None, redis: bool = True, raw: bool = True, log=print, rounds: int = 1,
         floor: bool = True) -> dict:
     """Every row of ``rows`` per body size on one embedded cluster (or ``namesrv``'s), with the
-    references (``floor``: :mod:`rmq.bench.floor`'s, in this process, before the cluster's rows).  With ``rounds`` > 1 every row runs that many times, the rounds interleaved (all
+    references (``floor``: :mod:`rmq.bench.floor`'s, measured in this process before the rows).
+    With ``rounds`` > 1 every row runs that many times, the rounds interleaved (all
     rows once, then all again: a slow minute of the machine is spread over every row), and the
     row reports its median round (:func:`median_round`).  Returns ``{"rows": [...], "refs": {size:
     {"redis"|"raw"|"floor": {kind: row}}}, "skipped": {what: why}, ...}``; a row with ``error`` failed

@@ -632,6 +632,7 @@ class ProxyServer:
                                           None, ext, body, serialize_type=conn.serialize_type)))
         self.stats["checksRelayed"] += 1
 
+
 def remember_pull(positions: dict, key: tuple, epoch: int, next_offset: int) -> None:
     """``positions[key] = (epoch, next_offset)``: a connection's last pull answer of a queue
     (``key``: group, broker name, topic, queue id).  At MAX_PULL_POSITIONS_PER_CONNECTION queues the
