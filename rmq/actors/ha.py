@@ -33,8 +33,21 @@ Sockets
     slave: DEALER to the master's HA address.
 
 Frames (rmq.protocol, codes 9010-9015)
-    slave -> master HA_HANDSHAKE {maxOffset, minOffset, epochs [[epoch, startOffset]], brokerAddr, brokerId}
-    master -> slave response {startOffset, truncateTo (-1: none), epoch, epochs, masterMinOffset, masterMaxOffset}
+    slave -> master HA_HANDSHAKE {maxOffset, minOffset, epochs [[epoch, startOffset]], brokerAddr, brokerId,
+                     brokerName, brokerClusterName, logId}
+    master -> slave response {startOffset, truncateTo (-1: none), epoch, epochs, masterMinOffset, masterMaxOffset,
+                     brokerName, brokerClusterName, logId}
+
+    Both sides check that the other is of the same broker set and CommitLog lineage (rmq): a
+    master refuses (SYSTEM_ERROR) a slave of another broker name, cluster or lineage id, and a
+    slave drops the link to such a master before acting on its answer.  The lineage id
+    (``<store>/haLogId``, :func:`rmq.store.epoch.read_log_id`; Kafka's ``cluster.id`` is the model)
+    is made by a master when it first serves replicas and taken by a slave from its master at its
+    first handshake, so a promoted slave and a returning old master share it.  A slave pointed at
+    the wrong address (a stale ``haMasterAddress``, or a port another broker took after a crash:
+    two test clusters on one host, both ``broker-a``, met this way, and the slave cut its CommitLog
+    to the foreign log's prefix) would otherwise truncate to a common prefix with a foreign log or
+    append foreign records.  A peer that does not send a field (an older rmq) is not checked on it.
     master -> slave HA_PUSH {offset, epoch, masterMaxOffset, confirmOffset} + body (empty body = heartbeat;
                      one also goes when the confirm offset moved: allAckInSyncStateSet)
     slave -> master HA_REPORT {offset} (one-way)
@@ -62,9 +75,11 @@ import zmq
 from rmq import protocol as P
 from rmq._core.commitlog import replica_chunk_end
 from rmq.actors.follower import ANNOUNCE_APPEND, ANNOUNCE_DURABLE, ANNOUNCE_TICK, FollowerActor, run_follower
+from rmq.broker_conf import DEFAULT_BROKER_NAME, DEFAULT_CLUSTER_NAME
 from rmq.protocol import Frame, ProtocolError, RequestCode, ResponseCode
 from rmq.store.config import MessageStoreConfig
-from rmq.store.epoch import EPOCH_FILE, EpochEntry, EpochFile, find_consistent_point
+from rmq.store.epoch import (EPOCH_FILE, EpochEntry, EpochFile, find_consistent_point, new_log_id, read_log_id,
+                             write_log_id)
 
 MASTER_ROLES = ("ASYNC_MASTER", "SYNC_MASTER")
 HA_WINDOW_BYTES = 8 * 1024 * 1024        # bytes streamed beyond a slave's last acknowledgement
@@ -101,7 +116,9 @@ class HAActor(FollowerActor):
         extra = config.extra
         self.host = str(extra.get("brokerIP1", "127.0.0.1"))
         self.listen_port = int(extra.get("listenPort", 10911) or 0)
-        self.broker_name = str(extra.get("brokerName", "broker-a"))
+        self.broker_name = str(extra.get("brokerName", DEFAULT_BROKER_NAME))
+        self.cluster_name = str(extra.get("brokerClusterName", DEFAULT_CLUSTER_NAME))
+        self.log_id = read_log_id(self.store_path)     # the CommitLog lineage ("": none yet)
         self.role = ""                 # learned from the broker's announcements
         self.broker_addr = ""
         self.broker_id = 0
@@ -131,7 +148,8 @@ class HAActor(FollowerActor):
         self.master_confirm = -1       # slave: the master's confirm offset, from its pushes
         self.master_epochs: list = []
         self.next_connect = 0.0
-        self.stats = {"pushedBytes": 0, "appliedBytes": 0, "handshakes": 0, "resets": 0, "dropped": 0}
+        self.stats = {"pushedBytes": 0, "appliedBytes": 0, "handshakes": 0, "resets": 0, "dropped": 0,
+                      "refusedHandshakes": 0}
 
     # -- lifecycle ---------------------------------------------------------------------------
     def on_started(self) -> None:
@@ -208,6 +226,10 @@ class HAActor(FollowerActor):
     def _start_server(self) -> None:
         if self.server is not None:
             return
+        if not self.log_id:              # a master's first replicas: this store starts a lineage
+            self.log_id = new_log_id()
+            write_log_id(self.store_path, self.log_id)
+            self.log.info("CommitLog lineage id %s (new)", self.log_id)
         port = self.config.ha_listen_port or (self.listen_port + 1 if self.listen_port else 0)
         try:
             s = self.socket(zmq.ROUTER, bind=f"tcp://{self.host}:{port}")
@@ -277,6 +299,12 @@ class HAActor(FollowerActor):
         except (KeyError, TypeError, ValueError) as e:
             self._send_slave(identity, f.response(ResponseCode.SYSTEM_ERROR, f"bad handshake: {e}"))
             return
+        other = self._other_broker_set(fields)
+        if other is not None:
+            self.stats["refusedHandshakes"] += 1
+            self.log.warning("handshake of slave %s refused: %s", broker_addr, other)
+            self._send_slave(identity, f.response(ResponseCode.SYSTEM_ERROR, f"handshake refused: {other}"))
+            return
         self.stats["handshakes"] += 1
         for ident in [i for i, s in self.slaves.items() if s.broker_addr == broker_addr]:
             del self.slaves[ident]       # a reconnecting slave replaces its old link
@@ -297,7 +325,7 @@ class HAActor(FollowerActor):
         resp = f.response(fields={
             "startOffset": start, "truncateTo": truncate_to, "masterMinOffset": master_min,
             "masterMaxOffset": self.end, "epoch": master_entries[-1][0] if master_entries else 0,
-            "epochs": [list(e) for e in master_entries]})
+            "epochs": [list(e) for e in master_entries], **self._identity()})
         if truncate_to >= 0:
             self.log.warning("slave %s (max offset %d) diverges from this CommitLog: truncate to %d",
                              broker_addr, slave_max, truncate_to)
@@ -369,6 +397,23 @@ class HAActor(FollowerActor):
                     "offset": link.next_offset, "masterMaxOffset": end, "confirmOffset": self.confirmed}))
 
     # -- slave side ------------------------------------------------------------------------------
+    def _identity(self) -> dict:
+        """This broker set's names and CommitLog lineage, which the handshake carries both ways."""
+        return {"brokerName": self.broker_name, "brokerClusterName": self.cluster_name, "logId": self.log_id}
+
+    def _other_broker_set(self, fields: dict) -> Optional[str]:
+        """Why the peer of a handshake is of another broker set (its brokerName / brokerClusterName
+        differ from this one's) or CommitLog lineage (both have a ``logId``, and they differ), or
+        None (the same, or not sent: an older peer, a store without a lineage yet)."""
+        name, cluster = fields.get("brokerName"), fields.get("brokerClusterName")
+        if (name is not None and str(name) != self.broker_name) or \
+                (cluster is not None and str(cluster) != self.cluster_name):
+            return f"the peer is {cluster}/{name}, this broker set is {self.cluster_name}/{self.broker_name}"
+        theirs = str(fields.get("logId") or "")
+        if theirs and self.log_id and theirs != self.log_id:
+            return f"the peer's CommitLog lineage is {theirs}, this store's is {self.log_id}"
+        return None
+
     def _connect(self) -> None:
         addr = self.master_ha_addr
         self.link = self.socket(zmq.DEALER, connect=f"tcp://{addr}")
@@ -381,7 +426,7 @@ class HAActor(FollowerActor):
         self.clog.refresh(self.end)
         fields = {"maxOffset": self.applied, "minOffset": self.clog.get_min_offset() if self.clog.files else 0,
                   "epochs": [list(e) for e in self.epochs.entries], "brokerAddr": self.broker_addr,
-                  "brokerId": self.broker_id}
+                  "brokerId": self.broker_id, **self._identity()}
         self.link.send_multipart(P.encode(Frame(RequestCode.HA_HANDSHAKE, fields=fields)), flags=zmq.NOBLOCK)
         self.log.info("connecting to master %s with max offset %d", addr, self.applied)
 
@@ -438,6 +483,22 @@ class HAActor(FollowerActor):
             self._reset_link("handshake refused")
             return
         fields = f.fields
+        other = self._other_broker_set(fields)
+        if other is not None:                # before anything of its answer is acted on (truncateTo)
+            self.stats["refusedHandshakes"] += 1
+            self.log.error("the HA server at %s is not this broker set's master: %s", self.master_ha_addr, other)
+            self._reset_link("master of another broker set")
+            return
+        theirs = str(fields.get("logId") or "")
+        if theirs and not self.log_id:       # first handshake: this store joins the master's lineage
+            try:
+                write_log_id(self.store_path, theirs)
+            except (ValueError, OSError) as e:
+                self.log.error("cannot take the master's CommitLog lineage id: %s", e)
+                self._reset_link("lineage id not stored")
+                return
+            self.log_id = theirs
+            self.log.info("CommitLog lineage id %s (the master's)", theirs)
         self.master_epochs = [list(e) for e in fields.get("epochs", [])]
         self.master_max = int(fields.get("masterMaxOffset", 0))
         truncate_to = int(fields.get("truncateTo", -1))

@@ -246,3 +246,55 @@ def find_consistent_point(master_entries: Sequence[EpochEntry], master_max_offse
             return min(_end_offset_of(slave, e.epoch, slave_max_offset),
                        _end_offset_of(master, e.epoch, master_max_offset))
     return -1
+
+
+# -- the CommitLog's lineage (rmq) -----------------------------------------------------------------
+LOG_ID_FILE = "haLogId"                  # <store root>/haLogId: one line, the lineage id
+LOG_ID_MAX_LEN = 64                      # characters; a longer line is not an id
+
+
+def read_log_id(store_root: str) -> str:
+    """The id of the CommitLog lineage this store belongs to (rmq; Kafka's ``cluster.id`` in
+    ``meta.properties`` is the model), or "" when it has none yet.
+
+    A master makes one when it first serves replicas (:func:`new_log_id`); a slave takes its
+    master's at its first handshake and keeps it; the HA handshake refuses a peer of another
+    lineage (``rmq.actors.ha``), so that a slave never cuts or extends its CommitLog from a log
+    that is not its broker set's.
+
+    Raises
+    ------
+    EpochFileError
+        The file exists but does not hold an id (empty, too long, not one printable line).
+    """
+    path = os.path.join(store_root, LOG_ID_FILE)
+    try:
+        with open(path, "r", encoding="ascii") as f:
+            text = f.read()
+    except FileNotFoundError:
+        return ""
+    except (OSError, UnicodeDecodeError) as e:
+        raise EpochFileError(f"{path}: unreadable: {e}") from None
+    log_id = text.strip()
+    if not log_id or len(log_id) > LOG_ID_MAX_LEN or not log_id.isprintable() or " " in log_id:
+        raise EpochFileError(f"{path}: {text[:80]!r} is not a CommitLog lineage id")
+    return log_id
+
+
+def new_log_id() -> str:
+    """A fresh lineage id: 32 hex digits (random)."""
+    return os.urandom(16).hex()
+
+
+def write_log_id(store_root: str, log_id: str) -> None:
+    """Store ``log_id`` as this store's lineage (tmp + fsync + rename, then the directory fsync).
+
+    Raises
+    ------
+    ValueError
+        ``log_id`` is not an id (empty, over LOG_ID_MAX_LEN, spaces or unprintable).
+    """
+    if not log_id or len(log_id) > LOG_ID_MAX_LEN or not log_id.isprintable() or " " in log_id:
+        raise ValueError(f"{log_id!r} is not a CommitLog lineage id")
+    from rmq.store.config_manager import write_file_atomically
+    write_file_atomically(os.path.join(store_root, LOG_ID_FILE), log_id + "\n")

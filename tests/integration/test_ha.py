@@ -499,3 +499,45 @@ def test_promotion_adopts_a_topic_the_slave_never_synced(tmp_path):
         assert promote(c, s.broker).code == ResponseCode.SUCCESS
         got = sorted(bytes(x.body) for q in (0, 1) for x in pull_all(c, s.broker, "Unsynced", q)[0])
         assert got == [b"u%d" % i for i in range(6)]
+
+
+def test_a_slave_pointed_at_another_broker_sets_master_neither_truncates_nor_copies(tmp_path):
+    """A slave whose HA master address reaches the master of another broker set (a stale
+    ``haMasterAddress``, or a port another broker took after a crash: two test clusters on one
+    host, both ``broker-a`` of the same cluster name, met this way, and the slave cut its
+    CommitLog to the foreign log's prefix) is refused at the handshake: by its CommitLog lineage id
+    when the names are the same, by its broker name when it has no lineage yet.  Its CommitLog
+    keeps every byte and gets none of the foreign master's."""
+    from rmq.store.epoch import read_log_id
+    with Cluster(tmp_path / "a", conf={**HA_CONF, "brokerRole": "ASYNC_MASTER"}, with_ha=True) as a, \
+            RemotingClient() as c:
+        for i in range(5):
+            assert send(c, a.broker_addr, "Foreign", b"a%d" % i, 0).code == ResponseCode.SUCCESS
+        ha_addr = runtime(c, a.broker_addr)["haServerAddr"]
+        assert ha_addr
+
+        def refused():
+            return int(runtime(c, a.broker_addr)["haStats"]["refusedHandshakes"])
+
+        # another broker-a of the same cluster name (its own NameServer), with messages of its own
+        with Cluster(tmp_path / "b", conf={**HA_CONF, "brokerRole": "ASYNC_MASTER"}, with_ha=True) as b:
+            for i in range(3):
+                assert send(c, b.broker_addr, "Own", b"b%d" % i, 0).code == ResponseCode.SUCCESS
+            own_end = runtime(c, b.broker_addr)["commitLogMaxOffset"]
+        lineage = read_log_id(str(tmp_path / "b"))
+        assert lineage and lineage != read_log_id(str(tmp_path / "a"))
+        # ... restarted as a slave pointed at the first set's master: the same names, another lineage
+        with Cluster(tmp_path / "b", conf=slave_conf(haMasterAddress=ha_addr), with_ha=True) as b:
+            wait_for(lambda: refused() >= 2, 60)
+            info = runtime(c, b.broker_addr)
+            assert info["commitLogMaxOffset"] == own_end and not info["haConnected"], info
+            assert [bytes(m.body) for m in pull_all(c, b.broker_addr, "Own", 0)[0]] == [b"b0", b"b1", b"b2"]
+        assert read_log_id(str(tmp_path / "b")) == lineage
+        # an empty broker-b slave (no lineage yet) pointed there: refused by its broker name
+        before = refused()
+        with Cluster(tmp_path / "c", conf=slave_conf(brokerName="broker-b", haMasterAddress=ha_addr),
+                     with_ha=True) as s:
+            wait_for(lambda: refused() >= before + 2, 60)
+            assert runtime(c, s.broker_addr)["commitLogMaxOffset"] == 0
+        assert read_log_id(str(tmp_path / "c")) == ""
+        assert runtime(c, a.broker_addr)["haSlaves"] == []

@@ -556,3 +556,24 @@ def test_ha_config_defaults_and_properties():
 def test_ha_config_limits(field, value, prop):
     with pytest.raises(ValueError, match=prop):
         MessageStoreConfig(**{field: value})
+
+
+def test_the_lineage_id_is_absent_until_written_and_a_bad_file_is_an_error_not_an_id(tmp_path):
+    from rmq.store.epoch import (LOG_ID_FILE, LOG_ID_MAX_LEN, EpochFileError, new_log_id, read_log_id,
+                                 write_log_id)
+    root = str(tmp_path)
+    assert read_log_id(root) == ""
+    a, b = new_log_id(), new_log_id()
+    assert a != b and len(a) == 32 and int(a, 16) >= 0
+    write_log_id(root, a)
+    assert read_log_id(root) == a
+    write_log_id(root, b)                       # replaced whole (tmp + rename)
+    assert read_log_id(root) == b and not (tmp_path / (LOG_ID_FILE + ".tmp")).exists()
+    for bad in ("", "x" * (LOG_ID_MAX_LEN + 1), "two words", "tab\there"):
+        with pytest.raises(ValueError, match="not a CommitLog lineage id"):
+            write_log_id(root, bad)
+        assert read_log_id(root) == b           # a refused id changes nothing
+    for text in ("\n", "x" * (LOG_ID_MAX_LEN + 1), "a b\n", "\x00\x01"):
+        (tmp_path / LOG_ID_FILE).write_text(text)
+        with pytest.raises(EpochFileError, match="not a CommitLog lineage id"):
+            read_log_id(root)

@@ -233,9 +233,11 @@ class AdminBrokerProcessor(RequestProcessor):
                 "metricsUrl": (f"http://{b.metrics_settings.host}:{b.metrics.port}/metrics"
                                if b.metrics is not None else ""),
                 # replication counters of the ha actor: bytes pushed / applied, handshakes, link
-                # resets, and sends ZeroMQ refused (ROUTER_MANDATORY: counted, never silent)
+                # resets, sends ZeroMQ refused (ROUTER_MANDATORY: counted, never silent), and
+                # handshakes refused for a peer of another broker set
                 "haStats": {k: int(b.ha_state.get(k, 0) or 0)
-                            for k in ("pushedBytes", "appliedBytes", "handshakes", "resets", "dropped")},
+                            for k in ("pushedBytes", "appliedBytes", "handshakes", "resets", "dropped",
+                                      "refusedHandshakes")},
                 # POP (rmq.actors.pop): messages popped / acked / revived / to the DLQ, checkpoints,
                 # revive-log appends and their records (a turn's group commit), messages in flight
                 "popStats": b.pop.runtime_stats() if b.pop is not None else {}}
