@@ -541,3 +541,53 @@ def test_a_slave_pointed_at_another_broker_sets_master_neither_truncates_nor_cop
             assert runtime(c, s.broker_addr)["commitLogMaxOffset"] == 0
         assert read_log_id(str(tmp_path / "c")) == ""
         assert runtime(c, a.broker_addr)["haSlaves"] == []
+
+
+def test_a_slave_drops_a_master_of_another_lineage_before_acting_on_its_answer(tmp_path):
+    """The slave's own check, for a master that does not refuse it (an older rmq): a handshake
+    answer of another CommitLog lineage that says "truncate to 0" is not acted on; the link is
+    dropped and the slave's CommitLog keeps every byte.  The master here is the wire alone: a
+    ROUTER that answers every HA_HANDSHAKE so."""
+    import zmq
+
+    from rmq import protocol as P
+    from rmq.store.epoch import read_log_id
+    with Cluster(tmp_path / "s", conf={**HA_CONF, "brokerRole": "ASYNC_MASTER"}, with_ha=True) as s, \
+            RemotingClient() as c:
+        for i in range(3):
+            assert send(c, s.broker_addr, "Own", b"s%d" % i, 0).code == ResponseCode.SUCCESS
+        own_end = runtime(c, s.broker_addr)["commitLogMaxOffset"]
+    lineage = read_log_id(str(tmp_path / "s"))
+    assert lineage
+    ctx = zmq.Context.instance()
+    router = ctx.socket(zmq.ROUTER)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    answered = []
+    stop = threading.Event()
+
+    def old_master():
+        while not stop.is_set():
+            if not router.poll(100):
+                continue
+            ident, *parts = router.recv_multipart()
+            f = P.decode(parts)
+            if f.code == RequestCode.HA_HANDSHAKE:
+                answered.append(dict(f.fields))
+                router.send_multipart([ident, *P.encode(f.response(fields={
+                    "startOffset": -1, "truncateTo": 0, "masterMinOffset": 0, "masterMaxOffset": 10,
+                    "epoch": 1, "epochs": [[1, 0]], "brokerName": f.fields.get("brokerName"),
+                    "brokerClusterName": f.fields.get("brokerClusterName"), "logId": "f" * 32}))])
+    t = threading.Thread(target=old_master, daemon=True)
+    t.start()
+    try:
+        with Cluster(tmp_path / "s", conf=slave_conf(haMasterAddress=f"127.0.0.1:{port}"), with_ha=True) as s, \
+                RemotingClient() as c:
+            wait_for(lambda: int(runtime(c, s.broker_addr)["haStats"]["refusedHandshakes"]) >= 2, 60)
+            assert answered and answered[0]["logId"] == lineage
+            assert runtime(c, s.broker_addr)["commitLogMaxOffset"] == own_end
+            assert [bytes(m.body) for m in pull_all(c, s.broker_addr, "Own", 0)[0]] == [b"s0", b"s1", b"s2"]
+    finally:
+        stop.set()
+        t.join(5)
+        router.close(0)
+    assert read_log_id(str(tmp_path / "s")) == lineage
