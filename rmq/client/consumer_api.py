@@ -59,6 +59,7 @@ from rmq import security
 from rmq.client.calls import blocking
 from rmq.client.remoting import DEFAULT_TIMEOUT_MS, RECONNECT_WAIT_MS, RemotingClient  # RECONNECT_WAIT_MS re-exported
 from rmq.client.route import ROUTE_REFRESH_ON_FAILURE_MS, namesrv_attempt_s, route_suspect
+from rmq.common.pull_epochs import PullEpochs
 from rmq.common.malloc_tuning import tune_malloc
 from rmq.common.mix_all import CLIENT_INNER_PRODUCER_GROUP, MASTER_ID, dlq_topic, retry_topic
 from rmq.common.pull_sys_flag import build_sys_flag
@@ -522,7 +523,7 @@ class ConsumerCalls:
         self.route_refresh_interval_ms = ROUTE_REFRESH_INTERVAL_MS
         self._refresh_tried: dict = {}            # topic -> time.monotonic() of the last refresh attempt
         self._route_doubt: set = set()            # topics whose last pull failed on a broker (route_suspect)
-        self.pull_epochs: dict = {}               # MessageQueue -> (brokerEpoch, nextBeginOffset) of its last pull answer
+        self.pull_epochs = PullEpochs()           # MessageQueue -> (brokerEpoch, nextBeginOffset) of its last pull answer
 
     def _answered(self, addr: str, outcome: object) -> None:
         """Bookkeeping of one request to ``addr``: an answer clears an avoided address, a
@@ -553,9 +554,7 @@ class ConsumerCalls:
         refetch ``mq.topic``'s route every ROUTE_REFRESH_ON_FAILURE_MS until a pull of it is
         answered again."""
         if isinstance(outcome, Frame):
-            epoch, nxt = outcome.fields.get("brokerEpoch"), outcome.fields.get("nextBeginOffset")
-            if type(epoch) is int and type(nxt) is int:
-                self.pull_epochs[mq] = (epoch, nxt)
+            self.pull_epochs.note(mq, outcome.fields.get("brokerEpoch"), outcome.fields.get("nextBeginOffset"))
         if route_suspect(outcome):
             self._route_doubt.add(mq.topic)
         elif self._route_doubt and isinstance(outcome, Frame):
@@ -566,15 +565,13 @@ class ConsumerCalls:
         position that answer gave (its ``nextBeginOffset``), else 0: a pull from there sends it as
         ``lastEpoch``, and a broker whose log left that epoch behind moves a position read in the
         lost part of it back (PULL_OFFSET_MOVED) instead of letting the consumer skip the messages
-        stored there since (``PullMessageProcessor.past_epoch_end``).  A position from anywhere
-        else (a committed offset loaded when a rebalance brings the queue back, a seek) is not the
-        answer's: an old epoch sent with it would move it back for nothing."""
-        last = self.pull_epochs.get(mq)
-        return last[0] if last is not None and last[1] == offset else 0
+        stored there since (``PullMessageProcessor.past_epoch_end``; the rule:
+        :class:`rmq.common.pull_epochs.PullEpochs`)."""
+        return self.pull_epochs.for_pull(mq, offset)
 
     def forget_pull_epoch(self, mq: MessageQueue) -> None:
         """``mq``'s position is the caller's (a seek): its next pulls carry no ``lastEpoch``."""
-        self.pull_epochs.pop(mq, None)
+        self.pull_epochs.forget(mq)
 
     def on_pull_response(self, mq: MessageQueue, resp: object, addr: str) -> None:
         """Record a pull's outcome (a Frame or an exception from a RequestMux) for the next choice
@@ -800,9 +797,9 @@ class ConsumerCalls:
         log lost the tail the offset was read in stores the offset where its newer epochs begin
         (``ConsumerManageProcessor.on_update_consumer_offset``)."""
         fields = {"consumerGroup": group, "topic": mq.topic, "queueId": mq.queue_id, "commitOffset": int(offset)}
-        last = self.pull_epochs.get(mq)
-        if last is not None and int(offset) <= last[1]:    # read within what that answer gave: the
-            fields["lastEpoch"] = last[0]                  # broker lowers an offset read in a lost tail
+        epoch = self.pull_epochs.for_commit(mq, int(offset))
+        if epoch:                           # read within what that answer gave: the broker lowers
+            fields["lastEpoch"] = epoch     # an offset read in a tail it lost
         addr, resp = yield from self._invoke_read(mq, Frame(RequestCode.UPDATE_CONSUMER_OFFSET, fields=fields))
         _check(resp, addr, f"update offset of {mq}")
 

@@ -48,6 +48,7 @@ from rmq.common.request_header import (SUB_ALL, TAG, PullMessageRequestHeader, S
                                        send_response_msg_id)
 from rmq.common.topic_validator import AUTO_CREATE_TOPIC_KEY_TOPIC as TBW102
 from rmq.common.perm import PERM_READ, PERM_WRITE
+from rmq.common.pull_epochs import PullEpochs
 from rmq.common.route import broker_addrs_to_wire
 from rmq.errors import MQClientError, RemotingError
 from rmq.protocol import Frame, RequestCode, ResponseCode
@@ -484,17 +485,15 @@ class ProxyServer:
         offset = _int(f, "queueOffset", 0)
         conn = self._conn_by_host.get(born_host)
         key = (f.get("consumerGroup", ""), group.broker_name, lay.topic, qid)
-        last = conn.pull_positions.get(key) if conn is not None else None
         fields = PullMessageRequestHeader(
             key[0], lay.topic, qid, offset, _int(f, "maxMsgNums", 32),
             _int(f, "sysFlag", 0), _int(f, "commitOffset", 0), suspend, f.get("subscription") or SUB_ALL,
             _int(f, "subVersion", 0), f.get("expressionType") or TAG,
-            last_epoch=last[0] if last is not None and last[1] == offset else 0).to_fields()
+            last_epoch=conn.pull_epochs.for_pull(key, offset) if conn is not None else 0).to_fields()
         resp = await self._invoke(group.addr, Frame(RequestCode.PULL_MESSAGE, fields=fields),
                                   suspend + FORWARD_TIMEOUT_MS)
-        epoch, nxt = resp.fields.get("brokerEpoch"), resp.fields.get("nextBeginOffset")
-        if conn is not None and type(epoch) is int and type(nxt) is int:
-            remember_pull(conn.pull_positions, key, epoch, nxt)
+        if conn is not None:
+            conn.pull_epochs.note(key, resp.fields.get("brokerEpoch"), resp.fields.get("nextBeginOffset"))
         out = {k: resp.fields[k] for k in ("nextBeginOffset", "minOffset", "maxOffset") if k in resp.fields}
         out["suggestWhichBrokerId"] = 0
         return cmd.response(resp.code, resp.remark or None, out, bytes(resp.bodies[0]) if resp.bodies else b"")
@@ -518,10 +517,10 @@ class ProxyServer:
             # that answer's HA epoch, as rmq's consumers send it (on_pull): the broker stores an
             # offset read in a tail a failover lost where the new epoch begins
             conn = self._conn_by_host.get(born_host)
-            last = conn.pull_positions.get((fields["consumerGroup"], group.broker_name, lay.topic, qid)) \
-                if conn is not None else None
-            if last is not None and fields["commitOffset"] <= last[1]:
-                fields["lastEpoch"] = last[0]
+            epoch = conn.pull_epochs.for_commit((fields["consumerGroup"], group.broker_name, lay.topic, qid),
+                                                fields["commitOffset"]) if conn is not None else 0
+            if epoch:
+                fields["lastEpoch"] = epoch
         resp = await self._invoke(group.addr, Frame(cmd.code, fields=fields))
         return cmd.response(resp.code, resp.remark or None, dict(resp.fields))
 
@@ -633,17 +632,6 @@ class ProxyServer:
         self.stats["checksRelayed"] += 1
 
 
-def remember_pull(positions: dict, key: tuple, epoch: int, next_offset: int) -> None:
-    """``positions[key] = (epoch, next_offset)``: a connection's last pull answer of a queue
-    (``key``: group, broker name, topic, queue id).  At MAX_PULL_POSITIONS_PER_CONNECTION queues the
-    one answered longest ago is forgotten (its next pull then carries no epoch)."""
-    if key in positions:
-        del positions[key]                 # re-inserted last: the dict keeps answer order
-    elif len(positions) >= MAX_PULL_POSITIONS_PER_CONNECTION:
-        del positions[next(iter(positions))]
-    positions[key] = (epoch, next_offset)
-
-
 class _Connection(asyncio.Protocol):
     """One remoting client connection: frames cut from the byte stream as they arrive, each request
     handled in a task of its own (a held pull does not stop the sends behind it), answers written
@@ -665,7 +653,8 @@ class _Connection(asyncio.Protocol):
         self.paused_writing = False
         self.closed = False
         self.serialize_type = SERIALIZE_JSON   # the header type of the client's heartbeats
-        self.pull_positions: dict = {}         # remember_pull: (group, broker, topic, queue id) -> (epoch, next)
+        # (group, broker, topic, queue id) -> its last pull answer's (epoch, next offset): on_pull
+        self.pull_epochs = PullEpochs(MAX_PULL_POSITIONS_PER_CONNECTION)
 
     # asyncio.Protocol
     def connection_made(self, transport) -> None:
