@@ -1,4 +1,5 @@
 """HA: master / slave replication of the CommitLog with real processes on loopback (SPEC.md §9)."""
+import contextlib
 import hashlib
 import os
 import random
@@ -513,8 +514,7 @@ def test_a_slave_pointed_at_another_broker_sets_master_neither_truncates_nor_cop
             RemotingClient() as c:
         for i in range(5):
             assert send(c, a.broker_addr, "Foreign", b"a%d" % i, 0).code == ResponseCode.SUCCESS
-        ha_addr = runtime(c, a.broker_addr)["haServerAddr"]
-        assert ha_addr
+        ha_addr = wait_for(lambda: runtime(c, a.broker_addr)["haServerAddr"], 30)   # its lineage made
 
         def refused():
             return int(runtime(c, a.broker_addr)["haStats"]["refusedHandshakes"])
@@ -524,6 +524,7 @@ def test_a_slave_pointed_at_another_broker_sets_master_neither_truncates_nor_cop
             for i in range(3):
                 assert send(c, b.broker_addr, "Own", b"b%d" % i, 0).code == ResponseCode.SUCCESS
             own_end = runtime(c, b.broker_addr)["commitLogMaxOffset"]
+            wait_for(lambda: runtime(c, b.broker_addr)["haServerAddr"], 30)    # serving replicas: its lineage made
         lineage = read_log_id(str(tmp_path / "b"))
         assert lineage and lineage != read_log_id(str(tmp_path / "a"))
         # ... restarted as a slave pointed at the first set's master: the same names, another lineage
@@ -543,29 +544,20 @@ def test_a_slave_pointed_at_another_broker_sets_master_neither_truncates_nor_cop
         assert runtime(c, a.broker_addr)["haSlaves"] == []
 
 
-def test_a_slave_drops_a_master_of_another_lineage_before_acting_on_its_answer(tmp_path):
-    """The slave's own check, for a master that does not refuse it (an older rmq): a handshake
-    answer of another CommitLog lineage that says "truncate to 0" is not acted on; the link is
-    dropped and the slave's CommitLog keeps every byte.  The master here is the wire alone: a
-    ROUTER that answers every HA_HANDSHAKE so."""
+@contextlib.contextmanager
+def wire_master(log_id: str):
+    """A master that is the wire alone: a ROUTER on a free port that answers every HA_HANDSHAKE
+    with "truncate to 0" and lineage ``log_id`` (what an older rmq master, which checks nothing,
+    could answer); yields ``(port, the handshakes' fields)``."""
     import zmq
 
     from rmq import protocol as P
-    from rmq.store.epoch import read_log_id
-    with Cluster(tmp_path / "s", conf={**HA_CONF, "brokerRole": "ASYNC_MASTER"}, with_ha=True) as s, \
-            RemotingClient() as c:
-        for i in range(3):
-            assert send(c, s.broker_addr, "Own", b"s%d" % i, 0).code == ResponseCode.SUCCESS
-        own_end = runtime(c, s.broker_addr)["commitLogMaxOffset"]
-    lineage = read_log_id(str(tmp_path / "s"))
-    assert lineage
-    ctx = zmq.Context.instance()
-    router = ctx.socket(zmq.ROUTER)
+    router = zmq.Context.instance().socket(zmq.ROUTER)
     port = router.bind_to_random_port("tcp://127.0.0.1")
-    answered = []
+    answered: list = []
     stop = threading.Event()
 
-    def old_master():
+    def serve():
         while not stop.is_set():
             if not router.poll(100):
                 continue
@@ -576,18 +568,48 @@ def test_a_slave_drops_a_master_of_another_lineage_before_acting_on_its_answer(t
                 router.send_multipart([ident, *P.encode(f.response(fields={
                     "startOffset": -1, "truncateTo": 0, "masterMinOffset": 0, "masterMaxOffset": 10,
                     "epoch": 1, "epochs": [[1, 0]], "brokerName": f.fields.get("brokerName"),
-                    "brokerClusterName": f.fields.get("brokerClusterName"), "logId": "f" * 32}))])
-    t = threading.Thread(target=old_master, daemon=True)
+                    "brokerClusterName": f.fields.get("brokerClusterName"), "logId": log_id}))])
+    t = threading.Thread(target=serve, daemon=True)
     t.start()
     try:
-        with Cluster(tmp_path / "s", conf=slave_conf(haMasterAddress=f"127.0.0.1:{port}"), with_ha=True) as s, \
-                RemotingClient() as c:
-            wait_for(lambda: int(runtime(c, s.broker_addr)["haStats"]["refusedHandshakes"]) >= 2, 60)
-            assert answered and answered[0]["logId"] == lineage
-            assert runtime(c, s.broker_addr)["commitLogMaxOffset"] == own_end
-            assert [bytes(m.body) for m in pull_all(c, s.broker_addr, "Own", 0)[0]] == [b"s0", b"s1", b"s2"]
+        yield port, answered
     finally:
         stop.set()
         t.join(5)
         router.close(0)
+
+
+def test_a_slave_drops_a_master_of_another_lineage_before_acting_on_its_answer(tmp_path):
+    """The slave's own check, for a master that does not refuse it (an older rmq): a handshake
+    answer of another CommitLog lineage that says "truncate to 0" is not acted on; the link is
+    dropped and the slave's CommitLog keeps every byte."""
+    from rmq.store.epoch import read_log_id
+    with Cluster(tmp_path / "s", conf={**HA_CONF, "brokerRole": "ASYNC_MASTER"}, with_ha=True) as s, \
+            RemotingClient() as c:
+        for i in range(3):
+            assert send(c, s.broker_addr, "Own", b"s%d" % i, 0).code == ResponseCode.SUCCESS
+        own_end = runtime(c, s.broker_addr)["commitLogMaxOffset"]
+        wait_for(lambda: runtime(c, s.broker_addr)["haServerAddr"], 30)        # serving replicas: its lineage made
+    lineage = read_log_id(str(tmp_path / "s"))
+    assert lineage
+    with wire_master("f" * 32) as (port, answered), \
+            Cluster(tmp_path / "s", conf=slave_conf(haMasterAddress=f"127.0.0.1:{port}"), with_ha=True) as s, \
+            RemotingClient() as c:
+        wait_for(lambda: int(runtime(c, s.broker_addr)["haStats"]["refusedHandshakes"]) >= 2, 60)
+        assert answered and answered[0]["logId"] == lineage
+        assert runtime(c, s.broker_addr)["commitLogMaxOffset"] == own_end
+        assert [bytes(m.body) for m in pull_all(c, s.broker_addr, "Own", 0)[0]] == [b"s0", b"s1", b"s2"]
     assert read_log_id(str(tmp_path / "s")) == lineage
+
+
+def test_a_slave_without_a_lineage_does_not_take_one_that_is_not_an_id(tmp_path):
+    """A master's answer whose lineage id is not one (spaces): the slave stores nothing, drops
+    the link and tries again; its empty CommitLog stays empty."""
+    from rmq.store.epoch import read_log_id
+    with wire_master("not an id") as (port, answered), \
+            Cluster(tmp_path / "s", conf=slave_conf(haMasterAddress=f"127.0.0.1:{port}"), with_ha=True) as s, \
+            RemotingClient() as c:
+        wait_for(lambda: len(answered) >= 2, 60)               # dropped, and handshaking again
+        assert all(a["logId"] == "" for a in answered)
+        assert runtime(c, s.broker_addr)["commitLogMaxOffset"] == 0
+    assert read_log_id(str(tmp_path / "s")) == ""
